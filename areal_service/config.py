@@ -1,0 +1,195 @@
+"""The one configuration tree of the service (pydantic-settings).
+
+Sources, lowest to highest priority: field defaults, a YAML file (`--config`),
+environment variables (`AREAL_` prefix, `__` between levels, e.g.
+`AREAL_GATEWAY__PORT=9000`; `DATABASE_URL` for the store), then CLI overrides
+(`--set gateway.port=9000`). Nothing here is instantiated at import time; call
+`load_config`. Torch-free on purpose: the gateway and CLI import it cheaply.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class StoreConfig(_Section):
+    url: str | None = None
+    """SQLAlchemy URL of the trajectory store. None means SQLite at `<data_dir>/areal.db`.
+    The `DATABASE_URL` environment variable sets this too."""
+    commit_interval_ms: float = 2.0
+    """Group commit: how long the writer waits to gather more records before one
+    transaction. Each caller is told when its record is durable."""
+    max_batch_records: int = Field(512, ge=1)
+    """Group commit: the most records written in one transaction."""
+    sqlite_synchronous: Literal["OFF", "NORMAL", "FULL"] = "NORMAL"
+    """SQLite `synchronous` pragma. NORMAL with WAL survives a process crash; FULL also
+    survives power loss at the cost of an fsync per commit."""
+    auto_migrate: bool = True
+    """Apply Alembic migrations on start (the embedded default). Turn off when a DBA
+    runs `areal-service db upgrade` against a shared database."""
+
+
+class EngineConfig(_Section):
+    model: str | None = None
+    """Directory of an HF checkpoint to serve. None means the tiny model at
+    `<data_dir>/tiny-model` (built on first use)."""
+    host: str = "127.0.0.1"
+    """Address the local engine binds to. Loopback by default."""
+    port: int = Field(30000, ge=0, le=65535)
+    """Port of the local engine (SGLang's default is 30000)."""
+    device: str = "auto"
+    """`auto` (CUDA when present, else CPU), `cpu`, or `cuda[:N]`."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype. `auto`: bfloat16 on CUDA, float32 on CPU."""
+    max_running_requests: int = Field(64, ge=1)
+    """Most sequences decoded together in one batch; the rest wait in the queue."""
+    context_length: int | None = None
+    """Prompt + output token limit. None: the model's `max_position_embeddings`."""
+    weight_version: str = "default"
+    """Initial `weight_version` reported in `meta_info` (SGLang's default)."""
+    served_model_name: str | None = None
+    """Name reported by `/model_info` and `/v1/models`. None: the model path."""
+
+
+class GatewayConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the gateway binds to."""
+    port: int = Field(8000, ge=0, le=65535)
+    """Port of the OpenAI-compatible gateway."""
+    admin_key: SecretStr = SecretStr("sk-areal-admin")
+    """The admin API key: manages keys, sessions, rewards and the console. Change it
+    (`AREAL_GATEWAY__ADMIN_KEY`) for anything but a local demo."""
+    backends: list[str] = Field(default_factory=list)
+    """Base URLs of SGLang-protocol backends. Empty: the local engine at
+    `engine.host:engine.port`."""
+    model_name: str = "areal-policy"
+    """The model id clients send and `/v1/models` lists."""
+    tokenizer: str | None = None
+    """Directory of the tokenizer with the chat template. None: the engine's model."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """Longest a backend call may take."""
+    backend_unavailable_deadline_s: float = Field(30.0, gt=0)
+    """How long a request waits for a paused or unreachable backend before a 503."""
+    default_max_tokens: int = Field(512, ge=1)
+    """`max_new_tokens` when the client sends neither max_tokens nor
+    max_completion_tokens (bounded by the context length)."""
+    sampling: Literal["client", "training"] = "training"
+    """`training`: force temperature/top_p to the training values below and record
+    them; `client`: honour what the client sends."""
+    training_temperature: float = Field(1.0, gt=0)
+    """Temperature used when `sampling` is `training`."""
+    capture: bool = True
+    """Record every completion in the store before acknowledging it."""
+
+
+class ServiceConfig(BaseSettings):
+    """Root of the configuration tree."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AREAL_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    data_dir: Path = Path("./data")
+    """Where the embedded default keeps its SQLite file, tiny model, weights and runs."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of every component."""
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    """The trajectory store."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The local SGLang-protocol engine."""
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """The OpenAI-compatible gateway."""
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> ServiceConfig:
+        if self.engine.port and self.engine.port == self.gateway.port:
+            raise ValueError(
+                f"engine.port and gateway.port are both {self.gateway.port}; change one"
+            )
+        return self
+
+    # Derived paths: one place decides the layout of data_dir.
+    def database_url(self) -> str:
+        """The store URL: explicit, else SQLite under data_dir."""
+        if self.store.url:
+            return self.store.url
+        return f"sqlite:///{(self.data_dir / 'areal.db').resolve()}"
+
+    def model_dir(self) -> Path:
+        """The checkpoint directory the engine serves."""
+        return Path(self.engine.model) if self.engine.model else self.data_dir / "tiny-model"
+
+    def backend_urls(self) -> list[str]:
+        """Backends the gateway routes to (the local engine when none is configured)."""
+        if self.gateway.backends:
+            return [u.rstrip("/") for u in self.gateway.backends]
+        return [f"http://{self.engine.host}:{self.engine.port}"]
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {dotted!r}: {key!r} is not a section")
+    node[leaf] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn `["a.b=1", "c=x"]` into a nested dict; values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        _set_path(tree, key.strip(), yaml.safe_load(raw) if raw else "")
+    return tree
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _env_tree() -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, value in os.environ.items():
+        if name.startswith("AREAL_") and len(name) > 6:
+            _set_path(tree, name[6:].lower().replace("__", "."), yaml.safe_load(value))
+    if os.environ.get("DATABASE_URL"):
+        _set_path(tree, "store.url", os.environ["DATABASE_URL"])
+    return tree
+
+
+def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> ServiceConfig:
+    """Resolve the config: defaults < YAML file < environment < CLI overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {path} must hold a mapping at the top level")
+        tree = loaded
+    tree = _deep_merge(tree, _env_tree())
+    tree = _deep_merge(tree, parse_overrides(overrides or []))
+    # model_validate skips the settings sources: the environment was merged above with
+    # the right priority and must not be read a second time over the CLI values.
+    return ServiceConfig.model_validate(tree)

@@ -1,0 +1,125 @@
+"""Frozen wire contracts passed between hops (gateway -> store -> trainer).
+
+Token ids, logprobs and per-token versions travel as tuples here; the store packs them
+into binary arrays (int32 / float32) on the way in and unpacks them on the way out.
+Torch-free and SQLAlchemy-free: every component can import it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SessionStatus = Literal["open", "ended", "claimed", "trained", "dropped"]
+KeyKind = Literal["user", "session"]
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch, the one timestamp unit of every record."""
+    return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    """A virtual API key. Only the SHA-256 of the plaintext is ever stored."""
+
+    id: str
+    key_hash: str
+    """Hex SHA-256 of the plaintext key."""
+    display: str
+    """What the console shows, e.g. `sk-ar…7sFA` (prefix and last four characters)."""
+    name: str = ""
+    kind: KeyKind = "user"
+    """`user`: a long-lived virtual key; `session`: scoped to `session_id` only."""
+    session_id: str | None = None
+    """The session a `session` key is bound to; a `user` key's current session."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=now)
+    last_used_at: float | None = None
+    revoked_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """An episode: the completions of one agent run that earns one return."""
+
+    id: str
+    group_id: str | None = None
+    """GRPO group: the sessions that answer the same task."""
+    task_id: str | None = None
+    status: SessionStatus = "open"
+    api_key_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=now)
+    last_activity_at: float = field(default_factory=now)
+    ended_at: float | None = None
+    end_reason: str | None = None
+    """Why it ended: `client`, `reward`, `idle_timeout`, `refresh`, ..."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    """One model call exactly as served: the token ids in and out, with their logprobs
+    and the policy version that produced each output token."""
+
+    id: str
+    """The id returned to the client (`chatcmpl-…` / `resp_…`) and in `x-request-id`."""
+    model: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    """Behaviour logprobs: log softmax(logits / T) at each sampled token."""
+    output_versions: tuple[int, ...]
+    """Weight version that produced each output token (mixed when a swap happened)."""
+    finish_reason: str
+    """OpenAI finish reason sent to the client: stop | length | tool_calls | abort."""
+    session_id: str | None = None
+    api_key_id: str | None = None
+    parent_id: str | None = None
+    """Earlier completion in the session whose prompt+output ids prefix this prompt."""
+    request_json: dict[str, Any] = field(default_factory=dict)
+    response_json: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    backend: str = ""
+    latency_ms: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    created_at: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class RewardRecord:
+    """A named score on a completion, a session or a whole group. Idempotent by `id`."""
+
+    id: str
+    value: float
+    name: str = "reward"
+    completion_id: str | None = None
+    session_id: str | None = None
+    group_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightVersionRecord:
+    """A published policy version: HF safetensors at `path`, plus swap timings."""
+
+    version: int
+    path: str
+    created_at: float = field(default_factory=now)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Swap timings per backend and phase, filled in by the gateway's syncer."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainStepRecord:
+    """One optimizer step of the trainer and its metrics (plotted by the console)."""
+
+    step: int
+    version: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    created_at: float = field(default_factory=now)
