@@ -1,0 +1,185 @@
+"""The `areal-service` command line (typer).
+
+Loads the config once (`--config FILE`, `--set section.key=value`) and passes it down.
+Heavy imports (torch, transformers, the gateway) happen inside the command that needs
+them, so `areal-service config show` and `keys list` start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from areal_service.config import ServiceConfig, load_config
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
+config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
+db_app = typer.Typer(no_args_is_help=True, help="Manage the trajectory store's schema.")
+keys_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke virtual API keys.")
+app.add_typer(config_app, name="config")
+app.add_typer(db_app, name="db")
+app.add_typer(keys_app, name="keys")
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML config file.", exists=True)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a field: section.key=value (repeatable)."),
+]
+
+
+def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
+    try:
+        cfg = load_config(config, overrides or [])
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise typer.BadParameter(str(exc)) from exc
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return cfg
+
+
+def _echo(obj: object) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Print the resolved configuration (secrets masked) as JSON."""
+    _echo(_config(config, set_).model_dump(mode="json"))
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    revision: Annotated[str, typer.Option(help="Alembic revision.")] = "head",
+) -> None:
+    """Apply the store's Alembic migrations to the configured database."""
+    from areal_service.migrate import upgrade_database
+
+    cfg = _config(config, set_)
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade_database(cfg.database_url(), revision)
+    typer.echo(f"database at {cfg.database_url()} upgraded to {revision}")
+
+
+@app.command("make-tiny-model")
+def make_tiny_model_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="Where to save the checkpoint.")],
+    seed: Annotated[int, typer.Option(help="Seed for tokenizer corpus and weights.")] = 0,
+) -> None:
+    """Build the project's tiny Qwen2 model and tokenizer (no download) into OUT_DIR."""
+    from areal_service.tiny_model import TinyModelSpec, make_tiny_model
+
+    path = make_tiny_model(out_dir, TinyModelSpec(seed=seed))
+    typer.echo(f"tiny model saved to {path}")
+
+
+@app.command("engine")
+def engine_cmd(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    model: Annotated[Path | None, typer.Option(help="HF checkpoint directory.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
+) -> None:
+    """Serve a checkpoint with the local SGLang-protocol engine (transformers)."""
+    from areal_service.engine.server import run_engine
+    from areal_service.tiny_model import ensure_tiny_model
+
+    extra = [f"engine.model={model}"] if model else []
+    extra += [f"engine.port={port}"] if port is not None else []
+    extra += [f"engine.host={host}"] if host else []
+    cfg = _config(config, [*(set_ or []), *extra])
+    if cfg.engine.model is None:
+        ensure_tiny_model(cfg.model_dir())
+    run_engine(cfg)
+
+
+def _open_store(cfg: ServiceConfig):  # noqa: ANN202 - keeps the store import lazy
+    from areal_service.store import TrajectoryStore
+
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    return TrajectoryStore.open(cfg.database_url(), cfg.store)
+
+
+@keys_app.command("create")
+def keys_create(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    name: Annotated[str, typer.Option(help="A label for the key.")] = "",
+) -> None:
+    """Create a virtual API key; the plaintext is printed once and never stored."""
+    from areal_service.keys import new_api_key
+
+    store = _open_store(_config(config, set_))
+    try:
+        plaintext, record = new_api_key(name=name)
+        store.add_api_key(record)
+    finally:
+        store.close()
+    _echo({"id": record.id, "name": record.name, "api_key": plaintext,
+           "note": "store this key now: only its SHA-256 is kept"})
+
+
+@keys_app.command("list")
+def keys_list(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """List virtual keys (hash prefix only)."""
+    store = _open_store(_config(config, set_))
+    try:
+        rows = store.list_api_keys()
+    finally:
+        store.close()
+    _echo([{"id": k.id, "name": k.name, "display": k.display, "kind": k.kind,
+            "created_at": k.created_at, "last_used_at": k.last_used_at,
+            "revoked": k.revoked_at is not None} for k in rows])
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`).")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Revoke a virtual key: later requests with it get 401."""
+    store = _open_store(_config(config, set_))
+    try:
+        ok = store.revoke_api_key(key_id)
+    finally:
+        store.close()
+    if not ok:
+        raise typer.BadParameter(f"no active key with id {key_id!r}")
+    typer.echo(f"revoked {key_id}")
+
+
+@app.command("serve")
+def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Run the OpenAI-compatible gateway (and the local engine when no backend is set)."""
+    from gateway.server import run_gateway
+
+    run_gateway(_config(config, set_))
+
+
+@app.command("demo")
+def demo_cmd(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    requests: Annotated[int, typer.Option(help="Chat completions the demo agent sends.")] = 8,
+) -> None:
+    """The main job on the embedded default: tiny model, local engine, gateway, agents."""
+    from areal_service.demo import run_demo
+
+    run_demo(_config(config, set_), requests=requests)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+

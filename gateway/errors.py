@@ -1,0 +1,108 @@
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every failure the gateway returns goes through here, so clients (openai-python, the
+Agents SDK, Codex) map it to the right exception and never see HTML or a bare 500 for
+bad input. Routes raise `OpenAIError`; `install_error_handlers` maps the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class OpenAIError(Exception):
+    """An error response in the OpenAI shape, raised anywhere under a route."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",  # noqa: A002 - the wire name
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        """The JSON body: also used for mid-stream `data: {"error": ...}` events."""
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        """The HTTP response for this error."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid_api_key(given: str | None) -> OpenAIError:
+    """401 as OpenAI words it; shows only the first characters of what was sent."""
+    shown = f"{given[:6]}…" if given else "none"
+    return OpenAIError(
+        401, f"Incorrect API key provided: {shown}. Check the key or create one with "
+        "`areal-service keys create`.", code="invalid_api_key",
+    )
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    """400 invalid_request_error naming the offending parameter."""
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def backend_unavailable(message: str, retry_after_s: int = 2) -> OpenAIError:
+    """503 with retry-after: openai-python retries these, riding out weight swaps."""
+    return OpenAIError(
+        503, message, type="server_error", code="backend_unavailable",
+        headers={"retry-after": str(retry_after_s)},
+    )
+
+
+def validation_param(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
+    """(message, param) of the first validation error, param as a dotted path."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    param = ".".join(loc) or None
+    return f"{first.get('msg', 'invalid value')} (at {param or 'body'})", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map framework errors to the OpenAI shape; unexpected ones to a logged 500."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_param(exc)
+        return bad_request(message, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return OpenAIError(exc.status_code, str(exc.detail), type=kind, code=code,
+                           headers=dict(exc.headers or {})).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return OpenAIError(500, f"internal error: {type(exc).__name__}",
+                           type="server_error", code="internal_error").response()
