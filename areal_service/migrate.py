@@ -1,0 +1,56 @@
+"""Alembic plumbing: the in-code Alembic config and upgrades through an engine.
+
+The scripts live in the installed `migrations` package (found through importlib, so an
+installed wheel works without an alembic.ini). `store.upgrade_database(url)` (the CLI's
+`areal-service db upgrade`) and `TrajectoryStore.open` call in here. Touches no rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine
+
+logger = logging.getLogger(__name__)
+
+
+def migrations_dir() -> Path:
+    """Directory of the installed `migrations` package (env.py, versions/)."""
+    spec = importlib.util.find_spec("migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the `migrations` package is not installed with areal_service")
+    found = Path(next(iter(spec.submodule_search_locations)))
+    if not (found / "env.py").is_file():  # another project's `migrations` shadows ours
+        raise RuntimeError(f"{found} is not the areal_service migrations package (no env.py)")
+    return found
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config for `url`, built in code (no alembic.ini is read)."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("path_separator", "os")
+    # set_main_option goes through configparser interpolation: `%` must be doubled
+    # (percent-encoded passwords in the URL).
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade_connection(connection: Connection, url: str, revision: str = "head") -> None:
+    """Upgrade through an open connection; env.py uses it instead of its own engine, so
+    the caller's engine settings (SQLite pragmas) apply to the migration."""
+    config = alembic_config(url)
+    config.attributes["connection"] = connection
+    command.upgrade(config, revision)
+
+
+def upgrade_engine(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the database behind `engine` to `revision` in one connection."""
+    url = engine.url.render_as_string(hide_password=False)
+    with engine.begin() as connection:
+        upgrade_connection(connection, url, revision)
+    logger.info("database %s at revision %s", engine.url, revision)

@@ -1,0 +1,70 @@
+"""Child processes the CLI starts (local engine, gateway, trainer) and their shutdown.
+
+Every process is started by us and stopped by us, by handle: SIGTERM, a grace period,
+then SIGKILL. Nothing is ever killed by name. Each child runs in its own process group
+so a Ctrl-C in the terminal reaches the parent first and the parent stops them in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+class ChildProcess:
+    """A started subprocess with a readiness probe and an orderly stop."""
+
+    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - owned
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdout=self._log or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        log.info("started %s (pid %d): %s", name, self.proc.pid, " ".join(argv))
+
+    def wait_http_ok(self, url: str, timeout_s: float = 120.0) -> None:
+        """Block until GET `url` answers 200, or raise if the child died or time ran out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not ready at {url} after {timeout_s:.0f} s")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM, wait up to `grace_s`, then SIGKILL; only this child's process group."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self._log:
+            self._log.close()
+        log.info("stopped %s (exit %s)", self.name, self.proc.returncode)
+
+
+def cli_argv(*args: str) -> list[str]:
+    """argv that runs `areal-service ARGS` with this interpreter (no PATH lookup)."""
+    return [sys.executable, "-m", "areal_service", *args]

@@ -1,0 +1,141 @@
+"""SQLAlchemy 2 tables of the trajectory store (keys, sessions, completions, rewards,
+weight versions, train steps): the physical layout only.
+
+`store.py` converts rows to the records of `types.py`; `migrations/versions/` must match
+this file exactly (a test autogenerates against an upgraded database: no diff allowed).
+Timestamps are float epoch seconds; token arrays are packed blobs (`packing.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Integer, LargeBinary, MetaData, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Stable constraint names, so Alembic can address them in batch (SQLite) migrations.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+# `metadata` is reserved on declarative classes: the JSON column keeps its SQL name
+# `metadata` and is reached as the attribute `meta`.
+
+
+class ApiKeyRow(Base):
+    """A virtual key; the plaintext is never stored. `session_id` carries no foreign key:
+    sessions reference keys, and a cycle would order every insert."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String, index=True, unique=True)
+    display: Mapped[str] = mapped_column(String)
+    name: Mapped[str] = mapped_column(String)
+    kind: Mapped[str] = mapped_column(String(16))
+    session_id: Mapped[str | None] = mapped_column(String)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+    last_used_at: Mapped[float | None] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+
+
+class SessionRow(Base):
+    """An episode. `api_key_id` has no foreign key: the admin key has no row."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    group_id: Mapped[str | None] = mapped_column(String, index=True)
+    task_id: Mapped[str | None] = mapped_column(String, index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    api_key_id: Mapped[str | None] = mapped_column(String)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+    last_activity_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    end_reason: Mapped[str | None] = mapped_column(String)
+
+
+class CompletionRow(Base):
+    """One served model call. The four `*_ids`/`output_*` blobs are packed arrays;
+    `min_version` is min(output_versions) (NULL without output tokens), so staleness is a
+    column comparison. `parent_id` has no foreign key: a parent whose capture failed must
+    not make its children unwritable."""
+
+    __tablename__ = "completions"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), index=True
+    )
+    api_key_id: Mapped[str | None] = mapped_column(String)
+    parent_id: Mapped[str | None] = mapped_column(String)
+    model: Mapped[str] = mapped_column(String)
+    request_json: Mapped[dict[str, Any]] = mapped_column(JSON)
+    response_json: Mapped[dict[str, Any]] = mapped_column(JSON)
+    prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    output_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    output_versions: Mapped[bytes] = mapped_column(LargeBinary)
+    min_version: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    temperature: Mapped[float] = mapped_column(Float)
+    top_p: Mapped[float] = mapped_column(Float)
+    top_k: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class RewardRow(Base):
+    """A named score; `id` is chosen by the client, which makes posting idempotent."""
+
+    __tablename__ = "rewards"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+    name: Mapped[str] = mapped_column(String)
+    completion_id: Mapped[str | None] = mapped_column(
+        ForeignKey("completions.id", ondelete="CASCADE"), index=True
+    )
+    session_id: Mapped[str | None] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), index=True
+    )
+    group_id: Mapped[str | None] = mapped_column(String, index=True)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class WeightVersionRow(Base):
+    """A published policy version (checkpoint directory plus swap timings)."""
+
+    __tablename__ = "weight_versions"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    path: Mapped[str] = mapped_column(String)
+    created_at: Mapped[float] = mapped_column(Float)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+
+
+class TrainStepRow(Base):
+    """One optimizer step and its metrics. `version` has no foreign key: the step row may
+    be written before the version it produced is published."""
+
+    __tablename__ = "train_steps"
+
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)
