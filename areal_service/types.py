@@ -123,3 +123,41 @@ class TrainStepRecord:
     version: int
     metrics: dict[str, float] = field(default_factory=dict)
     created_at: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSequence:
+    """One training sequence: a chain of completions in a session whose prompt+output
+    ids are exact prefixes of each other, merged without retokenization.
+
+    All per-token tuples have the same length as `input_ids`. Generated tokens have
+    loss_mask 1 with their behaviour logprob and version; everything else (prompt,
+    tool results, user turns, template glue) has loss_mask 0, logprob 0.0, version -1.
+    """
+
+    session_id: str
+    group_id: str | None
+    completion_ids: tuple[str, ...]
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    reward: float
+    """The return of the sequence's first completion (R_i = r_i + γ·R_{i+1})."""
+    temperature: float = 1.0
+    """Sampling temperature of the completions (the trainer scales logits by it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeGroup:
+    """Finished, rewarded sessions of one GRPO group, claimed together for training."""
+
+    group_id: str
+    session_ids: tuple[str, ...]
+    sequences: tuple[TrainSequence, ...]
+    session_returns: tuple[float, ...]
+    """One return per session (same order as session_ids): what GRPO normalizes."""
+    staleness: int
+    """current version − oldest token version in the group."""
+    claim_id: str = ""
+    """Token of the claim; `mark_trained` / `release_claim` take it."""
