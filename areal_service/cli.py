@@ -41,6 +41,7 @@ def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     return cfg
 
 
@@ -61,7 +62,7 @@ def db_upgrade(
     revision: Annotated[str, typer.Option(help="Alembic revision.")] = "head",
 ) -> None:
     """Apply the store's Alembic migrations to the configured database."""
-    from areal_service.migrate import upgrade_database
+    from areal_service.store import upgrade_database
 
     cfg = _config(config, set_)
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
@@ -150,11 +151,12 @@ def keys_revoke(
     """Revoke a virtual key: later requests with it get 401."""
     store = _open_store(_config(config, set_))
     try:
-        ok = store.revoke_api_key(key_id)
+        existing = store.get_api_key(key_id)
+        if existing is None or existing.revoked_at is not None:
+            raise typer.BadParameter(f"no active key with id {key_id!r}")
+        store.revoke_api_key(key_id)
     finally:
         store.close()
-    if not ok:
-        raise typer.BadParameter(f"no active key with id {key_id!r}")
     typer.echo(f"revoked {key_id}")
 
 

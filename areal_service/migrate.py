@@ -13,6 +13,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 
 logger = logging.getLogger(__name__)
@@ -48,9 +50,20 @@ def upgrade_connection(connection: Connection, url: str, revision: str = "head")
     command.upgrade(config, revision)
 
 
+def is_at_head(connection: Connection) -> bool:
+    """Whether the database is already at the scripts' head revision(s). Cheap: reads the
+    version table and the scripts directory, without running env.py (which pulls in
+    Alembic's autogenerate plugins and costs about two seconds per start)."""
+    script = ScriptDirectory(str(migrations_dir()))
+    current = set(MigrationContext.configure(connection).get_current_heads())
+    return current == set(script.get_heads())
+
+
 def upgrade_engine(engine: Engine, revision: str = "head") -> None:
     """Upgrade the database behind `engine` to `revision` in one connection."""
     url = engine.url.render_as_string(hide_password=False)
     with engine.begin() as connection:
+        if revision == "head" and is_at_head(connection):
+            return
         upgrade_connection(connection, url, revision)
     logger.info("database %s at revision %s", engine.url, revision)

@@ -1,0 +1,242 @@
+"""Pydantic request models for `/v1/chat/completions` and `/v1/responses`, as real clients
+send them (openai-gateway-contract.md §3, §4, §8). Unknown fields are accepted and kept;
+what the text-only model cannot honour (image/audio/file parts, non-function tools) fails
+validation naming the field (routes answer 400 `invalid_request_error`). No translation
+here: `gateway/translate.py` and `gateway/responses.py` own that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+"""Content part types whose `text` is rendered; `refusal` parts are accepted and dropped."""
+_NON_TEXT_PART_TYPES = frozenset(
+    {"image_url", "input_image", "input_audio", "file", "input_file", "audio"})
+ToolChoice = str | dict[str, Any]
+
+
+class InvalidRequestError(ValueError):
+    """A request the gateway cannot serve: 400 `invalid_request_error` naming `param`."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None
+                 ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSampling:
+    """The sampling fields a client sent (None: not sent); resolved by
+    `translate.resolve_sampling` against the context length and the sampling mode."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+
+
+class _Open(BaseModel):
+    """Accepts and keeps fields this gateway does not model (clients send many)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def check_content_part(part: dict[str, Any]) -> None:
+    """Raise ValueError for a part the text-only model cannot take."""
+    kind = part.get("type")
+    if kind in _NON_TEXT_PART_TYPES:
+        raise ValueError(f"content parts of type {kind!r} are not supported: the served "
+                         "model is text-only; send text parts or a string")
+    if kind in TEXT_PART_TYPES and not isinstance(part.get("text"), str):
+        raise ValueError(f"a {kind!r} content part needs a string `text`")
+    if kind not in TEXT_PART_TYPES and kind != "refusal":
+        raise ValueError(f"unknown content part type {kind!r}")
+
+
+class FunctionCallModel(_Open):
+    """`{"name", "arguments"}`; arguments is a JSON string on the wire (a mapping from
+    lax clients is rendered with tojson)."""
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallModel(_Open):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCallModel
+
+
+class ChatMessage(_Open):
+    """Any chat role; role-specific fields are optional and checked only where needed."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallModel] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    function_call: FunctionCallModel | None = None
+    """Legacy assistant form of a single tool call."""
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content: str | list[dict[str, Any]] | None
+                   ) -> str | list[dict[str, Any]] | None:
+        if isinstance(content, list):
+            for part in content:
+                check_content_part(part)
+        return content
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+def _check_tool_choice(choice: ToolChoice | None) -> ToolChoice | None:
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise ValueError("tool_choice must be 'none', 'auto', 'required' or an object")
+    return choice
+
+
+class ChatCompletionRequest(_Open):
+    """`POST /v1/chat/completions` body."""
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    """Nested form `{"type": "function", "function": {...}}`, kept as sent (key order
+    included) because the template renders each tool's JSON into the prompt."""
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    """Legacy form of `tools` (bare function definitions)."""
+    function_call: ToolChoice | None = None
+    """Legacy form of `tool_choice`."""
+    stop: str | list[str] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=128)
+    seed: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = None
+    """Extension (vLLM/SGLang `extra_body`): -1 or >= 1."""
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    metadata: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    """Accepted; not enforced (decoding is not constrained)."""
+    user: str | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for tool in tools or ():
+            fn = tool.get("function")
+            if tool.get("type") != "function" or not isinstance(fn, dict) or \
+                    not isinstance(fn.get("name"), str):
+                raise ValueError('only function tools are supported: {"type": "function", '
+                                 '"function": {"name", "description", "parameters"}}')
+        return tools
+
+    _tool_choice = field_validator("tool_choice")(_check_tool_choice)
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        """`tools`, or the legacy `functions` wrapped as tools."""
+        if self.tools:
+            return self.tools
+        if self.functions:
+            return [{"type": "function", "function": fn} for fn in self.functions]
+        return None
+
+    def chat_tool_choice(self) -> ToolChoice | None:
+        """`tool_choice`, or the legacy `function_call` in tool_choice form."""
+        if self.tool_choice is not None or self.function_call is None:
+            return self.tool_choice
+        if isinstance(self.function_call, dict):
+            return {"type": "function", "function": self.function_call}
+        return self.function_call
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """Messages as plain dicts (None fields dropped) for `translate.normalize_messages`."""
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def wants_logprobs(self) -> int | None:
+        """None when logprobs were not requested, else how many top alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def client_sampling(self) -> ClientSampling:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return ClientSampling(
+            max_tokens=self.max_completion_tokens or self.max_tokens,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            stop=stop, n=self.n, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+        )
+
+
+class ResponsesRequest(_Open):
+    """`POST /v1/responses` body. Input items stay dicts: `responses.responses_to_chat`
+    validates each one by its `type` and names the offending `input[i]`."""
+
+    model: str
+    input: str | list[dict[str, Any]] = ""
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    """Flat form `{"type": "function", "name", "description", "parameters", "strict"}`."""
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    stream: bool | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    truncation: str | None = None
+    user: str | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for tool in tools or ():
+            if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+                raise ValueError(f"tool type {tool.get('type')!r} is not supported: only "
+                                 'function tools {"type": "function", "name", "parameters"}')
+        return tools
+
+    _tool_choice = field_validator("tool_choice")(_check_tool_choice)
+
+    def wants_logprobs(self) -> int | None:
+        """None unless `include` asks for `message.output_text.logprobs` (or
+        `top_logprobs` is set), else how many top alternatives."""
+        asked = "message.output_text.logprobs" in (self.include or ())
+        return (self.top_logprobs or 0) if asked or self.top_logprobs else None
+
+    def client_sampling(self) -> ClientSampling:
+        top_k = (self.model_extra or {}).get("top_k")
+        return ClientSampling(
+            max_tokens=self.max_output_tokens, temperature=self.temperature,
+            top_p=self.top_p, top_k=top_k if isinstance(top_k, int) else None,
+        )

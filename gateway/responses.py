@@ -1,0 +1,410 @@
+"""OpenAI Responses API <-> chat (pure: no HTTP, no store): input items and flat tools ->
+chat messages and nested tools for `gateway/translate.py`; a finished choice -> a `response`
+body (reasoning / message / function_call items) or the SSE events ending in
+`response.completed`. Our output items replayed as input merge back into ONE assistant
+message that re-renders the generated text, so ids prefix the next prompt as on chat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.protocol import (
+    TEXT_PART_TYPES,
+    InvalidRequestError,
+    ResponsesRequest,
+    ToolChoice,
+    check_content_part,
+)
+from gateway.translate import (
+    ChatTokenizer,
+    ChoiceStream,
+    FinishLike,
+    GeneratedChoice,
+    ParsedChoice,
+    SamplingSpec,
+    StreamDelta,
+    Usage,
+)
+
+_CHAT_ROLES = {"user": "user", "system": "system", "developer": "system",
+               "assistant": "assistant"}
+
+
+# ---------------------------------------------------------------- request -> chat
+
+
+def responses_to_chat(request: ResponsesRequest
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
+                                 ToolChoice | None]:
+    """(chat messages, nested chat tools, chat tool_choice) for a Responses request.
+
+    `instructions` -> a leading system message; message items (with or without
+    `"type": "message"`) by role; consecutive `function_call` items (and an assistant
+    message right before them) -> one assistant message with several tool_calls;
+    `function_call_output` -> a tool message; a `reasoning` item -> reasoning_content of
+    the next assistant message. Item `id` / `status` are accepted and ignored.
+    """
+    for field in ("previous_response_id", "conversation"):
+        if getattr(request, field):
+            raise InvalidRequestError(
+                f"{field} is not supported: resend the whole conversation in `input` "
+                "(the OpenAI Agents SDK does by default)", param=field)
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    if isinstance(request.input, str):
+        messages.append({"role": "user", "content": request.input})
+    else:
+        _append_items(messages, request.input)
+    return messages, chat_tools(request.tools), chat_tool_choice(request.tool_choice)
+
+
+def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, Any]]) -> None:
+    reasoning: str | None = None
+    open_assistant: dict[str, Any] | None = None  # the message function_calls merge into
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = _CHAT_ROLES.get(item.get("role", ""))
+            if role is None:
+                raise InvalidRequestError(f"unsupported message role {item.get('role')!r}",
+                                          param=f"input[{i}].role")
+            msg = {"role": role, "content": _item_text(item.get("content"), f"input[{i}]")}
+            open_assistant = None
+            if role == "assistant":
+                msg, reasoning, open_assistant = _with_reasoning(msg, reasoning), None, msg
+            messages.append(msg)
+        elif kind == "function_call":
+            call = {"id": _required(item, "call_id", i), "type": "function",
+                    "function": {"name": _required(item, "name", i),
+                                 "arguments": item.get("arguments", "{}")}}
+            if open_assistant is None:
+                open_assistant = _with_reasoning({"role": "assistant", "content": None},
+                                                 reasoning)
+                reasoning = None
+                messages.append(open_assistant)
+            open_assistant.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", i),
+                             "content": _item_text(item.get("output"), f"input[{i}]")})
+            open_assistant = None
+        elif kind == "reasoning":
+            reasoning = _reasoning_text(item)
+            open_assistant = None
+        else:
+            raise InvalidRequestError(
+                f"input item type {kind!r} is not supported (supported: message, "
+                "function_call, function_call_output, reasoning)", param=f"input[{i}]")
+
+
+def _with_reasoning(msg: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    return msg
+
+
+def _required(item: Mapping[str, Any], key: str, i: int) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{item.get('type')} item needs a string `{key}`",
+                                  param=f"input[{i}].{key}")
+    return value
+
+
+def _item_text(content: Any, param: str) -> str:
+    """Text of a message's content or a tool output: a string or text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        try:
+            check_content_part(part)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param=f"{param}.content[{j}]") from exc
+        if part.get("type") in TEXT_PART_TYPES:
+            texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _reasoning_text(item: Mapping[str, Any]) -> str:
+    """Full reasoning text if present (`content` reasoning_text parts), else the summary."""
+    parts = item.get("content") or item.get("summary") or []
+    return "\n".join(p.get("text", "") for p in parts)
+
+
+def chat_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Flat Responses function tools -> nested chat tools, key order kept (it is rendered
+    into the prompt)."""
+    if not tools:
+        return None
+    return [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            for t in tools]
+
+
+def chat_tool_choice(choice: ToolChoice | None) -> ToolChoice | None:
+    """`{"type": "function", "name"}` -> `{"type": "function", "function": {"name"}}`."""
+    if isinstance(choice, Mapping) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
+# ---------------------------------------------------------------- choice -> response
+
+
+def _item_id(prefix: str, response_id: str, index: int = 0) -> str:
+    """Deterministic item ids, so the streamed and the final response agree."""
+    return f"{prefix}_" + hashlib.sha256(f"{response_id}:{prefix}:{index}".encode()
+                                         ).hexdigest()[:24]
+
+
+def _reasoning_item(response_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"type": "reasoning", "id": _item_id("rs", response_id), "summary": [],
+            "content": content, "status": status}
+
+
+def _message_item(response_id: str, text: str | None, status: str,
+                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text,
+                                        "annotations": [], "logprobs": logprobs or []}]
+    return {"type": "message", "id": _item_id("msg", response_id), "status": status,
+            "role": "assistant", "content": content}
+
+
+def _function_call_item(response_id: str, index: int, call_id: str, name: str,
+                        arguments: str, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": _item_id("fc", response_id, index),
+            "call_id": call_id, "name": name, "arguments": arguments, "status": status}
+
+
+def _logprobs(choice: ParsedChoice) -> list[dict[str, Any]]:
+    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
+             "top_logprobs": [{"token": tt, "logprob": lp, "bytes": list(b)}
+                              for tt, lp, b in t.top]}
+            for t in choice.logprobs or ()]
+
+
+def _has_message(choice: ParsedChoice) -> bool:
+    return bool(choice.content) or not choice.tool_calls
+
+
+def output_items(response_id: str, choice: ParsedChoice) -> list[dict[str, Any]]:
+    """[reasoning?, message?, function_call...] for a finished choice."""
+    items = []
+    if choice.reasoning_content:
+        items.append(_reasoning_item(response_id, choice.reasoning_content, "completed"))
+    if _has_message(choice):
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        items.append(_message_item(response_id, choice.content or "", status,
+                                   _logprobs(choice)))
+    items.extend(_function_call_item(response_id, k, c.id, c.name, c.arguments, "completed")
+                 for k, c in enumerate(choice.tool_calls))
+    return items
+
+
+def responses_usage(usage: Usage) -> dict[str, Any]:
+    return {"input_tokens": usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                     "cache_write_tokens": 0},
+            "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+            "total_tokens": usage.total_tokens}
+
+
+def _response_body(request: ResponsesRequest, *, response_id: str, created_at: float,
+                   model: str, sampling: SamplingSpec, status: str,
+                   output: list[dict[str, Any]], usage: Usage | None,
+                   incomplete: bool = False) -> dict[str, Any]:
+    """The `response` object; request fields echoed, sampling as actually used."""
+    return {
+        "id": response_id, "object": "response", "created_at": created_at,
+        "status": status, "model": model, "output": output,
+        "usage": None if usage is None else responses_usage(usage),
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": request.instructions, "tools": list(request.tools or ()),
+        "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "temperature": sampling.temperature, "top_p": sampling.top_p,
+        "max_output_tokens": request.max_output_tokens,
+        "top_logprobs": request.top_logprobs,
+        "previous_response_id": None, "reasoning": request.reasoning,
+        "text": request.text or {"format": {"type": "text"}},
+        "truncation": request.truncation or "disabled", "metadata": request.metadata or {},
+        "store": bool(request.store), "user": request.user, "background": False,
+    }
+
+
+def build_response(request: ResponsesRequest, *, response_id: str, created_at: float,
+                   model: str, choice: ParsedChoice, usage: Usage, sampling: SamplingSpec
+                   ) -> dict[str, Any]:
+    """A finished `response` body: `completed`, or `incomplete` (reason
+    `max_output_tokens`) when the output was cut off by length."""
+    incomplete = choice.finish_reason == "length"
+    return _response_body(
+        request, response_id=response_id, created_at=created_at, model=model,
+        sampling=sampling, status="incomplete" if incomplete else "completed",
+        output=output_items(response_id, choice), usage=usage, incomplete=incomplete)
+
+
+class ResponsesStreamAssembler:
+    """Responses SSE events (dicts with `type` and `sequence_number`) for one choice.
+
+    `start()`: response.created, response.in_progress. `update()` per cumulative output:
+    a reasoning item (reasoning_text deltas) and a message item (output_text deltas)
+    stream as text becomes stable; function_call items (arguments delta/done) are
+    emitted when the generation ends, after the message item, so the streamed items and
+    their order equal `build_response`'s. Always ends with `response.completed` carrying
+    the full response (status `incomplete` inside it when cut off by length).
+    """
+
+    def __init__(self, request: ResponsesRequest, tokenizer: ChatTokenizer, *,
+                 response_id: str, created_at: float, model: str, sampling: SamplingSpec,
+                 prompt_tokens: int, parse_tools: bool, logprobs: int | None = None) -> None:
+        self._request = request
+        self._rid = response_id
+        self._created_at = created_at
+        self._model = model
+        self._sampling = sampling
+        self._prompt_tokens = prompt_tokens
+        self._stream = ChoiceStream(tokenizer, completion_id=response_id,
+                                    parse_tools=parse_tools, stop=sampling.stop,
+                                    logprobs=logprobs)
+        self._seq = 0
+        self._output: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None  # the reasoning or message item streaming
+        self._text = ""
+        self.response: dict[str, Any] | None = None
+        """The final response body (also in `response.completed`)."""
+
+    @property
+    def result(self) -> ParsedChoice | None:
+        return self._stream.result
+
+    def start(self) -> list[dict[str, Any]]:
+        body = self._body("in_progress", [], None)
+        return [self._event("response.created", response=body),
+                self._event("response.in_progress", response=body)]
+
+    def update(self, choice: GeneratedChoice) -> list[dict[str, Any]]:
+        """Events for the next cumulative output."""
+        return self._events(self._stream.update(choice), choice.cached_tokens)
+
+    def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
+             finish: FinishLike | None, *, cached_tokens: int = 0) -> list[dict[str, Any]]:
+        """Events for new tokens only (backend deltas); `finish` set on the last push."""
+        return self._events(self._stream.push(new_ids, new_logprobs, finish), cached_tokens)
+
+    def _events(self, delta: StreamDelta, cached_tokens: int) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = [] if self._seq else self.start()
+        if delta.reasoning:
+            events += self._text_delta("reasoning", delta.reasoning)
+        if delta.content:
+            events += self._text_delta("message", delta.content)
+        if delta.finished is not None:
+            events += self._finish(delta.finished, cached_tokens)
+        return events
+
+    def fail(self, code: str, message: str) -> list[dict[str, Any]]:
+        """`response.failed` for an error after the stream started."""
+        body = self._body("failed", list(self._output), None)
+        body["error"] = {"code": code, "message": message}
+        return [self._event("response.failed", response=body)]
+
+    def _text_delta(self, kind: str, text: str) -> list[dict[str, Any]]:
+        events = []
+        if self._open is None or self._open["type"] != kind:
+            events += self._close_open()
+            events += self._open_item(kind)
+        self._text += text
+        suffix = "reasoning_text" if kind == "reasoning" else "output_text"
+        extra = {"logprobs": []} if kind == "message" else {}
+        events.append(self._event(f"response.{suffix}.delta", **self._where(), delta=text,
+                                  **extra))
+        return events
+
+    def _open_item(self, kind: str) -> list[dict[str, Any]]:
+        if kind == "reasoning":
+            item = _reasoning_item(self._rid, "", "in_progress")
+            part = {"type": "reasoning_text", "text": ""}
+        else:
+            item = _message_item(self._rid, None, "in_progress")
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self._open, self._text = item, ""
+        index = len(self._output)
+        return [self._event("response.output_item.added", output_index=index, item=item),
+                self._event("response.content_part.added", **self._where(), part=part)]
+
+    def _close_open(self, final_item: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        if self._open is None:
+            return []
+        item = self._open
+        if item["type"] == "reasoning":
+            done = final_item or _reasoning_item(self._rid, self._text, "completed")
+            part = {"type": "reasoning_text", "text": self._text}
+            events = [self._event("response.reasoning_text.done", **self._where(),
+                                  text=self._text)]
+        else:
+            done = final_item or _message_item(self._rid, self._text, "completed")
+            part = done["content"][0]
+            events = [self._event("response.output_text.done", **self._where(),
+                                  text=self._text, logprobs=part["logprobs"])]
+        events += [self._event("response.content_part.done", **self._where(), part=part),
+                   self._event("response.output_item.done", output_index=len(self._output),
+                               item=done)]
+        self._output.append(done)
+        self._open = None
+        return events
+
+    def _finish(self, choice: ParsedChoice, cached_tokens: int) -> list[dict[str, Any]]:
+        final = output_items(self._rid, choice)
+        by_type = {item["type"]: item for item in final if item["type"] != "function_call"}
+        events = []
+        if self._open is not None and self._open["type"] == "reasoning":
+            events += self._close_open(by_type.get("reasoning"))
+        if "message" in by_type and (self._open is None or self._open["type"] != "message"):
+            events += self._open_item("message")
+        events += self._close_open(by_type.get("message"))
+        for item in final:
+            if item["type"] == "function_call":
+                events += self._function_call_events(item)
+        usage = Usage.of(self._prompt_tokens, [choice], cached_tokens)
+        self.response = build_response(
+            self._request, response_id=self._rid, created_at=self._created_at,
+            model=self._model, choice=choice, usage=usage, sampling=self._sampling)
+        events.append(self._event("response.completed", response=self.response))
+        return events
+
+    def _function_call_events(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        index = len(self._output)
+        where = {"item_id": item["id"], "output_index": index}
+        self._output.append(item)
+        return [
+            self._event("response.output_item.added", output_index=index,
+                        item={**item, "arguments": "", "status": "in_progress"}),
+            self._event("response.function_call_arguments.delta", **where,
+                        delta=item["arguments"]),
+            self._event("response.function_call_arguments.done", **where,
+                        arguments=item["arguments"], name=item["name"]),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"item_id": self._open["id"], "output_index": len(self._output),
+                "content_index": 0}
+
+    def _body(self, status: str, output: list[dict[str, Any]], usage: Usage | None
+              ) -> dict[str, Any]:
+        return _response_body(self._request, response_id=self._rid,
+                              created_at=self._created_at, model=self._model,
+                              sampling=self._sampling, status=status, output=output,
+                              usage=usage)
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return event

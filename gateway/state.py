@@ -1,0 +1,32 @@
+"""Everything one gateway app holds: built in `create_app`'s lifespan, torn down there.
+
+Routes reach it through the `Annotated` dependencies in `gateway/deps.py`; nothing here
+is a module-level singleton, so tests can run several apps in one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from areal_service.config import ServiceConfig
+from areal_service.store import TrajectoryStore
+from areal_service.writer import GroupCommitWriter
+from gateway.auth import KeyResolver
+from gateway.metrics import GatewayMetrics
+from gateway.routing import BackendPool
+from gateway.translate import ChatTokenizer
+
+
+@dataclass
+class GatewayState:
+    """The gateway's collaborators and its few pieces of live state."""
+
+    config: ServiceConfig
+    store: TrajectoryStore
+    writer: GroupCommitWriter
+    keys: KeyResolver
+    backends: BackendPool
+    tokenizer: ChatTokenizer
+    context_length: int
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    started_at: float = 0.0

@@ -1,0 +1,714 @@
+"""Chat Completions <-> token ids (no HTTP, no store): messages + tools -> prompt ids via
+the chat template; sampling params for SGLang `/generate`; generated ids -> `chat.completion`
+bodies and stream chunks. Generated ids are decoded, never re-encoded, and the parsed reply
+re-renders to the same text, so prompt + output ids prefix the next turn's prompt. The
+streaming half lives here (past 600 lines) because it must share `_finish_choice`,
+`_token_logprobs` and `_trim_stop` with the non-streaming half to produce the same reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from gateway.protocol import TEXT_PART_TYPES, ClientSampling, InvalidRequestError, ToolChoice
+from gateway.toolparse import THINK_CLOSE, ParsedText, ToolCall, held_suffix, parse_output
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+SamplingMode = Literal["client", "training"]
+_MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry
+
+
+class ChatTokenizer:
+    """The served model's HF tokenizer plus the caches the hot path needs.
+
+    Cost per request: the Jinja render is O(all messages) (~0.2 ms for a short chat);
+    encoding is O(new text) because the rendered prompt is encoded per `<|im_start|>`
+    segment through an LRU: an agent's next turn, a GRPO group's G identical prompts and
+    retries only encode what they have not seen. Encoding a segment alone equals encoding
+    it in place because special tokens split the input before pre-tokenization; a probe
+    at construction checks that and falls back to whole-prompt encoding if not.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, cache_chars: int = 32_000_000
+                 ) -> None:
+        self.hf = tokenizer
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache_chars = 0
+        self._cache_limit = cache_chars
+        self._lock = threading.Lock()
+        self._token_info: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self._byte_decoder = _byte_level_decoder(tokenizer)
+        added = {t.content for t in tokenizer.added_tokens_decoder.values()}
+        self._split_at = "<|im_start|>" if "<|im_start|>" in added else None
+        if self._split_at and not self._segments_encode_alone():
+            self._split_at = None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        # The Rust decoder directly: transformers' wrapper costs ~5x the decode itself,
+        # and the stream decodes twice per token. Same text unless clean-up is on.
+        self._fast_decode = None if backend is None or getattr(
+            tokenizer, "clean_up_tokenization_spaces", False) else backend.decode
+        close_ids = tokenizer.encode(THINK_CLOSE, add_special_tokens=False)
+        self.think_close_id: int | None = close_ids[0] if len(close_ids) == 1 else None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The chat template's text for `messages` (normalized) plus the generation prompt."""
+        text = self.hf.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+        assert isinstance(text, str)
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of rendered prompt text, without adding special tokens (no double BOS)."""
+        if self._split_at is None:
+            return self.hf.encode(text, add_special_tokens=False)
+        marker = self._split_at
+        segments = [marker + s if i else s for i, s in enumerate(text.split(marker))]
+        segments = [s for s in segments if s]
+        with self._lock:
+            found = {s: self._cache[s] for s in segments if s in self._cache}
+            for s in found:
+                self._cache.move_to_end(s)
+        missing = list(dict.fromkeys(s for s in segments if s not in found))
+        if missing:  # one batched call: the Rust tokenizer encodes the misses in parallel
+            encoded = self.hf(missing, add_special_tokens=False)["input_ids"]
+            new = {s: tuple(ids) for s, ids in zip(missing, encoded, strict=True)}
+            found.update(new)
+            self._remember(new)
+        return [i for s in segments for i in found[s]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of generated ids; special tokens (`<|im_end|>`) dropped, markers kept."""
+        if self._fast_decode is not None:
+            return self._fast_decode(list(ids), skip_special_tokens=True)
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def token_info(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        """(display string, exact UTF-8 bytes) of one token, for OpenAI logprobs."""
+        info = self._token_info.get(token_id)
+        if info is None:
+            piece = self.hf.convert_ids_to_tokens(token_id)
+            added = self.hf.added_tokens_decoder.get(token_id)
+            if added is not None:
+                raw = added.content.encode()
+            elif self._byte_decoder is not None and all(c in self._byte_decoder for c in piece):
+                raw = bytes(self._byte_decoder[c] for c in piece)
+            else:
+                raw = self.hf.decode([token_id]).encode()
+            info = (raw.decode("utf-8", errors="backslashreplace"), tuple(raw))
+            self._token_info[token_id] = info
+        return info
+
+    def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
+        with self._lock:
+            for s, ids in new.items():
+                if s not in self._cache:
+                    self._cache[s] = ids
+                    self._cache_chars += len(s)
+            while self._cache_chars > self._cache_limit and self._cache:
+                old, _ = self._cache.popitem(last=False)
+                self._cache_chars -= len(old)
+
+    def _segments_encode_alone(self) -> bool:
+        probe = ("<|im_start|>system\nBe brief. <|im_end|>\n<|im_start|>user\n"
+                 "  Hi there\n\n<|im_end|>\n\n<|im_start|>assistant\n")
+        parts = ["<|im_start|>" + p for p in probe.split("<|im_start|>") if p]
+        whole = self.hf.encode(probe, add_special_tokens=False)
+        return whole == [i for p in parts for i in self.hf.encode(p, add_special_tokens=False)]
+
+
+def _byte_level_decoder(tokenizer: PreTrainedTokenizerBase) -> dict[str, int] | None:
+    """GPT-2 byte<->unicode map inverse, when the tokenizer is byte-level BPE."""
+    from tokenizers import decoders
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
+        return None
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+# ---------------------------------------------------------------- prompt rendering
+
+
+def tools_enabled(tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
+                  ) -> bool:
+    """Tools are rendered and tool calls parsed unless none were offered or
+    `tool_choice` is "none"."""
+    return bool(tools) and tool_choice != "none"
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages in the form the chat template renders: developer -> system, legacy
+    function -> tool, content parts -> text, assistant `tool_calls` with arguments kept as
+    the original JSON string (rendered verbatim, so history re-renders what the model
+    produced), legacy `function_call` -> one tool call."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = {"developer": "system", "function": "tool"}.get(m["role"], m["role"])
+        msg: dict[str, Any] = {"role": role, "content": _content_text(m.get("content"))}
+        if role == "assistant":
+            calls = m.get("tool_calls") or (
+                [{"id": "call_legacy", "function": m["function_call"]}]
+                if m.get("function_call") else [])
+            if calls:
+                msg["tool_calls"] = [_tool_call_for_template(c) for c in calls]
+            reasoning = m.get("reasoning_content") or m.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                msg["reasoning_content"] = reasoning
+        elif role == "tool":
+            for key in ("tool_call_id", "name"):
+                if m.get(key) is not None:
+                    msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _content_text(content: str | Sequence[Mapping[str, Any]] | None) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    return "\n".join(p["text"] for p in content if p.get("type") in TEXT_PART_TYPES)
+
+
+def _tool_call_for_template(call: Mapping[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    return {"id": call.get("id"), "type": "function",
+            "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}}
+
+
+def render_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, Any]],
+                      tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
+                      ) -> list[int]:
+    """Prompt ids for a chat request: template (with the generation prompt) -> text ->
+    ids without added special tokens.
+
+    `tool_choice` "none" renders without tools. "required" or a named function cannot be
+    enforced (decoding is not constrained): the tools are rendered and the model decides.
+    """
+    use_tools = tools_enabled(tools, tool_choice)
+    if use_tools and tool_choice not in (None, "auto"):
+        log.debug("tool_choice %r is not enforced; tools rendered, model decides", tool_choice)
+    text = tokenizer.render(normalize_messages(messages),
+                            [dict(t) for t in tools or ()] if use_tools else None)
+    return tokenizer.encode(text)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+class ContextLengthExceeded(InvalidRequestError):
+    """The prompt alone fills the context: 400 `context_length_exceeded`."""
+
+    def __init__(self, prompt_tokens: int, limit: int, *, param: str = "messages") -> None:
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens. However, your messages "
+            f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
+            param=param, code="context_length_exceeded")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSpec:
+    """Sampling actually used for one request (recorded with the completion: the trainer
+    recomputes logprobs at the same temperature)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    n: int
+    mode: SamplingMode
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    def to_sampling_params(self, choice_index: int = 0) -> dict[str, Any]:
+        """SGLang `/generate` `sampling_params` for one choice. `n` is not sent: the
+        gateway fans out one request per choice (each resumable alone after an abort),
+        and choice i samples with seed + i so seeded choices differ."""
+        params: dict[str, Any] = {"max_new_tokens": self.max_new_tokens,
+                                  "temperature": self.temperature, "top_p": self.top_p,
+                                  "top_k": self.top_k}
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.seed is not None:
+            params["sampling_seed"] = self.seed + choice_index
+        if self.frequency_penalty:
+            params["frequency_penalty"] = self.frequency_penalty
+        if self.presence_penalty:
+            params["presence_penalty"] = self.presence_penalty
+        return params
+
+
+def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_length: int,
+                     default_max_tokens: int, mode: SamplingMode,
+                     training_temperature: float = 1.0, param: str = "messages"
+                     ) -> SamplingSpec:
+    """Clamp the output budget to the context and pick temperature/top_p/top_k.
+
+    `client`: honour the client (OpenAI defaults: temperature 1, top_p 1; top_p 0 means
+    greedy). `training`: temperature = `training_temperature`, top_p 1, top_k -1, no
+    penalties, so behaviour logprobs match the trainer's. Stop, seed and length are
+    honoured in both modes (agents depend on stop strings).
+    """
+    if prompt_tokens >= context_length:
+        raise ContextLengthExceeded(prompt_tokens, context_length, param=param)
+    max_new = min(client.max_tokens or default_max_tokens, context_length - prompt_tokens)
+    common = {"max_new_tokens": max_new, "seed": client.seed, "stop": client.stop,
+              "n": client.n, "mode": mode}
+    if mode == "training":
+        return SamplingSpec(temperature=training_temperature, top_p=1.0, top_k=-1, **common)
+    temperature = 1.0 if client.temperature is None else client.temperature
+    top_p = 1.0 if client.top_p is None else client.top_p
+    if top_p == 0:
+        temperature, top_p = 0.0, 1.0
+    return SamplingSpec(
+        temperature=temperature, top_p=top_p, top_k=client.top_k or -1,
+        frequency_penalty=client.frequency_penalty or 0.0,
+        presence_penalty=client.presence_penalty or 0.0, **common)
+
+
+# ---------------------------------------------------------------- generated output
+
+
+class FinishLike(Protocol):
+    """Any finish-reason record with SGLang's `type` and `matched` (this module's
+    `FinishReason`, `gateway.backend.FinishReason`)."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def matched(self) -> int | str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReason:
+    """SGLang `meta_info.finish_reason`."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = None
+    """Stop token id or stop string (`stop`), None otherwise."""
+
+    @classmethod
+    def from_sglang(cls, raw: Mapping[str, Any] | None) -> FinishReason | None:
+        return None if raw is None else cls(type=raw["type"], matched=raw.get("matched"))
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedChoice:
+    """One choice's output as far as generated: cumulative while streaming, complete
+    when `finish` is set. Ids include the final EOS / stop token, as SGLang returns."""
+
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...] = ()
+    finish: FinishLike | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Per position: (token id, logprob) alternatives, when requested."""
+    cached_tokens: int = 0
+
+    @classmethod
+    def from_sglang(cls, body: Mapping[str, Any]) -> GeneratedChoice:
+        """From a `/generate` response object (or a cumulative stream chunk)."""
+        meta = body["meta_info"]
+        tops = tuple(
+            tuple((int(t[1]), _finite(t[0])) for t in pos or ())
+            for pos in meta.get("output_top_logprobs") or ())
+        return cls(
+            output_ids=tuple(body["output_ids"]),
+            output_logprobs=tuple(_finite(t[0]) for t in meta.get("output_token_logprobs") or ()),
+            finish=FinishReason.from_sglang(meta.get("finish_reason")),
+            top_logprobs=tops,
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+        )
+
+    def visible_len(self) -> int:
+        """Ids that make the reply: all but a final matched stop token."""
+        return _visible_len(self.output_ids, self.finish)
+
+
+def _visible_len(ids: Sequence[int], finish: FinishLike | None) -> int:
+    drop = (finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
+            and bool(ids) and ids[-1] == finish.matched)
+    return len(ids) - drop
+
+
+def _finite(logprob: float | None) -> float:
+    return _MIN_LOGPROB if logprob is None else max(float(logprob), _MIN_LOGPROB)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[tuple[str, float, tuple[int, ...]], ...] = ()
+
+    def to_openai(self) -> dict[str, Any]:
+        """`{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`."""
+        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes),
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)}
+                                 for t, lp, b in self.top]}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def of(cls, prompt_tokens: int, choices: Sequence[ParsedChoice], cached_tokens: int = 0
+           ) -> Usage:
+        """Usage of a request: completion tokens summed over its choices."""
+        return cls(prompt_tokens, sum(c.completion_tokens for c in choices), cached_tokens,
+                   sum(c.reasoning_tokens for c in choices))
+
+    def to_chat(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedChoice:
+    """A finished choice as the client sees it (both wire APIs build from this)."""
+
+    index: int
+    text: str
+    """Decoded reply (markers kept, stop token / stop string trimmed)."""
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    completion_tokens: int
+    reasoning_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None
+    """None unless the client asked for logprobs."""
+
+    def to_message(self) -> dict[str, Any]:
+        """The assistant message; replayed as history it re-renders `text`."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning_content is not None:
+            msg["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            msg["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        return msg
+
+    def to_openai(self) -> dict[str, Any]:
+        """`choices[i]` of a `chat.completion`."""
+        logprobs = None if self.logprobs is None else {
+            "content": [t.to_openai() for t in self.logprobs], "refusal": None}
+        return {"index": self.index, "message": self.to_message(),
+                "finish_reason": self.finish_reason, "logprobs": logprobs}
+
+
+def finish_reason_for(finish: FinishLike | None, has_tool_calls: bool
+                      ) -> Literal["stop", "length", "tool_calls"]:
+    """OpenAI finish reason: `tool_calls` whenever calls were parsed (even if cut off
+    after them), `length` for a length stop or a final abort, else `stop`."""
+    if has_tool_calls:
+        return "tool_calls"
+    return "length" if finish is not None and finish.type in ("length", "abort") else "stop"
+
+
+def _id_seed(completion_id: str, index: int) -> str:
+    return f"{completion_id}:{index}"
+
+
+def _trim_stop(text: str, finish: FinishLike | None) -> str:
+    if finish is not None and isinstance(finish.matched, str):
+        cut = text.find(finish.matched)
+        if cut >= 0:
+            return text[:cut]
+    return text
+
+
+def _token_logprobs(tokenizer: ChatTokenizer, choice: GeneratedChoice, start: int, end: int,
+                    top_n: int) -> tuple[TokenLogprob, ...]:
+    """OpenAI logprob entries of output positions [start, end)."""
+    out = []
+    for pos in range(start, min(end, len(choice.output_logprobs))):
+        token, raw = tokenizer.token_info(choice.output_ids[pos])
+        alts = choice.top_logprobs[pos] if pos < len(choice.top_logprobs) and top_n else ()
+        top = tuple((t, lp, b) for (t, b), lp in
+                    ((tokenizer.token_info(tid), lp) for tid, lp in alts[:top_n]))
+        out.append(TokenLogprob(token, choice.output_logprobs[pos], raw, top))
+    return tuple(out)
+
+
+def _finish_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, parsed: ParsedText,
+                   text: str, *, index: int, logprobs: tuple[TokenLogprob, ...] | None
+                   ) -> ParsedChoice:
+    """The one place a ParsedChoice is made, streaming or not, so both agree."""
+    visible = choice.output_ids[: choice.visible_len()]
+    reasoning_tokens = 0
+    if parsed.reasoning is not None:
+        close = tokenizer.think_close_id
+        reasoning_tokens = visible.index(close) + 1 if close in visible else len(visible)
+    content: str | None = parsed.content
+    if parsed.tool_calls and not content:
+        content = None
+    return ParsedChoice(
+        index=index, text=text, content=content, reasoning_content=parsed.reasoning,
+        tool_calls=parsed.tool_calls,
+        finish_reason=finish_reason_for(choice.finish, bool(parsed.tool_calls)),
+        completion_tokens=len(choice.output_ids), reasoning_tokens=reasoning_tokens,
+        logprobs=logprobs)
+
+
+def parse_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, *, completion_id: str,
+                 index: int = 0, parse_tools: bool, logprobs: int | None = None
+                 ) -> ParsedChoice:
+    """A finished generation -> the client's view. `logprobs`: None (not requested) or
+    the number of top alternatives per token."""
+    end = choice.visible_len()
+    text = _trim_stop(tokenizer.decode(choice.output_ids[:end]), choice.finish)
+    parsed = parse_output(text, parse_tools=parse_tools,
+                          id_seed=_id_seed(completion_id, index), final=True)
+    lps = None if logprobs is None else _token_logprobs(tokenizer, choice, 0, end, logprobs)
+    return _finish_choice(tokenizer, choice, parsed, text, index=index, logprobs=lps)
+
+
+def build_chat_completion(*, completion_id: str, model: str, created: int,
+                          choices: Sequence[ParsedChoice], usage: Usage) -> dict[str, Any]:
+    """`chat.completion` body (any number of choices; `model` echoes the request)."""
+    return {"id": completion_id, "object": "chat.completion", "created": created,
+            "model": model, "choices": [c.to_openai() for c in choices],
+            "usage": usage.to_chat()}
+
+
+# ---------------------------------------------------------------- streaming
+
+
+class IncrementalDecoder:
+    """Decodes a growing id list into stable text: never emits half a UTF-8 character
+    (a trailing U+FFFD is held until the next token completes it). O(window) per token:
+    only the ids since the last stable point are decoded (vLLM's prefix/read offsets)."""
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+        self.text = ""
+
+    def push(self, ids: Sequence[int]) -> None:
+        self._ids.extend(ids)
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
+        new_text = self._tok.decode(self._ids[self._prefix:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.text += new_text[len(prefix_text):]
+            self._prefix, self._read = self._read, len(self._ids)
+
+    def flush(self) -> None:
+        """At the end: emit what is left, incomplete characters included."""
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
+        self.text += self._tok.decode(self._ids[self._prefix:])[len(prefix_text):]
+        self._prefix = self._read = len(self._ids)
+
+
+def _hold_stop(text: str, stops: Sequence[str]) -> str:
+    """Text safe to show before the end: cut at a stop string, and hold a tail that may
+    still become one."""
+    if not stops:
+        return text
+    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    if cuts:
+        return text[:min(cuts)]
+    return text[: len(text) - held_suffix(text, stops)]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """What one stream update adds; `finished` is set on the last one."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finished: ParsedChoice | None = None
+
+
+class ChoiceStream:
+    """Turns one choice's growing output into deltas that add up to exactly what
+    `parse_choice` returns for the final output. Feed it cumulative outputs (`update`,
+    SGLang's default stream) or new tokens only (`push`, e.g. the backend client's
+    deltas across abort/resubmit rounds). Re-parses the stable text each step: O(text)
+    C-level string scans, ~20 us per token all told for a 2k-token reply."""
+
+    def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, index: int = 0,
+                 parse_tools: bool, stop: Sequence[str] = (), logprobs: int | None = None
+                 ) -> None:
+        self._tok = tokenizer
+        self._decoder = IncrementalDecoder(tokenizer)
+        self._seed = _id_seed(completion_id, index)
+        self.index = index
+        self._parse_tools = parse_tools
+        self._stop = tuple(stop)
+        self._logprobs = logprobs
+        self._ids: list[int] = []
+        self._lps: list[float] = []
+        self._tops: list[tuple[tuple[int, float], ...]] = []
+        self._pushed = 0
+        self._sent = ParsedText("", None, ())
+        self.result: ParsedChoice | None = None
+
+    def update(self, choice: GeneratedChoice) -> StreamDelta:
+        """Next cumulative output (ids so far, finish set on the last one)."""
+        n = len(self._ids)
+        return self.push(choice.output_ids[n:], choice.output_logprobs[n:], choice.finish,
+                         new_top=choice.top_logprobs[n:], cached_tokens=choice.cached_tokens)
+
+    def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
+             finish: FinishLike | None, *,
+             new_top: Sequence[tuple[tuple[int, float], ...]] = (), cached_tokens: int = 0
+             ) -> StreamDelta:
+        """New tokens only (with their logprobs); `finish` set on the last push."""
+        self._ids.extend(new_ids)
+        self._lps.extend(new_logprobs)
+        self._tops.extend(new_top)
+        final = finish is not None
+        end = _visible_len(self._ids, finish)
+        so_far = GeneratedChoice(tuple(self._ids), tuple(self._lps), finish,
+                                 tuple(self._tops), cached_tokens) if final else None
+        lps = () if self._logprobs is None else self._logprob_slice(self._pushed, end)
+        self._decoder.push(self._ids[self._pushed:end])
+        self._pushed = end
+        if final:
+            self._decoder.flush()
+            text = _trim_stop(self._decoder.text, finish)
+        else:
+            text = _hold_stop(self._decoder.text, self._stop)
+        parsed = parse_output(text, parse_tools=self._parse_tools, id_seed=self._seed,
+                              final=final)
+        reasoning = _advance(parsed.reasoning or "", self._sent.reasoning or "")
+        content = _advance(parsed.content, self._sent.content)
+        calls = parsed.tool_calls[len(self._sent.tool_calls):]
+        self._sent = parsed
+        if so_far is not None:
+            all_lps = None if self._logprobs is None else self._logprob_slice(0, end)
+            self.result = _finish_choice(self._tok, so_far, parsed, text, index=self.index,
+                                         logprobs=all_lps)
+        return StreamDelta(reasoning, content, calls, lps, self.result)
+
+    def _logprob_slice(self, start: int, end: int) -> tuple[TokenLogprob, ...]:
+        assert self._logprobs is not None
+        view = GeneratedChoice(tuple(self._ids[start:end]), tuple(self._lps[start:end]),
+                               None, tuple(self._tops[start:end]))
+        return _token_logprobs(self._tok, view, 0, end - start, self._logprobs)
+
+
+def _advance(now: str, sent: str) -> str:
+    if not now.startswith(sent):  # the parser's holdback rules guarantee this
+        raise RuntimeError(f"stream text went backwards: {sent!r} -> {now!r}")
+    return now[len(sent):]
+
+
+class ChatStreamAssembler:
+    """`chat.completion.chunk` dicts for one choice, from its growing output.
+
+    Order: a role chunk (`{"role": "assistant", "content": ""}`), then reasoning_content /
+    content / tool-call deltas (a call's first fragment carries index, id, type and name;
+    its arguments follow once `</tool_call>` closes), logprobs with the step that added
+    the tokens, and a last chunk with an empty delta and `finish_reason`. After an abort
+    and resubmission keep feeding the same stream (`push` the new tokens), so the client
+    sees one uninterrupted reply; only the final finish reason may be passed in.
+    """
+
+    def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, model: str,
+                 created: int, index: int = 0, parse_tools: bool, stop: Sequence[str] = (),
+                 logprobs: int | None = None) -> None:
+        self._stream = ChoiceStream(tokenizer, completion_id=completion_id, index=index,
+                                    parse_tools=parse_tools, stop=stop, logprobs=logprobs)
+        self._head = {"id": completion_id, "object": "chat.completion.chunk",
+                      "created": created, "model": model}
+        self._index = index
+        self._started = False
+        self._calls = 0
+
+    @property
+    def result(self) -> ParsedChoice | None:
+        """The finished choice (for the store and usage), once the stream ended."""
+        return self._stream.result
+
+    def start(self) -> dict[str, Any]:
+        """The role chunk; sent before the first token arrives if the route wants."""
+        self._started = True
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def update(self, choice: GeneratedChoice) -> list[dict[str, Any]]:
+        """Chunks for the next cumulative output."""
+        return self._chunks(self._stream.update(choice))
+
+    def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
+             finish: FinishLike | None, *,
+             new_top: Sequence[tuple[tuple[int, float], ...]] = ()) -> list[dict[str, Any]]:
+        """Chunks for new tokens only (backend deltas); `finish` set on the last push."""
+        return self._chunks(self._stream.push(new_ids, new_logprobs, finish, new_top=new_top))
+
+    def _chunks(self, delta: StreamDelta) -> list[dict[str, Any]]:
+        chunks = [] if self._started else [self.start()]
+        if delta.reasoning:
+            chunks.append(self._chunk({"reasoning_content": delta.reasoning}))
+        if delta.content:
+            chunks.append(self._chunk({"content": delta.content}))
+        for call in delta.tool_calls:
+            chunks.append(self._chunk({"tool_calls": [{
+                "index": self._calls, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}]}))
+            chunks.append(self._chunk({"tool_calls": [{
+                "index": self._calls, "function": {"arguments": call.arguments}}]}))
+            self._calls += 1
+        if delta.logprobs:
+            if not chunks:
+                chunks.append(self._chunk({}))
+            chunks[-1]["choices"][0]["logprobs"] = {
+                "content": [t.to_openai() for t in delta.logprobs], "refusal": None}
+        if delta.finished is not None:
+            chunks.append(self._chunk({}, finish_reason=delta.finished.finish_reason))
+        return chunks
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None
+               ) -> dict[str, Any]:
+        return {**self._head, "choices": [{"index": self._index, "delta": delta,
+                                           "finish_reason": finish_reason, "logprobs": None}]}
+
+
+def build_usage_chunk(*, completion_id: str, model: str, created: int, usage: Usage
+                      ) -> dict[str, Any]:
+    """The `include_usage` chunk (`choices: []`), sent after the last choice chunk and
+    before `[DONE]`."""
+    return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+            "model": model, "choices": [], "usage": usage.to_chat()}
