@@ -1,0 +1,526 @@
+"""A fast SGLang-protocol echo backend: the fake at the network edge for the gateway
+overhead benchmark and for failure-path tests (never a stand-in for the real engine).
+
+A raw asyncio HTTP/1.1 keep-alive server: server CPU per non-streaming /generate at 64
+concurrent was 0.108 ms (uvloop), 0.138 ms (asyncio) vs 0.145 ms for uvicorn+httptools
+with a minimal ASGI app, so no framework. It speaks the `/generate` subset of
+SGLang's native API (cumulative SSE streams, logprob triples, `weight_version`) and the
+control endpoints (pause modes, continue, update_weights_from_disk, abort, flush).
+
+Output token at absolute position p (prompt length + index) is
+`100 + (input_ids[0] * 31 + 7 * p) % 30000`, so a request resubmitted with its partial
+output appended continues the exact same sequence. Run:
+`python -m benchmarks.echo_backend --port P [--tokens 32] [--delay-ms 0] [--token-delay-ms 0]`.
+Per-request test hook (top-level key): `echo_error_after: k` ends the stream with a
+`data: {"error": ...}` event after k tokens (400 when not streaming).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EOS_ID = 1
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def echo_token(first_input_id: int, position: int) -> int:
+    """The token the echo backend emits at absolute `position` (never EOS_ID)."""
+    return 100 + (first_input_id * 31 + 7 * position) % 30000
+
+
+def echo_logprob(position: int) -> float:
+    """The fake behaviour logprob at absolute `position` (always < 0)."""
+    return -0.01 * (1 + position % 50)
+
+
+@dataclass
+class EchoSettings:
+    tokens: int = 32
+    """Tokens a request generates when `max_new_tokens` is larger (ends with EOS_ID)."""
+    delay_ms: float = 0.0
+    """Sleep before the first token of every request."""
+    token_delay_ms: float = 0.0
+    """Sleep before each token (makes streams slow enough to interrupt)."""
+    load_delay_ms: float = 0.0
+    """How long `/update_weights_from_disk` takes."""
+    disconnect_abort_ms: float = 2000.0
+    """A stream whose client went away is aborted this much later (as SGLang does), so
+    only an explicit `/abort_request` stops it at once."""
+    legacy_info: bool = False
+    """Serve only `/get_model_info` / `/get_server_info` (404 on the new names)."""
+    weight_version: str = "default"
+
+
+@dataclass
+class _Running:
+    rid: str
+    aborted: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.wake.set()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, returning early when aborted."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), seconds)
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class EchoBackend:
+    """State and endpoint handlers; one instance per server (one event loop)."""
+
+    def __init__(self, settings: EchoSettings) -> None:
+        self.settings = settings
+        self.weight_version = settings.weight_version
+        self.paused = False
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.running: dict[str, _Running] = {}
+        self.healthy = True
+        self.calls: list[str] = []
+        """Paths of control calls, in order (tests assert pause/continue pairing)."""
+
+    # -- /generate ---------------------------------------------------------------------
+    async def generate(self, body: dict[str, Any], emit: Emit | None) -> dict[str, Any]:
+        ids = body.get("input_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+            raise HttpError(400, "input_ids must be a non-empty list of ints")
+        sp = body.get("sampling_params") or {}
+        max_new = int(sp.get("max_new_tokens", 128))
+        rid = body["rid"] = str(body.get("rid") or f"echo-{time.monotonic_ns()}")
+        if rid in self.running:
+            raise HttpError(400, f"Duplicate request ID detected: {rid}")
+        t0 = time.perf_counter()
+        await self.resumed.wait()  # new requests block while paused (any mode)
+        run = _Running(rid)
+        self.running[rid] = run
+        try:
+            return await self._decode(body, ids, max_new, run, emit, t0)
+        finally:
+            del self.running[rid]
+
+    async def _decode(self, body: dict[str, Any], ids: list[int], max_new: int,
+                      run: _Running, emit: Emit | None, t0: float) -> dict[str, Any]:
+        s = self.settings
+        n = min(s.tokens, max_new)
+        hits_length = max_new <= s.tokens
+        out: list[int] = []
+        if s.delay_ms:
+            await run.sleep(s.delay_ms / 1000)
+        finish: dict[str, Any] | None = None
+        for i in range(n):
+            if s.token_delay_ms and not run.aborted:
+                await run.sleep(s.token_delay_ms / 1000)
+            if self.paused and not run.aborted:  # retract / in_place: hold the request
+                await self._hold(run)
+            if run.aborted:
+                break
+            if i == body.get("echo_error_after"):  # test hook: a mid-stream ValueError
+                return await self._fail(emit, "echo_error_after reached")
+            last = i == n - 1
+            out.append(EOS_ID if last and not hits_length else echo_token(ids[0], len(ids) + i))
+            if last:
+                finish = ({"type": "length", "length": n} if hits_length
+                          else {"type": "stop", "matched": EOS_ID})
+            elif emit is not None:
+                await emit(self._chunk(body, ids, out, None, None))
+        if run.aborted:
+            finish = {"type": "abort", "message": "Aborted", "status_code": None,
+                      "err_type": None}
+        if finish is None:  # max_new_tokens == 0
+            finish = {"type": "length", "length": 0}
+        final = self._chunk(body, ids, out, finish, time.perf_counter() - t0)
+        if emit is not None:
+            await emit(final)
+        return final
+
+    async def _fail(self, emit: Emit | None, message: str) -> dict[str, Any]:
+        error = {"error": {"message": message, "type": "invalid_request_error", "code": 400,
+                           "retryable": False}}
+        if emit is None:
+            raise HttpError(400, message)
+        await emit(error)
+        return error
+
+    async def _hold(self, run: _Running) -> None:
+        """Wait for continue_generation or an abort of this request, whichever is first."""
+        waits = [asyncio.ensure_future(self.resumed.wait()), asyncio.ensure_future(run.wake.wait())]
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in pending:
+            w.cancel()
+
+    def _chunk(self, body: dict[str, Any], ids: list[int], out: list[int],
+               finish: dict[str, Any] | None, latency: float | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": body.get("rid"), "finish_reason": finish, "prompt_tokens": len(ids),
+            "completion_tokens": len(out), "cached_tokens": 0,
+            "weight_version": self.weight_version,
+        }
+        if body.get("return_logprob"):
+            base = len(ids)
+            meta["output_token_logprobs"] = [
+                [echo_logprob(base + i), t, None] for i, t in enumerate(out)]
+        if latency is not None:
+            meta["e2e_latency"] = latency
+        return {"text": " ".join(f"t{t}" for t in out if t != EOS_ID),
+                "output_ids": list(out), "meta_info": meta}
+
+    # -- control -----------------------------------------------------------------------
+    def pause(self, body: dict[str, Any]) -> dict[str, Any]:
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            raise HttpError(400, f"unknown pause mode {mode!r}")
+        self.calls.append("pause_generation")
+        self.paused = True
+        self.resumed.clear()
+        if mode == "abort":
+            for run in self.running.values():
+                run.abort()
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    def resume(self) -> dict[str, Any]:
+        self.calls.append("continue_generation")
+        self.paused = False
+        self.resumed.set()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    async def update_weights(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.calls.append("update_weights_from_disk")
+        path = body.get("model_path")
+        if not path:
+            raise HttpError(400, "model_path is required")
+        if not self.paused:  # the writer lock waits for in-flight requests to finish
+            while self.running:
+                await asyncio.sleep(0.005)
+        if self.settings.load_delay_ms:
+            await asyncio.sleep(self.settings.load_delay_ms / 1000)
+        if not Path(path).exists():
+            return 400, {"success": False, "num_paused_requests": 0,
+                         "message": f"Failed to update weights: {path} does not exist"}
+        message = "Succeeded to update model weights."
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+            message += f" Weight version updated to {self.weight_version}."
+        return 200, {"success": True, "message": message, "num_paused_requests": 0}
+
+    def abandon(self, rid: str) -> None:
+        """The client of `rid` disconnected: abort it after the grace period."""
+        def abort() -> None:
+            if (run := self.running.get(rid)) is not None:
+                run.abort()
+
+        asyncio.get_running_loop().call_later(self.settings.disconnect_abort_ms / 1000, abort)
+
+    def abort_request(self, body: dict[str, Any]) -> None:
+        rid = str(body.get("rid") or "")
+        for run in self.running.values():
+            if body.get("abort_all") or (rid and run.rid.startswith(rid)):
+                run.abort()
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": "echo", "tokenizer_path": "echo", "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": self.weight_version,
+                "model_type": "echo", "architectures": ["EchoForCausalLM"]}
+
+    def server_info(self) -> dict[str, Any]:
+        return {"served_model_name": "echo", "tp_size": 1, "version": "echo-0",
+                "weight_version": self.weight_version, "paused": self.paused,
+                "internal_states": [{"running": len(self.running)}]}
+
+
+# -- HTTP/1.1 --------------------------------------------------------------------------
+def _head(status: int, content_type: str, length: int | None) -> bytes:
+    framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+            f"Content-Type: {content_type}\r\n{framing}\r\n\r\n").encode()
+
+
+def _json_response(status: int, obj: Any) -> bytes:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return _head(status, "application/json", len(body)) + body
+
+
+class _Server:
+    """Serves one EchoBackend on one event loop; tracks connections so stop() is exact."""
+
+    def __init__(self, backend: EchoBackend) -> None:
+        self.backend = backend
+        self.server: asyncio.Server | None = None
+        self.conns: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        self.server = await asyncio.start_server(self._conn, host, port, backlog=1024)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in list(self.conns):
+            task.cancel()
+        await asyncio.gather(*self.conns, return_exceptions=True)
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.conns.add(task)
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self.conns.discard(task)
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, _ = lines[0].split(" ", 2)
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                k, _, v = line.partition(":")
+                headers[k.strip().lower()] = v.strip()
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = await _read_chunked(reader)
+        else:
+            body = await reader.readexactly(int(headers.get("content-length", 0)))
+        path = target.partition("?")[0]
+        try:
+            await self._dispatch(method, path, body, writer)
+        except HttpError as e:
+            writer.write(_json_response(e.status, {"error": {"message": e.message}}))
+        except (ValueError, TypeError, AttributeError) as e:  # malformed body fields
+            writer.write(_json_response(400, {"error": {"message": f"{type(e).__name__}: {e}"}}))
+        await writer.drain()
+        return headers.get("connection", "").lower() != "close"
+
+    async def _dispatch(self, method: str, path: str, raw: bytes,
+                        writer: asyncio.StreamWriter) -> None:
+        b = self.backend
+        try:
+            body: dict[str, Any] = json.loads(raw) if raw.strip() else {}
+        except ValueError as e:
+            raise HttpError(400, f"invalid JSON body: {e}") from e
+        if path == "/generate":
+            if body.get("stream"):
+                await self._stream(body, writer)
+            else:
+                writer.write(_json_response(200, await b.generate(body, None)))
+        elif path == "/health" or path == "/health_generate":
+            ok = b.healthy
+            writer.write(_head(200 if ok else 503, "text/plain", 0))
+        elif path in ("/model_info", "/get_model_info"):
+            if b.settings.legacy_info == (path == "/model_info"):
+                raise HttpError(404, "Not Found")
+            writer.write(_json_response(200, b.model_info()))
+        elif path in ("/server_info", "/get_server_info"):
+            if b.settings.legacy_info == (path == "/server_info"):
+                raise HttpError(404, "Not Found")
+            writer.write(_json_response(200, b.server_info()))
+        elif path == "/pause_generation":
+            writer.write(_json_response(200, b.pause(body)))
+        elif path == "/continue_generation":
+            writer.write(_json_response(200, b.resume()))
+        elif path == "/update_weights_from_disk":
+            status, result = await b.update_weights(body)
+            writer.write(_json_response(status, result))
+        elif path == "/abort_request":
+            b.abort_request(body)
+            writer.write(_head(200, "application/json", 0))
+        elif path == "/flush_cache":
+            if b.running and not b.paused:
+                raise HttpError(400, "Cache not flushed: there are running requests")
+            text = b"Cache flushed.\nPlease check backend logs for more details."
+            writer.write(_head(200, "text/plain", len(text)) + text)
+        else:
+            raise HttpError(404, f"{method} {path} not found")
+
+    async def _stream(self, body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        started = gone = False
+
+        async def emit(chunk: dict[str, Any]) -> None:
+            nonlocal started, gone
+            if gone:
+                return
+            if not started:
+                writer.write(_head(200, "text/event-stream", None))
+                started = True
+            data = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            try:
+                if writer.is_closing():
+                    raise ConnectionResetError
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                await writer.drain()
+            except ConnectionError:
+                gone = True
+                self.backend.abandon(body["rid"])
+
+        await self.backend.generate(body, emit)  # HttpError before the first chunk: 400
+        if gone:
+            raise ConnectionResetError
+        done = b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts = []
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+            await reader.readuntil(b"\r\n")
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+
+
+# -- handles ---------------------------------------------------------------------------
+class EchoBackendHandle:
+    """A running echo backend. `.backend` is the live state (thread mode only); stop()
+    stops exactly the thread or subprocess this handle started."""
+
+    def __init__(self, url: str, *, backend: EchoBackend | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 thread: threading.Thread | None = None, server: _Server | None = None,
+                 proc: subprocess.Popen[str] | None = None) -> None:
+        self.url = url
+        self.port = int(url.rsplit(":", 1)[1])
+        self.backend = backend
+        self._loop, self._thread, self._server, self._proc = loop, thread, server, proc
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the backend's loop (thread mode) and return its result."""
+        assert self._loop is not None, "call() needs a thread-mode backend"
+
+        async def run() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(5)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+            return
+        assert self._loop is not None and self._server is not None and self._thread
+        fut = asyncio.run_coroutine_threadsafe(self._server.stop(), self._loop)
+        fut.result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def __enter__(self) -> EchoBackendHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_echo_backend(port: int = 0, *, host: str = "127.0.0.1", subprocess_mode: bool = False,
+                       **settings: Any) -> EchoBackendHandle:
+    """Start an echo backend on `host:port` (0: a free port) in a daemon thread with its
+    own event loop, or in a child process (`subprocess_mode`, for benchmarks, so its CPU
+    is not counted against the client). `settings` are `EchoSettings` fields."""
+    if subprocess_mode:
+        return _start_subprocess(port, host, EchoSettings(**settings))
+    backend_box: list[Any] = []
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        backend = EchoBackend(EchoSettings(**settings))
+        server = _Server(backend)
+        bound = loop.run_until_complete(server.start(host, port))
+        backend_box.extend([backend, server, bound])
+        ready.set()
+        loop.run_forever()
+        loop.close()
+
+    thread = threading.Thread(target=run, name=f"echo-backend-{port}", daemon=True)
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("echo backend did not start within 10 s")
+    backend, server, bound = backend_box
+    return EchoBackendHandle(f"http://{host}:{bound}", backend=backend, loop=loop,
+                             thread=thread, server=server)
+
+
+def _start_subprocess(port: int, host: str, s: EchoSettings) -> EchoBackendHandle:
+    cmd = [sys.executable, "-m", "benchmarks.echo_backend", "--host", host, "--port", str(port),
+           "--tokens", str(s.tokens), "--delay-ms", str(s.delay_ms),
+           "--token-delay-ms", str(s.token_delay_ms), "--load-delay-ms", str(s.load_delay_ms),
+           "--disconnect-abort-ms", str(s.disconnect_abort_ms)]
+    if s.legacy_info:
+        cmd.append("--legacy-info")
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "echo backend listening on http://host:port"
+    if "listening on " not in line:
+        proc.kill()
+        proc.wait(5)
+        raise RuntimeError(f"echo backend failed to start: {line!r}")
+    return EchoBackendHandle(line.split("listening on ", 1)[1].strip(), proc=proc)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    settings = EchoSettings(tokens=args.tokens, delay_ms=args.delay_ms,
+                            token_delay_ms=args.token_delay_ms,
+                            load_delay_ms=args.load_delay_ms, legacy_info=args.legacy_info,
+                            disconnect_abort_ms=args.disconnect_abort_ms)
+    server = _Server(EchoBackend(settings))
+    port = await server.start(args.host, args.port)
+    print(f"echo backend listening on http://{args.host}:{port}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--delay-ms", type=float, default=0.0)
+    p.add_argument("--token-delay-ms", type=float, default=0.0)
+    p.add_argument("--load-delay-ms", type=float, default=0.0)
+    p.add_argument("--disconnect-abort-ms", type=float, default=2000.0)
+    p.add_argument("--legacy-info", action="store_true")
+    p.add_argument("--no-uvloop", action="store_true")
+    args = p.parse_args()
+    run: Callable[[Awaitable[None]], None] = asyncio.run  # type: ignore[assignment]
+    if not args.no_uvloop:
+        with contextlib.suppress(ImportError):
+            import uvloop
+
+            run = uvloop.run
+    with contextlib.suppress(KeyboardInterrupt):
+        run(_main(args))
+
+
+if __name__ == "__main__":
+    main()

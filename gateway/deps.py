@@ -1,0 +1,67 @@
+"""FastAPI dependencies: the app's state and the authenticated caller, as Annotated aliases."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
+
+from gateway.auth import Principal, bearer_token, require_admin
+from gateway.errors import bad_request, validation_param
+from gateway.protocol import InvalidRequestError
+from gateway.state import GatewayState
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def get_state(request: Request) -> GatewayState:
+    """The `GatewayState` built by `create_app`'s lifespan."""
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+StateDep = Annotated[GatewayState, Depends(get_state)]
+
+
+async def get_principal(request: Request, state: StateDep) -> Principal:
+    """The caller (401 `invalid_api_key` unless the bearer token is known)."""
+    return await state.keys.resolve(bearer_token(request))
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+async def get_admin(principal: PrincipalDep) -> Principal:
+    """The caller, who must hold the admin key (403 otherwise)."""
+    require_admin(principal)
+    return principal
+
+
+AdminDep = Annotated[Principal, Depends(get_admin)]
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The JSON object body; 400 (never 422 or 500) when it is missing or malformed."""
+    raw = await request.body()
+    if not raw.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def parse_model(model: type[M], body: dict[str, Any]) -> M:
+    """Validate `body` as `model`; 400 invalid_request_error naming the bad `param`."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_param(exc)
+        raise bad_request(message, param) from exc
+    except InvalidRequestError as exc:
+        raise bad_request(exc.message, exc.param, exc.code) from exc

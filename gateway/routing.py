@@ -1,0 +1,270 @@
+"""BackendPool: which backend serves a request, and whether any can.
+
+Session-sticky routing (same session → same backend while it is healthy, for the prefix
+cache), least-in-flight for new sessions, health state (a backend that refuses
+connections or fails `unhealthy_after` health checks leaves rotation; a passing
+`/health` re-admits it, after re-syncing its weights to the last swap), failover of
+not-yet-started requests, and a bounded wait for a backend (BackendUnavailable → 503).
+Owns one SGLangClient per URL; imports only `gateway.backend`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.backend import (
+    BackendError,
+    BackendUnavailable,
+    GenerateRequest,
+    Generation,
+    GenerationDelta,
+    SGLangClient,
+    SwapTimings,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Backend:
+    """Mutable routing state of one backend (owned by the pool's event loop)."""
+
+    url: str
+    client: SGLangClient
+    healthy: bool = True
+    in_flight: int = 0
+    failed_checks: int = 0
+    swapping: bool = False
+    last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatus:
+    """A snapshot for the console and `/health` of the gateway."""
+
+    url: str
+    healthy: bool
+    in_flight: int
+    last_error: str
+
+
+class BackendPool:
+    """Routes requests over `urls`; call `start()` for periodic health checks and
+    `aclose()` to stop them and close the clients."""
+
+    def __init__(self, urls: Sequence[str], *, timeout_s: float = 600.0,
+                 health_interval_s: float = 5.0, health_timeout_s: float = 10.0,
+                 unhealthy_after: int = 2, probe_interval_s: float = 0.25,
+                 max_sticky_sessions: int = 100_000,
+                 client_factory: Callable[[str], SGLangClient] | None = None) -> None:
+        if not urls:
+            raise ValueError("BackendPool needs at least one backend URL (gateway.backends)")
+        make = client_factory or (lambda url: SGLangClient(url, timeout_s=timeout_s))
+        self._backends = [Backend(url=u.rstrip("/"), client=make(u.rstrip("/"))) for u in urls]
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.unhealthy_after = unhealthy_after
+        self.probe_interval_s = probe_interval_s
+        self.max_sticky_sessions = max_sticky_sessions
+        self._sticky: OrderedDict[str, Backend] = OrderedDict()
+        self._rr = 0
+        self._probe_lock = asyncio.Lock()
+        self._health_task: asyncio.Task[None] | None = None
+        self.target: tuple[str, int] | None = None
+        """(model_path, version) of the last swap; re-admitted backends are synced to it."""
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def backends(self) -> list[Backend]:
+        return list(self._backends)
+
+    def status(self) -> list[BackendStatus]:
+        return [BackendStatus(b.url, b.healthy, b.in_flight, b.last_error) for b in self._backends]
+
+    def mark_down(self, backend: Backend, reason: str) -> None:
+        if backend.healthy:
+            log.warning("backend %s out of rotation: %s", backend.url, reason)
+        backend.healthy = False
+        backend.last_error = reason
+
+    def mark_up(self, backend: Backend) -> None:
+        if not backend.healthy:
+            log.info("backend %s back in rotation", backend.url)
+        backend.healthy = True
+        backend.failed_checks = 0
+
+    def pick(self, session_id: str | None = None) -> Backend:
+        """The session's backend while it is healthy, else the healthy backend with the
+        fewest requests in flight (ties rotate). BackendUnavailable when none is healthy."""
+        if session_id is not None and (b := self._sticky.get(session_id)) and b.healthy:
+            self._sticky.move_to_end(session_id)
+            return b
+        healthy = [b for b in self._backends if b.healthy]
+        if not healthy:
+            raise BackendUnavailable(f"no healthy backend among {len(self._backends)}")
+        start = self._rr % len(healthy)
+        self._rr += 1
+        best = min(healthy[start:] + healthy[:start], key=lambda b: b.in_flight)
+        if session_id is not None:
+            self._sticky[session_id] = best
+            self._sticky.move_to_end(session_id)
+            if len(self._sticky) > self.max_sticky_sessions:
+                self._sticky.popitem(last=False)
+        return best
+
+    # -- waiting and leasing -----------------------------------------------------------
+    async def wait_until_available(self, deadline_s: float) -> None:
+        """Return once a backend is healthy, probing the down ones every
+        `probe_interval_s`; BackendUnavailable after `deadline_s` seconds."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while not any(b.healthy for b in self._backends):
+            remaining = end - loop.time()
+            if remaining <= 0:
+                raise BackendUnavailable(
+                    f"no healthy backend among {len(self._backends)} after {deadline_s:g} s")
+            if not self._probe_lock.locked():
+                async with self._probe_lock:
+                    await self.check_health(only_down=True)
+                if any(b.healthy for b in self._backends):
+                    return
+            await asyncio.sleep(min(self.probe_interval_s, max(0.0, end - loop.time())))
+
+    @contextlib.asynccontextmanager
+    async def lease(self, session_id: str | None = None, *,
+                    deadline_s: float = 30.0) -> AsyncIterator[Backend]:
+        """A backend for one request, counted in flight until the block exits."""
+        await self.wait_until_available(deadline_s)
+        backend = self.pick(session_id)
+        backend.in_flight += 1
+        try:
+            yield backend
+        finally:
+            backend.in_flight -= 1
+
+    # -- requests with failover --------------------------------------------------------
+    async def generate_interruptible(self, request: GenerateRequest, *,
+                                     session_id: str | None = None,
+                                     deadline_s: float = 30.0) -> Generation:
+        """`SGLangClient.generate_interruptible` on the routed backend; a refused
+        connection takes that backend out and retries on another until `deadline_s`."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while True:
+            async with self.lease(session_id, deadline_s=max(0.0, end - loop.time())) as b:
+                try:
+                    return await b.client.generate_interruptible(request)
+                except BackendUnavailable as e:
+                    if e.sent:
+                        raise
+                    self.mark_down(b, e.message)
+
+    async def generate_interruptible_stream(
+            self, request: GenerateRequest, *, session_id: str | None = None,
+            deadline_s: float = 30.0) -> AsyncIterator[GenerationDelta]:
+        """Streaming variant; failover only before the first delta was yielded."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while True:
+            started = False
+            async with self.lease(session_id, deadline_s=max(0.0, end - loop.time())) as b:
+                try:
+                    async with contextlib.aclosing(
+                            b.client.generate_interruptible_stream(request)) as deltas:
+                        async for delta in deltas:
+                            started = True
+                            yield delta
+                    return
+                except BackendUnavailable as e:
+                    if e.sent or started:
+                        raise
+                    self.mark_down(b, e.message)
+
+    # -- health ------------------------------------------------------------------------
+    async def check_health(self, *, only_down: bool = False) -> None:
+        """One round of `/health` on every backend (or only the down ones) not swapping."""
+        targets = [b for b in self._backends
+                   if not b.swapping and not (only_down and b.healthy)]
+        results = await asyncio.gather(
+            *(b.client.health(self.health_timeout_s) for b in targets))
+        for b, ok in zip(targets, results, strict=True):
+            if not ok:
+                b.failed_checks += 1
+                if not b.healthy or b.failed_checks >= self.unhealthy_after:
+                    self.mark_down(b, f"/health failed {b.failed_checks}x")
+            elif b.healthy:
+                b.failed_checks = 0
+            elif await self._resync(b):
+                self.mark_up(b)
+
+    async def _resync(self, b: Backend) -> bool:
+        """Bring a returning backend to the last swapped version before re-admitting it."""
+        if self.target is None:
+            return True
+        path, version = self.target
+        try:
+            if (await b.client.model_info()).weight_version != str(version):
+                await b.client.swap_weights(path, version)
+        except BackendError as e:
+            b.last_error = f"resync to v{version} failed: {e.message}"
+            return False
+        return True
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            async with self._probe_lock:
+                await self.check_health()
+
+    async def start(self) -> None:
+        """Start periodic health checks (a task on the running loop)."""
+        if self._health_task is None:
+            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+
+    async def aclose(self) -> None:
+        """Stop health checks and close every client."""
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        for b in self._backends:
+            await b.client.aclose()
+
+    # -- weights -----------------------------------------------------------------------
+    async def swap_weights(self, model_path: str, version: int) -> dict[str, SwapTimings]:
+        """`swap_weights` on every healthy backend concurrently. An unreachable backend
+        is taken out (and re-synced when it comes back); one that rejects the load keeps
+        serving its old weights (its tokens say so). Raises if every backend failed."""
+        healthy = [b for b in self._backends if b.healthy]
+        for b in healthy:
+            b.swapping = True
+        try:
+            results = await asyncio.gather(
+                *(b.client.swap_weights(model_path, version) for b in healthy),
+                return_exceptions=True)
+        finally:
+            for b in healthy:
+                b.swapping = False
+        timings: dict[str, SwapTimings] = {}
+        errors: list[BackendError] = []
+        for b, r in zip(healthy, results, strict=True):
+            if isinstance(r, SwapTimings):
+                timings[b.url] = r
+            elif isinstance(r, BackendUnavailable):
+                errors.append(r)
+                self.mark_down(b, f"swap to v{version} failed: {r.message}")
+            elif isinstance(r, BackendError):
+                errors.append(r)
+                b.last_error = f"swap to v{version} failed: {r.message}"
+            else:
+                raise r
+        if errors and not timings:
+            raise errors[0]
+        self.target = (model_path, version)
+        return timings
