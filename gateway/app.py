@@ -1,0 +1,102 @@
+"""`create_app(config)`: the gateway's FastAPI app. Its lifespan builds the store, the
+group-commit writer, the key resolver, the backend pool and the tokenizer, and tears
+them down in reverse order (the writer drains before the store closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from areal_service.config import ServiceConfig
+from areal_service.store import TrajectoryStore
+from areal_service.writer import GroupCommitWriter
+from gateway.auth import KeyResolver
+from gateway.errors import install_error_handlers
+from gateway.routes import admin, health, openai
+from gateway.routing import BackendPool
+from gateway.state import GatewayState
+from gateway.translate import ChatTokenizer
+
+log = logging.getLogger(__name__)
+
+
+def context_length_of(config: ServiceConfig, tokenizer_dir: Path) -> int:
+    """Prompt + output limit: the engine's setting, else the checkpoint's
+    `max_position_embeddings` (read from config.json, no model load)."""
+    if config.engine.context_length:
+        return config.engine.context_length
+    cfg = tokenizer_dir / "config.json"
+    if cfg.exists():
+        data = json.loads(cfg.read_text())
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            if isinstance(data.get(key), int):
+                return int(data[key])
+    return 32768
+
+
+class _RequestId:
+    """ASGI middleware: every response carries `x-request-id` (routes that name a stored
+    completion set it themselves; others get a fresh id). Pure ASGI, no per-request task."""
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # noqa: ANN001
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # type: ignore[operator]
+            return
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.setdefault("headers", [])
+                if not any(k == b"x-request-id" for k, _ in headers):
+                    headers.append((b"x-request-id", f"req_{uuid.uuid4().hex}".encode()))
+            await send(message)  # type: ignore[operator]
+
+        await self.app(scope, receive, send_with_id)  # type: ignore[operator]
+
+
+def create_app(config: ServiceConfig) -> FastAPI:
+    """The gateway app for `config`; nothing is built until the lifespan starts."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        store = await asyncio.to_thread(TrajectoryStore.open, config.database_url(),
+                                        config.store)
+        writer = GroupCommitWriter.from_config(store, config.store)
+        writer.start()
+        tokenizer_dir = Path(config.gateway.tokenizer or config.model_dir())
+        tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, tokenizer_dir)
+        pool = BackendPool(config.backend_urls(), timeout_s=config.gateway.request_timeout_s)
+        await pool.start()
+        app.state.gateway = GatewayState(
+            config=config, store=store, writer=writer,
+            keys=KeyResolver(store, config.gateway.admin_key.get_secret_value()),
+            backends=pool, tokenizer=tokenizer,
+            context_length=context_length_of(config, tokenizer_dir), started_at=time.time())
+        log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
+        try:
+            yield
+        finally:
+            await pool.aclose()
+            await asyncio.to_thread(writer.stop)
+            store.close()
+
+    app = FastAPI(title="AReaL Service gateway", lifespan=lifespan, docs_url="/docs",
+                  redoc_url=None)
+    install_error_handlers(app)
+    app.include_router(openai.router)
+    app.include_router(admin.router)
+    app.include_router(health.router)
+    app.add_middleware(_RequestId)
+    return app

@@ -1,0 +1,134 @@
+"""Fan-out of one OpenAI request to its backend generations (one per choice).
+
+Maps backend failures to OpenAI errors: unavailable or paused past the deadline → 503
+with retry-after; a backend 4xx (bad sampling values) → 400; anything else → 502.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from gateway.backend import (
+    BackendError,
+    BackendUnavailable,
+    FinishReason,
+    GenerateRequest,
+    Generation,
+    GenerationDelta,
+)
+from gateway.errors import OpenAIError, backend_unavailable
+from gateway.state import GatewayState
+from gateway.translate import SamplingSpec
+
+
+def backend_error(exc: BackendError) -> OpenAIError:
+    """The OpenAI error for a backend failure."""
+    if isinstance(exc, BackendUnavailable):
+        return backend_unavailable(f"the model backend is unavailable: {exc.message}")
+    if 400 <= exc.status < 500:
+        return OpenAIError(400, f"the backend rejected the request: {exc.message}")
+    return OpenAIError(502, f"the model backend failed: {exc.message}", type="server_error",
+                       code="backend_error")
+
+
+def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_id: str
+                      ) -> list[GenerateRequest]:
+    """One `/generate` per choice. Rids have a fixed width (`-000`), because SGLang
+    aborts by rid prefix and `x-1` would also match `x-10`."""
+    ids = tuple(prompt_ids)
+    return [GenerateRequest(ids, spec.to_sampling_params(i), rid=f"{completion_id}-{i:03d}")
+            for i in range(spec.n)]
+
+
+async def generate_all(state: GatewayState, requests: Sequence[GenerateRequest],
+                       session_id: str | None) -> list[Generation]:
+    """Every choice, generated concurrently (interruptible: swaps are ridden out)."""
+    deadline = state.config.gateway.backend_unavailable_deadline_s
+    try:
+        return list(await asyncio.gather(*(
+            state.backends.generate_interruptible(r, session_id=session_id, deadline_s=deadline)
+            for r in requests)))
+    except BackendError as exc:
+        raise backend_error(exc) from exc
+
+
+@dataclass
+class StreamedChoice:
+    """What one streamed choice produced so far (becomes a `Generation` at the end)."""
+
+    rid: str
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+    resubmissions: int = 0
+
+    def add(self, delta: GenerationDelta) -> None:
+        """Append one delta's new tokens."""
+        self.ids.extend(delta.output_ids)
+        self.logprobs.extend(delta.output_logprobs)
+        self.versions.extend(delta.output_versions)
+        self.resubmissions = delta.resubmissions
+        if delta.finish_reason is not None:
+            self.finish = delta.finish_reason
+
+    def generation(self, prompt_tokens: int, started: float) -> Generation:
+        """The finished generation, as the non-streaming path returns it."""
+        assert self.finish is not None, "stream ended without a finish reason"
+        return Generation(self.rid, tuple(self.ids), tuple(self.logprobs), tuple(self.versions),
+                          self.finish, prompt_tokens, self.resubmissions,
+                          time.perf_counter() - started)
+
+
+async def stream_all(state: GatewayState, requests: Sequence[GenerateRequest],
+                     session_id: str | None) -> AsyncIterator[tuple[int, GenerationDelta]]:
+    """(choice index, delta) from every choice's stream, interleaved as they arrive.
+    Backend failures surface as `OpenAIError` (503/400/502)."""
+    deadline = state.config.gateway.backend_unavailable_deadline_s
+    streams = [state.backends.generate_interruptible_stream(r, session_id=session_id,
+                                                            deadline_s=deadline)
+               for r in requests]
+    try:
+        if len(streams) == 1:
+            async with contextlib.aclosing(streams[0]) as only:
+                async for delta in only:
+                    yield 0, delta
+            return
+        async for item in _interleave(streams):
+            yield item
+    except BackendError as exc:
+        raise backend_error(exc) from exc
+
+
+async def _interleave(streams: Sequence[AsyncIterator[GenerationDelta]]
+                      ) -> AsyncIterator[tuple[int, GenerationDelta]]:
+    queue: asyncio.Queue[tuple[int, GenerationDelta | None, BaseException | None]] = (
+        asyncio.Queue())
+
+    async def pump(index: int, stream: AsyncIterator[GenerationDelta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((index, delta, None))
+            await queue.put((index, None, None))
+        except Exception as exc:  # handed to the consumer, which re-raises it
+            await queue.put((index, None, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        open_streams = len(tasks)
+        while open_streams:
+            index, delta, error = await queue.get()
+            if error is not None:
+                raise error
+            if delta is None:
+                open_streams -= 1
+            else:
+                yield index, delta
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,67 @@
+"""Admin REST: virtual keys (create: plaintext shown once; list; revoke). Admin key only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from areal_service.keys import new_api_key
+from areal_service.types import ApiKeyRecord
+from gateway.deps import AdminDep, StateDep, parse_model, read_json
+from gateway.errors import OpenAIError
+
+router = APIRouter(prefix="/admin")
+
+
+class KeyCreate(BaseModel):
+    """Body of `POST /admin/keys`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("", max_length=200)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def key_view(key: ApiKeyRecord) -> dict[str, Any]:
+    """A key as lists show it: never the hash or the plaintext."""
+    return {"id": key.id, "name": key.name, "display": key.display, "kind": key.kind,
+            "session_id": key.session_id, "created_at": key.created_at,
+            "last_used_at": key.last_used_at, "revoked_at": key.revoked_at}
+
+
+@router.post("/keys", status_code=201)
+async def create_key(request: Request, state: StateDep, _: AdminDep) -> dict[str, Any]:
+    """Create a virtual key; the response carries the plaintext, the only time it is shown."""
+    body = parse_model(KeyCreate, await read_json(request)) if await request.body() else KeyCreate()
+    plaintext, record = new_api_key(name=body.name)
+    record = ApiKeyRecord(**{**_fields(record), "metadata": body.metadata})
+    await asyncio.to_thread(state.store.add_api_key, record)
+    return {**key_view(record), "api_key": plaintext}
+
+
+@router.get("/keys")
+async def list_keys(state: StateDep, _: AdminDep, limit: int = 100, offset: int = 0
+                    ) -> dict[str, Any]:
+    """Virtual keys, newest first."""
+    keys = await asyncio.to_thread(state.store.list_api_keys, limit=min(limit, 1000),
+                                   offset=offset)
+    return {"object": "list", "data": [key_view(k) for k in keys]}
+
+
+@router.post("/keys/{key_id}/revoke")
+@router.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> dict[str, Any]:
+    """Revoke a key: later requests with it get 401 (at once on this replica)."""
+    key = await asyncio.to_thread(state.store.get_api_key, key_id)
+    if key is None:
+        raise OpenAIError(404, f"no key with id {key_id!r}", param="key_id", code="key_not_found")
+    revoked = await asyncio.to_thread(state.store.revoke_api_key, key_id)
+    state.keys.forget(key.key_hash)
+    assert revoked is not None
+    return key_view(revoked)
+
+
+def _fields(record: ApiKeyRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__dataclass_fields__}

@@ -1,0 +1,50 @@
+"""Liveness, readiness (store reachable and a backend healthy) and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from gateway.deps import StateDep
+
+router = APIRouter()
+
+
+@router.get("/health/liveness")
+@router.get("/health/liveliness", include_in_schema=False)
+async def liveness() -> dict[str, str]:
+    """The process serves HTTP."""
+    return {"status": "alive"}
+
+
+@router.get("/health/readiness")
+async def readiness(state: StateDep) -> Response:
+    """200 when the store answers and at least one backend is healthy, else 503."""
+
+    def ping() -> None:
+        with state.store.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    db = "ok"
+    try:
+        await asyncio.to_thread(ping)
+    except Exception as exc:  # reported, not raised: this endpoint answers either way
+        db = f"error: {type(exc).__name__}"
+    backends = [{"url": s.url, "healthy": s.healthy, "in_flight": s.in_flight}
+                for s in state.backends.status()]
+    ready = db == "ok" and any(b["healthy"] for b in backends)
+    body = {"status": "ready" if ready else "unavailable", "db": db, "backends": backends}
+
+
+    return Response(json.dumps(body), status_code=200 if ready else 503,
+                    media_type="application/json")
+
+
+@router.get("/metrics")
+async def metrics(state: StateDep) -> Response:
+    """Prometheus text format."""
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
