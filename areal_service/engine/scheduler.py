@@ -1,0 +1,519 @@
+"""Scheduler of the local engine: the request queue, continuous batching, pause/continue,
+abort and weight swaps, all run by ONE background thread that owns the ModelRunner.
+
+Other threads (the HTTP event loop) talk to it only through `Scheduler` methods, which
+put commands on a thread-safe queue and return `concurrent.futures.Future`s; results
+travel back through each `Request`'s lock-protected state and its `notify` callback.
+Must not import FastAPI or the server module.
+
+Loop, one iteration: run queued commands; apply a pending weight update once nothing it
+must wait for is left; admit waiting requests (FIFO) up to `max_running`; prefill them
+(grouped, left-padded) and sample their first token; one decode forward for the whole
+running batch; retire finished rows. Nothing steps while paused.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import AutoTokenizer
+
+from areal_service.engine.protocol import (
+    FinishAbort,
+    FinishLength,
+    FinishReason,
+    FinishStop,
+    SamplingParams,
+    UpdateWeightsResponse,
+)
+from areal_service.engine.runner import (
+    PREFILL_TOKEN_BUDGET,
+    ModelRunner,
+    SamplingSpec,
+    WeightLoadError,
+)
+
+logger = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "retract", "in_place"]
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """A consistent snapshot of a request's progress, taken by the HTTP side."""
+
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[float, int], ...], ...]
+    finish: FinishReason | None
+    weight_version: str
+    finished_at: float | None
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation. The scheduler thread is the only writer of the mutable fields;
+    readers use `snapshot()`. `notify` must be callable from any thread."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    stop_token_ids: frozenset[int]
+    """EOS ids plus `stop_token_ids`; empty when `ignore_eos`."""
+    notify: Callable[[], None]
+    top_logprobs_num: int = 0
+    stream: bool = True
+    """Notify on every token (streams); otherwise only when finished."""
+    created_at: float = field(default_factory=time.perf_counter)
+    weight_version: str = "default"
+    """Version of the weights that produced the latest token (submit-time one before)."""
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[tuple[float, int], ...]] = field(default_factory=list)
+    finish: FinishReason | None = None
+    finished_at: float | None = None
+    generator: torch.Generator | None = None
+    num_retractions: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def snapshot(self) -> RequestView:
+        with self._lock:
+            return RequestView(
+                output_ids=tuple(self.output_ids),
+                logprobs=tuple(self.logprobs),
+                top_logprobs=tuple(self.top_logprobs),
+                finish=self.finish,
+                weight_version=self.weight_version,
+                finished_at=self.finished_at,
+            )
+
+    def spec(self) -> SamplingSpec:
+        p = self.params
+        return SamplingSpec(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p)
+
+
+# ---- commands (HTTP thread -> scheduler thread) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Command:
+    future: Future = field(default_factory=Future, compare=False)
+
+
+@dataclass(frozen=True)
+class _Submit(_Command):
+    request: Request | None = None
+
+
+@dataclass(frozen=True)
+class _Abort(_Command):
+    rid: str = ""
+    exact: bool = False
+    abort_all: bool = False
+
+
+@dataclass(frozen=True)
+class _Pause(_Command):
+    mode: PauseMode = "abort"
+
+
+@dataclass(frozen=True)
+class _Continue(_Command):
+    pass
+
+
+@dataclass(frozen=True)
+class _UpdateWeights(_Command):
+    model_path: str = ""
+    weight_version: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
+@dataclass(frozen=True)
+class _FlushCache(_Command):
+    pass
+
+
+@dataclass(frozen=True)
+class _Stop(_Command):
+    pass
+
+
+class Scheduler:
+    """Owns the engine thread. Construct, `start()`, then submit; `stop()` aborts what is
+    left and joins the thread. The model loads inside the thread (`ready` is set after)."""
+
+    def __init__(
+        self, model_dir: str, *, device: str, dtype: str, max_running: int, weight_version: str
+    ) -> None:
+        self.model_path = model_dir
+        self.weight_version = weight_version
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.runner: ModelRunner | None = None
+        self.paused: PauseMode | None = None
+        self._tokenizer = None  # the thread's own copy, for stop strings (loaded with the model)
+        self.decode_steps = 0
+        self.generated_tokens = 0
+        self.last_gen_throughput = 0.0
+        self._device, self._dtype, self._max_running = device, dtype, max_running
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        # Pending weight updates, each with the requests it waits for (its "writer lock").
+        self._updates: deque[tuple[_UpdateWeights, set[Request]]] = deque()
+        self._stopping = False
+        # Guards "accepting + put" against the thread's final drain: no command is left behind.
+        self._send_lock = threading.Lock()
+        self._accepting = True
+        self._current: _Command | None = None
+        self._handlers: dict[type, Callable] = {
+            _Submit: self._on_submit, _Abort: self._on_abort, _Pause: self._on_pause,
+            _Continue: self._on_continue, _UpdateWeights: self._on_update,
+            _FlushCache: self._on_flush, _Stop: self._on_stop,
+        }
+        self._thread = threading.Thread(target=self._main, name="engine-scheduler", daemon=True)
+
+    # ---- API for other threads -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort every request, end the thread and wait for it."""
+        if self._thread.is_alive():
+            self._commands.put(_Stop())
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request: Request) -> Future:
+        return self._send(_Submit(request=request))
+
+    def abort(self, rid: str = "", *, exact: bool = False, abort_all: bool = False) -> Future:
+        return self._send(_Abort(rid=rid, exact=exact, abort_all=abort_all))
+
+    def pause(self, mode: PauseMode) -> Future:
+        return self._send(_Pause(mode=mode))
+
+    def resume(self) -> Future:
+        return self._send(_Continue())
+
+    def update_weights(
+        self, model_path: str, *, weight_version: str | None, flush_cache: bool, abort_all: bool
+    ) -> Future:
+        """Resolves to an UpdateWeightsResponse. Unpaused, it first waits for every request
+        already submitted to finish (SGLang's writer lock); later ones queue behind it."""
+        return self._send(_UpdateWeights(
+            model_path=model_path, weight_version=weight_version,
+            flush_cache=flush_cache, abort_all_requests=abort_all,
+        ))
+
+    def flush_cache(self) -> Future:
+        """Resolves to True when idle (KV freed), False when requests are in flight."""
+        return self._send(_FlushCache())
+
+    def counts(self) -> tuple[int, int, bool]:
+        """(running, waiting, update_pending); racy reads, for info endpoints only."""
+        return len(self._running), len(self._waiting), bool(self._updates)
+
+    def _send(self, cmd: _Command) -> Future:
+        with self._send_lock:
+            if self._accepting and self._thread.is_alive():
+                self._commands.put(cmd)
+                return cmd.future
+        cmd.future.set_exception(RuntimeError("the engine scheduler is not running"))
+        return cmd.future
+
+    # ---- the thread --------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        # Crash barrier of the thread: record and log the error, then fail every waiter;
+        # /health reports 503 from then on.
+        try:
+            self.runner = ModelRunner(self.model_path, device=self._device, dtype=self._dtype)
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            self.ready.set()
+            while not self._stopping:
+                self._drain_commands(block=not self._has_work())
+                if not self._stopping:
+                    self._apply_ready_updates()
+                    self._iterate()
+        except BaseException as exc:
+            self.error = exc
+            logger.exception("engine scheduler crashed")
+        finally:
+            with self._send_lock:
+                self._accepting = False
+            self._abort_everything(FinishAbort(message="Engine stopped", status_code=503))
+            self._fail_queued_commands()
+
+    def _has_work(self) -> bool:
+        if self._updates and (self.paused or not self._update_blocked()):
+            return True
+        return self.paused is None and bool(self._running or self._admissible())
+
+    def _drain_commands(self, block: bool) -> None:
+        while True:
+            try:
+                cmd = self._commands.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            self._current = cmd
+            result = self._handlers[type(cmd)](cmd)
+            self._current = None
+            if result is not _DEFERRED:
+                cmd.future.set_result(result)
+
+    def _fail_queued_commands(self) -> None:
+        if self._current is not None and not self._current.future.done():
+            self._current.future.set_exception(RuntimeError("the engine scheduler crashed"))
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, _Submit) and cmd.request is not None:
+                self._finish(cmd.request, FinishAbort(message="Engine stopped", status_code=503))
+            cmd.future.set_exception(RuntimeError("the engine scheduler stopped"))
+        for upd, _ in self._updates:
+            upd.future.set_exception(RuntimeError("the engine scheduler stopped"))
+        self._updates.clear()
+
+    # ---- command handlers (scheduler thread) ---------------------------------------------------
+
+    def _on_submit(self, cmd: _Submit) -> None:
+        req = cmd.request
+        assert req is not None
+        req.weight_version = self.weight_version
+        seed = req.params.sampling_seed
+        req.generator = torch.Generator(device=self.runner.device).manual_seed(
+            seed if seed is not None else random.getrandbits(63)
+        )
+        self._waiting.append(req)
+
+    def _on_abort(self, cmd: _Abort) -> None:
+        # SGLang: an rid that is not exactly in flight is ignored; one that is aborts every
+        # request whose rid starts with it.
+        live = [*self._running, *self._waiting]
+        if not cmd.abort_all and not any(r.rid == cmd.rid for r in live):
+            return
+
+        def hit(r: Request) -> bool:
+            return cmd.abort_all or (r.rid == cmd.rid if cmd.exact else r.rid.startswith(cmd.rid))
+
+        self._abort_where(hit)
+
+    def _on_pause(self, cmd: _Pause) -> None:
+        if cmd.mode == "abort":
+            self._abort_everything(FinishAbort())
+        elif cmd.mode == "retract":
+            self._retract_running()
+        self.paused = cmd.mode
+        logger.info("generation paused (%s)", cmd.mode)
+
+    def _on_continue(self, cmd: _Continue) -> None:
+        self.paused = None
+        logger.info("generation continued")
+
+    def _on_update(self, cmd: _UpdateWeights) -> object:
+        if cmd.abort_all_requests:
+            self._abort_everything(FinishAbort())
+        self._updates.append((cmd, set(self._running) | set(self._waiting)))
+        return _DEFERRED
+
+    def _on_flush(self, cmd: _FlushCache) -> bool:
+        if self._running or self._waiting:
+            return False
+        self.runner.reset_batch()
+        if self.runner.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return True
+
+    def _on_stop(self, cmd: _Stop) -> None:
+        self._stopping = True
+
+    # ---- weight updates -----------------------------------------------------------------------
+
+    def _update_blocked(self) -> bool:
+        """Unpaused, the first pending update waits for the requests present when it arrived."""
+        barrier = self._updates[0][1]
+        barrier.difference_update([r for r in barrier if r.finish is not None])
+        return bool(barrier)
+
+    def _apply_ready_updates(self) -> None:
+        while self._updates and (self.paused or not self._update_blocked()):
+            cmd, _ = self._updates.popleft()
+            cmd.future.set_result(self._load(cmd))
+
+    def _load(self, cmd: _UpdateWeights) -> UpdateWeightsResponse:
+        started = time.perf_counter()
+        try:
+            self.runner.load_weights(cmd.model_path)
+        except WeightLoadError as exc:
+            logger.warning("weight update from %s failed: %s", cmd.model_path, exc)
+            return UpdateWeightsResponse(success=False, message=f"Failed to update weights: {exc}")
+        if cmd.flush_cache:
+            # Only an in_place pause leaves rows running here. SGLang's flush would crash;
+            # we retract them instead, so their KV is recomputed with the new weights.
+            self._retract_running()
+        self.model_path = cmd.model_path
+        message = "Succeeded to update model weights."
+        if cmd.weight_version is not None:
+            self.weight_version = cmd.weight_version
+            message += f" Weight version updated to {cmd.weight_version}."
+        logger.info("loaded weights from %s in %.2fs (version %s)", cmd.model_path,
+                    time.perf_counter() - started, self.weight_version)
+        return UpdateWeightsResponse(success=True, message=message)
+
+    # ---- batching ----------------------------------------------------------------------------------
+
+    def _admissible(self) -> bool:
+        if not self._waiting or len(self._running) >= self._max_running:
+            return False
+        # Behind a pending update, only the requests it waits for may start.
+        return not self._updates or self._waiting[0] in self._updates[0][1]
+
+    def _iterate(self) -> None:
+        if self.paused is not None:
+            return
+        admitted: list[Request] = []
+        while self._admissible() and len(self._running) + len(admitted) < self._max_running:
+            admitted.append(self._waiting.popleft())
+        started = time.perf_counter()
+        produced = self._prefill(admitted) if admitted else 0
+        if self._running:
+            produced += self._decode()
+        if produced:
+            self.generated_tokens += produced
+            self.last_gen_throughput = produced / max(time.perf_counter() - started, 1e-9)
+
+    def _prefill(self, admitted: list[Request]) -> int:
+        todo = [r for r in admitted if not self._finished_before_start(r)]
+        todo.sort(key=lambda r: len(r.prompt_ids) + len(r.output_ids))
+        produced = 0
+        while todo:
+            group = [todo.pop(0)]
+            while todo and (len(group) + 1) * _seq_len(todo[0]) <= PREFILL_TOKEN_BUDGET:
+                group.append(todo.pop(0))
+            # A retracted request re-prefills prompt + output: its KV is recomputed with the
+            # current weights, and the next token comes from them.
+            pre = self.runner.prefill([r.prompt_ids + r.output_ids for r in group])
+            keep = self._sample_and_publish(group, pre.logits)
+            self.runner.join(pre, keep)
+            self._running.extend(group[i] for i in keep)
+            produced += len(group)
+        return produced
+
+    def _finished_before_start(self, req: Request) -> bool:
+        if len(req.output_ids) >= req.max_new_tokens:
+            self._finish(req, FinishLength(length=req.max_new_tokens))
+            return True
+        return False
+
+    def _decode(self) -> int:
+        logits = self.runner.decode([r.output_ids[-1] for r in self._running])
+        self.decode_steps += 1
+        keep = self._sample_and_publish(self._running, logits)
+        if len(keep) != len(self._running):
+            self.runner.keep(keep)
+            self._running = [self._running[i] for i in keep]
+        return len(logits)
+
+    def _sample_and_publish(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+        """Sample a token per row, append it, finish what is done; returns rows still live."""
+        res = self.runner.sample(
+            logits, [r.spec() for r in reqs], [r.generator for r in reqs],
+            [r.top_logprobs_num for r in reqs],
+        )
+        keep = []
+        for row, req in enumerate(reqs):
+            with req._lock:
+                req.output_ids.append(res.tokens[row])
+                req.logprobs.append(res.logprobs[row])
+                req.top_logprobs.append(tuple(res.top_logprobs[row]))
+                req.weight_version = self.weight_version
+            finish = self._check_finish(req)
+            if finish is None:
+                keep.append(row)
+                if req.stream:
+                    req.notify()
+            else:
+                self._finish(req, finish)
+        return keep
+
+    def _check_finish(self, req: Request) -> FinishReason | None:
+        """SGLang's order: length, then stop/EOS token, then stop strings."""
+        last = req.output_ids[-1]
+        if len(req.output_ids) >= req.max_new_tokens:
+            return FinishLength(length=req.max_new_tokens)
+        if last in req.stop_token_ids:
+            return FinishStop(matched=last)
+        stops = req.params.stop_strings()
+        if stops:
+            # A stop string of c chars spans at most 4c byte-level tokens.
+            window = 4 * max(len(s) for s in stops) + 2
+            tail = self._tokenizer.decode(req.output_ids[-window:])
+            for s in stops:
+                if s in tail:
+                    return FinishStop(matched=s)
+        return None
+
+    # ---- finishing, aborting, retracting ---------------------------------------------------------
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        with req._lock:
+            if req.finish is not None:
+                return
+            req.finish = reason
+            req.finished_at = time.perf_counter()
+        req.notify()
+
+    def _abort_where(self, hit: Callable[[Request], bool]) -> None:
+        for req in [r for r in self._waiting if hit(r)]:
+            self._waiting.remove(req)
+            self._finish(req, FinishAbort(message="Abort in waiting queue"))
+        keep = [i for i, r in enumerate(self._running) if not hit(r)]
+        if len(keep) != len(self._running):
+            for req in self._running:
+                if hit(req):
+                    self._finish(req, FinishAbort())
+            self.runner.keep(keep)
+            self._running = [self._running[i] for i in keep]
+
+    def _abort_everything(self, reason: FinishAbort) -> None:
+        for req in [*self._running, *self._waiting]:
+            self._finish(req, reason)
+        self._running, self._waiting = [], deque()
+        if self.runner is not None:
+            self.runner.reset_batch()
+
+    def _retract_running(self) -> None:
+        """Running rows go back to the front of the queue with their tokens; KV is freed."""
+        for req in reversed(self._running):
+            req.num_retractions += 1
+            self._waiting.appendleft(req)
+        self._running = []
+        self.runner.reset_batch()
+
+
+_DEFERRED = object()
+
+
+def _seq_len(req: Request) -> int:
+    return len(req.prompt_ids) + len(req.output_ids)
