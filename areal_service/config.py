@@ -90,6 +90,13 @@ class GatewayConfig(_Section):
     """Temperature used when `sampling` is `training`."""
     capture: bool = True
     """Record every completion in the store before acknowledging it."""
+    auto_session: bool = True
+    """A virtual (user) key calling without an open session opens one and binds it, so
+    agents that only change base_url/api_key still produce episodes."""
+    session_idle_timeout_s: float = Field(900.0, gt=0)
+    """An open session with no activity for this long is ended (reason `idle_timeout`)."""
+    session_sweep_interval_s: float = Field(5.0, gt=0)
+    """How often the gateway looks for idle sessions."""
 
 
 class ServiceConfig(BaseSettings):

@@ -8,10 +8,12 @@ any). No session at all is fine: the completion is recorded unattached.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 from fastapi import Request
 
+from areal_service.types import ApiKeyRecord, SessionRecord
 from gateway.auth import Principal
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
@@ -38,7 +40,9 @@ async def session_for_request(state: GatewayState, principal: Principal, request
     """The open session this completion is recorded under, checked against the caller."""
     session_id = requested_session_id(principal, request, body)
     if session_id is None:
-        return None
+        if principal.key is None or not state.config.gateway.auto_session:
+            return None
+        return await open_key_session(state, principal.key)
     session = await asyncio.to_thread(state.store.get_session, session_id)
     if session is None:
         raise OpenAIError(404, f"session {session_id!r} does not exist", param="session_id",
@@ -46,7 +50,22 @@ async def session_for_request(state: GatewayState, principal: Principal, request
     if not principal.is_admin and session.api_key_id not in (None, principal.key_id):
         raise OpenAIError(403, f"session {session_id!r} belongs to another key",
                           type="permission_error", param="session_id", code="session_forbidden")
+    if session.status != "open" and principal.key is not None and principal.key.kind == "user" \
+            and principal.key.session_id == session_id and state.config.gateway.auto_session:
+        return await open_key_session(state, principal.key)  # the bound one timed out
     if session.status != "open":
         raise OpenAIError(409, f"session {session_id!r} is {session.status}; start a new one",
                           param="session_id", code="session_closed")
     return session_id
+
+
+async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
+    """Open a session for a user key that has none (or whose session ended) and bind it.
+    Concurrent first calls of one key may each open one; the last binding wins and the
+    others end by idle timeout, each a complete episode of its own."""
+    session = SessionRecord(id=f"sess_{uuid.uuid4().hex}", api_key_id=key.id,
+                            metadata={"opened_by": "auto_session"})
+    await asyncio.to_thread(state.store.add_session, session)
+    await asyncio.to_thread(state.store.bind_key_session, key.id, session.id)
+    state.keys.forget(key.key_hash)
+    return session.id

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from areal_service.config import ServiceConfig
+from areal_service.episodes import ParentLinker
 from areal_service.store import TrajectoryStore
 from areal_service.writer import GroupCommitWriter
 from gateway.auth import KeyResolver
@@ -28,5 +29,6 @@ class GatewayState:
     backends: BackendPool
     tokenizer: ChatTokenizer
     context_length: int
+    linker: ParentLinker
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     started_at: float = 0.0

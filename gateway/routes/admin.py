@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -36,7 +37,7 @@ async def create_key(request: Request, state: StateDep, _: AdminDep) -> dict[str
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
     body = parse_model(KeyCreate, await read_json(request)) if await request.body() else KeyCreate()
     plaintext, record = new_api_key(name=body.name)
-    record = ApiKeyRecord(**{**_fields(record), "metadata": body.metadata})
+    record = dataclasses.replace(record, metadata=body.metadata)
     await asyncio.to_thread(state.store.add_api_key, record)
     return {**key_view(record), "api_key": plaintext}
 
@@ -62,6 +63,3 @@ async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> dict[str, Any
     assert revoked is not None
     return key_view(revoked)
 
-
-def _fields(record: ApiKeyRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in record.__dataclass_fields__}

@@ -1,0 +1,124 @@
+"""`POST /v1/rewards`: a named score on a completion, a session (episode) or a group.
+
+Idempotent by a client-chosen `id` (a retried post is a no-op; the same id with other
+values is a 409). 404 for an unknown target, 409 once the episode was claimed for
+training, 400 for a non-finite value. Session keys may score only their own session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from areal_service.types import RewardRecord, SessionRecord
+from gateway.auth import Principal
+from gateway.deps import PrincipalDep, StateDep, parse_model, read_json
+from gateway.errors import OpenAIError, bad_request
+from gateway.routes.rl import check_session_access, load_session
+from gateway.state import GatewayState
+
+router = APIRouter()
+_TRAINING = ("claimed", "trained", "dropped")
+
+
+class RewardCreate(BaseModel):
+    """Body of `POST /v1/rewards`: exactly one of completion_id, session_id, group_id."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = Field(None, max_length=200)
+    """Client-chosen id; posting the same id again is a no-op."""
+    completion_id: str | None = None
+    session_id: str | None = None
+    group_id: str | None = None
+    value: float
+    name: str = Field("reward", max_length=200)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    end_session: bool = False
+    """End the target session with this reward (reason `reward`)."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RewardCreate:
+        targets = [t for t in (self.completion_id, self.session_id, self.group_id) if t]
+        if len(targets) != 1:
+            raise ValueError("name exactly one target: completion_id, session_id or group_id")
+        return self
+
+
+def reward_view(r: RewardRecord) -> dict[str, Any]:
+    """A reward as the API returns it."""
+    return {"id": r.id, "object": "reward", "name": r.name, "value": r.value,
+            "completion_id": r.completion_id, "session_id": r.session_id,
+            "group_id": r.group_id, "metadata": r.metadata, "created_at": r.created_at}
+
+
+async def _target_session(state: GatewayState, principal: Principal, body: RewardCreate
+                          ) -> SessionRecord | None:
+    """The session the reward lands on (None for a group reward), access-checked."""
+    session_id = body.session_id
+    if body.completion_id:
+        completion = await asyncio.to_thread(state.store.get_completion, body.completion_id)
+        if completion is None:
+            raise OpenAIError(404, f"completion {body.completion_id!r} does not exist",
+                              param="completion_id", code="completion_not_found")
+        if completion.session_id is None:
+            if not principal.is_admin:
+                raise OpenAIError(403, "only the admin key may score a completion outside a "
+                                  "session", type="permission_error", param="completion_id")
+            return None
+        session_id = completion.session_id
+    if session_id is None:  # a group reward
+        if not principal.is_admin:
+            raise OpenAIError(403, "only the admin key may score a whole group",
+                              type="permission_error", param="group_id")
+        count = await asyncio.to_thread(state.store.count_sessions, group_id=body.group_id)
+        if count == 0:
+            raise OpenAIError(404, f"group {body.group_id!r} has no sessions",
+                              param="group_id", code="group_not_found")
+        return None
+    session = await load_session(state, session_id)
+    check_session_access(principal, session)
+    return session
+
+
+@router.post("/v1/rewards", status_code=201)
+@router.post("/rewards", status_code=201, include_in_schema=False)
+async def post_reward(request: Request, state: StateDep, principal: PrincipalDep
+                      ) -> dict[str, Any]:
+    """Record a reward (see the module docstring for the rules)."""
+    body = parse_model(RewardCreate, await read_json(request))
+    if not math.isfinite(body.value):
+        raise bad_request(f"value must be a finite number, got {body.value}", "value")
+    if body.id is not None:
+        existing = await asyncio.to_thread(state.store.get_reward, body.id)
+        if existing is not None:
+            return _same_or_conflict(existing, body)
+    session = await _target_session(state, principal, body)
+    if session is not None and session.status in _TRAINING:
+        raise OpenAIError(409, f"session {session.id!r} is already {session.status}; its "
+                          "rewards can no longer change", param="session_id",
+                          code="session_trained")
+    record = RewardRecord(id=body.id or f"rwd_{uuid.uuid4().hex}", value=body.value,
+                          name=body.name, completion_id=body.completion_id,
+                          session_id=body.session_id, group_id=body.group_id,
+                          metadata=body.metadata)
+    stored = await asyncio.to_thread(state.store.add_reward, record)
+    if body.end_session and session is not None and session.status == "open":
+        await asyncio.to_thread(state.store.end_session, session.id, "reward")
+    if stored != record:  # lost a race with the same id
+        return _same_or_conflict(stored, body)
+    return reward_view(stored)
+
+
+def _same_or_conflict(existing: RewardRecord, body: RewardCreate) -> dict[str, Any]:
+    same = (existing.value == body.value and existing.name == body.name
+            and existing.completion_id == body.completion_id
+            and existing.session_id == body.session_id and existing.group_id == body.group_id)
+    if not same:
+        raise OpenAIError(409, f"reward id {existing.id!r} was already used with other values",
+                          param="id", code="reward_id_conflict")
+    return reward_view(existing)
