@@ -50,7 +50,10 @@ class ApiKeyRow(Base):
 
 
 class SessionRow(Base):
-    """An episode. `api_key_id` has no foreign key: the admin key has no row."""
+    """An episode. `api_key_id` has no foreign key: the admin key has no row. The claim
+    columns belong to `claims.py`: `claim_id` is set while a trainer holds the session
+    (status `claimed`) and kept once it is `trained`; `drop_reason` says why a session
+    was `dropped` (stale, missing part, no reward)."""
 
     __tablename__ = "sessions"
 
@@ -64,13 +67,20 @@ class SessionRow(Base):
     last_activity_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
     end_reason: Mapped[str | None] = mapped_column(String)
+    claim_id: Mapped[str | None] = mapped_column(String, index=True)
+    claimed_by: Mapped[str | None] = mapped_column(String)
+    claimed_at: Mapped[float | None] = mapped_column(Float)
+    trained_at: Mapped[float | None] = mapped_column(Float)
+    drop_reason: Mapped[str | None] = mapped_column(String)
 
 
 class CompletionRow(Base):
     """One served model call. The four `*_ids`/`output_*` blobs are packed arrays;
     `min_version` is min(output_versions) (NULL without output tokens), so staleness is a
     column comparison. `parent_id` has no foreign key: a parent whose capture failed must
-    not make its children unwritable."""
+    not make its children unwritable (`claims.py` drops such episodes). `full_len` and
+    `full_hash` are len(prompt_ids + output_ids) and the hex blake2b-128 of their packed
+    int32 bytes: parent linking (`episodes.py`) compares hashes, never arrays."""
 
     __tablename__ = "completions"
 
@@ -79,7 +89,7 @@ class CompletionRow(Base):
         ForeignKey("sessions.id", ondelete="CASCADE"), index=True
     )
     api_key_id: Mapped[str | None] = mapped_column(String)
-    parent_id: Mapped[str | None] = mapped_column(String)
+    parent_id: Mapped[str | None] = mapped_column(String, index=True)
     model: Mapped[str] = mapped_column(String)
     request_json: Mapped[dict[str, Any]] = mapped_column(JSON)
     response_json: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -97,6 +107,8 @@ class CompletionRow(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float, index=True)
+    full_len: Mapped[int | None] = mapped_column(Integer)
+    full_hash: Mapped[str | None] = mapped_column(String(32))
 
 
 class RewardRow(Base):

@@ -20,6 +20,7 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
 from areal_service.config import StoreConfig
+from areal_service.episodes import PrefixEntry, packed_digest
 from areal_service.migrate import alembic_config, upgrade_engine
 from areal_service.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
 from areal_service.schema import (
@@ -124,11 +125,17 @@ def _completion_values(record: CompletionRecord) -> dict[str, Any]:
     for name, (pack, _) in _ARRAY_FIELDS.items():
         values[name] = pack(values[name])
     values["min_version"] = min(record.output_versions) if record.output_versions else None
+    values["full_len"] = len(record.prompt_ids) + n
+    values["full_hash"] = packed_digest(values["prompt_ids"], values["output_ids"])
     return values
 
 
-def _completion_record(row: CompletionRow) -> CompletionRecord:
-    values = {f.name: getattr(row, f.name) for f in fields(CompletionRecord)}
+def completion_from_row(row: Any, **given: Any) -> CompletionRecord:
+    """A record from an ORM row or a Core row; `given` supplies fields not selected."""
+    values = {
+        f.name: given[f.name] if f.name in given else getattr(row, f.name)
+        for f in fields(CompletionRecord)
+    }
     for name, (_, unpack) in _ARRAY_FIELDS.items():
         values[name] = unpack(values[name])
     return CompletionRecord(**values)
@@ -303,6 +310,20 @@ class TrajectoryStore:
             update(SessionRow).where(SessionRow.id == session_id).values(last_activity_at=at)
         )
 
+    def end_idle_sessions(self, idle_s: float, *, at: float | None = None) -> list[str]:
+        """End every `open` session idle for more than `idle_s` seconds (reason
+        `idle_timeout`, ended_at `at`); returns their ids. Conditional on status, so a
+        session ended concurrently keeps its own reason."""
+        at = now() if at is None else at
+        with self._engine.begin() as connection:
+            ended = connection.execute(
+                update(SessionRow)
+                .where(SessionRow.status == "open", SessionRow.last_activity_at < at - idle_s)
+                .values(status="ended", ended_at=at, end_reason="idle_timeout")
+                .returning(SessionRow.id)
+            )
+            return sorted(ended.scalars())
+
     # Completions.
 
     def add_completions(self, records: Sequence[CompletionRecord]) -> None:
@@ -339,7 +360,7 @@ class TrajectoryStore:
         """The completion `completion_id` with its arrays unpacked, or None."""
         with self._sessions() as session:
             row = session.get(CompletionRow, completion_id)
-            return None if row is None else _completion_record(row)
+            return None if row is None else completion_from_row(row)
 
     def list_completions(
         self, session_id: str, *, limit: int | None = None, offset: int = 0
@@ -356,7 +377,17 @@ class TrajectoryStore:
         elif offset:
             statement = statement.offset(offset)
         with self._sessions() as session:
-            return [_completion_record(row) for row in session.scalars(statement)]
+            return [completion_from_row(row) for row in session.scalars(statement)]
+
+    def prefix_entries(self, session_id: str) -> list[PrefixEntry]:
+        """Length and hash of prompt+output of each completion of a session (for parent
+        linking; four small columns, no arrays)."""
+        columns = (CompletionRow.id, CompletionRow.full_len, CompletionRow.full_hash)
+        statement = select(*columns, CompletionRow.created_at).where(
+            CompletionRow.session_id == session_id, CompletionRow.full_hash.is_not(None)
+        )
+        with self._engine.connect() as connection:
+            return [PrefixEntry(*row) for row in connection.execute(statement)]
 
     # Rewards.
 

@@ -161,3 +161,24 @@ class EpisodeGroup:
     """current version − oldest token version in the group."""
     claim_id: str = ""
     """Token of the claim; `mark_trained` / `release_claim` take it."""
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedEpisodes:
+    """Sessions a claim took out of the training pool without training them, and why."""
+
+    group_id: str
+    session_ids: tuple[str, ...]
+    reason: str
+    """`stale: ...`, `missing parent ...`, `no completions`, `no reward`, `group ...`."""
+    staleness: int
+    """current version − oldest token version of these sessions (0 without tokens)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """What one `claims.EpisodeClaimer.claim_groups` call did: the groups now held by
+    the caller (train them, then `mark_trained(claim_id)`), and what it dropped."""
+
+    groups: tuple[EpisodeGroup, ...]
+    dropped: tuple[DroppedEpisodes, ...] = ()

@@ -17,11 +17,12 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from areal_service.config import ServiceConfig
+from areal_service.episodes import ParentLinker
 from areal_service.store import TrajectoryStore
 from areal_service.writer import GroupCommitWriter
 from gateway.auth import KeyResolver
 from gateway.errors import install_error_handlers
-from gateway.routes import admin, health, openai
+from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.translate import ChatTokenizer
@@ -65,6 +66,24 @@ class _RequestId:
         await self.app(scope, receive, send_with_id)  # type: ignore[operator]
 
 
+async def sweep_idle_sessions(state: GatewayState) -> None:
+    """End sessions idle past `gateway.session_idle_timeout_s`, forever (cancelled at
+    shutdown). A failed sweep is logged and retried at the next interval."""
+    gw = state.config.gateway
+    while True:
+        await asyncio.sleep(gw.session_sweep_interval_s)
+        try:
+            ended = await asyncio.to_thread(state.store.end_idle_sessions,
+                                            gw.session_idle_timeout_s)
+        except Exception:  # the database may be briefly unavailable; try again later
+            log.exception("idle-session sweep failed")
+            continue
+        for session_id in ended:
+            state.linker.forget(session_id)
+        if ended:
+            log.info("ended %d idle sessions", len(ended))
+
+
 def create_app(config: ServiceConfig) -> FastAPI:
     """The gateway app for `config`; nothing is built until the lifespan starts."""
 
@@ -83,11 +102,15 @@ def create_app(config: ServiceConfig) -> FastAPI:
             config=config, store=store, writer=writer,
             keys=KeyResolver(store, config.gateway.admin_key.get_secret_value()),
             backends=pool, tokenizer=tokenizer,
-            context_length=context_length_of(config, tokenizer_dir), started_at=time.time())
+            context_length=context_length_of(config, tokenizer_dir), linker=ParentLinker(store),
+            started_at=time.time())
         log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
+        sweeper = asyncio.create_task(sweep_idle_sessions(app.state.gateway))
         try:
             yield
         finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
             await pool.aclose()
             await asyncio.to_thread(writer.stop)
             store.close()
@@ -96,6 +119,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
                   redoc_url=None)
     install_error_handlers(app)
     app.include_router(openai.router)
+    app.include_router(rl.router)
+    app.include_router(rewards.router)
     app.include_router(admin.router)
     app.include_router(health.router)
     app.add_middleware(_RequestId)

@@ -63,6 +63,9 @@ async def persist(state: GatewayState, records: Sequence[CompletionRecord]) -> N
     if not state.config.gateway.capture:
         return
     t0 = time.perf_counter()
+    # Parent links are set here, right before the write, so each turn finds the previous
+    # one even if that write is still in the group-commit queue.
+    records = [await state.linker.alink_parent(r) for r in records]
     try:
         await asyncio.gather(*(state.writer.write(r) for r in records))
     except Exception as exc:  # any store failure: refuse to acknowledge

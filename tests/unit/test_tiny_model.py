@@ -11,8 +11,11 @@ from areal_service.tiny_model import TinyModelSpec, make_tiny_model
 
 
 def _digest(path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.iterdir()) if p.is_file()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.iterdir())
+        if p.is_file()
+    }
 
 
 def test_loads_like_a_downloaded_checkpoint(tiny_model_dir):
@@ -33,21 +36,40 @@ def test_chat_template_renders_every_role_and_tools(tiny_model_dir):
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Add 2 and 3."},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
         {"role": "assistant", "content": "It is 5."},
         {"role": "user", "content": [{"type": "text", "text": "Thanks"}]},
     ]
-    tools = [{"type": "function", "function": {
-        "name": "add", "description": "Add two numbers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
-    text = tok.apply_chat_template(messages, tools=tools, tokenize=False,
-                                   add_generation_prompt=True)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two numbers",
+                "parameters": {"type": "object", "properties": {"a": {"type": "number"}}},
+            },
+        }
+    ]
+    text = tok.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert '"name": "add"' in text
-    assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>' in text
+    assert (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+        in text
+    )
     assert "<tool_response>\n5\n</tool_response>" in text
     assert "<|im_start|>user\nThanks<|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n")
