@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer.config import TrainerConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -97,6 +99,15 @@ class GatewayConfig(_Section):
     """An open session with no activity for this long is ended (reason `idle_timeout`)."""
     session_sweep_interval_s: float = Field(5.0, gt=0)
     """How often the gateway looks for idle sessions."""
+    staleness_gate: bool = False
+    """Admit new sessions only inside the staleness window
+    `(trainer.max_staleness + trained_version + 1) * batch sessions` (AReaL's capacity
+    rule). Turn on when a trainer consumes the sessions (the demo does); off, online
+    agents are never refused."""
+    admit_wait_s: float = Field(10.0, ge=0)
+    """How long a session start waits for the window to open before a 429."""
+    weight_poll_interval_s: float = Field(0.1, gt=0)
+    """How often the weight syncer looks for a newly published version."""
 
 
 class ServiceConfig(BaseSettings):
@@ -119,6 +130,8 @@ class ServiceConfig(BaseSettings):
     """The local SGLang-protocol engine."""
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     """The OpenAI-compatible gateway."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """The RL trainer (FSDP2)."""
 
     @model_validator(mode="after")
     def _check_ports(self) -> ServiceConfig:
@@ -138,6 +151,14 @@ class ServiceConfig(BaseSettings):
     def model_dir(self) -> Path:
         """The checkpoint directory the engine serves."""
         return Path(self.engine.model) if self.engine.model else self.data_dir / "tiny-model"
+
+    def weights_dir(self) -> Path:
+        """Where the trainer publishes `v{N}/` HF checkpoints."""
+        return self.data_dir / "weights"
+
+    def checkpoint_dir(self) -> Path:
+        """Where the trainer keeps resumable checkpoints."""
+        return self.data_dir / "checkpoints"
 
     def backend_urls(self) -> list[str]:
         """Backends the gateway routes to (the local engine when none is configured)."""

@@ -26,6 +26,7 @@ from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.translate import ChatTokenizer
+from gateway.weight_sync import run_weight_syncer
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
             context_length=context_length_of(config, tokenizer_dir), linker=ParentLinker(store),
             started_at=time.time())
         log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
-        sweeper = asyncio.create_task(sweep_idle_sessions(app.state.gateway))
+        tasks = [asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
+                 asyncio.create_task(run_weight_syncer(app.state.gateway))]
         try:
             yield
         finally:
-            sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await pool.aclose()
             await asyncio.to_thread(writer.stop)
             store.close()

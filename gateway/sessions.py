@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from areal_service.types import ApiKeyRecord, SessionRecord
+from gateway.admission import admit_sessions
 from gateway.auth import Principal
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
@@ -63,6 +64,7 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
     """Open a session for a user key that has none (or whose session ended) and bind it.
     Concurrent first calls of one key may each open one; the last binding wins and the
     others end by idle timeout, each a complete episode of its own."""
+    await admit_sessions(state, 1)
     session = SessionRecord(id=f"sess_{uuid.uuid4().hex}", api_key_id=key.id,
                             metadata={"opened_by": "auto_session"})
     await asyncio.to_thread(state.store.add_session, session)

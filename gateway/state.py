@@ -6,6 +6,7 @@ is a module-level singleton, so tests can run several apps in one process.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from areal_service.config import ServiceConfig
@@ -32,3 +33,6 @@ class GatewayState:
     linker: ParentLinker
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     started_at: float = 0.0
+    live_version: int = 0
+    """Weight version every backend serves (set by the weight syncer)."""
+    admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

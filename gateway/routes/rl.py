@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from areal_service.claims import load_rewards
 from areal_service.keys import hash_key, new_api_key
 from areal_service.types import SessionRecord, SessionStatus
+from gateway.admission import admit_sessions
 from gateway.auth import Principal
 from gateway.deps import AdminDep, PrincipalDep, StateDep, parse_model, read_json
 from gateway.errors import OpenAIError, invalid_api_key
@@ -101,6 +102,7 @@ async def start_sessions(request: Request, state: StateDep, principal: Principal
             raise invalid_api_key(body.api_key)
         return await _refresh(state, key.id, body)
     group_id = body.group_id or (f"grp_{uuid.uuid4().hex}" if body.group_size > 1 else None)
+    await admit_sessions(state, body.group_size)
     sessions = []
     for _ in range(body.group_size):
         session_id = new_session_id()
@@ -120,6 +122,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> dict
         raise OpenAIError(400, "a refresh opens exactly one session", param="group_size")
     key = await asyncio.to_thread(state.store.get_api_key, key_id)
     assert key is not None
+    await admit_sessions(state, 1)
     if key.session_id is not None:
         await asyncio.to_thread(state.store.end_session, key.session_id, "refresh")
     session = await open_session(state, group_id=body.group_id, task_id=body.task_id,

@@ -1,0 +1,84 @@
+"""Advantages from episode returns: pure functions, float64, no model, no store.
+
+For a group g of sessions with returns r_1..r_n (n >= 1):
+  grpo    A_i = (r_i - mean_g) / (std_g + eps)          std_g population (ddof=0)
+  drgrpo  A_i = r_i - mean_g                             (Dr.GRPO: no std division)
+  rloo    A_i = r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean_g)   (n = 1: A = 0)
+  batch   A_i = (r_i - mean_B) / (std_B + eps)           over every session of the batch
+The std is the population std (ddof=0), not the unbiased one TRL/verl use: it is
+defined for n = 1 and does not depend on the group size (ddof=1 makes n=2 advantages
+1/sqrt(2) smaller). A group whose returns are all equal gets exactly 0, never NaN.
+Every training sequence of a session carries that session's advantage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from areal_service.types import EpisodeGroup
+from trainer.config import AdvantageKind
+
+
+def _centered(returns: torch.Tensor) -> torch.Tensor:
+    """r - mean(r), exactly 0 when all returns are equal (the mean can round off)."""
+    if returns.numel() == 0 or bool(returns.max() == returns.min()):
+        return torch.zeros_like(returns)
+    return returns - returns.mean()
+
+
+def grpo(returns: torch.Tensor, eps: float) -> torch.Tensor:
+    """GRPO: (r_i - mean_g) / (std_g + eps), population std."""
+    centered = _centered(returns)
+    return centered / (centered.pow(2).mean().sqrt() + eps)
+
+
+def drgrpo(returns: torch.Tensor) -> torch.Tensor:
+    """Dr.GRPO: r_i - mean_g."""
+    return _centered(returns)
+
+
+def rloo(returns: torch.Tensor) -> torch.Tensor:
+    """RLOO: r_i - mean_{j != i} r_j, which equals n/(n-1) * (r_i - mean_g); 0 for n = 1."""
+    n = returns.numel()
+    if n < 2:
+        return torch.zeros_like(returns)
+    return _centered(returns) * (n / (n - 1))
+
+
+def group_advantages(
+    groups: Sequence[Sequence[float]], kind: AdvantageKind, eps: float
+) -> list[list[float]]:
+    """Per-session advantages for per-session returns, grouped (same nesting out as in).
+    `batch` normalises over all groups together; the others within each group."""
+    tensors = [torch.tensor(list(g), dtype=torch.float64) for g in groups]
+    if kind == "batch":
+        flat = grpo(torch.cat(tensors) if tensors else torch.zeros(0, dtype=torch.float64), eps)
+        return [chunk.tolist() for chunk in flat.split([t.numel() for t in tensors])]
+    if kind == "grpo":
+        return [grpo(t, eps).tolist() for t in tensors]
+    if kind == "drgrpo":
+        return [drgrpo(t).tolist() for t in tensors]
+    if kind == "rloo":
+        return [rloo(t).tolist() for t in tensors]
+    raise ValueError(f"unknown advantage kind {kind!r}")
+
+
+def sequence_advantages(
+    groups: Sequence[EpisodeGroup], kind: AdvantageKind, eps: float
+) -> list[list[float]]:
+    """One advantage per TrainSequence, nested like `group.sequences`: every sequence of
+    a session gets that session's advantage A_s (computed from `session_returns`).
+
+    A sequence's own return (`TrainSequence.reward`, discounted by gamma within the
+    session) is deliberately not mixed in: GRPO compares sessions, and adding a
+    within-session return difference scaled by 1/(std_g + eps) explodes when a group's
+    returns are (nearly) equal.
+    """
+    per_session = group_advantages([g.session_returns for g in groups], kind, eps)
+    out: list[list[float]] = []
+    for group, advs in zip(groups, per_session, strict=True):
+        by_session = dict(zip(group.session_ids, advs, strict=True))
+        out.append([by_session[s.session_id] for s in group.sequences])
+    return out

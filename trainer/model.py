@@ -1,0 +1,168 @@
+"""The policy model under FSDP2: process-group setup, loading an HF causal LM, sharding
+each decoder layer and the root with `fully_shard`, gathering a full state dict and
+publishing it as an HF safetensors checkpoint (written to a temp dir, then renamed).
+
+World size 1 on CPU (gloo) runs exactly the same code as torchrun on GPUs (nccl).
+Recipe: `load_policy(dir, device="cpu", dtype=torch.float32)` then
+`apply_fsdp2(model, mixed_precision=resolve_dtype(cfg.dtype) == torch.bfloat16)`:
+fully_shard moves each rank's shard to the mesh device; master weights and optimizer
+state stay float32, compute runs in bf16 under mixed precision. Touches no store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the default process group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+def _device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_distributed(device_type: str = "auto") -> DistInfo:
+    """Join the default process group: nccl on CUDA, gloo on CPU (`auto`: CUDA when
+    present; `cpu` forces gloo and CPU even on a GPU machine).
+
+    Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set) it rendezvous through
+    `env://`. Launched plainly it forms a group of one on an in-process HashStore
+    instead of a loopback port (no port to race for; same init_process_group call).
+    Idempotent: an existing group is reused.
+    """
+    kind = _device_type() if device_type == "auto" else device_type
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        backend = "nccl" if kind == "cuda" else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, init_method="env://")
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    device = torch.device("cuda", local_rank) if kind == "cuda" else torch.device("cpu")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def destroy_distributed() -> None:
+    """Leave the default process group, if one exists."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def resolve_dtype(name: str, device_type: str | None = None) -> torch.dtype:
+    """TrainerConfig.dtype -> torch dtype. `auto`: bfloat16 on CUDA, float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if (device_type or _device_type()) == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_policy(
+    model_dir: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+) -> PreTrainedModel:
+    """An HF causal LM from `model_dir` in train mode. sdpa and eager handle packed rows
+    through position_ids; `flash_attention_2` (when installed) avoids the L x L mask."""
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, attn_implementation=attn_implementation
+    )
+    model.config.use_cache = False
+    return model.to(device).train()
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks HF names in `_no_split_modules` (e.g. Qwen2DecoderLayer)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found to shard")
+    return layers
+
+
+def apply_fsdp2(
+    model: PreTrainedModel, *, mesh: DeviceMesh | None = None, mixed_precision: bool = False
+) -> PreTrainedModel:
+    """Shard every decoder layer, then the root (embeddings, final norm, lm_head; a tied
+    lm_head stays one parameter because both ends live in the root group).
+
+    mixed_precision: compute in bfloat16, reduce gradients in float32, keep the
+    parameters in their loaded dtype. The module is sharded in place and returned.
+    """
+    if mesh is None:  # the default group's backend says where the shards live
+        kind = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        mesh = init_device_mesh(kind, (dist.get_world_size(),))
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_precision
+        else MixedPrecisionPolicy()
+    )
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) CPU tensors on rank 0, {} on other ranks. Collective: every rank
+    must call it. Peak host memory on rank 0: one full copy of the model."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def save_hf_checkpoint(
+    model: PreTrainedModel,
+    tokenizer_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write model safetensors + config + generation config + tokenizer to `out_dir`
+    atomically: rank 0 writes a sibling temp dir and renames it, so a reader sees either
+    no `out_dir` or a complete one. Collective (every rank calls it); returns `out_dir`.
+
+    An existing `out_dir` raises FileExistsError unless `overwrite` (then the old one is
+    removed just before the rename: a reader may briefly see no directory).
+    """
+    out = Path(out_dir)
+    state = full_state_dict(model)
+    if dist.get_rank() == 0:
+        if out.exists() and not overwrite:
+            raise FileExistsError(f"{out} exists; weights directories are written once")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+        log.info("saved HF checkpoint to %s (%d tensors)", out, len(state))
+    dist.barrier()
+    return out
