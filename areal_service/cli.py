@@ -168,16 +168,27 @@ def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     run_gateway(_config(config, set_))
 
 
+@app.command("train")
+def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Run the RL trainer (FSDP2) on episodes from the store; resumes automatically.
+    For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`."""
+    from trainer.train import main as train_main
+
+    train_main(_config(config, set_))
+
+
 @app.command("demo")
 def demo_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    requests: Annotated[int, typer.Option(help="Chat completions the demo agent sends.")] = 8,
+    minutes: Annotated[float, typer.Option(help="Time budget for training.")] = 10.0,
+    steps: Annotated[int, typer.Option(help="Trainer steps to run.")] = 40,
 ) -> None:
-    """The main job on the embedded default: tiny model, local engine, gateway, agents."""
+    """The main job: tiny model, local engine, gateway and trainer, with agents learning a
+    synthetic task through the gateway; ends with a baseline-vs-final summary."""
     from areal_service.demo import run_demo
 
-    run_demo(_config(config, set_), requests=requests)
+    raise typer.Exit(run_demo(_config(config, set_), minutes=minutes, steps=steps))
 
 
 def main() -> None:

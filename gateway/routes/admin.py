@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from areal_service.keys import new_api_key
 from areal_service.types import ApiKeyRecord
+from gateway.admission import window
 from gateway.deps import AdminDep, StateDep, parse_model, read_json
 from gateway.errors import OpenAIError
 
@@ -63,3 +64,16 @@ async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> dict[str, Any
     assert revoked is not None
     return key_view(revoked)
 
+
+
+@router.get("/status")
+async def status(state: StateDep, _: AdminDep) -> dict[str, Any]:
+    """Live weight version, backends, open sessions and the staleness window."""
+    open_sessions = await asyncio.to_thread(state.store.count_sessions, status="open")
+    started = await asyncio.to_thread(state.store.count_sessions)
+    return {"live_version": state.live_version, "model": state.config.gateway.model_name,
+            "backends": [{"url": s.url, "healthy": s.healthy, "in_flight": s.in_flight,
+                          "last_error": s.last_error} for s in state.backends.status()],
+            "open_sessions": open_sessions, "started_sessions": started,
+            "staleness_gate": state.config.gateway.staleness_gate,
+            "staleness_window": window(state, state.live_version)}
