@@ -5,7 +5,7 @@ Owns the session states after `ended`: ended -> claimed -> trained, claimed -> e
 UPDATE (`WHERE status = 'ended'`) checked row by row inside one transaction, so two
 trainers on two connections never hold the same session; PostgreSQL also takes row
 locks with SKIP LOCKED first, so concurrent claimers never wait on or deadlock with
-each other. Builds sequences and returns with `episodes.py`; never touches completions.
+each other. Sequences and returns come from `episodes.py`; completions are only read.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ class EpisodeClaimer:
             holders = select(SessionRow.id, SessionRow.claim_id).where(
                 SessionRow.id.in_(ids), SessionRow.status == "claimed"
             )
-            holder = dict(connection.execute(holders).tuples().all())
+            holder: dict[str, str] = dict(connection.execute(holders).all())  # type: ignore[arg-type]
             won = [r for r in ready if all(holder.get(s) == claims[r.key] for s in r.session_ids)]
             lost = sorted(set(claims.values()) - {claims[r.key] for r in won})
             if lost:
@@ -360,18 +360,21 @@ class EpisodeClaimer:
         for d in dropped:
             logger.info("dropped %d session(s) of %s: %s", len(d.session_ids), d.group_id, d.reason)
 
-    def mark_trained(self, claim_id: str, *, at: float | None = None) -> int:
-        """Claimed sessions of `claim_id` -> `trained`; how many (0: the claim was
-        released meanwhile, e.g. by `release_stale_claims`)."""
+    def mark_trained(self, claim_id: str | Sequence[str], *, at: float | None = None) -> int:
+        """Claimed sessions of `claim_id` (or of several claims: one transaction) ->
+        `trained`; how many (0: released meanwhile, e.g. by `release_stale_claims`)."""
+        ids = [claim_id] if isinstance(claim_id, str) else list(claim_id)
         return self._transition(
-            SessionRow.claim_id == claim_id,
+            SessionRow.claim_id.in_(ids),
             status="trained",
             trained_at=now() if at is None else at,
         )
 
-    def release_claim(self, claim_id: str) -> int:
-        """Claimed sessions of `claim_id` back to `ended` (claimable again); how many."""
-        return self._transition(SessionRow.claim_id == claim_id, **_RELEASED)
+    def release_claim(self, claim_id: str | Sequence[str]) -> int:
+        """Claimed sessions of `claim_id` (or several) back to `ended`, claimable again
+        (e.g. a trainer that could not train them); how many."""
+        ids = [claim_id] if isinstance(claim_id, str) else list(claim_id)
+        return self._transition(SessionRow.claim_id.in_(ids), **_RELEASED)
 
     def release_stale_claims(self, older_than_s: float, *, at: float | None = None) -> int:
         """Release every claim taken more than `older_than_s` ago (a trainer that

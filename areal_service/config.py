@@ -201,7 +201,8 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def _env_tree() -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for name, value in os.environ.items():
-        if name.startswith("AREAL_") and len(name) > 6:
+        # AREAL_TEST_* variables configure the test suite, not the service.
+        if name.startswith("AREAL_") and len(name) > 6 and not name.startswith("AREAL_TEST_"):
             _set_path(tree, name[6:].lower().replace("__", "."), yaml.safe_load(value))
     if os.environ.get("DATABASE_URL"):
         _set_path(tree, "store.url", os.environ["DATABASE_URL"])

@@ -8,6 +8,7 @@ Dialect-neutral SQL: a SQLite file (WAL) or PostgreSQL (`postgresql+psycopg://`)
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -105,12 +106,19 @@ def _attr(field_name: str) -> str:
     return "meta" if field_name == "metadata" else field_name
 
 
+@functools.cache
+def _names(cls: type) -> tuple[str, ...]:
+    """Field names of a record class (`dataclasses.fields` costs µs per call, and the
+    writer converts every completion)."""
+    return tuple(f.name for f in fields(cls))
+
+
 def _values(record: Any) -> dict[str, Any]:
-    return {_attr(f.name): getattr(record, f.name) for f in fields(record)}
+    return {_attr(name): getattr(record, name) for name in _names(type(record))}
 
 
 def _record(cls: type[_R], row: Base) -> _R:
-    return cls(**{f.name: getattr(row, _attr(f.name)) for f in fields(cls)})  # type: ignore[arg-type]
+    return cls(**{name: getattr(row, _attr(name)) for name in _names(cls)})  # type: ignore[arg-type]
 
 
 def _completion_values(record: CompletionRecord) -> dict[str, Any]:
@@ -133,8 +141,8 @@ def _completion_values(record: CompletionRecord) -> dict[str, Any]:
 def completion_from_row(row: Any, **given: Any) -> CompletionRecord:
     """A record from an ORM row or a Core row; `given` supplies fields not selected."""
     values = {
-        f.name: given[f.name] if f.name in given else getattr(row, f.name)
-        for f in fields(CompletionRecord)
+        name: given[name] if name in given else getattr(row, name)
+        for name in _names(CompletionRecord)
     }
     for name, (_, unpack) in _ARRAY_FIELDS.items():
         values[name] = unpack(values[name])

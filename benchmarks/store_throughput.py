@@ -1,0 +1,260 @@
+"""Trajectory store throughput: durable completion writes, parent linking, claiming and
+export, measured against the project's targets.
+
+1. writes: C asyncio writers (one session each) push N completions with 1k-token
+   prompts and 1k-token outputs through `ParentLinker.link_parent` and
+   `GroupCommitWriter.write`; a write returns once its transaction committed.
+2. link: `link_parent` latency in a 50-turn session whose prompt grows by ~1k tokens a
+   turn (warm cache), and the first call of a cold linker (one store query).
+3. claim: E ended, rewarded sessions in groups of 4 (one 1k+1k completion each) are
+   claimed by `EpisodeClaimer.claim_groups` (32 groups a call) and marked trained.
+4. export: the same sessions streamed to Parquet (rows/s).
+
+Run: `python -m benchmarks.store_throughput [--records 5000] [--writers 64]
+[--episodes 2000] [--postgres-url postgresql+psycopg://u@host:port/postgres]`.
+SQLite runs in a temp directory; PostgreSQL in a temp database created and dropped here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, insert, make_url, text
+
+from areal_service.claims import EpisodeClaimer
+from areal_service.config import StoreConfig
+from areal_service.episodes import ParentLinker
+from areal_service.export import export_sequences
+from areal_service.schema import RewardRow, SessionRow
+from areal_service.store import TrajectoryStore
+from areal_service.types import CompletionRecord, SessionRecord
+from areal_service.writer import GroupCommitWriter
+
+TARGETS = {"writes": 2000.0, "claim": 500.0}
+"""completions/s durable on SQLite; episodes/s claimed."""
+TOKENS = 1000
+
+
+def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(150_000) for _ in range(n))
+
+
+def _record(
+    cid: str, sid: str, prompt: tuple[int, ...], output: tuple[int, ...]
+) -> CompletionRecord:
+    return CompletionRecord(
+        id=cid,
+        model="bench",
+        prompt_ids=prompt,
+        output_ids=output,
+        output_logprobs=tuple(-0.001 * (i % 50) for i in range(len(output))),
+        output_versions=(3,) * len(output),
+        finish_reason="stop",
+        session_id=sid,
+        request_json={"messages": [{"role": "user", "content": "x" * 200}]},
+        response_json={"choices": [{"message": {"role": "assistant", "content": "y" * 400}}]},
+    )
+
+
+async def bench_writes(store: TrajectoryStore, records: int, writers: int) -> tuple[float, float]:
+    """(completions/s, CPU µs per completion in all threads), each write acknowledged
+    only after its commit."""
+    rng = random.Random(0)
+    sessions = [f"w-{uuid.uuid4().hex[:8]}-{i}" for i in range(writers)]
+    for sid in sessions:
+        store.add_session(SessionRecord(id=sid))
+    # Arrays are shared between records (building tuples is the gateway's cost, not the
+    # store's); every record is still packed, hashed and written in full.
+    prompts = [_tokens(rng, TOKENS) for _ in range(8)]
+    outputs = [_tokens(rng, TOKENS) for _ in range(8)]
+    writer = GroupCommitWriter.from_config(store, StoreConfig())
+    linker = ParentLinker(store)
+    writer.start()
+
+    async def one_writer(index: int) -> None:
+        sid = sessions[index]
+        for turn in range(index, records, writers):
+            record = _record(f"{sid}-{turn}", sid, prompts[turn % 8], outputs[turn % 8])
+            await writer.write(linker.link_parent(record))
+
+    start, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(one_writer(i) for i in range(writers)))
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    writer.stop()
+    assert writer.records == records and writer.failed == 0
+    return records / elapsed, cpu / records * 1e6
+
+
+def bench_link(store: TrajectoryStore) -> tuple[float, float, float]:
+    """(p50 ms, max ms) of warm link_parent over 50 growing turns; cold first call ms."""
+    rng = random.Random(1)
+    sid = f"link-{uuid.uuid4().hex[:8]}"
+    store.add_session(SessionRecord(id=sid))
+    linker = ParentLinker(store)
+    prompt = _tokens(rng, TOKENS)
+    timings, records = [], []
+    for turn in range(50):
+        output = _tokens(rng, 300)
+        record = _record(f"{sid}-{turn}", sid, prompt, output)
+        start = time.perf_counter()
+        record = linker.link_parent(record)
+        timings.append(time.perf_counter() - start)
+        assert record.parent_id == (f"{sid}-{turn - 1}" if turn else None)
+        records.append(record)
+        prompt = prompt + output + _tokens(rng, 700)  # tool result / user turn
+    store.add_completions(records)
+    cold = ParentLinker(store)
+    start = time.perf_counter()
+    cold.link_parent(_record(f"{sid}-next", sid, prompt, _tokens(rng, 10)))
+    cold_ms = (time.perf_counter() - start) * 1000
+    return statistics.median(timings) * 1000, max(timings) * 1000, cold_ms
+
+
+def _fill_episodes(store: TrajectoryStore, episodes: int) -> None:
+    """Ended sessions in groups of 4, one 1k+1k completion and one reward each (bulk
+    inserts: the setup is not what is measured)."""
+    rng = random.Random(2)
+    prompt, output = _tokens(rng, TOKENS), _tokens(rng, TOKENS)
+    tag = uuid.uuid4().hex[:8]
+    for first in range(0, episodes, 250):
+        ids = [f"{tag}-e{i}" for i in range(first, min(first + 250, episodes))]
+        with store.engine.begin() as connection:
+            connection.execute(
+                insert(SessionRow.__table__),
+                [
+                    {
+                        "id": sid,
+                        "group_id": f"{tag}-g{(first + k) // 4}",
+                        "status": "ended",
+                        "metadata": {},
+                        "created_at": first + k,
+                        "last_activity_at": first + k,
+                        "ended_at": first + k + 1,
+                        "end_reason": "client",
+                    }
+                    for k, sid in enumerate(ids)
+                ],
+            )
+        store.add_completions([_record(f"{sid}-c", sid, prompt, output) for sid in ids])
+        with store.engine.begin() as connection:
+            connection.execute(
+                insert(RewardRow.__table__),
+                [
+                    {
+                        "id": f"r-{sid}",
+                        "value": k % 2,
+                        "name": "reward",
+                        "session_id": sid,
+                        "metadata": {},
+                        "created_at": 0.0,
+                    }
+                    for k, sid in enumerate(ids)
+                ],
+            )
+
+
+def bench_claim(store: TrajectoryStore, episodes: int) -> tuple[float, float]:
+    """(episodes/s, CPU µs per episode) claimed and marked trained by one claimer, 32
+    groups a call."""
+    claimer = EpisodeClaimer(store)
+    claimed = 0
+    start, cpu = time.perf_counter(), time.process_time()
+    while True:
+        result = claimer.claim_groups(
+            group_size=4, max_groups=32, current_version=4, max_staleness=4, claimer="bench"
+        )
+        if not result.groups:
+            break
+        claimed += sum(len(group.session_ids) for group in result.groups)
+        claimer.mark_trained([group.claim_id for group in result.groups])  # one per step
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    assert claimed == episodes, (claimed, episodes)
+    return claimed / elapsed, cpu / claimed * 1e6
+
+
+def bench_export(store: TrajectoryStore) -> float:
+    start = time.perf_counter()
+    rows = export_sequences(store, fmt="parquet", out=io.BytesIO(), page_size=128)
+    return rows / (time.perf_counter() - start)
+
+
+@contextmanager
+def _postgres_database(base: str) -> Iterator[str]:
+    name = f"areal_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def run(url: str, args: argparse.Namespace) -> dict[str, float]:
+    store = TrajectoryStore.open(url, StoreConfig())
+    try:
+        results: dict[str, float] = {}
+        results["writes"], results["writes_cpu_us"] = asyncio.run(
+            bench_writes(store, args.records, args.writers)
+        )
+        results["link_p50_ms"], results["link_max_ms"], results["link_cold_ms"] = bench_link(store)
+        _fill_episodes(store, args.episodes)
+        results["claim"], results["claim_cpu_us"] = bench_claim(store, args.episodes)
+        results["export"] = bench_export(store)
+        return results
+    finally:
+        store.close()
+
+
+def report(dialect: str, results: dict[str, float], args: argparse.Namespace) -> None:
+    """Wall rates can swing with other load on the host; CPU µs per item (all threads of
+    this process) does not, and 1e6 / that is the rate one otherwise idle core reaches."""
+    print(f"\n{dialect}  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    print(f"{'metric':<44}{'measured':>10}{'target':>8}{'ratio':>8}{'cpu µs/item':>13}")
+    rows = [
+        (f"completions/s durable ({args.writers} writers, 1k+1k)", "writes"),
+        (f"episodes/s claimed ({args.episodes}, groups of 4)", "claim"),
+    ]
+    for label, key in rows:
+        value, target, cpu = results[key], TARGETS[key], results[f"{key}_cpu_us"]
+        print(f"{label:<44}{value:>10.0f}{target:>8.0f}{value / target:>7.2f}x{cpu:>13.0f}")
+    print(f"{'export rows/s (parquet)':<44}{results['export']:>10.0f}")
+    link = "p50 {:.2f}  max {:.2f}  cold {:.2f}".format(
+        results["link_p50_ms"], results["link_max_ms"], results["link_cold_ms"]
+    )
+    print(f"{'link_parent ms, 50 turns to ~50k tokens':<44}{link:>30}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=5000)
+    parser.add_argument("--writers", type=int, default=64)
+    parser.add_argument("--episodes", type=int, default=2000)
+    parser.add_argument("--postgres-url", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        report(
+            "sqlite (WAL, synchronous=NORMAL)",
+            run(f"sqlite:///{Path(tmp) / 'bench.db'}", args),
+            args,
+        )
+    if args.postgres_url:
+        with _postgres_database(args.postgres_url) as url:
+            report("postgresql", run(url, args), args)
+
+
+if __name__ == "__main__":
+    main()

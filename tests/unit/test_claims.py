@@ -1,0 +1,240 @@
+"""Claims: readiness (groups, sizes, ungrouped sessions), oldest first, staleness and
+missing-part drops, default and late rewards, trained/release transitions, idle timeout,
+and two trainers on two connections racing: every session is claimed exactly once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import select
+
+from areal_service.claims import EpisodeClaimer, drop_sessions, load_rewards
+from areal_service.config import StoreConfig
+from areal_service.schema import SessionRow
+from areal_service.store import TrajectoryStore
+from areal_service.types import ClaimResult, CompletionRecord, RewardRecord, SessionRecord, now
+
+
+def add_episode(
+    store: TrajectoryStore,
+    sid: str,
+    *,
+    group_id: str | None = None,
+    at: float = 1.0,
+    version: int = 5,
+    turns: int = 1,
+    reward: float | None = 1.0,
+    end: bool = True,
+    parent_of_first: str | None = None,
+) -> None:
+    """A session of `turns` chained completions, rewarded and ended as asked."""
+    store.add_session(SessionRecord(id=sid, group_id=group_id, created_at=at, last_activity_at=at))
+    prompt: tuple[int, ...] = (1, 2, 3)
+    parent = parent_of_first
+    records = []
+    for turn in range(turns):
+        output = (10 + turn, 20 + turn)
+        cid = f"{sid}-c{turn}"
+        records.append(
+            CompletionRecord(
+                id=cid,
+                model="m",
+                prompt_ids=prompt,
+                output_ids=output,
+                output_logprobs=(-0.5, -0.25),
+                output_versions=(version, version + 1),
+                finish_reason="stop",
+                session_id=sid,
+                parent_id=parent,
+                created_at=at + turn * 0.01,
+            )
+        )
+        prompt, parent = prompt + output + (4,), cid
+    store.add_completions(records)
+    if reward is not None:
+        store.add_reward(RewardRecord(id=f"r-{sid}", value=reward, session_id=sid))
+    if end:
+        store.end_session(sid, "client", at=at + 1)
+
+
+def claim(claimer: EpisodeClaimer, **kw):
+    args = dict(group_size=None, max_groups=10, current_version=6, max_staleness=None)
+    return claimer.claim_groups(claimer="t0", **{**args, **kw})
+
+
+def test_group_is_ready_when_all_its_sessions_ended(store: TrajectoryStore):
+    for i in range(3):
+        add_episode(store, f"g-{i}", group_id="g", at=1.0 + i, end=i < 2)
+    claimer = EpisodeClaimer(store)
+    assert claim(claimer).groups == ()  # one session still open
+    assert claim(claimer, group_size=4).groups == ()
+    store.end_session("g-2", "client")
+    assert claim(claimer, group_size=4).groups == ()  # 3 < group_size
+    (group,) = claim(claimer, group_size=3).groups
+    assert group.group_id == "g" and group.session_ids == ("g-0", "g-1", "g-2")
+    assert group.session_returns == (1.0, 1.0, 1.0) and group.staleness == 1
+    assert [s.session_id for s in group.sequences] == ["g-0", "g-1", "g-2"]
+    assert all(s.group_id == "g" for s in group.sequences)
+    assert {store.get_session(f"g-{i}").status for i in range(3)} == {"claimed"}
+    assert claim(claimer).groups == ()  # claimed once
+
+
+def test_oldest_first_max_groups_and_ungrouped_singletons(store: TrajectoryStore):
+    add_episode(store, "late", group_id="b", at=50.0)
+    add_episode(store, "solo", at=20.0, turns=3, reward=2.0)
+    add_episode(store, "early", group_id="a", at=10.0)
+    claimer = EpisodeClaimer(store, turn_discount=0.5)
+    assert [g.group_id for g in claim(claimer, group_size=1).groups] == ["a", "b"]  # no solo
+    add_episode(store, "early2", group_id="c", at=5.0)
+    add_episode(store, "solo2", at=30.0)
+    first = claim(claimer, max_groups=2).groups
+    assert [g.group_id for g in first] == ["c", "solo"]
+    solo = first[1]
+    assert solo.session_ids == ("solo",) and solo.sequences[0].group_id is None
+    # Three chained turns: one sequence whose reward is the first turn's return.
+    assert solo.session_returns == (0.5,) and solo.sequences[0].reward == 0.5
+    assert solo.sequences[0].completion_ids == ("solo-c0", "solo-c1", "solo-c2")
+    assert [g.group_id for g in claim(claimer).groups] == ["solo2"]
+
+
+def test_stale_and_broken_episodes_are_dropped_not_claimed(store: TrajectoryStore):
+    add_episode(store, "old", group_id="stale", version=1)
+    add_episode(store, "ok", group_id="mixed", at=2.0)
+    add_episode(store, "broken", group_id="mixed", at=3.0, parent_of_first="lost-capture")
+    store.add_session(SessionRecord(id="empty", group_id="mixed", created_at=4.0))
+    store.end_session("empty", "client")
+    add_episode(store, "fine", group_id="strict", at=5.0)
+    add_episode(store, "bad", group_id="strict", at=6.0, parent_of_first="nope")
+    result = claim(EpisodeClaimer(store), max_staleness=2)
+    assert [(g.group_id, g.session_ids) for g in result.groups] == [
+        ("mixed", ("ok",)),
+        ("strict", ("fine",)),  # group_size=None: the rest of a group still trains
+    ]
+    reasons = {(d.group_id, d.session_ids): d.reason for d in result.dropped}
+    assert reasons == {
+        ("stale", ("old",)): "stale: 5 versions > max_staleness 2",
+        ("mixed", ("broken",)): "missing parent lost-capture of broken-c0",
+        ("mixed", ("empty",)): "no completions",
+        ("strict", ("bad",)): "missing parent nope of bad-c0",
+    }
+    for sid in ("old", "broken", "empty", "bad"):
+        session = store.get_session(sid)
+        assert session.status == "dropped"
+    assert store.get_session("fine").status == "claimed"
+    # With group_size=2 the rest of a group that lost a member is dropped too.
+    add_episode(store, "x1", group_id="pair", at=7.0)
+    add_episode(store, "x2", group_id="pair", at=8.0, parent_of_first="gone")
+    result = claim(EpisodeClaimer(store), group_size=2)
+    assert result.groups == ()
+    assert {d.reason for d in result.dropped} == {
+        "missing parent gone of x2-c0",
+        "group incomplete: 1 of 2 sessions left",
+    }
+
+
+def test_default_reward_or_drop_and_late_rewards(store: TrajectoryStore):
+    add_episode(store, "quiet", reward=None)
+    (group,) = claim(EpisodeClaimer(store, default_reward=0.0)).groups
+    assert group.session_returns == (0.0,)
+    add_episode(store, "quiet2", at=2.0, reward=None)
+    result = claim(EpisodeClaimer(store, default_reward=None))
+    assert result.groups == () and result.dropped[0].reason == "no reward"
+    # A judge may post the reward after the end: wait for it up to reward_wait_s.
+    add_episode(store, "judged", at=3.0, reward=None, end=False)
+    store.end_session("judged", "client", at=now())
+    patient = EpisodeClaimer(store, default_reward=None, reward_wait_s=60.0)
+    assert claim(patient) == ClaimResult(groups=(), dropped=())
+    store.add_reward(RewardRecord(id="late", value=0.75, completion_id="judged-c0"))
+    (group,) = claim(patient).groups
+    assert group.session_returns == (0.75,)
+    add_episode(store, "team-a", group_id="team", at=4.0, reward=None)
+    add_episode(store, "team-b", group_id="team", at=5.0, reward=None)
+    store.add_reward(RewardRecord(id="team-r", value=2.0, group_id="team"))
+    assert len(load_rewards(store, ["team-a"], ["team"])) == 1
+    (group,) = claim(patient).groups
+    assert group.session_returns == (2.0, 2.0)
+
+
+def test_mark_trained_release_and_stale_claims(store: TrajectoryStore):
+    for sid in ("a", "b", "c"):
+        add_episode(store, sid, group_id=sid)
+    claimer = EpisodeClaimer(store)
+    a, b, c = claim(claimer).groups
+    assert len({a.claim_id, b.claim_id, c.claim_id}) == 3
+    assert claimer.mark_trained(a.claim_id) == 1
+    assert claimer.mark_trained(a.claim_id) == 0  # already trained
+    session = store.get_session("a")
+    assert session.status == "trained"
+    assert claimer.release_claim(b.claim_id) == 1
+    assert store.get_session("b").status == "ended"
+    assert claimer.release_stale_claims(3600.0) == 0  # c was claimed just now
+    assert claimer.release_stale_claims(3600.0, at=now() + 7200.0) == 1
+    assert claimer.mark_trained(c.claim_id) == 0  # released: the trainer must not count it
+    again = claim(claimer).groups
+    assert sorted(g.group_id for g in again) == ["b", "c"]
+    assert claimer.release_claim("no-such-claim") == 0
+
+
+def test_end_idle_sessions_and_drop_sessions(store: TrajectoryStore):
+    for sid, active in (("idle", 100.0), ("busy", 190.0), ("done", 50.0)):
+        store.add_session(SessionRecord(id=sid, created_at=active, last_activity_at=active))
+    store.end_session("done", "client", at=60.0)
+    assert store.end_idle_sessions(60.0, at=200.0) == ["idle"]
+    idle = store.get_session("idle")
+    assert (idle.status, idle.end_reason, idle.ended_at) == ("ended", "idle_timeout", 200.0)
+    assert store.get_session("done").end_reason == "client"
+    assert store.end_idle_sessions(60.0, at=200.0) == []
+    assert drop_sessions(store, ["busy", "idle", "unknown"], "capture failed") == 2
+    assert store.get_session("busy").status == "dropped"
+    assert claim(EpisodeClaimer(store)).groups == ()
+
+
+def test_two_trainers_racing_claim_each_session_exactly_once(store_url: str, store):
+    sessions = [f"s{i:03d}" for i in range(120)]
+    for i, sid in enumerate(sessions):
+        group = None if i % 5 == 0 else f"g{i // 4}"
+        add_episode(store, sid, group_id=group, at=float(i % 7))  # many created_at ties
+    claimed: dict[str, list[str]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def trainer(name: str) -> None:
+        own = TrajectoryStore.open(store_url, StoreConfig(auto_migrate=False))  # own pool
+        claimer = EpisodeClaimer(own)
+        try:
+            start.wait()
+            while True:
+                result = claimer.claim_groups(
+                    group_size=None,
+                    max_groups=3,
+                    current_version=6,
+                    max_staleness=None,
+                    claimer=name,
+                )
+                if not result.groups and not result.dropped:
+                    return
+                for group in result.groups:
+                    claimed.setdefault(name, []).extend(group.session_ids)
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=trainer, args=(f"t{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    everything = [sid for ids in claimed.values() for sid in ids]
+    assert sorted(everything) == sessions  # each exactly once, none lost
+    assert store.count_sessions(status="claimed") == len(sessions)
+    with store.engine.connect() as connection:
+        holders = dict(connection.execute(select(SessionRow.id, SessionRow.claimed_by)).all())
+    assert holders == {sid: name for name, ids in claimed.items() for sid in ids}
+
+
+def test_invalid_max_groups(store: TrajectoryStore):
+    with pytest.raises(ValueError, match="max_groups"):
+        claim(EpisodeClaimer(store), max_groups=0)
