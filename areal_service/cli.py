@@ -160,6 +160,33 @@ def keys_revoke(
     typer.echo(f"revoked {key_id}")
 
 
+@app.command("export")
+def export_cmd(
+    out: Annotated[Path, typer.Argument(help="Output file (.jsonl or .parquet).")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+    group_id: Annotated[str | None, typer.Option(help="Only this group.")] = None,
+    task_id: Annotated[str | None, typer.Option(help="Only this task.")] = None,
+) -> None:
+    """Export training sequences (token ids, loss mask, logprobs, versions, rewards,
+    messages), one row per sequence; streams, never loads a whole table."""
+    from areal_service.export import ExportFilters, export_sequences
+
+    if fmt not in ("jsonl", "parquet"):
+        raise typer.BadParameter("--format must be jsonl or parquet")
+    cfg = _config(config, set_)
+    store = _open_store(cfg)
+    try:
+        rows = export_sequences(store, fmt=fmt, out=out,  # type: ignore[arg-type]
+                                filters=ExportFilters(group_id=group_id, task_id=task_id),
+                                turn_discount=cfg.trainer.turn_discount,
+                                default_reward=cfg.trainer.reward_default_for_unrewarded)
+    finally:
+        store.close()
+    typer.echo(f"exported {rows} sequences to {out}")
+
+
 @app.command("serve")
 def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Run the OpenAI-compatible gateway (and the local engine when no backend is set)."""

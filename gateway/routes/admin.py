@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
+import tempfile
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.background import BackgroundTask
+from starlette.concurrency import iterate_in_threadpool
 
+from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
 from areal_service.types import ApiKeyRecord
 from gateway.admission import window
@@ -77,3 +84,27 @@ async def status(state: StateDep, _: AdminDep) -> dict[str, Any]:
             "open_sessions": open_sessions, "started_sessions": started,
             "staleness_gate": state.config.gateway.staleness_gate,
             "staleness_window": window(state, state.live_version)}
+
+
+@router.get("/export")
+async def export(state: StateDep, _: AdminDep, format: str = "jsonl",  # noqa: A002
+                 group_id: str | None = None, task_id: str | None = None) -> Response:
+    """Training sequences as JSONL (streamed page by page) or Parquet (written to a
+    temporary file in a thread, then sent)."""
+    filters = ExportFilters(group_id=group_id, task_id=task_id)
+    trainer = state.config.trainer
+    options = {"turn_discount": trainer.turn_discount,
+               "default_reward": trainer.reward_default_for_unrewarded}
+    if format == "jsonl":
+        rows = iter_export_rows(state.store, filters, **options)
+        lines = (json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+        return StreamingResponse(iterate_in_threadpool(lines), media_type="application/x-ndjson",
+                                 headers={"content-disposition": "attachment; filename=export.jsonl"})
+    if format != "parquet":
+        raise OpenAIError(400, "format must be jsonl or parquet", param="format")
+    fd, path = tempfile.mkstemp(suffix=".parquet")
+    os.close(fd)
+    await asyncio.to_thread(export_sequences, state.store, fmt="parquet", out=path,
+                            filters=filters, **options)
+    return FileResponse(path, filename="export.parquet", media_type="application/octet-stream",
+                        background=BackgroundTask(os.unlink, path))

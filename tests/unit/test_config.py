@@ -60,5 +60,5 @@ def test_config_show_cli_masks_secret():
 def test_cli_flags_ratchet():
     """Keep the CLI small: new top-level commands must be added here on purpose."""
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-    assert names == {"config", "db", "keys", "make-tiny-model", "engine", "serve", "train",
+    assert names == {"config", "db", "keys", "make-tiny-model", "engine", "serve", "train", "export",
                      "demo"}
