@@ -1,0 +1,91 @@
+"""Trainer -> weights hop: writes policy version N as HF safetensors to `weights/v{N}/`
+(temp dir + rename, via `model.save_hf_checkpoint`), then records `WeightVersion(N)`.
+
+The row is the commit point of a training step: it carries the step number and the
+claims (with their session ids) whose episodes the version was trained on, so a
+trainer killed before `mark_trained` can finish the job on restart (`recover_claims`
+in train.py). The gateway's syncer only reads rows, so a `v{N}/` directory without a
+row was never served and may be overwritten. Touches the store only on rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from areal_service.store import TrajectoryStore
+from areal_service.types import WeightVersionRecord
+from trainer.model import save_hf_checkpoint
+
+log = logging.getLogger(__name__)
+
+KEEP_VERSIONS = 3
+"""Published directories kept on disk (the newest ones). The syncer always swaps to the
+latest row, so an older directory is only read by a swap that started before it was
+superseded three times."""
+
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+_TEMP_DIR = re.compile(r"^\.v\d+\.tmp-")
+
+
+def version_dir(weights_dir: Path, version: int) -> Path:
+    """Where version `version` is published."""
+    return weights_dir / f"v{version}"
+
+
+def publish_weights(
+    model: torch.nn.Module,
+    *,
+    version: int,
+    weights_dir: Path,
+    tokenizer_dir: Path,
+    store: TrajectoryStore | None,
+    step: int,
+    episodes: Mapping[str, Sequence[str]],
+    keep: int = KEEP_VERSIONS,
+) -> WeightVersionRecord:
+    """Save `model` as `weights_dir/v{version}` and record the version. Collective (every
+    rank calls it); `store` is used on rank 0 only (None elsewhere).
+
+    `episodes` maps each claim id trained in this version to its session ids; it goes
+    into the row's metadata with `step`. Returns the record (also on ranks that did not
+    write it). Afterwards only the newest `keep` version directories remain.
+    """
+    path = version_dir(weights_dir, version)
+    # overwrite: a directory without a row is left over by a trainer that died between
+    # the rename and the insert; nobody was told about it.
+    save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True)
+    record = WeightVersionRecord(
+        version=version,
+        path=str(path.resolve()),
+        metadata={"step": step, "episodes": {c: list(s) for c, s in episodes.items()}},
+    )
+    if dist.get_rank() == 0:
+        assert store is not None, "rank 0 publishes the version row"
+        store.add_weight_version(record)
+        prune_versions(weights_dir, keep=keep)
+        log.info("published weights v%d (step %d) at %s", version, step, path)
+    return record
+
+
+def prune_versions(weights_dir: Path, *, keep: int = KEEP_VERSIONS) -> list[Path]:
+    """Delete every `v{N}` directory but the newest `keep`, and temp directories of
+    interrupted saves; returns what was deleted. Call on one rank only."""
+    if not weights_dir.is_dir():
+        return []
+    versions = sorted(
+        (int(m.group(1)), p)
+        for p in weights_dir.iterdir()
+        if p.is_dir() and (m := _VERSION_DIR.match(p.name))
+    )
+    doomed = [p for _, p in versions[: max(len(versions) - keep, 0)]]
+    doomed += [p for p in weights_dir.iterdir() if p.is_dir() and _TEMP_DIR.match(p.name)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

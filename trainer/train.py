@@ -1,0 +1,437 @@
+"""The trainer's main loop (`areal-service train`, or `torchrun -m trainer.train`): claim
+finished, rewarded episode groups from the store, train one decoupled-PPO step on them,
+publish the new policy version to the weights directory, mark the episodes trained,
+record metrics, checkpoint. Talks only to the store and the weights directory; the
+gateway's weight syncer swaps the backends when it sees the new version row.
+
+Versions: the initial model is v0 (what the backends start with). Every step publishes
+exactly one version, always above every version the store has seen, so a restart from
+an older checkpoint never reuses a version number (the AReaL#1388 failure mode).
+Exactly-once training: a step commits when its version row (which lists the step's
+claims) is written; sessions are marked trained right after. On start, claims listed
+in recent version rows are marked trained and every other claim is released, which
+assumes ONE trainer per store (a second trainer's live claims would be released too).
+Distributed: rank 0 alone talks to the store; it broadcasts the batch, every rank
+trains the same number of micro-batches, and rank 0's stop decision is broadcast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers.utils import logging as hf_logging
+
+from areal_service.claims import EpisodeClaimer
+from areal_service.config import ServiceConfig, load_config
+from areal_service.store import TrajectoryStore
+from areal_service.types import EpisodeGroup, TrainSequence, TrainStepRecord
+from trainer.advantage import sequence_advantages
+from trainer.batch import MicroBatch, build_micro_batches
+from trainer.checkpoint import CheckpointState, restore_checkpoint, save_checkpoint
+from trainer.config import TrainerConfig
+from trainer.metrics import MetricsWriter, batch_metrics, step_metrics
+from trainer.model import (
+    DistInfo,
+    apply_fsdp2,
+    destroy_distributed,
+    init_distributed,
+    load_policy,
+    resolve_dtype,
+)
+from trainer.publish import publish_weights
+from trainer.step import build_optimizer, train_step
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.05
+"""How often rank 0 asks the claimer for ready groups while a batch fills up."""
+HEARTBEAT_S = 60.0
+"""Longest the other ranks wait in one broadcast while rank 0 waits for episodes (well
+under the NCCL/gloo collective timeouts, so an idle online trainer never times out)."""
+RECOVER_VERSIONS = 8
+"""Newest version rows whose recorded claims are re-marked trained at start."""
+RUN_NAME = "train"
+"""`data_dir/runs/<RUN_NAME>`: TensorBoard events and the resolved config. Fixed, so a
+resumed run appends to the same curves."""
+
+
+def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
+    """Train until `trainer.total_steps` (None: until SIGTERM/SIGINT or `stop` is set)."""
+    cfg = config.trainer
+    stop = stop or threading.Event()
+    with contextlib.ExitStack() as cleanup:  # unwinds in reverse: claims before the store
+        if not dist.is_initialized():
+            cleanup.callback(destroy_distributed)
+        info = init_distributed()
+        cleanup.callback(_install_signal_handlers(stop))
+        hf_logging.disable_progress_bar()  # per-load/save tqdm bars only clutter the log
+        random.seed(cfg.seed + info.rank)
+        torch.manual_seed(cfg.seed + info.rank)
+        model_dir = _prepare_model_dir(config, info)
+        model = load_policy(model_dir)
+        eos_ids = eos_token_ids(model)
+        bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
+        model = apply_fsdp2(model, mixed_precision=bf16)
+        optimizer = build_optimizer(model, cfg)
+        ckpt = restore_checkpoint(model, optimizer, config.checkpoint_dir())
+        store = claimer = held = writer = None
+        if info.rank == 0:
+            store = TrajectoryStore.open(config.database_url(), config.store)
+            cleanup.callback(store.close)
+            claimer = EpisodeClaimer(
+                store,
+                turn_discount=cfg.turn_discount,
+                default_reward=cfg.reward_default_for_unrewarded,
+            )
+            recover_claims(store, claimer)
+            held = HeldClaims(claimer)
+            cleanup.callback(held.release_all)  # a batch claimed but never published
+            run_dir = config.data_dir / "runs" / RUN_NAME
+            writer = MetricsWriter(run_dir, total_steps=cfg.total_steps)
+            cleanup.callback(writer.close)
+            (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+        step, version = _broadcast(resume_point(store, ckpt) if info.rank == 0 else None)
+        saved_step = step  # nothing to checkpoint until this process trains
+        log.info("trainer starts after step %d at policy v%d", step, version)
+
+        while cfg.total_steps is None or step < cfg.total_steps:
+            groups, dropped, wait_s = next_batch(claimer, held, cfg, version, stop, info)
+            if groups is None:
+                break  # stopped while waiting; `held` releases the partial batch
+            advantages = sequence_advantages(groups, cfg.advantage, cfg.adv_eps)
+            micro_batches = shard_micro_batches(groups, advantages, cfg.max_tokens_per_mb, info)
+            t0 = time.perf_counter()
+            stats = train_step(model, optimizer, micro_batches, cfg)
+            train_s = time.perf_counter() - t0
+            # A stop signal during training lets the step finish: publishing keeps its
+            # work, and the next batch wait sees `stop` and ends the loop.
+            step, version = step + 1, version + 1
+            t0 = time.perf_counter()
+            publish_weights(
+                model,
+                version=version,
+                weights_dir=config.weights_dir(),
+                tokenizer_dir=Path(config.gateway.tokenizer or model_dir),
+                store=store,
+                step=step,
+                episodes={g.claim_id: g.session_ids for g in groups},
+            )
+            publish_s = time.perf_counter() - t0
+            if info.rank == 0:
+                held.mark_trained(groups)
+                metrics = {
+                    **batch_metrics(groups, advantages, eos_ids=eos_ids, version=version - 1),
+                    **step_metrics(stats),
+                    "dropped_episodes": float(dropped),
+                    "time_wait_s": wait_s,
+                    "time_train_s": train_s,
+                    "time_publish_s": publish_s,
+                    **_previous_swap(store, version),
+                }
+                store.add_train_step(TrainStepRecord(step=step, version=version, metrics=metrics))
+                writer.write(step, version, metrics)
+            if step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
+                save_checkpoint(
+                    model,
+                    optimizer,
+                    checkpoint_dir=config.checkpoint_dir(),
+                    step=step,
+                    version=version,
+                )
+                saved_step = step
+        if step > saved_step:  # a stopped online run keeps every published update
+            save_checkpoint(
+                model, optimizer, checkpoint_dir=config.checkpoint_dir(), step=step, version=version
+            )
+    log.info("trainer stopped after step %d at policy v%d", step, version)
+
+
+# ---- start-up -------------------------------------------------------------------------
+
+
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGTERM/SIGINT set `stop`: a batch being collected is abandoned (claims released),
+    a step being trained is finished and published, then the loop ends; a
+    second signal gets the default behaviour. Returns a function restoring the old
+    handlers. Signals can only be handled in the main thread: elsewhere, `stop` only."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.warning("%s: stopping after the current hop", signal.Signals(signum).name)
+        stop.set()
+        for sig in previous:  # the next one is not caught
+            signal.signal(
+                sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            )
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _prepare_model_dir(config: ServiceConfig, info: DistInfo) -> Path:
+    """The initial checkpoint (v0): the engine's model, built as the tiny model when none
+    is configured (rank 0 builds it, the others wait)."""
+    model_dir = config.model_dir()
+    if config.engine.model is None and info.rank == 0:
+        from areal_service.tiny_model import ensure_tiny_model
+
+        ensure_tiny_model(model_dir)
+    dist.barrier()
+    return model_dir
+
+
+def eos_token_ids(model: torch.nn.Module) -> frozenset[int]:
+    """EOS ids of the model's generation config and model config (int or list each)."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return frozenset(ids)
+
+
+def recover_claims(store: TrajectoryStore, claimer: EpisodeClaimer) -> tuple[int, int]:
+    """Finish what a killed trainer left: claims recorded in a published version row are
+    marked trained (their update is live); every other claim is released so its episodes
+    are trained once, by us. Returns (sessions marked trained, sessions released)."""
+    marked = 0
+    for record in store.list_weight_versions(limit=RECOVER_VERSIONS):
+        for claim_id in record.metadata.get("episodes", {}):
+            marked += claimer.mark_trained(claim_id)
+    released = claimer.release_stale_claims(0)
+    if marked or released:
+        log.warning(
+            "recovered claims of a previous trainer: %d session(s) marked trained "
+            "(already published), %d released for training",
+            marked,
+            released,
+        )
+    return marked, released
+
+
+def resume_point(store: TrajectoryStore, ckpt: CheckpointState | None) -> tuple[int, int]:
+    """(last completed step, last published version) to continue from: the larger of the
+    checkpoint's and the store's, so steps and versions only ever increase. The store may
+    be ahead of the checkpoint: those updates are lost to the model, but their episodes
+    stay trained (never retrained)."""
+    latest = store.latest_weight_version()
+    version = max(ckpt.version if ckpt else 0, latest.version if latest else 0)
+    step = max(
+        ckpt.step if ckpt else 0,
+        int(latest.metadata.get("step", 0)) if latest else 0,
+        _last_train_step(store),
+    )
+    if latest is not None and (ckpt is None or latest.version > ckpt.version):
+        log.warning(
+            "store has published v%d but the checkpoint holds v%s: the updates in between "
+            "are lost to the model (their episodes are not retrained)",
+            latest.version,
+            ckpt.version if ckpt else "0 (initial model)",
+        )
+    return step, version
+
+
+def _last_train_step(store: TrajectoryStore) -> int:
+    last, page = 0, 1000
+    while rows := store.list_train_steps(after_step=last, limit=page):
+        last = rows[-1].step
+    return last
+
+
+# ---- per step -------------------------------------------------------------------------
+
+
+class HeldClaims:
+    """Claims rank 0 holds: each is either marked trained or released on the way out."""
+
+    def __init__(self, claimer: EpisodeClaimer) -> None:
+        self._claimer = claimer
+        self._ids: set[str] = set()
+
+    def add(self, groups: Sequence[EpisodeGroup]) -> None:
+        self._ids.update(g.claim_id for g in groups)
+
+    def mark_trained(self, groups: Sequence[EpisodeGroup]) -> None:
+        for group in groups:
+            self._claimer.mark_trained(group.claim_id)
+            self._ids.discard(group.claim_id)
+
+    def release_all(self) -> None:
+        for claim_id in sorted(self._ids):
+            self._claimer.release_claim(claim_id)
+        if self._ids:
+            log.info("released %d unfinished claim(s)", len(self._ids))
+        self._ids.clear()
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (a no-op copy at world size 1)."""
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def _claimer_name() -> str:
+    return f"trainer@{socket.gethostname()}:{os.getpid()}"
+
+
+def wait_for_groups(
+    claimer: EpisodeClaimer,
+    held: HeldClaims,
+    cfg: TrainerConfig,
+    version: int,
+    pending: list[EpisodeGroup],
+    stop: threading.Event,
+    timeout_s: float,
+) -> int:
+    """Rank 0: poll the claimer until `pending` holds `cfg.batch_groups` groups, `stop` is
+    set or `timeout_s` passed. Returns the sessions dropped meanwhile (stale, broken)."""
+    dropped = 0
+    deadline = time.monotonic() + timeout_s
+    while len(pending) < cfg.batch_groups and not stop.is_set():
+        result = claimer.claim_groups(
+            group_size=cfg.group_size,
+            max_groups=cfg.batch_groups - len(pending),
+            current_version=version,
+            max_staleness=cfg.max_staleness,
+            claimer=_claimer_name(),
+        )
+        held.add(result.groups)
+        pending.extend(result.groups)
+        dropped += sum(len(d.session_ids) for d in result.dropped)
+        if len(pending) >= cfg.batch_groups or time.monotonic() >= deadline:
+            break
+        if not result.groups:
+            stop.wait(POLL_INTERVAL_S)
+    return dropped
+
+
+def next_batch(
+    claimer: EpisodeClaimer | None,
+    held: HeldClaims | None,
+    cfg: TrainerConfig,
+    version: int,
+    stop: threading.Event,
+    info: DistInfo,
+) -> tuple[list[EpisodeGroup] | None, int, float]:
+    """Every rank: the next batch of `cfg.batch_groups` groups (claimed by rank 0 and
+    broadcast), the sessions dropped while waiting, and the wait in seconds. None when
+    rank 0 was told to stop before the batch filled."""
+    start = time.perf_counter()
+    pending: list[EpisodeGroup] = []
+    dropped = 0
+    while True:
+        message: tuple[str, list[EpisodeGroup] | None] | None = None
+        if info.rank == 0:
+            assert claimer is not None and held is not None
+            dropped += wait_for_groups(claimer, held, cfg, version, pending, stop, HEARTBEAT_S)
+            if stop.is_set():
+                message = ("stop", None)
+            elif len(pending) >= cfg.batch_groups:
+                message = ("batch", pending)
+            else:
+                message = ("wait", None)
+                log.info("waiting for episodes: %d/%d groups", len(pending), cfg.batch_groups)
+        kind, groups = _broadcast(message)
+        if kind != "wait":
+            return groups, dropped, time.perf_counter() - start
+
+
+def _padding_sequence(sequences: Sequence[TrainSequence]) -> TrainSequence:
+    """The shortest real prefix that trains one token: a zero-advantage filler."""
+    seq = next((s for s in sequences if any(s.loss_mask[1:])), sequences[0])
+    k = next((i for i in range(1, len(seq.input_ids)) if seq.loss_mask[i]), 1)
+    n = k + 1
+    return dataclasses.replace(
+        seq,
+        input_ids=seq.input_ids[:n],
+        loss_mask=(0,) * k + (1,),
+        logprobs=seq.logprobs[:n],
+        versions=seq.versions[:n],
+    )
+
+
+def shard_micro_batches(
+    groups: Sequence[EpisodeGroup],
+    advantages: Sequence[Sequence[float]],
+    max_tokens_per_mb: int,
+    info: DistInfo,
+) -> list[MicroBatch]:
+    """This rank's micro-batches, on its device. Every rank packs the same batch
+    identically and takes every world_size-th row (rows come largest first, so this
+    roughly balances tokens).
+
+    FSDP runs collectives in every forward/backward, so every rank must run the same
+    number of micro-batches: ranks short of the maximum (or with none) get a filler that
+    trains a single real token with advantage 0. Its policy-gradient term is 0, but the
+    token counts in the token-mean normalizer and in the clip/KL/entropy statistics: the
+    gradient shrinks by a factor N/(N+fillers), at most world_size - 1 tokens in N.
+    """
+    sequences = [s for g in groups for s in g.sequences]
+    flat = [a for advs in advantages for a in advs]
+    rows = build_micro_batches(sequences, flat, max_tokens_per_mb)
+    mine = rows[info.rank :: info.world_size]
+    per_rank = max(-(-len(rows) // info.world_size), 1)
+    if len(mine) < per_rank:
+        filler = build_micro_batches([_padding_sequence(sequences)], [0.0], max_tokens_per_mb)
+        mine += filler * (per_rank - len(mine))
+    return [mb.to(info.device) for mb in mine]
+
+
+def _previous_swap(store: TrajectoryStore, version: int) -> dict[str, float]:
+    """`time_swap_s` of version - 1, once the gateway's syncer recorded it."""
+    previous = store.get_weight_version(version - 1)
+    swap_s = previous.metadata.get("swap_s") if previous else None
+    return {} if swap_s is None else {"time_swap_s": float(swap_s)}
+
+
+def _cli(argv: Sequence[str] | None = None) -> None:
+    """`python -m trainer.train --config X --set a.b=c` (what torchrun launches)."""
+    parser = argparse.ArgumentParser(prog="trainer.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", "-c", type=Path, default=None, help="YAML config file.")
+    parser.add_argument(
+        "--set",
+        "-s",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="Override a field: section.key=value (repeatable).",
+    )
+    args = parser.parse_args(argv)
+    config = load_config(args.config, args.overrides)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [rank{rank}] %(name)s: %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if rank == "0":
+        log.info("resolved config: %s", json.dumps(config.model_dump(mode="json")))
+    main(config)
+
+
+if __name__ == "__main__":
+    _cli()
