@@ -183,6 +183,8 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
             say(f"[{time.monotonic() - p.started_at:6.0f}s] version {version}/{total}  "
                 f"episodes {p.episodes}  ({p.rate():.1f}/s)  recent reward {recent:.3f}")
         stop.set()
+        for worker in workers:  # an episode cut short stays open and times out unrewarded
+            worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         finished = trainer.proc.poll() == 0
         if trainer.proc.poll() is None:

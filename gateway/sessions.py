@@ -64,10 +64,10 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
     """Open a session for a user key that has none (or whose session ended) and bind it.
     Concurrent first calls of one key may each open one; the last binding wins and the
     others end by idle timeout, each a complete episode of its own."""
-    await admit_sessions(state, 1)
     session = SessionRecord(id=f"sess_{uuid.uuid4().hex}", api_key_id=key.id,
                             metadata={"opened_by": "auto_session"})
-    await asyncio.to_thread(state.store.add_session, session)
+    async with admit_sessions(state, 1):
+        await asyncio.to_thread(state.store.add_session, session)
     await asyncio.to_thread(state.store.bind_key_session, key.id, session.id)
     state.keys.forget(key.key_hash)
     return session.id

@@ -36,3 +36,5 @@ class GatewayState:
     live_version: int = 0
     """Weight version every backend serves (set by the weight syncer)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    admission_reserved: int = 0
+    """Sessions admitted by the staleness gate but not yet inserted."""

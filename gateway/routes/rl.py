@@ -102,16 +102,16 @@ async def start_sessions(request: Request, state: StateDep, principal: Principal
             raise invalid_api_key(body.api_key)
         return await _refresh(state, key.id, body)
     group_id = body.group_id or (f"grp_{uuid.uuid4().hex}" if body.group_size > 1 else None)
-    await admit_sessions(state, body.group_size)
     sessions = []
-    for _ in range(body.group_size):
-        session_id = new_session_id()
-        plaintext, key = new_api_key(kind="session", session_id=session_id)
-        await asyncio.to_thread(state.store.add_api_key, key)
-        session = await open_session(state, group_id=group_id, task_id=body.task_id,
-                                     metadata=body.metadata, key_id=key.id,
-                                     session_id=session_id)
-        sessions.append({**session_view(session), "api_key": plaintext})
+    async with admit_sessions(state, body.group_size):
+        for _ in range(body.group_size):
+            session_id = new_session_id()
+            plaintext, key = new_api_key(kind="session", session_id=session_id)
+            await asyncio.to_thread(state.store.add_api_key, key)
+            session = await open_session(state, group_id=group_id, task_id=body.task_id,
+                                         metadata=body.metadata, key_id=key.id,
+                                         session_id=session_id)
+            sessions.append({**session_view(session), "api_key": plaintext})
     return {"group_id": group_id, "session_id": sessions[0]["session_id"],
             "api_key": sessions[0]["api_key"], "sessions": sessions}
 
@@ -122,11 +122,11 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> dict
         raise OpenAIError(400, "a refresh opens exactly one session", param="group_size")
     key = await asyncio.to_thread(state.store.get_api_key, key_id)
     assert key is not None
-    await admit_sessions(state, 1)
-    if key.session_id is not None:
-        await asyncio.to_thread(state.store.end_session, key.session_id, "refresh")
-    session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
-                                 metadata=body.metadata, key_id=key_id)
+    async with admit_sessions(state, 1):
+        if key.session_id is not None:
+            await asyncio.to_thread(state.store.end_session, key.session_id, "refresh")
+        session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
+                                     metadata=body.metadata, key_id=key_id)
     await asyncio.to_thread(state.store.bind_key_session, key_id, session.id)
     state.keys.forget(key.key_hash)
     return {**session_view(session), "group_id": session.group_id,
