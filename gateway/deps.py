@@ -16,8 +16,9 @@ from gateway.state import GatewayState
 M = TypeVar("M", bound=BaseModel)
 
 
-def get_state(request: Request) -> GatewayState:
-    """The `GatewayState` built by `create_app`'s lifespan."""
+async def get_state(request: Request) -> GatewayState:
+    """The `GatewayState` built by `create_app`'s lifespan. Async on purpose: FastAPI
+    runs a sync dependency in its thread pool (a thread hop per request, ~0.3 ms)."""
     state: GatewayState = request.app.state.gateway
     return state
 
@@ -61,7 +62,7 @@ def parse_model(model: type[M], body: dict[str, Any]) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        message, param = validation_param(exc)
+        message, param = validation_param(exc, body)
         raise bad_request(message, param) from exc
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc

@@ -8,6 +8,8 @@ bad input. Routes raise `OpenAIError`; `install_error_handlers` maps the rest.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -71,15 +73,33 @@ def backend_unavailable(message: str, retry_after_s: int = 2) -> OpenAIError:
     )
 
 
-def validation_param(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    """(message, param) of the first validation error, param as a dotted path."""
+def validation_param(exc: ValidationError | RequestValidationError, body: Any = None
+                     ) -> tuple[str, str | None]:
+    """(message, param) of the first validation error; param is the path in the request
+    body, `messages[0].content`, as the Responses translation also names it."""
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
-    param = ".".join(loc) or None
+    param = _body_path(first.get("loc", ()), body, missing=first.get("type") == "missing")
     return f"{first.get('msg', 'invalid value')} (at {param or 'body'})", param
+
+
+def _body_path(loc: Sequence[int | str], body: Any, *, missing: bool) -> str | None:
+    """`loc` walked through `body`, dropping pydantic's union-member tags (`str`,
+    `list[dict[str,any]]`, …): a part counts only where `body` has that key or index (or
+    is the absent field of a `missing` error)."""
+    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
+    if body is None:
+        return ".".join(str(p) for p in parts) or None
+    path, node = "", body
+    for i, part in enumerate(parts):
+        if isinstance(node, dict) and isinstance(part, str) and (
+                part in node or (missing and i == len(parts) - 1)):
+            path, node = f"{path}.{part}" if path else part, node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path, node = f"{path}[{part}]", node[part]
+    return path or None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -91,7 +111,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_param(exc)
+        message, param = validation_param(exc, exc.body)
         return bad_request(message, param).response()
 
     @app.exception_handler(StarletteHTTPException)

@@ -49,11 +49,13 @@ async def generate_all(state: GatewayState, requests: Sequence[GenerateRequest],
     """Every choice, generated concurrently (interruptible: swaps are ridden out)."""
     deadline = state.config.gateway.backend_unavailable_deadline_s
     try:
-        return list(await asyncio.gather(*(
+        generations = list(await asyncio.gather(*(
             state.backends.generate_interruptible(r, session_id=session_id, deadline_s=deadline)
             for r in requests)))
     except BackendError as exc:
         raise backend_error(exc) from exc
+    state.metrics.resubmissions.inc(sum(g.resubmissions for g in generations))
+    return generations
 
 
 @dataclass
@@ -96,12 +98,19 @@ async def stream_all(state: GatewayState, requests: Sequence[GenerateRequest],
         if len(streams) == 1:
             async with contextlib.aclosing(streams[0]) as only:
                 async for delta in only:
+                    _count_resubmissions(state, delta)
                     yield 0, delta
             return
         async for item in _interleave(streams):
+            _count_resubmissions(state, item[1])
             yield item
     except BackendError as exc:
         raise backend_error(exc) from exc
+
+
+def _count_resubmissions(state: GatewayState, delta: GenerationDelta) -> None:
+    if delta.finish_reason is not None and delta.resubmissions:
+        state.metrics.resubmissions.inc(delta.resubmissions)
 
 
 async def _interleave(streams: Sequence[AsyncIterator[GenerationDelta]]

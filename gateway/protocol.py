@@ -55,6 +55,8 @@ class _Open(BaseModel):
 def check_content_part(part: dict[str, Any]) -> None:
     """Raise ValueError for a part the text-only model cannot take."""
     kind = part.get("type")
+    if not isinstance(kind, str):
+        raise ValueError("a content part needs a string `type`")
     if kind in _NON_TEXT_PART_TYPES:
         raise ValueError(f"content parts of type {kind!r} are not supported: the served "
                          "model is text-only; send text parts or a string")
@@ -128,11 +130,13 @@ class ChatCompletionRequest(_Open):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=128)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    """int64, as OpenAI documents; choice i samples with seed + i, which stays within
+    what torch generators accept (larger values crash the local engine's scheduler)."""
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = None
-    """Extension (vLLM/SGLang `extra_body`): -1 or >= 1."""
+    top_k: int | None = Field(None, ge=-1)
+    """Extension (vLLM/SGLang `extra_body`): -1 or 0 (disabled) or >= 1."""
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logprobs: bool | None = None

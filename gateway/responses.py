@@ -59,6 +59,8 @@ def responses_to_chat(request: ResponsesRequest
         messages.append({"role": "user", "content": request.input})
     else:
         _append_items(messages, request.input)
+    if not messages:
+        raise InvalidRequestError("`input` has no message to respond to", param="input")
     return messages, chat_tools(request.tools), chat_tool_choice(request.tool_choice)
 
 
@@ -68,11 +70,12 @@ def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, A
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
-            role = _CHAT_ROLES.get(item.get("role", ""))
+            role = _CHAT_ROLES.get(str(item.get("role", "")))
             if role is None:
                 raise InvalidRequestError(f"unsupported message role {item.get('role')!r}",
                                           param=f"input[{i}].role")
-            msg = {"role": role, "content": _item_text(item.get("content"), f"input[{i}]")}
+            msg = {"role": role,
+                   "content": _item_text(item.get("content"), f"input[{i}].content")}
             open_assistant = None
             if role == "assistant":
                 msg, reasoning, open_assistant = _with_reasoning(msg, reasoning), None, msg
@@ -89,10 +92,10 @@ def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, A
             open_assistant.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", i),
-                             "content": _item_text(item.get("output"), f"input[{i}]")})
+                             "content": _item_text(item.get("output"), f"input[{i}].output")})
             open_assistant = None
         elif kind == "reasoning":
-            reasoning = _reasoning_text(item)
+            reasoning = _reasoning_text(item, i)
             open_assistant = None
         else:
             raise InvalidRequestError(
@@ -115,23 +118,33 @@ def _required(item: Mapping[str, Any], key: str, i: int) -> str:
 
 
 def _item_text(content: Any, param: str) -> str:
-    """Text of a message's content or a tool output: a string or text parts."""
+    """Text of a message's content or a tool output (`param`): a string or text parts."""
     if content is None or isinstance(content, str):
         return content or ""
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"`{param}` must be a string or a list of content parts",
+                                  param=param)
     texts = []
     for j, part in enumerate(content):
         try:
+            if not isinstance(part, dict):
+                raise ValueError("a content part must be an object with a `type`")
             check_content_part(part)
         except ValueError as exc:
-            raise InvalidRequestError(str(exc), param=f"{param}.content[{j}]") from exc
+            raise InvalidRequestError(str(exc), param=f"{param}[{j}]") from exc
         if part.get("type") in TEXT_PART_TYPES:
             texts.append(part["text"])
     return "\n".join(texts)
 
 
-def _reasoning_text(item: Mapping[str, Any]) -> str:
+def _reasoning_text(item: Mapping[str, Any], i: int) -> str:
     """Full reasoning text if present (`content` reasoning_text parts), else the summary."""
-    parts = item.get("content") or item.get("summary") or []
+    key = "content" if item.get("content") else "summary"
+    parts = item.get(key) or []
+    if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts):
+        raise InvalidRequestError(f"a reasoning item's `{key}` must be a list of "
+                                  '{"type", "text"} parts', param=f"input[{i}].{key}")
     return "\n".join(p.get("text", "") for p in parts)
 
 

@@ -39,8 +39,11 @@ def run_gateway(config: ServiceConfig) -> None:
     engine = None if config.gateway.backends else start_local_engine(config)
     try:
         log.info("gateway on http://%s:%d/v1", config.gateway.host, config.gateway.port)
-        uvicorn.run(create_app(config), host=config.gateway.host, port=config.gateway.port,
-                    log_level=config.log_level, access_log=False, loop="auto", http="auto")
+        # uvloop + httptools (uvicorn[standard]): what "auto" picks when installed; named
+        # so a missing one fails at start instead of silently serving on the slow pair.
+        uvicorn.run(create_app(config, freeze_gc=True), host=config.gateway.host,
+                    port=config.gateway.port, log_level=config.log_level, access_log=False,
+                    loop="uvloop", http="httptools")
     finally:
         if engine is not None:
             engine.stop()

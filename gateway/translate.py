@@ -213,6 +213,13 @@ def render_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, 
         log.debug("tool_choice %r is not enforced; tools rendered, model decides", tool_choice)
     text = tokenizer.render(normalize_messages(messages),
                             [dict(t) for t in tools or ()] if use_tools else None)
+    if not text.isascii():
+        try:
+            text.encode()  # O(text) in C; the tokenizer raises TypeError on a lone surrogate
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                f"the request contains invalid Unicode ({exc.reason} at character "
+                f"{exc.start} of the rendered prompt); send valid UTF-8 text") from exc
     return tokenizer.encode(text)
 
 

@@ -1,0 +1,95 @@
+"""The real OpenAI Agents SDK (`agents`) against the gateway and the real engine serving
+the tool model: `Runner.run` over Chat Completions and over the default Responses path
+calls the `add` function tool, gets 5 and answers "The answer is 5."; the gateway records
+both model calls with the second prompt extending the first prompt + output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from agents import (
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIProvider,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    set_tracing_disabled,
+)
+from openai import AsyncOpenAI
+from tool_model import AGENT_INPUT, ANSWER_TEXT, calculator_agent
+
+from areal_service.store import TrajectoryStore
+from areal_service.types import CompletionRecord
+
+if TYPE_CHECKING:
+    from conftest import Gateway
+
+Completions = Callable[[TrajectoryStore], list[CompletionRecord]]
+
+GREEDY = RunConfig(model_settings=ModelSettings(temperature=0))
+
+
+def _client(gw: Gateway) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=gw.v1, api_key=gw.config.gateway.admin_key.get_secret_value(),
+                       max_retries=0)
+
+
+def _assert_two_turns(gw: Gateway, completions_of: Completions, kind: str) -> None:
+    """Two recorded model calls of `kind`; the second prompt extends the first prompt +
+    output token for token (the property the trainer's turn chaining relies on)."""
+    records = [r for r in completions_of(gw.state.store)
+               if ("messages" in r.request_json) == (kind == "chat")]
+    assert len(records) == 2
+    first, second = records
+    assert first.finish_reason == "tool_calls" and second.finish_reason == "stop"
+    assert second.prompt_ids[:len(first.prompt_ids) + len(first.output_ids)] == \
+        first.prompt_ids + first.output_ids
+
+
+async def test_agent_over_chat_completions(tool_gateway: Gateway, completions_of: Completions
+                                           ) -> None:
+    set_tracing_disabled(True)
+    calls: list[tuple[str, int, int]] = []
+    client = _client(tool_gateway)
+    model = OpenAIChatCompletionsModel(model=tool_gateway.config.gateway.model_name,
+                                       openai_client=client)
+    result = await Runner.run(calculator_agent(model, calls), AGENT_INPUT, run_config=GREEDY)
+    await client.close()
+    assert calls == [("add", 2, 3)]
+    assert result.final_output == ANSWER_TEXT
+    _assert_two_turns(tool_gateway, completions_of, "chat")
+
+
+async def test_agent_over_responses(tool_gateway: Gateway, completions_of: Completions
+                                    ) -> None:
+    set_tracing_disabled(True)
+    calls: list[tuple[str, int, int]] = []
+    client = _client(tool_gateway)
+    model = OpenAIResponsesModel(model=tool_gateway.config.gateway.model_name,
+                                 openai_client=client)
+    result = await Runner.run(calculator_agent(model, calls), AGENT_INPUT, run_config=GREEDY)
+    await client.close()
+    assert calls == [("add", 2, 3)]
+    assert result.final_output == ANSWER_TEXT
+    _assert_two_turns(tool_gateway, completions_of, "responses")
+
+
+async def test_agent_default_provider_streamed(tool_gateway: Gateway, completions_of: Completions
+                                               ) -> None:
+    """The SDK's default provider (Responses) with a model name only, streamed."""
+    set_tracing_disabled(True)
+    calls: list[tuple[str, int, int]] = []
+    client = _client(tool_gateway)
+    config = RunConfig(model_provider=OpenAIProvider(openai_client=client),
+                       model_settings=ModelSettings(temperature=0))
+    agent = calculator_agent(tool_gateway.config.gateway.model_name, calls)
+    run = Runner.run_streamed(agent, AGENT_INPUT, run_config=config)
+    deltas = [e.data.delta async for e in run.stream_events()
+              if e.type == "raw_response_event" and e.data.type == "response.output_text.delta"]
+    await client.close()
+    assert calls == [("add", 2, 3)]
+    assert run.final_output == ANSWER_TEXT
+    assert "".join(deltas) == ANSWER_TEXT
+    _assert_two_turns(tool_gateway, completions_of, "responses")
