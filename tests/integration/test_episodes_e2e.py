@@ -9,7 +9,7 @@ import threading
 
 import httpx
 import openai
-from conftest import ADMIN_KEY  # tests/integration/conftest.py
+from harness import ADMIN_KEY  # tests/integration/conftest.py
 
 from areal_service.claims import EpisodeClaimer
 

@@ -7,7 +7,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
+from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 

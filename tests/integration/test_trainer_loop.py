@@ -22,7 +22,7 @@ import openai
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
+from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
 from safetensors.torch import load_file
 
 from areal_service.claims import EpisodeClaimer
