@@ -167,6 +167,7 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
         say(f"baseline reward: {baseline:.3f}  (target {TARGET_REWARD})")
         trainer = ChildProcess("trainer", cli_argv("train", "--config", str(cfg_path)),
                                log_path=logs / "trainer.log")
+        train_started = time.monotonic()
         children.append(trainer)
         stop = asyncio.Event()
         group_size = config.trainer.group_size
@@ -175,13 +176,18 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
         deadline = time.monotonic() + minutes * 60
         total = config.trainer.total_steps or 0
         version = 0
+        next_report = time.monotonic() + 5
         while trainer.proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(5)
+            await asyncio.sleep(0.2)  # fine-grained so train_wall_s is accurate
+            if time.monotonic() < next_report:
+                continue
+            next_report += 5
             version = (await agents.status())["live_version"]
             p = agents.progress
             recent = statistics.fmean(p.recent) if p.recent else float("nan")
             say(f"[{time.monotonic() - p.started_at:6.0f}s] version {version}/{total}  "
                 f"episodes {p.episodes}  ({p.rate():.1f}/s)  recent reward {recent:.3f}")
+        train_wall = time.monotonic() - train_started
         stop.set()
         for worker in workers:  # an episode cut short stays open and times out unrewarded
             worker.cancel()
@@ -196,7 +202,10 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
                 "episodes": agents.progress.episodes,
                 "episodes_per_s": agents.progress.rate(),
                 "rejected_session_starts": agents.progress.rejected_starts,
-                "elapsed_s": time.monotonic() - agents.progress.started_at}
+                "elapsed_s": time.monotonic() - agents.progress.started_at,
+                "train_wall_s": train_wall,
+                "trained_episodes_per_s": final_version * config.trainer.batch_groups
+                * config.trainer.group_size / max(train_wall, 1e-9)}
     finally:
         await agents.aclose()
 
@@ -211,9 +220,9 @@ async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | N
     return live
 
 
-def run_demo(config: ServiceConfig, *, minutes: float = 10.0, steps: int = 40) -> int:
-    """Run the demo; returns the exit code (0 when the target reward was reached)."""
-    config = demo_config(config, steps)
+def run_workload(config: ServiceConfig, *, minutes: float) -> dict[str, Any]:
+    """Start engine and gateway, measure the baseline, train with agents running, measure
+    the final policy; stops every child it started. Returns the summary."""
     run_dir = config.data_dir / "demo"
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -234,14 +243,22 @@ def run_demo(config: ServiceConfig, *, minutes: float = 10.0, steps: int = 40) -
         children.append(_start("gateway", cli_argv("serve", "--config", str(gateway_cfg)),
                                logs, f"{base}/health/liveness"))
         summary = asyncio.run(_drive(config, cfg_path, logs, minutes, children))
-    except KeyboardInterrupt:
-        say("interrupted: stopping everything this demo started ...")
-        return 130
     finally:
         for child in reversed(children):
             child.stop()
-    ok = summary["final_reward"] >= TARGET_REWARD
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run_demo(config: ServiceConfig, *, minutes: float = 10.0, steps: int = 40) -> int:
+    """Run the demo; returns the exit code (0 when the target reward was reached)."""
+    try:
+        summary = run_workload(demo_config(config, steps), minutes=minutes)
+    except KeyboardInterrupt:
+        say("interrupted: every process this demo started was stopped")
+        return 130
+    logs = config.data_dir / "logs"
+    ok = summary["final_reward"] >= TARGET_REWARD
     say("\n== AReaL Service demo summary ==")
     say(f"baseline reward (untrained, v0): {summary['baseline_reward']:.3f}")
     say(f"final reward (v{summary['trained_steps']}):            {summary['final_reward']:.3f}"
