@@ -201,9 +201,13 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def _env_tree() -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for name, value in os.environ.items():
-        # AREAL_TEST_* variables configure the test suite, not the service.
-        if name.startswith("AREAL_") and len(name) > 6 and not name.startswith("AREAL_TEST_"):
-            _set_path(tree, name[6:].lower().replace("__", "."), yaml.safe_load(value))
+        if not name.startswith("AREAL_"):
+            continue
+        dotted = name[6:].lower().replace("__", ".")
+        # Only variables naming a section or field of the tree are config; others that
+        # share the prefix (AREAL_TEST_POSTGRES_URL, a tool's own settings) are not ours.
+        if dotted.split(".")[0] in ServiceConfig.model_fields:
+            _set_path(tree, dotted, yaml.safe_load(value))
     if os.environ.get("DATABASE_URL"):
         _set_path(tree, "store.url", os.environ["DATABASE_URL"])
     return tree

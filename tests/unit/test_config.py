@@ -62,3 +62,10 @@ def test_cli_flags_ratchet():
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert names == {"config", "db", "keys", "make-tiny-model", "engine", "serve", "train", "export",
                      "demo"}
+
+
+def test_foreign_areal_env_vars_are_ignored(monkeypatch):
+    monkeypatch.setenv("AREAL_SAVE_SCREENSHOTS", "1")
+    monkeypatch.setenv("AREAL_TEST_POSTGRES_URL", "postgresql://x")
+    monkeypatch.setenv("AREAL_LOG_LEVEL", "debug")
+    assert load_config().log_level == "debug"

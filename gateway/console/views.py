@@ -1,0 +1,266 @@
+"""Data shaping for the console's list pages: overview figures, the sessions table,
+training-step series and weight-version rows. Reads the store and the gateway state
+only (never writes); the session detail page lives in `detail.py`. Every function here
+is synchronous and may hit the database: routes call them through `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlencode
+
+from sqlalchemy import func, select
+
+from areal_service.schema import CompletionRow, RewardRow, SessionRow, TrainStepRow
+from areal_service.store import TrajectoryStore
+from areal_service.types import SessionRecord, SessionStatus, TrainStepRecord
+from gateway.admission import window
+from gateway.routing import BackendStatus
+from gateway.state import GatewayState
+
+SESSION_STATUSES: tuple[SessionStatus, ...] = ("open", "ended", "claimed", "trained", "dropped")
+PAGE_SIZE = 50
+
+TRAIN_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Task reward", ("task_reward",)),
+    ("Loss", ("loss",)),
+    ("Approx. KL", ("approx_kl",)),
+    ("Clip ratio", ("clip_ratio",)),
+    ("Importance weight", ("importance_weight",)),
+    ("Entropy", ("entropy",)),
+    ("Staleness", ("staleness_mean", "staleness_max")),
+    ("Avg. sequence length", ("avg_seq_len",)),
+    ("Tokens / s", ("tokens_per_s",)),
+)
+"""Charts of the training page: (title, metric keys drawn on it). Every `time_*_s`
+metric found in the steps is drawn on one extra "Step time" chart."""
+
+
+# Overview.
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Requests and generated tokens per second over the last sampling interval."""
+
+    requests_per_s: float
+    tokens_per_s: float
+    interval_s: float
+    requests_total: float
+    tokens_total: float
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Everything the overview page shows."""
+
+    model: str
+    live_version: int
+    backends: list[BackendStatus]
+    open_sessions: int
+    started_sessions: int
+    staleness_window: int
+    staleness_gate: bool
+    last_step: TrainStepRecord | None
+    rates: Rates
+    uptime_s: float
+
+
+def _counter_total(counter: Any) -> float:
+    """Sum of a (possibly labelled) prometheus Counter over all its label sets."""
+    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+def sample_rates(state: GatewayState, last: dict[str, float]) -> Rates:
+    """Rates since the previous call (`last` is that call's sample, updated in place;
+    one per app). The first call, or one after a long gap, averages since start."""
+    now = time.time()
+    requests = _counter_total(state.metrics.requests)
+    tokens = _counter_total(state.metrics.completion_tokens)
+    if last and 0.5 <= now - last["t"] <= 300:
+        base = last
+    else:
+        base = {"t": state.started_at or now, "requests": 0.0, "tokens": 0.0}
+    interval = max(now - base["t"], 1e-9)
+    last.update(t=now, requests=requests, tokens=tokens)
+    return Rates((requests - base["requests"]) / interval, (tokens - base["tokens"]) / interval,
+                 interval, requests, tokens)
+
+
+def overview(state: GatewayState, rates: Rates) -> Overview:
+    """The overview figures (three small queries)."""
+    store = state.store
+    steps = store.list_train_steps(offset=max(_count_steps(store) - 1, 0), limit=1)
+    return Overview(
+        model=state.config.gateway.model_name, live_version=state.live_version,
+        backends=state.backends.status(),
+        open_sessions=store.count_sessions(status="open"),
+        started_sessions=store.count_sessions(),
+        staleness_window=window(state, state.live_version),
+        staleness_gate=state.config.gateway.staleness_gate,
+        last_step=steps[-1] if steps else None, rates=rates,
+        uptime_s=time.time() - state.started_at if state.started_at else 0.0)
+
+
+def _count_steps(store: TrajectoryStore) -> int:
+    with store.engine.connect() as connection:
+        return int(connection.execute(select(func.count()).select_from(TrainStepRow)).scalar_one())
+
+
+# Sessions table.
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFilters:
+    """The sessions page's query string (empty strings mean "any")."""
+
+    status: str = ""
+    group_id: str = ""
+    task_id: str = ""
+    key_id: str = ""
+    since: str = ""
+    """Created on or after this UTC date (YYYY-MM-DD)."""
+    until: str = ""
+    """Created before the end of this UTC date (YYYY-MM-DD)."""
+    page: int = 1
+
+    def query(self, **changes: Any) -> str:
+        """This filter as a query string, with `changes` applied (for pager links)."""
+        values = {"status": self.status, "group_id": self.group_id, "task_id": self.task_id,
+                  "key_id": self.key_id, "since": self.since, "until": self.until,
+                  "page": self.page, **changes}
+        return urlencode({k: v for k, v in values.items() if v not in ("", None, 1)})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRowView:
+    """One line of the sessions table."""
+
+    session: SessionRecord
+    turns: int
+    output_tokens: int
+    reward: float | None
+    """Sum of the rewards on the session and its completions (group rewards excluded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """One page of the sessions table."""
+
+    rows: list[SessionRowView]
+    total: int
+    filters: SessionFilters
+    pages: int = field(default=1)
+
+
+def utc_day_start(day: str) -> float:
+    """Epoch seconds of 00:00 UTC on `day` (YYYY-MM-DD); ValueError if malformed."""
+    return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _session_query(filters: SessionFilters, statement: Any) -> Any:
+    if filters.since:
+        statement = statement.where(SessionRow.created_at >= utc_day_start(filters.since))
+    if filters.until:
+        statement = statement.where(SessionRow.created_at < utc_day_start(filters.until) + 86400)
+    if filters.status:
+        statement = statement.where(SessionRow.status == filters.status)
+    for column, value in ((SessionRow.group_id, filters.group_id),
+                          (SessionRow.task_id, filters.task_id),
+                          (SessionRow.api_key_id, filters.key_id)):
+        if value:
+            statement = statement.where(column == value)
+    return statement
+
+
+_RECORD_COLUMNS = ("id", "group_id", "task_id", "status", "api_key_id", "metadata",
+                   "created_at", "last_activity_at", "ended_at", "end_reason")
+
+
+def _session_record(row: Any) -> SessionRecord:
+    return SessionRecord(**{name: row._mapping[name] for name in _RECORD_COLUMNS})
+
+
+def sessions_page(store: TrajectoryStore, filters: SessionFilters) -> SessionPage:
+    """Newest first, PAGE_SIZE a page; turn counts and rewards in one query each."""
+    offset = (max(filters.page, 1) - 1) * PAGE_SIZE
+    columns = [SessionRow.__table__.c[name] for name in _RECORD_COLUMNS]
+    listing = _session_query(filters, select(*columns)).order_by(
+        SessionRow.created_at.desc(), SessionRow.id).limit(PAGE_SIZE).offset(offset)
+    counting = _session_query(filters, select(func.count()).select_from(SessionRow))
+    with store.engine.connect() as connection:
+        total = int(connection.execute(counting).scalar_one())
+        sessions = [_session_record(row) for row in connection.execute(listing)]
+    ids = [s.id for s in sessions]
+    turns: dict[str, tuple[int, int]] = {}
+    rewards: dict[str, float] = {}
+    if ids:
+        per_session = select(CompletionRow.session_id, func.count(),
+                             func.sum(CompletionRow.completion_tokens)).where(
+            CompletionRow.session_id.in_(ids)).group_by(CompletionRow.session_id)
+        of_completions = select(CompletionRow.id).where(CompletionRow.session_id.in_(ids))
+        reward_rows = select(func.coalesce(RewardRow.session_id, CompletionRow.session_id),
+                             RewardRow.value).outerjoin(
+            CompletionRow, CompletionRow.id == RewardRow.completion_id).where(
+            RewardRow.session_id.in_(ids) | RewardRow.completion_id.in_(of_completions))
+        with store.engine.connect() as connection:
+            turns = {sid: (n, int(tokens or 0)) for sid, n, tokens in connection.execute(per_session)}
+            for sid, value in connection.execute(reward_rows):
+                rewards[sid] = rewards.get(sid, 0.0) + value
+    rows = [SessionRowView(s, *turns.get(s.id, (0, 0)), rewards.get(s.id)) for s in sessions]
+    return SessionPage(rows, total, filters, pages=max(math.ceil(total / PAGE_SIZE), 1))
+
+
+# Training and weights.
+
+
+def train_series(steps: list[TrainStepRecord]) -> dict[str, Any]:
+    """Chart data for the training page: {"steps": [...], "charts": [{"title", "series":
+    [{"name", "values"}]}]}; a metric absent from a step is null (a gap in the line)."""
+    xs = [s.step for s in steps]
+    keys = sorted({k for s in steps for k in s.metrics})
+    charts = list(TRAIN_METRICS)
+    timings = tuple(k for k in keys if k.startswith("time_") and k.endswith("_s"))
+    if timings:
+        charts.append(("Step time (s)", timings))
+
+    def values(key: str) -> list[float | None]:
+        out = [s.metrics.get(key) for s in steps]
+        return [v if v is not None and math.isfinite(v) else None for v in out]
+
+    return {"steps": xs, "charts": [
+        {"title": title, "series": [{"name": k, "values": values(k)} for k in names]}
+        for title, names in charts if any(k in keys for k in names)]}
+
+
+@dataclass(frozen=True, slots=True)
+class WeightRow:
+    """One published weight version with the swap timings the gateway recorded."""
+
+    version: int
+    path: str
+    created_at: float
+    step: int | None
+    episodes: int
+    swap: dict[str, dict[str, float]]
+    swap_s: float | None
+    publish_to_live_s: float | None
+    live_at: float | None
+
+
+def weight_rows(store: TrajectoryStore, limit: int = 200) -> list[WeightRow]:
+    """Newest first; `episodes` counts the sessions the version was trained on."""
+    rows = []
+    for w in store.list_weight_versions(limit=limit):
+        meta = w.metadata
+        groups = meta.get("episodes") or {}
+        rows.append(WeightRow(
+            version=w.version, path=w.path, created_at=w.created_at, step=meta.get("step"),
+            episodes=sum(len(v) for v in groups.values()) if isinstance(groups, dict) else 0,
+            swap=meta.get("swap") or {}, swap_s=meta.get("swap_s"),
+            publish_to_live_s=meta.get("publish_to_live_s"), live_at=meta.get("live_at")))
+    return rows
