@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+
+from areal_service.atomic import atomic_dir
 
 # Special tokens in Qwen's layout: ChatML delimiters are special (stripped by
 # skip_special_tokens); tool/think markers are plain added tokens, so they survive
@@ -134,17 +134,9 @@ def make_tiny_model(out_dir: Path | str, spec: TinyModelSpec | None = None) -> P
     eos_id = tok.convert_tokens_to_ids("<|im_end|>")
     pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
     model = build_model(spec, len(tok), eos_id, pad_id)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         tok.save_pretrained(tmp)
         model.save_pretrained(tmp, safe_serialization=True)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out
 
 

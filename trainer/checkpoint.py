@@ -17,7 +17,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from areal_service.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +87,11 @@ def save_checkpoint(
     out = checkpoint_dir / f"step-{step}"
     if dist.get_rank() == 0:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=checkpoint_dir))
-        try:
+        with atomic_dir(out) as tmp:
             torch.save(model_state, tmp / "model.pt")
             torch.save(optim_state, tmp / "optim.pt")
             torch.save(rng_states, tmp / "rng.pt")
             (tmp / "meta.json").write_text(json.dumps({"step": step, "version": version}))
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.rename(out)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
         _write_latest(checkpoint_dir, out.name)
         _prune(checkpoint_dir, keep)
         log.info("checkpoint step %d (v%d) saved to %s", step, version, out)

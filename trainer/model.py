@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +22,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from areal_service.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -152,17 +152,9 @@ def save_hf_checkpoint(
     if dist.get_rank() == 0:
         if out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists; weights directories are written once")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
+        with atomic_dir(out) as tmp:
             model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.rename(out)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
         log.info("saved HF checkpoint to %s (%d tensors)", out, len(state))
     dist.barrier()
     return out
