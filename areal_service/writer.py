@@ -12,7 +12,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -87,6 +86,8 @@ class GroupCommitWriter:
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._cut = threading.Event()
+        """Set by a marker or a full batch: ends the gather window early."""
         self._closed = False
         self._thread: threading.Thread | None = None
         self.transactions = 0
@@ -162,6 +163,8 @@ class GroupCommitWriter:
             if self._closed:
                 raise RuntimeError("the store writer is stopped")
             self._queue.put(item)
+            if not isinstance(item, _Pending) or self._queue.qsize() >= self._max_batch:
+                self._cut.set()
 
     # Writer thread.
 
@@ -177,17 +180,24 @@ class GroupCommitWriter:
 
     def _gather(self, item: _Item) -> tuple[list[_Pending], _Item | None]:
         """Collect records starting with `item` until `max_batch`, the deadline, or a
-        marker (returned so FIFO order holds: the batch is exactly what came before it)."""
+        marker (returned so FIFO order holds: the batch is exactly what came before it).
+
+        The window is a wait on `_cut`, not on the queue: a thread blocked in
+        `SimpleQueue.get` is woken by every put, and each wake-up takes the GIL from the
+        event loop (measured: ~3% of the gateway's GIL time while streaming). Records
+        arriving in the window cost the loop one queue put; only a marker or a full
+        batch wakes this thread early."""
+        if isinstance(item, _Pending) and self._interval_s > 0:
+            self._cut.wait(self._interval_s)
+        self._cut.clear()
         batch: list[_Pending] = []
-        deadline = time.monotonic() + self._interval_s
         while isinstance(item, _Pending):
             if item.future is None or item.future.set_running_or_notify_cancel():
                 batch.append(item)
             if len(batch) >= self._max_batch:
                 return batch, None
-            remaining = deadline - time.monotonic()
             try:
-                item = self._queue.get(block=remaining > 0, timeout=max(remaining, 0.0))
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return batch, None
         return batch, item

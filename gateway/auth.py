@@ -50,6 +50,9 @@ class KeyResolver:
         self._admin_key = admin_key
         self._ttl_s = ttl_s
         self._cache: dict[str, tuple[float, ApiKeyRecord | None]] = {}
+        self._loading: dict[str, asyncio.Task[ApiKeyRecord | None]] = {}
+        self._epoch = 0
+        """Bumped by `forget`: a lookup that started before it is not cached."""
 
     async def resolve(self, token: str | None) -> Principal:
         """The caller behind `token`; raises 401 `invalid_api_key` when unknown or revoked."""
@@ -60,19 +63,48 @@ class KeyResolver:
         digest = hash_key(token)
         hit = self._cache.get(digest)
         if hit is None or time.monotonic() - hit[0] > self._ttl_s:
-            record = await asyncio.to_thread(self._store.find_api_key_by_hash, digest)
-            hit = (time.monotonic(), record)
-            self._cache[digest] = hit
-        record = hit[1]
+            record = await self._load(digest)
+        else:
+            record = hit[1]
         if record is None or record.revoked_at is not None:
             raise invalid_api_key(token)
         return Principal(is_admin=False, key=record)
 
+    async def _load(self, digest: str) -> ApiKeyRecord | None:
+        """One store lookup per digest at a time: when a key's entry expires under load,
+        the requests that arrive meanwhile await that lookup instead of each starting
+        their own (a thread hop and an ORM query, ~0.3 ms of CPU each). The lookup is a
+        task of its own, so a caller that goes away does not cancel it for the others."""
+        task = self._loading.get(digest)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._fetch(digest))
+            self._loading[digest] = task
+        return await asyncio.shield(task)
+
+    async def _fetch(self, digest: str) -> ApiKeyRecord | None:
+        epoch = self._epoch
+        try:
+            record = await asyncio.to_thread(self._store.find_api_key_by_hash, digest)
+        finally:
+            if self._loading.get(digest) is asyncio.current_task():
+                del self._loading[digest]
+        if epoch == self._epoch:
+            self._cache[digest] = (time.monotonic(), record)
+        return record
+
+    def remember(self, record: ApiKeyRecord) -> None:
+        """Cache a key this process just created (its first request needs no lookup)."""
+        self._cache[record.key_hash] = (time.monotonic(), record)
+
     def forget(self, key_hash: str | None = None) -> None:
-        """Drop cached lookups (one key, or all) after a revoke or rebind."""
+        """Drop cached lookups (one key, or all) after a revoke or rebind; lookups in
+        flight finish for their callers but are neither cached nor joined."""
+        self._epoch += 1
         if key_hash is None:
+            self._loading.clear()
             self._cache.clear()
         else:
+            self._loading.pop(key_hash, None)
             self._cache.pop(key_hash, None)
 
 

@@ -67,7 +67,10 @@ async def persist(state: GatewayState, records: Sequence[CompletionRecord]) -> N
     # one even if that write is still in the group-commit queue.
     records = [await state.linker.alink_parent(r) for r in records]
     try:
-        await asyncio.gather(*(state.writer.write(r) for r in records))
+        if len(records) == 1:  # the common case: no gather, no extra task
+            await state.writer.write(records[0])
+        else:
+            await asyncio.gather(*(state.writer.write(r) for r in records))
     except Exception as exc:  # any store failure: refuse to acknowledge
         raise OpenAIError(503, f"the completion could not be recorded ({type(exc).__name__}); "
                           "retry the request", type="server_error", code="capture_failed",

@@ -1,0 +1,100 @@
+"""KeyResolver: cached lookups, one store query for concurrent misses of a key, keys
+this process created need no query, and a revoke (`forget`) is never undone by a lookup
+that was already in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from areal_service.config import StoreConfig
+from areal_service.keys import new_api_key
+from areal_service.store import TrajectoryStore
+from areal_service.types import ApiKeyRecord
+from gateway.auth import KeyResolver
+from gateway.errors import OpenAIError
+
+
+class CountingStore(TrajectoryStore):
+    """The real SQLite store, counting key lookups; `gate` holds a lookup open after it
+    read the row (so a revoke can land between the read and the caching)."""
+
+    lookups: int
+    gate: threading.Event | None
+    read: threading.Event
+    fail: Exception | None
+
+    def find_api_key_by_hash(self, key_hash: str) -> ApiKeyRecord | None:
+        self.lookups += 1
+        if self.fail is not None:
+            raise self.fail
+        found = super().find_api_key_by_hash(key_hash)
+        self.read.set()
+        if self.gate is not None:
+            assert self.gate.wait(5)
+        return found
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    opened = CountingStore.open(f"sqlite:///{tmp_path / 'keys.db'}", StoreConfig())
+    opened.lookups, opened.gate, opened.read, opened.fail = 0, None, threading.Event(), None
+    yield opened
+    opened.close()
+
+
+async def test_concurrent_misses_share_one_lookup(store: CountingStore):
+    plaintext, record = new_api_key(name="agent")
+    store.add_api_key(record)
+    resolver = KeyResolver(store, "admin")
+    principals = await asyncio.gather(*(resolver.resolve(plaintext) for _ in range(32)))
+    assert {p.key_id for p in principals} == {record.id}
+    assert store.lookups == 1
+    await resolver.resolve(plaintext)
+    assert store.lookups == 1  # cached
+
+
+async def test_remembered_key_needs_no_lookup(store: CountingStore):
+    plaintext, record = new_api_key(name="session", kind="session")
+    store.add_api_key(record)
+    resolver = KeyResolver(store, "admin")
+    resolver.remember(record)
+    assert (await resolver.resolve(plaintext)).key_id == record.id
+    assert store.lookups == 0
+
+
+async def test_forget_during_a_lookup_is_not_undone(store: CountingStore):
+    plaintext, record = new_api_key(name="agent")
+    store.add_api_key(record)
+    resolver = KeyResolver(store, "admin")
+    store.gate = threading.Event()
+    first = asyncio.create_task(resolver.resolve(plaintext))
+    assert await asyncio.to_thread(store.read.wait, 5)
+    store.revoke_api_key(record.id)
+    resolver.forget(record.key_hash)  # what the revoke route does
+    store.gate.set()
+    assert (await first).key_id == record.id  # read before the revoke committed
+    with pytest.raises(OpenAIError) as raised:
+        await resolver.resolve(plaintext)
+    assert raised.value.status == 401
+    assert store.lookups == 2
+
+
+async def test_unknown_key_is_401_and_a_failed_lookup_reaches_every_waiter(
+        store: CountingStore):
+    resolver = KeyResolver(store, "admin")
+    with pytest.raises(OpenAIError) as raised:
+        await resolver.resolve("sk-areal-unknown")
+    assert raised.value.status == 401
+    store.fail = RuntimeError("database gone")
+    results = await asyncio.gather(*(resolver.resolve("sk-areal-other") for _ in range(3)),
+                                   return_exceptions=True)
+    assert [type(r) for r in results] == [RuntimeError] * 3
+    assert store.lookups == 2  # one for the unknown key, one shared by the three
+    store.fail = None
+    with pytest.raises(OpenAIError):  # the failure was not cached
+        await resolver.resolve("sk-areal-other")
+    assert store.lookups == 3
