@@ -86,6 +86,7 @@ async def sweep_idle_sessions(state: GatewayState) -> None:
             continue
         for session_id in ended:
             state.linker.forget(session_id)
+            state.session_cache.pop(session_id, None)
         if ended:
             log.info("ended %d idle sessions", len(ended))
 

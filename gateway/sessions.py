@@ -8,6 +8,7 @@ any). No session at all is fine: the completion is recorded unattached.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -44,7 +45,7 @@ async def session_for_request(state: GatewayState, principal: Principal, request
         if principal.key is None or not state.config.gateway.auto_session:
             return None
         return await open_key_session(state, principal.key)
-    session = await asyncio.to_thread(state.store.get_session, session_id)
+    session = await cached_session(state, session_id)
     if session is None:
         raise OpenAIError(404, f"session {session_id!r} does not exist", param="session_id",
                           code="session_not_found")
@@ -71,3 +72,24 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
     await asyncio.to_thread(state.store.bind_key_session, key.id, session.id)
     state.keys.forget(key.key_hash)
     return session.id
+
+
+SESSION_CACHE_TTL_S = 1.0
+"""How long a read session is trusted: a store round trip per request was ~11% of the
+gateway's CPU under load (benchmarks/gateway_overhead.py)."""
+
+
+async def cached_session(state: GatewayState, session_id: str) -> SessionRecord | None:
+    """The session, from this process's short-lived cache or the store."""
+    now = time.monotonic()
+    hit = state.session_cache.get(session_id)
+    if hit is not None and now - hit[0] < SESSION_CACHE_TTL_S:
+        return hit[1]
+    session = await asyncio.to_thread(state.store.get_session, session_id)
+    if session is None:
+        state.session_cache.pop(session_id, None)
+        return None
+    if len(state.session_cache) > 100_000:  # bounded: drop everything, refill on demand
+        state.session_cache.clear()
+    state.session_cache[session_id] = (now, session)
+    return session

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from areal_service.config import ServiceConfig
 from areal_service.episodes import ParentLinker
 from areal_service.store import TrajectoryStore
+from areal_service.types import SessionRecord
 from areal_service.writer import GroupCommitWriter
 from gateway.auth import KeyResolver
 from gateway.metrics import GatewayMetrics
@@ -36,5 +37,14 @@ class GatewayState:
     live_version: int = 0
     """Weight version every backend serves (set by the weight syncer)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    session_cache: dict[str, tuple[float, SessionRecord]] = field(default_factory=dict)
+    """Recently read sessions (see `gateway/sessions.py`); dropped when this process ends
+    one, so only another replica's change can be seen late, by at most the TTL."""
     admission_reserved: int = 0
     """Sessions admitted by the staleness gate but not yet inserted."""
+
+
+    def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
+        """End a session in the store and forget what this process cached about it."""
+        self.session_cache.pop(session_id, None)
+        return self.store.end_session(session_id, reason)

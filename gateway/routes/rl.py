@@ -111,6 +111,7 @@ async def start_sessions(request: Request, state: StateDep, principal: Principal
             session = await open_session(state, group_id=group_id, task_id=body.task_id,
                                          metadata=body.metadata, key_id=key.id,
                                          session_id=session_id)
+            state.keys.remember(key)  # its first request needs no store lookup
             sessions.append({**session_view(session), "api_key": plaintext})
     return {"group_id": group_id, "session_id": sessions[0]["session_id"],
             "api_key": sessions[0]["api_key"], "sessions": sessions}
@@ -124,7 +125,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> dict
     assert key is not None
     async with admit_sessions(state, 1):
         if key.session_id is not None:
-            await asyncio.to_thread(state.store.end_session, key.session_id, "refresh")
+            await asyncio.to_thread(state.end_session, key.session_id, "refresh")
         session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
                                      metadata=body.metadata, key_id=key_id)
     await asyncio.to_thread(state.store.bind_key_session, key_id, session.id)
@@ -144,7 +145,7 @@ async def end_session(session_id: str, state: StateDep, principal: PrincipalDep
         raise OpenAIError(409, f"session {session_id!r} already {session.status} "
                           f"({session.end_reason})", param="session_id",
                           code="session_closed")
-    ended = await asyncio.to_thread(state.store.end_session, session_id, "client")
+    ended = await asyncio.to_thread(state.end_session, session_id, "client")
     assert ended is not None
     count = len(await asyncio.to_thread(state.store.list_completions, session_id))
     return {**session_view(ended), "completions": count}
