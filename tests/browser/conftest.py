@@ -36,9 +36,11 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    """One headless Chromium for the whole test session."""
+    # Module scope, not session: Playwright's sync API keeps an event loop running in
+    # this thread until it stops, and every later test that calls asyncio.run would fail.
+    """One headless Chromium for the browser tests of a module."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
