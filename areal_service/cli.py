@@ -41,7 +41,7 @@ def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    for noisy in ("alembic", "httpx", "httpcore", "openai", "aiohttp.access"):
+    for noisy in ("alembic", "httpx", "httpx2", "httpcore", "openai", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return cfg
 
