@@ -43,7 +43,10 @@ def run_gateway(config: ServiceConfig) -> None:
         # so a missing one fails at start instead of silently serving on the slow pair.
         uvicorn.run(create_app(config, freeze_gc=True), host=config.gateway.host,
                     port=config.gateway.port, log_level=config.log_level, access_log=False,
-                    loop="uvloop", http="httptools")
+                    loop="uvloop", http="httptools",
+                    # Requests still waiting (e.g. on the staleness gate) are cancelled
+                    # after this, so SIGTERM never needs a SIGKILL behind it.
+                    timeout_graceful_shutdown=3)
     finally:
         if engine is not None:
             engine.stop()
