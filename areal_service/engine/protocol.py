@@ -43,7 +43,9 @@ class SamplingParams(_Lenient):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     """Also disables `stop_token_ids` (SGLang checks both only without ignore_eos)."""
-    sampling_seed: int | None = Field(None, validation_alias=AliasChoices("sampling_seed", "seed"))
+    sampling_seed: int | None = Field(
+        None, ge=-(2**63), le=2**64 - 1,  # what torch.Generator.manual_seed accepts
+        validation_alias=AliasChoices("sampling_seed", "seed"))
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     n: int = 1

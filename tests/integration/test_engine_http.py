@@ -189,6 +189,7 @@ async def test_stop_token_and_stop_string(engine_url: str) -> None:
         ({"input_ids": [1], "sampling_params": {"top_k": 0}}, "top_k"),
         ({"sampling_params": {}}, "input_ids"),
         ({"input_ids": [[1], [2]]}, "batched"),
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_seed"),
     ],
 )
 async def test_bad_input_is_400_with_error_envelope(engine_url: str, body: dict, needle: str) -> None:
