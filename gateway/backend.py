@@ -46,6 +46,8 @@ import aiohttp
 log = logging.getLogger(__name__)
 
 PauseMode = Literal["abort", "retract", "in_place"]
+TopLogprobs = tuple[tuple[int, float], ...]
+"""The (token_id, logprob) alternatives at one output position."""
 _KEEPALIVE_S = 4.0  # below uvicorn's 5 s keep-alive (SGLang's server), so a pooled
 # connection is never reused just as the server closes it.
 
@@ -130,6 +132,8 @@ class GenerateResult:
     completion_tokens: int
     e2e_latency: float | None
     text: str
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()
+    """Per position, the (token_id, logprob) alternatives (when `top_logprobs_num` > 0)."""
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> GenerateResult:
@@ -143,7 +147,9 @@ class GenerateResult:
             weight_version=str(meta.get("weight_version", "default")),
             prompt_tokens=int(meta.get("prompt_tokens") or 0),
             completion_tokens=int(meta.get("completion_tokens") or len(ids)),
-            e2e_latency=meta.get("e2e_latency"), text=str(obj.get("text") or ""))
+            e2e_latency=meta.get("e2e_latency"), text=str(obj.get("text") or ""),
+            output_top_logprobs=tuple(tuple((int(t[1]), float(t[0])) for t in pos or ())
+                                      for pos in meta.get("output_top_logprobs") or ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,7 @@ class Generation:
     """Length of the caller's prompt (not of the resubmitted ones)."""
     resubmissions: int
     latency_s: float
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()
 
     @property
     def completion_tokens(self) -> int:
@@ -179,6 +186,7 @@ class GenerationDelta:
     completion_tokens: int
     """Cumulative over the whole generation, resubmissions included."""
     resubmissions: int
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,7 +423,8 @@ class SGLangClient:
         run = _Rounds(self, request)
         while True:
             result = await self.generate(run.next_request())
-            run.add(result.output_ids, result.output_logprobs, parse_version(result.weight_version))
+            run.add(result.output_ids, result.output_logprobs, parse_version(result.weight_version),
+                    result.output_top_logprobs)
             if result.finish_reason is None:
                 raise BackendError(502, "response without finish_reason", url=self.base_url)
             if (final := run.finish(result.finish_reason)) is not None:
@@ -437,14 +446,17 @@ class SGLangClient:
                     cumulative = len(chunk.output_ids) == chunk.completion_tokens
                     new_ids = chunk.output_ids[seen:] if cumulative else chunk.output_ids
                     new_lps = chunk.output_logprobs[seen:] if cumulative else chunk.output_logprobs
+                    tops = chunk.output_top_logprobs
+                    new_tops = tops[seen:] if cumulative else tops
                     seen += len(new_ids)
-                    versions = run.add(new_ids, new_lps, parse_version(chunk.weight_version))
+                    versions = run.add(new_ids, new_lps, parse_version(chunk.weight_version),
+                                       new_tops)
                     if chunk.finish_reason is not None:
                         final = run.finish(chunk.finish_reason)
                         resubmit = final is None
                     if new_ids or final is not None:
                         yield GenerationDelta(new_ids, new_lps, versions, final, run.prompt_tokens,
-                                              len(run.ids), run.resubmissions)
+                                              len(run.ids), run.resubmissions, new_tops)
             if not resubmit:
                 if final is None:
                     raise BackendUnavailable("stream ended without a finish reason",
@@ -464,6 +476,7 @@ class _Rounds:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
+        self.tops: list[TopLogprobs] = []
         self.resubmissions = 0
         self.t0 = time.perf_counter()
 
@@ -479,9 +492,11 @@ class _Rounds:
                                return_logprob=self.request.return_logprob,
                                extra_body=self.request.extra_body)
 
-    def add(self, ids: Sequence[int], logprobs: Sequence[float], version: int) -> tuple[int, ...]:
+    def add(self, ids: Sequence[int], logprobs: Sequence[float], version: int,
+            tops: Sequence[TopLogprobs] = ()) -> tuple[int, ...]:
         self.ids.extend(ids)
         self.logprobs.extend(logprobs)
+        self.tops.extend(tops)
         versions = (version,) * len(ids)
         self.versions.extend(versions)
         return versions
@@ -511,7 +526,8 @@ class _Rounds:
                           output_logprobs=tuple(self.logprobs),
                           output_versions=tuple(self.versions), finish_reason=final,
                           prompt_tokens=self.prompt_tokens, resubmissions=self.resubmissions,
-                          latency_s=time.perf_counter() - self.t0)
+                          latency_s=time.perf_counter() - self.t0,
+                          output_top_logprobs=tuple(self.tops))
 
 
 async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:

@@ -35,12 +35,15 @@ def backend_error(exc: BackendError) -> OpenAIError:
                        code="backend_error")
 
 
-def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_id: str
-                      ) -> list[GenerateRequest]:
+def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_id: str,
+                      top_logprobs: int | None = None) -> list[GenerateRequest]:
     """One `/generate` per choice. Rids have a fixed width (`-000`), because SGLang
-    aborts by rid prefix and `x-1` would also match `x-10`."""
+    aborts by rid prefix and `x-1` would also match `x-10`. Top-k alternatives are
+    asked for only when the client wants them (they cost the backend a top-k per token)."""
     ids = tuple(prompt_ids)
-    return [GenerateRequest(ids, spec.to_sampling_params(i), rid=f"{completion_id}-{i:03d}")
+    extra = {"top_logprobs_num": top_logprobs} if top_logprobs else {}
+    return [GenerateRequest(ids, spec.to_sampling_params(i), rid=f"{completion_id}-{i:03d}",
+                            extra_body=extra)
             for i in range(spec.n)]
 
 

@@ -105,7 +105,7 @@ async def chat_completions(request: Request, state: StateDep, principal: Princip
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     parse_tools = tools_enabled(tools, tool_choice)
-    requests = generate_requests(prompt_ids, spec, completion_id)
+    requests = generate_requests(prompt_ids, spec, completion_id, req.wants_logprobs())
 
     def finish(choices: list[Any], generations: list[Any]) -> dict[str, Any]:
         usage = Usage.of(len(prompt_ids), choices)
@@ -142,7 +142,8 @@ async def chat_completions(request: Request, state: StateDep, principal: Princip
                 # One write per backend delta: a socket send per chunk was the largest
                 # streaming cost under load.
                 out = "".join(f"data: {_dumps(chunk)}\n\n" for chunk in assemblers[index].push(
-                    delta.output_ids, delta.output_logprobs, delta.finish_reason))
+                    delta.output_ids, delta.output_logprobs, delta.finish_reason,
+                    new_top=delta.output_top_logprobs))
                 if out:
                     yield out
                 item = await anext(deltas, None)
@@ -162,7 +163,8 @@ async def chat_completions(request: Request, state: StateDep, principal: Princip
 
     generations = await generate_all(state, requests, session_id)
     choices = [parse_choice(state.tokenizer, GeneratedChoice(g.output_ids, g.output_logprobs,
-                                                             g.finish_reason),
+                                                             g.finish_reason,
+                                                             g.output_top_logprobs),
                             completion_id=completion_id, index=i, parse_tools=parse_tools,
                             logprobs=req.wants_logprobs())
                for i, g in enumerate(generations)]
@@ -213,7 +215,7 @@ async def responses(request: Request, state: StateDep, principal: PrincipalDep) 
     response_id = f"resp_{uuid.uuid4().hex}"
     created_at = time.time()
     parse_tools = tools_enabled(tools, tool_choice)
-    requests = generate_requests(prompt_ids, spec, response_id)
+    requests = generate_requests(prompt_ids, spec, response_id, req.wants_logprobs())
 
     def records(generation: Any, choice: Any, response: dict[str, Any]) -> list[Any]:
         return build_records(

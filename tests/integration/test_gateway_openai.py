@@ -158,13 +158,16 @@ def test_logprobs_only_when_asked(gw: Gateway) -> None:
         [(e.token, e.logprob) for e in entries]
 
 
-@pytest.mark.xfail(strict=True, reason="top_logprobs alternatives are not requested from "
-                   "the backend (gateway/backend.py drops output_top_logprobs)")
 def test_top_logprobs_alternatives(gw: Gateway) -> None:
     completion = _chat(gw, max_tokens=4, logprobs=True, top_logprobs=3)
     for entry in completion.choices[0].logprobs.content:
         assert len(entry.top_logprobs) == 3
         assert entry.top_logprobs[0].logprob >= entry.logprob
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[2].logprob
+    streamed = _chat(gw, max_tokens=4, logprobs=True, top_logprobs=2, stream=True)
+    entries = [e for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
+               for e in chunk.choices[0].logprobs.content]
+    assert entries and all(len(e.top_logprobs) == 2 for e in entries)
 
 
 def test_unknown_fields_and_headers_accepted(gw: Gateway) -> None:
