@@ -59,6 +59,9 @@ class EngineConfig(_Section):
     """Prompt + output token limit. None: the model's `max_position_embeddings`."""
     weight_version: str = "default"
     """Initial `weight_version` reported in `meta_info` (SGLang's default)."""
+    torch_threads: int | None = Field(None, ge=1)
+    """Intra-op CPU threads of the engine (torch.set_num_threads). None: torch's default
+    (all cores); set it when the trainer shares the CPU with the engine."""
     served_model_name: str | None = None
     """Name reported by `/model_info` and `/v1/models`. None: the model path."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import time
 from collections import deque
@@ -48,6 +49,13 @@ def demo_config(config: ServiceConfig, steps: int) -> ServiceConfig:
     tree["gateway"].update(staleness_gate=True, sampling="training", admit_wait_s=30.0)
     tree["trainer"].update(lr=2e-3, group_size=8, batch_groups=4, max_staleness=2,
                            total_steps=steps, checkpoint_every=10, advantage="grpo")
+    # Engine and trainer run at the same time on one machine's CPUs: split the cores
+    # instead of oversubscribing them (each would start one thread per core).
+    half = max(1, (os.cpu_count() or 2) // 2)
+    if tree["engine"]["torch_threads"] is None:
+        tree["engine"]["torch_threads"] = half
+    if tree["trainer"]["torch_threads"] is None:
+        tree["trainer"]["torch_threads"] = half
     return ServiceConfig.model_validate(tree)
 
 

@@ -75,6 +75,9 @@ class TrainerConfig(BaseModel):
     """Stop after this many optimizer steps. None: train until stopped (online mode)."""
     seed: int = 1
     """Seed of torch / python RNGs in the trainer."""
+    torch_threads: int | None = Field(None, ge=1)
+    """Intra-op CPU threads of each trainer process (torch.set_num_threads). None: torch's
+    default; set it when the trainer shares the CPU with the engine."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype. `auto`: bfloat16 on CUDA (fp32 master weights, FSDP2 mixed
     precision), float32 on CPU."""

@@ -80,6 +80,8 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         info = init_distributed()
         cleanup.callback(_install_signal_handlers(stop))
         hf_logging.disable_progress_bar()  # per-load/save tqdm bars only clutter the log
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
         random.seed(cfg.seed + info.rank)
         torch.manual_seed(cfg.seed + info.rank)
         model_dir = _prepare_model_dir(config, info)

@@ -460,6 +460,10 @@ def run_engine(config: ServiceConfig) -> None:
         from areal_service.tiny_model import ensure_tiny_model
 
         ensure_tiny_model(model_dir)
+    if config.engine.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.engine.torch_threads)
     app = create_engine_app(config.engine, model_dir)
     sock = bind_socket(config.engine.host, config.engine.port)
     logger.info("local engine serving %s at %s", model_dir, socket_url(sock))
