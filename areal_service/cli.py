@@ -93,15 +93,11 @@ def engine_cmd(
 ) -> None:
     """Serve a checkpoint with the local SGLang-protocol engine (transformers)."""
     from areal_service.engine.server import run_engine
-    from areal_service.tiny_model import ensure_tiny_model
 
     extra = [f"engine.model={model}"] if model else []
     extra += [f"engine.port={port}"] if port is not None else []
     extra += [f"engine.host={host}"] if host else []
-    cfg = _config(config, [*(set_ or []), *extra])
-    if cfg.engine.model is None:
-        ensure_tiny_model(cfg.model_dir())
-    run_engine(cfg)
+    run_engine(_config(config, [*(set_ or []), *extra]))  # builds the tiny model if needed
 
 
 def _open_store(cfg: ServiceConfig):  # noqa: ANN202 - keeps the store import lazy

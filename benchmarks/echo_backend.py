@@ -69,6 +69,8 @@ class EchoSettings:
 class _Running:
     rid: str
     aborted: bool = False
+    produced: int = 0
+    """Tokens generated so far (tests wait on it instead of sleeping)."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def abort(self) -> None:
@@ -141,6 +143,7 @@ class EchoBackend:
                 return await self._fail(emit, "echo_error_after reached")
             last = i == n - 1
             out.append(EOS_ID if last and not hits_length else echo_token(ids[0], len(ids) + i))
+            run.produced = len(out)
             if last:
                 finish = ({"type": "length", "length": n} if hits_length
                           else {"type": "stop", "matched": EOS_ID})

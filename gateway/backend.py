@@ -168,6 +168,8 @@ class Generation:
     resubmissions: int
     latency_s: float
     output_top_logprobs: tuple[TopLogprobs, ...] = ()
+    backend: str = ""
+    """Base URL of the backend that generated it."""
 
     @property
     def completion_tokens(self) -> int:
@@ -187,6 +189,8 @@ class GenerationDelta:
     """Cumulative over the whole generation, resubmissions included."""
     resubmissions: int
     output_top_logprobs: tuple[TopLogprobs, ...] = ()
+    backend: str = ""
+    """Base URL of the backend that generated it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,7 +460,8 @@ class SGLangClient:
                         resubmit = final is None
                     if new_ids or final is not None:
                         yield GenerationDelta(new_ids, new_lps, versions, final, run.prompt_tokens,
-                                              len(run.ids), run.resubmissions, new_tops)
+                                              len(run.ids), run.resubmissions, new_tops,
+                                              self.base_url)
             if not resubmit:
                 if final is None:
                     raise BackendUnavailable("stream ended without a finish reason",
@@ -527,7 +532,7 @@ class _Rounds:
                           output_versions=tuple(self.versions), finish_reason=final,
                           prompt_tokens=self.prompt_tokens, resubmissions=self.resubmissions,
                           latency_s=time.perf_counter() - self.t0,
-                          output_top_logprobs=tuple(self.tops))
+                          output_top_logprobs=tuple(self.tops), backend=self.client.base_url)
 
 
 async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:

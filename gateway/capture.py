@@ -36,7 +36,6 @@ def build_records(
     response_json: dict[str, Any],
     session_id: str | None,
     api_key_id: str | None,
-    backend: str,
     started: float,
 ) -> list[CompletionRecord]:
     """Records for every choice of one request (request/response JSON on each)."""
@@ -50,7 +49,7 @@ def build_records(
             session_id=session_id, api_key_id=api_key_id,
             request_json=request_json, response_json=response_json,
             temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-            backend=backend, latency_ms=latency_ms, prompt_tokens=len(prompt),
+            backend=gen.backend, latency_ms=latency_ms, prompt_tokens=len(prompt),
             completion_tokens=len(gen.output_ids),
         )
         for i, (gen, choice) in enumerate(zip(generations, choices, strict=True))

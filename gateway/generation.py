@@ -71,6 +71,7 @@ class StreamedChoice:
     versions: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     resubmissions: int = 0
+    backend: str = ""
 
     def add(self, delta: GenerationDelta) -> None:
         """Append one delta's new tokens."""
@@ -78,6 +79,7 @@ class StreamedChoice:
         self.logprobs.extend(delta.output_logprobs)
         self.versions.extend(delta.output_versions)
         self.resubmissions = delta.resubmissions
+        self.backend = delta.backend
         if delta.finish_reason is not None:
             self.finish = delta.finish_reason
 
@@ -86,7 +88,7 @@ class StreamedChoice:
         assert self.finish is not None, "stream ended without a finish reason"
         return Generation(self.rid, tuple(self.ids), tuple(self.logprobs), tuple(self.versions),
                           self.finish, prompt_tokens, self.resubmissions,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, backend=self.backend)
 
 
 async def stream_all(state: GatewayState, requests: Sequence[GenerateRequest],

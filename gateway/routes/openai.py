@@ -120,7 +120,7 @@ async def chat_completions(request: Request, state: StateDep, principal: Princip
             completion_id=completion_id, model=req.model, prompt_ids=prompt_ids,
             generations=generations, choices=choices, spec=spec, request_json=body,
             response_json=response, session_id=session_id, api_key_id=principal.key_id,
-            backend="", started=started)
+            started=started)
 
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -222,7 +222,7 @@ async def responses(request: Request, state: StateDep, principal: PrincipalDep) 
             completion_id=response_id, model=req.model, prompt_ids=prompt_ids,
             generations=[generation], choices=[choice], spec=spec, request_json=body,
             response_json=response, session_id=session_id, api_key_id=principal.key_id,
-            backend="", started=started)
+            started=started)
 
     if req.stream:
         asm = ResponsesStreamAssembler(

@@ -104,6 +104,7 @@ def test_five_swaps_under_load(tmp_path, tiny_model_dir):
         mixed = 0
         for r in records:
             assert len(r.output_versions) == len(r.output_ids) == len(r.output_logprobs)
+            assert r.backend == engine  # streamed and not
             assert list(r.output_versions) == sorted(r.output_versions)  # never goes back
             seen_versions |= set(r.output_versions)
             mixed += len(set(r.output_versions)) > 1

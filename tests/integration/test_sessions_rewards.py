@@ -19,7 +19,7 @@ def _chat(gw, key, content="hi", **extra):
         **extra)
 
 
-def test_group_sessions_completions_rewards(gateway):
+def test_group_sessions_completions_rewards(gateway, engine_url):
     http = httpx.Client(base_url=gateway.url, timeout=60)
     started = http.post("/rl/sessions", json={"group_size": 2, "task_id": "t1"}, headers=ADMIN)
     assert started.status_code == 201, started.text
@@ -31,6 +31,7 @@ def test_group_sessions_completions_rewards(gateway):
     first = _chat(gateway, s1["api_key"])
     stored = gateway.state.store.get_completion(first.id)
     assert stored.session_id == s1["session_id"]
+    assert stored.backend == engine_url  # which backend generated it
 
     # A second turn replaying the first: its parent is the first completion.
     client = openai.OpenAI(base_url=gateway.v1, api_key=s1["api_key"], max_retries=0)
