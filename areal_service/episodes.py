@@ -172,6 +172,14 @@ class ParentLinker:
             return await asyncio.to_thread(self.link_parent, record)
         return self.link_parent(record)
 
+    def track_new(self, session_id: str) -> None:
+        """Start tracking a session this process just created: it has no completions, so
+        its first turn needs no store query."""
+        with self._lock:
+            self._entries.setdefault(session_id, {})
+            while len(self._entries) > self._max_sessions:
+                self._entries.popitem(last=False)
+
     def forget(self, session_id: str) -> None:
         """Drop a session's entries (e.g. when it ends)."""
         with self._lock:

@@ -24,6 +24,7 @@ from areal_service.writer import GroupCommitWriter
 from gateway import console
 from gateway.auth import KeyResolver
 from gateway.errors import install_error_handlers
+from gateway.hotpath import HotRoutes
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
@@ -147,4 +148,5 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.include_router(health.router)
     app.include_router(console.router)
     app.add_middleware(_RequestId)
+    app.add_middleware(HotRoutes, routes=openai.HOT_ROUTES)  # last added = outermost
     return app

@@ -312,10 +312,16 @@ class SGLangClient:
             raise
         return GenerateResult.from_json(json.loads(raw))
 
-    async def generate_stream(self, payload: GenerateRequest) -> AsyncIterator[GenerateResult]:
+    async def generate_stream(self, payload: GenerateRequest, *, coalesce: bool = False
+                              ) -> AsyncIterator[GenerateResult]:
         """Streaming `POST /generate`: one result per SSE `data:` chunk, through the
         finish chunk and `[DONE]`. A `data: {"error":…}` event raises BackendError.
-        Closing the iterator early (client gone) or cancelling aborts the request."""
+        Closing the iterator early (client gone) or cancelling aborts the request.
+
+        `coalesce`: when one network read holds several CUMULATIVE chunks (the caller
+        fell behind), yield only the newest: it contains the others. Under load this
+        turns N JSON parses and N downstream writes into one; incremental chunks
+        (`--incremental-streaming-output`) are always yielded one by one."""
         body = {**payload.to_json(), "stream": True}
         done = False
         try:
@@ -323,17 +329,18 @@ class SGLangClient:
                 if r.status >= 400:
                     done = True  # rejected before it started
                     raise self._error(r.status, await r.read())
-                async for data in _sse_events(r.content):
-                    if data == b"[DONE]":
-                        done = True
-                        return
-                    obj = json.loads(data)
-                    if "error" in obj:
-                        done = True
-                        err = obj["error"] if isinstance(obj["error"], dict) else {}
-                        raise BackendError(int(err.get("code") or 500),
-                                           str(err.get("message", obj["error"])), url=self.base_url)
-                    yield GenerateResult.from_json(obj)
+                async for batch in _sse_batches(r.content):
+                    for obj in _chunk_objects(batch, coalesce):
+                        if obj is None:
+                            done = True
+                            return
+                        if "error" in obj:
+                            done = True
+                            err = obj["error"] if isinstance(obj["error"], dict) else {}
+                            raise BackendError(int(err.get("code") or 500),
+                                               str(err.get("message", obj["error"])),
+                                               url=self.base_url)
+                        yield GenerateResult.from_json(obj)
             raise BackendUnavailable("stream ended without [DONE]", url=self.base_url)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
             unavailable = self._unavailable(e)
@@ -444,7 +451,8 @@ class SGLangClient:
         while True:
             final: FinishReason | None = None
             resubmit = False
-            async with contextlib.aclosing(self.generate_stream(run.next_request())) as chunks:
+            async with contextlib.aclosing(self.generate_stream(run.next_request(),
+                                                                coalesce=True)) as chunks:
                 seen = 0
                 async for chunk in chunks:  # reads through [DONE] so the connection is reused
                     cumulative = len(chunk.output_ids) == chunk.completion_tokens
@@ -535,15 +543,36 @@ class _Rounds:
                           output_top_logprobs=tuple(self.tops), backend=self.client.base_url)
 
 
-async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """Payloads of `data:` lines. Splits by hand: cumulative chunks with logprobs
-    exceed aiohttp's readline limit (128 KiB) on long outputs."""
+async def _sse_batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+    """Payloads of `data:` lines, as a list per network read. Splits by hand: cumulative
+    chunks with logprobs exceed aiohttp's readline limit (128 KiB) on long outputs."""
     buf = b""
     async for piece in content.iter_any():
         buf += piece
         *lines, buf = buf.split(b"\n")
-        for line in lines:
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
+        batch = [line[5:].strip() for line in lines if line.startswith(b"data:")]
+        if batch:
+            yield batch
     if buf.startswith(b"data:"):
-        yield buf[5:].strip()
+        yield [buf[5:].strip()]
+
+
+def _chunk_objects(batch: list[bytes], coalesce: bool) -> list[dict[str, Any] | None]:
+    """The chunks of one read to hand on, parsed; None stands for `[DONE]`. With
+    `coalesce`, a run of cumulative chunks shrinks to its last one; error events and
+    `[DONE]` are never dropped. (`"error":` cannot match inside a JSON string, where
+    quotes are escaped.)"""
+    done = b"[DONE]" in batch
+    data = batch[:batch.index(b"[DONE]")] if done else batch
+    tail: list[dict[str, Any] | None] = [None] if done else []
+    if not coalesce or len(data) < 2 or any(b'"error":' in d for d in data[:-1]):
+        return [json.loads(d) for d in data] + tail
+    last = json.loads(data[-1])
+    ids = last.get("output_ids")
+    meta = last.get("meta_info") or {}
+    if isinstance(ids, list) and len(ids) == meta.get("completion_tokens"):
+        # Cumulative: the last chunk holds the others. Their tokens share its weight
+        # version: a swap aborts the request (pause mode abort), so one request's chunks
+        # never span two versions.
+        return [last, *tail]
+    return [json.loads(d) for d in data[:-1]] + [last, *tail]

@@ -68,10 +68,18 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
     session = SessionRecord(id=f"sess_{uuid.uuid4().hex}", api_key_id=key.id,
                             metadata={"opened_by": "auto_session"})
     async with admit_sessions(state, 1):
-        await asyncio.to_thread(state.store.add_session, session)
+        session = await asyncio.to_thread(state.store.add_session, session)
     await asyncio.to_thread(state.store.bind_key_session, key.id, session.id)
     state.keys.forget(key.key_hash)
+    remember_new_session(state, session)
     return session.id
+
+
+def remember_new_session(state: GatewayState, session: SessionRecord) -> None:
+    """Cache a session this process just inserted: its first turns need no store reads
+    (the session row, the parent-linking entries)."""
+    _cache_session(state, session, time.monotonic())
+    state.linker.track_new(session.id)
 
 
 SESSION_CACHE_TTL_S = 1.0
@@ -89,7 +97,11 @@ async def cached_session(state: GatewayState, session_id: str) -> SessionRecord 
     if session is None:
         state.session_cache.pop(session_id, None)
         return None
+    _cache_session(state, session, now)
+    return session
+
+
+def _cache_session(state: GatewayState, session: SessionRecord, now: float) -> None:
     if len(state.session_cache) > 100_000:  # bounded: drop everything, refill on demand
         state.session_cache.clear()
-    state.session_cache[session_id] = (now, session)
-    return session
+    state.session_cache[session.id] = (now, session)

@@ -15,14 +15,15 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Request
 
+from gateway.auth import Principal
 from gateway.backend import GenerationDelta
 from gateway.capture import build_records, persist
 from gateway.deps import PrincipalDep, StateDep, parse_model, read_json
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
+from gateway.hotpath import EventStream, Handler, JsonReply, Reply
 from gateway.protocol import ChatCompletionRequest, InvalidRequestError, ResponsesRequest
 from gateway.responses import ResponsesStreamAssembler, build_response, responses_to_chat
 from gateway.sessions import session_for_request
@@ -41,16 +42,14 @@ from gateway.translate import (
 )
 
 router = APIRouter()
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def _json(body: dict[str, Any], request_id: str) -> Response:
-    return Response(_dumps(body), media_type="application/json",
-                    headers={"x-request-id": request_id})
+def _json(body: dict[str, Any], request_id: str) -> JsonReply:
+    return JsonReply(_dumps(body).encode(), request_id)
 
 
 def check_model(state: GatewayState, model: str | None) -> None:
@@ -89,10 +88,8 @@ async def _first_or_error(deltas: AsyncIterator[tuple[int, GenerationDelta]]
 # ------------------------------------------------------------------ chat completions
 
 
-@router.post("/v1/chat/completions")
-@router.post("/chat/completions", include_in_schema=False)
-async def chat_completions(request: Request, state: StateDep, principal: PrincipalDep
-                           ) -> Response:
+async def chat_completions(request: Request, state: GatewayState, principal: Principal
+                           ) -> Reply:
     """OpenAI Chat Completions, streaming or not, recorded token for token."""
     started = time.perf_counter()
     body = await read_json(request)
@@ -176,8 +173,8 @@ async def chat_completions(request: Request, state: StateDep, principal: Princip
 
 def _sse(state: GatewayState, events: AsyncIterator[str],
          deltas: AsyncIterator[tuple[int, GenerationDelta]], request_id: str, *,
-         on_error: Callable[[OpenAIError], str]) -> StreamingResponse:
-    """A streaming response that turns a failure after the first byte into one error
+         on_error: Callable[[OpenAIError], str]) -> EventStream:
+    """A streaming reply that turns a failure after the first byte into one error
     event and closes the backend stream in every case (client gone included)."""
 
     async def guarded() -> AsyncIterator[str]:
@@ -189,17 +186,13 @@ def _sse(state: GatewayState, events: AsyncIterator[str],
         finally:
             await deltas.aclose()
 
-    state.metrics.requests.labels("stream", "200").inc()
-    return StreamingResponse(guarded(), media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, "x-request-id": request_id})
+    return EventStream(guarded(), request_id)
 
 
 # ------------------------------------------------------------------ responses
 
 
-@router.post("/v1/responses")
-@router.post("/responses", include_in_schema=False)
-async def responses(request: Request, state: StateDep, principal: PrincipalDep) -> Response:
+async def responses(request: Request, state: GatewayState, principal: Principal) -> Reply:
     """OpenAI Responses (the Agents SDK's default and Codex), translated to one chat turn."""
     started = time.perf_counter()
     body = await read_json(request)
@@ -270,6 +263,15 @@ async def responses(request: Request, state: StateDep, principal: PrincipalDep) 
     await persist(state, records(generation, choice, response))
     state.metrics.latency.labels("responses").observe(time.perf_counter() - started)
     return _json(response, response_id)
+
+
+HOT_ROUTES: dict[str, tuple[str, Handler]] = {
+    path: (label, handler)
+    for label, handler, paths in (
+        ("chat", chat_completions, ("/v1/chat/completions", "/chat/completions")),
+        ("responses", responses, ("/v1/responses", "/responses")))
+    for path in paths}
+"""Served by `gateway.hotpath.HotRoutes`, outside FastAPI (see there why)."""
 
 
 # ------------------------------------------------------------------ models

@@ -22,6 +22,7 @@ from gateway.admission import admit_sessions
 from gateway.auth import Principal
 from gateway.deps import AdminDep, PrincipalDep, StateDep, parse_model, read_json
 from gateway.errors import OpenAIError, invalid_api_key
+from gateway.sessions import remember_new_session
 from gateway.state import GatewayState
 
 router = APIRouter(prefix="/rl")
@@ -82,7 +83,9 @@ async def open_session(state: GatewayState, *, group_id: str | None, task_id: st
     """Insert one open session (the staleness gate, when configured, runs before this)."""
     record = SessionRecord(id=session_id or new_session_id(), group_id=group_id,
                            task_id=task_id, api_key_id=key_id, metadata=metadata)
-    return await asyncio.to_thread(state.store.add_session, record)
+    session = await asyncio.to_thread(state.store.add_session, record)
+    remember_new_session(state, session)
+    return session
 
 
 @router.post("/sessions", status_code=201)

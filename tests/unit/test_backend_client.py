@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from gateway.backend import (
     BackendUnavailable,
     GenerateRequest,
     SGLangClient,
+    _chunk_objects,
     parse_version,
 )
 from gateway.routing import BackendPool
@@ -82,6 +84,45 @@ async def test_generate_stream_cumulative_chunks(echo: EchoBackendHandle) -> Non
     assert chunks[-1].finish_reason is not None and chunks[-1].finish_reason.type == "length"
     assert list(chunks[-1].output_ids) == expected_ids(5)
     assert len(chunks[-1].output_logprobs) == 5
+
+
+def test_coalescing_keeps_the_newest_cumulative_chunk_and_every_marker() -> None:
+    def chunk(ids: list[int], total: int | None = None) -> bytes:
+        meta = {"completion_tokens": len(ids) if total is None else total,
+                "output_token_logprobs": [[-0.5, i, None] for i in ids]}
+        return json.dumps({"output_ids": ids, "meta_info": meta}).encode()
+
+    cumulative = [chunk([1]), chunk([1, 2]), chunk([1, 2, 3])]
+    assert _chunk_objects(cumulative, coalesce=True) == [json.loads(cumulative[-1])]
+    assert _chunk_objects(cumulative, coalesce=False) == [json.loads(c) for c in cumulative]
+    assert _chunk_objects([*cumulative, b"[DONE]"], coalesce=True) == [
+        json.loads(cumulative[-1]), None]
+    # Incremental chunks (--incremental-streaming-output) each carry new tokens.
+    incremental = [chunk([1], 1), chunk([2], 2), chunk([3], 3)]
+    assert _chunk_objects(incremental, coalesce=True) == [json.loads(c) for c in incremental]
+    # An error event is never skipped, whatever follows it.
+    error = b'{"error": {"message": "boom", "code": 500}}'
+    got = _chunk_objects([chunk([1]), error, chunk([1, 2])], coalesce=True)
+    assert got[1] == {"error": {"message": "boom", "code": 500}} and len(got) == 3
+    # Text that mentions "error": inside a JSON string does not disable coalescing.
+    text = json.dumps({"text": 'say "error": no', "output_ids": [1],
+                       "meta_info": {"completion_tokens": 1}}).encode()
+    assert _chunk_objects([text, chunk([1, 2])], coalesce=True) == [json.loads(chunk([1, 2]))]
+
+
+async def test_coalesced_stream_of_a_slow_reader_has_the_same_tokens(
+        echo: EchoBackendHandle) -> None:
+    """A reader that falls behind gets fewer, larger deltas, never different tokens."""
+    async with SGLangClient(echo.url) as client:
+        deltas = []
+        async for delta in client.generate_interruptible_stream(req(32)):
+            deltas.append(delta)
+            await asyncio.sleep(0.02)  # let the backend run ahead: chunks pile up
+        ids = [i for d in deltas for i in d.output_ids]
+        assert ids == expected_ids(32)
+        assert sum(len(d.output_logprobs) for d in deltas) == 32
+        assert deltas[-1].finish_reason is not None
+        assert len(deltas) < 32  # coalesced: a plain per-chunk stream has 32
 
 
 async def test_errors_are_typed(echo: EchoBackendHandle) -> None:
