@@ -39,8 +39,15 @@ def run_mode(base: Path, model: Path, staleness: int, steps: int, minutes: float
     store = TrajectoryStore.open(config.database_url(), StoreConfig())
     try:
         rows = store.list_weight_versions(limit=10_000)
+        steps_done = store.list_train_steps(limit=10_000)
     finally:
         store.close()
+    # Per-step phase split (the first step also loads the model: skipped). With rollout
+    # and training on the same cores, overlap can at best hide the shorter phase:
+    # sync step = wait + train, async step >= max(wait, train).
+    later = [s.metrics for s in steps_done[1:]] or [s.metrics for s in steps_done]
+    summary["wait_s"] = statistics.mean(m.get("time_wait_s", 0.0) for m in later)
+    summary["train_s"] = statistics.mean(m.get("time_train_s", 0.0) for m in later)
     phases = {"pause_s": [], "update_s": [], "continue_s": [], "publish_to_live_s": []}
     for row in rows:
         for timing in row.metadata.get("swap", {}).values():
@@ -75,6 +82,10 @@ def main() -> None:
         a, b = sync[key], async_[key]
         print(f"{label:28s}{a:16.3f}{b:16.3f}{b / a if a else float('nan'):10.2f}x")
     print("target: >= 2.00x episodes/s at the same final reward")
+    wait, train = sync["wait_s"], sync["train_s"]
+    print(f"sync step phases: waiting for rollouts {wait:.2f} s, training {train:.2f} s; "
+          f"overlapping them can give at most (wait + train) / max(wait, train) = "
+          f"{(wait + train) / max(wait, train, 1e-9):.2f}x here")
     print("\nweight swap per phase (median / max seconds, every swap of both runs)")
     for key in ("pause_s", "update_s", "continue_s", "publish_to_live_s"):
         s0, s2 = sync["swap"][key], async_["swap"][key]
