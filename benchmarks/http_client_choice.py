@@ -156,7 +156,8 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 
 async def sglang_client(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
     """The gateway's own client (aiohttp + typed parsing into GenerateResult)."""
-    from gateway.backend import GenerateRequest, SGLangClient
+    from gateway.backend import SGLangClient
+    from gateway.sglang_types import GenerateRequest
 
     client = SGLangClient(url, timeout_s=60)
 

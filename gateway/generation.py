@@ -12,7 +12,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from gateway.backend import (
+from gateway.errors import OpenAIError, backend_unavailable
+from gateway.sglang_types import (
     BackendError,
     BackendUnavailable,
     FinishReason,
@@ -20,7 +21,6 @@ from gateway.backend import (
     Generation,
     GenerationDelta,
 )
-from gateway.errors import OpenAIError, backend_unavailable
 from gateway.state import GatewayState
 from gateway.translate import SamplingSpec
 

@@ -18,7 +18,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from gateway.auth import Principal
-from gateway.backend import GenerationDelta
 from gateway.capture import build_records, persist
 from gateway.deps import PrincipalDep, StateDep, parse_model, read_json
 from gateway.errors import OpenAIError, bad_request
@@ -27,6 +26,7 @@ from gateway.hotpath import EventStream, Handler, JsonReply, Reply
 from gateway.protocol import ChatCompletionRequest, InvalidRequestError, ResponsesRequest
 from gateway.responses import ResponsesStreamAssembler, build_response, responses_to_chat
 from gateway.sessions import session_for_request
+from gateway.sglang_types import GenerationDelta
 from gateway.state import GatewayState
 from gateway.translate import (
     ChatStreamAssembler,

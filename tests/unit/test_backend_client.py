@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 
 from benchmarks.echo_backend import EOS_ID, EchoBackendHandle, echo_token, start_echo_backend
-from gateway.backend import (
+from gateway.backend import SGLangClient, _chunk_objects
+from gateway.routing import BackendPool
+from gateway.sglang_types import (
     BackendError,
     BackendUnavailable,
     GenerateRequest,
-    SGLangClient,
-    _chunk_objects,
     parse_version,
 )
-from gateway.routing import BackendPool
 
 PROMPT = (11, 12, 13, 14)
 
