@@ -172,6 +172,8 @@ class Scheduler:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._admitted: list[Request] = []
+        """Taken from the queue by the current step (for `_step`'s error barrier)."""
         # Pending weight updates, each with the requests it waits for (its "writer lock").
         self._updates: deque[tuple[_UpdateWeights, set[Request]]] = deque()
         self._stopping = False
@@ -252,7 +254,7 @@ class Scheduler:
                 self._drain_commands(block=not self._has_work())
                 if not self._stopping:
                     self._apply_ready_updates()
-                    self._iterate()
+                    self._step()
         except BaseException as exc:
             self.error = exc
             logger.exception("engine scheduler crashed")
@@ -275,8 +277,14 @@ class Scheduler:
                 return
             block = False
             self._current = cmd
-            result = self._handlers[type(cmd)](cmd)
-            self._current = None
+            try:
+                result = self._handlers[type(cmd)](cmd)
+            except Exception as exc:  # this command fails; the engine keeps serving
+                logger.exception("engine command %s failed", type(cmd).__name__)
+                cmd.future.set_exception(exc)
+                continue
+            finally:
+                self._current = None
             if result is not _DEFERRED:
                 cmd.future.set_result(result)
 
@@ -389,10 +397,27 @@ class Scheduler:
         # Behind a pending update, only the requests it waits for may start.
         return not self._updates or self._waiting[0] in self._updates[0][1]
 
+    def _step(self) -> None:
+        """One batch iteration. An unexpected error in it (a bug, a kernel failure) ends
+        the requests of that batch with a 500 abort, frees their KV, and the engine goes
+        on serving the queue: one bad batch never takes every later request down."""
+        self._admitted = []
+        try:
+            self._iterate()
+        except Exception as exc:
+            batch = [*self._running, *(r for r in self._admitted if r.finish is None)]
+            logger.exception("engine step failed; aborting its %d requests", len(batch))
+            abort = FinishAbort(message=f"engine error: {type(exc).__name__}: {exc}",
+                                status_code=500)
+            for req in batch:
+                self._finish(req, abort)
+            self._running = []
+            self.runner.reset_batch()
+
     def _iterate(self) -> None:
         if self.paused is not None:
             return
-        admitted: list[Request] = []
+        admitted = self._admitted
         while self._admissible() and len(self._running) + len(admitted) < self._max_running:
             admitted.append(self._waiting.popleft())
         started = time.perf_counter()
