@@ -118,6 +118,23 @@ def _prune(checkpoint_dir: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def load_published_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load the HF safetensors published at `path` (a `weights/vN` directory) into
+    `model`, sharded or not. Collective: rank 0 reads the files and broadcasts. Not
+    strict: a tied `lm_head.weight` that `save_pretrained` left out keeps its tie."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        for file in sorted(path.glob("*.safetensors")):
+            state.update(load_file(file))
+        if not state:
+            raise FileNotFoundError(f"no *.safetensors under {path}")
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, state, options=options)
+    log.info("loaded published weights from %s", path)
+
+
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     """The directory `latest` names, or None when there is no checkpoint yet."""
     pointer = checkpoint_dir / "latest"

@@ -42,7 +42,12 @@ from areal_service.store import TrajectoryStore
 from areal_service.types import EpisodeGroup, TrainSequence, TrainStepRecord
 from trainer.advantage import sequence_advantages
 from trainer.batch import MicroBatch, build_micro_batches
-from trainer.checkpoint import CheckpointState, restore_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    CheckpointState,
+    load_published_weights,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import TrainerConfig
 from trainer.metrics import MetricsWriter, batch_metrics, step_metrics
 from trainer.model import (
@@ -108,6 +113,9 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             cleanup.callback(writer.close)
             (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
         step, version = _broadcast(resume_point(store, ckpt) if info.rank == 0 else None)
+        newer = _broadcast(newer_published_weights(store, ckpt) if info.rank == 0 else None)
+        if newer is not None:  # updates published after the checkpoint are kept
+            load_published_weights(model, newer)
         saved_step = step  # nothing to checkpoint until this process trains
         log.info("trainer starts after step %d at policy v%d", step, version)
 
@@ -236,9 +244,7 @@ def recover_claims(store: TrajectoryStore, claimer: EpisodeClaimer) -> tuple[int
 
 def resume_point(store: TrajectoryStore, ckpt: CheckpointState | None) -> tuple[int, int]:
     """(last completed step, last published version) to continue from: the larger of the
-    checkpoint's and the store's, so steps and versions only ever increase. The store may
-    be ahead of the checkpoint: those updates are lost to the model, but their episodes
-    stay trained (never retrained)."""
+    checkpoint's and the store's, so steps and versions only ever increase."""
     latest = store.latest_weight_version()
     version = max(ckpt.version if ckpt else 0, latest.version if latest else 0)
     step = max(
@@ -246,14 +252,29 @@ def resume_point(store: TrajectoryStore, ckpt: CheckpointState | None) -> tuple[
         int(latest.metadata.get("step", 0)) if latest else 0,
         _last_train_step(store),
     )
-    if latest is not None and (ckpt is None or latest.version > ckpt.version):
-        log.warning(
-            "store has published v%d but the checkpoint holds v%s: the updates in between "
-            "are lost to the model (their episodes are not retrained)",
-            latest.version,
-            ckpt.version if ckpt else "0 (initial model)",
-        )
     return step, version
+
+
+def newer_published_weights(store: TrajectoryStore, ckpt: CheckpointState | None
+                            ) -> Path | None:
+    """The published weights to continue from when the store is ahead of the checkpoint
+    (the trainer died after publishing, before checkpointing): the model resumes from
+    them, the optimizer from the checkpoint (its moments a few steps old). None when the
+    checkpoint is current. If that directory is gone, the updates in between are lost
+    to the model (their episodes stay trained, never retrained) and a warning says so."""
+    latest = store.latest_weight_version()
+    held = ckpt.version if ckpt else 0
+    if latest is None or latest.version <= held:
+        return None
+    path = Path(latest.path)
+    if (path / "config.json").is_file():
+        log.info("store has published v%d past the checkpoint's v%d: resuming from %s",
+                 latest.version, held, path)
+        return path
+    log.warning("store has published v%d but the checkpoint holds v%d and %s is gone: the "
+                "updates in between are lost to the model (their episodes are not "
+                "retrained)", latest.version, held, path)
+    return None
 
 
 def _last_train_step(store: TrajectoryStore) -> int:

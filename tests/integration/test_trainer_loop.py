@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from areal_service.claims import EpisodeClaimer
 from areal_service.config import load_config
-from areal_service.engine.testing import start_engine_in_thread
+from areal_service.engine.testing import make_weight_variant, start_engine_in_thread
 from areal_service.store import TrajectoryStore
 from areal_service.types import (
     CompletionRecord,
@@ -39,7 +39,12 @@ from areal_service.types import (
     WeightVersionRecord,
 )
 from trainer.batch import build_micro_batches
-from trainer.checkpoint import CheckpointState, restore_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    CheckpointState,
+    load_published_weights,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import TrainerConfig
 from trainer.metrics import METRIC_NAMES
 from trainer.model import (
@@ -51,7 +56,13 @@ from trainer.model import (
     load_policy,
 )
 from trainer.step import build_optimizer, train_step
-from trainer.train import main, recover_claims, resume_point, shard_micro_batches
+from trainer.train import (
+    main,
+    newer_published_weights,
+    recover_claims,
+    resume_point,
+    shard_micro_batches,
+)
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -350,4 +361,31 @@ def test_recover_claims_and_resume_point(tmp_path):
     assert resume_point(store, CheckpointState(step=4, version=6, path=tmp_path)) == (4, 6)
     store.add_train_step(TrainStepRecord(step=5, version=1))
     assert resume_point(store, CheckpointState(step=4, version=0, path=tmp_path)) == (5, 1)
+    # The store is ahead of the checkpoint: the model resumes from the published weights
+    # when they are still on disk.
+    behind = CheckpointState(step=0, version=0, path=tmp_path)
+    assert newer_published_weights(store, behind) is None  # v1's directory is gone
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "config.json").write_text("{}")
+    assert newer_published_weights(store, behind) == tmp_path / "v1"
+    assert newer_published_weights(store, CheckpointState(1, 1, tmp_path)) is None
     store.close()
+
+
+def test_published_weights_load_into_the_sharded_policy(tiny_model_dir, tmp_path):
+    variant = make_weight_variant(tiny_model_dir, tmp_path / "v3", seed=3)
+    destroy_distributed()
+    try:
+        init_distributed("cpu")
+        model = apply_fsdp2(load_policy(tiny_model_dir), mixed_precision=False)
+        before = {k: v.clone() for k, v in full_state_dict(model).items()}  # CPU: aliases
+        load_published_weights(model, variant)
+        after = full_state_dict(model)
+    finally:
+        destroy_distributed()
+    expected = load_policy(variant).state_dict()
+    assert after.keys() == before.keys()
+    changed = [k for k in after if not torch.equal(after[k], before[k])]
+    assert changed, "the variant's weights were not loaded"
+    for name, tensor in after.items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
