@@ -9,15 +9,14 @@ exists now and returns; it never waits for episodes to finish. Reads only; the C
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from sqlalchemy import and_, or_, select
 
 from areal_service.claims import load_completions, load_rewards
@@ -26,30 +25,38 @@ from areal_service.schema import SessionRow
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord, SessionStatus
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 ExportFormat = Literal["jsonl", "parquet"]
 
-SCHEMA = pa.schema(
-    [
-        ("session_id", pa.string()),
-        ("group_id", pa.string()),
-        ("task_id", pa.string()),
-        ("status", pa.string()),
-        ("advantage_group", pa.string()),
-        ("sequence_index", pa.int32()),
-        ("completion_ids", pa.list_(pa.string())),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("logprobs", pa.list_(pa.float32())),
-        ("versions", pa.list_(pa.int32())),
-        ("reward", pa.float64()),
-        ("session_return", pa.float64()),
-        ("temperature", pa.float64()),
-        ("messages", pa.string()),
-    ]
-)
-"""Parquet columns (JSONL rows have the same keys). `messages` is a JSON string in
-Parquet (arbitrary nesting) and a list in JSONL; `reward` is null for a session no
-reward targets when the export's default_reward is None."""
+
+@functools.cache
+def parquet_schema() -> pa.Schema:
+    """Parquet columns (JSONL rows have the same keys). `messages` is a JSON string in
+    Parquet (arbitrary nesting) and a list in JSONL; `reward` is null for a session no
+    reward targets when the export's default_reward is None. pyarrow is imported here,
+    not at module import: ~40 MB the gateway needs only when someone exports."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("session_id", pa.string()),
+            ("group_id", pa.string()),
+            ("task_id", pa.string()),
+            ("status", pa.string()),
+            ("advantage_group", pa.string()),
+            ("sequence_index", pa.int32()),
+            ("completion_ids", pa.list_(pa.string())),
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("logprobs", pa.list_(pa.float32())),
+            ("versions", pa.list_(pa.int32())),
+            ("reward", pa.float64()),
+            ("session_return", pa.float64()),
+            ("temperature", pa.float64()),
+            ("messages", pa.string()),
+        ])
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +188,7 @@ def iter_export_rows(
     default_reward: float | None = 0.0,
 ) -> Iterator[dict[str, Any]]:
     """One JSON-ready dict per training sequence, sessions oldest first (keys: the
-    columns of `SCHEMA`; `messages` a list). Lazy: a streaming HTTP response can send
+    columns of `parquet_schema()`; `messages` a list). Lazy: a streaming HTTP response can send
     each row as it comes (`json.dumps(row) + "\\n"`)."""
     for page in iter_export_pages(
         store,
@@ -223,10 +230,14 @@ def export_sequences(
                 sink.write(b"".join(json.dumps(row).encode() + b"\n" for row in page))
                 count += len(page)
             return count
-        writer = stack.enter_context(pq.ParquetWriter(sink, SCHEMA))
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = parquet_schema()
+        writer = stack.enter_context(pq.ParquetWriter(sink, schema))
         for page in (page for page in pages if page):
             for row in page:
                 row["messages"] = json.dumps(row["messages"])
-            writer.write_table(pa.Table.from_pylist(page, schema=SCHEMA))
+            writer.write_table(pa.Table.from_pylist(page, schema=schema))
             count += len(page)
     return count

@@ -97,11 +97,13 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
 
     `freeze_gc` (the served process, `run_gateway`): once startup is done, move every
     object to the GC's permanent generation and raise the young-generation threshold.
-    About 300k objects exist by then (torch and transformers imports, the tokenizer); a
-    full collection walks them all, a 0.1-0.3 s pause on 2 cores (AReaL's p99 spikes).
-    With the default threshold (700) the 64 requests in flight were collected ~1300
-    times per 5k requests, promoting their short-lived objects into gen 1/2 scans: 0.25
-    ms of GC per request, gen-2 pauses up to 40 ms. With 10k, GC is ~0.05 ms a request.
+    About 130k objects exist by then (FastAPI, SQLAlchemy, pydantic models, the
+    tokenizer; no torch: the tokenizer loads without it); a full collection walks them
+    all, tens of ms on 2 cores (AReaL's proxy, with ~810k, paused ~0.5 s: its p99
+    spikes). With the default threshold (700) the 64 requests in flight were collected
+    ~1300 times per 5k requests, promoting their short-lived objects into gen 1/2 scans:
+    0.25 ms of GC per request, gen-2 pauses up to 40 ms. With 10k, GC is ~0.05 ms a
+    request.
     Off in tests, where many apps share one process."""
 
     @asynccontextmanager

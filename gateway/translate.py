@@ -9,146 +9,18 @@ streaming half lives here (past 600 lines) because it must share `_finish_choice
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from gateway.protocol import TEXT_PART_TYPES, ClientSampling, InvalidRequestError, ToolChoice
-from gateway.toolparse import THINK_CLOSE, ParsedText, ToolCall, held_suffix, parse_output
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from gateway.tokenizer import ChatTokenizer
+from gateway.toolparse import ParsedText, ToolCall, held_suffix, parse_output
 
 log = logging.getLogger(__name__)
 
 SamplingMode = Literal["client", "training"]
 _MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry
-
-
-class ChatTokenizer:
-    """The served model's HF tokenizer plus the caches the hot path needs.
-
-    Cost per request: the Jinja render is O(all messages) (~0.2 ms for a short chat);
-    encoding is O(new text) because the rendered prompt is encoded per `<|im_start|>`
-    segment through an LRU: an agent's next turn, a GRPO group's G identical prompts and
-    retries only encode what they have not seen. Encoding a segment alone equals encoding
-    it in place because special tokens split the input before pre-tokenization; a probe
-    at construction checks that and falls back to whole-prompt encoding if not.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, cache_chars: int = 32_000_000
-                 ) -> None:
-        self.hf = tokenizer
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._cache_chars = 0
-        self._cache_limit = cache_chars
-        self._lock = threading.Lock()
-        self._token_info: dict[int, tuple[str, tuple[int, ...]]] = {}
-        self._byte_decoder = _byte_level_decoder(tokenizer)
-        added = {t.content for t in tokenizer.added_tokens_decoder.values()}
-        self._split_at = "<|im_start|>" if "<|im_start|>" in added else None
-        if self._split_at and not self._segments_encode_alone():
-            self._split_at = None
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        # The Rust decoder directly: transformers' wrapper costs ~5x the decode itself,
-        # and the stream decodes twice per token. Same text unless clean-up is on.
-        self._fast_decode = None if backend is None or getattr(
-            tokenizer, "clean_up_tokenization_spaces", False) else backend.decode
-        close_ids = tokenizer.encode(THINK_CLOSE, add_special_tokens=False)
-        self.think_close_id: int | None = close_ids[0] if len(close_ids) == 1 else None
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(str(path)))
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        """The chat template's text for `messages` (normalized) plus the generation prompt."""
-        text = self.hf.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
-        assert isinstance(text, str)
-        return text
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of rendered prompt text, without adding special tokens (no double BOS)."""
-        if self._split_at is None:
-            return self.hf.encode(text, add_special_tokens=False)
-        marker = self._split_at
-        segments = [marker + s if i else s for i, s in enumerate(text.split(marker))]
-        segments = [s for s in segments if s]
-        with self._lock:
-            found = {s: self._cache[s] for s in segments if s in self._cache}
-            for s in found:
-                self._cache.move_to_end(s)
-        missing = list(dict.fromkeys(s for s in segments if s not in found))
-        if missing:  # one batched call: the Rust tokenizer encodes the misses in parallel
-            encoded = self.hf(missing, add_special_tokens=False)["input_ids"]
-            new = {s: tuple(ids) for s, ids in zip(missing, encoded, strict=True)}
-            found.update(new)
-            self._remember(new)
-        return [i for s in segments for i in found[s]]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of generated ids; special tokens (`<|im_end|>`) dropped, markers kept."""
-        if self._fast_decode is not None:
-            return self._fast_decode(list(ids), skip_special_tokens=True)
-        return self.hf.decode(list(ids), skip_special_tokens=True)
-
-    def token_info(self, token_id: int) -> tuple[str, tuple[int, ...]]:
-        """(display string, exact UTF-8 bytes) of one token, for OpenAI logprobs."""
-        info = self._token_info.get(token_id)
-        if info is None:
-            piece = self.hf.convert_ids_to_tokens(token_id)
-            added = self.hf.added_tokens_decoder.get(token_id)
-            if added is not None:
-                raw = added.content.encode()
-            elif self._byte_decoder is not None and all(c in self._byte_decoder for c in piece):
-                raw = bytes(self._byte_decoder[c] for c in piece)
-            else:
-                raw = self.hf.decode([token_id]).encode()
-            info = (raw.decode("utf-8", errors="backslashreplace"), tuple(raw))
-            self._token_info[token_id] = info
-        return info
-
-    def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
-        with self._lock:
-            for s, ids in new.items():
-                if s not in self._cache:
-                    self._cache[s] = ids
-                    self._cache_chars += len(s)
-            while self._cache_chars > self._cache_limit and self._cache:
-                old, _ = self._cache.popitem(last=False)
-                self._cache_chars -= len(old)
-
-    def _segments_encode_alone(self) -> bool:
-        probe = ("<|im_start|>system\nBe brief. <|im_end|>\n<|im_start|>user\n"
-                 "  Hi there\n\n<|im_end|>\n\n<|im_start|>assistant\n")
-        parts = ["<|im_start|>" + p for p in probe.split("<|im_start|>") if p]
-        whole = self.hf.encode(probe, add_special_tokens=False)
-        return whole == [i for p in parts for i in self.hf.encode(p, add_special_tokens=False)]
-
-
-def _byte_level_decoder(tokenizer: PreTrainedTokenizerBase) -> dict[str, int] | None:
-    """GPT-2 byte<->unicode map inverse, when the tokenizer is byte-level BPE."""
-    from tokenizers import decoders
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
-        return None
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 # ---------------------------------------------------------------- prompt rendering

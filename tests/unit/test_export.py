@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from areal_service.export import (
-    SCHEMA,
     ExportFilters,
     export_sequences,
     iter_export_pages,
     iter_export_rows,
+    parquet_schema,
     transcript,
 )
 from areal_service.store import TrajectoryStore
@@ -102,7 +102,7 @@ def test_rows_hold_sequences_returns_and_messages(filled: TrajectoryStore):
     assert rows[2]["advantage_group"] == "c" and rows[2]["group_id"] is None
     unrewarded = list(iter_export_rows(filled, ExportFilters(group_id="g"), default_reward=None))
     assert [r["reward"] for r in unrewarded] == [2.0, None]
-    assert set(rows[0]) == set(SCHEMA.names)
+    assert set(rows[0]) == set(parquet_schema().names)
 
 
 def test_keyset_pages_cover_every_session_once(filled: TrajectoryStore):
@@ -126,7 +126,7 @@ def test_jsonl_and_parquet_files_match_the_rows(filled: TrajectoryStore, tmp_pat
     path = tmp_path / "out.parquet"
     assert export_sequences(filled, fmt="parquet", out=path, page_size=2) == len(expected)
     parquet = pq.ParquetFile(path)
-    assert parquet.schema_arrow == SCHEMA
+    assert parquet.schema_arrow == parquet_schema()
     assert parquet.metadata.num_row_groups == 2  # one per page of two sessions
     table = parquet.read().to_pylist()
     for row in table:
@@ -142,7 +142,7 @@ def test_empty_exports_are_valid(store: TrajectoryStore, tmp_path: Path):
     assert export_sequences(store, fmt="jsonl", out=buffer) == 0 and buffer.getvalue() == b""
     path = tmp_path / "empty.parquet"
     assert export_sequences(store, fmt="parquet", out=str(path)) == 0
-    assert pq.read_table(path).schema == SCHEMA and pq.read_table(path).num_rows == 0
+    assert pq.read_table(path).schema == parquet_schema() and pq.read_table(path).num_rows == 0
 
 
 def test_transcript_of_a_responses_api_completion():

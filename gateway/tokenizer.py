@@ -1,0 +1,493 @@
+"""The served model's tokenizer without transformers or torch: `tokenizer.json` through the
+Rust `tokenizers` library, set up as transformers 5's `AutoTokenizer.from_pretrained(dir)`
+sets it up (added/special tokens from `tokenizer_config.json`, the Qwen classes' rebuilt
+pipeline), and the chat template from `gateway.chat_template`. `ChatTokenizer` adds the hot
+path's caches. A checkpoint this loader cannot reproduce exactly (no `tokenizer.json`,
+remote code, another model-specific class) loads through transformers, imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+from tokenizers import pre_tokenizers as pre
+
+from gateway.chat_template import ChatTemplate, load_chat_template
+from gateway.toolparse import THINK_CLOSE
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                        "cls_token", "mask_token")
+"""transformers' `SPECIAL_TOKENS_ATTRIBUTES`: each set one is a chat-template variable."""
+
+
+class TokenizerCore(Protocol):
+    """What `ChatTokenizer` needs from a tokenizer. `added_tokens`: id -> content of every
+    added (incl. special) token; `byte_level`: pieces are GPT-2 byte-level strings."""
+
+    added_tokens: Mapping[int, str]
+    byte_level: bool
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, no special tokens added (special tokens in it still match)."""
+        ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text, in one call (the Rust tokenizer runs them in parallel)."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids with special tokens skipped (transformers' `skip_special_tokens`)."""
+        ...
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The vocabulary string of one id (None when out of range)."""
+        ...
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+               ) -> str:
+        """The chat template's text for `messages` plus the generation prompt."""
+        ...
+
+
+class ChatTokenizer:
+    """The served model's tokenizer plus the caches the hot path needs.
+
+    Cost per request: the Jinja render is O(all messages) (~0.05 ms for a short chat);
+    encoding is O(new text) because the rendered prompt is encoded per `<|im_start|>`
+    segment through an LRU: an agent's next turn, a GRPO group's G identical prompts and
+    retries only encode what they have not seen. Encoding a segment alone equals encoding
+    it in place because special tokens split the input before pre-tokenization; a probe
+    at construction checks that and falls back to whole-prompt encoding if not.
+    """
+
+    def __init__(self, core: TokenizerCore | PreTrainedTokenizerBase, *,
+                 cache_chars: int = 32_000_000) -> None:
+        # A transformers tokenizer is wrapped: tests compare the two loaders through it.
+        self.core: TokenizerCore = (TransformersTokenizer(core)
+                                    if hasattr(core, "apply_chat_template") else core)
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache_chars = 0
+        self._cache_limit = cache_chars
+        self._lock = threading.Lock()
+        self._token_info: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self._byte_decoder = _byte_level_decoder() if self.core.byte_level else None
+        self._fast_decode = self.core.decode  # bound once: the stream decodes twice a token
+        self._split_at = ("<|im_start|>" if "<|im_start|>" in self.core.added_tokens.values()
+                          else None)
+        if self._split_at and not self._segments_encode_alone():
+            self._split_at = None
+        close_ids = self.core.encode(THINK_CLOSE)
+        self.think_close_id: int | None = close_ids[0] if len(close_ids) == 1 else None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
+        """Load a checkpoint directory as `AutoTokenizer.from_pretrained(path)` would,
+        without transformers where `load_tokenizer_core` can."""
+        return cls(load_tokenizer_core(path))
+
+    @property
+    def hf(self) -> PreTrainedTokenizerBase:
+        """The wrapped transformers tokenizer; only when built from one."""
+        if isinstance(self.core, TransformersTokenizer):
+            return self.core.hf
+        raise AttributeError("this ChatTokenizer was loaded without transformers (no .hf)")
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The chat template's text for `messages` (normalized) plus the generation prompt."""
+        return self.core.render(messages, tools or None)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of rendered prompt text, without adding special tokens (no double BOS)."""
+        if self._split_at is None:
+            return self.core.encode(text)
+        marker = self._split_at
+        segments = [marker + s if i else s for i, s in enumerate(text.split(marker))]
+        segments = [s for s in segments if s]
+        with self._lock:
+            found = {s: self._cache[s] for s in segments if s in self._cache}
+            for s in found:
+                self._cache.move_to_end(s)
+        missing = list(dict.fromkeys(s for s in segments if s not in found))
+        if missing:  # one batched call: the Rust tokenizer encodes the misses in parallel
+            encoded = self.core.encode_batch(missing)
+            new = {s: tuple(ids) for s, ids in zip(missing, encoded, strict=True)}
+            found.update(new)
+            self._remember(new)
+        return [i for s in segments for i in found[s]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of generated ids; special tokens (`<|im_end|>`) dropped, markers kept."""
+        return self._fast_decode(list(ids))
+
+    def token_info(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        """(display string, exact UTF-8 bytes) of one token, for OpenAI logprobs."""
+        info = self._token_info.get(token_id)
+        if info is None:
+            piece = self.core.id_to_piece(token_id)
+            added = self.core.added_tokens.get(token_id)
+            if added is not None:
+                raw = added.encode()
+            elif (self._byte_decoder is not None and piece is not None
+                  and all(c in self._byte_decoder for c in piece)):
+                raw = bytes(self._byte_decoder[c] for c in piece)
+            else:
+                raw = self.core.decode([token_id]).encode()
+            info = (raw.decode("utf-8", errors="backslashreplace"), tuple(raw))
+            self._token_info[token_id] = info
+        return info
+
+    def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
+        with self._lock:
+            for s, ids in new.items():
+                if s not in self._cache:
+                    self._cache[s] = ids
+                    self._cache_chars += len(s)
+            while self._cache_chars > self._cache_limit and self._cache:
+                old, _ = self._cache.popitem(last=False)
+                self._cache_chars -= len(old)
+
+    def _segments_encode_alone(self) -> bool:
+        probe = ("<|im_start|>system\nBe brief. <|im_end|>\n<|im_start|>user\n"
+                 "  Hi there\n\n<|im_end|>\n\n<|im_start|>assistant\n")
+        parts = ["<|im_start|>" + p for p in probe.split("<|im_start|>") if p]
+        whole = self.core.encode(probe)
+        return whole == [i for p in parts for i in self.core.encode(p)]
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's byte -> printable-unicode map (byte-level BPE pieces -> bytes)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_tokenizer_core(path: str | Path) -> TokenizerCore:
+    """The tokenizer of checkpoint directory `path`, encoding, decoding and rendering as
+    transformers' `AutoTokenizer.from_pretrained(path)` does: the Rust loader when the
+    class transformers would pick is the generic fast tokenizer or a class whose rebuild
+    is reproduced here (`_CLASS_PIPELINES`), else transformers itself (imports torch)."""
+    path = Path(path)
+    config = _read_json(path / "tokenizer_config.json")
+    if not (path / "tokenizer.json").is_file():
+        return TransformersTokenizer.load(path, "no tokenizer.json")
+    auto_map = config.get("auto_map")
+    if isinstance(auto_map, list) or isinstance(auto_map, dict) and "AutoTokenizer" in auto_map:
+        return TransformersTokenizer.load(path, "custom tokenizer code (auto_map)")
+    class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
+    pipeline = _CLASS_PIPELINES.get(class_name or "")
+    if class_name not in _GENERIC_CLASSES and pipeline is None:
+        return TransformersTokenizer.load(path, f"tokenizer class {class_name}")
+    backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+    if pipeline is not None and not isinstance(backend.model, models.BPE):
+        return TransformersTokenizer.load(path, f"{class_name} over a non-BPE tokenizer.json")
+    return RustTokenizer.build(backend, path, config, pipeline)
+
+
+_GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend",
+                    "BloomTokenizer"}
+"""Names (less "Fast") transformers resolves to `TokenizersBackend`: tokenizer.json as saved."""
+_HUB_CLASS_OVERRIDES = {
+    "qwen2": "Qwen2Tokenizer", "qwen3_5": "Qwen3_5Tokenizer", "qwen3_5_moe": "Qwen3_5Tokenizer",
+    "qwen3_5_moe_text": "Qwen3_5Tokenizer", "qwen4_exp": "Qwen3_5Tokenizer",
+    "hyperclovax_vision_v2": "GPT2Tokenizer", "siglip2": "Siglip2Tokenizer",
+    **dict.fromkeys((
+        "arctic", "camembertv2-base", "chatlm", "cohere_asr", "ernie4_5", "ernie4_5_moe", "fuyu",
+        "h2ovl_chat", "hyperclovax", "hyperclovax_vlm", "internlm2", "internlm3",
+        "iquestcoder", "jamba", "llava", "llava_next", "minicpm3", "minicpmv", "minimax_m2",
+        "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemotron", "nvfp4", "opencua",
+        "openvla", "paddleocr_vl", "phi3", "phi3_v", "phimoe", "smolvlm", "step3_vl",
+        "vipllava"), "TokenizersBackend"),
+}
+"""transformers 5's `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` with each model type's
+registered class, which wins over the checkpoint's `tokenizer_class` (a test pins this
+table to the installed transformers)."""
+_MISTRAL_TYPES = {"mistral", "mistral3", "mistral_large4", "mixtral", "ministral",
+                  "ministral3", "pixtral", "voxtral"}
+"""Model types whose class depends on whether `mistral_common` is installed."""
+
+
+def auto_tokenizer_class(path: Path, config: Mapping[str, Any],
+                         model_config: Mapping[str, Any]) -> str | None:
+    """The class (name less "Fast") `AutoTokenizer.from_pretrained(path)` instantiates,
+    by transformers 5's rules as far as they separate "tokenizer.json as saved" from a
+    model-specific class; None where only transformers' own tables can tell."""
+    hub = config.get("tokenizer_class") or model_config.get("tokenizer_class")
+    model_type = model_config.get("model_type")
+    if model_type in _MISTRAL_TYPES:
+        return None
+    if hub is None:  # transformers maps the model type; known here for the overrides only
+        return _HUB_CLASS_OVERRIDES.get(model_type)
+    if model_type in _HUB_CLASS_OVERRIDES:
+        return _HUB_CLASS_OVERRIDES[model_type]
+    hub = hub.removesuffix("Fast")
+    if hub == "LlamaTokenizer" and '"ByteLevel"' in (path / "tokenizer.json").read_text(
+            encoding="utf-8"):  # Llama-3-style byte-level BPE under a Llama class name
+        return "TokenizersBackend"
+    return hub
+
+
+@dataclass(frozen=True, slots=True)
+class _ClassPipeline:
+    """What a transformers byte-level BPE class builds in `__init__` in place of
+    tokenizer.json's normalizer, pre-tokenizer, decoder and BPE options (the saved vocab,
+    merges and post-processor are kept), plus its special-token defaults."""
+
+    split_regex: str
+    readds_special_tokens: bool
+    defaults: Mapping[str, str | None] = field(default_factory=lambda: {
+        "unk_token": "<|endoftext|>", "bos_token": None, "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>"})
+
+    def apply(self, backend: Tokenizer, *, add_prefix_space: bool) -> None:
+        model = backend.model
+        model.dropout, model.unk_token, model.fuse_unk = None, None, False
+        model.continuing_subword_prefix, model.end_of_word_suffix = "", ""
+        model.byte_fallback, model.ignore_merges = False, False
+        backend.decoder = decoders.ByteLevel()
+        backend.normalizer = normalizers.NFC()
+        backend.pre_tokenizer = pre.Sequence([
+            pre.Split(Regex(self.split_regex), behavior="isolated", invert=False),
+            pre.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False)])
+
+
+_CLASS_PIPELINES = {
+    "Qwen2Tokenizer": _ClassPipeline(
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+        readds_special_tokens=True),
+    "Qwen3_5Tokenizer": _ClassPipeline(
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+        readds_special_tokens=False),
+}
+"""transformers' `Qwen2Tokenizer` / `Qwen3_5Tokenizer` (`PRETOKENIZE_REGEX`, defaults)."""
+
+
+class RustTokenizer:
+    """A `tokenizers.Tokenizer` set up as transformers sets up its backend, plus the chat
+    template: encode/decode are the Rust calls transformers' own methods make."""
+
+    def __init__(self, backend: Tokenizer, template: ChatTemplate, *,
+                 clean_up_spaces: bool = False) -> None:
+        self._backend = backend
+        self._template = template
+        self._clean_up = clean_up_spaces
+        self.added_tokens: Mapping[int, str] = {
+            i: t.content for i, t in backend.get_added_tokens_decoder().items()}
+        self.byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+
+    @classmethod
+    def build(cls, backend: Tokenizer, path: Path, config: Mapping[str, Any],
+              pipeline: _ClassPipeline | None) -> RustTokenizer:
+        """Set up `backend` (loaded from `path/tokenizer.json`) as `TokenizersBackend`, or
+        the class `pipeline` stands for, does from the same files."""
+        named, extra, added = _special_tokens(config, path, backend,
+                                              pipeline.defaults if pipeline else {})
+        if pipeline is not None:
+            pipeline.apply(backend, add_prefix_space=bool(config.get("add_prefix_space")))
+        backend.no_truncation()  # transformers' encode() runs without truncation/padding
+        backend.no_padding()
+        backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
+        _register_tokens(backend, named, extra, added, rebuilt=pipeline is not None)
+        if pipeline is not None and pipeline.readds_special_tokens:
+            every = dict.fromkeys(str(t) for t in [*named.values(), *extra])
+            backend.add_tokens([AddedToken(t, special=True) for t in every])
+        template = ChatTemplate(load_chat_template(path, config),
+                                {k: str(v) for k, v in named.items()})
+        # transformers skips the WordPiece-era clean-up for BPE unless forced.
+        clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
+            not isinstance(backend.model, models.BPE) or bool(config.get(
+                "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+        return cls(backend, template, clean_up_spaces=clean_up)
+
+    # `encode_batch_fast` skips offset tracking: the same ids ~30% sooner than `encode`.
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, no special tokens added."""
+        return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text in one parallel call."""
+        return [e.ids for e in self._backend.encode_batch_fast(texts,
+                                                                add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids, special tokens skipped."""
+        text = self._backend.decode(ids, skip_special_tokens=True)
+        return _clean_up_tokenization(text) if self._clean_up else text
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The vocabulary string of one id."""
+        return self._backend.id_to_token(token_id)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+               ) -> str:
+        """The chat template's text plus the generation prompt."""
+        return self._template.render(messages, tools)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _as_token(value: Any) -> str | AddedToken:
+    """A token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        return AddedToken(**{k: v for k, v in value.items() if k != "__type"})
+    return value
+
+
+def _special_tokens(config: Mapping[str, Any], path: Path, backend: Tokenizer,
+                    defaults: Mapping[str, str | None]
+                    ) -> tuple[dict[str, str | AddedToken], list[str | AddedToken],
+                               list[AddedToken]]:
+    """(named special tokens incl. model-specific `*_token` keys, extra special tokens, the
+    added tokens to register in id order), resolved from the config files and the freshly
+    loaded tokenizer.json (`backend`) as transformers' `from_pretrained` resolves them."""
+    cfg = dict(config)
+    if "additional_special_tokens" in cfg and not cfg.get("extra_special_tokens"):
+        cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
+    if "added_tokens_decoder" in cfg:
+        added = {int(i): AddedToken(**{k: v for k, v in t.items() if k != "__type"})
+                 for i, t in cfg["added_tokens_decoder"].items()}
+    else:  # legacy layout: special_tokens_map.json overrides; tokenizer.json's added tokens
+        for key, value in _read_json(path / "special_tokens_map.json").items():
+            if key == "extra_special_tokens" and isinstance(value, list):
+                merged = list(cfg.get("extra_special_tokens") or [])
+                for tok in value:
+                    tok = AddedToken(**tok, special=True) if isinstance(tok, dict) else tok
+                    if tok not in merged:
+                        merged.append(tok)
+                value = merged
+            elif isinstance(value, dict):
+                value = AddedToken(**{k: v for k, v in value.items()
+                                      if k not in ("special", "__type")}, special=True)
+            cfg[key] = value
+        if "additional_special_tokens" in cfg and "extra_special_tokens" not in cfg:
+            cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
+        added = dict(backend.get_added_tokens_decoder())
+    for key, value in defaults.items():  # the class's keyword defaults
+        cfg.setdefault(key, value)
+    if backend.padding is not None:
+        cfg.setdefault("pad_token", backend.padding["pad_token"])
+    by_content = {t.content: t for t in added.values()}
+    named: dict[str, str | AddedToken] = {}
+    for key in NAMED_SPECIAL_TOKENS:
+        if cfg.get(key) is not None:
+            token = _as_token(cfg[key])
+            named[key] = by_content.get(str(token), token)
+    for key, value in cfg.items():  # model-specific named tokens (image_token, ...)
+        if key.endswith("_token") and key not in NAMED_SPECIAL_TOKENS and (
+                isinstance(value, str | AddedToken)
+                or isinstance(value, dict) and value.get("__type") == "AddedToken"):
+            named[key] = _as_token(value)
+    extra = cfg.get("extra_special_tokens") or []
+    if isinstance(extra, dict):
+        named.update({k: _as_token(v) for k, v in extra.items()})
+        extra = []
+    return named, [_as_token(t) for t in extra], [added[i] for i in sorted(added)]
+
+
+def _register_tokens(backend: Tokenizer, named: Mapping[str, str | AddedToken],
+                     extra: Sequence[str | AddedToken], added: Sequence[AddedToken], *,
+                     rebuilt: bool) -> None:
+    """Add the config's added tokens, then each named/extra special token not yet there,
+    in `TokenizersBackend.__init__`'s order and with its flags (re-adding a token updates
+    its flags). A `rebuilt` class starts from a backend without added tokens."""
+    to_add: list[str | AddedToken] = list(added)
+    encoder = set() if rebuilt else {
+        t.content for t in backend.get_added_tokens_decoder().values()}
+    encoder.update(str(t) for t in to_add)
+    for token in [*named.values(), *extra]:
+        if str(token) not in encoder and token not in to_add:
+            to_add.append(token)
+    named_strs = {str(t) for t in named.values()}
+    tokens: list[AddedToken] = []
+    for token in to_add:
+        if isinstance(token, str):
+            token = AddedToken(token, special=True)
+        elif not token.special and str(token) in named_strs:
+            token.special = True
+        tokens.append(token)
+    if tokens:
+        backend.add_tokens(tokens)
+
+
+def _clean_up_tokenization(text: str) -> str:
+    """transformers' `clean_up_tokenization` (WordPiece-era spaces before punctuation)."""
+    return (text.replace(" .", ".").replace(" ?", "?").replace(" !", "!").replace(" ,", ",")
+            .replace(" ' ", "'").replace(" n't", "n't").replace(" 'm", "'m")
+            .replace(" 's", "'s").replace(" 've", "'ve").replace(" 're", "'re"))
+
+
+# ---------------------------------------------------------------- the transformers fallback
+
+
+class TransformersTokenizer:
+    """A transformers tokenizer behind `TokenizerCore`: slow-only checkpoints, and tests
+    that compare against transformers. Importing transformers imports torch (~200 MB)."""
+
+    def __init__(self, hf: PreTrainedTokenizerBase) -> None:
+        self.hf = hf
+        self.added_tokens: Mapping[int, str] = {
+            i: t.content for i, t in hf.added_tokens_decoder.items()}
+        backend = getattr(hf, "backend_tokenizer", None)
+        self.byte_level = backend is not None and isinstance(backend.decoder, decoders.ByteLevel)
+        # The Rust decoder directly: transformers' wrapper costs ~5x the decode itself.
+        # Same text unless clean-up is on.
+        self._rust_decode = None if backend is None or getattr(
+            hf, "clean_up_tokenization_spaces", False) else backend.decode
+
+    @classmethod
+    def load(cls, path: str | Path, reason: str) -> TransformersTokenizer:
+        """`AutoTokenizer.from_pretrained(path)`, transformers imported here."""
+        from transformers import AutoTokenizer
+
+        log.info("loading the tokenizer of %s with transformers: %s", path, reason)
+        return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, no special tokens added."""
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text in one call."""
+        return self.hf(texts, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids, special tokens skipped."""
+        if self._rust_decode is not None:
+            return self._rust_decode(ids, skip_special_tokens=True)
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def id_to_piece(self, token_id: int) -> str | None:
+        """The vocabulary string of one id."""
+        return self.hf.convert_ids_to_tokens(token_id)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+               ) -> str:
+        """`apply_chat_template(..., tokenize=False)` with the generation prompt."""
+        text = self.hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                           tokenize=False)
+        assert isinstance(text, str)
+        return text
