@@ -1,7 +1,8 @@
 """TrajectoryStore: typed reads and writes of the frozen records of `types.py`.
 
 Owns the engine (SQLite pragmas, pooling) and the record <-> row conversion; tables are
-`schema.py`'s, batching of the gateway's completion inserts is `writer.py`'s. Methods are
+`schema.py`'s, batching of the gateway's completion inserts is `writer.py`'s, the
+driver-level insert itself `completion_insert.py`'s. Methods are
 synchronous, thread-safe, one transaction each (async callers: the writer or a thread).
 Dialect-neutral SQL: a SQLite file (WAL) or PostgreSQL (`postgresql+psycopg://`).
 """
@@ -14,14 +15,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, select, update
+from sqlalchemy import Engine, create_engine, event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
+from areal_service.completion_insert import CompletionInserter, completion_row
 from areal_service.config import StoreConfig
-from areal_service.episodes import PrefixEntry, packed_digest
+from areal_service.episodes import PrefixEntry
 from areal_service.migrate import alembic_config, upgrade_engine
 from areal_service.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
 from areal_service.schema import (
@@ -121,23 +123,6 @@ def _record(cls: type[_R], row: Base) -> _R:
     return cls(**{name: getattr(row, _attr(name)) for name in _names(cls)})  # type: ignore[arg-type]
 
 
-def _completion_values(record: CompletionRecord) -> dict[str, Any]:
-    n = len(record.output_ids)
-    if len(record.output_logprobs) != n or len(record.output_versions) != n:
-        raise ValueError(
-            f"completion {record.id}: output_ids ({n}), output_logprobs "
-            f"({len(record.output_logprobs)}) and output_versions "
-            f"({len(record.output_versions)}) must have one entry per output token"
-        )
-    values = _values(record)
-    for name, (pack, _) in _ARRAY_FIELDS.items():
-        values[name] = pack(values[name])
-    values["min_version"] = min(record.output_versions) if record.output_versions else None
-    values["full_len"] = len(record.prompt_ids) + n
-    values["full_hash"] = packed_digest(values["prompt_ids"], values["output_ids"])
-    return values
-
-
 def completion_from_row(row: Any, **given: Any) -> CompletionRecord:
     """A record from an ORM row or a Core row; `given` supplies fields not selected."""
     values = {
@@ -180,6 +165,7 @@ class TrajectoryStore:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._completions = CompletionInserter(engine)
 
     @classmethod
     def open(cls, url: str, config: StoreConfig) -> TrajectoryStore:
@@ -196,7 +182,8 @@ class TrajectoryStore:
         return self._engine
 
     def close(self) -> None:
-        """Close every pooled connection."""
+        """Close every connection (pooled, and the completion writer's own)."""
+        self._completions.close()
         self._engine.dispose()
 
     def _add(self, row: Base) -> None:
@@ -338,27 +325,20 @@ class TrajectoryStore:
         """Insert completions in ONE transaction (all or none), and in the same
         transaction advance `last_activity_at` of their sessions to the newest
         `created_at`. ValueError before any write if a record's output arrays disagree
-        in length; IntegrityError for a duplicate id or an unknown session."""
+        in length; IntegrityError for a duplicate id or an unknown session. Runs on one
+        kept connection of its own (`CompletionInserter`): calls from several threads
+        take turns."""
         if not records:
             return
-        rows = [_completion_values(record) for record in records]
+        rows = [completion_row(record) for record in records]
         activity: dict[str, float] = {}
         for record in records:
-            if record.session_id is not None:
-                last = activity.get(record.session_id, record.created_at)
-                activity[record.session_id] = max(last, record.created_at)
-        with self._engine.begin() as connection:
-            connection.execute(insert(CompletionRow), rows)
-            if activity:
-                connection.execute(
-                    update(SessionRow)
-                    .where(
-                        SessionRow.id == bindparam("sid"),
-                        SessionRow.last_activity_at < bindparam("at"),
-                    )
-                    .values(last_activity_at=bindparam("at")),
-                    [{"sid": sid, "at": at} for sid, at in activity.items()],
-                )
+            sid = record.session_id
+            if sid is not None:
+                last = activity.get(sid)
+                if last is None or record.created_at > last:
+                    activity[sid] = record.created_at
+        self._completions.write(rows, activity)
 
     def add_completion(self, record: CompletionRecord) -> None:
         """Insert one completion in its own transaction (see `add_completions`)."""

@@ -1,6 +1,11 @@
 """Trajectory store throughput: durable completion writes, parent linking, claiming and
 export, measured against the project's targets.
 
+0. record CPU: thread CPU µs per record of `add_completions` (what the gateway's writer
+   thread spends: Python holding the GIL, plus driver C work that releases it; py-spy
+   --gil tells them apart) for batches of 1, 16 and 64
+   gateway-shaped records (65-token prompt, 32 output tokens, a short chat's request
+   and response JSON, one session each), best of 5 rounds.
 1. writes: C asyncio writers (one session each) push N completions with 1k-token
    prompts and 1k-token outputs through `ParentLinker.link_parent` and
    `GroupCommitWriter.write`; a write returns once its transaction committed.
@@ -11,7 +16,8 @@ export, measured against the project's targets.
 4. export: the same sessions streamed to Parquet (rows/s).
 
 Run: `python -m benchmarks.store_throughput [--records 5000] [--writers 64]
-[--episodes 2000] [--postgres-url postgresql+psycopg://u@host:port/postgres]`.
+[--episodes 2000] [--postgres-url postgresql+psycopg://u@host:port/postgres]
+[--cpu-only]`.
 SQLite runs in a temp directory; PostgreSQL in a temp database created and dropped here.
 """
 
@@ -44,6 +50,11 @@ from areal_service.writer import GroupCommitWriter
 TARGETS = {"writes": 2000.0, "claim": 500.0}
 """completions/s durable on SQLite; episodes/s claimed."""
 TOKENS = 1000
+CPU_BATCHES = (1, 16, 64)
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "What is the capital of France, and why is it famous?"},
+]
 
 
 def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
@@ -65,6 +76,73 @@ def _record(
         request_json={"messages": [{"role": "user", "content": "x" * 200}]},
         response_json={"choices": [{"message": {"role": "assistant", "content": "y" * 400}}]},
     )
+
+
+def _gateway_record(rng: random.Random, sid: str) -> CompletionRecord:
+    """A record as the gateway captures a short non-streamed chat (max_tokens 32)."""
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    usage = {
+        "prompt_tokens": 65,
+        "completion_tokens": 32,
+        "total_tokens": 97,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+    message = {"role": "assistant", "content": "Paris is the capital of France. " * 5}
+    return CompletionRecord(
+        id=cid,
+        model="areal-policy",
+        prompt_ids=_tokens(rng, 65),
+        output_ids=_tokens(rng, 32),
+        output_logprobs=tuple(-rng.random() for _ in range(32)),
+        output_versions=(0,) * 32,
+        finish_reason="length",
+        session_id=sid,
+        api_key_id="key-bench",
+        request_json={"model": "areal-policy", "messages": CHAT, "max_tokens": 32},
+        response_json={
+            "id": cid,
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": "areal-policy",
+            "usage": usage,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+            ],
+        },
+        backend="http://127.0.0.1:30000",
+        latency_ms=12.5,
+        prompt_tokens=65,
+        completion_tokens=32,
+    )
+
+
+def bench_record_cpu(store: TrajectoryStore) -> dict[int, float]:
+    """Batch size -> thread CPU µs per record of `add_completions`: best of 5 rounds
+    (128 single-record batches, else 512 records) after a warm-up round."""
+    rng = random.Random(3)
+    sessions = [f"cpu-{uuid.uuid4().hex[:8]}-{i}" for i in range(64)]
+    for sid in sessions:
+        store.add_session(SessionRecord(id=sid))
+    result: dict[int, float] = {}
+    for size in CPU_BATCHES:
+        rounds = [
+            [
+                [_gateway_record(rng, sessions[(b * size + k) % 64]) for k in range(size)]
+                for b in range(max(512 // size // (4 if size == 1 else 1), 8))
+            ]
+            for _ in range(6)
+        ]
+        for batch in rounds[0]:  # warm-up
+            store.add_completions(batch)
+        best = float("inf")
+        for batches in rounds[1:]:
+            start = time.thread_time()
+            for batch in batches:
+                store.add_completions(batch)
+            best = min(best, (time.thread_time() - start) / (len(batches) * size))
+        result[size] = best * 1e6
+    return result
 
 
 async def bench_writes(store: TrajectoryStore, records: int, writers: int) -> tuple[float, float]:
@@ -207,6 +285,10 @@ def run(url: str, args: argparse.Namespace) -> dict[str, float]:
     store = TrajectoryStore.open(url, StoreConfig())
     try:
         results: dict[str, float] = {}
+        for size, cpu_us in bench_record_cpu(store).items():
+            results[f"record_cpu_us_{size}"] = cpu_us
+        if args.cpu_only:
+            return results
         results["writes"], results["writes_cpu_us"] = asyncio.run(
             bench_writes(store, args.records, args.writers)
         )
@@ -223,6 +305,10 @@ def report(dialect: str, results: dict[str, float], args: argparse.Namespace) ->
     """Wall rates can swing with other load on the host; CPU µs per item (all threads of
     this process) does not, and 1e6 / that is the rate one otherwise idle core reaches."""
     print(f"\n{dialect}  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    cpu = "  ".join(f"{size}: {results[f'record_cpu_us_{size}']:.0f}" for size in CPU_BATCHES)
+    print(f"{'add_completions thread CPU µs/record, batch':<44}{cpu:>30}")
+    if args.cpu_only:
+        return
     print(f"{'metric':<44}{'measured':>10}{'target':>8}{'ratio':>8}{'cpu µs/item':>13}")
     rows = [
         (f"completions/s durable ({args.writers} writers, 1k+1k)", "writes"),
@@ -244,6 +330,7 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=64)
     parser.add_argument("--episodes", type=int, default=2000)
     parser.add_argument("--postgres-url", default=None)
+    parser.add_argument("--cpu-only", action="store_true", help="only the record CPU section")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report(
