@@ -111,6 +111,11 @@ class GatewayConfig(_Section):
     """How long a session start waits for the window to open before a 429."""
     weight_poll_interval_s: float = Field(0.1, gt=0)
     """How often the weight syncer looks for a newly published version."""
+    gil_switch_interval_ms: float = Field(0.2, gt=0)
+    """`sys.setswitchinterval` of the served gateway. The event loop and the threads
+    (capture writer, store lookups) share one GIL; at CPython's 5 ms a thread that
+    released the GIL for a SQLite call waits up to 5 ms to get it back from a busy loop,
+    per call. 0.2 ms measured +7% req/s and -8 ms p50 at 64 clients."""
 
 
 class ServiceConfig(BaseSettings):

@@ -23,6 +23,7 @@ from areal_service.store import TrajectoryStore
 from areal_service.writer import GroupCommitWriter
 from gateway import console
 from gateway.auth import KeyResolver
+from gateway.cache import RefreshingCache
 from gateway.errors import install_error_handlers
 from gateway.hotpath import HotRoutes
 from gateway.routes import admin, health, openai, rewards, rl
@@ -33,6 +34,10 @@ from gateway.weight_sync import run_weight_syncer
 
 log = logging.getLogger(__name__)
 
+SESSION_TTL_S = 1.0
+"""How long a session read is trusted outright (another replica may end it)."""
+SESSION_STALE_S = 30.0
+"""How long a session read may be served while one reload refreshes it."""
 _GC_YOUNG_THRESHOLD = 10_000
 """Net container allocations between young collections (CPython's default: 700)."""
 
@@ -87,7 +92,7 @@ async def sweep_idle_sessions(state: GatewayState) -> None:
             continue
         for session_id in ended:
             state.linker.forget(session_id)
-            state.session_cache.pop(session_id, None)
+            state.session_cache.forget(session_id)
         if ended:
             log.info("ended %d idle sessions", len(ended))
 
@@ -122,6 +127,8 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             keys=KeyResolver(store, config.gateway.admin_key.get_secret_value()),
             backends=pool, tokenizer=tokenizer,
             context_length=context_length_of(config, tokenizer_dir), linker=ParentLinker(store),
+            session_cache=RefreshingCache(store.get_session, ttl_s=SESSION_TTL_S,
+                                          stale_s=SESSION_STALE_S),
             started_at=time.time())
         log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
         if freeze_gc:

@@ -4,6 +4,7 @@ process when no backend URL is configured (the embedded default)."""
 from __future__ import annotations
 
 import logging
+import sys
 
 import uvicorn
 
@@ -39,6 +40,7 @@ def run_gateway(config: ServiceConfig) -> None:
     engine = None if config.gateway.backends else start_local_engine(config)
     try:
         log.info("gateway on http://%s:%d/v1", config.gateway.host, config.gateway.port)
+        sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
         # uvloop + httptools (uvicorn[standard]): what "auto" picks when installed; named
         # so a missing one fails at start instead of silently serving on the slow pair.
         uvicorn.run(create_app(config, freeze_gc=True), host=config.gateway.host,

@@ -8,7 +8,6 @@ any). No session at all is fine: the completion is recorded unattached.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Any
 
@@ -78,30 +77,11 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
 def remember_new_session(state: GatewayState, session: SessionRecord) -> None:
     """Cache a session this process just inserted: its first turns need no store reads
     (the session row, the parent-linking entries)."""
-    _cache_session(state, session, time.monotonic())
+    state.session_cache.put(session.id, session)
     state.linker.track_new(session.id)
 
 
-SESSION_CACHE_TTL_S = 1.0
-"""How long a read session is trusted: a store round trip per request was ~11% of the
-gateway's CPU under load (benchmarks/gateway_overhead.py)."""
-
-
 async def cached_session(state: GatewayState, session_id: str) -> SessionRecord | None:
-    """The session, from this process's short-lived cache or the store."""
-    now = time.monotonic()
-    hit = state.session_cache.get(session_id)
-    if hit is not None and now - hit[0] < SESSION_CACHE_TTL_S:
-        return hit[1]
-    session = await asyncio.to_thread(state.store.get_session, session_id)
-    if session is None:
-        state.session_cache.pop(session_id, None)
-        return None
-    _cache_session(state, session, now)
-    return session
-
-
-def _cache_session(state: GatewayState, session: SessionRecord, now: float) -> None:
-    if len(state.session_cache) > 100_000:  # bounded: drop everything, refill on demand
-        state.session_cache.clear()
-    state.session_cache[session.id] = (now, session)
+    """The session, from this process's `RefreshingCache` (see `GatewayState`) or the
+    store: a store trip per request was ~11% of the gateway's CPU under load."""
+    return await state.session_cache.get(session_id)

@@ -15,6 +15,7 @@ from areal_service.store import TrajectoryStore
 from areal_service.types import SessionRecord
 from areal_service.writer import GroupCommitWriter
 from gateway.auth import KeyResolver
+from gateway.cache import RefreshingCache
 from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendPool
 from gateway.translate import ChatTokenizer
@@ -32,19 +33,21 @@ class GatewayState:
     tokenizer: ChatTokenizer
     context_length: int
     linker: ParentLinker
+    session_cache: RefreshingCache[str, SessionRecord]
+    """Sessions read or created here (`gateway/cache.py`); dropped when this process ends
+    one, so only another replica's change can be seen late (by about its `ttl_s`)."""
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     started_at: float = 0.0
     live_version: int = 0
     """Weight version every backend serves (set by the weight syncer)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    session_cache: dict[str, tuple[float, SessionRecord]] = field(default_factory=dict)
-    """Recently read sessions (see `gateway/sessions.py`); dropped when this process ends
-    one, so only another replica's change can be seen late, by at most the TTL."""
     admission_reserved: int = 0
     """Sessions admitted by the staleness gate but not yet inserted."""
 
-
-    def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
-        """End a session in the store and forget what this process cached about it."""
-        self.session_cache.pop(session_id, None)
-        return self.store.end_session(session_id, reason)
+    async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
+        """End a session in the store and forget what this process cached about it
+        (again after the write: a reload may have raced it)."""
+        self.session_cache.forget(session_id)
+        ended = await asyncio.to_thread(self.store.end_session, session_id, reason)
+        self.session_cache.forget(session_id)
+        return ended

@@ -108,7 +108,7 @@ async def post_reward(request: Request, state: StateDep, principal: PrincipalDep
                           metadata=body.metadata)
     stored = await asyncio.to_thread(state.store.add_reward, record)
     if body.end_session and session is not None and session.status == "open":
-        await asyncio.to_thread(state.end_session, session.id, "reward")
+        await state.end_session(session.id, "reward")
     if stored != record:  # lost a race with the same id
         return _same_or_conflict(stored, body)
     return reward_view(stored)

@@ -128,7 +128,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> dict
     assert key is not None
     async with admit_sessions(state, 1):
         if key.session_id is not None:
-            await asyncio.to_thread(state.end_session, key.session_id, "refresh")
+            await state.end_session(key.session_id, "refresh")
         session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
                                      metadata=body.metadata, key_id=key_id)
     await asyncio.to_thread(state.store.bind_key_session, key_id, session.id)
@@ -148,7 +148,7 @@ async def end_session(session_id: str, state: StateDep, principal: PrincipalDep
         raise OpenAIError(409, f"session {session_id!r} already {session.status} "
                           f"({session.end_reason})", param="session_id",
                           code="session_closed")
-    ended = await asyncio.to_thread(state.end_session, session_id, "client")
+    ended = await state.end_session(session_id, "client")
     assert ended is not None
     count = len(await asyncio.to_thread(state.store.list_completions, session_id))
     return {**session_view(ended), "completions": count}

@@ -98,3 +98,42 @@ async def test_unknown_key_is_401_and_a_failed_lookup_reaches_every_waiter(
     with pytest.raises(OpenAIError):  # the failure was not cached
         await resolver.resolve("sk-areal-other")
     assert store.lookups == 3
+
+
+async def test_stale_entries_are_served_while_one_reload_runs(store: CountingStore):
+    """Past `ttl_s` a known key is answered at once from the cache while one background
+    reload reads the store; a revoke by another replica (no `forget` here) is seen once
+    that reload lands. Past `stale_s` a lookup waits for the store again."""
+    plaintext, record = new_api_key(name="agent")
+    store.add_api_key(record)
+    resolver = KeyResolver(store, "admin", ttl_s=0.05, stale_s=0.5)
+    resolver.remember(record)
+    await asyncio.sleep(0.06)  # stale now
+    store.revoke_api_key(record.id)  # another replica revokes it
+    store.gate = threading.Event()  # the reload blocks after reading the row
+    served = await asyncio.gather(*(resolver.resolve(plaintext) for _ in range(8)))
+    assert {p.key_id for p in served} == {record.id}  # from the cache, no waiting
+    assert await asyncio.to_thread(store.read.wait, 5)
+    assert store.lookups == 1  # one reload for all eight
+    store.gate.set()
+    for _ in range(200):  # until the reload lands (a few ms)
+        try:
+            await resolver.resolve(plaintext)
+        except OpenAIError as revoked:
+            assert revoked.status == 401
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("the revoke was never seen")
+    assert store.lookups == 1
+
+    plaintext2, record2 = new_api_key(name="agent2")
+    store.add_api_key(record2)
+    store.gate = None
+    resolver.remember(record2)
+    await asyncio.sleep(0.6)  # past stale_s: the lookup waits for the store
+    before = store.lookups
+    store.revoke_api_key(record2.id)
+    with pytest.raises(OpenAIError):
+        await resolver.resolve(plaintext2)
+    assert store.lookups == before + 1
