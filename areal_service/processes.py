@@ -62,7 +62,10 @@ class ChildProcess:
                 self.proc.wait()
         if self._log:
             self._log.close()
-        log.info("stopped %s (exit %s)", self.name, self.proc.returncode)
+        code = self.proc.returncode
+        how = (f"by {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exit {code}")  # uvicorn ends on the signal it was sent, by design
+        log.info("stopped %s (%s)", self.name, how)
 
 
 def cli_argv(*args: str) -> list[str]:
