@@ -111,6 +111,9 @@ class GatewayConfig(_Section):
     """How long a session start waits for the window to open before a 429."""
     weight_poll_interval_s: float = Field(0.1, gt=0)
     """How often the weight syncer looks for a newly published version."""
+    max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    """Largest request body accepted (413 `request_too_large` beyond): a 128k-token chat
+    is ~0.5 MB of JSON; images as base64 parts are what needs the headroom."""
     gil_switch_interval_ms: float = Field(0.2, gt=0)
     """`sys.setswitchinterval` of the served gateway. The event loop and the threads
     (capture writer, store lookups) share one GIL; at CPython's 5 ms a thread that

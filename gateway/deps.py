@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
 from gateway.auth import Principal, bearer_token, require_admin
-from gateway.errors import bad_request, validation_param
+from gateway.errors import OpenAIError, bad_request, validation_param
 from gateway.protocol import InvalidRequestError
 from gateway.state import GatewayState
 
@@ -43,10 +43,16 @@ async def get_admin(principal: PrincipalDep) -> Principal:
 AdminDep = Annotated[Principal, Depends(get_admin)]
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    """The JSON object body; 400 (never 422 or 500) when it is missing or malformed."""
-    raw = await request.body()
+async def read_json(request: Request, *, allow_empty: bool = False) -> dict[str, Any]:
+    """The JSON object body ({} for an empty one when `allow_empty`); 400 (never 422 or
+    500) when it is missing or malformed, 413 `request_too_large` past
+    `gateway.max_request_bytes` (counted as it arrives: never held whole). Every route
+    with a body reads it here."""
+    state: GatewayState = request.app.state.gateway
+    raw = await _read_bounded(request, state.config.gateway.max_request_bytes)
     if not raw.strip():
+        if allow_empty:
+            return {}
         raise bad_request("the request body is empty; send a JSON object")
     try:
         body = json.loads(raw)
@@ -66,3 +72,20 @@ def parse_model(model: type[M], body: dict[str, Any]) -> M:
         raise bad_request(message, param) from exc
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
+
+
+def request_too_large(max_bytes: int) -> OpenAIError:
+    """413 for a body over the gateway's `max_request_bytes`."""
+    return OpenAIError(413, f"the request body exceeds this gateway's limit of {max_bytes} "
+                       "bytes (gateway.max_request_bytes)", code="request_too_large")
+
+
+async def _read_bounded(request: Request, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise request_too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import Principal, bearer_token
+from gateway.deps import request_too_large
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
 
@@ -68,14 +69,24 @@ class HotRoutes:
     """ASGI middleware: `routes` (path → (metrics label, handler)) for POST, else `app`.
 
     The gateway state comes from `scope["app"]` (Starlette sets it before any
-    middleware runs), so this adds no work to the other routes but one dict lookup."""
+    middleware runs). Every route gets one check here: a body declared larger than
+    `gateway.max_request_bytes` is answered 413 at once (bodies without a length are
+    counted as they arrive by `read_json`, and by FastAPI's limit elsewhere)."""
 
     def __init__(self, app: ASGIApp, routes: Mapping[str, tuple[str, Handler]]) -> None:
         self.app = app
         self.routes = dict(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state: GatewayState = scope["app"].state.gateway
+        limit = state.config.gateway.max_request_bytes
+        if _declared_length(scope) > limit:  # any route: refused before a byte is read
+            await send_json(send, error_reply(request_too_large(limit)))
+            return
+        route = self.routes.get(scope["path"])
         if route is None:
             await self.app(scope, receive, send)
             return
@@ -85,7 +96,6 @@ class HotRoutes:
                 headers={"allow": "POST"})))
             return
         label, handler = route
-        state: GatewayState = scope["app"].state.gateway
         request = Request(scope, receive)
         try:
             principal = await state.keys.resolve(bearer_token(request))
@@ -102,6 +112,13 @@ class HotRoutes:
             await send_json(send, reply)
         else:
             await send_stream(receive, send, reply)
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 async def send_json(send: Send, reply: JsonReply) -> None:

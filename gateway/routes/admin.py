@@ -43,7 +43,7 @@ def key_view(key: ApiKeyRecord) -> dict[str, Any]:
 @router.post("/keys", status_code=201)
 async def create_key(request: Request, state: StateDep, _: AdminDep) -> dict[str, Any]:
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
-    body = parse_model(KeyCreate, await read_json(request)) if await request.body() else KeyCreate()
+    body = parse_model(KeyCreate, await read_json(request, allow_empty=True))
     plaintext, record = new_api_key(name=body.name)
     record = dataclasses.replace(record, metadata=body.metadata)
     await asyncio.to_thread(state.store.add_api_key, record)

@@ -92,8 +92,7 @@ async def open_session(state: GatewayState, *, group_id: str | None, task_id: st
 async def start_sessions(request: Request, state: StateDep, principal: PrincipalDep
                          ) -> dict[str, Any]:
     """Open `group_size` sessions (one fresh session key each), or refresh a user key."""
-    body = parse_model(SessionStart, await read_json(request)) if await request.body() \
-        else SessionStart()
+    body = parse_model(SessionStart, await read_json(request, allow_empty=True))
     if not principal.is_admin:
         if principal.key is None or principal.key.kind != "user":
             raise OpenAIError(403, "only the admin key or a user key may start sessions",

@@ -373,3 +373,29 @@ def test_backend_paused_past_request_timeout_is_503(tmp_path: Path, tiny_model_d
                 assert response.headers["retry-after"]
         finally:
             _engine_call(engine_url, "/continue_generation")
+
+
+def test_oversized_bodies_are_413_before_they_are_read_whole(
+        tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory) -> None:
+    """Declared (content-length) and undeclared (chunked) bodies past the limit both get
+    413 `request_too_large` in the OpenAI shape, on the hot routes and the others."""
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
+                         "gateway.max_request_bytes=4096") as gw:
+        gw = _admin(gw)
+        big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
+        for path in ("/v1/chat/completions", "/v1/responses", "/v1/rewards"):
+            error = _error(_post(gw, path, big), 413)
+            assert error["code"] == "request_too_large", path
+
+        def chunked() -> Iterator[bytes]:  # no content-length: counted as it arrives
+            yield b'{"model": "areal-policy", "messages": [{"role": "user", "content": "'
+            for _ in range(10):
+                yield b"y" * 1000
+            yield b'"}]}'
+
+        response = httpx.post(gw.url + "/v1/chat/completions", content=chunked(), timeout=60,
+                              headers={"content-type": "application/json", **AUTH})
+        assert "content-length" not in response.request.headers
+        assert _error(response, 413)["code"] == "request_too_large"
+        small = {"model": MODEL, "messages": _MESSAGES, "max_tokens": 2}
+        assert _post(gw, "/v1/chat/completions", small).status_code == 200
