@@ -47,11 +47,14 @@ def responses_to_chat(request: ResponsesRequest
     `function_call_output` -> a tool message; a `reasoning` item -> reasoning_content of
     the next assistant message. Item `id` / `status` are accepted and ignored.
     """
-    for field in ("previous_response_id", "conversation"):
-        if getattr(request, field):
-            raise InvalidRequestError(
-                f"{field} is not supported: resend the whole conversation in `input` "
-                "(the OpenAI Agents SDK does by default)", param=field)
+    if request.previous_response_id:  # resolved from the store before this hop
+        raise InvalidRequestError("previous_response_id must be resolved first "
+                                  "(gateway.response_chain)", param="previous_response_id")
+    if request.conversation:
+        raise InvalidRequestError(
+            "conversation is not supported: use previous_response_id, or resend the whole "
+            "conversation in `input` (the OpenAI Agents SDK does by default)",
+            param="conversation")
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
@@ -244,7 +247,7 @@ def _response_body(request: ResponsesRequest, *, response_id: str, created_at: f
         "temperature": sampling.temperature, "top_p": sampling.top_p,
         "max_output_tokens": request.max_output_tokens,
         "top_logprobs": request.top_logprobs,
-        "previous_response_id": None, "reasoning": request.reasoning,
+        "previous_response_id": request.previous_response_id, "reasoning": request.reasoning,
         "text": request.text or {"format": {"type": "text"}},
         "truncation": request.truncation or "disabled", "metadata": request.metadata or {},
         "store": bool(request.store), "user": request.user, "background": False,

@@ -24,6 +24,7 @@ from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
 from gateway.hotpath import EventStream, Handler, JsonReply, Reply
 from gateway.protocol import ChatCompletionRequest, InvalidRequestError, ResponsesRequest
+from gateway.response_chain import with_previous_responses
 from gateway.responses import ResponsesStreamAssembler, build_response, responses_to_chat
 from gateway.sessions import session_for_request
 from gateway.sglang_types import GenerationDelta
@@ -200,7 +201,8 @@ async def responses(request: Request, state: GatewayState, principal: Principal)
     check_model(state, req.model)
     session_id = await session_for_request(state, principal, request, body)
     try:
-        messages, tools, tool_choice = responses_to_chat(req)
+        messages, tools, tool_choice = responses_to_chat(
+            await with_previous_responses(state, principal, req))
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     prompt_ids, spec = prepare(state, messages, tools, tool_choice, req.client_sampling(),

@@ -76,6 +76,28 @@ async def test_agent_over_responses(tool_gateway: Gateway, completions_of: Compl
     _assert_two_turns(tool_gateway, completions_of, "responses")
 
 
+async def test_agent_over_responses_chained_by_previous_response_id(
+        tool_gateway: Gateway, completions_of: Completions) -> None:
+    """`auto_previous_response_id`: the SDK sends only the new items (the tool output)
+    and the id of its last response; the gateway rebuilds the conversation from the store,
+    so the model sees exactly the prompt a full replay gives."""
+    set_tracing_disabled(True)
+    calls: list[tuple[str, int, int]] = []
+    client = _client(tool_gateway)
+    model = OpenAIResponsesModel(model=tool_gateway.config.gateway.model_name,
+                                 openai_client=client)
+    result = await Runner.run(calculator_agent(model, calls), AGENT_INPUT, run_config=GREEDY,
+                              auto_previous_response_id=True)
+    await client.close()
+    assert calls == [("add", 2, 3)]
+    assert result.final_output == ANSWER_TEXT
+    records = completions_of(tool_gateway.state.store)
+    assert records[1].request_json.get("previous_response_id") == records[0].id
+    assert all(item.get("type") == "function_call_output"
+               for item in records[1].request_json["input"])  # only the new item was sent
+    _assert_two_turns(tool_gateway, completions_of, "responses")
+
+
 async def test_agent_default_provider_streamed(tool_gateway: Gateway, completions_of: Completions
                                                ) -> None:
     """The SDK's default provider (Responses) with a model name only, streamed."""

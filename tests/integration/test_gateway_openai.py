@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import openai
 import pytest
 from tool_model import ANSWER_TEXT, CALL_ARGUMENTS, TOOL_RESULT
@@ -220,6 +221,42 @@ def test_responses_plain_and_streamed(gw: Gateway) -> None:
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == final.output_text == gw.state.tokenizer.decode(
         _record(gw, final.id).output_ids)
+
+
+def test_previous_response_id_continues_a_stored_response(gw: Gateway) -> None:
+    """A turn naming `previous_response_id` sees the stored conversation (chains of
+    any length) rendered exactly as if the client had resent it. Unknown ids and another
+    key's responses are 404."""
+    client = _client(gw)
+    name = gw.config.gateway.model_name
+    first = client.responses.create(model=name, instructions="Be brief.",
+                                    input="Hello there", max_output_tokens=4)
+    second = client.responses.create(model=name, input="And then?", max_output_tokens=4,
+                                     previous_response_id=first.id)
+    assert second.previous_response_id == first.id
+    third = client.responses.create(model=name, input=[{"role": "user", "content": "More"}],
+                                    max_output_tokens=4, previous_response_id=second.id)
+    r1, r2, r3 = (_record(gw, r.id) for r in (first, second, third))
+    # Instructions are not carried over (as on OpenAI): the second prompt starts with the
+    # first one's conversation without its system message.
+    expected_messages = [{"role": "user", "content": "Hello there"},
+                         {"role": "assistant", "content": first.output_text},
+                         {"role": "user", "content": "And then?"}]
+    tok = gw.state.tokenizer
+    assert list(r2.prompt_ids) == tok.encode(tok.render(expected_messages, None))
+    expected_messages += [{"role": "assistant", "content": second.output_text},
+                          {"role": "user", "content": "More"}]
+    assert list(r3.prompt_ids) == tok.encode(tok.render(expected_messages, None))
+
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(model=name, input="x", previous_response_id="resp_nope")
+    assert missing.value.code == "previous_response_not_found"
+    created = httpx.post(gw.url + "/admin/keys", json={"name": "other"}, timeout=30,
+                         headers={"Authorization": f"Bearer {_key(gw)}"})
+    other = created.json()["api_key"]
+    stranger = openai.OpenAI(base_url=gw.v1, api_key=other, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        stranger.responses.create(model=name, input="x", previous_response_id=first.id)
 
 
 def test_models_and_bare_paths(gw: Gateway) -> None:

@@ -150,10 +150,10 @@ def test_unsupported_items_name_the_param(item: dict[str, Any], param: str) -> N
     assert info.value.param == param
 
 
-def test_previous_response_id_is_rejected_clearly() -> None:
+def test_conversation_objects_are_rejected_clearly() -> None:
     with pytest.raises(InvalidRequestError, match="resend the whole conversation") as info:
-        responses_to_chat(ResponsesRequest(model="m", input="x", previous_response_id="r"))
-    assert info.value.param == "previous_response_id"
+        responses_to_chat(ResponsesRequest(model="m", input="x", conversation="conv_1"))
+    assert info.value.param == "conversation"
 
 
 def test_non_function_tools_rejected_and_tool_choice_mapped() -> None:
