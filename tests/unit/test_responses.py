@@ -50,14 +50,24 @@ AGENTS_TURN_2 = {
 }
 
 
+REFERENCE: dict[str, Any] = {}
+"""transformers' own tokenizer of the same checkpoint (set by `tok`): the reference."""
+
+
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir: Path) -> ChatTokenizer:
-    return ChatTokenizer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    """The gateway's tokenizer as it loads in production (no transformers)."""
+    REFERENCE["hf"] = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return ChatTokenizer.from_pretrained(tiny_model_dir)
+
+
+def hf() -> Any:
+    return REFERENCE["hf"]
 
 
 def generated(tok: ChatTokenizer, text: str, eos: bool = True) -> GeneratedChoice:
-    ids = tok.hf.encode(text, add_special_tokens=False)
-    end = tok.hf.convert_tokens_to_ids("<|im_end|>")
+    ids = hf().encode(text, add_special_tokens=False)
+    end = hf().convert_tokens_to_ids("<|im_end|>")
     finish = FinishReason("stop", end) if eos else FinishReason("length")
     ids += [end] if eos else []
     return GeneratedChoice(tuple(ids), tuple(-0.1 for _ in ids), finish, cached_tokens=3)

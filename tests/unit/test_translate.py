@@ -47,17 +47,27 @@ OUTPUTS = {
 }
 
 
+REFERENCE: dict[str, Any] = {}
+"""transformers' own tokenizer of the same checkpoint (set by `tok`): the reference."""
+
+
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir: Path) -> ChatTokenizer:
-    return ChatTokenizer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    """The gateway's tokenizer as it loads in production (no transformers)."""
+    REFERENCE["hf"] = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return ChatTokenizer.from_pretrained(tiny_model_dir)
+
+
+def hf() -> Any:
+    return REFERENCE["hf"]
 
 
 def encode(tok: ChatTokenizer, text: str) -> list[int]:
-    return tok.hf.encode(text, add_special_tokens=False)
+    return hf().encode(text, add_special_tokens=False)
 
 
 def eos(tok: ChatTokenizer) -> int:
-    return tok.hf.convert_tokens_to_ids("<|im_end|>")
+    return hf().convert_tokens_to_ids("<|im_end|>")
 
 
 def generated(tok: ChatTokenizer, text: str, *, finish: str = "eos") -> GeneratedChoice:
@@ -73,7 +83,7 @@ def generated(tok: ChatTokenizer, text: str, *, finish: str = "eos") -> Generate
 
 
 def whole_encode(tok: ChatTokenizer, messages: list[dict[str, Any]], tools: Any) -> list[int]:
-    return encode(tok, tok.hf.apply_chat_template(
+    return encode(tok, hf().apply_chat_template(
         normalize_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False))
 
 
@@ -94,7 +104,7 @@ def test_every_role_renders(tok: ChatTokenizer) -> None:
         {"role": "system", "content": "Late system note."},
         {"role": "user", "content": "thanks"},
     ]
-    text = tok.hf.decode(render_prompt_ids(tok, messages, TOOLS, "auto"))
+    text = hf().decode(render_prompt_ids(tok, messages, TOOLS, "auto"))
     assert text.startswith("<|im_start|>system\nDev rules.\n\n# Tools")
     assert '"name": "add"' in text
     assert "<|im_start|>user\npart one\npart two<|im_end|>" in text
@@ -120,7 +130,7 @@ def test_developer_renders_as_system_and_parts_as_text(tok: ChatTokenizer) -> No
 def test_legacy_function_call_message(tok: ChatTokenizer) -> None:
     msg = {"role": "assistant", "content": None,
            "function_call": {"name": "add", "arguments": '{"a": 1}'}}
-    text = tok.hf.decode(render_prompt_ids(tok, [*HISTORY, msg], TOOLS, None))
+    text = hf().decode(render_prompt_ids(tok, [*HISTORY, msg], TOOLS, None))
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>' in text
 
 
@@ -137,9 +147,9 @@ def test_request_model_messages_render(tok: ChatTokenizer) -> None:
 
 
 def test_tool_choice_none_drops_tools_required_keeps_them(tok: ChatTokenizer) -> None:
-    none = tok.hf.decode(render_prompt_ids(tok, HISTORY, TOOLS, "none"))
-    required = tok.hf.decode(render_prompt_ids(tok, HISTORY, TOOLS, "required"))
-    named = tok.hf.decode(render_prompt_ids(
+    none = hf().decode(render_prompt_ids(tok, HISTORY, TOOLS, "none"))
+    required = hf().decode(render_prompt_ids(tok, HISTORY, TOOLS, "required"))
+    named = hf().decode(render_prompt_ids(
         tok, HISTORY, TOOLS, {"type": "function", "function": {"name": "add"}}))
     assert "# Tools" not in none
     assert "# Tools" in required and required == named
@@ -161,16 +171,15 @@ def test_segment_cache_equals_whole_prompt_encoding(tok: ChatTokenizer) -> None:
 
 
 def test_decode_matches_transformers_and_drops_special_tokens(tok: ChatTokenizer) -> None:
-    assert tok._fast_decode is not None
     ids = encode(tok, OUTPUTS["think_and_call"] + "<|im_end|>") + encode(tok, "é😀")[:-1]
-    assert tok.decode(ids) == tok.hf.decode(ids, skip_special_tokens=True)
+    assert tok.decode(ids) == hf().decode(ids, skip_special_tokens=True)
     assert "<|im_end|>" not in tok.decode(ids) and "<tool_call>" in tok.decode(ids)
 
 
 def test_no_double_bos_and_generation_prompt(tok: ChatTokenizer) -> None:
     ids = render_prompt_ids(tok, HISTORY, None, None)
-    assert ids[0] == tok.hf.convert_tokens_to_ids("<|im_start|>")
-    assert tok.hf.decode(ids).endswith("<|im_start|>assistant\n")
+    assert ids[0] == hf().convert_tokens_to_ids("<|im_start|>")
+    assert hf().decode(ids).endswith("<|im_start|>assistant\n")
 
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
@@ -292,7 +301,7 @@ def test_chat_completion_body_validates(tok: ChatTokenizer) -> None:
     assert cc.usage.completion_tokens == len(choice.output_ids)
     assert cc.usage.total_tokens == 40 + len(choice.output_ids)
     assert cc.usage.prompt_tokens_details.cached_tokens == 8
-    think_close = tok.hf.convert_tokens_to_ids("</think>")
+    think_close = hf().convert_tokens_to_ids("</think>")
     assert cc.usage.completion_tokens_details.reasoning_tokens == \
         choice.output_ids.index(think_close) + 1
 
