@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gateway.chat_stream import ChoiceStream, StreamDelta
 from gateway.protocol import (
     TEXT_PART_TYPES,
     InvalidRequestError,
@@ -20,12 +21,10 @@ from gateway.protocol import (
 )
 from gateway.translate import (
     ChatTokenizer,
-    ChoiceStream,
     FinishLike,
     GeneratedChoice,
     ParsedChoice,
     SamplingSpec,
-    StreamDelta,
     Usage,
 )
 

@@ -2,8 +2,8 @@
 the chat template; sampling params for SGLang `/generate`; generated ids -> `chat.completion`
 bodies and stream chunks. Generated ids are decoded, never re-encoded, and the parsed reply
 re-renders to the same text, so prompt + output ids prefix the next turn's prompt. The
-streaming half lives here (past 600 lines) because it must share `_finish_choice`,
-`_token_logprobs` and `_trim_stop` with the non-streaming half to produce the same reply.
+streaming half lives here (past 600 lines) because it must share `finish_choice`,
+`token_logprobs` and `trim_stop` with the non-streaming half to produce the same reply.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.protocol import TEXT_PART_TYPES, ClientSampling, InvalidRequestError, ToolChoice
 from gateway.tokenizer import ChatTokenizer
-from gateway.toolparse import ParsedText, ToolCall, held_suffix, parse_output
+from gateway.toolparse import ParsedText, ToolCall, parse_output
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +228,11 @@ class GeneratedChoice:
 
     def visible_len(self) -> int:
         """Ids that make the reply: all but a final matched stop token."""
-        return _visible_len(self.output_ids, self.finish)
+        return visible_len(self.output_ids, self.finish)
 
 
-def _visible_len(ids: Sequence[int], finish: FinishLike | None) -> int:
+def visible_len(ids: Sequence[int], finish: FinishLike | None) -> int:
+    """Output positions the reply shows: all but a matched stop token at the end."""
     drop = (finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
             and bool(ids) and ids[-1] == finish.matched)
     return len(ids) - drop
@@ -322,11 +323,13 @@ def finish_reason_for(finish: FinishLike | None, has_tool_calls: bool
     return "length" if finish is not None and finish.type in ("length", "abort") else "stop"
 
 
-def _id_seed(completion_id: str, index: int) -> str:
+def id_seed(completion_id: str, index: int) -> str:
+    """Seed of tool-call ids of choice `index` (the same streamed or not)."""
     return f"{completion_id}:{index}"
 
 
-def _trim_stop(text: str, finish: FinishLike | None) -> str:
+def trim_stop(text: str, finish: FinishLike | None) -> str:
+    """`text` cut before the stop string the backend matched (it is not shown)."""
     if finish is not None and isinstance(finish.matched, str):
         cut = text.find(finish.matched)
         if cut >= 0:
@@ -334,7 +337,7 @@ def _trim_stop(text: str, finish: FinishLike | None) -> str:
     return text
 
 
-def _token_logprobs(tokenizer: ChatTokenizer, choice: GeneratedChoice, start: int, end: int,
+def token_logprobs(tokenizer: ChatTokenizer, choice: GeneratedChoice, start: int, end: int,
                     top_n: int) -> tuple[TokenLogprob, ...]:
     """OpenAI logprob entries of output positions [start, end)."""
     out = []
@@ -347,7 +350,7 @@ def _token_logprobs(tokenizer: ChatTokenizer, choice: GeneratedChoice, start: in
     return tuple(out)
 
 
-def _finish_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, parsed: ParsedText,
+def finish_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, parsed: ParsedText,
                    text: str, *, index: int, logprobs: tuple[TokenLogprob, ...] | None
                    ) -> ParsedChoice:
     """The one place a ParsedChoice is made, streaming or not, so both agree."""
@@ -373,11 +376,11 @@ def parse_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, *, completio
     """A finished generation -> the client's view. `logprobs`: None (not requested) or
     the number of top alternatives per token."""
     end = choice.visible_len()
-    text = _trim_stop(tokenizer.decode(choice.output_ids[:end]), choice.finish)
+    text = trim_stop(tokenizer.decode(choice.output_ids[:end]), choice.finish)
     parsed = parse_output(text, parse_tools=parse_tools,
-                          id_seed=_id_seed(completion_id, index), final=True)
-    lps = None if logprobs is None else _token_logprobs(tokenizer, choice, 0, end, logprobs)
-    return _finish_choice(tokenizer, choice, parsed, text, index=index, logprobs=lps)
+                          id_seed=id_seed(completion_id, index), final=True)
+    lps = None if logprobs is None else token_logprobs(tokenizer, choice, 0, end, logprobs)
+    return finish_choice(tokenizer, choice, parsed, text, index=index, logprobs=lps)
 
 
 def build_chat_completion(*, completion_id: str, model: str, created: int,
@@ -386,208 +389,3 @@ def build_chat_completion(*, completion_id: str, model: str, created: int,
     return {"id": completion_id, "object": "chat.completion", "created": created,
             "model": model, "choices": [c.to_openai() for c in choices],
             "usage": usage.to_chat()}
-
-
-# ---------------------------------------------------------------- streaming
-
-
-class IncrementalDecoder:
-    """Decodes a growing id list into stable text: never emits half a UTF-8 character
-    (a trailing U+FFFD is held until the next token completes it). O(window) per token:
-    only the ids since the last stable point are decoded (vLLM's prefix/read offsets)."""
-
-    def __init__(self, tokenizer: ChatTokenizer) -> None:
-        self._tok = tokenizer
-        self._ids: list[int] = []
-        self._prefix = 0
-        self._read = 0
-        self.text = ""
-
-    def push(self, ids: Sequence[int]) -> None:
-        self._ids.extend(ids)
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        new_text = self._tok.decode(self._ids[self._prefix:])
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            self.text += new_text[len(prefix_text):]
-            self._prefix, self._read = self._read, len(self._ids)
-
-    def flush(self) -> None:
-        """At the end: emit what is left, incomplete characters included."""
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        self.text += self._tok.decode(self._ids[self._prefix:])[len(prefix_text):]
-        self._prefix = self._read = len(self._ids)
-
-
-def _hold_stop(text: str, stops: Sequence[str]) -> str:
-    """Text safe to show before the end: cut at a stop string, and hold a tail that may
-    still become one."""
-    if not stops:
-        return text
-    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    if cuts:
-        return text[:min(cuts)]
-    return text[: len(text) - held_suffix(text, stops)]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamDelta:
-    """What one stream update adds; `finished` is set on the last one."""
-
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    logprobs: tuple[TokenLogprob, ...] = ()
-    finished: ParsedChoice | None = None
-
-
-class ChoiceStream:
-    """Turns one choice's growing output into deltas that add up to exactly what
-    `parse_choice` returns for the final output. Feed it cumulative outputs (`update`,
-    SGLang's default stream) or new tokens only (`push`, e.g. the backend client's
-    deltas across abort/resubmit rounds). Re-parses the stable text each step: O(text)
-    C-level string scans, ~20 us per token all told for a 2k-token reply."""
-
-    def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, index: int = 0,
-                 parse_tools: bool, stop: Sequence[str] = (), logprobs: int | None = None
-                 ) -> None:
-        self._tok = tokenizer
-        self._decoder = IncrementalDecoder(tokenizer)
-        self._seed = _id_seed(completion_id, index)
-        self.index = index
-        self._parse_tools = parse_tools
-        self._stop = tuple(stop)
-        self._logprobs = logprobs
-        self._ids: list[int] = []
-        self._lps: list[float] = []
-        self._tops: list[tuple[tuple[int, float], ...]] = []
-        self._pushed = 0
-        self._sent = ParsedText("", None, ())
-        self.result: ParsedChoice | None = None
-
-    def update(self, choice: GeneratedChoice) -> StreamDelta:
-        """Next cumulative output (ids so far, finish set on the last one)."""
-        n = len(self._ids)
-        return self.push(choice.output_ids[n:], choice.output_logprobs[n:], choice.finish,
-                         new_top=choice.top_logprobs[n:], cached_tokens=choice.cached_tokens)
-
-    def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishLike | None, *,
-             new_top: Sequence[tuple[tuple[int, float], ...]] = (), cached_tokens: int = 0
-             ) -> StreamDelta:
-        """New tokens only (with their logprobs); `finish` set on the last push."""
-        self._ids.extend(new_ids)
-        self._lps.extend(new_logprobs)
-        self._tops.extend(new_top)
-        final = finish is not None
-        end = _visible_len(self._ids, finish)
-        so_far = GeneratedChoice(tuple(self._ids), tuple(self._lps), finish,
-                                 tuple(self._tops), cached_tokens) if final else None
-        lps = () if self._logprobs is None else self._logprob_slice(self._pushed, end)
-        self._decoder.push(self._ids[self._pushed:end])
-        self._pushed = end
-        if final:
-            self._decoder.flush()
-            text = _trim_stop(self._decoder.text, finish)
-        else:
-            text = _hold_stop(self._decoder.text, self._stop)
-        parsed = parse_output(text, parse_tools=self._parse_tools, id_seed=self._seed,
-                              final=final)
-        reasoning = _advance(parsed.reasoning or "", self._sent.reasoning or "")
-        content = _advance(parsed.content, self._sent.content)
-        calls = parsed.tool_calls[len(self._sent.tool_calls):]
-        self._sent = parsed
-        if so_far is not None:
-            all_lps = None if self._logprobs is None else self._logprob_slice(0, end)
-            self.result = _finish_choice(self._tok, so_far, parsed, text, index=self.index,
-                                         logprobs=all_lps)
-        return StreamDelta(reasoning, content, calls, lps, self.result)
-
-    def _logprob_slice(self, start: int, end: int) -> tuple[TokenLogprob, ...]:
-        assert self._logprobs is not None
-        view = GeneratedChoice(tuple(self._ids[start:end]), tuple(self._lps[start:end]),
-                               None, tuple(self._tops[start:end]))
-        return _token_logprobs(self._tok, view, 0, end - start, self._logprobs)
-
-
-def _advance(now: str, sent: str) -> str:
-    if not now.startswith(sent):  # the parser's holdback rules guarantee this
-        raise RuntimeError(f"stream text went backwards: {sent!r} -> {now!r}")
-    return now[len(sent):]
-
-
-class ChatStreamAssembler:
-    """`chat.completion.chunk` dicts for one choice, from its growing output.
-
-    Order: a role chunk (`{"role": "assistant", "content": ""}`), then reasoning_content /
-    content / tool-call deltas (a call's first fragment carries index, id, type and name;
-    its arguments follow once `</tool_call>` closes), logprobs with the step that added
-    the tokens, and a last chunk with an empty delta and `finish_reason`. After an abort
-    and resubmission keep feeding the same stream (`push` the new tokens), so the client
-    sees one uninterrupted reply; only the final finish reason may be passed in.
-    """
-
-    def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, model: str,
-                 created: int, index: int = 0, parse_tools: bool, stop: Sequence[str] = (),
-                 logprobs: int | None = None) -> None:
-        self._stream = ChoiceStream(tokenizer, completion_id=completion_id, index=index,
-                                    parse_tools=parse_tools, stop=stop, logprobs=logprobs)
-        self._head = {"id": completion_id, "object": "chat.completion.chunk",
-                      "created": created, "model": model}
-        self._index = index
-        self._started = False
-        self._calls = 0
-
-    @property
-    def result(self) -> ParsedChoice | None:
-        """The finished choice (for the store and usage), once the stream ended."""
-        return self._stream.result
-
-    def start(self) -> dict[str, Any]:
-        """The role chunk; sent before the first token arrives if the route wants."""
-        self._started = True
-        return self._chunk({"role": "assistant", "content": ""})
-
-    def update(self, choice: GeneratedChoice) -> list[dict[str, Any]]:
-        """Chunks for the next cumulative output."""
-        return self._chunks(self._stream.update(choice))
-
-    def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishLike | None, *,
-             new_top: Sequence[tuple[tuple[int, float], ...]] = ()) -> list[dict[str, Any]]:
-        """Chunks for new tokens only (backend deltas); `finish` set on the last push."""
-        return self._chunks(self._stream.push(new_ids, new_logprobs, finish, new_top=new_top))
-
-    def _chunks(self, delta: StreamDelta) -> list[dict[str, Any]]:
-        chunks = [] if self._started else [self.start()]
-        if delta.reasoning:
-            chunks.append(self._chunk({"reasoning_content": delta.reasoning}))
-        if delta.content:
-            chunks.append(self._chunk({"content": delta.content}))
-        for call in delta.tool_calls:
-            chunks.append(self._chunk({"tool_calls": [{
-                "index": self._calls, "id": call.id, "type": "function",
-                "function": {"name": call.name, "arguments": ""}}]}))
-            chunks.append(self._chunk({"tool_calls": [{
-                "index": self._calls, "function": {"arguments": call.arguments}}]}))
-            self._calls += 1
-        if delta.logprobs:
-            if not chunks:
-                chunks.append(self._chunk({}))
-            chunks[-1]["choices"][0]["logprobs"] = {
-                "content": [t.to_openai() for t in delta.logprobs], "refusal": None}
-        if delta.finished is not None:
-            chunks.append(self._chunk({}, finish_reason=delta.finished.finish_reason))
-        return chunks
-
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None
-               ) -> dict[str, Any]:
-        return {**self._head, "choices": [{"index": self._index, "delta": delta,
-                                           "finish_reason": finish_reason, "logprobs": None}]}
-
-
-def build_usage_chunk(*, completion_id: str, model: str, created: int, usage: Usage
-                      ) -> dict[str, Any]:
-    """The `include_usage` chunk (`choices: []`), sent after the last choice chunk and
-    before `[DONE]`."""
-    return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-            "model": model, "choices": [], "usage": usage.to_chat()}

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 
 from gateway.auth import Principal
 from gateway.capture import build_records, persist
+from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.deps import PrincipalDep, StateDep, parse_model, read_json
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
@@ -30,12 +31,10 @@ from gateway.sessions import session_for_request
 from gateway.sglang_types import GenerationDelta
 from gateway.state import GatewayState
 from gateway.translate import (
-    ChatStreamAssembler,
     GeneratedChoice,
     SamplingSpec,
     Usage,
     build_chat_completion,
-    build_usage_chunk,
     parse_choice,
     render_prompt_ids,
     resolve_sampling,

@@ -12,9 +12,9 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from transformers import AutoTokenizer
 
+from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.protocol import ChatCompletionRequest, ClientSampling
 from gateway.translate import (
-    ChatStreamAssembler,
     ChatTokenizer,
     ContextLengthExceeded,
     FinishReason,
@@ -22,7 +22,6 @@ from gateway.translate import (
     ParsedChoice,
     Usage,
     build_chat_completion,
-    build_usage_chunk,
     normalize_messages,
     parse_choice,
     render_prompt_ids,
