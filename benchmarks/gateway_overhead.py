@@ -113,7 +113,8 @@ def build_bench_tokenizer(out: Path) -> Path:
 
 def prompt_ids(tokenizer_dir: Path) -> list[int]:
     """The ids the gateway renders for `CHAT` (so both paths send the same prompt)."""
-    from gateway.translate import ChatTokenizer, render_prompt_ids
+    from gateway.tokenizer import ChatTokenizer
+    from gateway.translate import render_prompt_ids
 
     return render_prompt_ids(ChatTokenizer.from_pretrained(tokenizer_dir), CHAT, None, None)
 

@@ -29,7 +29,7 @@ from gateway.hotpath import HotRoutes
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
-from gateway.translate import ChatTokenizer
+from gateway.tokenizer import ChatTokenizer
 from gateway.weight_sync import run_weight_syncer
 
 log = logging.getLogger(__name__)

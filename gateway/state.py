@@ -18,7 +18,7 @@ from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache
 from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendPool
-from gateway.translate import ChatTokenizer
+from gateway.tokenizer import ChatTokenizer
 
 
 @dataclass

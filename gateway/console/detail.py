@@ -18,7 +18,7 @@ from areal_service.episodes import build_sequences, compute_returns
 from areal_service.export import transcript
 from areal_service.types import CompletionRecord, RewardRecord, SessionRecord, TrainSequence
 from gateway.state import GatewayState
-from gateway.translate import ChatTokenizer
+from gateway.tokenizer import ChatTokenizer
 
 MAX_SEQUENCE_TOKENS = 4096
 """Tokens of one training sequence drawn on the page (the rest is counted, not drawn)."""
