@@ -37,6 +37,9 @@ loop) to yield, up to the 5 ms switch interval. Slices below the threshold keep 
 
 
 def _feed(hasher: Any, data: bytes | memoryview) -> None:
+    if len(data) <= _GIL_SLICE:  # the common short turn: no slicing
+        hasher.update(data)
+        return
     view = memoryview(data)
     for start in range(0, len(view), _GIL_SLICE):
         hasher.update(view[start : start + _GIL_SLICE])
