@@ -44,8 +44,9 @@ from gateway.translate import (
 router = APIRouter()
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""Compact JSON of a reply or stream chunk. Built once: `json.dumps` with arguments makes
+a new encoder per call (~2 of its ~5 µs for a stream chunk)."""
 
 
 def _json(body: dict[str, Any], request_id: str) -> JsonReply:
