@@ -1,0 +1,49 @@
+"""A client that goes away mid-stream: the gateway aborts the backend generation at once
+(not after SGLang's own ~2 s disconnect timer) and records nothing, since nothing was
+acknowledged. The backend is the echo backend: a real engine cannot be made to generate
+for ten seconds on demand, and what is checked is the gateway's abort."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from harness import ADMIN_KEY, run_gateway, stored_completions
+
+from benchmarks.echo_backend import EchoBackendHandle, start_echo_backend
+
+
+@pytest.fixture()
+def slow_echo() -> Iterator[EchoBackendHandle]:
+    """1000 tokens at 10 ms each: ten seconds unless aborted; SGLang-like 2 s abort on a
+    dropped connection, so an abort within 1 s can only come from the gateway."""
+    with start_echo_backend(tokens=1000, token_delay_ms=10, disconnect_abort_ms=5000) as echo:
+        yield echo
+
+
+def test_client_leaving_mid_stream_aborts_the_generation(
+        tmp_path: Path, tiny_model_dir: Path, slow_echo: EchoBackendHandle) -> None:
+    backend = slow_echo.backend
+    assert backend is not None
+    with run_gateway(tmp_path, tiny_model_dir, [slow_echo.url]) as gw:
+        body = {"model": gw.config.gateway.model_name, "stream": True, "max_tokens": 1000,
+                "messages": [{"role": "user", "content": "go on"}]}
+        with httpx.stream("POST", gw.v1 + "/chat/completions", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
+            assert response.status_code == 200
+            chunks = response.iter_raw()
+            next(chunks)  # the stream is flowing
+            while not any(run.produced >= 5 for run in backend.running.values()):
+                next(chunks)
+            assert len(backend.running) == 1
+            run = next(iter(backend.running.values()))
+        left = time.monotonic()  # the `with` closed the connection
+        while backend.running and time.monotonic() - left < 3:
+            time.sleep(0.01)
+        assert not backend.running, "the backend still generates for a client that left"
+        assert time.monotonic() - left < 1.0
+        assert run.aborted and run.produced < 500
+        assert stored_completions(gw.state.store) == []  # nothing was acknowledged
