@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -96,6 +97,17 @@ class HotRoutes:
                 headers={"allow": "POST"})))
             return
         label, handler = route
+        metrics = state.metrics
+        started = time.perf_counter()
+        metrics.in_flight.inc()
+        try:
+            await self._serve(scope, receive, send, state, label, handler)
+        finally:
+            metrics.in_flight.dec()
+            metrics.latency.labels(label).observe(time.perf_counter() - started)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, state: GatewayState,
+                     label: str, handler: Handler) -> None:
         request = Request(scope, receive)
         try:
             principal = await state.keys.resolve(bearer_token(request))
@@ -106,8 +118,8 @@ class HotRoutes:
             log.exception("unhandled error on POST %s", scope["path"])
             reply = error_reply(OpenAIError(500, f"internal error: {type(exc).__name__}",
                                             type="server_error", code="internal_error"))
-        state.metrics.requests.labels(label, str(reply.status if isinstance(reply, JsonReply)
-                                                 else 200)).inc()
+        status = reply.status if isinstance(reply, JsonReply) else 200
+        state.metrics.requests.labels(label, str(status)).inc()
         if isinstance(reply, JsonReply):
             await send_json(send, reply)
         else:

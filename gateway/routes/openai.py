@@ -128,6 +128,7 @@ async def chat_completions(request: Request, state: GatewayState, principal: Pri
             for i in range(spec.n)]
         deltas = stream_all(state, requests, session_id)
         first = await _first_or_error(deltas)
+        state.metrics.ttft.observe(time.perf_counter() - started)
 
         async def chat_events() -> AsyncIterator[str]:
             acc = [StreamedChoice(r.rid) for r in requests]
@@ -168,7 +169,6 @@ async def chat_completions(request: Request, state: GatewayState, principal: Pri
                for i, g in enumerate(generations)]
     response = finish(choices, generations)
     await persist(state, records(generations, choices, response))
-    state.metrics.latency.labels("chat").observe(time.perf_counter() - started)
     return _json(response, completion_id)
 
 
@@ -226,6 +226,7 @@ async def responses(request: Request, state: GatewayState, principal: Principal)
             parse_tools=parse_tools, logprobs=req.wants_logprobs())
         deltas = stream_all(state, requests, session_id)
         first = await _first_or_error(deltas)
+        state.metrics.ttft.observe(time.perf_counter() - started)
 
         def event(e: dict[str, Any]) -> str:
             return f"event: {e['type']}\ndata: {_dumps(e)}\n\n"
@@ -263,7 +264,6 @@ async def responses(request: Request, state: GatewayState, principal: Principal)
     response = build_response(req, response_id=response_id, created_at=created_at,
                               model=req.model, choice=choice, usage=usage, sampling=spec)
     await persist(state, records(generation, choice, response))
-    state.metrics.latency.labels("responses").observe(time.perf_counter() - started)
     return _json(response, response_id)
 
 

@@ -259,6 +259,29 @@ def test_previous_response_id_continues_a_stored_response(gw: Gateway) -> None:
         stranger.responses.create(model=name, input="x", previous_response_id=first.id)
 
 
+def _metric(text: str, name: str) -> float:
+    """The value of one sample line `name ...` of a Prometheus text exposition."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + " ")]
+    assert len(values) == 1, f"{name} not exposed exactly once"
+    return values[0]
+
+
+def test_prometheus_metrics_count_what_was_served(gw: Gateway) -> None:
+    _chat(gw, max_tokens=3)
+    list(_chat(gw, max_tokens=3, stream=True))
+    with pytest.raises(openai.BadRequestError):
+        _chat(gw, n=0)
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    assert _metric(text, 'areal_requests_total{route="chat",status="200"}') == 2
+    assert _metric(text, 'areal_requests_total{route="chat",status="400"}') == 1
+    assert _metric(text, 'areal_request_latency_seconds_count{route="chat"}') == 3
+    assert _metric(text, "areal_time_to_first_token_seconds_count") == 1
+    assert _metric(text, "areal_in_flight_requests") == 0
+    assert _metric(text, "areal_completion_tokens_total") >= 2
+    assert _metric(text, "areal_capture_wait_seconds_count") == 2
+
+
 def test_models_and_bare_paths(gw: Gateway) -> None:
     name = gw.config.gateway.model_name
     for base in (gw.v1, gw.url):
