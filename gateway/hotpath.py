@@ -7,8 +7,10 @@ dependency injection were ~16% of the gateway's GIL time per completion (py-spy,
 samples). `HotRoutes` is the outermost ASGI middleware: for these paths it authenticates,
 calls the handler, and sends the reply itself; every other request goes to the FastAPI
 app unchanged. Replies keep the same contract: errors in the OpenAI shape (never a
-framework 500), `x-request-id` on every response, a client that goes away mid-stream
-cancels its generation (the backend request is aborted).
+framework 500), `x-request-id` on every response. A client that goes away before its
+reply is complete (streamed or not) cancels its request: the backend generation is
+aborted at once (an agent framework that times out and retries would otherwise leave
+the abandoned generation running on the GPU).
 """
 
 from __future__ import annotations
@@ -108,22 +110,100 @@ class HotRoutes:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, state: GatewayState,
                      label: str, handler: Handler) -> None:
-        request = Request(scope, receive)
         try:
-            principal = await state.keys.resolve(bearer_token(request))
-            reply = await handler(request, state, principal)
+            body = await read_body(receive, state.config.gateway.max_request_bytes)
         except OpenAIError as exc:
-            reply = error_reply(exc)
-        except Exception as exc:  # the OpenAI shape even for a bug, and a log line
-            log.exception("unhandled error on POST %s", scope["path"])
-            reply = error_reply(OpenAIError(500, f"internal error: {type(exc).__name__}",
-                                            type="server_error", code="internal_error"))
-        status = reply.status if isinstance(reply, JsonReply) else 200
-        state.metrics.requests.labels(label, str(status)).inc()
-        if isinstance(reply, JsonReply):
-            await send_json(send, reply)
-        else:
-            await send_stream(receive, send, reply)
+            await send_json(send, error_reply(exc))
+            return
+        if body is None:
+            return  # the client left while sending its request
+        request = Request(scope, _replay(body))
+        watch = ClientWatch(receive)
+        try:
+            try:
+                principal = await state.keys.resolve(bearer_token(request))
+                reply = await handler(request, state, principal)
+            except OpenAIError as exc:
+                reply = error_reply(exc)
+            except Exception as exc:  # the OpenAI shape even for a bug, and a log line
+                log.exception("unhandled error on POST %s", scope["path"])
+                reply = error_reply(OpenAIError(500, f"internal error: {type(exc).__name__}",
+                                                type="server_error", code="internal_error"))
+            status = reply.status if isinstance(reply, JsonReply) else 200
+            state.metrics.requests.labels(label, str(status)).inc()
+            if isinstance(reply, JsonReply):
+                watch.finish()
+                await send_json(send, reply)
+            else:
+                await send_stream(send, reply, watch)
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # ended here
+            state.metrics.requests.labels(label, "499").inc()  # nginx's "client closed"
+        finally:
+            watch.close()
+
+
+class ClientWatch:
+    """Cancels the task serving a request when its client disconnects before `finish()`:
+    whatever the task awaits then (a backend generation, a stream) is cancelled, and
+    the backend request aborted at once, not after SGLang's own ~2 s timer. Start it
+    after the request body was read (it consumes `receive`)."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        """True once the client left and the task was cancelled for it."""
+        self._finished = False
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        message: Message = await receive()
+        while message["type"] != "http.disconnect":
+            message = await receive()
+        if not self._finished and self._task is not None:
+            self.gone = True
+            self._task.cancel()
+
+    def finish(self) -> None:
+        """The reply is complete: a disconnect from now on changes nothing."""
+        self._finished = True
+
+    def close(self) -> None:
+        self._watcher.cancel()
+
+
+async def read_body(receive: Receive, max_bytes: int) -> bytes | None:
+    """The whole request body (None if the client disconnected first); 413
+    `request_too_large` as soon as more than `max_bytes` arrived."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise request_too_large(max_bytes)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes) -> Receive:
+    """A `receive` that hands the handler the body already read, once."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
 
 
 def _declared_length(scope: Scope) -> int:
@@ -144,37 +224,15 @@ async def send_json(send: Send, reply: JsonReply) -> None:
     await send({"type": "http.response.body", "body": reply.body})
 
 
-async def send_stream(receive: Receive, send: Send, reply: EventStream) -> None:
-    """Send each event as it comes. A watcher waits for `http.disconnect`: when the
-    client goes away first, this task is cancelled, which closes `events` (and with it
-    the backend stream: the generation is aborted, nothing is acknowledged)."""
+async def send_stream(send: Send, reply: EventStream, watch: ClientWatch) -> None:
+    """Send each event as it comes. If the client leaves first, `watch` cancels this
+    task, which closes `events` (and with it the backend stream: the generation is
+    aborted, nothing is acknowledged)."""
     await send({"type": "http.response.start", "status": 200,
                 "headers": [*_SSE_HEADERS, (b"x-request-id", reply.request_id.encode())]})
-    task = asyncio.current_task()
-    assert task is not None
-    gone = False
-    finished = False
-
-    async def watch() -> None:
-        nonlocal gone
-        message: Message = await receive()
-        while message["type"] != "http.disconnect":
-            message = await receive()
-        if not finished:
-            gone = True
-            task.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        async with contextlib.aclosing(reply.events) as events:
-            async for text in events:
-                await send({"type": "http.response.body", "body": text.encode(),
-                            "more_body": True})
-        finished = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        task.uncancel()  # the client left: a normal end for this request
-    finally:
-        watcher.cancel()
+    async with contextlib.aclosing(reply.events) as events:
+        async for text in events:
+            await send({"type": "http.response.body", "body": text.encode(),
+                        "more_body": True})
+    watch.finish()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

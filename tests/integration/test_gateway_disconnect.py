@@ -47,3 +47,27 @@ def test_client_leaving_mid_stream_aborts_the_generation(
         assert time.monotonic() - left < 1.0
         assert run.aborted and run.produced < 500
         assert stored_completions(gw.state.store) == []  # nothing was acknowledged
+
+
+def test_client_timing_out_on_a_plain_request_aborts_the_generation(
+        tmp_path: Path, tiny_model_dir: Path, slow_echo: EchoBackendHandle) -> None:
+    """Not streamed: an agent framework's read timeout (then a retry) must not leave the
+    abandoned generation running on the backend."""
+    backend = slow_echo.backend
+    assert backend is not None
+    with run_gateway(tmp_path, tiny_model_dir, [slow_echo.url]) as gw:
+        body = {"model": gw.config.gateway.model_name, "max_tokens": 1000,
+                "messages": [{"role": "user", "content": "go on"}]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(gw.v1 + "/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.5),
+                       headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        left = time.monotonic()
+        run = next(iter(backend.running.values()), None)
+        while backend.running and time.monotonic() - left < 3:
+            time.sleep(0.01)
+        assert not backend.running, "the backend still generates for a client that left"
+        assert time.monotonic() - left < 1.0
+        assert run is not None and run.aborted and run.produced < 500
+        assert stored_completions(gw.state.store) == []
+        metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+        assert 'areal_requests_total{route="chat",status="499"} 1.0' in metrics
