@@ -5,6 +5,7 @@ for ten seconds on demand, and what is checked is the gateway's abort."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,3 +72,38 @@ def test_client_timing_out_on_a_plain_request_aborts_the_generation(
         assert stored_completions(gw.state.store) == []
         metrics = httpx.get(gw.url + "/metrics", timeout=10).text
         assert 'areal_requests_total{route="chat",status="499"} 1.0' in metrics
+
+
+def test_stream_client_leaving_during_a_long_prefill_aborts_it(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """No byte has been sent yet (the first token is ten seconds away): the client's
+    departure is still noticed and the generation aborted."""
+    with start_echo_backend(delay_ms=10_000, disconnect_abort_ms=5000) as echo, \
+            run_gateway(tmp_path, tiny_model_dir, [echo.url]) as gw:
+        backend = echo.backend
+        assert backend is not None
+        body = {"model": gw.config.gateway.model_name, "stream": True, "max_tokens": 10,
+                "messages": [{"role": "user", "content": "go on"}]}
+        seen: list[object] = []
+        stop = threading.Event()
+
+        def spy() -> None:  # the runs the backend had while the client waited
+            while not stop.is_set():
+                seen.extend(r for r in list(backend.running.values()) if r not in seen)
+                time.sleep(0.01)
+
+        spying = threading.Thread(target=spy, daemon=True)
+        spying.start()
+        with pytest.raises(httpx.ReadTimeout):
+            with httpx.stream("POST", gw.v1 + "/chat/completions", json=body,
+                              timeout=httpx.Timeout(30, read=0.5),
+                              headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
+                response.read()
+        left = time.monotonic()
+        while backend.running and time.monotonic() - left < 3:
+            time.sleep(0.01)
+        stop.set()
+        spying.join()
+        assert not backend.running and time.monotonic() - left < 1.0
+        assert len(seen) == 1 and seen[0].aborted  # it was running, and was aborted
+        assert stored_completions(gw.state.store) == []
