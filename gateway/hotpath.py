@@ -74,7 +74,7 @@ class HotRoutes:
     The gateway state comes from `scope["app"]` (Starlette sets it before any
     middleware runs). Every route gets one check here: a body declared larger than
     `gateway.max_request_bytes` is answered 413 at once (bodies without a length are
-    counted as they arrive by `read_json`, and by FastAPI's limit elsewhere)."""
+    counted as they arrive: by `read_body` here, by `deps.read_json` on other routes)."""
 
     def __init__(self, app: ASGIApp, routes: Mapping[str, tuple[str, Handler]]) -> None:
         self.app = app
