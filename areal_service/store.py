@@ -75,7 +75,10 @@ def create_store_engine(
         raise ValueError(f"store url {url!r}: use a SQLite file, not an in-memory database")
     if sqlite_synchronous not in ("OFF", "NORMAL", "FULL"):
         raise ValueError(f"store.sqlite_synchronous={sqlite_synchronous!r}")
-    engine = create_engine(parsed)
+    # Connections are made on demand; 10 kept covers the gateway's default thread pool
+    # (cpu + 4 workers) and the sweeper, so none is closed on return and reopened (with
+    # the pragmas below) under load, as overflow connections past SQLAlchemy's 5 were.
+    engine = create_engine(parsed, pool_size=10, max_overflow=20)
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
