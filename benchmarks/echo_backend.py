@@ -191,7 +191,7 @@ class EchoBackend:
                 "output_ids": list(out), "meta_info": meta}
 
     # -- control -----------------------------------------------------------------------
-    def pause(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def pause(self, body: dict[str, Any]) -> dict[str, Any]:
         mode = body.get("mode", "abort")
         if mode not in ("abort", "retract", "in_place"):
             raise HttpError(400, f"unknown pause mode {mode!r}")
@@ -199,8 +199,15 @@ class EchoBackend:
         self.paused = True
         self.resumed.clear()
         if mode == "abort":
-            for run in self.running.values():
+            aborted = list(self.running.values())
+            for run in aborted:
                 run.abort()
+            # Like SGLang's scheduler, answer only once the aborted requests have emitted
+            # their final output: it carries the weight version that produced their
+            # tokens, not the one a swap right after this pause loads.
+            deadline = time.monotonic() + 5
+            while any(r.rid in self.running for r in aborted) and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
         return {"message": "Generation paused successfully.", "status": "ok"}
 
     def resume(self) -> dict[str, Any]:
@@ -344,7 +351,7 @@ class _Server:
                 raise HttpError(404, "Not Found")
             writer.write(_json_response(200, b.server_info()))
         elif path == "/pause_generation":
-            writer.write(_json_response(200, b.pause(body)))
+            writer.write(_json_response(200, await b.pause(body)))
         elif path == "/continue_generation":
             writer.write(_json_response(200, b.resume()))
         elif path == "/update_weights_from_disk":
