@@ -319,11 +319,16 @@ class SGLangClient:
             self, request: GenerateRequest) -> AsyncIterator[GenerationDelta]:
         """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
         resubmissions, so the caller sees one uninterrupted stream; the last delta
-        carries the finish reason. Each chunk's tokens get that chunk's version."""
+        carries the finish reason. Each chunk's tokens get that chunk's version, except
+        the final chunk of a pause-aborted round: SGLang reads `weight_version` when it
+        emits an output, and that output can leave after the swap loaded the next
+        version. A round never spans a swap (pause mode abort), so those tokens keep the
+        version of the round's earlier chunks."""
         run = _Rounds(self, request)
         while True:
             final: FinishReason | None = None
             resubmit = False
+            round_version: int | None = None
             async with contextlib.aclosing(self.generate_stream(run.next_request(),
                                                                 coalesce=True)) as chunks:
                 seen = 0
@@ -334,8 +339,12 @@ class SGLangClient:
                     tops = chunk.output_top_logprobs
                     new_tops = tops[seen:] if cumulative else tops
                     seen += len(new_ids)
-                    versions = run.add(new_ids, new_lps, parse_version(chunk.weight_version),
-                                       new_tops)
+                    version = parse_version(chunk.weight_version)
+                    if chunk.finish_reason is None:
+                        round_version = version
+                    elif chunk.finish_reason.type == "abort" and round_version is not None:
+                        version = round_version
+                    versions = run.add(new_ids, new_lps, version, new_tops)
                     if chunk.finish_reason is not None:
                         final = run.finish(chunk.finish_reason)
                         resubmit = final is None

@@ -17,7 +17,9 @@ from gateway.routing import BackendPool
 from gateway.sglang_types import (
     BackendError,
     BackendUnavailable,
+    FinishReason,
     GenerateRequest,
+    GenerateResult,
     parse_version,
 )
 
@@ -358,3 +360,34 @@ async def test_echo_backend_subprocess_mode() -> None:
     finally:
         handle.stop()
     assert handle._proc is not None and handle._proc.returncode is not None
+
+
+async def test_an_aborted_rounds_last_chunk_keeps_the_rounds_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang stamps `weight_version` when it emits an output, so the final chunk of a
+    pause-aborted round can carry the version the swap just loaded. Its tokens were
+    generated before the pause: they keep the round's version. (A scripted stream: a
+    real backend cannot be made to emit this late on demand.)"""
+    def chunk(ids: list[int], version: str, finish: FinishReason | None) -> GenerateResult:
+        return GenerateResult(rid="r", output_ids=tuple(ids), output_logprobs=(-0.5,) * len(ids),
+                              finish_reason=finish, weight_version=version, prompt_tokens=4,
+                              completion_tokens=len(ids), e2e_latency=None, text="")
+
+    rounds = iter([
+        [chunk([1], "3", None), chunk([1, 2], "3", None),
+         chunk([1, 2, 3, 4], "4", FinishReason("abort"))],  # emitted after the swap
+        [chunk([5], "4", None), chunk([5, 6], "4", FinishReason("length", length=6))],
+    ])
+
+    async def scripted(_: GenerateRequest, *, coalesce: bool = False):  # noqa: ANN202
+        for item in next(rounds):
+            yield item
+
+    client = SGLangClient("http://127.0.0.1:9", resubmit_wait_s=0)
+    monkeypatch.setattr(client, "generate_stream", scripted)
+    deltas = [d async for d in client.generate_interruptible_stream(req(6))]
+    ids = [i for d in deltas for i in d.output_ids]
+    versions = [v for d in deltas for v in d.output_versions]
+    assert ids == [1, 2, 3, 4, 5, 6]
+    assert versions == [3, 3, 3, 3, 4, 4]
+    assert deltas[-1].finish_reason is not None and deltas[-1].resubmissions == 1
