@@ -1,6 +1,7 @@
 """Store fixtures: `store_url` runs each test on a fresh SQLite file and, when
 AREAL_TEST_POSTGRES_URL names a reachable server, on a fresh PostgreSQL database
-(created per test, dropped after). `store` is a migrated TrajectoryStore on that URL."""
+(created per test, dropped after). `store` is a migrated TrajectoryStore on that URL.
+`tok`: the gateway's tokenizer of the tiny model (its reference: `tokenizer_reference`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
+from tokenizer_reference import set_reference
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore
+from gateway.tokenizer import ChatTokenizer
 
 POSTGRES_ENV = "AREAL_TEST_POSTGRES_URL"
 
@@ -56,3 +59,13 @@ def store(store_url: str) -> Iterator[TrajectoryStore]:
     opened = TrajectoryStore.open(store_url, StoreConfig())
     yield opened
     opened.close()
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_model_dir: Path) -> ChatTokenizer:
+    """The gateway's tokenizer of the tiny model, loaded as in production; transformers'
+    own one becomes `tokenizer_reference.hf()`, the reference the tests compare with."""
+    from transformers import AutoTokenizer
+
+    set_reference(AutoTokenizer.from_pretrained(tiny_model_dir))
+    return ChatTokenizer.from_pretrained(tiny_model_dir)

@@ -3,13 +3,12 @@ bodies and stream events validated against openai-python's types."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
-from transformers import AutoTokenizer
+from tokenizer_reference import hf
 
 from gateway.protocol import InvalidRequestError, ResponsesRequest
 from gateway.responses import (
@@ -48,21 +47,6 @@ AGENTS_TURN_2 = {
         {"type": "function_call_output", "call_id": "call_abc", "output": "5.0"},
     ],
 }
-
-
-REFERENCE: dict[str, Any] = {}
-"""transformers' own tokenizer of the same checkpoint (set by `tok`): the reference."""
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> ChatTokenizer:
-    """The gateway's tokenizer as it loads in production (no transformers)."""
-    REFERENCE["hf"] = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return ChatTokenizer.from_pretrained(tiny_model_dir)
-
-
-def hf() -> Any:
-    return REFERENCE["hf"]
 
 
 def generated(tok: ChatTokenizer, text: str, eos: bool = True) -> GeneratedChoice:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from transformers import AutoTokenizer
+from tokenizer_reference import hf
 
 from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.protocol import ChatCompletionRequest, ClientSampling
@@ -44,21 +43,6 @@ OUTPUTS = {
     "think_and_call": "<think>\nuse the tool\n</think>\n\n" + CALL,
     "malformed_call": "<tool_call>\n{\"name\": add}\n</tool_call>",
 }
-
-
-REFERENCE: dict[str, Any] = {}
-"""transformers' own tokenizer of the same checkpoint (set by `tok`): the reference."""
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> ChatTokenizer:
-    """The gateway's tokenizer as it loads in production (no transformers)."""
-    REFERENCE["hf"] = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return ChatTokenizer.from_pretrained(tiny_model_dir)
-
-
-def hf() -> Any:
-    return REFERENCE["hf"]
 
 
 def encode(tok: ChatTokenizer, text: str) -> list[int]:
