@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import pytest
 from agents import (
     ModelSettings,
     OpenAIChatCompletionsModel,
@@ -62,39 +63,27 @@ async def test_agent_over_chat_completions(tool_gateway: Gateway, completions_of
     _assert_two_turns(tool_gateway, completions_of, "chat")
 
 
-async def test_agent_over_responses(tool_gateway: Gateway, completions_of: Completions
-                                    ) -> None:
-    set_tracing_disabled(True)
-    calls: list[tuple[str, int, int]] = []
-    client = _client(tool_gateway)
-    model = OpenAIResponsesModel(model=tool_gateway.config.gateway.model_name,
-                                 openai_client=client)
-    result = await Runner.run(calculator_agent(model, calls), AGENT_INPUT, run_config=GREEDY)
-    await client.close()
-    assert calls == [("add", 2, 3)]
-    assert result.final_output == ANSWER_TEXT
-    _assert_two_turns(tool_gateway, completions_of, "responses")
-
-
-async def test_agent_over_responses_chained_by_previous_response_id(
-        tool_gateway: Gateway, completions_of: Completions) -> None:
-    """`auto_previous_response_id`: the SDK sends only the new items (the tool output)
-    and the id of its last response; the gateway rebuilds the conversation from the store,
-    so the model sees exactly the prompt a full replay gives."""
+@pytest.mark.parametrize("chained", [False, True], ids=["replayed", "previous_response_id"])
+async def test_agent_over_responses(tool_gateway: Gateway, completions_of: Completions,
+                                    chained: bool) -> None:
+    """The Responses path, the SDK replaying the whole conversation each turn, or
+    (`auto_previous_response_id`) sending only the new items plus the id of its last
+    response, which the gateway rebuilds from the store into the very same prompt."""
     set_tracing_disabled(True)
     calls: list[tuple[str, int, int]] = []
     client = _client(tool_gateway)
     model = OpenAIResponsesModel(model=tool_gateway.config.gateway.model_name,
                                  openai_client=client)
     result = await Runner.run(calculator_agent(model, calls), AGENT_INPUT, run_config=GREEDY,
-                              auto_previous_response_id=True)
+                              auto_previous_response_id=chained)
     await client.close()
     assert calls == [("add", 2, 3)]
     assert result.final_output == ANSWER_TEXT
-    records = completions_of(tool_gateway.state.store)
-    assert records[1].request_json.get("previous_response_id") == records[0].id
-    assert all(item.get("type") == "function_call_output"
-               for item in records[1].request_json["input"])  # only the new item was sent
+    if chained:
+        first, second = completions_of(tool_gateway.state.store)
+        assert second.request_json.get("previous_response_id") == first.id
+        assert all(item.get("type") == "function_call_output"
+                   for item in second.request_json["input"])  # only the new item was sent
     _assert_two_turns(tool_gateway, completions_of, "responses")
 
 
