@@ -155,7 +155,7 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 
 
 async def sglang_client(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
-    """The gateway's own client (aiohttp + typed parsing into GenerateResult)."""
+    """The gateway's own client (`gateway/http1.py` + typed parsing into GenerateResult)."""
     from gateway.backend import SGLangClient
     from gateway.sglang_types import GenerateRequest
 
@@ -179,7 +179,7 @@ CANDIDATES = {
     "httpx2 tuned limits": httpx2_tuned,
     "aiohttp TCPConnector": aiohttp_connector,
     "raw asyncio keep-alive": raw_keepalive,
-    "gateway SGLangClient (aiohttp)": sglang_client,
+    "gateway SGLangClient (httptools client)": sglang_client,
 }
 
 

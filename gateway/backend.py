@@ -22,7 +22,7 @@ request (req/s is noisy on a shared box; CPU/request is the number that matters)
     httpx2 tuned limits               740       1.04       1.87               1.21
     aiohttp TCPConnector             2199       0.20       0.82               0.23
     raw asyncio keep-alive           3742       0.07       0.52               0.11
-    this SGLangClient (aiohttp)      1703       0.25       1.04               0.31
+    SGLangClient on aiohttp (before) 1703       0.25       1.04               0.31
 
 httpcore's pool bookkeeping grows with open connections (the tuned 64-connection pool
 is the worst); aiohttp stays flat (0.24 ms at 256 concurrent). So: aiohttp, one

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -122,8 +123,6 @@ def load_published_weights(model: torch.nn.Module, path: Path) -> None:
     """Load the HF safetensors published at `path` (a `weights/vN` directory) into
     `model`, sharded or not. Collective: rank 0 reads the files and broadcasts. Not
     strict: a tied `lm_head.weight` that `save_pretrained` left out keeps its tie."""
-    from safetensors.torch import load_file
-
     state: dict[str, Any] = {}
     if dist.get_rank() == 0:
         for file in sorted(path.glob("*.safetensors")):
