@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from sqlalchemy import and_, or_, select
 
-from areal_service.claims import load_completions, load_rewards
 from areal_service.episodes import build_episode
-from areal_service.schema import SessionRow
 from areal_service.store import TrajectoryStore
+from areal_service.store.claims import load_completions, load_rewards
+from areal_service.store.schema import SessionRow
 from areal_service.types import CompletionRecord, SessionStatus
 
 if TYPE_CHECKING:

@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 from areal_service.config import StoreConfig, load_config
-from areal_service.demo import demo_config, run_workload
 from areal_service.store import TrajectoryStore
-from areal_service.tiny_model import ensure_tiny_model
+from engine.tiny_model import ensure_tiny_model
+from launcher.demo import demo_config, run_workload
 
 
 def run_mode(base: Path, model: Path, staleness: int, steps: int, minutes: float,

@@ -86,7 +86,7 @@ def build_bench_tokenizer(out: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AddedToken, PreTrainedTokenizerFast
 
-    from areal_service.tiny_model import MARKER_TOKENS, SPECIAL_TOKENS, chat_template
+    from engine.tiny_model import MARKER_TOKENS, SPECIAL_TOKENS, chat_template
 
     rng = random.Random(0)
     words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))

@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from areal_service.config import ServiceConfig
 from areal_service.episodes import ParentLinker
 from areal_service.store import TrajectoryStore
-from areal_service.writer import GroupCommitWriter
+from areal_service.store.writer import GroupCommitWriter
 from gateway import console
 from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from areal_service.config import ServiceConfig
 from areal_service.episodes import ParentLinker
 from areal_service.store import TrajectoryStore
+from areal_service.store.writer import GroupCommitWriter
 from areal_service.types import SessionRecord
-from areal_service.writer import GroupCommitWriter
 from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache
 from gateway.metrics import GatewayMetrics

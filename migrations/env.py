@@ -1,6 +1,6 @@
 """Alembic environment of the trajectory store: target metadata is `schema.Base`.
 
-The URL comes from the Alembic config built by `areal_service.migrate.alembic_config`;
+The URL comes from the Alembic config built by `areal_service.store.migrate.alembic_config`;
 when the caller passes an open connection in `config.attributes["connection"]` the
 migration runs on it (and inside its transaction). SQLite gets batch mode, because its
 ALTER TABLE cannot drop or change columns and constraints in place.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from areal_service.schema import Base
+from areal_service.store.schema import Base
 
 config = context.config
 target_metadata = Base.metadata

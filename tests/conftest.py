@@ -23,6 +23,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's tiny Qwen2 checkpoint, built once per test session (seconds)."""
-    from areal_service.tiny_model import make_tiny_model
+    from engine.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from areal_service.config import AdvantageKind
 from areal_service.types import EpisodeGroup
-from trainer.config import AdvantageKind
 
 
 def _centered(returns: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
+from areal_service.config import TrainerConfig
 from trainer.batch import MicroBatch
-from trainer.config import TrainerConfig
 from trainer.loss import LossStats, ppo_loss, token_logprobs
 
 log = logging.getLogger(__name__)

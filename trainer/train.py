@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 from transformers.utils import logging as hf_logging
 
-from areal_service.claims import EpisodeClaimer
-from areal_service.config import ServiceConfig, load_config
+from areal_service.config import ServiceConfig, TrainerConfig, load_config
 from areal_service.store import TrajectoryStore
+from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import EpisodeGroup, TrainSequence, TrainStepRecord
 from trainer.advantage import sequence_advantages
 from trainer.batch import MicroBatch, build_micro_batches
@@ -48,7 +48,6 @@ from trainer.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from trainer.config import TrainerConfig
 from trainer.metrics import MetricsWriter, batch_metrics, step_metrics
 from trainer.model import (
     DistInfo,
@@ -202,13 +201,13 @@ def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
 
 
 def _prepare_model_dir(config: ServiceConfig, info: DistInfo) -> Path:
-    """The initial checkpoint (v0): the engine's model, built as the tiny model when none
-    is configured (rank 0 builds it, the others wait)."""
+    """The initial checkpoint (v0): the engine's model. The launcher builds the tiny model
+    before starting the trainer when none is configured; the trainer only loads."""
     model_dir = config.model_dir()
-    if config.engine.model is None and info.rank == 0:
-        from areal_service.tiny_model import ensure_tiny_model
-
-        ensure_tiny_model(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no checkpoint at {model_dir}: set engine.model, or start the trainer with "
+            "`areal-service train`, which builds the tiny model when none is configured")
     dist.barrier()
     return model_dir
 

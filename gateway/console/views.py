@@ -15,8 +15,8 @@ from urllib.parse import urlencode
 
 from sqlalchemy import func, select
 
-from areal_service.schema import CompletionRow, RewardRow, SessionRow, TrainStepRow
 from areal_service.store import TrajectoryStore
+from areal_service.store.schema import CompletionRow, RewardRow, SessionRow, TrainStepRow
 from areal_service.types import SessionRecord, SessionStatus, TrainStepRecord
 from gateway.admission import window
 from gateway.routing import BackendStatus

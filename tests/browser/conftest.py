@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_service.engine.testing import start_engine_in_thread
+from engine.testing import start_engine_in_thread
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 from harness import Gateway, run_gateway  # noqa: E402

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from areal_service.engine.testing import start_engine_in_thread
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord
+from engine.testing import start_engine_in_thread
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helper modules (tool_model)
 from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions  # noqa: E402,F401

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from areal_service.engine.testing import make_weight_variant, start_engine_in_thread
+from engine.testing import make_weight_variant, start_engine_in_thread
 
 PROMPT = [17, 250, 33, 101, 7, 64, 300, 12]
 

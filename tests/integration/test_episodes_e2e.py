@@ -11,7 +11,7 @@ import httpx
 import openai
 from harness import ADMIN_KEY  # tests/integration/conftest.py
 
-from areal_service.claims import EpisodeClaimer
+from areal_service.store.claims import EpisodeClaimer
 
 AGENTS = 32
 TURNS = 3

@@ -11,8 +11,8 @@ import httpx
 import openai
 from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
 
-from areal_service.engine.testing import make_weight_variant, start_engine_in_thread
 from areal_service.types import WeightVersionRecord
+from engine.testing import make_weight_variant, start_engine_in_thread
 
 AGENTS = 16
 TURNS = 3
@@ -53,7 +53,7 @@ async def _agent(gw, session: dict, stream: bool, failures: list[str]) -> list[s
 async def _publish(gw, variants, stop: asyncio.Event) -> None:
     from sqlalchemy import func, select
 
-    from areal_service.schema import CompletionRow
+    from areal_service.store.schema import CompletionRow
 
     def completions() -> int:
         with gw.state.store.engine.connect() as c:

@@ -25,10 +25,9 @@ import torch.multiprocessing as mp
 from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
 from safetensors.torch import load_file
 
-from areal_service.claims import EpisodeClaimer
-from areal_service.config import load_config
-from areal_service.engine.testing import make_weight_variant, start_engine_in_thread
+from areal_service.config import TrainerConfig, load_config
 from areal_service.store import TrajectoryStore
+from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import (
     CompletionRecord,
     EpisodeGroup,
@@ -38,6 +37,7 @@ from areal_service.types import (
     TrainStepRecord,
     WeightVersionRecord,
 )
+from engine.testing import make_weight_variant, start_engine_in_thread
 from trainer.batch import build_micro_batches
 from trainer.checkpoint import (
     CheckpointState,
@@ -45,7 +45,6 @@ from trainer.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from trainer.config import TrainerConfig
 from trainer.metrics import METRIC_NAMES
 from trainer.model import (
     DistInfo,

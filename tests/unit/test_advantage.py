@@ -12,9 +12,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from areal_service.config import TrainerConfig
 from areal_service.types import EpisodeGroup, TrainSequence
 from trainer.advantage import drgrpo, group_advantages, grpo, rloo, sequence_advantages
-from trainer.config import TrainerConfig
 
 
 def _t(*values: float) -> torch.Tensor:
@@ -102,5 +102,5 @@ def test_trainer_config_defaults_and_group_rule():
 
 
 def test_trainer_config_is_torch_free():
-    code = "import sys, trainer.config; assert 'torch' not in sys.modules"
+    code = "import sys, areal_service.config; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

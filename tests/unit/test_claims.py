@@ -9,10 +9,10 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from areal_service.claims import EpisodeClaimer, drop_sessions, load_rewards
 from areal_service.config import StoreConfig
-from areal_service.schema import SessionRow
 from areal_service.store import TrajectoryStore
+from areal_service.store.claims import EpisodeClaimer, drop_sessions, load_rewards
+from areal_service.store.schema import SessionRow
 from areal_service.types import ClaimResult, CompletionRecord, RewardRecord, SessionRecord, now
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from areal_service.cli import app
 from areal_service.config import ServiceConfig, load_config, parse_overrides
+from launcher.cli import app
 
 
 def test_priorities_yaml_env_cli(tmp_path, monkeypatch):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from areal_service.engine.runner import ModelRunner, SamplingSpec, WeightLoadError
-from areal_service.engine.testing import make_weight_variant
+from engine.runner import ModelRunner, SamplingSpec, WeightLoadError
+from engine.testing import make_weight_variant
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_service.engine.protocol import SamplingParams
-from areal_service.engine.scheduler import Request, Scheduler
+from engine.protocol import SamplingParams
+from engine.scheduler import Request, Scheduler
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from areal_service.episodes import (
     token_digest,
 )
 from areal_service.packing import pack_float32, pack_int32
-from areal_service.schema import CompletionRow, SessionRow
 from areal_service.store import TrajectoryStore, upgrade_database
+from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord, RewardRecord, SessionRecord
 
 

@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
+from areal_service.config import TrainerConfig
 from areal_service.types import TrainSequence
 from trainer.batch import build_micro_batches
-from trainer.config import TrainerConfig
 from trainer.model import (
     apply_fsdp2,
     destroy_distributed,

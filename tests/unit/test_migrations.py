@@ -10,9 +10,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from areal_service.config import StoreConfig
-from areal_service.migrate import migrations_dir
-from areal_service.schema import Base
 from areal_service.store import TrajectoryStore, alembic_config, upgrade_database
+from areal_service.store.migrate import migrations_dir
+from areal_service.store.schema import Base
 
 TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "train_steps"}
 

@@ -13,8 +13,8 @@ from sqlalchemy.exc import IntegrityError
 
 from areal_service.config import StoreConfig
 from areal_service.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
-from areal_service.schema import CompletionRow
 from areal_service.store import TrajectoryStore, create_store_engine
+from areal_service.store.schema import CompletionRow
 from areal_service.types import (
     ApiKeyRecord,
     CompletionRecord,

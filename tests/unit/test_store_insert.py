@@ -14,11 +14,11 @@ from sqlalchemy import event, select, text
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
-from areal_service.completion_insert import _json
 from areal_service.episodes import token_digest
 from areal_service.packing import pack_float32, pack_int32
-from areal_service.schema import CompletionRow, SessionRow
 from areal_service.store import TrajectoryStore
+from areal_service.store.inserts import _json
+from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord, SessionRecord
 
 

@@ -7,7 +7,7 @@ import hashlib
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from areal_service.tiny_model import TinyModelSpec, make_tiny_model
+from engine.tiny_model import TinyModelSpec, make_tiny_model
 
 
 def _digest(path) -> dict[str, str]:

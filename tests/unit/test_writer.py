@@ -12,10 +12,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from areal_service.config import StoreConfig
-from areal_service.schema import CompletionRow
 from areal_service.store import TrajectoryStore
+from areal_service.store.schema import CompletionRow
+from areal_service.store.writer import GroupCommitWriter
 from areal_service.types import CompletionRecord, SessionRecord
-from areal_service.writer import GroupCommitWriter
 
 
 def record(cid: str, *, session_id: str | None = None, n_out: int = 4) -> CompletionRecord:

@@ -10,8 +10,8 @@ import pytest
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore
+from areal_service.store.writer import GroupCommitWriter
 from areal_service.types import CompletionRecord
-from areal_service.writer import GroupCommitWriter
 
 
 def record(cid: str) -> CompletionRecord:

@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from areal_service import __version__
 from areal_service.config import EngineConfig, ServiceConfig
-from areal_service.engine.protocol import (
+from engine.protocol import (
     AbortRequest,
     FinishStop,
     GenerateRequest,
@@ -43,9 +43,9 @@ from areal_service.engine.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsResponse,
 )
-from areal_service.engine.runner import eos_token_ids, resolve_device, resolve_dtype
-from areal_service.engine.scheduler import Request as EngineRequest
-from areal_service.engine.scheduler import RequestView, Scheduler
+from engine.runner import eos_token_ids, resolve_device, resolve_dtype
+from engine.scheduler import Request as EngineRequest
+from engine.scheduler import RequestView, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -457,7 +457,7 @@ def run_engine(config: ServiceConfig) -> None:
     Builds the tiny model first when no `engine.model` is configured."""
     model_dir = config.model_dir()
     if config.engine.model is None:
-        from areal_service.tiny_model import ensure_tiny_model
+        from engine.tiny_model import ensure_tiny_model
 
         ensure_tiny_model(model_dir)
     if config.engine.torch_threads:

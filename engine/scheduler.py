@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from transformers import AutoTokenizer
 
-from areal_service.engine.protocol import (
+from engine.protocol import (
     FinishAbort,
     FinishLength,
     FinishReason,
@@ -36,7 +36,7 @@ from areal_service.engine.protocol import (
     SamplingParams,
     UpdateWeightsResponse,
 )
-from areal_service.engine.runner import (
+from engine.runner import (
     PREFILL_TOKEN_BUDGET,
     ModelRunner,
     SamplingSpec,

@@ -45,7 +45,7 @@ class TinyModelSpec(BaseModel):
 
 def chat_template() -> str:
     """The ChatML + `<tool_call>` template shipped with the package."""
-    return resources.files("areal_service").joinpath("chat_template.jinja").read_text()
+    return resources.files("engine").joinpath("chat_template.jinja").read_text()
 
 
 _WORDS = (

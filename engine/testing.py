@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 
 from areal_service.config import EngineConfig
-from areal_service.engine.server import bind_socket, create_engine_app, socket_url
+from engine.server import bind_socket, create_engine_app, socket_url
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from areal_service.episodes import packed_digest
 from areal_service.packing import pack_float32, pack_int32
-from areal_service.schema import CompletionRow, SessionRow
+from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord
 
 __all__ = ["CompletionInserter", "completion_row"]

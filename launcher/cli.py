@@ -77,7 +77,7 @@ def make_tiny_model_cmd(
     seed: Annotated[int, typer.Option(help="Seed for tokenizer corpus and weights.")] = 0,
 ) -> None:
     """Build the project's tiny Qwen2 model and tokenizer (no download) into OUT_DIR."""
-    from areal_service.tiny_model import TinyModelSpec, make_tiny_model
+    from engine.tiny_model import TinyModelSpec, make_tiny_model
 
     path = make_tiny_model(out_dir, TinyModelSpec(seed=seed))
     typer.echo(f"tiny model saved to {path}")
@@ -92,7 +92,7 @@ def engine_cmd(
     host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
 ) -> None:
     """Serve a checkpoint with the local SGLang-protocol engine (transformers)."""
-    from areal_service.engine.server import run_engine
+    from engine.server import run_engine
 
     extra = [f"engine.model={model}"] if model else []
     extra += [f"engine.port={port}"] if port is not None else []
@@ -187,18 +187,21 @@ def export_cmd(
 @app.command("serve")
 def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Run the OpenAI-compatible gateway (and the local engine when no backend is set)."""
-    from gateway.server import run_gateway
+    from launcher.serve import serve
 
-    run_gateway(_config(config, set_))
+    serve(_config(config, set_))
 
 
 @app.command("train")
 def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Run the RL trainer (FSDP2) on episodes from the store; resumes automatically.
     For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`."""
+    from launcher.serve import ensure_model
     from trainer.train import main as train_main
 
-    train_main(_config(config, set_))
+    cfg = _config(config, set_)
+    ensure_model(cfg)
+    train_main(cfg)
 
 
 @app.command("demo")
@@ -210,7 +213,7 @@ def demo_cmd(
 ) -> None:
     """The main job: tiny model, local engine, gateway and trainer, with agents learning a
     synthetic task through the gateway; ends with a baseline-vs-final summary."""
-    from areal_service.demo import run_demo
+    from launcher.demo import run_demo
 
     raise typer.Exit(run_demo(_config(config, set_), minutes=minutes, steps=steps))
 

@@ -19,8 +19,8 @@ from sqlalchemy import Connection, bindparam, case, func, select, update
 from sqlalchemy.sql import ColumnElement, or_
 
 from areal_service.episodes import SessionEpisode, build_episode
-from areal_service.schema import CompletionRow, RewardRow, SessionRow
 from areal_service.store import TrajectoryStore, completion_from_row
+from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
 from areal_service.types import (
     ClaimResult,
     CompletionRecord,

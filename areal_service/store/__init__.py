@@ -21,12 +21,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
-from areal_service.completion_insert import CompletionInserter, completion_row
 from areal_service.config import StoreConfig
 from areal_service.episodes import PrefixEntry
-from areal_service.migrate import alembic_config, upgrade_engine
 from areal_service.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
-from areal_service.schema import (
+from areal_service.store.inserts import CompletionInserter, completion_row
+from areal_service.store.migrate import alembic_config, upgrade_engine
+from areal_service.store.schema import (
     ApiKeyRow,
     Base,
     CompletionRow,

@@ -27,9 +27,9 @@ import typer
 import yaml
 
 from areal_service.config import ServiceConfig
-from areal_service.demo_task import DemoPrompt, digits_reward, make_prompts
-from areal_service.processes import ChildProcess, cli_argv
-from areal_service.tiny_model import ensure_tiny_model
+from engine.tiny_model import ensure_tiny_model
+from launcher.demo_task import DemoPrompt, digits_reward, make_prompts
+from launcher.processes import ChildProcess, cli_argv
 
 TARGET_REWARD = 0.9
 EVAL_EPISODES = 128

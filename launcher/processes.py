@@ -70,4 +70,4 @@ class ChildProcess:
 
 def cli_argv(*args: str) -> list[str]:
     """argv that runs `areal-service ARGS` with this interpreter (no PATH lookup)."""
-    return [sys.executable, "-m", "areal_service", *args]
+    return [sys.executable, "-m", "launcher", *args]

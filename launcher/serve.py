@@ -1,0 +1,43 @@
+"""`areal-service serve`: the gateway, plus the local engine as a child process when no
+backend URL is configured (the embedded default)."""
+
+from __future__ import annotations
+
+from areal_service.config import ServiceConfig
+from engine.tiny_model import ensure_tiny_model
+from gateway.server import run_gateway
+from launcher.processes import ChildProcess, cli_argv
+
+
+def ensure_model(config: ServiceConfig) -> None:
+    """Build the tiny model at `config.model_dir()` when no checkpoint is configured."""
+    if config.engine.model is None:
+        ensure_tiny_model(config.model_dir())
+
+
+def start_local_engine(config: ServiceConfig) -> ChildProcess:
+    """Start `areal-service engine` for `config` and wait until it is healthy."""
+    ensure_model(config)
+    logs = config.data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    engine = ChildProcess(
+        "engine",
+        cli_argv("engine", "--model", str(config.model_dir()), "--host", config.engine.host,
+                 "--port", str(config.engine.port), "--set", f"log_level={config.log_level}"),
+        log_path=logs / "engine.log")
+    try:
+        engine.wait_http_ok(f"{config.backend_urls()[0]}/health")
+    except BaseException:
+        engine.stop()
+        raise
+    return engine
+
+
+def serve(config: ServiceConfig) -> None:
+    """Serve the gateway (blocking); a local engine child lives exactly as long."""
+    engine = None if config.gateway.backends else start_local_engine(config)
+    try:
+        run_gateway(config)
+    finally:
+        if engine is not None:
+            engine.stop()
