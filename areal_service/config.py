@@ -146,7 +146,12 @@ class TrainerConfig(BaseModel):
     """Tokens whose behaviour weight pi_prox/pi_behave exceeds this are masked out of the
     loss (AReaL's truncation). None: no cap."""
     kl_coef: float = Field(0.0, ge=0)
-    """Weight of the k3 KL(pi_theta || pi_ref) penalty. 0 loads no reference model."""
+    """Weight of the k3 KL(pi_theta || pi_ref) penalty per trained token. Above 0 the
+    trainer holds a frozen reference model (sharded like the policy, no optimizer
+    state); 0 loads none."""
+    ref_model: str | None = None
+    """Directory of the HF checkpoint used as pi_ref when kl_coef > 0. None: the initial
+    checkpoint (the engine's model, v0), also after a resume."""
 
     # ---- advantages ------------------------------------------------------------------------
     advantage: AdvantageKind = "grpo"
@@ -199,11 +204,6 @@ class TrainerConfig(BaseModel):
                 "(a group of one has zero advantage); use advantage='batch' for ungrouped sessions"
             )
         return self
-
-    @property
-    def clip_high(self) -> float:
-        """The upper clip epsilon actually used."""
-        return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher
 
 
 class ServiceConfig(BaseSettings):

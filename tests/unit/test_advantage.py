@@ -93,9 +93,8 @@ def test_sequence_advantages_follow_their_session():
 
 def test_trainer_config_defaults_and_group_rule():
     cfg = TrainerConfig()
-    assert cfg.advantage == "grpo" and cfg.clip_high == cfg.eps_clip
+    assert cfg.advantage == "grpo" and cfg.eps_clip_higher is None and cfg.ref_model is None
     assert all(f.description for f in TrainerConfig.model_fields.values())
-    assert TrainerConfig(eps_clip_higher=0.28).clip_high == 0.28
     assert TrainerConfig(advantage="batch", group_size=1).group_size == 1
     with pytest.raises(ValidationError, match="trainer.group_size"):
         TrainerConfig(advantage="grpo", group_size=1)
