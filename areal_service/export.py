@@ -1,7 +1,7 @@
 """Export of training sequences to JSONL or Parquet, one row per `TrainSequence`.
 
 Streams: sessions are read in keyset pages (created_at, id), each page's completions
-and rewards in one query each, and rows are written as they are built (Parquet: one row
+and rewards in one query each (store functions: this module runs no SQL), and rows are written as they are built (Parquet: one row
 group per page), so memory is bounded by one page whatever the table size. Exports what
 exists now and returns; it never waits for episodes to finish. Reads only; the CLI
 `areal-service export` and the admin endpoint call in here.
@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-from sqlalchemy import and_, or_, select
-
 from areal_service.episodes import build_episode
 from areal_service.store import TrajectoryStore
-from areal_service.store.claims import load_completions, load_rewards
-from areal_service.store.schema import SessionRow
-from areal_service.types import CompletionRecord, SessionStatus
+from areal_service.store.episode_reads import load_completions, load_rewards
+from areal_service.store.session_queries import SessionQuery, sessions_after
+from areal_service.types import CompletionRecord, SessionRecord, SessionStatus
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,37 +69,15 @@ class ExportFilters:
     created_before: float | None = None
     """Only sessions created before this time."""
 
-
-def _sessions_page(
-    store: TrajectoryStore, filters: ExportFilters, after: tuple[float, str] | None, size: int
-) -> list[Any]:
-    """The next `size` sessions after `after`, oldest first (keyset: no OFFSET scan)."""
-    statement = (
-        select(
-            SessionRow.id,
-            SessionRow.group_id,
-            SessionRow.task_id,
-            SessionRow.status,
-            SessionRow.created_at,
+    def query(self) -> SessionQuery:
+        """These filters as the store's session query."""
+        return SessionQuery(
+            statuses=self.statuses,
+            group_id=self.group_id,
+            task_id=self.task_id,
+            created_from=self.created_after,
+            created_before=self.created_before,
         )
-        .where(SessionRow.status.in_(filters.statuses))
-        .order_by(SessionRow.created_at, SessionRow.id)
-        .limit(size)
-    )
-    if after is not None:
-        at, last_id = after
-        tie = and_(SessionRow.created_at == at, SessionRow.id > last_id)
-        statement = statement.where(or_(SessionRow.created_at > at, tie))
-    if filters.group_id is not None:
-        statement = statement.where(SessionRow.group_id == filters.group_id)
-    if filters.task_id is not None:
-        statement = statement.where(SessionRow.task_id == filters.task_id)
-    if filters.created_after is not None:
-        statement = statement.where(SessionRow.created_at >= filters.created_after)
-    if filters.created_before is not None:
-        statement = statement.where(SessionRow.created_at < filters.created_before)
-    with store.engine.connect() as connection:
-        return list(connection.execute(statement))
 
 
 def transcript(completion: CompletionRecord) -> list[Any]:
@@ -123,7 +99,10 @@ def transcript(completion: CompletionRecord) -> list[Any]:
 
 
 def _page_rows(
-    store: TrajectoryStore, sessions: list[Any], gamma: float, default_reward: float | None
+    store: TrajectoryStore,
+    sessions: list[SessionRecord],
+    gamma: float,
+    default_reward: float | None,
 ) -> Iterator[dict[str, Any]]:
     ids = [row.id for row in sessions]
     completions = load_completions(store, ids)
@@ -172,7 +151,7 @@ def iter_export_pages(
     filters = filters or ExportFilters()
     after: tuple[float, str] | None = None
     while True:
-        sessions = _sessions_page(store, filters, after, page_size)
+        sessions = sessions_after(store, filters.query(), after, page_size)
         if not sessions:
             return
         yield list(_page_rows(store, sessions, turn_discount, default_reward))

@@ -39,10 +39,10 @@ from pathlib import Path
 from sqlalchemy import create_engine, insert, make_url, text
 
 from areal_service.config import StoreConfig
-from areal_service.episodes import ParentLinker
 from areal_service.export import export_sequences
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
+from areal_service.store.linking import ParentLinker
 from areal_service.store.schema import RewardRow, SessionRow
 from areal_service.store.writer import GroupCommitWriter
 from areal_service.types import CompletionRecord, SessionRecord

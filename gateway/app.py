@@ -18,8 +18,8 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from areal_service.config import ServiceConfig
-from areal_service.episodes import ParentLinker
 from areal_service.store import TrajectoryStore
+from areal_service.store.linking import ParentLinker
 from areal_service.store.writer import GroupCommitWriter
 from gateway import console
 from gateway.auth import KeyResolver

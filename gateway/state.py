@@ -10,8 +10,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from areal_service.config import ServiceConfig
-from areal_service.episodes import ParentLinker
 from areal_service.store import TrajectoryStore
+from areal_service.store.linking import ParentLinker
 from areal_service.store.writer import GroupCommitWriter
 from areal_service.types import SessionRecord
 from gateway.auth import KeyResolver

@@ -5,7 +5,8 @@ Owns the session states after `ended`: ended -> claimed -> trained, claimed -> e
 UPDATE (`WHERE status = 'ended'`) checked row by row inside one transaction, so two
 trainers on two connections never hold the same session; PostgreSQL also takes row
 locks with SKIP LOCKED first, so concurrent claimers never wait on or deadlock with
-each other. Sequences and returns come from `episodes.py`; completions are only read.
+each other. Sequences and returns come from `episodes.py`; completions are only read
+(`episode_reads.py`).
 """
 
 from __future__ import annotations
@@ -19,81 +20,20 @@ from sqlalchemy import Connection, bindparam, case, func, select, update
 from sqlalchemy.sql import ColumnElement, or_
 
 from areal_service.episodes import SessionEpisode, build_episode
-from areal_service.store import TrajectoryStore, completion_from_row
+from areal_service.store.episode_reads import load_completions, load_rewards
 from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
+from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import (
     ClaimResult,
     CompletionRecord,
     DroppedEpisodes,
     EpisodeGroup,
-    RewardRecord,
     now,
 )
 
 logger = logging.getLogger(__name__)
 
 _RELEASED = {"status": "ended", "claim_id": None, "claimed_by": None, "claimed_at": None}
-
-
-# Episode reads shared with export.py (one query each, whatever the number of sessions).
-
-
-def load_completions(
-    store: TrajectoryStore, session_ids: Sequence[str], *, with_json: bool = True
-) -> dict[str, list[CompletionRecord]]:
-    """The completions of each session, oldest first (every given id is a key).
-    `with_json=False` leaves request_json/response_json empty: the trainer needs only
-    the arrays, and messages can be most of a row."""
-    found: dict[str, list[CompletionRecord]] = {sid: [] for sid in session_ids}
-    if not found:
-        return found
-    skipped: dict[str, object] = {} if with_json else {"request_json": {}, "response_json": {}}
-    columns = [c for c in CompletionRow.__table__.c if c.name not in skipped]
-    statement = (
-        select(*columns)
-        .where(CompletionRow.session_id.in_(list(found)))
-        .order_by(CompletionRow.created_at, CompletionRow.id)
-    )
-    with store.engine.connect() as connection:
-        for row in connection.execute(statement):
-            found[row.session_id].append(completion_from_row(row, **skipped))
-    return found
-
-
-def load_rewards(
-    store: TrajectoryStore, session_ids: Sequence[str], group_ids: Iterable[str] = ()
-) -> list[RewardRecord]:
-    """Every reward on these sessions, on their completions or on these groups, oldest
-    first; `episodes.compute_returns` attributes each to its session."""
-    groups = sorted(set(group_ids))
-    if not session_ids and not groups:
-        return []
-    of_sessions = select(CompletionRow.id).where(CompletionRow.session_id.in_(list(session_ids)))
-    statement = (
-        select(RewardRow)
-        .where(
-            or_(
-                RewardRow.session_id.in_(list(session_ids)),
-                RewardRow.completion_id.in_(of_sessions),
-                RewardRow.group_id.in_(groups),
-            )
-        )
-        .order_by(RewardRow.created_at, RewardRow.id)
-    )
-    with store.engine.connect() as connection:
-        return [
-            RewardRecord(
-                id=row.id,
-                value=row.value,
-                name=row.name,
-                completion_id=row.completion_id,
-                session_id=row.session_id,
-                group_id=row.group_id,
-                metadata=row.metadata,
-                created_at=row.created_at,
-            )
-            for row in connection.execute(statement)
-        ]
 
 
 def staleness_of(completions: Iterable[CompletionRecord], current_version: int) -> int:
@@ -388,15 +328,3 @@ class EpisodeClaimer:
                 update(SessionRow).where(condition, SessionRow.status == "claimed").values(**values)
             )
             return int(result.rowcount)
-
-
-def drop_sessions(store: TrajectoryStore, session_ids: Sequence[str], reason: str) -> int:
-    """Mark open or ended sessions `dropped` (never trained), e.g. when the gateway
-    failed to capture one of their completions; how many changed."""
-    with store.engine.begin() as connection:
-        result = connection.execute(
-            update(SessionRow)
-            .where(SessionRow.id.in_(list(session_ids)), SessionRow.status.in_(("open", "ended")))
-            .values(status="dropped", drop_reason=reason)
-        )
-        return int(result.rowcount)

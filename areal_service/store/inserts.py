@@ -1,7 +1,7 @@
 """Completion inserts at the driver level: the store's hot write path (every batch of
 the gateway's writer thread). Owns CompletionRecord -> driver-ready tuple and the one
-DBAPI connection those inserts keep; `store.py` owns the engine and every other query
-(it calls `CompletionInserter.write` from `add_completions`). Imports no gateway code.
+DBAPI connection those inserts keep; `trajectory.py` owns the engine and calls
+`CompletionInserter.write` from `add_completions`. Imports no gateway code.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from sqlalchemy import Engine, bindparam, insert, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-from areal_service.episodes import packed_digest
 from areal_service.packing import pack_float32, pack_int32
+from areal_service.store.linking import packed_digest
 from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord
 

@@ -1,7 +1,7 @@
 """SQLAlchemy 2 tables of the trajectory store (keys, sessions, completions, rewards,
 weight versions, train steps): the physical layout only.
 
-`store.py` converts rows to the records of `types.py`; `migrations/versions/` must match
+`rows.py` converts rows to the records of `types.py`; `migrations/versions/` must match
 this file exactly (a test autogenerates against an upgraded database: no diff allowed).
 Timestamps are float epoch seconds; token arrays are packed blobs (`packing.py`).
 """
@@ -80,7 +80,7 @@ class CompletionRow(Base):
     column comparison. `parent_id` has no foreign key: a parent whose capture failed must
     not make its children unwritable (`claims.py` drops such episodes). `full_len` and
     `full_hash` are len(prompt_ids + output_ids) and the hex blake2b-128 of their packed
-    int32 bytes: parent linking (`episodes.py`) compares hashes, never arrays."""
+    int32 bytes: parent linking (`linking.py`) compares hashes, never arrays."""
 
     __tablename__ = "completions"
 

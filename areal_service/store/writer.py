@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from areal_service.config import StoreConfig
-from areal_service.store import TrajectoryStore
+from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import CompletionRecord
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any
 
 from areal_service.episodes import build_sequences, compute_returns
 from areal_service.export import transcript
-from areal_service.store.claims import load_rewards
+from areal_service.store.episode_reads import load_rewards
 from areal_service.types import CompletionRecord, RewardRecord, SessionRecord, TrainSequence
 from gateway.state import GatewayState
 from gateway.tokenizer import ChatTokenizer

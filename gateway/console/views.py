@@ -13,11 +13,9 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlencode
 
-from sqlalchemy import func, select
-
 from areal_service.store import TrajectoryStore
-from areal_service.store.schema import CompletionRow, RewardRow, SessionRow, TrainStepRow
-from areal_service.types import SessionRecord, SessionStatus, TrainStepRecord
+from areal_service.store.session_queries import SessionQuery, SessionSummary, session_summaries
+from areal_service.types import SessionStatus, TrainStepRecord
 from gateway.admission import window
 from gateway.routing import BackendStatus
 from gateway.state import GatewayState
@@ -94,7 +92,6 @@ def sample_rates(state: GatewayState, last: dict[str, float]) -> Rates:
 def overview(state: GatewayState, rates: Rates) -> Overview:
     """The overview figures (three small queries)."""
     store = state.store
-    steps = store.list_train_steps(offset=max(_count_steps(store) - 1, 0), limit=1)
     return Overview(
         model=state.config.gateway.model_name, live_version=state.live_version,
         backends=state.backends.status(),
@@ -102,13 +99,8 @@ def overview(state: GatewayState, rates: Rates) -> Overview:
         started_sessions=store.count_sessions(),
         staleness_window=window(state, state.live_version),
         staleness_gate=state.config.gateway.staleness_gate,
-        last_step=steps[-1] if steps else None, rates=rates,
+        last_step=store.latest_train_step(), rates=rates,
         uptime_s=time.time() - state.started_at if state.started_at else 0.0)
-
-
-def _count_steps(store: TrajectoryStore) -> int:
-    with store.engine.connect() as connection:
-        return int(connection.execute(select(func.count()).select_from(TrainStepRow)).scalar_one())
 
 
 # Sessions table.
@@ -136,15 +128,8 @@ class SessionFilters:
         return urlencode({k: v for k, v in values.items() if v not in ("", None, 1)})
 
 
-@dataclass(frozen=True, slots=True)
-class SessionRowView:
-    """One line of the sessions table."""
-
-    session: SessionRecord
-    turns: int
-    output_tokens: int
-    reward: float | None
-    """Sum of the rewards on the session and its completions (group rewards excluded)."""
+SessionRowView = SessionSummary
+"""One line of the sessions table (the store's summary: session, turns, tokens, reward)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,56 +147,20 @@ def utc_day_start(day: str) -> float:
     return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
 
 
-def _session_query(filters: SessionFilters, statement: Any) -> Any:
-    if filters.since:
-        statement = statement.where(SessionRow.created_at >= utc_day_start(filters.since))
-    if filters.until:
-        statement = statement.where(SessionRow.created_at < utc_day_start(filters.until) + 86400)
-    if filters.status:
-        statement = statement.where(SessionRow.status == filters.status)
-    for column, value in ((SessionRow.group_id, filters.group_id),
-                          (SessionRow.task_id, filters.task_id),
-                          (SessionRow.api_key_id, filters.key_id)):
-        if value:
-            statement = statement.where(column == value)
-    return statement
-
-
-_RECORD_COLUMNS = ("id", "group_id", "task_id", "status", "api_key_id", "metadata",
-                   "created_at", "last_activity_at", "ended_at", "end_reason")
-
-
-def _session_record(row: Any) -> SessionRecord:
-    return SessionRecord(**{name: row._mapping[name] for name in _RECORD_COLUMNS})
+def _query(filters: SessionFilters) -> SessionQuery:
+    until = utc_day_start(filters.until) + 86400 if filters.until else None
+    return SessionQuery(
+        statuses=(filters.status,) if filters.status else None,  # type: ignore[arg-type]
+        group_id=filters.group_id or None, task_id=filters.task_id or None,
+        api_key_id=filters.key_id or None,
+        created_from=utc_day_start(filters.since) if filters.since else None,
+        created_before=until)
 
 
 def sessions_page(store: TrajectoryStore, filters: SessionFilters) -> SessionPage:
     """Newest first, PAGE_SIZE a page; turn counts and rewards in one query each."""
     offset = (max(filters.page, 1) - 1) * PAGE_SIZE
-    columns = [SessionRow.__table__.c[name] for name in _RECORD_COLUMNS]
-    listing = _session_query(filters, select(*columns)).order_by(
-        SessionRow.created_at.desc(), SessionRow.id).limit(PAGE_SIZE).offset(offset)
-    counting = _session_query(filters, select(func.count()).select_from(SessionRow))
-    with store.engine.connect() as connection:
-        total = int(connection.execute(counting).scalar_one())
-        sessions = [_session_record(row) for row in connection.execute(listing)]
-    ids = [s.id for s in sessions]
-    turns: dict[str, tuple[int, int]] = {}
-    rewards: dict[str, float] = {}
-    if ids:
-        per_session = select(CompletionRow.session_id, func.count(),
-                             func.sum(CompletionRow.completion_tokens)).where(
-            CompletionRow.session_id.in_(ids)).group_by(CompletionRow.session_id)
-        of_completions = select(CompletionRow.id).where(CompletionRow.session_id.in_(ids))
-        reward_rows = select(func.coalesce(RewardRow.session_id, CompletionRow.session_id),
-                             RewardRow.value).outerjoin(
-            CompletionRow, CompletionRow.id == RewardRow.completion_id).where(
-            RewardRow.session_id.in_(ids) | RewardRow.completion_id.in_(of_completions))
-        with store.engine.connect() as connection:
-            turns = {sid: (n, int(tokens or 0)) for sid, n, tokens in connection.execute(per_session)}
-            for sid, value in connection.execute(reward_rows):
-                rewards[sid] = rewards.get(sid, 0.0) + value
-    rows = [SessionRowView(s, *turns.get(s.id, (0, 0)), rewards.get(s.id)) for s in sessions]
+    total, rows = session_summaries(store, _query(filters), limit=PAGE_SIZE, offset=offset)
     return SessionPage(rows, total, filters, pages=max(math.ceil(total / PAGE_SIZE), 1))
 
 

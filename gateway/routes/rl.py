@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from areal_service.keys import hash_key, new_api_key
-from areal_service.store.claims import load_rewards
+from areal_service.store.episode_reads import load_rewards
 from areal_service.types import SessionRecord, SessionStatus
 from gateway.admission import admit_sessions
 from gateway.auth import Principal

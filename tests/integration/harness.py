@@ -16,7 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from areal_service.config import ServiceConfig, load_config
-from areal_service.store import TrajectoryStore, completion_from_row
+from areal_service.store import TrajectoryStore
+from areal_service.store.rows import completion_from_row
 from areal_service.store.schema import CompletionRow
 from areal_service.types import CompletionRecord
 from gateway.app import create_app

@@ -14,18 +14,10 @@ from sqlalchemy import insert, select
 from transformers import AutoTokenizer
 
 from areal_service.config import StoreConfig
-from areal_service.episodes import (
-    ParentLinker,
-    PrefixEntry,
-    build_episode,
-    build_sequences,
-    compute_returns,
-    match_parent,
-    missing_part,
-    token_digest,
-)
+from areal_service.episodes import build_episode, build_sequences, compute_returns, missing_part
 from areal_service.packing import pack_float32, pack_int32
 from areal_service.store import TrajectoryStore, upgrade_database
+from areal_service.store.linking import ParentLinker, PrefixEntry, match_parent, token_digest
 from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord, RewardRecord, SessionRecord
 

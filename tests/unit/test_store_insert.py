@@ -14,10 +14,10 @@ from sqlalchemy import event, select, text
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
-from areal_service.episodes import token_digest
 from areal_service.packing import pack_float32, pack_int32
 from areal_service.store import TrajectoryStore
 from areal_service.store.inserts import _json
+from areal_service.store.linking import token_digest
 from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord, SessionRecord
 

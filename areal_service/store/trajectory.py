@@ -1,0 +1,398 @@
+"""TrajectoryStore: typed reads and writes of the frozen records of `types.py`.
+
+Owns the engine and the single-table queries (keys, sessions, completions, rewards,
+weight versions, train steps). Engine creation is `connect.py`'s, row <-> record
+conversion `rows.py`'s, the driver-level completion insert `inserts.py`'s and its
+batching `writer.py`'s; multi-table reads live in `episode_reads.py` (claims, export,
+console detail), `session_queries.py` (export and console pages) and `claims.py`.
+Methods are synchronous, thread-safe, one transaction each (async callers: the writer or
+a thread). Dialect-neutral SQL: a SQLite file (WAL) or PostgreSQL (`postgresql+psycopg://`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.sql import Select
+
+from areal_service.config import StoreConfig
+from areal_service.store.connect import create_store_engine
+from areal_service.store.inserts import CompletionInserter, completion_row
+from areal_service.store.linking import PrefixEntry
+from areal_service.store.migrate import upgrade_engine
+from areal_service.store.rows import completion_from_row, paged, row_values, to_record
+from areal_service.store.schema import (
+    ApiKeyRow,
+    Base,
+    CompletionRow,
+    RewardRow,
+    SessionRow,
+    TrainStepRow,
+    WeightVersionRow,
+)
+from areal_service.types import (
+    ApiKeyRecord,
+    CompletionRecord,
+    RewardRecord,
+    SessionRecord,
+    SessionStatus,
+    TrainStepRecord,
+    WeightVersionRecord,
+    now,
+)
+
+logger = logging.getLogger(__name__)
+
+_R = TypeVar("_R")
+
+
+def _filter_sessions(
+    statement: Select[Any],
+    status: SessionStatus | None,
+    group_id: str | None,
+    task_id: str | None,
+) -> Select[Any]:
+    if status is not None:
+        statement = statement.where(SessionRow.status == status)
+    if group_id is not None:
+        statement = statement.where(SessionRow.group_id == group_id)
+    if task_id is not None:
+        statement = statement.where(SessionRow.task_id == task_id)
+    return statement
+
+
+class TrajectoryStore:
+    """Keys, sessions, completions, rewards, weight versions and train steps.
+
+    List methods page with `limit`/`offset` and never load a whole table. Logprobs are
+    stored as float32: a value comes back as the nearest float32 (exact for logprobs
+    that a backend computed in float32 or lower precision)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._completions = CompletionInserter(engine)
+
+    @classmethod
+    def open(cls, url: str, config: StoreConfig) -> TrajectoryStore:
+        """Create the engine for `url` and, when `config.auto_migrate`, upgrade to head."""
+        engine = create_store_engine(url, sqlite_synchronous=config.sqlite_synchronous)
+        if config.auto_migrate:
+            upgrade_engine(engine)
+        logger.info("trajectory store at %s", engine.url)
+        return cls(engine)
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine, for the store package's query modules (and tests); code
+        outside `areal_service.store` calls named methods and functions instead."""
+        return self._engine
+
+    def ping(self) -> None:
+        """One trivial query (readiness probes); raises when the database is unreachable."""
+        with self._engine.connect() as connection:
+            connection.execute(select(1))
+
+    def close(self) -> None:
+        """Close every connection (pooled, and the completion writer's own)."""
+        self._completions.close()
+        self._engine.dispose()
+
+    def _add(self, row: Base) -> None:
+        with self._sessions.begin() as session:
+            session.add(row)
+
+    def _get(self, cls: type[_R], row_type: type[Base], key: object) -> _R | None:
+        with self._sessions() as session:
+            row = session.get(row_type, key)
+            return None if row is None else to_record(cls, row)
+
+    def _list(self, cls: type[_R], statement: Select[Any]) -> list[_R]:
+        with self._sessions() as session:
+            return [to_record(cls, row) for row in session.scalars(statement)]
+
+    def _update(self, statement: Any) -> int:
+        with self._engine.begin() as connection:
+            return int(connection.execute(statement).rowcount)
+
+    # API keys.
+
+    def add_api_key(self, record: ApiKeyRecord) -> ApiKeyRecord:
+        """Insert a key (IntegrityError when the id or hash exists)."""
+        self._add(ApiKeyRow(**row_values(record)))
+        return record
+
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        """The key with id `key_id`, revoked or not."""
+        return self._get(ApiKeyRecord, ApiKeyRow, key_id)
+
+    def find_api_key_by_hash(self, key_hash: str) -> ApiKeyRecord | None:
+        """The key whose SHA-256 hex is `key_hash` (revoked keys too: check `revoked_at`)."""
+        found = self._list(ApiKeyRecord, select(ApiKeyRow).where(ApiKeyRow.key_hash == key_hash))
+        return found[0] if found else None
+
+    def list_api_keys(
+        self, *, include_revoked: bool = True, limit: int = 100, offset: int = 0
+    ) -> list[ApiKeyRecord]:
+        """Keys, newest first."""
+        statement = select(ApiKeyRow).order_by(ApiKeyRow.created_at.desc(), ApiKeyRow.id)
+        if not include_revoked:
+            statement = statement.where(ApiKeyRow.revoked_at.is_(None))
+        return self._list(ApiKeyRecord, paged(statement, limit, offset))
+
+    def revoke_api_key(self, key_id: str, *, at: float | None = None) -> ApiKeyRecord | None:
+        """Revoke a key (a second revoke keeps the first time). None if unknown."""
+        self._update(
+            update(ApiKeyRow)
+            .where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))
+            .values(revoked_at=now() if at is None else at)
+        )
+        return self.get_api_key(key_id)
+
+    def touch_api_key(self, key_id: str, *, at: float | None = None) -> None:
+        """Set `last_used_at` (one small transaction: call it at most once a request)."""
+        at = now() if at is None else at
+        self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(last_used_at=at))
+
+    def bind_key_session(self, key_id: str, session_id: str | None) -> None:
+        """Point a key at its current session (None unbinds)."""
+        self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(session_id=session_id))
+
+    # Sessions (episodes).
+
+    def add_session(self, record: SessionRecord) -> SessionRecord:
+        """Insert a session (IntegrityError when the id exists)."""
+        self._add(SessionRow(**row_values(record)))
+        return record
+
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session `session_id`, or None."""
+        return self._get(SessionRecord, SessionRow, session_id)
+
+    def list_sessions(
+        self,
+        *,
+        status: SessionStatus | None = None,
+        group_id: str | None = None,
+        task_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionRecord]:
+        """Sessions matching every given filter, newest first."""
+        statement = select(SessionRow).order_by(SessionRow.created_at.desc(), SessionRow.id)
+        statement = _filter_sessions(statement, status, group_id, task_id)
+        return self._list(SessionRecord, paged(statement, limit, offset))
+
+    def count_sessions(
+        self,
+        *,
+        status: SessionStatus | None = None,
+        group_id: str | None = None,
+        task_id: str | None = None,
+    ) -> int:
+        """How many sessions match every given filter (one indexed COUNT)."""
+        statement = _filter_sessions(
+            select(func.count()).select_from(SessionRow), status, group_id, task_id
+        )
+        with self._engine.connect() as connection:
+            return int(connection.execute(statement).scalar_one())
+
+    def end_session(
+        self, session_id: str, reason: str, *, at: float | None = None
+    ) -> SessionRecord | None:
+        """Move an `open` session to `ended`. Idempotent: a session that is not open is
+        returned unchanged (the first reason wins). None if unknown."""
+        at = now() if at is None else at
+        self._update(
+            update(SessionRow)
+            .where(SessionRow.id == session_id, SessionRow.status == "open")
+            .values(status="ended", ended_at=at, end_reason=reason, last_activity_at=at)
+        )
+        return self.get_session(session_id)
+
+    def end_idle_sessions(self, idle_s: float, *, at: float | None = None) -> list[str]:
+        """End every `open` session idle for more than `idle_s` seconds (reason
+        `idle_timeout`, ended_at `at`); returns their ids. Conditional on status, so a
+        session ended concurrently keeps its own reason."""
+        at = now() if at is None else at
+        with self._engine.begin() as connection:
+            ended = connection.execute(
+                update(SessionRow)
+                .where(SessionRow.status == "open", SessionRow.last_activity_at < at - idle_s)
+                .values(status="ended", ended_at=at, end_reason="idle_timeout")
+                .returning(SessionRow.id)
+            )
+            return sorted(ended.scalars())
+
+    # Completions.
+
+    def add_completions(self, records: Sequence[CompletionRecord]) -> None:
+        """Insert completions in ONE transaction (all or none), and in the same
+        transaction advance `last_activity_at` of their sessions to the newest
+        `created_at`. ValueError before any write if a record's output arrays disagree
+        in length; IntegrityError for a duplicate id or an unknown session. Runs on one
+        kept connection of its own (`CompletionInserter`): calls from several threads
+        take turns."""
+        if not records:
+            return
+        rows = [completion_row(record) for record in records]
+        activity: dict[str, float] = {}
+        for record in records:
+            sid = record.session_id
+            if sid is not None:
+                last = activity.get(sid)
+                if last is None or record.created_at > last:
+                    activity[sid] = record.created_at
+        self._completions.write(rows, activity)
+
+    def add_completion(self, record: CompletionRecord) -> None:
+        """Insert one completion in its own transaction (see `add_completions`)."""
+        self.add_completions([record])
+
+    def get_completion(self, completion_id: str) -> CompletionRecord | None:
+        """The completion `completion_id` with its arrays unpacked, or None."""
+        with self._sessions() as session:
+            row = session.get(CompletionRow, completion_id)
+            return None if row is None else completion_from_row(row)
+
+    def list_completions(
+        self, session_id: str, *, limit: int | None = None, offset: int = 0
+    ) -> list[CompletionRecord]:
+        """A session's completions, oldest first (bounded by the session, so no default
+        limit)."""
+        statement = (
+            select(CompletionRow)
+            .where(CompletionRow.session_id == session_id)
+            .order_by(CompletionRow.created_at, CompletionRow.id)
+        )
+        if limit is not None:
+            statement = paged(statement, limit, offset)
+        elif offset:
+            statement = statement.offset(offset)
+        with self._sessions() as session:
+            return [completion_from_row(row) for row in session.scalars(statement)]
+
+    def prefix_entries(self, session_id: str) -> list[PrefixEntry]:
+        """Length and hash of prompt+output of each completion of a session (for parent
+        linking; four small columns, no arrays)."""
+        columns = (CompletionRow.id, CompletionRow.full_len, CompletionRow.full_hash)
+        statement = select(*columns, CompletionRow.created_at).where(
+            CompletionRow.session_id == session_id, CompletionRow.full_hash.is_not(None)
+        )
+        with self._engine.connect() as connection:
+            return [PrefixEntry(*row) for row in connection.execute(statement)]
+
+    # Rewards.
+
+    def add_reward(self, record: RewardRecord) -> RewardRecord:
+        """Insert a reward unless its id exists; returns the stored reward either way
+        (first write wins, so a retried POST is harmless). IntegrityError when the named
+        completion or session does not exist."""
+        stored = self.get_reward(record.id)
+        if stored is not None:
+            return stored
+        try:
+            self._add(RewardRow(**row_values(record)))
+        except IntegrityError:
+            # Either a concurrent POST of the same id won the race (return its row), or
+            # a foreign key failed (no row: re-raise).
+            stored = self.get_reward(record.id)
+            if stored is None:
+                raise
+            return stored
+        return record
+
+    def get_reward(self, reward_id: str) -> RewardRecord | None:
+        """The reward `reward_id`, or None."""
+        return self._get(RewardRecord, RewardRow, reward_id)
+
+    def list_rewards(
+        self,
+        *,
+        session_id: str | None = None,
+        completion_id: str | None = None,
+        group_id: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[RewardRecord]:
+        """Rewards matching every given filter, oldest first."""
+        statement = select(RewardRow).order_by(RewardRow.created_at, RewardRow.id)
+        if session_id is not None:
+            statement = statement.where(RewardRow.session_id == session_id)
+        if completion_id is not None:
+            statement = statement.where(RewardRow.completion_id == completion_id)
+        if group_id is not None:
+            statement = statement.where(RewardRow.group_id == group_id)
+        return self._list(RewardRecord, paged(statement, limit, offset))
+
+    # Weight versions.
+
+    def add_weight_version(self, record: WeightVersionRecord) -> WeightVersionRecord:
+        """Record a published version (IntegrityError when it exists)."""
+        self._add(WeightVersionRow(**row_values(record)))
+        return record
+
+    def get_weight_version(self, version: int) -> WeightVersionRecord | None:
+        """Version `version`, or None."""
+        return self._get(WeightVersionRecord, WeightVersionRow, version)
+
+    def latest_weight_version(self) -> WeightVersionRecord | None:
+        """The highest published version, or None before the first publish."""
+        found = self.list_weight_versions(limit=1)
+        return found[0] if found else None
+
+    def list_weight_versions(
+        self, *, limit: int = 100, offset: int = 0
+    ) -> list[WeightVersionRecord]:
+        """Published versions, newest first."""
+        statement = select(WeightVersionRow).order_by(WeightVersionRow.version.desc())
+        return self._list(WeightVersionRecord, paged(statement, limit, offset))
+
+    def update_weight_version_metadata(
+        self, version: int, metadata: Mapping[str, Any]
+    ) -> WeightVersionRecord | None:
+        """Merge `metadata` into the version's metadata (top-level keys replaced) and
+        return the result; None if the version is unknown. Safe against concurrent
+        mergers: the no-op UPDATE first takes the row's write lock (PostgreSQL row lock;
+        SQLite write lock, since pysqlite begins the transaction at the first write), so
+        the read-modify-write cannot lose another writer's keys."""
+        with self._sessions.begin() as session:
+            locked = session.execute(
+                update(WeightVersionRow)
+                .where(WeightVersionRow.version == version)
+                .values(version=WeightVersionRow.version)
+                .execution_options(synchronize_session=False)
+            )
+            if not locked.rowcount:  # type: ignore[attr-defined]
+                return None
+            row = session.get(WeightVersionRow, version, populate_existing=True)
+            assert row is not None
+            row.meta = {**row.meta, **metadata}
+            return to_record(WeightVersionRecord, row)
+
+    # Train steps.
+
+    def add_train_step(self, record: TrainStepRecord) -> TrainStepRecord:
+        """Record an optimizer step (IntegrityError when the step exists)."""
+        self._add(TrainStepRow(**row_values(record)))
+        return record
+
+    def latest_train_step(self) -> TrainStepRecord | None:
+        """The highest step, or None before the first."""
+        statement = select(TrainStepRow).order_by(TrainStepRow.step.desc()).limit(1)
+        found = self._list(TrainStepRecord, statement)
+        return found[0] if found else None
+
+    def list_train_steps(
+        self, *, after_step: int | None = None, limit: int = 1000, offset: int = 0
+    ) -> list[TrainStepRecord]:
+        """Steps in ascending order, optionally only those after `after_step`."""
+        statement = select(TrainStepRow).order_by(TrainStepRow.step)
+        if after_step is not None:
+            statement = statement.where(TrainStepRow.step > after_step)
+        return self._list(TrainStepRecord, paged(statement, limit, offset))
