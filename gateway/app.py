@@ -151,6 +151,7 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                   redoc_url=None)
     install_error_handlers(app)
     app.include_router(openai.router)
+    app.include_router(openai.docs_router)  # schema only: HotRoutes answers these paths
     app.include_router(rl.router)
     app.include_router(rewards.router)
     app.include_router(admin.router)

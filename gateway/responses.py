@@ -309,9 +309,12 @@ class ResponsesStreamAssembler:
         return self._events(self._stream.update(choice), choice.cached_tokens)
 
     def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishLike | None, *, cached_tokens: int = 0) -> list[dict[str, Any]]:
+             finish: FinishLike | None, *,
+             new_top: Sequence[tuple[tuple[int, float], ...]] = (), cached_tokens: int = 0
+             ) -> list[dict[str, Any]]:
         """Events for new tokens only (backend deltas); `finish` set on the last push."""
-        return self._events(self._stream.push(new_ids, new_logprobs, finish), cached_tokens)
+        return self._events(self._stream.push(new_ids, new_logprobs, finish, new_top=new_top),
+                            cached_tokens)
 
     def _events(self, delta: StreamDelta, cached_tokens: int) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = [] if self._seq else self.start()

@@ -1,301 +1,222 @@
 """OpenAI routes: `/v1/chat/completions`, `/v1/responses`, `/v1/models` (also without `/v1`).
 
-Each handler reads top to bottom as the hop table says: authenticate → parse → render
-the chat template to ids → generate on a backend (token in, token out) → build the
-OpenAI reply from the returned ids → make the record durable → reply. Streaming sends
-tokens as the backend produces them; the record is durable before `[DONE]` (chat) or
-`response.completed` (Responses).
+The two completion routes are served by `gateway.hotpath.HotRoutes` (outside FastAPI,
+see there why) through the one pipeline in `gateway.pipeline`; the adapters here say
+only what differs between the two wire APIs. `docs_router` declares the same paths with
+their request and reply models, for `/openapi.json` and `/docs` only: the hot path
+answers these paths before FastAPI's router is reached, and parses with the same models.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body
 
 from gateway.auth import Principal
-from gateway.capture import build_records, persist
 from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
-from gateway.deps import PrincipalDep, StateDep, parse_model, read_json
-from gateway.errors import OpenAIError, bad_request
-from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
-from gateway.hotpath import EventStream, Handler, JsonReply, Reply
-from gateway.protocol import ChatCompletionRequest, InvalidRequestError, ResponsesRequest
+from gateway.deps import PrincipalDep, StateDep
+from gateway.errors import OpenAIError
+from gateway.hotpath import Handler
+from gateway.model_names import model_cards, resolve_model
+from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
+from gateway.protocol import ChatCompletionRequest, ResponsesRequest
+from gateway.replies import ChatCompletion, ErrorBody, Model, ModelList, Response
 from gateway.response_chain import with_previous_responses
 from gateway.responses import ResponsesStreamAssembler, build_response, responses_to_chat
-from gateway.sessions import session_for_request
 from gateway.sglang_types import GenerationDelta
 from gateway.state import GatewayState
-from gateway.translate import (
-    GeneratedChoice,
-    SamplingSpec,
-    Usage,
-    build_chat_completion,
-    parse_choice,
-    render_prompt_ids,
-    resolve_sampling,
-    tools_enabled,
-)
+from gateway.translate import ParsedChoice, Usage, build_chat_completion
 
 router = APIRouter()
-
-
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-"""Compact JSON of a reply or stream chunk. Built once: `json.dumps` with arguments makes
-a new encoder per call (~2 of its ~5 µs for a stream chunk)."""
-
-
-def _json(body: dict[str, Any], request_id: str) -> JsonReply:
-    return JsonReply(_dumps(body).encode(), request_id)
-
-
-def check_model(state: GatewayState, model: str | None) -> None:
-    """404 `model_not_found` unless `model` is the served model's id."""
-    if model != state.config.gateway.model_name:
-        raise OpenAIError(404, f"The model `{model}` does not exist or you do not have access "
-                          f"to it. This gateway serves `{state.config.gateway.model_name}`.",
-                          param="model", code="model_not_found")
-
-
-def prepare(state: GatewayState, messages: list[dict[str, Any]], tools: Any, tool_choice: Any,
-            sampling: Any, param: str) -> tuple[list[int], SamplingSpec]:
-    """Prompt ids (the served model's chat template) and the sampling actually used."""
-    gw = state.config.gateway
-    try:
-        prompt_ids = render_prompt_ids(state.tokenizer, messages, tools, tool_choice)
-        spec = resolve_sampling(sampling, prompt_tokens=len(prompt_ids),
-                                context_length=state.context_length,
-                                default_max_tokens=gw.default_max_tokens, mode=gw.sampling,
-                                training_temperature=gw.training_temperature, param=param)
-    except InvalidRequestError as exc:
-        raise bad_request(exc.message, exc.param, exc.code) from exc
-    return prompt_ids, spec
-
-
-async def _first_or_error(deltas: AsyncIterator[tuple[int, GenerationDelta]]
-                          ) -> tuple[int, GenerationDelta] | None:
-    """The first delta, pulled before the response starts so a failure is still a plain
-    HTTP error (503/400) rather than an error event inside a 200 stream."""
-    try:
-        return await deltas.__anext__()
-    except StopAsyncIteration:
-        return None
 
 
 # ------------------------------------------------------------------ chat completions
 
 
-async def chat_completions(request: Request, state: GatewayState, principal: Principal
-                           ) -> Reply:
+class ChatAdapter(WireAdapter[ChatCompletionRequest]):
     """OpenAI Chat Completions, streaming or not, recorded token for token."""
-    started = time.perf_counter()
-    body = await read_json(request)
-    req = parse_model(ChatCompletionRequest, body)
-    check_model(state, req.model)
-    session_id = await session_for_request(state, principal, request, body)
-    tools, tool_choice = req.chat_tools(), req.chat_tool_choice()
-    prompt_ids, spec = prepare(state, req.message_dicts(), tools, tool_choice,
-                               req.client_sampling(), "messages")
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    parse_tools = tools_enabled(tools, tool_choice)
-    requests = generate_requests(prompt_ids, spec, completion_id, req.wants_logprobs())
 
-    def finish(choices: list[Any], generations: list[Any]) -> dict[str, Any]:
-        usage = Usage.of(len(prompt_ids), choices)
-        state.metrics.prompt_tokens.inc(len(prompt_ids))
-        state.metrics.completion_tokens.inc(usage.completion_tokens)
-        return build_chat_completion(completion_id=completion_id, model=req.model,
-                                     created=created, choices=choices, usage=usage)
+    label = "chat"
+    request_model = ChatCompletionRequest
+    id_prefix = "chatcmpl-"
+    prompt_param = "messages"
 
-    def records(generations: list[Any], choices: list[Any], response: dict[str, Any]
-                ) -> list[Any]:
-        return build_records(
-            completion_id=completion_id, model=req.model, prompt_ids=prompt_ids,
-            generations=generations, choices=choices, spec=spec, request_json=body,
-            response_json=response, session_id=session_id, api_key_id=principal.key_id,
-            started=started)
+    async def conversation(self, state: GatewayState, principal: Principal,
+                           request: ChatCompletionRequest) -> Conversation:
+        return Conversation(request.message_dicts(), request.chat_tools(),
+                            request.chat_tool_choice())
 
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        assemblers = [ChatStreamAssembler(
-            state.tokenizer, completion_id=completion_id, model=req.model, created=created,
-            index=i, parse_tools=parse_tools, stop=spec.stop, logprobs=req.wants_logprobs())
-            for i in range(spec.n)]
-        deltas = stream_all(state, requests, session_id)
-        first = await _first_or_error(deltas)
-        state.metrics.ttft.observe(time.perf_counter() - started)
+    def reply(self, turn: Turn[ChatCompletionRequest], choices: Sequence[ParsedChoice],
+              usage: Usage) -> dict[str, Any]:
+        return build_chat_completion(completion_id=turn.completion_id, model=turn.model,
+                                     created=int(turn.created), choices=choices, usage=usage)
 
-        async def chat_events() -> AsyncIterator[str]:
-            acc = [StreamedChoice(r.rid) for r in requests]
-            for asm in assemblers:
-                yield f"data: {_dumps(asm.start())}\n\n"
-            item = first
-            while item is not None:
-                index, delta = item
-                acc[index].add(delta)
-                # One write per backend delta: a socket send per chunk was the largest
-                # streaming cost under load.
-                out = "".join(f"data: {_dumps(chunk)}\n\n" for chunk in assemblers[index].push(
-                    delta.output_ids, delta.output_logprobs, delta.finish_reason,
-                    new_top=delta.output_top_logprobs))
-                if out:
-                    yield out
-                item = await anext(deltas, None)
-            choices = [asm.result for asm in assemblers]
-            generations = [a.generation(len(prompt_ids), started) for a in acc]
-            response = finish(choices, generations)
-            if include_usage:
-                usage_chunk = build_usage_chunk(completion_id=completion_id, model=req.model,
-                                                created=created, usage=Usage.of(
-                                                    len(prompt_ids), choices))
-                yield f"data: {_dumps(usage_chunk)}\n\n"
-            await persist(state, records(generations, choices, response))
-            yield "data: [DONE]\n\n"
-
-        return _sse(state, chat_events(), deltas, completion_id,
-                    on_error=lambda e: f"data: {_dumps(e.body())}\n\n")
-
-    generations = await generate_all(state, requests, session_id)
-    choices = [parse_choice(state.tokenizer, GeneratedChoice(g.output_ids, g.output_logprobs,
-                                                             g.finish_reason,
-                                                             g.output_top_logprobs),
-                            completion_id=completion_id, index=i, parse_tools=parse_tools,
-                            logprobs=req.wants_logprobs())
-               for i, g in enumerate(generations)]
-    response = finish(choices, generations)
-    await persist(state, records(generations, choices, response))
-    return _json(response, completion_id)
+    def stream(self, turn: Turn[ChatCompletionRequest]) -> StreamEncoder:
+        return ChatStream(self, turn)
 
 
-def _sse(state: GatewayState, events: AsyncIterator[str],
-         deltas: AsyncIterator[tuple[int, GenerationDelta]], request_id: str, *,
-         on_error: Callable[[OpenAIError], str]) -> EventStream:
-    """A streaming reply that turns a failure after the first byte into one error
-    event and closes the backend stream in every case (client gone included)."""
+class ChatStream(StreamEncoder):
+    """`data: {chat.completion.chunk}` events; `data: [DONE]` once the record is durable
+    (the `include_usage` chunk just before)."""
 
-    async def guarded() -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                yield event
-        except OpenAIError as exc:
-            yield on_error(exc)
-        finally:
-            await deltas.aclose()
+    def __init__(self, adapter: ChatAdapter, turn: Turn[ChatCompletionRequest]) -> None:
+        self._adapter = adapter
+        self._turn = turn
+        self._assemblers = [ChatStreamAssembler(
+            turn.state.tokenizer, completion_id=turn.completion_id, model=turn.model,
+            created=int(turn.created), index=i, parse_tools=turn.parse_tools,
+            stop=turn.spec.stop, logprobs=turn.logprobs) for i in range(turn.spec.n)]
 
-    return EventStream(guarded(), request_id)
+    def start(self) -> str:
+        return "".join(f"data: {dumps(asm.start())}\n\n" for asm in self._assemblers)
+
+    def push(self, index: int, delta: GenerationDelta) -> str:
+        return "".join(f"data: {dumps(chunk)}\n\n" for chunk in self._assemblers[index].push(
+            delta.output_ids, delta.output_logprobs, delta.finish_reason,
+            new_top=delta.output_top_logprobs))
+
+    def end(self) -> StreamEnd:
+        turn = self._turn
+        choices = [asm.result for asm in self._assemblers]
+        assert all(c is not None for c in choices), "a choice's stream did not finish"
+        done: list[ParsedChoice] = choices  # type: ignore[assignment]
+        usage = Usage.of(len(turn.prompt_ids), done)
+        before = ""
+        options = turn.request.stream_options
+        if options is not None and options.include_usage:
+            chunk = build_usage_chunk(completion_id=turn.completion_id, model=turn.model,
+                                      created=int(turn.created), usage=usage)
+            before = f"data: {dumps(chunk)}\n\n"
+        return StreamEnd(done, self._adapter.reply(turn, done, usage), before,
+                         "data: [DONE]\n\n")
+
+    def fail(self, error: OpenAIError) -> str:
+        return f"data: {dumps(error.body())}\n\n"
 
 
 # ------------------------------------------------------------------ responses
 
 
-async def responses(request: Request, state: GatewayState, principal: Principal) -> Reply:
+class ResponsesAdapter(WireAdapter[ResponsesRequest]):
     """OpenAI Responses (the Agents SDK's default and Codex), translated to one chat turn."""
-    started = time.perf_counter()
-    body = await read_json(request)
-    req = parse_model(ResponsesRequest, body)
-    check_model(state, req.model)
-    session_id = await session_for_request(state, principal, request, body)
-    try:
+
+    label = "responses"
+    request_model = ResponsesRequest
+    id_prefix = "resp_"
+    prompt_param = "input"
+
+    async def conversation(self, state: GatewayState, principal: Principal,
+                           request: ResponsesRequest) -> Conversation:
         messages, tools, tool_choice = responses_to_chat(
-            await with_previous_responses(state, principal, req))
-    except InvalidRequestError as exc:
-        raise bad_request(exc.message, exc.param, exc.code) from exc
-    prompt_ids, spec = prepare(state, messages, tools, tool_choice, req.client_sampling(),
-                               "input")
-    response_id = f"resp_{uuid.uuid4().hex}"
-    created_at = time.time()
-    parse_tools = tools_enabled(tools, tool_choice)
-    requests = generate_requests(prompt_ids, spec, response_id, req.wants_logprobs())
+            await with_previous_responses(state, principal, request))
+        return Conversation(messages, tools, tool_choice)
 
-    def records(generation: Any, choice: Any, response: dict[str, Any]) -> list[Any]:
-        return build_records(
-            completion_id=response_id, model=req.model, prompt_ids=prompt_ids,
-            generations=[generation], choices=[choice], spec=spec, request_json=body,
-            response_json=response, session_id=session_id, api_key_id=principal.key_id,
-            started=started)
+    def reply(self, turn: Turn[ResponsesRequest], choices: Sequence[ParsedChoice],
+              usage: Usage) -> dict[str, Any]:
+        (choice,) = choices
+        return build_response(turn.request, response_id=turn.completion_id,
+                              created_at=turn.created, model=turn.model, choice=choice,
+                              usage=usage, sampling=turn.spec)
 
-    if req.stream:
-        asm = ResponsesStreamAssembler(
-            req, state.tokenizer, response_id=response_id, created_at=created_at,
-            model=req.model, sampling=spec, prompt_tokens=len(prompt_ids),
-            parse_tools=parse_tools, logprobs=req.wants_logprobs())
-        deltas = stream_all(state, requests, session_id)
-        first = await _first_or_error(deltas)
-        state.metrics.ttft.observe(time.perf_counter() - started)
+    def stream(self, turn: Turn[ResponsesRequest]) -> StreamEncoder:
+        return ResponsesStream(turn)
 
-        def event(e: dict[str, Any]) -> str:
-            return f"event: {e['type']}\ndata: {_dumps(e)}\n\n"
 
-        async def response_events() -> AsyncIterator[str]:
-            acc = StreamedChoice(requests[0].rid)
-            for e in asm.start():
-                yield event(e)
-            item = first
-            final: list[dict[str, Any]] = []
-            while item is not None:
-                _, delta = item
-                acc.add(delta)
-                for e in asm.push(delta.output_ids, delta.output_logprobs, delta.finish_reason):
-                    if e["type"] == "response.completed":
-                        final.append(e)  # sent once the record is durable
-                    else:
-                        yield event(e)
-                item = await anext(deltas, None)
-            assert asm.response is not None and asm.result is not None
-            await persist(state, records(acc.generation(len(prompt_ids), started), asm.result,
-                                         asm.response))
-            for e in final:
-                yield event(e)
+def _event(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {dumps(event)}\n\n"
 
-        return _sse(state, response_events(), deltas, response_id,
-                    on_error=lambda e: "".join(event(x) for x in asm.fail(
-                        e.code or "server_error", e.message)))
 
-    (generation,) = await generate_all(state, requests, session_id)
-    choice = parse_choice(state.tokenizer, GeneratedChoice(
-        generation.output_ids, generation.output_logprobs, generation.finish_reason),
-        completion_id=response_id, parse_tools=parse_tools, logprobs=req.wants_logprobs())
-    usage = Usage.of(len(prompt_ids), [choice])
-    response = build_response(req, response_id=response_id, created_at=created_at,
-                              model=req.model, choice=choice, usage=usage, sampling=spec)
-    await persist(state, records(generation, choice, response))
-    return _json(response, response_id)
+class ResponsesStream(StreamEncoder):
+    """Responses SSE events; `response.completed` once the record is durable."""
 
+    def __init__(self, turn: Turn[ResponsesRequest]) -> None:
+        self._asm = ResponsesStreamAssembler(
+            turn.request, turn.state.tokenizer, response_id=turn.completion_id,
+            created_at=turn.created, model=turn.model, sampling=turn.spec,
+            prompt_tokens=len(turn.prompt_ids), parse_tools=turn.parse_tools,
+            logprobs=turn.logprobs)
+        self._final: list[dict[str, Any]] = []
+
+    def start(self) -> str:
+        return "".join(_event(e) for e in self._asm.start())
+
+    def push(self, index: int, delta: GenerationDelta) -> str:
+        out = []
+        for e in self._asm.push(delta.output_ids, delta.output_logprobs, delta.finish_reason,
+                                new_top=delta.output_top_logprobs):
+            if e["type"] == "response.completed":
+                self._final.append(e)  # sent once the record is durable
+            else:
+                out.append(_event(e))
+        return "".join(out)
+
+    def end(self) -> StreamEnd:
+        asm = self._asm
+        assert asm.response is not None and asm.result is not None
+        return StreamEnd([asm.result], asm.response, "", "".join(map(_event, self._final)))
+
+    def fail(self, error: OpenAIError) -> str:
+        return "".join(map(_event, self._asm.fail(error.code or "server_error",
+                                                   error.message)))
+
+
+CHAT = ChatAdapter()
+RESPONSES = ResponsesAdapter()
 
 HOT_ROUTES: dict[str, tuple[str, Handler]] = {
-    path: (label, handler)
-    for label, handler, paths in (
-        ("chat", chat_completions, ("/v1/chat/completions", "/chat/completions")),
-        ("responses", responses, ("/v1/responses", "/responses")))
+    path: (adapter.label, adapter.handle)
+    for adapter, paths in ((CHAT, ("/v1/chat/completions", "/chat/completions")),
+                           (RESPONSES, ("/v1/responses", "/responses")))
     for path in paths}
 """Served by `gateway.hotpath.HotRoutes`, outside FastAPI (see there why)."""
+
+
+# ------------------------------------------------------------------ schema of the hot routes
+
+docs_router = APIRouter()
+"""The hot routes as `/openapi.json` documents them; never reached (see the module
+docstring), so the endpoints below only declare bodies."""
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text} for code, text in (
+        (400, "invalid request (names the `param`)"), (401, "unknown or revoked key"),
+        (404, "unknown model, session or previous response"),
+        (409, "the session has ended"), (413, "body over gateway.max_request_bytes"),
+        (503, "no backend available (retry-after) or the record could not be stored"))}
+_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+@docs_router.post("/v1/chat/completions", response_model=ChatCompletion, responses={
+    **_ERRORS, 200: {"content": _STREAM, "description": "a chat.completion, or with "
+                     "`stream: true` `chat.completion.chunk` events ending in `[DONE]`"}})
+async def chat_completions(body: ChatCompletionRequest = Body()) -> ChatCompletion:
+    """OpenAI Chat Completions, streaming or not, recorded token for token."""
+    raise AssertionError("served by gateway.hotpath.HotRoutes")
+
+
+@docs_router.post("/v1/responses", response_model=Response, responses={
+    **_ERRORS, 200: {"content": _STREAM, "description": "a response, or with "
+                     "`stream: true` Responses events ending in `response.completed`"}})
+async def responses(body: ResponsesRequest = Body()) -> Response:
+    """OpenAI Responses (the Agents SDK's default and Codex), one chat turn."""
+    raise AssertionError("served by gateway.hotpath.HotRoutes")
 
 
 # ------------------------------------------------------------------ models
 
 
-def model_card(state: GatewayState) -> dict[str, Any]:
-    """The served model as `/v1/models` lists it."""
-    return {"id": state.config.gateway.model_name, "object": "model",
-            "created": int(state.started_at), "owned_by": "areal-service",
-            "max_model_len": state.context_length}
-
-
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)
-async def list_models(state: StateDep, _: PrincipalDep) -> dict[str, Any]:
-    """The one served model (OpenClaw and others discover it here)."""
-    return {"object": "list", "data": [model_card(state)]}
+async def list_models(state: StateDep, _: PrincipalDep) -> ModelList:
+    """The served model and its configured aliases (OpenClaw and others discover it here)."""
+    return ModelList(data=model_cards(state))
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorBody}})
 @router.get("/models/{model_id:path}", include_in_schema=False)
-async def get_model(model_id: str, state: StateDep, _: PrincipalDep) -> dict[str, Any]:
+async def get_model(model_id: str, state: StateDep, _: PrincipalDep) -> Model:
     """The model card, or 404 `model_not_found`."""
-    check_model(state, model_id)
-    return model_card(state)
+    name = resolve_model(state.config.gateway, model_id)
+    return next((card for card in model_cards(state) if card.id == name),
+                model_cards(state)[0].model_copy(update={"id": name}))
