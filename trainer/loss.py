@@ -5,11 +5,19 @@ Per trained token t, with A_t its sequence's advantage:
   w_t     = exp(logp_prox - logp_behave)                 behaviour weight, no gradient
   ratio_t = exp(logp_theta - logp_prox)
   pg_t    = -min(ratio_t * A_t, clip(ratio_t, 1 - eps_clip, 1 + eps_high) * A_t)
-  loss    = sum_t keep_t * w_t * pg_t / N  +  kl_coef * sum_t k3(theta, ref)_t / N
+  kl_t    = exp(logp_ref - logp_theta) - (logp_ref - logp_theta) - 1
+  loss    = sum_t keep_t * w_t * pg_t / N  +  kl_coef * sum_t kl_t / N
 where keep_t = [w_t <= behav_imp_weight_cap] and N is the number of trained tokens
 (token-level mean). As in AReaL, a token over the cap is masked out (weight 0), not
 clamped, and still counts in N: clamping would keep a gradient from a sample the
-behaviour policy almost never draws. k3(theta, ref) = exp(ref - theta) - (ref - theta) - 1.
+behaviour policy almost never draws.
+
+kl_t is Schulman's k3 estimator of KL(pi_theta || pi_ref) (GRPO's and verl's
+`low_var_kl`): with r = pi_ref/pi_theta at the sampled token, r - log r - 1 >= 0, and
+its expectation under pi_theta is the KL exactly. Its gradient in logp_theta is
+1 - r: it pulls a token's logprob down where the policy is above the reference and up
+where below. It is applied to every trained token (capped ones included: the penalty
+keeps the policy near pi_ref whatever the behaviour weight).
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ class LossStats:
     approx_kl: torch.Tensor
     """Sum of k3 KL(behave || theta) = exp(d) - 1 - d, d = logp_theta - logp_behave
     (unbiased for samples drawn from the behaviour policy, always >= 0)."""
+    ref_kl: torch.Tensor
+    """Sum of kl_t, the k3 KL(theta || ref) of the penalty (0 without reference
+    logprobs)."""
     entropy: torch.Tensor
     """Sum of the entropy of pi_theta(. / T) (0 when no entropy was given)."""
 
@@ -45,13 +56,14 @@ class LossStats:
         return LossStats.from_vector(self.vector() + other.vector())
 
     def vector(self) -> torch.Tensor:
-        """The six sums as one float64 vector (for a single all_reduce)."""
+        """The seven sums as one float64 vector (for a single all_reduce)."""
         parts = (
             self.n_tokens,
             self.importance_weight,
             self.clipped,
             self.capped,
             self.approx_kl,
+            self.ref_kl,
             self.entropy,
         )
         return torch.stack([p.to(torch.float64) for p in parts])
@@ -62,7 +74,7 @@ class LossStats:
 
     def summary(self) -> LossSummary:
         """Means per token (one host sync)."""
-        n, w, clipped, capped, kl, ent = self.vector().tolist()
+        n, w, clipped, capped, kl, ref_kl, ent = self.vector().tolist()
         kept = n - capped
         return LossSummary(
             n_tokens=int(n),
@@ -70,6 +82,7 @@ class LossStats:
             clip_ratio=clipped / n if n else 0.0,
             capped_ratio=capped / n if n else 0.0,
             approx_kl=kl / n if n else 0.0,
+            ref_kl=ref_kl / n if n else 0.0,
             entropy=ent / n if n else 0.0,
         )
 
@@ -84,6 +97,8 @@ class LossSummary:
     clip_ratio: float
     capped_ratio: float
     approx_kl: float
+    ref_kl: float
+    """Mean kl_t: the KL(pi_theta || pi_ref) estimate of the penalty."""
     entropy: float
 
 
@@ -163,19 +178,24 @@ def ppo_loss(
     pg = torch.maximum(unclipped_loss, clipped_loss)
     loss = torch.where(keep, w * pg, 0.0).sum() / norm
 
-    if ref_logp is not None and kl_coef > 0:
+    zero = torch.zeros((), device=logp.device)
+    ref_kl = zero
+    if ref_logp is not None:
         d = ref_logp.detach().float() - logp
-        loss = loss + kl_coef * torch.where(mask, d.exp() - d - 1.0, 0.0).sum() / norm
+        kl = torch.where(mask, d.exp() - d - 1.0, 0.0).sum()
+        ref_kl = kl.detach()
+        if kl_coef > 0:
+            loss = loss + kl_coef * kl / norm
 
     with torch.no_grad():
         d_behave = logp - behave_logp.float()
-        zero = torch.zeros((), device=logp.device)
         stats = LossStats(
             n_tokens=n.float(),
             importance_weight=w.sum(),
             clipped=(mask & (clipped_loss > unclipped_loss)).sum().float(),
             capped=capped.sum().float(),
             approx_kl=torch.where(mask, d_behave.exp() - 1.0 - d_behave, 0.0).sum(),
+            ref_kl=ref_kl,
             entropy=zero if entropy is None else torch.where(mask, entropy.float(), 0.0).sum(),
         )
     return loss, stats

@@ -10,6 +10,10 @@ Batch definitions (over every sequence of the batch unless said otherwise):
   avg_prompt_len  mean tokens before the first generated token
   no_eos_ratio    share of sequences whose last generated token is not an EOS id
   staleness_*     version being trained - oldest token version of each sequence
+
+Step definitions (token means over the trained tokens): approx_kl is k3 KL(behave ||
+theta), how far the trained policy is from what sampled; ref_kl is k3 KL(theta || ref),
+the penalty's KL to the reference model (0 when trainer.kl_coef = 0).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ METRIC_NAMES = (
     "importance_weight",
     "clip_ratio",
     "approx_kl",
+    "ref_kl",
     "entropy",
     "avg_seq_len",
     "avg_prompt_len",
@@ -91,6 +96,7 @@ def step_metrics(stats: StepStats) -> dict[str, float]:
         "importance_weight": stats.importance_weight,
         "clip_ratio": stats.clip_ratio,
         "approx_kl": stats.approx_kl,
+        "ref_kl": stats.ref_kl,
         "entropy": stats.entropy,
         "tokens_per_s": stats.tokens_per_s,
         "loss": stats.loss,
@@ -142,7 +148,8 @@ class MetricsWriter:
         swap = f" swap {m['time_swap_s']:.2f}s" if "time_swap_s" in m else ""
         return (
             f"{progress} v{version} | reward {m['task_reward']:.3f} |A| {m['advantage']:.3f} "
-            f"loss {m['loss']:.4f} kl {m['approx_kl']:.4f} clip {m['clip_ratio']:.3f} "
+            f"loss {m['loss']:.4f} kl {m['approx_kl']:.4f} ref_kl {m['ref_kl']:.4f} "
+            f"clip {m['clip_ratio']:.3f} "
             f"ent {m['entropy']:.3f} gnorm {m['grad_norm']:.3f} | "
             f"{m['episodes']:.0f} ep ({m['dropped_episodes']:.0f} dropped) "
             f"len {m['avg_seq_len']:.0f} no_eos {m['no_eos_ratio']:.2f} "

@@ -94,6 +94,20 @@ def load_policy(
     return model.to(device).train()
 
 
+def load_reference(
+    model_dir: str | Path, *, mixed_precision: bool = False
+) -> PreTrainedModel:
+    """The frozen reference policy pi_ref of the KL penalty: loaded like the policy and
+    sharded the same way (FSDP2 over the default group, the same mixed precision, so
+    its logprobs are computed exactly as the policy's), in eval mode, with no
+    parameter requiring grad; it is given no optimizer. Memory per rank: one shard of
+    the weights (the policy additionally holds grads and two AdamW moments)."""
+    model = load_policy(model_dir)
+    model.requires_grad_(False)
+    model.eval()
+    return apply_fsdp2(model, mixed_precision=mixed_precision)
+
+
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks HF names in `_no_split_modules` (e.g. Qwen2DecoderLayer)."""
     names = set(getattr(model, "_no_split_modules", None) or ())

@@ -39,6 +39,9 @@ class StepStats:
     clip_ratio: float
     capped_ratio: float
     approx_kl: float
+    ref_kl: float
+    """Mean k3 KL(pi_theta || pi_ref) per trained token, before each update (0 without
+    a reference model)."""
     entropy: float
     n_tokens: int
     """Trained tokens, all ranks."""
@@ -72,8 +75,17 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tens
 def compute_logprobs(
     model: torch.nn.Module, micro_batches: Sequence[MicroBatch]
 ) -> list[torch.Tensor]:
-    """logp of every micro-batch's targets without grad (pi_prox or a reference model)."""
-    return [forward_logprobs(model, mb)[0] for mb in micro_batches]
+    """logp of every micro-batch's targets without grad (pi_prox or a reference model).
+
+    FSDP2 keeps the root's parameters (embeddings, lm_head) gathered after a forward,
+    expecting a backward; none follows here, so they are resharded at the end (for a
+    reference model that is otherwise a full copy of its largest tensors held between
+    steps)."""
+    out = [forward_logprobs(model, mb)[0] for mb in micro_batches]
+    reshard = getattr(model, "reshard", None)  # FSDPModule; absent on a plain module
+    if reshard is not None:
+        reshard()
+    return out
 
 
 def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -151,9 +163,10 @@ def train_step(
     With more than one minibatch, pi_prox is recomputed for the whole batch (no grad)
     before the first update, and micro-batches are dealt round-robin to minibatches;
     with one, pi_prox is logp_theta detached (ratio 1; only w and the advantage act).
-    With cfg.kl_coef > 0 and a `ref_model`, reference logprobs are computed first (or
-    the caller fills MicroBatch.ref_logprobs; without either there is no KL term).
-    Micro-batches must already be on the model's device.
+    With cfg.kl_coef > 0, reference logprobs come from `ref_model`, computed first over
+    the same packed micro-batches (or the caller fills MicroBatch.ref_logprobs); a
+    missing reference is an error, not a silently absent KL term. Micro-batches must
+    already be on the model's device.
     """
     start = time.perf_counter()
     mbs = list(micro_batches)
@@ -162,6 +175,8 @@ def train_step(
     if cfg.kl_coef > 0 and ref_model is not None:
         ref = compute_logprobs(ref_model, mbs)
         mbs = [replace(mb, ref_logprobs=lp) for mb, lp in zip(mbs, ref, strict=True)]
+    elif cfg.kl_coef > 0 and any(mb.ref_logprobs is None for mb in mbs):
+        raise ValueError("trainer.kl_coef > 0 needs a ref_model or MicroBatch.ref_logprobs")
     k = min(cfg.ppo_minibatches, len(mbs))
     if k > 1:
         prox = compute_logprobs(model, mbs)  # one pi_prox for the whole batch
@@ -186,6 +201,7 @@ def train_step(
         clip_ratio=summary.clip_ratio,
         capped_ratio=summary.capped_ratio,
         approx_kl=summary.approx_kl,
+        ref_kl=summary.ref_kl,
         entropy=summary.entropy,
         n_tokens=summary.n_tokens,
         n_input_tokens=n_input,

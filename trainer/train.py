@@ -55,6 +55,7 @@ from trainer.model import (
     destroy_distributed,
     init_distributed,
     load_policy,
+    load_reference,
     resolve_dtype,
 )
 from trainer.publish import publish_weights
@@ -93,6 +94,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         eos_ids = eos_token_ids(model)
         bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
         model = apply_fsdp2(model, mixed_precision=bf16)
+        ref_model = reference_model(cfg, model_dir, mixed_precision=bf16)
         optimizer = build_optimizer(model, cfg)
         ckpt = restore_checkpoint(model, optimizer, config.checkpoint_dir())
         store = claimer = held = writer = None
@@ -125,7 +127,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             advantages = sequence_advantages(groups, cfg.advantage, cfg.adv_eps)
             micro_batches = shard_micro_batches(groups, advantages, cfg.max_tokens_per_mb, info)
             t0 = time.perf_counter()
-            stats = train_step(model, optimizer, micro_batches, cfg)
+            stats = train_step(model, optimizer, micro_batches, cfg, ref_model=ref_model)
             train_s = time.perf_counter() - t0
             # A stop signal during training lets the step finish: publishing keeps its
             # work, and the next batch wait sees `stop` and ends the loop.
@@ -210,6 +212,19 @@ def _prepare_model_dir(config: ServiceConfig, info: DistInfo) -> Path:
             "`areal-service train`, which builds the tiny model when none is configured")
     dist.barrier()
     return model_dir
+
+
+def reference_model(
+    cfg: TrainerConfig, model_dir: Path, *, mixed_precision: bool
+) -> torch.nn.Module | None:
+    """pi_ref for the KL penalty: `trainer.ref_model`, else the initial checkpoint
+    `model_dir` (v0; also after a resume, so the penalty anchors to where training
+    started, not to the last checkpoint). None, and nothing loaded, when kl_coef is 0."""
+    if cfg.kl_coef == 0:
+        return None
+    path = Path(cfg.ref_model) if cfg.ref_model else model_dir
+    log.info("KL penalty %g: reference model from %s", cfg.kl_coef, path)
+    return load_reference(path, mixed_precision=mixed_precision)
 
 
 def eos_token_ids(model: torch.nn.Module) -> frozenset[int]:

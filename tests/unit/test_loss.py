@@ -42,7 +42,7 @@ def test_loss_value_and_stats():
     # k3 of theta vs behaviour: exp(d) - 1 - d with exp(d) = ratio * w
     k3 = [rw - 1 - math.log(rw) for rw in (r * w for r, w in zip(RATIO, W, strict=True))]
     assert s.approx_kl == pytest.approx(sum(k3) / 5, rel=1e-5)
-    assert s.entropy == 0.0
+    assert s.entropy == 0.0 and s.ref_kl == 0.0
 
 
 def test_gradient_matches_analytic():
@@ -90,14 +90,43 @@ def test_kl_penalty_k3():
     logp = torch.tensor([-1.0, -2.0], requires_grad=True)
     ref = torch.tensor([-1.5, -1.0])
     adv = torch.zeros(2)
-    loss, _ = ppo_loss(
+    loss, stats = ppo_loss(
         logp, logp.detach(), logp.detach(), adv, eps_clip=0.2, ref_logp=ref, kl_coef=0.1
     )
     d = [-0.5, 1.0]  # ref - theta
-    assert loss.item() == pytest.approx(0.1 * sum(math.exp(x) - x - 1 for x in d) / 2, rel=1e-6)
+    k3 = [math.exp(x) - x - 1 for x in d]  # [0.106531, 0.718282]
+    assert sum(k3) / 2 == pytest.approx(0.4124065, rel=1e-6)
+    assert loss.item() == pytest.approx(0.1 * sum(k3) / 2, rel=1e-6)
+    assert stats.summary().ref_kl == pytest.approx(sum(k3) / 2, rel=1e-6)
     loss.backward()
     # d/dtheta [exp(ref - theta) - (ref - theta) - 1] = 1 - exp(ref - theta)
     assert logp.grad.tolist() == pytest.approx([0.1 * (1 - math.exp(x)) / 2 for x in d], rel=1e-5)
+
+
+def test_kl_term_adds_to_the_ppo_loss_over_masked_tokens():
+    """PPO term and KL term together, by hand: the KL counts every masked token (a
+    capped one too), shares the normalizer, and kl_coef = 0 leaves the loss and the
+    gradient as without a reference while still reporting ref_kl."""
+    logp, prox, behave, adv = _inputs()
+    ref = prox + torch.tensor([0.0, 0.3, -0.2, 0.5, -1.0])
+    mask = torch.tensor([True, True, True, True, False])
+    kw = dict(eps_clip=0.2, behav_imp_weight_cap=5.0, mask=mask)
+    loss, stats = ppo_loss(logp, prox, behave, adv, ref_logp=ref, kl_coef=0.5, **kw)
+    d = [r - (p + math.log(x)) for r, p, x in zip(ref.tolist(), prox.tolist(), RATIO, strict=True)]
+    k3 = [math.exp(x) - x - 1 for x in d]
+    pg = sum(k * w * g for k, w, g in zip(KEEP[:4], W[:4], PG[:4], strict=True))
+    assert loss.item() == pytest.approx((pg + 0.5 * sum(k3[:4])) / 4, rel=1e-6)
+    assert stats.summary().ref_kl == pytest.approx(sum(k3[:4]) / 4, rel=1e-6)
+    loss.backward()
+    pg_grad = [-1.0 * 1.0 * 1.0, 0.0, 0.0, 0.0, 0.0]  # tok0 only: unclipped and kept
+    expected = [(g + 0.5 * (1 - math.exp(x))) / 4 for g, x in zip(pg_grad, d, strict=True)]
+    expected[4] = 0.0  # masked out
+    assert logp.grad.tolist() == pytest.approx(expected, abs=1e-6)
+
+    logp0, *_ = _inputs()
+    off, off_stats = ppo_loss(logp0, prox, behave, adv, ref_logp=ref, kl_coef=0.0, **kw)
+    assert off.item() == pytest.approx(pg / 4, rel=1e-6)
+    assert off_stats.summary().ref_kl == pytest.approx(sum(k3[:4]) / 4, rel=1e-6)
 
 
 def test_entropy_is_averaged_over_masked_tokens():
