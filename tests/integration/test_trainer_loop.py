@@ -1,6 +1,6 @@
 """The trainer loop against real parts: episodes through the real gateway and engine,
-training on CPU (gloo, world size 1), publishing, the gateway's syncer swapping the
-engine; a trainer subprocess SIGKILLed mid-run and restarted that resumes and never
+training on CPU (gloo, world size 1) with a KL penalty, publishing, the gateway's syncer
+swapping the engine, whose logprobs then equal the trainer's own recomputation; a trainer subprocess SIGKILLed mid-run and restarted that resumes and never
 trains an episode twice; checkpoint round trips at world size 1 and 2 (gloo); the
 recovery rules; equal micro-batch counts across ranks."""
 
@@ -54,7 +54,7 @@ from trainer.model import (
     init_distributed,
     load_policy,
 )
-from trainer.step import build_optimizer, train_step
+from trainer.step import build_optimizer, forward_logprobs, train_step
 from trainer.train import (
     main,
     newer_published_weights,
@@ -100,9 +100,42 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _served_sequence(store: TrajectoryStore, completion_id: str) -> TrainSequence:
+    """A stored completion as the trainer sees it: prompt + output, the engine's
+    behaviour logprobs on the output tokens."""
+    c = store.get_completion(completion_id)
+    n_prompt, n_out = len(c.prompt_ids), len(c.output_ids)
+    return TrainSequence(
+        session_id=c.session_id or "", group_id=None, completion_ids=(c.id,),
+        input_ids=c.prompt_ids + c.output_ids, loss_mask=(0,) * n_prompt + (1,) * n_out,
+        logprobs=(0.0,) * n_prompt + c.output_logprobs,
+        versions=(-1,) * n_prompt + c.output_versions, reward=0.0, temperature=c.temperature)
+
+
+def _trainer_logprobs(model_dir: Path, sequences: list[TrainSequence]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(trainer's logprobs, engine's logprobs) of the sequences' output tokens: the
+    trainer's own path (FSDP2 policy at world size 1, packed micro-batch,
+    forward_logprobs) on the weights in `model_dir`."""
+    destroy_distributed()
+    init_distributed("cpu")
+    try:
+        model = apply_fsdp2(load_policy(model_dir), mixed_precision=False)
+        mbs = build_micro_batches(sequences, [0.0] * len(sequences), max_tokens_per_mb=10_000)
+        assert len(mbs) == 1
+        with torch.no_grad():
+            logp, _ = forward_logprobs(model, mbs[0])
+        return logp, mbs[0].behave_logprobs
+    finally:
+        destroy_distributed()
+
+
 def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
+    """Two steps with a KL penalty against the initial model; the engine swaps to v2 and
+    its logprobs equal the trainer's forward_logprobs on the v2 weights."""
     overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
-                 "trainer.total_steps=2", "gateway.staleness_gate=false")
+                 "trainer.total_steps=2", "gateway.staleness_gate=false",
+                 "trainer.kl_coef=0.05")
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
         sessions = _run_groups(gw, n_groups=4)
@@ -128,6 +161,9 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
             assert row.metrics["episodes"] == 4 and row.metrics["dropped_episodes"] == 0
             assert row.metrics["advantage"] > 0 and row.metrics["tokens_per_s"] > 0
         assert steps[1].metrics["staleness_max"] == 1  # batch 2 was sampled by v0
+        # The reference is v0: step 1 trains v0 itself (KL 0), step 2 trains v1 != v0.
+        assert steps[0].metrics["ref_kl"] == pytest.approx(0.0, abs=1e-7)
+        assert steps[1].metrics["ref_kl"] > 1e-6
         assert all(store.get_session(s).status == "trained" for s in sessions)
 
         initial = load_file(tiny_model_dir / "model.safetensors")
@@ -143,11 +179,22 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
         _wait(lambda: httpx.get(f"{engine}/model_info").json()["weight_version"] == "2",
               30, "the engine to serve v2")
         key = httpx.post(f"{gw.url}/rl/sessions", json={}, headers=ADMIN).json()["api_key"]
-        reply = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0).chat.completions.create(
-            model="areal-policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-        versions = store.get_completion(reply.id).output_versions
-        assert versions and set(versions) == {2}
+        client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
+        replies = [client.chat.completions.create(
+            model="areal-policy", messages=[{"role": "user", "content": f"hi {t}"}],
+            max_tokens=12, temperature=t) for t in (1.0, 0.7)]
+        served = [_served_sequence(store, r.id) for r in replies]
+        for seq in served:
+            assert {v for v in seq.versions if v >= 0} == {2}
         assert "swap_s" in store.get_weight_version(2).metadata
+
+    # The trainer's recomputation on the published v2 weights reproduces the engine's
+    # logprobs (fp32 CPU); on v0 it does not, so this compares the swapped-in weights.
+    trainer_v2, engine_v2 = _trainer_logprobs(tmp_path / "weights" / "v2", served)
+    assert engine_v2.numel() == sum(r.usage.completion_tokens for r in replies) > 2
+    assert float((trainer_v2 - engine_v2).abs().max()) <= 1e-4
+    trainer_v0, _ = _trainer_logprobs(tiny_model_dir, served)
+    assert float((trainer_v0 - engine_v2).abs().max()) > 1e-3
 
 
 # ---- kill and restart -----------------------------------------------------------------
