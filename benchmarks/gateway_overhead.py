@@ -1,7 +1,7 @@
 """The gateway's own cost: the same load sent straight to an SGLang-protocol backend and
 through the gateway, in one run, printed next to the targets.
 
-The backend is the echo backend (`benchmarks/echo_backend.py`, a child process): it does
+The backend is the echo backend (`engine/echo_backend.py`, a child process): it does
 no model work, so what the gateway adds is all that differs between the paths. Load: C
 concurrent closed-loop aiohttp clients (this process) send the same requests, not
 streaming and streaming, (a) as token ids to the backend's `/generate`, (b) as a short
@@ -54,7 +54,7 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.echo_backend import start_echo_backend
+from engine.echo_backend import start_echo_backend
 
 ADMIN_KEY = "sk-bench-admin"
 MODEL = "areal-policy"
@@ -475,7 +475,7 @@ async def orchestrate(args: argparse.Namespace) -> None:
               f"{os.cpu_count()} CPUs shared with the backend, the load and whatever else runs."
               f"\nSessions: {SESSION_MODES[args.session_mode]}"
               f"{f' ({args.turns} requests each)' if args.session_mode == 'episode' else ''}."
-              "\nThe backend is the echo backend (benchmarks/echo_backend.py): no model work, "
+              "\nThe backend is the echo backend (engine/echo_backend.py): no model work, "
               "so the difference between the paths is the gateway's own cost. Capture on = "
               "SQLite WAL, synchronous=NORMAL, group commit, durable before each reply."
               f"\n(set-up: gateways ready and {episodes} session keys each in "

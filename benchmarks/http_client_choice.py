@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from benchmarks.echo_backend import start_echo_backend
+from engine.echo_backend import start_echo_backend
 
 Post = Callable[[dict[str, Any]], Awaitable[int]]
 """Send one /generate request; return the number of output ids received."""
@@ -155,15 +155,14 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 
 
 async def sglang_client(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
-    """The gateway's own client (`gateway/http1.py` + typed parsing into GenerateResult)."""
+    """The gateway's own client (`gateway/http1.py` + typed parsing into GenerateResponse)."""
+    from areal_service.sglang_protocol import GenerateRequest
     from gateway.backend import SGLangClient
-    from gateway.sglang_types import GenerateRequest
 
     client = SGLangClient(url, timeout_s=60)
 
     async def post(p: dict[str, Any]) -> int:
-        r = GenerateRequest(input_ids=tuple(p["input_ids"]), sampling_params=p["sampling_params"],
-                            rid=p["rid"])
+        r = GenerateRequest.for_tokens(p["input_ids"], p["sampling_params"], rid=p["rid"])
         if not stream:
             return len((await client.generate(r)).output_ids)
         chunks = [c async for c in client.generate_stream(r)]

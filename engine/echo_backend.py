@@ -1,5 +1,7 @@
 """A fast SGLang-protocol echo backend: the fake at the network edge for the gateway
 overhead benchmark and for failure-path tests (never a stand-in for the real engine).
+It reads and writes the bodies of `areal_service/sglang_protocol.py`, the same models the
+gateway's client and the local engine use; no torch, no FastAPI.
 
 A raw asyncio HTTP/1.1 keep-alive server: server CPU per non-streaming /generate at 64
 concurrent was 0.108 ms (uvloop), 0.138 ms (asyncio) vs 0.145 ms for uvicorn+httptools
@@ -10,7 +12,7 @@ control endpoints (pause modes, continue, update_weights_from_disk, abort, flush
 Output token at absolute position p (prompt length + index) is
 `100 + (input_ids[0] * 31 + 7 * p) % 30000`, so a request resubmitted with its partial
 output appended continues the exact same sequence. Run:
-`python -m benchmarks.echo_backend --port P [--tokens 32] [--delay-ms 0] [--token-delay-ms 0]`.
+`python -m engine.echo_backend --port P [--tokens 32] [--delay-ms 0] [--token-delay-ms 0]`.
 Per-request test hook (top-level key): `echo_error_after: k` ends the stream with a
 `data: {"error": ...}` event after k tokens (400 when not streaming).
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 import threading
@@ -28,13 +29,41 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from areal_service.sglang_protocol import (
+    ABORT_REQUEST,
+    CONTINUE_GENERATION,
+    FLUSH_CACHE,
+    GENERATE,
+    HEALTH,
+    MODEL_INFO,
+    PAUSE_GENERATION,
+    SERVER_INFO,
+    UPDATE_WEIGHTS_FROM_DISK,
+    AbortRequest,
+    ErrorDetail,
+    ErrorResponse,
+    FinishReason,
+    GenerateRequest,
+    GenerateResponse,
+    MetaInfo,
+    ModelInfo,
+    PauseRequest,
+    ServerInfo,
+    StatusMessage,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsResponse,
+)
 
 EOS_ID = 1
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
+_M = TypeVar("_M", bound=BaseModel)
+Emit = Callable[[GenerateResponse | ErrorResponse], Awaitable[None]]
 
 
 def echo_token(first_input_id: int, position: int) -> int:
@@ -105,13 +134,14 @@ class EchoBackend:
         """Paths of control calls, in order (tests assert pause/continue pairing)."""
 
     # -- /generate ---------------------------------------------------------------------
-    async def generate(self, body: dict[str, Any], emit: Emit | None) -> dict[str, Any]:
-        ids = body.get("input_ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+    async def generate(self, body: GenerateRequest, emit: Emit | None
+                       ) -> GenerateResponse | ErrorResponse:
+        """Generate for `body` (its `rid` set); with `emit`, every chunk is also emitted."""
+        ids = body.input_ids
+        if not ids or not all(isinstance(i, int) for i in ids):
             raise HttpError(400, "input_ids must be a non-empty list of ints")
-        sp = body.get("sampling_params") or {}
-        max_new = int(sp.get("max_new_tokens", 128))
-        rid = body["rid"] = str(body.get("rid") or f"echo-{time.monotonic_ns()}")
+        max_new = body.sampling_params.max_new_tokens
+        rid = str(body.rid)
         if rid in self.running:
             raise HttpError(400, f"Duplicate request ID detected: {rid}")
         t0 = time.perf_counter()
@@ -119,19 +149,22 @@ class EchoBackend:
         run = _Running(rid)
         self.running[rid] = run
         try:
-            return await self._decode(body, ids, max_new, run, emit, t0)
+            return await self._decode(body, body.prompt_ids,
+                                      128 if max_new is None else max_new, run, emit, t0)
         finally:
             del self.running[rid]
 
-    async def _decode(self, body: dict[str, Any], ids: list[int], max_new: int,
-                      run: _Running, emit: Emit | None, t0: float) -> dict[str, Any]:
+    async def _decode(self, body: GenerateRequest, ids: list[int], max_new: int,
+                      run: _Running, emit: Emit | None, t0: float
+                      ) -> GenerateResponse | ErrorResponse:
         s = self.settings
         n = min(s.tokens, max_new)
         hits_length = max_new <= s.tokens
+        error_after = (body.model_extra or {}).get("echo_error_after")
         out: list[int] = []
         if s.delay_ms:
             await run.sleep(s.delay_ms / 1000)
-        finish: dict[str, Any] | None = None
+        finish: FinishReason | None = None
         for i in range(n):
             if s.token_delay_ms and not run.aborted:
                 await run.sleep(s.token_delay_ms / 1000)
@@ -139,29 +172,28 @@ class EchoBackend:
                 await self._hold(run)
             if run.aborted:
                 break
-            if i == body.get("echo_error_after"):  # test hook: a mid-stream ValueError
+            if i == error_after:  # test hook: a mid-stream ValueError
                 return await self._fail(emit, "echo_error_after reached")
             last = i == n - 1
             out.append(EOS_ID if last and not hits_length else echo_token(ids[0], len(ids) + i))
             run.produced = len(out)
             if last:
-                finish = ({"type": "length", "length": n} if hits_length
-                          else {"type": "stop", "matched": EOS_ID})
+                finish = (FinishReason("length", length=n) if hits_length
+                          else FinishReason("stop", matched=EOS_ID))
             elif emit is not None:
                 await emit(self._chunk(body, ids, out, None, None))
         if run.aborted:
-            finish = {"type": "abort", "message": "Aborted", "status_code": None,
-                      "err_type": None}
+            finish = FinishReason("abort", message="Aborted")
         if finish is None:  # max_new_tokens == 0
-            finish = {"type": "length", "length": 0}
+            finish = FinishReason("length", length=0)
         final = self._chunk(body, ids, out, finish, time.perf_counter() - t0)
         if emit is not None:
             await emit(final)
         return final
 
-    async def _fail(self, emit: Emit | None, message: str) -> dict[str, Any]:
-        error = {"error": {"message": message, "type": "invalid_request_error", "code": 400,
-                           "retryable": False}}
+    async def _fail(self, emit: Emit | None, message: str) -> ErrorResponse:
+        error = ErrorResponse(error=ErrorDetail(message=message, type="invalid_request_error",
+                                                code=400, retryable=False))
         if emit is None:
             raise HttpError(400, message)
         await emit(error)
@@ -174,31 +206,23 @@ class EchoBackend:
         for w in pending:
             w.cancel()
 
-    def _chunk(self, body: dict[str, Any], ids: list[int], out: list[int],
-               finish: dict[str, Any] | None, latency: float | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "id": body.get("rid"), "finish_reason": finish, "prompt_tokens": len(ids),
-            "completion_tokens": len(out), "cached_tokens": 0,
-            "weight_version": self.weight_version,
-        }
-        if body.get("return_logprob"):
-            base = len(ids)
-            meta["output_token_logprobs"] = [
-                [echo_logprob(base + i), t, None] for i, t in enumerate(out)]
-        if latency is not None:
-            meta["e2e_latency"] = latency
-        return {"text": " ".join(f"t{t}" for t in out if t != EOS_ID),
-                "output_ids": list(out), "meta_info": meta}
+    def _chunk(self, body: GenerateRequest, ids: list[int], out: list[int],
+               finish: FinishReason | None, latency: float | None) -> GenerateResponse:
+        base = len(ids)
+        logprobs = ([(echo_logprob(base + i), t, None) for i, t in enumerate(out)]
+                    if body.return_logprob else None)
+        return GenerateResponse(
+            text=" ".join(f"t{t}" for t in out if t != EOS_ID), output_ids=list(out),
+            meta_info=MetaInfo(id=str(body.rid), finish_reason=finish, prompt_tokens=base,
+                               completion_tokens=len(out), weight_version=self.weight_version,
+                               output_token_logprobs=logprobs, e2e_latency=latency))
 
     # -- control -----------------------------------------------------------------------
-    async def pause(self, body: dict[str, Any]) -> dict[str, Any]:
-        mode = body.get("mode", "abort")
-        if mode not in ("abort", "retract", "in_place"):
-            raise HttpError(400, f"unknown pause mode {mode!r}")
+    async def pause(self, body: PauseRequest) -> StatusMessage:
         self.calls.append("pause_generation")
         self.paused = True
         self.resumed.clear()
-        if mode == "abort":
+        if body.mode == "abort":
             aborted = list(self.running.values())
             for run in aborted:
                 run.abort()
@@ -208,32 +232,33 @@ class EchoBackend:
             deadline = time.monotonic() + 5
             while any(r.rid in self.running for r in aborted) and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
-        return {"message": "Generation paused successfully.", "status": "ok"}
+        return StatusMessage(message="Generation paused successfully.")
 
-    def resume(self) -> dict[str, Any]:
+    def resume(self) -> StatusMessage:
         self.calls.append("continue_generation")
         self.paused = False
         self.resumed.set()
-        return {"message": "Generation continued successfully.", "status": "ok"}
+        return StatusMessage(message="Generation continued successfully.")
 
-    async def update_weights(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def update_weights(self, body: UpdateWeightsFromDiskRequest
+                             ) -> tuple[int, UpdateWeightsResponse]:
         self.calls.append("update_weights_from_disk")
-        path = body.get("model_path")
-        if not path:
+        if not body.model_path:
             raise HttpError(400, "model_path is required")
         if not self.paused:  # the writer lock waits for in-flight requests to finish
             while self.running:
                 await asyncio.sleep(0.005)
         if self.settings.load_delay_ms:
             await asyncio.sleep(self.settings.load_delay_ms / 1000)
-        if not Path(path).exists():
-            return 400, {"success": False, "num_paused_requests": 0,
-                         "message": f"Failed to update weights: {path} does not exist"}
+        if not Path(body.model_path).exists():
+            return 400, UpdateWeightsResponse(
+                success=False,
+                message=f"Failed to update weights: {body.model_path} does not exist")
         message = "Succeeded to update model weights."
-        if body.get("weight_version") is not None:
-            self.weight_version = str(body["weight_version"])
+        if body.weight_version is not None:
+            self.weight_version = body.weight_version
             message += f" Weight version updated to {self.weight_version}."
-        return 200, {"success": True, "message": message, "num_paused_requests": 0}
+        return 200, UpdateWeightsResponse(success=True, message=message)
 
     def abandon(self, rid: str) -> None:
         """The client of `rid` disconnected: abort it after the grace period."""
@@ -243,21 +268,21 @@ class EchoBackend:
 
         asyncio.get_running_loop().call_later(self.settings.disconnect_abort_ms / 1000, abort)
 
-    def abort_request(self, body: dict[str, Any]) -> None:
-        rid = str(body.get("rid") or "")
+    def abort_request(self, body: AbortRequest) -> None:
         for run in self.running.values():
-            if body.get("abort_all") or (rid and run.rid.startswith(rid)):
+            if body.abort_all or (body.rid and run.rid.startswith(body.rid)):
                 run.abort()
 
-    def model_info(self) -> dict[str, Any]:
-        return {"model_path": "echo", "tokenizer_path": "echo", "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": self.weight_version,
-                "model_type": "echo", "architectures": ["EchoForCausalLM"]}
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(model_path="echo", tokenizer_path="echo", is_generation=True,
+                         weight_version=self.weight_version, model_type="echo",
+                         architectures=["EchoForCausalLM"])
 
-    def server_info(self) -> dict[str, Any]:
-        return {"served_model_name": "echo", "tp_size": 1, "version": "echo-0",
-                "weight_version": self.weight_version, "paused": self.paused,
-                "internal_states": [{"running": len(self.running)}]}
+    def server_info(self) -> ServerInfo:
+        return ServerInfo(served_model_name="echo", version="echo-0",
+                          weight_version=self.weight_version,
+                          internal_states=[{"running": len(self.running)}],
+                          paused=self.paused)  # an extra key, as SGLang's own vary
 
 
 # -- HTTP/1.1 --------------------------------------------------------------------------
@@ -267,8 +292,8 @@ def _head(status: int, content_type: str, length: int | None) -> bytes:
             f"Content-Type: {content_type}\r\n{framing}\r\n\r\n").encode()
 
 
-def _json_response(status: int, obj: Any) -> bytes:
-    body = json.dumps(obj, separators=(",", ":")).encode()
+def _json_response(status: int, obj: BaseModel) -> bytes:
+    body = obj.model_dump_json(exclude_none=isinstance(obj, ErrorResponse)).encode()
     return _head(status, "application/json", len(body)) + body
 
 
@@ -321,46 +346,46 @@ class _Server:
         try:
             await self._dispatch(method, path, body, writer)
         except HttpError as e:
-            writer.write(_json_response(e.status, {"error": {"message": e.message}}))
+            writer.write(_json_response(e.status, _error(e.message)))
         except (ValueError, TypeError, AttributeError) as e:  # malformed body fields
-            writer.write(_json_response(400, {"error": {"message": f"{type(e).__name__}: {e}"}}))
+            writer.write(_json_response(400, _error(f"{type(e).__name__}: {e}")))
         await writer.drain()
         return headers.get("connection", "").lower() != "close"
 
     async def _dispatch(self, method: str, path: str, raw: bytes,
                         writer: asyncio.StreamWriter) -> None:
+        """Route one request; bodies are parsed into the protocol models (a malformed
+        one raises ValueError: 400)."""
         b = self.backend
-        try:
-            body: dict[str, Any] = json.loads(raw) if raw.strip() else {}
-        except ValueError as e:
-            raise HttpError(400, f"invalid JSON body: {e}") from e
-        if path == "/generate":
-            if body.get("stream"):
+        if path == GENERATE.path:
+            body = GenerateRequest.model_validate_json(raw or b"{}")
+            if not body.rid:
+                body = body.model_copy(update={"rid": f"echo-{time.monotonic_ns()}"})
+            if body.stream:
                 await self._stream(body, writer)
             else:
                 writer.write(_json_response(200, await b.generate(body, None)))
-        elif path == "/health" or path == "/health_generate":
-            ok = b.healthy
-            writer.write(_head(200 if ok else 503, "text/plain", 0))
-        elif path in ("/model_info", "/get_model_info"):
-            if b.settings.legacy_info == (path == "/model_info"):
+        elif path in (HEALTH.path, "/health_generate"):
+            writer.write(_head(200 if b.healthy else 503, "text/plain", 0))
+        elif path in (MODEL_INFO.path, MODEL_INFO.legacy_path):
+            if b.settings.legacy_info == (path == MODEL_INFO.path):
                 raise HttpError(404, "Not Found")
             writer.write(_json_response(200, b.model_info()))
-        elif path in ("/server_info", "/get_server_info"):
-            if b.settings.legacy_info == (path == "/server_info"):
+        elif path in (SERVER_INFO.path, SERVER_INFO.legacy_path):
+            if b.settings.legacy_info == (path == SERVER_INFO.path):
                 raise HttpError(404, "Not Found")
             writer.write(_json_response(200, b.server_info()))
-        elif path == "/pause_generation":
-            writer.write(_json_response(200, await b.pause(body)))
-        elif path == "/continue_generation":
+        elif path == PAUSE_GENERATION.path:
+            writer.write(_json_response(200, await b.pause(_parse(PauseRequest, raw))))
+        elif path == CONTINUE_GENERATION.path:
             writer.write(_json_response(200, b.resume()))
-        elif path == "/update_weights_from_disk":
-            status, result = await b.update_weights(body)
+        elif path == UPDATE_WEIGHTS_FROM_DISK.path:
+            status, result = await b.update_weights(_parse(UpdateWeightsFromDiskRequest, raw))
             writer.write(_json_response(status, result))
-        elif path == "/abort_request":
-            b.abort_request(body)
+        elif path == ABORT_REQUEST.path:
+            b.abort_request(_parse(AbortRequest, raw))
             writer.write(_head(200, "application/json", 0))
-        elif path == "/flush_cache":
+        elif path == FLUSH_CACHE.path:
             if b.running and not b.paused:
                 raise HttpError(400, "Cache not flushed: there are running requests")
             text = b"Cache flushed.\nPlease check backend logs for more details."
@@ -368,17 +393,18 @@ class _Server:
         else:
             raise HttpError(404, f"{method} {path} not found")
 
-    async def _stream(self, body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    async def _stream(self, body: GenerateRequest, writer: asyncio.StreamWriter) -> None:
         started = gone = False
+        rid = str(body.rid)
 
-        async def emit(chunk: dict[str, Any]) -> None:
+        async def emit(chunk: GenerateResponse | ErrorResponse) -> None:
             nonlocal started, gone
             if gone:
                 return
             if not started:
                 writer.write(_head(200, "text/event-stream", None))
                 started = True
-            data = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            data = b"data: " + chunk.model_dump_json().encode() + b"\n\n"
             try:
                 if writer.is_closing():
                     raise ConnectionResetError
@@ -386,13 +412,22 @@ class _Server:
                 await writer.drain()
             except ConnectionError:
                 gone = True
-                self.backend.abandon(body["rid"])
+                self.backend.abandon(rid)
 
         await self.backend.generate(body, emit)  # HttpError before the first chunk: 400
         if gone:
             raise ConnectionResetError
         done = b"data: [DONE]\n\n"
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+def _parse(model: type[_M], raw: bytes) -> _M:
+    """A control body (`{}` when empty), as its protocol model."""
+    return model.model_validate_json(raw if raw.strip() else b"{}")
+
+
+def _error(message: str) -> ErrorResponse:
+    return ErrorResponse(error=ErrorDetail(message=message))
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
@@ -482,7 +517,7 @@ def start_echo_backend(port: int = 0, *, host: str = "127.0.0.1", subprocess_mod
 
 
 def _start_subprocess(port: int, host: str, s: EchoSettings) -> EchoBackendHandle:
-    cmd = [sys.executable, "-m", "benchmarks.echo_backend", "--host", host, "--port", str(port),
+    cmd = [sys.executable, "-m", "engine.echo_backend", "--host", host, "--port", str(port),
            "--tokens", str(s.tokens), "--delay-ms", str(s.delay_ms),
            "--token-delay-ms", str(s.token_delay_ms), "--load-delay-ms", str(s.load_delay_ms),
            "--disconnect-abort-ms", str(s.disconnect_abort_ms)]
@@ -506,7 +541,9 @@ async def _main(args: argparse.Namespace) -> None:
                             disconnect_abort_ms=args.disconnect_abort_ms)
     server = _Server(EchoBackend(settings))
     port = await server.start(args.host, args.port)
-    print(f"echo backend listening on http://{args.host}:{port}", flush=True)
+    # The handshake line a parent in subprocess mode waits for (stdout, not a log).
+    sys.stdout.write(f"echo backend listening on http://{args.host}:{port}\n")
+    sys.stdout.flush()
     await asyncio.Event().wait()
 
 

@@ -8,7 +8,8 @@ weight_version=str(v))` (flushes the cache; safe, nothing runs) → `continue_ge
 in a `finally`, so a failed load never leaves the backend paused (AReaL#1160).
 `generate_interruptible*` resubmit the aborted requests (prompt + partial ids,
 `max_new_tokens` reduced), so callers see one uninterrupted completion whose tokens
-carry the weight version that produced them.
+carry the weight version that produced them. Every endpoint and field used, the wire
+models and the SGLang versions they were checked against: `areal_service/sglang_protocol.py`.
 
 HTTP client, chosen by measurement (`python -m benchmarks.http_client_choice`): 2-core
 box shared with other jobs, uvloop, 64 concurrent `/generate` (64 ids in, 32 ids +
@@ -39,30 +40,116 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from pydantic import BaseModel, ValidationError
 
-from gateway.http1 import ConnectFailed, Http1Pool
-from gateway.sglang_types import (
-    BackendError,
-    BackendUnavailable,
+from areal_service.sglang_protocol import (
+    ABORT_REQUEST,
+    CONTINUE_GENERATION,
+    FLUSH_CACHE,
+    GENERATE,
+    HEALTH,
+    MODEL_INFO,
+    PAUSE_GENERATION,
+    SERVER_INFO,
+    UPDATE_WEIGHTS_FROM_DISK,
+    AbortRequest,
+    ContinueGenerationRequest,
+    Endpoint,
+    ErrorResponse,
     FinishReason,
     GenerateRequest,
-    GenerateResult,
-    Generation,
-    GenerationDelta,
+    GenerateResponse,
     ModelInfo,
     PauseMode,
-    SwapTimings,
+    PauseRequest,
     TopLogprobs,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsResponse,
     parse_version,
 )
+from gateway.http1 import ConnectFailed, Http1Pool
 
 log = logging.getLogger(__name__)
+_JSON = {"Content-Type": "application/json"}
 _KEEPALIVE_S = 4.0  # below uvicorn's 5 s keep-alive (SGLang's server), so a pooled
 # connection is never reused just as the server closes it.
+
+
+class BackendError(Exception):
+    """The backend answered with an error status (or a mid-stream error event)."""
+
+    def __init__(self, status: int, message: str, *, url: str = "") -> None:
+        super().__init__(f"{url or 'backend'}: {status} {message}")
+        self.status = status
+        self.message = message
+        self.url = url
+
+
+class BackendUnavailable(BackendError):
+    """Unreachable, reset, timed out, 503 or stuck paused: routes answer 503 + retry-after.
+
+    `sent` is False only when the request certainly never reached the backend
+    (connection refused / connect timeout), so it is safe to retry elsewhere."""
+
+    def __init__(self, message: str, *, url: str = "", sent: bool = True) -> None:
+        super().__init__(503, message, url=url)
+        self.sent = sent
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A completion across any number of abort/resubmit rounds."""
+
+    rid: str
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    output_versions: tuple[int, ...]
+    """Policy version that produced each output token (`parse_version`)."""
+    finish_reason: FinishReason
+    """stop or length (an abort is resubmitted; too many aborts raise)."""
+    prompt_tokens: int
+    """Length of the caller's prompt (not of the resubmitted ones)."""
+    resubmissions: int
+    latency_s: float
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()
+    backend: str = ""
+    """Base URL of the backend that generated it."""
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDelta:
+    """New tokens of one stream chunk; `finish_reason` is set on the last delta only."""
+
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    output_versions: tuple[int, ...]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    """Cumulative over the whole generation, resubmissions included."""
+    resubmissions: int
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()
+    backend: str = ""
+    """Base URL of the backend that generated it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwapTimings:
+    """Seconds spent in each phase of one backend's weight swap."""
+
+    pause_s: float
+    update_s: float
+    continue_s: float
+    total_s: float
 
 
 class SGLangClient:
@@ -126,23 +213,30 @@ class SGLangClient:
                                   sent=not refused)
 
     def _error(self, status: int, raw: bytes) -> BackendError:
-        message = raw.decode("utf-8", "replace")[:2000]
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            err = json.loads(raw)
-            err = err.get("error", err) if isinstance(err, dict) else err
-            message = str(err.get("message", err) if isinstance(err, dict) else err)
+        """The error of a non-2xx reply: SGLang's `{"error": {"message"}}`, else the text."""
+        try:
+            message = ErrorResponse.model_validate_json(raw).error.message
+        except ValidationError:
+            message = raw.decode("utf-8", "replace")[:2000]
         if status == 503:
             return BackendUnavailable(message, url=self.base_url)
         return BackendError(status, message, url=self.base_url)
 
-    async def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
-                    timeout_s: float | None = None) -> bytes:
-        """One request/response; raises BackendError / BackendUnavailable, else the body."""
+    def _malformed(self, endpoint: Endpoint, exc: ValidationError) -> BackendError:
+        """A 2xx reply that does not have the shape `sglang_protocol` expects: 502."""
+        return BackendError(502, f"malformed {endpoint.path} reply: {exc}", url=self.base_url)
+
+    async def _call(self, endpoint: Endpoint, body: BaseModel | None = None, *,
+                    path: str | None = None, timeout_s: float | None = None) -> bytes:
+        """One control request/response (`path` overrides the endpoint's, for legacy
+        names); raises BackendError / BackendUnavailable, else the reply body."""
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s,
                                         sock_connect=self.connect_timeout_s)
+        data = None if body is None else body.model_dump_json(exclude_unset=True).encode()
+        headers = None if data is None else _JSON
         try:
-            async with self._http().request(method, self.base_url + path, json=body,
-                                            timeout=timeout) as r:
+            async with self._http().request(endpoint.method, self.base_url + (path or endpoint.path),
+                                            data=data, headers=headers, timeout=timeout) as r:
                 raw = await r.read()
                 status = r.status
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
@@ -164,28 +258,32 @@ class SGLangClient:
         task.add_done_callback(self._background.discard)
 
     # -- endpoints ---------------------------------------------------------------------
-    async def generate(self, payload: GenerateRequest) -> GenerateResult:
+    async def generate(self, payload: GenerateRequest) -> GenerateResponse:
         """Non-streaming `POST /generate`. Cancelling the caller aborts the request."""
-        body = json.dumps({**payload.to_json(), "stream": False}).encode()
+        body = payload.to_json_bytes(stream=False)
+        rid = str(payload.rid)
         try:
-            async with self._generate_pool().post("/generate", body,
+            async with self._generate_pool().post(GENERATE.path, body,
                                                   timeout_s=self.timeout_s) as r:
                 raw = await r.read()
                 status = r.status
         except asyncio.CancelledError:
-            self._abort_soon(payload.rid)
+            self._abort_soon(rid)
             raise
         except (OSError, TimeoutError) as e:
             unavailable = self._unavailable(e)
             if unavailable.sent:  # e.g. a timeout: the backend may still be generating
-                self._abort_soon(payload.rid)
+                self._abort_soon(rid)
             raise unavailable from e
         if status >= 400:
             raise self._error(status, raw)
-        return GenerateResult.from_json(json.loads(raw))
+        try:
+            return GenerateResponse.model_validate_json(raw)
+        except ValidationError as e:
+            raise self._malformed(GENERATE, e) from e
 
     async def generate_stream(self, payload: GenerateRequest, *, coalesce: bool = False
-                              ) -> AsyncIterator[GenerateResult]:
+                              ) -> AsyncIterator[GenerateResponse]:
         """Streaming `POST /generate`: one result per SSE `data:` chunk, through the
         finish chunk and `[DONE]`. A `data: {"error":…}` event raises BackendError.
         Closing the iterator early (client gone) or cancelling aborts the request.
@@ -194,26 +292,27 @@ class SGLangClient:
         fell behind), yield only the newest: it contains the others. Under load this
         turns N JSON parses and N downstream writes into one; incremental chunks
         (`--incremental-streaming-output`) are always yielded one by one."""
-        body = json.dumps({**payload.to_json(), "stream": True}).encode()
+        body = payload.to_json_bytes(stream=True)
         done = False
         try:
-            async with self._generate_pool().post("/generate", body,
+            async with self._generate_pool().post(GENERATE.path, body,
                                                   timeout_s=self.timeout_s) as r:
                 if r.status >= 400:
                     done = True  # rejected before it started
                     raise self._error(r.status, await r.read())
                 async for batch in _sse_batches(r.pieces()):
-                    for obj in _chunk_objects(batch, coalesce):
-                        if obj is None:
+                    try:
+                        chunks = _chunk_objects(batch, coalesce)
+                    except ValidationError as e:
+                        raise self._malformed(GENERATE, e) from e
+                    for chunk in chunks:
+                        if chunk is None:
                             done = True
                             return
-                        if "error" in obj:
+                        if isinstance(chunk, ErrorEvent):  # the request ended with an error
                             done = True
-                            err = obj["error"] if isinstance(obj["error"], dict) else {}
-                            raise BackendError(int(err.get("code") or 500),
-                                               str(err.get("message", obj["error"])),
-                                               url=self.base_url)
-                        yield GenerateResult.from_json(obj)
+                            raise BackendError(chunk.status, chunk.message, url=self.base_url)
+                        yield chunk
             raise BackendUnavailable("stream ended without [DONE]", url=self.base_url)
         except (OSError, TimeoutError) as e:
             unavailable = self._unavailable(e)
@@ -221,62 +320,68 @@ class SGLangClient:
             raise unavailable from e
         finally:
             if not done:
-                self._abort_soon(payload.rid)
+                self._abort_soon(str(payload.rid))
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """Pause; `abort` ends in-flight requests with finish_reason abort."""
-        await self._call("POST", "/pause_generation", {"mode": mode},
+        await self._call(PAUSE_GENERATION, PauseRequest(mode=mode),
                          timeout_s=self.control_timeout_s)
 
     async def continue_generation(self) -> None:
-        await self._call("POST", "/continue_generation", {}, timeout_s=self.control_timeout_s)
+        await self._call(CONTINUE_GENERATION, ContinueGenerationRequest(), timeout_s=self.control_timeout_s)
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
                                        *, flush_cache: bool = True) -> str:
         """Load HF weights from `model_path` (same architecture); returns the message.
         Raises BackendError on `success: false`. Uses the long timeout (disk loads)."""
-        body: dict[str, Any] = {"model_path": model_path, "flush_cache": flush_cache}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        result = json.loads(await self._call("POST", "/update_weights_from_disk", body))
-        if not result.get("success", False):
-            raise BackendError(400, str(result.get("message")), url=self.base_url)
-        return str(result.get("message", ""))
+        body = UpdateWeightsFromDiskRequest(model_path=model_path, flush_cache=flush_cache,
+                                            **({} if weight_version is None
+                                               else {"weight_version": weight_version}))
+        raw = await self._call(UPDATE_WEIGHTS_FROM_DISK, body)
+        try:
+            result = UpdateWeightsResponse.model_validate_json(raw)
+        except ValidationError as e:
+            raise self._malformed(UPDATE_WEIGHTS_FROM_DISK, e) from e
+        if not result.success:
+            raise BackendError(400, result.message, url=self.base_url)
+        return result.message
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
         """Abort by rid PREFIX (SGLang's rule), or everything with `abort_all`."""
-        await self._call("POST", "/abort_request", {"rid": rid, "abort_all": abort_all},
+        await self._call(ABORT_REQUEST, AbortRequest(rid=rid, abort_all=abort_all),
                          timeout_s=self.control_timeout_s)
 
     async def flush_cache(self) -> None:
         """Flush the prefix cache; BackendError(400) while requests are running."""
-        await self._call("POST", "/flush_cache", timeout_s=self.control_timeout_s)
+        await self._call(FLUSH_CACHE, timeout_s=self.control_timeout_s)
 
     async def model_info(self) -> ModelInfo:
         """`/model_info`, falling back to the older `/get_model_info` on 404."""
-        raw = await self._get_with_fallback("/model_info", "/get_model_info")
-        return ModelInfo(model_path=str(raw.get("model_path", "")),
-                         weight_version=str(raw.get("weight_version", "default")),
-                         is_generation=bool(raw.get("is_generation", True)), raw=raw)
+        raw = await self._get_with_fallback(MODEL_INFO)
+        try:
+            return ModelInfo.model_validate_json(raw)
+        except ValidationError as e:
+            raise self._malformed(MODEL_INFO, e) from e
 
     async def server_info(self) -> dict[str, Any]:
-        """Every ServerArgs field plus scheduler state (shape varies by version)."""
-        return await self._get_with_fallback("/server_info", "/get_server_info")
-
-    async def _get_with_fallback(self, path: str, legacy: str) -> dict[str, Any]:
-        try:
-            raw = await self._call("GET", path, timeout_s=self.control_timeout_s)
-        except BackendError as e:
-            if e.status != 404:
-                raise
-            raw = await self._call("GET", legacy, timeout_s=self.control_timeout_s)
-        result: dict[str, Any] = json.loads(raw)
+        """Every ServerArgs field plus scheduler state (shape varies by version; shown,
+        never relied on, so left untyped)."""
+        result: dict[str, Any] = json.loads(await self._get_with_fallback(SERVER_INFO))
         return result
+
+    async def _get_with_fallback(self, endpoint: Endpoint) -> bytes:
+        try:
+            return await self._call(endpoint, timeout_s=self.control_timeout_s)
+        except BackendError as e:
+            if e.status != 404 or endpoint.legacy_path is None:
+                raise
+            return await self._call(endpoint, path=endpoint.legacy_path,
+                                    timeout_s=self.control_timeout_s)
 
     async def health(self, timeout_s: float = 10.0) -> bool:
         """True on 200 from `/health`; False on 503, errors and timeouts."""
         try:
-            await self._call("GET", "/health", timeout_s=timeout_s)
+            await self._call(HEALTH, timeout_s=timeout_s)
         except BackendError:
             return False
         return True
@@ -307,8 +412,8 @@ class SGLangClient:
         run = _Rounds(self, request)
         while True:
             result = await self.generate(run.next_request())
-            run.add(result.output_ids, result.output_logprobs, parse_version(result.weight_version),
-                    result.output_top_logprobs)
+            run.add(result.output_ids, result.output_logprobs(),
+                    parse_version(result.meta_info.weight_version), result.output_top_logprobs())
             if result.finish_reason is None:
                 raise BackendError(502, "response without finish_reason", url=self.base_url)
             if (final := run.finish(result.finish_reason)) is not None:
@@ -333,13 +438,12 @@ class SGLangClient:
                                                                 coalesce=True)) as chunks:
                 seen = 0
                 async for chunk in chunks:  # reads through [DONE] so the connection is reused
-                    cumulative = len(chunk.output_ids) == chunk.completion_tokens
-                    new_ids = chunk.output_ids[seen:] if cumulative else chunk.output_ids
-                    new_lps = chunk.output_logprobs[seen:] if cumulative else chunk.output_logprobs
-                    tops = chunk.output_top_logprobs
-                    new_tops = tops[seen:] if cumulative else tops
+                    start = seen if chunk.cumulative else 0
+                    new_ids = tuple(chunk.output_ids[start:])
+                    new_lps = chunk.output_logprobs()[start:]
+                    new_tops = chunk.output_top_logprobs()[start:]
                     seen += len(new_ids)
-                    version = parse_version(chunk.weight_version)
+                    version = parse_version(chunk.meta_info.weight_version)
                     if chunk.finish_reason is None:
                         round_version = version
                     elif chunk.finish_reason.type == "abort" and round_version is not None:
@@ -366,8 +470,9 @@ class _Rounds:
     def __init__(self, client: SGLangClient, request: GenerateRequest) -> None:
         self.client = client
         self.request = request
-        self.prompt_tokens = len(request.input_ids)
-        self.max_new = int(request.sampling_params.get("max_new_tokens", 128))
+        self.prompt_tokens = len(request.prompt_ids)
+        max_new = request.sampling_params.max_new_tokens
+        self.max_new = 128 if max_new is None else max_new
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -378,14 +483,15 @@ class _Rounds:
     def next_request(self) -> GenerateRequest:
         if not self.resubmissions:
             return self.request
-        sp = dict(self.request.sampling_params)
-        sp["max_new_tokens"] = self.max_new - len(self.ids)
-        if "min_new_tokens" in sp:
-            sp["min_new_tokens"] = max(0, int(sp["min_new_tokens"]) - len(self.ids))
-        return GenerateRequest(input_ids=(*self.request.input_ids, *self.ids),
-                               sampling_params=sp, rid=f"{self.request.rid}-{self.resubmissions}",
-                               return_logprob=self.request.return_logprob,
-                               extra_body=self.request.extra_body)
+        sp = self.request.sampling_params
+        update: dict[str, int] = {"max_new_tokens": self.max_new - len(self.ids)}
+        if "min_new_tokens" in sp.model_fields_set:
+            update["min_new_tokens"] = max(0, sp.min_new_tokens - len(self.ids))
+        # model_copy skips validation: the values derive from an already valid request.
+        return self.request.model_copy(update={
+            "input_ids": [*self.request.prompt_ids, *self.ids],
+            "sampling_params": sp.model_copy(update=update),
+            "rid": f"{self.request.rid}-{self.resubmissions}"})
 
     def add(self, ids: Sequence[int], logprobs: Sequence[float], version: int,
             tops: Sequence[TopLogprobs] = ()) -> tuple[int, ...]:
@@ -417,7 +523,7 @@ class _Rounds:
         await asyncio.sleep(self.client.resubmit_wait_s)
 
     def generation(self, final: FinishReason) -> Generation:
-        return Generation(rid=self.request.rid, output_ids=tuple(self.ids),
+        return Generation(rid=str(self.request.rid), output_ids=tuple(self.ids),
                           output_logprobs=tuple(self.logprobs),
                           output_versions=tuple(self.versions), finish_reason=final,
                           prompt_tokens=self.prompt_tokens, resubmissions=self.resubmissions,
@@ -438,22 +544,43 @@ async def _sse_batches(pieces: AsyncIterator[bytes]) -> AsyncIterator[list[bytes
         yield [buf[5:].strip()]
 
 
-def _chunk_objects(batch: list[bytes], coalesce: bool) -> list[dict[str, Any] | None]:
-    """The chunks of one read to hand on, parsed; None stands for `[DONE]`. With
-    `coalesce`, a run of cumulative chunks shrinks to its last one; error events and
-    `[DONE]` are never dropped. (`"error":` cannot match inside a JSON string, where
-    quotes are escaped.)"""
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """A `data: {"error": {...}}` line: the backend ended the request with an error."""
+
+    status: int
+    message: str
+
+
+Chunk = GenerateResponse | ErrorEvent | None
+"""One SSE payload, parsed; None stands for `[DONE]`."""
+
+
+def _parse_chunk(data: bytes) -> GenerateResponse | ErrorEvent:
+    """One SSE payload (ValidationError when malformed). `"error":` cannot match inside
+    a JSON string, where quotes are escaped, so only payloads with an "error" key, rare,
+    take the slow path."""
+    if b'"error":' not in data:
+        return GenerateResponse.model_validate_json(data)
+    obj = json.loads(data)
+    if isinstance(obj, dict) and "error" in obj:
+        err = obj["error"] if isinstance(obj["error"], dict) else {}
+        return ErrorEvent(int(err.get("code") or 500), str(err.get("message", obj["error"])))
+    return GenerateResponse.model_validate(obj)
+
+
+def _chunk_objects(batch: list[bytes], coalesce: bool) -> list[Chunk]:
+    """The chunks of one read to hand on, parsed. With `coalesce`, a run of cumulative
+    chunks shrinks to its last one; error events and `[DONE]` are never dropped."""
     done = b"[DONE]" in batch
     data = batch[:batch.index(b"[DONE]")] if done else batch
-    tail: list[dict[str, Any] | None] = [None] if done else []
+    tail: list[Chunk] = [None] if done else []
     if not coalesce or len(data) < 2 or any(b'"error":' in d for d in data[:-1]):
-        return [json.loads(d) for d in data] + tail
-    last = json.loads(data[-1])
-    ids = last.get("output_ids")
-    meta = last.get("meta_info") or {}
-    if isinstance(ids, list) and len(ids) == meta.get("completion_tokens"):
+        return [_parse_chunk(d) for d in data] + tail
+    last = _parse_chunk(data[-1])
+    if isinstance(last, GenerateResponse) and last.cumulative:
         # Cumulative: the last chunk holds the others. Their tokens share its weight
         # version: a swap aborts the request (pause mode abort), so one request's chunks
         # never span two versions.
         return [last, *tail]
-    return [json.loads(d) for d in data[:-1]] + [last, *tail]
+    return [_parse_chunk(d) for d in data[:-1]] + [last, *tail]

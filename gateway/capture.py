@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from areal_service.types import CompletionRecord
+from gateway.backend import Generation
 from gateway.errors import OpenAIError
-from gateway.sglang_types import Generation
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, SamplingSpec
 

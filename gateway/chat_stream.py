@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from areal_service.sglang_protocol import FinishReason
 from gateway.tokenizer import ChatTokenizer
 from gateway.toolparse import ParsedText, ToolCall, held_suffix, parse_output
 from gateway.translate import (
-    FinishLike,
     GeneratedChoice,
     ParsedChoice,
     TokenLogprob,
@@ -105,7 +105,7 @@ class ChoiceStream:
                          new_top=choice.top_logprobs[n:], cached_tokens=choice.cached_tokens)
 
     def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishLike | None, *,
+             finish: FinishReason | None, *,
              new_top: Sequence[tuple[tuple[int, float], ...]] = (), cached_tokens: int = 0
              ) -> StreamDelta:
         """New tokens only (with their logprobs); `finish` set on the last push."""
@@ -186,7 +186,7 @@ class ChatStreamAssembler:
         return self._chunks(self._stream.update(choice))
 
     def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishLike | None, *,
+             finish: FinishReason | None, *,
              new_top: Sequence[tuple[tuple[int, float], ...]] = ()) -> list[dict[str, Any]]:
         """Chunks for new tokens only (backend deltas); `finish` set on the last push."""
         return self._chunks(self._stream.push(new_ids, new_logprobs, finish, new_top=new_top))

@@ -12,15 +12,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from areal_service.sglang_protocol import FinishReason, GenerateRequest
+from gateway.backend import BackendError, BackendUnavailable, Generation, GenerationDelta
 from gateway.errors import OpenAIError, backend_unavailable
-from gateway.sglang_types import (
-    BackendError,
-    BackendUnavailable,
-    FinishReason,
-    GenerateRequest,
-    Generation,
-    GenerationDelta,
-)
 from gateway.state import GatewayState
 from gateway.translate import SamplingSpec
 
@@ -39,12 +35,16 @@ def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_
                       top_logprobs: int | None = None) -> list[GenerateRequest]:
     """One `/generate` per choice. Rids have a fixed width (`-000`), because SGLang
     aborts by rid prefix and `x-1` would also match `x-10`. Top-k alternatives are
-    asked for only when the client wants them (they cost the backend a top-k per token)."""
-    ids = tuple(prompt_ids)
+    asked for only when the client wants them (they cost the backend a top-k per token).
+    Sampling values SGLang would reject with 400 are rejected here with its message."""
     extra = {"top_logprobs_num": top_logprobs} if top_logprobs else {}
-    return [GenerateRequest(ids, spec.to_sampling_params(i), rid=f"{completion_id}-{i:03d}",
-                            extra_body=extra)
-            for i in range(spec.n)]
+    try:
+        return [GenerateRequest.for_tokens(prompt_ids, spec.to_sampling_params(i),
+                                           rid=f"{completion_id}-{i:03d}", **extra)
+                for i in range(spec.n)]
+    except ValidationError as exc:
+        message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise OpenAIError(400, f"the backend rejected the request: {message}") from exc
 
 
 async def generate_all(state: GatewayState, requests: Sequence[GenerateRequest],

@@ -22,8 +22,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from starlette.requests import Request
 
+from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import CompletionRecord
 from gateway.auth import Principal
+from gateway.backend import Generation, GenerationDelta
 from gateway.capture import build_records, persist
 from gateway.deps import parse_model, read_json
 from gateway.errors import OpenAIError, bad_request
@@ -32,7 +34,6 @@ from gateway.hotpath import EventStream, JsonReply, Reply
 from gateway.model_names import resolve_model
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
 from gateway.sessions import session_for_request
-from gateway.sglang_types import GenerateRequest, Generation, GenerationDelta
 from gateway.state import GatewayState
 from gateway.translate import (
     GeneratedChoice,

@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from areal_service.sglang_protocol import FinishReason
 from gateway.chat_stream import ChoiceStream, StreamDelta
 from gateway.protocol import (
     TEXT_PART_TYPES,
@@ -21,7 +22,6 @@ from gateway.protocol import (
 )
 from gateway.translate import (
     ChatTokenizer,
-    FinishLike,
     GeneratedChoice,
     ParsedChoice,
     SamplingSpec,
@@ -309,7 +309,7 @@ class ResponsesStreamAssembler:
         return self._events(self._stream.update(choice), choice.cached_tokens)
 
     def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishLike | None, *,
+             finish: FinishReason | None, *,
              new_top: Sequence[tuple[tuple[int, float], ...]] = (), cached_tokens: int = 0
              ) -> list[dict[str, Any]]:
         """Events for new tokens only (backend deltas); `finish` set on the last push."""

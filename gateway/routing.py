@@ -17,13 +17,13 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.backend import SGLangClient
-from gateway.sglang_types import (
+from areal_service.sglang_protocol import GenerateRequest
+from gateway.backend import (
     BackendError,
     BackendUnavailable,
-    GenerateRequest,
     Generation,
     GenerationDelta,
+    SGLangClient,
     SwapTimings,
 )
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from areal_service.sglang_protocol import FinishReason, GenerateResponse
 from gateway.protocol import TEXT_PART_TYPES, ClientSampling, InvalidRequestError, ToolChoice
 from gateway.tokenizer import ChatTokenizer
 from gateway.toolparse import ParsedText, ToolCall, parse_output
@@ -175,30 +176,6 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
 # ---------------------------------------------------------------- generated output
 
 
-class FinishLike(Protocol):
-    """Any finish-reason record with SGLang's `type` and `matched` (this module's
-    `FinishReason`, `gateway.backend.FinishReason`)."""
-
-    @property
-    def type(self) -> str: ...
-
-    @property
-    def matched(self) -> int | str | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class FinishReason:
-    """SGLang `meta_info.finish_reason`."""
-
-    type: Literal["stop", "length", "abort"]
-    matched: int | str | None = None
-    """Stop token id or stop string (`stop`), None otherwise."""
-
-    @classmethod
-    def from_sglang(cls, raw: Mapping[str, Any] | None) -> FinishReason | None:
-        return None if raw is None else cls(type=raw["type"], matched=raw.get("matched"))
-
-
 @dataclass(frozen=True, slots=True)
 class GeneratedChoice:
     """One choice's output as far as generated: cumulative while streaming, complete
@@ -206,7 +183,7 @@ class GeneratedChoice:
 
     output_ids: tuple[int, ...]
     output_logprobs: tuple[float, ...] = ()
-    finish: FinishLike | None = None
+    finish: FinishReason | None = None
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
     """Per position: (token id, logprob) alternatives, when requested."""
     cached_tokens: int = 0
@@ -221,7 +198,7 @@ class GeneratedChoice:
         return cls(
             output_ids=tuple(body["output_ids"]),
             output_logprobs=tuple(_finite(t[0]) for t in meta.get("output_token_logprobs") or ()),
-            finish=FinishReason.from_sglang(meta.get("finish_reason")),
+            finish=GenerateResponse.model_validate(body).finish_reason,
             top_logprobs=tops,
             cached_tokens=int(meta.get("cached_tokens") or 0),
         )
@@ -231,7 +208,7 @@ class GeneratedChoice:
         return visible_len(self.output_ids, self.finish)
 
 
-def visible_len(ids: Sequence[int], finish: FinishLike | None) -> int:
+def visible_len(ids: Sequence[int], finish: FinishReason | None) -> int:
     """Output positions the reply shows: all but a matched stop token at the end."""
     drop = (finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
             and bool(ids) and ids[-1] == finish.matched)
@@ -314,7 +291,7 @@ class ParsedChoice:
                 "finish_reason": self.finish_reason, "logprobs": logprobs}
 
 
-def finish_reason_for(finish: FinishLike | None, has_tool_calls: bool
+def finish_reason_for(finish: FinishReason | None, has_tool_calls: bool
                       ) -> Literal["stop", "length", "tool_calls"]:
     """OpenAI finish reason: `tool_calls` whenever calls were parsed (even if cut off
     after them), `length` for a length stop or a final abort, else `stop`."""
@@ -328,7 +305,7 @@ def id_seed(completion_id: str, index: int) -> str:
     return f"{completion_id}:{index}"
 
 
-def trim_stop(text: str, finish: FinishLike | None) -> str:
+def trim_stop(text: str, finish: FinishReason | None) -> str:
     """`text` cut before the stop string the backend matched (it is not shown)."""
     if finish is not None and isinstance(finish.matched, str):
         cut = text.find(finish.matched)

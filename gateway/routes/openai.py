@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Body
 
 from gateway.auth import Principal
+from gateway.backend import GenerationDelta
 from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import OpenAIError
@@ -25,7 +26,6 @@ from gateway.protocol import ChatCompletionRequest, ResponsesRequest
 from gateway.replies import ChatCompletion, ErrorBody, Model, ModelList, Response
 from gateway.response_chain import with_previous_responses
 from gateway.responses import ResponsesStreamAssembler, build_response, responses_to_chat
-from gateway.sglang_types import GenerationDelta
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage, build_chat_completion
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from harness import ADMIN_KEY, run_gateway, stored_completions
 
-from benchmarks.echo_backend import EchoBackendHandle, start_echo_backend
+from engine.echo_backend import EchoBackendHandle, start_echo_backend
 
 
 @pytest.fixture()

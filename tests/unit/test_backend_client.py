@@ -6,22 +6,28 @@ import asyncio
 import json
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from benchmarks.echo_backend import EOS_ID, EchoBackendHandle, echo_token, start_echo_backend
-from gateway.backend import SGLangClient, _chunk_objects
-from gateway.routing import BackendPool
-from gateway.sglang_types import (
-    BackendError,
-    BackendUnavailable,
+from areal_service.sglang_protocol import (
     FinishReason,
     GenerateRequest,
-    GenerateResult,
+    GenerateResponse,
+    MetaInfo,
     parse_version,
 )
+from engine.echo_backend import EOS_ID, EchoBackendHandle, echo_token, start_echo_backend
+from gateway.backend import (
+    BackendError,
+    BackendUnavailable,
+    ErrorEvent,
+    SGLangClient,
+    _chunk_objects,
+)
+from gateway.routing import BackendPool
 
 PROMPT = (11, 12, 13, 14)
 
@@ -49,8 +55,9 @@ def slow_echo() -> Iterator[EchoBackendHandle]:
         yield handle
 
 
-def req(max_new: int, **kw: object) -> GenerateRequest:
-    return GenerateRequest(input_ids=PROMPT, sampling_params={"max_new_tokens": max_new}, **kw)
+def req(max_new: int, *, rid: str | None = None, **kw: object) -> GenerateRequest:
+    return GenerateRequest.for_tokens(PROMPT, {"max_new_tokens": max_new},
+                                      rid=rid or uuid.uuid4().hex, **kw)
 
 
 async def wait_for(cond: object, timeout: float = 2.0) -> None:
@@ -65,11 +72,13 @@ async def test_generate_length_and_stop(echo: EchoBackendHandle) -> None:
     async with SGLangClient(echo.url, timeout_s=10) as client:
         r = await client.generate(req(8, rid="r-length"))
         assert list(r.output_ids) == expected_ids(8)
-        assert len(r.output_logprobs) == 8 and all(lp < 0 for lp in r.output_logprobs)
+        lps = r.output_logprobs()
+        assert len(lps) == 8 and all(lp is not None and lp < 0 for lp in lps)
         assert r.finish_reason is not None and r.finish_reason.type == "length"
         assert r.finish_reason.length == 8
-        assert (r.prompt_tokens, r.completion_tokens, r.rid) == (4, 8, "r-length")
-        assert r.weight_version == "default" and r.e2e_latency is not None
+        meta = r.meta_info
+        assert (meta.prompt_tokens, meta.completion_tokens, meta.id) == (4, 8, "r-length")
+        assert meta.weight_version == "default" and meta.e2e_latency is not None
 
         stop = await client.generate(req(100))  # 32 tokens < 100: ends with EOS
         assert stop.finish_reason is not None and stop.finish_reason.type == "stop"
@@ -84,7 +93,7 @@ async def test_generate_stream_cumulative_chunks(echo: EchoBackendHandle) -> Non
     assert [c.finish_reason for c in chunks[:-1]] == [None] * 4
     assert chunks[-1].finish_reason is not None and chunks[-1].finish_reason.type == "length"
     assert list(chunks[-1].output_ids) == expected_ids(5)
-    assert len(chunks[-1].output_logprobs) == 5
+    assert len(chunks[-1].output_logprobs()) == 5
 
 
 def test_coalescing_keeps_the_newest_cumulative_chunk_and_every_marker() -> None:
@@ -93,22 +102,25 @@ def test_coalescing_keeps_the_newest_cumulative_chunk_and_every_marker() -> None
                 "output_token_logprobs": [[-0.5, i, None] for i in ids]}
         return json.dumps({"output_ids": ids, "meta_info": meta}).encode()
 
+    def parsed(raw: bytes) -> GenerateResponse:
+        return GenerateResponse.model_validate_json(raw)
+
     cumulative = [chunk([1]), chunk([1, 2]), chunk([1, 2, 3])]
-    assert _chunk_objects(cumulative, coalesce=True) == [json.loads(cumulative[-1])]
-    assert _chunk_objects(cumulative, coalesce=False) == [json.loads(c) for c in cumulative]
+    assert _chunk_objects(cumulative, coalesce=True) == [parsed(cumulative[-1])]
+    assert _chunk_objects(cumulative, coalesce=False) == [parsed(c) for c in cumulative]
     assert _chunk_objects([*cumulative, b"[DONE]"], coalesce=True) == [
-        json.loads(cumulative[-1]), None]
+        parsed(cumulative[-1]), None]
     # Incremental chunks (--incremental-streaming-output) each carry new tokens.
     incremental = [chunk([1], 1), chunk([2], 2), chunk([3], 3)]
-    assert _chunk_objects(incremental, coalesce=True) == [json.loads(c) for c in incremental]
+    assert _chunk_objects(incremental, coalesce=True) == [parsed(c) for c in incremental]
     # An error event is never skipped, whatever follows it.
     error = b'{"error": {"message": "boom", "code": 500}}'
     got = _chunk_objects([chunk([1]), error, chunk([1, 2])], coalesce=True)
-    assert got[1] == {"error": {"message": "boom", "code": 500}} and len(got) == 3
+    assert got[1] == ErrorEvent(500, "boom") and len(got) == 3
     # Text that mentions "error": inside a JSON string does not disable coalescing.
     text = json.dumps({"text": 'say "error": no', "output_ids": [1],
                        "meta_info": {"completion_tokens": 1}}).encode()
-    assert _chunk_objects([text, chunk([1, 2])], coalesce=True) == [json.loads(chunk([1, 2]))]
+    assert _chunk_objects([text, chunk([1, 2])], coalesce=True) == [parsed(chunk([1, 2]))]
 
 
 async def test_coalesced_stream_of_a_slow_reader_has_the_same_tokens(
@@ -129,12 +141,12 @@ async def test_coalesced_stream_of_a_slow_reader_has_the_same_tokens(
 async def test_errors_are_typed(echo: EchoBackendHandle) -> None:
     async with SGLangClient(echo.url, timeout_s=10) as client:
         with pytest.raises(BackendError) as bad:
-            await client.generate(GenerateRequest(input_ids=(), sampling_params={}))
+            await client.generate(GenerateRequest.for_tokens((), {}, rid="empty"))
         assert bad.value.status == 400 and "input_ids" in bad.value.message
         assert not isinstance(bad.value, BackendUnavailable)
 
         # A mid-stream `data: {"error": ...}` event raises after the chunks before it.
-        hooked = req(9, extra_body={"echo_error_after": 3})
+        hooked = req(9, echo_error_after=3)
         seen = []
         with pytest.raises(BackendError, match="echo_error_after") as mid:
             async for c in client.generate_stream(hooked):
@@ -265,7 +277,7 @@ async def test_swap_weights_always_continues(echo: EchoBackendHandle, tmp_path: 
         assert min(t.pause_s, t.update_s, t.continue_s) >= 0
         assert abs(t.total_s - (t.pause_s + t.update_s + t.continue_s)) < 1e-6
         assert (await client.model_info()).weight_version == "5"
-        assert (await client.generate(req(2))).weight_version == "5"
+        assert (await client.generate(req(2))).meta_info.weight_version == "5"
 
 
 # -- BackendPool -----------------------------------------------------------------------
@@ -368,10 +380,10 @@ async def test_an_aborted_rounds_last_chunk_keeps_the_rounds_version(
     pause-aborted round can carry the version the swap just loaded. Its tokens were
     generated before the pause: they keep the round's version. (A scripted stream: a
     real backend cannot be made to emit this late on demand.)"""
-    def chunk(ids: list[int], version: str, finish: FinishReason | None) -> GenerateResult:
-        return GenerateResult(rid="r", output_ids=tuple(ids), output_logprobs=(-0.5,) * len(ids),
-                              finish_reason=finish, weight_version=version, prompt_tokens=4,
-                              completion_tokens=len(ids), e2e_latency=None, text="")
+    def chunk(ids: list[int], version: str, finish: FinishReason | None) -> GenerateResponse:
+        return GenerateResponse(output_ids=ids, meta_info=MetaInfo(
+            id="r", finish_reason=finish, weight_version=version, prompt_tokens=4,
+            completion_tokens=len(ids), output_token_logprobs=[(-0.5, i, None) for i in ids]))
 
     rounds = iter([
         [chunk([1], "3", None), chunk([1, 2], "3", None),

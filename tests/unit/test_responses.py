@@ -10,6 +10,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
 from tokenizer_reference import hf
 
+from areal_service.sglang_protocol import FinishReason
 from gateway.protocol import InvalidRequestError, ResponsesRequest
 from gateway.responses import (
     ResponsesStreamAssembler,
@@ -19,7 +20,6 @@ from gateway.responses import (
 )
 from gateway.translate import (
     ChatTokenizer,
-    FinishReason,
     GeneratedChoice,
     SamplingSpec,
     Usage,

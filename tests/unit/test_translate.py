@@ -4,19 +4,18 @@ stability across turns, sampling resolution, completion bodies, streaming chunks
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from tokenizer_reference import hf
 
+from areal_service.sglang_protocol import FinishReason
 from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.protocol import ChatCompletionRequest, ClientSampling
 from gateway.translate import (
     ChatTokenizer,
     ContextLengthExceeded,
-    FinishReason,
     GeneratedChoice,
     ParsedChoice,
     Usage,
@@ -440,24 +439,6 @@ def test_stream_without_logprobs_sends_no_empty_chunks(tok: ChatTokenizer) -> No
     first, args = deltas[1]["tool_calls"][0], deltas[2]["tool_calls"][0]
     assert set(first) == {"index", "id", "type", "function"} and first["type"] == "function"
     assert set(args) == {"index", "function"} and args["function"]["arguments"]
-
-
-def test_any_finish_record_with_type_and_matched_is_accepted(tok: ChatTokenizer) -> None:
-    """The backend client's own FinishReason class works unchanged (duck-typed)."""
-
-    @dataclass(frozen=True)
-    class OtherFinish:
-        type: str
-        matched: int | str | None = None
-        message: str | None = None
-
-    ids = tuple(encode(tok, OUTPUTS["call"])) + (eos(tok),)
-    lps = (0.0,) * len(ids)
-    mine = parse_choice(tok, GeneratedChoice(ids, lps, FinishReason("stop", eos(tok))),
-                        completion_id="c", parse_tools=True)
-    theirs = parse_choice(tok, GeneratedChoice(ids, lps, OtherFinish("stop", eos(tok))),
-                          completion_id="c", parse_tools=True)
-    assert theirs == mine and theirs.finish_reason == "tool_calls"
 
 
 def test_usage_chunk(tok: ChatTokenizer) -> None:
