@@ -147,8 +147,10 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             await asyncio.to_thread(writer.stop)
             store.close()
 
+    # strict_content_type off: a JSON body without a content-type (as `curl -d` users and
+    # the hot routes' clients may send) is parsed as JSON, not refused.
     app = FastAPI(title="AReaL Service gateway", lifespan=lifespan, docs_url="/docs",
-                  redoc_url=None)
+                  redoc_url=None, strict_content_type=False)
     install_error_handlers(app)
     app.include_router(openai.router)
     app.include_router(openai.docs_router)  # schema only: HotRoutes answers these paths

@@ -81,15 +81,21 @@ def validation_param(exc: ValidationError | RequestValidationError, body: Any = 
     if not errors:
         return "invalid request body", None
     first = errors[0]
+    if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
+        return ("the request body must be a JSON object sent as application/json", None)
     param = _body_path(first.get("loc", ()), body, missing=first.get("type") == "missing")
     return f"{first.get('msg', 'invalid value')} (at {param or 'body'})", param
+
+
+_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+"""Where FastAPI found a parameter: the first part of its error `loc`, not a name."""
 
 
 def _body_path(loc: Sequence[int | str], body: Any, *, missing: bool) -> str | None:
     """`loc` walked through `body`, dropping pydantic's union-member tags (`str`,
     `list[dict[str,any]]`, …): a part counts only where `body` has that key or index (or
     is the absent field of a `missing` error)."""
-    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
+    parts = list(loc[1:] if loc and loc[0] in _LOCATIONS else loc)
     if body is None:
         return ".".join(str(p) for p in parts) or None
     path, node = "", body

@@ -73,8 +73,8 @@ class HotRoutes:
 
     The gateway state comes from `scope["app"]` (Starlette sets it before any
     middleware runs). Every route gets one check here: a body declared larger than
-    `gateway.max_request_bytes` is answered 413 at once (bodies without a length are
-    counted as they arrive: by `read_body` here, by `deps.read_json` on other routes)."""
+    `gateway.max_request_bytes` is answered 413 at once; bodies without a length are
+    counted as they arrive (`read_body`), on every route, before FastAPI parses them."""
 
     def __init__(self, app: ASGIApp, routes: Mapping[str, tuple[str, Handler]]) -> None:
         self.app = app
@@ -91,6 +91,10 @@ class HotRoutes:
             return
         route = self.routes.get(scope["path"])
         if route is None:
+            if scope["method"] in _BODY_METHODS and not _has_length(scope):
+                receive = await _bounded(receive, send, limit)  # chunked: counted here
+                if receive is None:
+                    return
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
@@ -192,18 +196,38 @@ async def read_body(receive: Receive, max_bytes: int) -> bytes | None:
             return b"".join(chunks)
 
 
-def _replay(body: bytes) -> Receive:
-    """A `receive` that hands the handler the body already read, once."""
+def _replay(body: bytes, then: Receive | None = None) -> Receive:
+    """A `receive` that hands the handler the body already read, once; after that
+    `then` (the connection's own `receive`: a disconnect is still seen), or a
+    disconnect at once."""
     sent = False
 
     async def receive() -> Message:
         nonlocal sent
         if sent:
-            return {"type": "http.disconnect"}
+            return await then() if then is not None else {"type": "http.disconnect"}
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
     return receive
+
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _has_length(scope: Scope) -> bool:
+    return any(name == b"content-length" for name, _ in scope["headers"])
+
+
+async def _bounded(receive: Receive, send: Send, limit: int) -> Receive | None:
+    """For a body sent without a length: read it whole (413 past `limit`, answered here)
+    and hand it on as a replay; None when the request was answered or the client left."""
+    try:
+        body = await read_body(receive, limit)
+    except OpenAIError as exc:
+        await send_json(send, error_reply(exc))
+        return None
+    return None if body is None else _replay(body, receive)
 
 
 def _declared_length(scope: Scope) -> int:

@@ -267,5 +267,6 @@ def records(turn: Turn[Any], generations: Sequence[Generation],
     """One record per choice, as `capture.build_records` makes them."""
     return build_records(
         completion_id=turn.completion_id, model=turn.model, prompt_ids=turn.prompt_ids,
-        generations=generations, choices=choices, spec=turn.spec, request_json=turn.body, response_json=response,
-        session_id=turn.session_id, api_key_id=turn.principal.key_id, started=turn.started)
+        generations=generations, choices=choices, spec=turn.spec, request_json=turn.body,
+        response_json=response, session_id=turn.session_id,
+        api_key_id=turn.principal.key_id, started=turn.started)

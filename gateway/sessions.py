@@ -2,7 +2,8 @@
 
 Sources, in order: a session-scoped key; an `x-session-id` header; `metadata.session_id`
 in the body. A named session must exist and belong to the caller's key (admin may name
-any). No session at all is fine: the completion is recorded unattached.
+any). No session at all is fine: the completion is recorded unattached. Also the access
+rule of the session routes (`routes/rl.py`, `routes/rewards.py`).
 """
 
 from __future__ import annotations
@@ -85,3 +86,24 @@ async def cached_session(state: GatewayState, session_id: str) -> SessionRecord 
     """The session, from this process's `RefreshingCache` (see `GatewayState`) or the
     store: a store trip per request was ~11% of the gateway's CPU under load."""
     return await state.session_cache.get(session_id)
+
+
+def check_session_access(principal: Principal, session: SessionRecord) -> None:
+    """403 unless the caller is the admin or holds the session's own key."""
+    if principal.is_admin:
+        return
+    if principal.key is not None and principal.key.session_id == session.id:
+        return
+    if principal.key is not None and session.api_key_id == principal.key.id:
+        return
+    raise OpenAIError(403, f"this key cannot act on session {session.id!r}",
+                      type="permission_error", param="session_id", code="session_forbidden")
+
+
+async def load_session(state: GatewayState, session_id: str) -> SessionRecord:
+    """The session (read from the store, not the cache), or 404 `session_not_found`."""
+    session = await asyncio.to_thread(state.store.get_session, session_id)
+    if session is None:
+        raise OpenAIError(404, f"session {session_id!r} does not exist", param="session_id",
+                          code="session_not_found")
+    return session

@@ -7,9 +7,9 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Body, Query, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
@@ -17,12 +17,14 @@ from starlette.concurrency import iterate_in_threadpool
 
 from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
-from areal_service.types import ApiKeyRecord
+from areal_service.types import ApiKeyRecord, KeyKind
 from gateway.admission import window
-from gateway.deps import AdminDep, StateDep, parse_model, read_json
+from gateway.deps import AdminDep, StateDep
 from gateway.errors import OpenAIError
+from gateway.replies import ErrorBody
 
-router = APIRouter(prefix="/admin")
+router = APIRouter(prefix="/admin", responses={
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404)})
 
 
 class KeyCreate(BaseModel):
@@ -33,35 +35,81 @@ class KeyCreate(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-def key_view(key: ApiKeyRecord) -> dict[str, Any]:
+class KeyView(BaseModel):
     """A key as lists show it: never the hash or the plaintext."""
-    return {"id": key.id, "name": key.name, "display": key.display, "kind": key.kind,
-            "session_id": key.session_id, "created_at": key.created_at,
-            "last_used_at": key.last_used_at, "revoked_at": key.revoked_at}
+
+    id: str
+    name: str
+    display: str
+    kind: KeyKind
+    session_id: str | None
+    created_at: float
+    last_used_at: float | None
+    revoked_at: float | None
+
+    @classmethod
+    def of(cls, key: ApiKeyRecord) -> KeyView:
+        return cls(id=key.id, name=key.name, display=key.display, kind=key.kind,
+                   session_id=key.session_id, created_at=key.created_at,
+                   last_used_at=key.last_used_at, revoked_at=key.revoked_at)
+
+
+class KeyCreated(KeyView):
+    api_key: str
+    """The plaintext key: shown only here."""
+
+
+class KeyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[KeyView]
+
+
+class BackendView(BaseModel):
+    url: str
+    healthy: bool
+    in_flight: int
+    last_error: str
+
+
+class GatewayStatus(BaseModel):
+    live_version: int
+    model: str
+    backends: list[BackendView]
+    open_sessions: int
+    started_sessions: int
+    staleness_gate: bool
+    staleness_window: int
+    """How many sessions may have been started by now (the staleness gate's limit)."""
+
+
+def key_view(key: ApiKeyRecord) -> dict[str, Any]:
+    """A key as the console's templates show it (`KeyView` as a dict)."""
+    return KeyView.of(key).model_dump()
 
 
 @router.post("/keys", status_code=201)
-async def create_key(request: Request, state: StateDep, _: AdminDep) -> dict[str, Any]:
+async def create_key(state: StateDep, _: AdminDep,
+                     body: Annotated[KeyCreate | None, Body()] = None) -> KeyCreated:
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
-    body = parse_model(KeyCreate, await read_json(request, allow_empty=True))
+    body = body or KeyCreate()
     plaintext, record = new_api_key(name=body.name)
     record = dataclasses.replace(record, metadata=body.metadata)
     await asyncio.to_thread(state.store.add_api_key, record)
-    return {**key_view(record), "api_key": plaintext}
+    return KeyCreated(**KeyView.of(record).model_dump(), api_key=plaintext)
 
 
 @router.get("/keys")
-async def list_keys(state: StateDep, _: AdminDep, limit: int = 100, offset: int = 0
-                    ) -> dict[str, Any]:
-    """Virtual keys, newest first."""
+async def list_keys(state: StateDep, _: AdminDep, limit: Annotated[int, Query(ge=0)] = 100,
+                    offset: Annotated[int, Query(ge=0)] = 0) -> KeyList:
+    """Virtual keys, newest first (at most 1000 per page)."""
     keys = await asyncio.to_thread(state.store.list_api_keys, limit=min(limit, 1000),
                                    offset=offset)
-    return {"object": "list", "data": [key_view(k) for k in keys]}
+    return KeyList(data=[KeyView.of(k) for k in keys])
 
 
 @router.post("/keys/{key_id}/revoke")
 @router.delete("/keys/{key_id}")
-async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> dict[str, Any]:
+async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> KeyView:
     """Revoke a key: later requests with it get 401 (at once on this replica)."""
     key = await asyncio.to_thread(state.store.get_api_key, key_id)
     if key is None:
@@ -69,21 +117,22 @@ async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> dict[str, Any
     revoked = await asyncio.to_thread(state.store.revoke_api_key, key_id)
     state.keys.forget(key.key_hash)
     assert revoked is not None
-    return key_view(revoked)
+    return KeyView.of(revoked)
 
 
 
 @router.get("/status")
-async def status(state: StateDep, _: AdminDep) -> dict[str, Any]:
+async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
     """Live weight version, backends, open sessions and the staleness window."""
     open_sessions = await asyncio.to_thread(state.store.count_sessions, status="open")
     started = await asyncio.to_thread(state.store.count_sessions)
-    return {"live_version": state.live_version, "model": state.config.gateway.model_name,
-            "backends": [{"url": s.url, "healthy": s.healthy, "in_flight": s.in_flight,
-                          "last_error": s.last_error} for s in state.backends.status()],
-            "open_sessions": open_sessions, "started_sessions": started,
-            "staleness_gate": state.config.gateway.staleness_gate,
-            "staleness_window": window(state, state.live_version)}
+    return GatewayStatus(
+        live_version=state.live_version, model=state.config.gateway.model_name,
+        backends=[BackendView(url=s.url, healthy=s.healthy, in_flight=s.in_flight,
+                                last_error=s.last_error) for s in state.backends.status()],
+        open_sessions=open_sessions, started_sessions=started,
+        staleness_gate=state.config.gateway.staleness_gate,
+        staleness_window=window(state, state.live_version))
 
 
 @router.get("/export")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Literal
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from gateway.deps import StateDep
@@ -14,14 +16,34 @@ from gateway.deps import StateDep
 router = APIRouter()
 
 
+class Liveness(BaseModel):
+    status: Literal["alive"] = "alive"
+
+
+class BackendHealth(BaseModel):
+    url: str
+    healthy: bool
+    in_flight: int
+
+
+class Readiness(BaseModel):
+    """200 `ready`, or 503 `unavailable` with what is missing."""
+
+    status: Literal["ready", "unavailable"]
+    db: str
+    """`ok` or `error: <exception>`."""
+    backends: list[BackendHealth]
+
+
 @router.get("/health/liveness")
 @router.get("/health/liveliness", include_in_schema=False)
-async def liveness() -> dict[str, str]:
+async def liveness() -> Liveness:
     """The process serves HTTP."""
-    return {"status": "alive"}
+    return Liveness()
 
 
-@router.get("/health/readiness")
+@router.get("/health/readiness", response_model=Readiness,
+            responses={503: {"model": Readiness}})
 async def readiness(state: StateDep) -> Response:
     """200 when the store answers and at least one backend is healthy, else 503."""
 

@@ -10,19 +10,20 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from areal_service.types import RewardRecord, SessionRecord
 from gateway.auth import Principal
-from gateway.deps import PrincipalDep, StateDep, parse_model, read_json
+from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import OpenAIError, bad_request
-from gateway.routes.rl import check_session_access, load_session
+from gateway.replies import ErrorBody
+from gateway.sessions import check_session_access, load_session
 from gateway.state import GatewayState
 
-router = APIRouter()
+router = APIRouter(responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409)})
 _TRAINING = ("claimed", "trained", "dropped")
 
 
@@ -49,11 +50,24 @@ class RewardCreate(BaseModel):
         return self
 
 
-def reward_view(r: RewardRecord) -> dict[str, Any]:
+class Reward(BaseModel):
     """A reward as the API returns it."""
-    return {"id": r.id, "object": "reward", "name": r.name, "value": r.value,
-            "completion_id": r.completion_id, "session_id": r.session_id,
-            "group_id": r.group_id, "metadata": r.metadata, "created_at": r.created_at}
+
+    id: str
+    object: Literal["reward"] = "reward"
+    name: str
+    value: float
+    completion_id: str | None
+    session_id: str | None
+    group_id: str | None
+    metadata: dict[str, Any]
+    created_at: float
+
+    @classmethod
+    def of(cls, r: RewardRecord) -> Reward:
+        return cls(id=r.id, name=r.name, value=r.value, completion_id=r.completion_id,
+                   session_id=r.session_id, group_id=r.group_id, metadata=r.metadata,
+                   created_at=r.created_at)
 
 
 async def _target_session(state: GatewayState, principal: Principal, body: RewardCreate
@@ -87,10 +101,9 @@ async def _target_session(state: GatewayState, principal: Principal, body: Rewar
 
 @router.post("/v1/rewards", status_code=201)
 @router.post("/rewards", status_code=201, include_in_schema=False)
-async def post_reward(request: Request, state: StateDep, principal: PrincipalDep
-                      ) -> dict[str, Any]:
+async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalDep
+                      ) -> Reward:
     """Record a reward (see the module docstring for the rules)."""
-    body = parse_model(RewardCreate, await read_json(request))
     if not math.isfinite(body.value):
         raise bad_request(f"value must be a finite number, got {body.value}", "value")
     if body.id is not None:
@@ -111,14 +124,14 @@ async def post_reward(request: Request, state: StateDep, principal: PrincipalDep
         await state.end_session(session.id, "reward")
     if stored != record:  # lost a race with the same id
         return _same_or_conflict(stored, body)
-    return reward_view(stored)
+    return Reward.of(stored)
 
 
-def _same_or_conflict(existing: RewardRecord, body: RewardCreate) -> dict[str, Any]:
+def _same_or_conflict(existing: RewardRecord, body: RewardCreate) -> Reward:
     same = (existing.value == body.value and existing.name == body.name
             and existing.completion_id == body.completion_id
             and existing.session_id == body.session_id and existing.group_id == body.group_id)
     if not same:
         raise OpenAIError(409, f"reward id {existing.id!r} was already used with other values",
                           param="id", code="reward_id_conflict")
-    return reward_view(existing)
+    return Reward.of(existing)

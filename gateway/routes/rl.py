@@ -10,26 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from areal_service.keys import hash_key, new_api_key
 from areal_service.store.episode_reads import load_rewards
-from areal_service.types import SessionRecord, SessionStatus
+from areal_service.types import END_NO_REWARD, SessionRecord, SessionStatus
 from gateway.admission import admit_sessions
-from gateway.auth import Principal
-from gateway.deps import AdminDep, PrincipalDep, StateDep, parse_model, read_json
+from gateway.deps import AdminDep, PrincipalDep, StateDep
 from gateway.errors import OpenAIError, invalid_api_key
-from gateway.sessions import remember_new_session
+from gateway.replies import ErrorBody
+from gateway.sessions import check_session_access, load_session, remember_new_session
 from gateway.state import GatewayState
 
-router = APIRouter(prefix="/rl")
+router = APIRouter(prefix="/rl", responses={
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409)})
 
 
 class SessionStart(BaseModel):
-    """Body of `POST /rl/sessions`."""
+    """Body of `POST /rl/sessions` (optional: an empty body opens one session)."""
 
     model_config = ConfigDict(extra="forbid")
     group_id: str | None = Field(None, max_length=200)
@@ -43,33 +44,88 @@ class SessionStart(BaseModel):
     session ends with reason `refresh`). Admin only; a user key refreshes itself."""
 
 
-def session_view(session: SessionRecord) -> dict[str, Any]:
+class SessionEnd(BaseModel):
+    """Body of `POST /rl/sessions/{id}/end` (optional: an empty body ends it plainly)."""
+
+    model_config = ConfigDict(extra="forbid")
+    no_reward: bool = False
+    """Declare that no reward will come: the trainer does not wait `trainer.reward_wait_s`
+    for one, and `trainer.unrewarded_policy` applies at once (end reason `no_reward`)."""
+
+
+class SessionView(BaseModel):
     """A session as the REST API shows it."""
-    return {"session_id": session.id, "group_id": session.group_id, "task_id": session.task_id,
-            "status": session.status, "metadata": session.metadata,
-            "created_at": session.created_at, "last_activity_at": session.last_activity_at,
-            "ended_at": session.ended_at, "end_reason": session.end_reason}
+
+    session_id: str
+    group_id: str | None
+    task_id: str | None
+    status: SessionStatus
+    metadata: dict[str, Any]
+    created_at: float
+    last_activity_at: float | None
+    ended_at: float | None
+    end_reason: str | None
+
+    @classmethod
+    def of(cls, session: SessionRecord) -> SessionView:
+        return cls(session_id=session.id, group_id=session.group_id, task_id=session.task_id,
+                   status=session.status, metadata=session.metadata,
+                   created_at=session.created_at, last_activity_at=session.last_activity_at,
+                   ended_at=session.ended_at, end_reason=session.end_reason)
 
 
-def check_session_access(principal: Principal, session: SessionRecord) -> None:
-    """403 unless the caller is the admin or holds the session's own key."""
-    if principal.is_admin:
-        return
-    if principal.key is not None and principal.key.session_id == session.id:
-        return
-    if principal.key is not None and session.api_key_id == principal.key.id:
-        return
-    raise OpenAIError(403, f"this key cannot act on session {session.id!r}",
-                      type="permission_error", param="session_id", code="session_forbidden")
+class NewSession(SessionView):
+    api_key: str
+    """The session's own key: shown only here."""
 
 
-async def load_session(state: GatewayState, session_id: str) -> SessionRecord:
-    """The session, or 404 `session_not_found`."""
-    session = await asyncio.to_thread(state.store.get_session, session_id)
-    if session is None:
-        raise OpenAIError(404, f"session {session_id!r} does not exist", param="session_id",
-                          code="session_not_found")
-    return session
+class SessionsStarted(BaseModel):
+    """Reply of `POST /rl/sessions` by the admin: the group and each session's key (the
+    first session's id and key repeated at the top, for the common group_size 1)."""
+
+    group_id: str | None
+    session_id: str
+    api_key: str
+    sessions: list[NewSession]
+
+
+class SessionRefreshed(SessionView):
+    """Reply of a refresh: the key's new session."""
+
+    previous_session_id: str | None
+
+
+class SessionEnded(SessionView):
+    completions: int
+    """How many completions the episode recorded."""
+
+
+class CompletionSummary(BaseModel):
+    id: str
+    parent_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    created_at: float
+
+
+class RewardSummary(BaseModel):
+    id: str
+    name: str
+    value: float
+    completion_id: str | None
+    session_id: str | None
+    group_id: str | None
+
+
+class SessionDetail(SessionView):
+    completions: list[CompletionSummary]
+    rewards: list[RewardSummary]
+
+
+class SessionList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SessionView]
 
 
 def new_session_id() -> str:
@@ -89,10 +145,11 @@ async def open_session(state: GatewayState, *, group_id: str | None, task_id: st
 
 
 @router.post("/sessions", status_code=201)
-async def start_sessions(request: Request, state: StateDep, principal: PrincipalDep
-                         ) -> dict[str, Any]:
+async def start_sessions(state: StateDep, principal: PrincipalDep,
+                         body: Annotated[SessionStart | None, Body()] = None
+                         ) -> SessionsStarted | SessionRefreshed:
     """Open `group_size` sessions (one fresh session key each), or refresh a user key."""
-    body = parse_model(SessionStart, await read_json(request, allow_empty=True))
+    body = body or SessionStart()
     if not principal.is_admin:
         if principal.key is None or principal.key.kind != "user":
             raise OpenAIError(403, "only the admin key or a user key may start sessions",
@@ -114,12 +171,13 @@ async def start_sessions(request: Request, state: StateDep, principal: Principal
                                          metadata=body.metadata, key_id=key.id,
                                          session_id=session_id)
             state.keys.remember(key)  # its first request needs no store lookup
-            sessions.append({**session_view(session), "api_key": plaintext})
-    return {"group_id": group_id, "session_id": sessions[0]["session_id"],
-            "api_key": sessions[0]["api_key"], "sessions": sessions}
+            sessions.append(NewSession(**SessionView.of(session).model_dump(),
+                                       api_key=plaintext))
+    return SessionsStarted(group_id=group_id, session_id=sessions[0].session_id,
+                           api_key=sessions[0].api_key, sessions=sessions)
 
 
-async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> dict[str, Any]:
+async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> SessionRefreshed:
     """End the key's current session (reason `refresh`) and bind it to a new one."""
     if body.group_size != 1:
         raise OpenAIError(400, "a refresh opens exactly one session", param="group_size")
@@ -132,13 +190,13 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> dict
                                      metadata=body.metadata, key_id=key_id)
     await asyncio.to_thread(state.store.bind_key_session, key_id, session.id)
     state.keys.forget(key.key_hash)
-    return {**session_view(session), "group_id": session.group_id,
-            "previous_session_id": key.session_id}
+    return SessionRefreshed(**SessionView.of(session).model_dump(),
+                            previous_session_id=key.session_id)
 
 
 @router.post("/sessions/{session_id}/end")
-async def end_session(session_id: str, state: StateDep, principal: PrincipalDep
-                      ) -> dict[str, Any]:
+async def end_session(session_id: str, state: StateDep, principal: PrincipalDep,
+                      body: Annotated[SessionEnd | None, Body()] = None) -> SessionEnded:
     """End an open session (409 if it already ended): its episode becomes trainable once
     rewarded."""
     session = await load_session(state, session_id)
@@ -147,38 +205,39 @@ async def end_session(session_id: str, state: StateDep, principal: PrincipalDep
         raise OpenAIError(409, f"session {session_id!r} already {session.status} "
                           f"({session.end_reason})", param="session_id",
                           code="session_closed")
-    ended = await state.end_session(session_id, "client")
+    no_reward = body is not None and body.no_reward
+    ended = await state.end_session(session_id, END_NO_REWARD if no_reward else "client")
     assert ended is not None
     count = len(await asyncio.to_thread(state.store.list_completions, session_id))
-    return {**session_view(ended), "completions": count}
+    return SessionEnded(**SessionView.of(ended).model_dump(), completions=count)
 
 
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, state: StateDep, principal: PrincipalDep
-                      ) -> dict[str, Any]:
+                      ) -> SessionDetail:
     """The session with its completion ids and rewards."""
     session = await load_session(state, session_id)
     check_session_access(principal, session)
     completions = await asyncio.to_thread(state.store.list_completions, session_id)
     group = [session.group_id] if session.group_id else []
     rewards = await asyncio.to_thread(load_rewards, state.store, [session_id], group)
-    return {**session_view(session),
-            "completions": [{"id": c.id, "parent_id": c.parent_id,
-                             "prompt_tokens": c.prompt_tokens,
-                             "completion_tokens": c.completion_tokens,
-                             "finish_reason": c.finish_reason, "created_at": c.created_at}
-                            for c in completions],
-            "rewards": [{"id": r.id, "name": r.name, "value": r.value,
-                         "completion_id": r.completion_id, "session_id": r.session_id,
-                         "group_id": r.group_id} for r in rewards]}
+    return SessionDetail(
+        **SessionView.of(session).model_dump(),
+        completions=[CompletionSummary(
+            id=c.id, parent_id=c.parent_id, prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens, finish_reason=c.finish_reason,
+            created_at=c.created_at) for c in completions],
+        rewards=[RewardSummary(id=r.id, name=r.name, value=r.value,
+                               completion_id=r.completion_id, session_id=r.session_id,
+                               group_id=r.group_id) for r in rewards])
 
 
 @router.get("/sessions")
 async def list_sessions(state: StateDep, _: AdminDep, status: SessionStatus | None = None,
                         group_id: str | None = None, task_id: str | None = None,
-                        limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """Sessions, newest first, filtered."""
+                        limit: Annotated[int, Query(ge=0)] = 100,
+                        offset: Annotated[int, Query(ge=0)] = 0) -> SessionList:
+    """Sessions, newest first, filtered (at most 1000 per page)."""
     rows = await asyncio.to_thread(state.store.list_sessions, status=status, group_id=group_id,
                                    task_id=task_id, limit=min(limit, 1000), offset=offset)
-    return {"object": "list", "data": [session_view(s) for s in rows]}
-
+    return SessionList(data=[SessionView.of(s) for s in rows])
