@@ -3,6 +3,9 @@
 Every process is started by us and stopped by us, by handle: SIGTERM, a grace period,
 then SIGKILL. Nothing is ever killed by name. Each child runs in its own process group
 so a Ctrl-C in the terminal reaches the parent first and the parent stops them in order.
+SIGTERM (what systemd, Docker and Kubernetes send) stops them in the same order
+(`exit_on_sigterm`), and a parent that dies without stopping them (SIGKILL, a crash)
+takes them along: each child asks the kernel for SIGTERM when its parent dies.
 """
 
 from __future__ import annotations
@@ -12,13 +15,32 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import httpx
 
 log = logging.getLogger(__name__)
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises SystemExit in the main thread while inside, so `finally` blocks stop
+    children in order. (uvicorn restores the handler it found and re-raises the signal
+    after its own shutdown; with the default handler the process would die on the spot
+    and orphan its children.)"""
+
+    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous: Callable | int | None = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ChildProcess:
@@ -34,6 +56,7 @@ class ChildProcess:
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - one prctl call, no locks
         )
         log.info("started %s (pid %d): %s", name, self.proc.pid, " ".join(argv))
 
@@ -66,6 +89,30 @@ class ChildProcess:
         how = (f"by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exit {code}")  # uvicorn ends on the signal it was sent, by design
         log.info("stopped %s (%s)", self.name, how)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook asking Linux to SIGTERM the child when its parent thread dies
+    (prctl PR_SET_PDEATHSIG). Only from the main thread: the signal follows the thread
+    that forked, and a worker thread ending would stop the child. The libc symbol is
+    resolved here, in the parent: the hook runs between fork and exec, where loading a
+    library could deadlock on a lock another thread held at fork time."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return hook
 
 
 def cli_argv(*args: str) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from areal_service.config import ServiceConfig
 from engine.tiny_model import ensure_tiny_model
 from gateway.server import run_gateway
-from launcher.processes import ChildProcess, cli_argv
+from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
 
 
 def ensure_model(config: ServiceConfig) -> None:
@@ -34,10 +34,12 @@ def start_local_engine(config: ServiceConfig) -> ChildProcess:
 
 
 def serve(config: ServiceConfig) -> None:
-    """Serve the gateway (blocking); a local engine child lives exactly as long."""
-    engine = None if config.gateway.backends else start_local_engine(config)
-    try:
-        run_gateway(config)
-    finally:
-        if engine is not None:
-            engine.stop()
+    """Serve the gateway (blocking); a local engine child lives exactly as long, whether
+    the gateway stops on Ctrl-C, SIGTERM or an error."""
+    with exit_on_sigterm():
+        engine = None if config.gateway.backends else start_local_engine(config)
+        try:
+            run_gateway(config)
+        finally:
+            if engine is not None:
+                engine.stop()
