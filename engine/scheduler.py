@@ -23,16 +23,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from transformers import AutoTokenizer
 
-from engine.protocol import (
-    FinishAbort,
-    FinishLength,
+from areal_service.sglang_protocol import (
     FinishReason,
-    FinishStop,
+    PauseMode,
     SamplingParams,
     UpdateWeightsResponse,
 )
@@ -44,9 +41,6 @@ from engine.runner import (
 )
 
 logger = logging.getLogger(__name__)
-
-PauseMode = Literal["abort", "retract", "in_place"]
-
 
 @dataclass(frozen=True)
 class RequestView:
@@ -261,7 +255,7 @@ class Scheduler:
         finally:
             with self._send_lock:
                 self._accepting = False
-            self._abort_everything(FinishAbort(message="Engine stopped", status_code=503))
+            self._abort_everything(FinishReason("abort", message="Engine stopped", status_code=503))
             self._fail_queued_commands()
 
     def _has_work(self) -> bool:
@@ -297,7 +291,7 @@ class Scheduler:
             except queue.Empty:
                 break
             if isinstance(cmd, _Submit) and cmd.request is not None:
-                self._finish(cmd.request, FinishAbort(message="Engine stopped", status_code=503))
+                self._finish(cmd.request, FinishReason("abort", message="Engine stopped", status_code=503))
             cmd.future.set_exception(RuntimeError("the engine scheduler stopped"))
         for upd, _ in self._updates:
             upd.future.set_exception(RuntimeError("the engine scheduler stopped"))
@@ -329,7 +323,7 @@ class Scheduler:
 
     def _on_pause(self, cmd: _Pause) -> None:
         if cmd.mode == "abort":
-            self._abort_everything(FinishAbort())
+            self._abort_everything(FinishReason("abort", message="Aborted"))
         elif cmd.mode == "retract":
             self._retract_running()
         self.paused = cmd.mode
@@ -341,7 +335,7 @@ class Scheduler:
 
     def _on_update(self, cmd: _UpdateWeights) -> object:
         if cmd.abort_all_requests:
-            self._abort_everything(FinishAbort())
+            self._abort_everything(FinishReason("abort", message="Aborted"))
         self._updates.append((cmd, set(self._running) | set(self._waiting)))
         return _DEFERRED
 
@@ -407,8 +401,8 @@ class Scheduler:
         except Exception as exc:
             batch = [*self._running, *(r for r in self._admitted if r.finish is None)]
             logger.exception("engine step failed; aborting its %d requests", len(batch))
-            abort = FinishAbort(message=f"engine error: {type(exc).__name__}: {exc}",
-                                status_code=500)
+            abort = FinishReason("abort", message=f"engine error: {type(exc).__name__}: {exc}",
+                                 status_code=500)
             for req in batch:
                 self._finish(req, abort)
             self._running = []
@@ -447,7 +441,7 @@ class Scheduler:
 
     def _finished_before_start(self, req: Request) -> bool:
         if len(req.output_ids) >= req.max_new_tokens:
-            self._finish(req, FinishLength(length=req.max_new_tokens))
+            self._finish(req, FinishReason("length", length=req.max_new_tokens))
             return True
         return False
 
@@ -486,9 +480,9 @@ class Scheduler:
         """SGLang's order: length, then stop/EOS token, then stop strings."""
         last = req.output_ids[-1]
         if len(req.output_ids) >= req.max_new_tokens:
-            return FinishLength(length=req.max_new_tokens)
+            return FinishReason("length", length=req.max_new_tokens)
         if last in req.stop_token_ids:
-            return FinishStop(matched=last)
+            return FinishReason("stop", matched=last)
         stops = req.params.stop_strings()
         if stops:
             # A stop string of c chars spans at most 4c byte-level tokens.
@@ -496,7 +490,7 @@ class Scheduler:
             tail = self._tokenizer.decode(req.output_ids[-window:])
             for s in stops:
                 if s in tail:
-                    return FinishStop(matched=s)
+                    return FinishReason("stop", matched=s)
         return None
 
     # ---- finishing, aborting, retracting ---------------------------------------------------------
@@ -512,16 +506,16 @@ class Scheduler:
     def _abort_where(self, hit: Callable[[Request], bool]) -> None:
         for req in [r for r in self._waiting if hit(r)]:
             self._waiting.remove(req)
-            self._finish(req, FinishAbort(message="Abort in waiting queue"))
+            self._finish(req, FinishReason("abort", message="Abort in waiting queue"))
         keep = [i for i, r in enumerate(self._running) if not hit(r)]
         if len(keep) != len(self._running):
             for req in self._running:
                 if hit(req):
-                    self._finish(req, FinishAbort())
+                    self._finish(req, FinishReason("abort", message="Aborted"))
             self.runner.keep(keep)
             self._running = [self._running[i] for i in keep]
 
-    def _abort_everything(self, reason: FinishAbort) -> None:
+    def _abort_everything(self, reason: FinishReason) -> None:
         for req in [*self._running, *self._waiting]:
             self._finish(req, reason)
         self._running, self._waiting = [], deque()

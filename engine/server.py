@@ -2,8 +2,9 @@
 
 Owns request validation, the asyncio side of each generation (waiting, SSE streaming,
 detokenizing) and the control endpoints; all model work is the scheduler thread's
-(`scheduler.py`), reached through its thread-safe methods. Shapes follow
-shared/reference/sglang-http-api.md; where this engine differs it says so in a docstring.
+(`scheduler.py`), reached through its thread-safe methods. Bodies and paths are the
+models of `areal_service/sglang_protocol.py`, the ones the gateway's client speaks;
+where this engine differs from SGLang it says so in a docstring.
 """
 
 from __future__ import annotations
@@ -22,16 +23,24 @@ import uvicorn
 from fastapi import APIRouter, Body, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
 from transformers import AutoConfig, AutoTokenizer
 
 from areal_service import __version__
 from areal_service.config import EngineConfig, ServiceConfig
-from engine.protocol import (
+from areal_service.sglang_protocol import (
+    ABORT_REQUEST,
+    CONTINUE_GENERATION,
+    FLUSH_CACHE,
+    GENERATE,
+    HEALTH,
+    MODEL_INFO,
+    PAUSE_GENERATION,
+    SERVER_INFO,
+    UPDATE_WEIGHTS_FROM_DISK,
     AbortRequest,
-    FinishStop,
     GenerateRequest,
     GenerateResponse,
-    InternalState,
     MetaInfo,
     ModelCard,
     ModelInfo,
@@ -53,6 +62,24 @@ HEALTH_CHECK_TIMEOUT_S = 20.0
 """SGLang's SGLANG_HEALTH_CHECK_TIMEOUT default."""
 DISCONNECT_POLL_S = 4.0
 """How often a non-streaming request checks whether its client went away."""
+
+
+class InternalState(BaseModel):
+    """This engine's `server_info.internal_states[0]`; `forward_calls` shows batching
+    (one forward serves many rows)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    running: int
+    waiting: int
+    paused: bool
+    pause_mode: str | None
+    update_pending: bool
+    forward_calls: int
+    prefill_forward_calls: int
+    decode_steps: int
+    generated_tokens: int
+    last_gen_throughput: float
 
 
 class EngineError(Exception):
@@ -99,9 +126,11 @@ class Engine:
                               "send one request per prompt")
         if (body.text is None) == (body.input_ids is None):
             raise EngineError("Either text or input_ids should be provided.")
-        ids = list(body.input_ids) if body.input_ids is not None else self.tokenizer.encode(body.text)
+        if body.sampling_params.n != 1:
+            raise EngineError("n > 1 is not supported by the local engine; send n separate requests.")
+        ids = body.prompt_ids if body.input_ids is not None else self.tokenizer.encode(body.text)
         self._check_prompt(ids, body.sampling_params)
-        rid = body.rid or uuid.uuid4().hex
+        rid = str(body.rid or uuid.uuid4().hex)
         if rid in self.inflight:
             raise EngineError(f"Duplicate request ID detected: {rid}")
         job = Job(self, body, ids, rid)
@@ -201,11 +230,12 @@ class Job:
         ids = list(view.output_ids)
         finish = view.finish
         text_ids = ids
-        if isinstance(finish, FinishStop) and isinstance(finish.matched, int) and not params.no_stop_trim:
+        stopped = finish is not None and finish.type == "stop" and not params.no_stop_trim
+        if stopped and isinstance(finish.matched, int):
             text_ids = ids[:-1]
         tok = self.engine.tokenizer
         text = tok.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
-        if isinstance(finish, FinishStop) and isinstance(finish.matched, str) and not params.no_stop_trim:
+        if stopped and isinstance(finish.matched, str):
             pos = text.find(finish.matched)
             text = text[:pos] if pos >= 0 else text
         if finish is None:
@@ -258,7 +288,7 @@ def _json(model: Any, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 
 
-@router.api_route("/generate", methods=["POST", "PUT"])
+@router.api_route(GENERATE.path, methods=["POST", "PUT"])
 async def generate(body: GenerateRequest, request: Request, engine: EngineDep) -> Response:
     job = engine.new_job(body)
     try:
@@ -275,19 +305,19 @@ async def generate(body: GenerateRequest, request: Request, engine: EngineDep) -
     return _json(job.render(view))
 
 
-@router.post("/pause_generation")
+@router.post(PAUSE_GENERATION.path)
 async def pause_generation(engine: EngineDep, body: Annotated[PauseRequest | None, Body()] = None) -> Response:
     await asyncio.wrap_future(engine.scheduler.pause((body or PauseRequest()).mode))
     return _json(StatusMessage(message="Generation paused successfully."))
 
 
-@router.post("/continue_generation")
+@router.post(CONTINUE_GENERATION.path)
 async def continue_generation(engine: EngineDep) -> Response:
     await asyncio.wrap_future(engine.scheduler.resume())
     return _json(StatusMessage(message="Generation continued successfully."))
 
 
-@router.post("/update_weights_from_disk")
+@router.post(UPDATE_WEIGHTS_FROM_DISK.path)
 async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest, engine: EngineDep) -> Response:
     """Unpaused, waits for in-flight requests first (SGLang's writer lock). With
     flush_cache under an in_place pause, running rows are retracted (KV recomputed with the
@@ -303,13 +333,13 @@ async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest, engine: E
     return _json(result, 200 if result.success else 400)
 
 
-@router.post("/abort_request")
+@router.post(ABORT_REQUEST.path)
 async def abort_request(body: AbortRequest, engine: EngineDep) -> Response:
     await asyncio.wrap_future(engine.scheduler.abort(body.rid, abort_all=body.abort_all))
     return Response(status_code=200)
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.api_route(FLUSH_CACHE.path, methods=["GET", "POST"])
 async def flush_cache(engine: EngineDep) -> Response:
     if await asyncio.wrap_future(engine.scheduler.flush_cache()):
         return PlainTextResponse("Cache flushed.")
@@ -319,7 +349,7 @@ async def flush_cache(engine: EngineDep) -> Response:
     )
 
 
-@router.get("/health")
+@router.get(HEALTH.path)
 @router.get("/health_generate")
 async def health(engine: EngineDep) -> Response:
     """200 when a 1-token generation completes; 503 while loading, after a crash, or on
@@ -341,8 +371,8 @@ async def health(engine: EngineDep) -> Response:
     return Response(status_code=200)
 
 
-@router.get("/model_info")
-@router.get("/get_model_info")
+@router.get(MODEL_INFO.path)
+@router.get(MODEL_INFO.legacy_path or MODEL_INFO.path)
 async def model_info(engine: EngineDep) -> Response:
     return _json(ModelInfo(
         model_path=engine.scheduler.model_path, tokenizer_path=engine.model_dir,
@@ -351,8 +381,8 @@ async def model_info(engine: EngineDep) -> Response:
     ))
 
 
-@router.get("/server_info")
-@router.get("/get_server_info")
+@router.get(SERVER_INFO.path)
+@router.get(SERVER_INFO.legacy_path or SERVER_INFO.path)
 async def server_info(engine: EngineDep) -> Response:
     sched = engine.scheduler
     running, waiting, update_pending = sched.counts()
@@ -369,7 +399,7 @@ async def server_info(engine: EngineDep) -> Response:
             prefill_forward_calls=runner.prefill_forward_calls if runner else 0,
             decode_steps=sched.decode_steps, generated_tokens=sched.generated_tokens,
             last_gen_throughput=sched.last_gen_throughput,
-        )],
+        ).model_dump()],
     ))
 
 

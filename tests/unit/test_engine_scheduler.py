@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.protocol import SamplingParams
+from areal_service.sglang_protocol import SamplingParams
 from engine.scheduler import Request, Scheduler
 
 
