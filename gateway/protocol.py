@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 """Content part types whose `text` is rendered; `refusal` parts are accepted and dropped."""
@@ -19,8 +19,10 @@ _NON_TEXT_PART_TYPES = frozenset(
 ToolChoice = str | dict[str, Any]
 
 
-class InvalidRequestError(ValueError):
-    """A request the gateway cannot serve: 400 `invalid_request_error` naming `param`."""
+class InvalidRequestError(Exception):
+    """A request the gateway cannot serve: 400 `invalid_request_error` naming `param`.
+    Not a ValueError on purpose: raised in a model validator it passes through pydantic
+    unwrapped, so the precise `param` (`input[2].call_id`) reaches the client."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None
                  ) -> None:
@@ -232,6 +234,21 @@ class ResponsesRequest(_Open):
 
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
 
+    @model_validator(mode="after")
+    def _servable(self) -> ResponsesRequest:
+        if self.conversation:
+            raise InvalidRequestError(
+                "conversation is not supported: use previous_response_id, or resend the "
+                "whole conversation in `input` (the OpenAI Agents SDK does by default)",
+                param="conversation")
+        if isinstance(self.input, list):
+            check_input_items(self.input)
+            if not (self.instructions or self.previous_response_id) and all(
+                    item.get("type") == "reasoning" for item in self.input):
+                raise InvalidRequestError("`input` has no message to respond to",
+                                          param="input")
+        return self
+
     def wants_logprobs(self) -> int | None:
         """None unless `include` asks for `message.output_text.logprobs` (or
         `top_logprobs` is set), else how many top alternatives."""
@@ -244,3 +261,58 @@ class ResponsesRequest(_Open):
             max_tokens=self.max_output_tokens, temperature=self.temperature,
             top_p=self.top_p, top_k=top_k if isinstance(top_k, int) else None,
         )
+
+
+_INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
+INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+
+
+def check_input_items(items: list[dict[str, Any]]) -> None:
+    """Raise `InvalidRequestError` naming `input[i]...` for an input item this gateway
+    cannot translate (`responses.responses_to_chat` then trusts the items)."""
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            if not isinstance(item.get("role"), str) or item["role"] not in _INPUT_ROLES:
+                raise InvalidRequestError(f"unsupported message role {item.get('role')!r}",
+                                          param=f"input[{i}].role")
+            check_item_text(item.get("content"), f"input[{i}].content")
+        elif kind == "function_call":
+            _required(item, "call_id", i)
+            _required(item, "name", i)
+        elif kind == "function_call_output":
+            _required(item, "call_id", i)
+            check_item_text(item.get("output"), f"input[{i}].output")
+        elif kind == "reasoning":
+            key = "content" if item.get("content") else "summary"
+            parts = item.get(key) or []
+            if not isinstance(parts, list) or not all(
+                    isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts):
+                raise InvalidRequestError(f"a reasoning item's `{key}` must be a list of "
+                                          '{"type", "text"} parts', param=f"input[{i}].{key}")
+        else:
+            raise InvalidRequestError(
+                f"input item type {kind!r} is not supported (supported: "
+                f"{', '.join(INPUT_ITEM_TYPES)})", param=f"input[{i}]")
+
+
+def _required(item: dict[str, Any], key: str, i: int) -> None:
+    if not isinstance(item.get(key), str):
+        raise InvalidRequestError(f"{item.get('type')} item needs a string `{key}`",
+                                  param=f"input[{i}].{key}")
+
+
+def check_item_text(content: Any, param: str) -> None:
+    """A message's content or a tool output (`param`): a string or text parts."""
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"`{param}` must be a string or a list of content parts",
+                                  param=param)
+    for j, part in enumerate(content):
+        try:
+            if not isinstance(part, dict):
+                raise ValueError("a content part must be an object with a `type`")
+            check_content_part(part)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param=f"{param}[{j}]") from exc

@@ -13,13 +13,7 @@ from typing import Any
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.chat_stream import ChoiceStream, StreamDelta
-from gateway.protocol import (
-    TEXT_PART_TYPES,
-    InvalidRequestError,
-    ResponsesRequest,
-    ToolChoice,
-    check_content_part,
-)
+from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError, ResponsesRequest, ToolChoice
 from gateway.translate import (
     ChatTokenizer,
     GeneratedChoice,
@@ -38,7 +32,8 @@ _CHAT_ROLES = {"user": "user", "system": "system", "developer": "system",
 def responses_to_chat(request: ResponsesRequest
                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
                                  ToolChoice | None]:
-    """(chat messages, nested chat tools, chat tool_choice) for a Responses request.
+    """(chat messages, nested chat tools, chat tool_choice) for a Responses request whose
+    items `ResponsesRequest` validated (`protocol.check_input_items`).
 
     `instructions` -> a leading system message; message items (with or without
     `"type": "message"`) by role; consecutive `function_call` items (and an assistant
@@ -49,11 +44,6 @@ def responses_to_chat(request: ResponsesRequest
     if request.previous_response_id:  # resolved from the store before this hop
         raise InvalidRequestError("previous_response_id must be resolved first "
                                   "(gateway.response_chain)", param="previous_response_id")
-    if request.conversation:
-        raise InvalidRequestError(
-            "conversation is not supported: use previous_response_id, or resend the whole "
-            "conversation in `input` (the OpenAI Agents SDK does by default)",
-            param="conversation")
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
@@ -61,30 +51,24 @@ def responses_to_chat(request: ResponsesRequest
         messages.append({"role": "user", "content": request.input})
     else:
         _append_items(messages, request.input)
-    if not messages:
-        raise InvalidRequestError("`input` has no message to respond to", param="input")
     return messages, chat_tools(request.tools), chat_tool_choice(request.tool_choice)
 
 
 def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, Any]]) -> None:
     reasoning: str | None = None
     open_assistant: dict[str, Any] | None = None  # the message function_calls merge into
-    for i, item in enumerate(items):
+    for item in items:
         kind = item.get("type", "message")
         if kind == "message":
-            role = _CHAT_ROLES.get(str(item.get("role", "")))
-            if role is None:
-                raise InvalidRequestError(f"unsupported message role {item.get('role')!r}",
-                                          param=f"input[{i}].role")
-            msg = {"role": role,
-                   "content": _item_text(item.get("content"), f"input[{i}].content")}
+            role = _CHAT_ROLES[item["role"]]
+            msg = {"role": role, "content": _item_text(item.get("content"))}
             open_assistant = None
             if role == "assistant":
                 msg, reasoning, open_assistant = _with_reasoning(msg, reasoning), None, msg
             messages.append(msg)
         elif kind == "function_call":
-            call = {"id": _required(item, "call_id", i), "type": "function",
-                    "function": {"name": _required(item, "name", i),
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"],
                                  "arguments": item.get("arguments", "{}")}}
             if open_assistant is None:
                 open_assistant = _with_reasoning({"role": "assistant", "content": None},
@@ -93,16 +77,12 @@ def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, A
                 messages.append(open_assistant)
             open_assistant.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", i),
-                             "content": _item_text(item.get("output"), f"input[{i}].output")})
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _item_text(item.get("output"))})
             open_assistant = None
-        elif kind == "reasoning":
-            reasoning = _reasoning_text(item, i)
+        else:  # reasoning
+            reasoning = _reasoning_text(item)
             open_assistant = None
-        else:
-            raise InvalidRequestError(
-                f"input item type {kind!r} is not supported (supported: message, "
-                "function_call, function_call_output, reasoning)", param=f"input[{i}]")
 
 
 def _with_reasoning(msg: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
@@ -111,42 +91,16 @@ def _with_reasoning(msg: dict[str, Any], reasoning: str | None) -> dict[str, Any
     return msg
 
 
-def _required(item: Mapping[str, Any], key: str, i: int) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"{item.get('type')} item needs a string `{key}`",
-                                  param=f"input[{i}].{key}")
-    return value
-
-
-def _item_text(content: Any, param: str) -> str:
-    """Text of a message's content or a tool output (`param`): a string or text parts."""
+def _item_text(content: str | list[dict[str, Any]] | None) -> str:
+    """Text of a message's content or a tool output: a string or text parts."""
     if content is None or isinstance(content, str):
         return content or ""
-    if not isinstance(content, list):
-        raise InvalidRequestError(f"`{param}` must be a string or a list of content parts",
-                                  param=param)
-    texts = []
-    for j, part in enumerate(content):
-        try:
-            if not isinstance(part, dict):
-                raise ValueError("a content part must be an object with a `type`")
-            check_content_part(part)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc), param=f"{param}[{j}]") from exc
-        if part.get("type") in TEXT_PART_TYPES:
-            texts.append(part["text"])
-    return "\n".join(texts)
+    return "\n".join(p["text"] for p in content if p.get("type") in TEXT_PART_TYPES)
 
 
-def _reasoning_text(item: Mapping[str, Any], i: int) -> str:
+def _reasoning_text(item: Mapping[str, Any]) -> str:
     """Full reasoning text if present (`content` reasoning_text parts), else the summary."""
-    key = "content" if item.get("content") else "summary"
-    parts = item.get(key) or []
-    if not isinstance(parts, list) or not all(
-            isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts):
-        raise InvalidRequestError(f"a reasoning item's `{key}` must be a list of "
-                                  '{"type", "text"} parts', param=f"input[{i}].{key}")
+    parts = item.get("content") or item.get("summary") or []
     return "\n".join(p.get("text", "") for p in parts)
 
 
