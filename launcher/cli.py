@@ -38,12 +38,16 @@ def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
         cfg = load_config(config, overrides or [])
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise typer.BadParameter(str(exc)) from exc
+    _config_logging(cfg)
+    return cfg
+
+
+def _config_logging(cfg: ServiceConfig) -> None:
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     for noisy in ("alembic", "httpx", "httpx2", "httpcore", "openai", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return cfg
 
 
 def _echo(obj: object) -> None:
@@ -192,9 +196,9 @@ def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     serve(_config(config, set_))
 
 
-@app.command("train")
-def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
-    """Run the RL trainer (FSDP2) on episodes from the store; resumes automatically.
+@app.command("trainer")
+def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Run the bare RL trainer (FSDP2) on episodes from the store; resumes automatically.
     For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`."""
     from launcher.serve import ensure_model
     from trainer.train import main as train_main
@@ -202,6 +206,60 @@ def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     cfg = _config(config, set_)
     ensure_model(cfg)
     train_main(cfg)
+
+
+def _driver_config(config: Path | None, overrides: list[str] | None):  # noqa: ANN202
+    from launcher.driver_config import load_driver_config
+
+    try:
+        driver, cfg = load_driver_config(config, overrides)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _config_logging(cfg)
+    return driver, cfg
+
+
+@app.command("train")
+def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Train on a dataset: engine, gateway and trainer started here, the agent run once
+    per session (GRPO groups), rewards posted over REST; resumes after Ctrl-C or a crash.
+    The config adds `dataset`, `agent` or `reward`, and `rollout` to the service sections."""
+    from launcher.dataset_driver import run_training
+
+    driver, cfg = _driver_config(config, set_)
+    try:
+        code = run_training(driver, cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    raise typer.Exit(code)
+
+
+@app.command("eval")
+def eval_cmd(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    model: Annotated[Path | None, typer.Option(
+        help="HF checkpoint to evaluate (e.g. data_dir/weights/v40). Default: the "
+             "configured model.")] = None,
+    gateway: Annotated[str | None, typer.Option(
+        help="Evaluate through a running gateway at this URL instead.")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        help="Key for --gateway (default: gateway.admin_key).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Folder for results.json / results.csv (default: eval.out_dir or "
+             "data_dir/eval).")] = None,
+) -> None:
+    """Evaluate on the config's datasets: greedy and sampled runs, one table row per
+    dataset (accuracy, lengths, pass@k), printed and saved as JSON and CSV."""
+    from launcher.evaluate import run_eval
+
+    if model is not None and gateway is not None:
+        raise typer.BadParameter("give --model or --gateway, not both")
+    driver, cfg = _driver_config(config, set_)
+    try:
+        run_eval(driver, cfg, model=model, gateway=gateway, api_key=api_key, out_dir=out)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 @app.command("demo")

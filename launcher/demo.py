@@ -173,7 +173,7 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(eval_prompts)
         say(f"baseline reward: {baseline:.3f}  (target {TARGET_REWARD})")
-        trainer = ChildProcess("trainer", cli_argv("train", "--config", str(cfg_path)),
+        trainer = ChildProcess("trainer", cli_argv("trainer", "--config", str(cfg_path)),
                                log_path=logs / "trainer.log")
         train_started = time.monotonic()
         children.append(trainer)

@@ -1,0 +1,78 @@
+"""The local process tree of the dataset driver and evaluation: the engine (unless
+backends are configured), the gateway and, when training, the trainer — each a child
+process started with a saved copy of the resolved config, and stopped in reverse order
+(trainer first, so it finishes its step and checkpoints; engine last)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal_service.config import ServiceConfig
+from engine.tiny_model import ensure_tiny_model
+from launcher.demo import save_config
+from launcher.processes import ChildProcess, cli_argv
+
+READY_TIMEOUT_S = 180.0
+"""How long a child may take to answer its health check (model load on a slow disk)."""
+
+
+@dataclass
+class Stack:
+    """The running children and where to reach the gateway."""
+
+    config: ServiceConfig
+    run_dir: Path
+    children: list[ChildProcess] = field(default_factory=list)
+
+    @property
+    def gateway_url(self) -> str:
+        """`http://host:port` of the gateway."""
+        return f"http://{self.config.gateway.host}:{self.config.gateway.port}"
+
+    def start(self, name: str, argv: list[str], health_url: str | None = None) -> ChildProcess:
+        """Start a child (logs in `<data_dir>/logs/<name>.log`), wait for `health_url`."""
+        logs = self.config.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        child = ChildProcess(name, argv, log_path=logs / f"{name}.log")
+        self.children.append(child)
+        if health_url is not None:
+            child.wait_http_ok(health_url, timeout_s=READY_TIMEOUT_S)
+        return child
+
+    def start_trainer(self) -> ChildProcess:
+        """The trainer on the saved config; it resumes from its checkpoint by itself."""
+        return self.start("trainer", cli_argv("trainer", "--config",
+                                              str(self.run_dir / "config.yaml")))
+
+    def stop(self) -> None:
+        """Stop every child, newest first."""
+        while self.children:
+            self.children.pop().stop()
+
+
+@contextmanager
+def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Iterator[Stack]:
+    """Engine (when `gateway.backends` is empty), gateway and optionally the trainer, all
+    stopped on the way out, whatever ends the block (Ctrl-C included)."""
+    if config.engine.model is None:
+        ensure_tiny_model(config.model_dir())
+    backends = config.backend_urls()
+    cfg_path = save_config(config, run_dir / "config.yaml")
+    gateway_cfg = save_config(config.model_copy(update={"gateway": config.gateway.model_copy(
+        update={"backends": backends})}), run_dir / "gateway.yaml")
+    stack = Stack(config, run_dir)
+    try:
+        if not config.gateway.backends:
+            stack.start("engine", cli_argv("engine", "--config", str(cfg_path), "--model",
+                                           str(config.model_dir())),
+                        f"{backends[0]}/health")
+        stack.start("gateway", cli_argv("serve", "--config", str(gateway_cfg)),
+                    f"{stack.gateway_url}/health/liveness")
+        if trainer:
+            stack.start_trainer()
+        yield stack
+    finally:
+        stack.stop()
