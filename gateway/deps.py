@@ -43,21 +43,20 @@ async def get_admin(principal: PrincipalDep) -> Principal:
 AdminDep = Annotated[Principal, Depends(get_admin)]
 
 
-async def read_json(request: Request, *, allow_empty: bool = False) -> dict[str, Any]:
-    """The JSON object body ({} for an empty one when `allow_empty`); 400 (never 422 or
-    500) when it is missing or malformed, 413 `request_too_large` past
-    `gateway.max_request_bytes` (counted as it arrives: never held whole). Every route
-    with a body reads it here."""
+async def read_json(request: Request) -> dict[str, Any]:
+    """The JSON object body of a hot route (`gateway.pipeline`; FastAPI routes declare
+    theirs); 400 (never 422 or 500) when it is missing, malformed or nested too deeply,
+    413 `request_too_large` past `gateway.max_request_bytes` (counted as it arrives)."""
     state: GatewayState = request.app.state.gateway
     raw = await _read_bounded(request, state.config.gateway.max_request_bytes)
     if not raw.strip():
-        if allow_empty:
-            return {}
         raise bad_request("the request body is empty; send a JSON object")
     try:
         body = json.loads(raw)
     except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # the C parser's guard: ~1000 levels of [ or {
+        raise too_deep() from exc
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
@@ -72,6 +71,11 @@ def parse_model(model: type[M], body: dict[str, Any]) -> M:
         raise bad_request(message, param) from exc
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
+
+
+def too_deep() -> OpenAIError:
+    """400 for a body nested deeper than the JSON parser follows."""
+    return bad_request("the request body is nested too deeply")
 
 
 def request_too_large(max_bytes: int) -> OpenAIError:

@@ -1,9 +1,9 @@
 """Chat Completions <-> token ids (no HTTP, no store): messages + tools -> prompt ids via
-the chat template; sampling params for SGLang `/generate`; generated ids -> `chat.completion`
-bodies and stream chunks. Generated ids are decoded, never re-encoded, and the parsed reply
-re-renders to the same text, so prompt + output ids prefix the next turn's prompt. The
-streaming half lives here (past 600 lines) because it must share `finish_choice`,
-`token_logprobs` and `trim_stop` with the non-streaming half to produce the same reply.
+the chat template; sampling params for SGLang `/generate`; generated ids -> the parsed
+choice and the `chat.completion` body. Generated ids are decoded, never re-encoded, and the
+parsed reply re-renders to the same text, so prompt + output ids prefix the next turn's
+prompt. The streamed reply (`gateway/chat_stream.py`) builds its last delta with this
+module's `finish_choice`, so streamed and whole replies agree.
 """
 
 from __future__ import annotations
