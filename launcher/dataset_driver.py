@@ -9,10 +9,10 @@ out, Ctrl-C and SIGTERM included.
 
 Resume: `<data_dir>/driver/state.json` records the epoch, the samples whose group is
 complete, and the sessions of the groups in flight, rewritten atomically after every
-change. A rerun skips the finished samples; a group cut short is ended without reward
-and, because the driver runs the trainer with `reward_default_for_unrewarded: null`,
-dropped whole by the trainer (never trained half-scored); its sample runs again. The
-trainer resumes from its own checkpoint and the store.
+change. A rerun skips the finished samples; a group cut short has its open sessions
+ended as `no_reward` and, because the driver runs the trainer with
+`unrewarded_policy: drop_group`, is dropped whole (never trained half-scored); its
+sample runs again. The trainer resumes from its own checkpoint and the store.
 """
 
 from __future__ import annotations
@@ -114,8 +114,11 @@ def training_config(driver: DriverConfig, config: ServiceConfig, num_samples: in
     tree["gateway"]["staleness_gate"] = True
     trainer = tree["trainer"]
     trainer.update(group_size=roll.group_size, batch_groups=roll.batch_size,
-                   total_steps=roll.epochs * num_samples // roll.batch_size,
-                   reward_default_for_unrewarded=None)
+                   total_steps=roll.epochs * num_samples // roll.batch_size)
+    if "unrewarded_policy" in trainer:  # a group with an unscored session is never trained
+        trainer["unrewarded_policy"] = "drop_group"
+    else:
+        trainer["reward_default_for_unrewarded"] = None
     if roll.group_size < 2 and trainer["advantage"] in ("grpo", "drgrpo", "rloo"):
         trainer["advantage"] = "batch"  # a group of one has no group baseline
     half = max(1, (os.cpu_count() or 2) // 2)  # engine and trainer share the CPUs
@@ -223,7 +226,7 @@ class DatasetDriver:
                 for v in views:
                     if v is not None and v["status"] == "open":
                         await self.http.post(f"/rl/sessions/{v['session_id']}/end",
-                                             headers=self.admin)
+                                             headers=self.admin, json={"no_reward": True})
                 log.info("sample %s: its interrupted group is dropped; it runs again", index)
         if self.state.in_flight:
             say(f"resuming: {len(self.state.in_flight)} group(s) in flight when the last run "
