@@ -179,8 +179,19 @@ class TrainerConfig(BaseModel):
     gateway admits sessions only inside the window (AReaL's max_head_offpolicyness)."""
     turn_discount: float = Field(1.0, ge=0, le=1)
     """gamma: a session's return reaches earlier turns as R_i = r_i + gamma * R_{i+1}."""
+    reward_wait_s: float = Field(60.0, ge=0)
+    """Reward settling window: a group is claimed once every session has ended and is
+    rewarded (or declared that no reward will come), or once this many seconds passed
+    since its last session ended; then `unrewarded_policy` decides about the sessions
+    still without a reward. Judges that score after the episode need it above their
+    latency."""
+    unrewarded_policy: Literal["drop_group", "default_reward"] = "drop_group"
+    """What a settled group with an unrewarded session becomes: `drop_group` drops the
+    whole group (drop reason `unrewarded: ...`); `default_reward` trains the session
+    with `reward_default_for_unrewarded`."""
     reward_default_for_unrewarded: float | None = 0.0
-    """Return of a session that ended without a reward. None: drop such sessions."""
+    """Return of an unrewarded session under `unrewarded_policy = "default_reward"`
+    (ignored by `drop_group`)."""
 
     # ---- run -------------------------------------------------------------------------------
     checkpoint_every: int = Field(10, ge=1)
@@ -196,8 +207,20 @@ class TrainerConfig(BaseModel):
     """Compute dtype. `auto`: bfloat16 on CUDA (fp32 master weights, FSDP2 mixed
     precision), float32 on CPU."""
 
+    def unrewarded_return(self) -> float | None:
+        """The return an unrewarded session is trained with; None when the policy drops
+        it (what export and the console show for such sessions)."""
+        if self.unrewarded_policy == "default_reward":
+            return self.reward_default_for_unrewarded
+        return None
+
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
+        if self.unrewarded_policy == "default_reward" and self.reward_default_for_unrewarded is None:
+            raise ValueError(
+                "trainer.unrewarded_policy='default_reward' needs a number in "
+                "trainer.reward_default_for_unrewarded (or use unrewarded_policy='drop_group')"
+            )
         if self.advantage in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
             raise ValueError(
                 f"trainer.advantage={self.advantage!r} needs trainer.group_size >= 2 "

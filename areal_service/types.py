@@ -55,7 +55,13 @@ class SessionRecord:
     last_activity_at: float = field(default_factory=now)
     ended_at: float | None = None
     end_reason: str | None = None
-    """Why it ended: `client`, `reward`, `idle_timeout`, `refresh`, ..."""
+    """Why it ended: `client`, `reward`, `idle_timeout`, `refresh`, `no_reward` (the
+    client declared that no reward will come: see `END_NO_REWARD`), ..."""
+
+
+END_NO_REWARD = "no_reward"
+"""End reason of a session whose client declared that no reward will come: the trainer
+does not wait `trainer.reward_wait_s` for one (`trainer.unrewarded_policy` applies)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +176,7 @@ class DroppedEpisodes:
     group_id: str
     session_ids: tuple[str, ...]
     reason: str
-    """`stale: ...`, `missing parent ...`, `no completions`, `no reward`, `group ...`."""
+    """`stale: ...`, `missing parent ...`, `no completions`, `unrewarded: ...`, `group ...`."""
     staleness: int
     """current version − oldest token version of these sessions (0 without tokens)."""
 

@@ -1,11 +1,16 @@
-"""Staleness control at the door: new sessions are admitted only while
+"""Staleness control at the door: a new session is admitted only while
 
-    started_sessions < (η + trained_version + 1) · batch_sessions
+    admitted_sessions < (η + trained_version + 1) · batch_sessions
 
 (AReaL's capacity rule, η = `trainer.max_staleness`, batch_sessions = `batch_groups ·
-group_size`). Both counts come from the store, so a restarted gateway or trainer
-continues the same window (AReaL#1388 grew the window past η after a resume).
-η = 0 is fully synchronous: one batch in flight per version.
+group_size`, trained_version = the live weight version). `admitted_sessions` counts
+what AReaL counts as accepted + running: every session that is not dropped (open,
+ended, claimed, trained). A dropped session (stale, broken, unrewarded) gives its place
+back, and each trained version widens the window by one batch, so the gate reopens as
+the trainer advances. Both counts come from the store, so a restarted gateway or trainer
+continues the same window (AReaL#1388 grew the window past η after a resume). η = 0 is
+fully synchronous: one batch in flight per version. The window assumes a trained batch
+holds batch_sessions sessions: groups larger than `trainer.group_size` use up more.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from gateway.state import GatewayState
 
 
 def window(state: GatewayState, trained_version: int) -> int:
-    """How many sessions may have been started by now."""
+    """How many admitted (not dropped) sessions the gate allows at `trained_version`."""
     trainer = state.config.trainer
     return (trainer.max_staleness + trained_version + 1) * trainer.batch_groups * trainer.group_size
 
@@ -40,16 +45,16 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[None]
     deadline = loop.time() + gw.admit_wait_s
     while True:
         async with state.admission_lock:
-            started = await asyncio.to_thread(state.store.count_sessions)
+            admitted = await asyncio.to_thread(state.store.count_admitted_sessions)
             limit = window(state, state.live_version)
-            if started + state.admission_reserved + count <= limit:
+            if admitted + state.admission_reserved + count <= limit:
                 state.admission_reserved += count
                 break
         remaining = deadline - loop.time()
         if remaining <= 0:
             retry = math.ceil(max(gw.admit_wait_s, 1))
             raise OpenAIError(
-                429, f"the staleness window is full ({started} sessions started, {limit} "
+                429, f"the staleness window is full ({admitted} sessions admitted, {limit} "
                 f"allowed at trained version {state.live_version}); please try again in "
                 f"{retry}s", type="requests", code="rate_limit_exceeded",
                 headers={"retry-after": str(retry)})

@@ -101,11 +101,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         if info.rank == 0:
             store = TrajectoryStore.open(config.database_url(), config.store)
             cleanup.callback(store.close)
-            claimer = EpisodeClaimer(
-                store,
-                turn_discount=cfg.turn_discount,
-                default_reward=cfg.reward_default_for_unrewarded,
-            )
+            claimer = EpisodeClaimer.from_config(store, cfg)
             recover_claims(store, claimer)
             held = HeldClaims(claimer)
             cleanup.callback(held.release_all)  # a batch claimed but never published
@@ -149,6 +145,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                     **batch_metrics(groups, advantages, eos_ids=eos_ids, version=version - 1),
                     **step_metrics(stats),
                     "dropped_episodes": float(dropped),
+                    **claimer.settling_metrics(),
                     "time_wait_s": wait_s,
                     "time_train_s": train_s,
                     "time_publish_s": publish_s,

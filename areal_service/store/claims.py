@@ -14,22 +14,32 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import Literal
 
-from sqlalchemy import Connection, bindparam, case, func, select, update
-from sqlalchemy.sql import ColumnElement, or_
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.sql import ColumnElement
 
+from areal_service.config import TrainerConfig
 from areal_service.episodes import SessionEpisode, build_episode
 from areal_service.store.episode_reads import load_completions, load_rewards
-from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
+from areal_service.store.readiness import (
+    UNREWARDED,
+    ReadyGroup,
+    ready_groups,
+    rewarded_sessions,
+)
+from areal_service.store.schema import SessionRow
 from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import (
     ClaimResult,
     CompletionRecord,
     DroppedEpisodes,
     EpisodeGroup,
+    RewardRecord,
     now,
 )
+
+UnrewardedPolicy = Literal["drop_group", "default_reward"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,82 +50,6 @@ def staleness_of(completions: Iterable[CompletionRecord], current_version: int) 
     """current_version − the oldest version of any generated token (0 without tokens)."""
     versions = [min(c.output_versions) for c in completions if c.output_versions]
     return current_version - min(versions) if versions else 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Ready:
-    """A ready group: `key` is its group_id, or the session id of an ungrouped session."""
-
-    key: str
-    grouped: bool
-    session_ids: tuple[str, ...]
-    last_ended_at: float
-
-
-def _ready_groups(
-    connection: Connection, group_size: int | None, limit: int, exclude: set[str]
-) -> list[_Ready]:
-    """Oldest-first groups whose sessions (not yet claimed/trained/dropped) are all
-    `ended`, at least `group_size` of them (ungrouped sessions only when group_size is
-    None). Two indexed queries; `exclude` keys are skipped."""
-    solo = case((SessionRow.group_id.is_(None), SessionRow.id), else_=None)
-    n_open = func.sum(case((SessionRow.status == "open", 1), else_=0))
-    n_ended = func.count() - n_open
-    statement = (
-        select(SessionRow.group_id, solo, func.max(SessionRow.ended_at))
-        .where(SessionRow.status.in_(("open", "ended")))
-        .group_by(SessionRow.group_id, solo)
-        .having(n_open == 0, n_ended >= (group_size or 1))
-        .order_by(func.min(SessionRow.created_at), SessionRow.group_id, solo)
-        .limit(limit + len(exclude))
-    )
-    if group_size is not None:
-        statement = statement.where(SessionRow.group_id.is_not(None))
-    heads = [
-        (group_id or solo_id, group_id is not None, ended_at)
-        for group_id, solo_id, ended_at in connection.execute(statement)
-        if (group_id or solo_id) not in exclude
-    ][:limit]
-    if not heads:
-        return []
-    grouped = [key for key, is_group, _ in heads if is_group]
-    members: dict[str, list[str]] = {key: [] for key, _, _ in heads}
-    rows = connection.execute(
-        select(SessionRow.id, SessionRow.group_id)
-        .where(SessionRow.status == "ended")
-        .where(
-            or_(
-                SessionRow.group_id.in_(grouped),
-                SessionRow.id.in_([key for key, is_group, _ in heads if not is_group]),
-            )
-        )
-        .order_by(SessionRow.created_at, SessionRow.id)
-    )
-    for session_id, group_id in rows:
-        members[group_id or session_id].append(session_id)
-    return [
-        _Ready(key, is_group, tuple(members[key]), ended_at or 0.0)
-        for key, is_group, ended_at in heads
-        if members[key]
-    ]
-
-
-def _rewarded_sessions(store: TrajectoryStore, ready: list[_Ready]) -> set[str]:
-    """Which sessions of `ready` some reward targets (session, completion or group)."""
-    ids = [sid for r in ready for sid in r.session_ids]
-    groups = {r.key: r.session_ids for r in ready if r.grouped}
-    direct = select(RewardRow.session_id).where(RewardRow.session_id.in_(ids))
-    via_completion = (
-        select(CompletionRow.session_id)
-        .join(RewardRow, RewardRow.completion_id == CompletionRow.id)
-        .where(CompletionRow.session_id.in_(ids))
-    )
-    of_group = select(RewardRow.group_id).where(RewardRow.group_id.in_(list(groups)))
-    with store.engine.connect() as connection:
-        found = set(connection.execute(direct.union(via_completion)).scalars())
-        for group_id in connection.execute(of_group).scalars():
-            found.update(groups[group_id])
-    return found
 
 
 def _group(key: str, kept: list[SessionEpisode], staleness: int, claim_id: str) -> EpisodeGroup:
@@ -130,25 +64,55 @@ def _group(key: str, kept: list[SessionEpisode], staleness: int, claim_id: str) 
 
 
 class EpisodeClaimer:
-    """Claims finished, rewarded episodes as groups; marks them trained or released.
+    """Claims finished, settled episodes as groups; marks them trained or released.
 
-    `turn_discount` is γ of R_i = r_i + γ·R_{i+1}; `default_reward` is the reward of a
-    session no reward targets (None: drop such sessions); `reward_wait_s` lets a judge
-    post a reward after the session ended: a group with an unrewarded session is not
-    claimed until that long after its last session ended."""
+    `turn_discount` is γ of R_i = r_i + γ·R_{i+1}. Reward settling: a group is
+    claimable once every session has ended and is rewarded or declared that no reward
+    will come (end reason `no_reward`), or once `reward_wait_s` passed since its last
+    session ended. A session still without a reward then follows `unrewarded_policy`:
+    `drop_group` drops its whole group (reason `unrewarded: ...`), `default_reward`
+    trains it with return `default_reward`. Counters of both outcomes (cumulative, this
+    process) are in `settling_metrics`."""
 
     def __init__(
         self,
         store: TrajectoryStore,
         *,
         turn_discount: float = 1.0,
-        default_reward: float | None = 0.0,
-        reward_wait_s: float = 0.0,
+        reward_wait_s: float = 60.0,
+        unrewarded_policy: UnrewardedPolicy = "drop_group",
+        default_reward: float = 0.0,
     ) -> None:
+        if reward_wait_s < 0:
+            raise ValueError(f"reward_wait_s ({reward_wait_s}) must be >= 0")
         self._store = store
         self._gamma = turn_discount
-        self._default_reward = default_reward
         self._reward_wait_s = reward_wait_s
+        self._policy = unrewarded_policy
+        self._default_reward = default_reward
+        self._dropped_unrewarded = 0
+        self._default_rewarded = 0
+        self._awaiting = 0
+
+    @classmethod
+    def from_config(cls, store: TrajectoryStore, config: TrainerConfig) -> EpisodeClaimer:
+        """A claimer with the `trainer:` settings (discount, settling window, policy)."""
+        return cls(
+            store,
+            turn_discount=config.turn_discount,
+            reward_wait_s=config.reward_wait_s,
+            unrewarded_policy=config.unrewarded_policy,
+            default_reward=config.reward_default_for_unrewarded or 0.0,
+        )
+
+    def settling_metrics(self) -> dict[str, float]:
+        """Groups awaiting a reward at the last claim, and the sessions the unrewarded
+        policy dropped or trained with the default reward (totals since start)."""
+        return {
+            "groups_awaiting_reward": float(self._awaiting),
+            "sessions_dropped_unrewarded_total": float(self._dropped_unrewarded),
+            "sessions_default_reward_total": float(self._default_rewarded),
+        }
 
     def claim_groups(
         self,
@@ -159,49 +123,52 @@ class EpisodeClaimer:
         max_staleness: int | None,
         claimer: str,
     ) -> ClaimResult:
-        """Claim up to `max_groups` ready groups, oldest first, for `claimer`.
+        """Claim up to `max_groups` ready, settled groups, oldest first, for `claimer`.
 
         A group is ready when none of its sessions is open and at least `group_size` are
         ended (all of them are claimed; with `group_size=None`, every group and every
         ungrouped session counts, an ungrouped session being a group of one keyed by its
-        session id). Dropped instead of claimed, and returned in `dropped`: groups whose
-        staleness exceeds `max_staleness`; sessions with a missing part or (with
-        default_reward None) no reward, and the rest of their group when fewer than
-        `group_size` remain. Never waits for episodes: an empty result when none is ready.
+        session id), and settled as the class docstring says. Dropped instead of
+        claimed, and returned in `dropped`: groups whose staleness exceeds
+        `max_staleness`; groups with an unrewarded session under `drop_group`; sessions
+        with a missing part, and the rest of their group when fewer than `group_size`
+        remain. Never waits for episodes: an empty result when none is ready.
         """
         if max_groups < 1:
             raise ValueError(f"max_groups ({max_groups}) must be >= 1")
         groups: list[EpisodeGroup] = []
         dropped: list[DroppedEpisodes] = []
         seen: set[str] = set()
+        awaiting = 0
         while len(groups) < max_groups:
             with self._store.engine.connect() as connection:
-                ready = _ready_groups(connection, group_size, max_groups - len(groups), seen)
+                ready = ready_groups(connection, group_size, max_groups - len(groups), seen)
             if not ready:
                 break
             seen.update(r.key for r in ready)
-            ready = self._settled(ready)
-            claimed = self._claim(ready, claimer)
+            settled = self._settled(ready)
+            awaiting += len(ready) - len(settled)
+            claimed = self._claim(settled, claimer)
             built, lost = self._build(claimed, current_version, max_staleness, group_size)
             if lost:
                 self._drop(lost)
             groups.extend(built)
             dropped.extend(lost)
+        self._awaiting = awaiting
         return ClaimResult(groups=tuple(groups), dropped=tuple(dropped))
 
-    def _settled(self, ready: list[_Ready]) -> list[_Ready]:
-        """`ready` without the groups still waiting for a late reward."""
-        if self._reward_wait_s <= 0:
-            return ready
+    def _settled(self, ready: list[ReadyGroup]) -> list[ReadyGroup]:
+        """`ready` without the groups still waiting for a reward: an unrewarded,
+        undeclared session whose group's last end is less than `reward_wait_s` ago."""
         cutoff = now() - self._reward_wait_s
         recent = [r for r in ready if r.last_ended_at > cutoff]
         if not recent:
             return ready
-        rewarded = _rewarded_sessions(self._store, recent)
-        waiting = {r.key for r in recent if not rewarded.issuperset(r.session_ids)}
+        rewarded = rewarded_sessions(self._store, recent)
+        waiting = {r.key for r in recent if not rewarded.union(r.declared).issuperset(r.session_ids)}
         return [r for r in ready if r.key not in waiting]
 
-    def _claim(self, ready: list[_Ready], claimer: str) -> list[tuple[_Ready, str]]:
+    def _claim(self, ready: list[ReadyGroup], claimer: str) -> list[tuple[ReadyGroup, str]]:
         """Atomically claim whole groups; a group any of whose sessions another claimer
         holds is left alone (its rows are put back inside the same transaction)."""
         if not ready:
@@ -245,7 +212,7 @@ class EpisodeClaimer:
 
     def _build(
         self,
-        claimed: list[tuple[_Ready, str]],
+        claimed: list[tuple[ReadyGroup, str]],
         current_version: int,
         max_staleness: int | None,
         group_size: int | None,
@@ -273,13 +240,21 @@ class EpisodeClaimer:
                     rewards,
                     group_id=ready.key if ready.grouped else None,
                     gamma=self._gamma,
-                    default_reward=self._default_reward,
+                    default_reward=None,
                 )
-                reason = episode.problem or ("no reward" if episode.session_return is None else "")
-                if reason:
-                    dropped.append(DroppedEpisodes(ready.key, (sid,), reason, staleness))
+                if episode.problem:
+                    dropped.append(DroppedEpisodes(ready.key, (sid,), episode.problem, staleness))
                 else:
                     kept.append(episode)
+            unrewarded = [e.session_id for e in kept if e.session_return is None]
+            if unrewarded and self._policy == "drop_group":
+                reason = self._unrewarded_reason(ready, unrewarded, len(kept))
+                left = tuple(e.session_id for e in kept)
+                dropped.append(DroppedEpisodes(ready.key, left, reason, staleness))
+                self._dropped_unrewarded += len(left)
+                continue
+            if unrewarded:
+                kept = [self._with_default(e, completions, rewards, ready) for e in kept]
             if len(kept) >= (group_size or 1):
                 built.append(_group(ready.key, kept, staleness, claim_id))
             elif kept:
@@ -287,6 +262,40 @@ class EpisodeClaimer:
                 left = tuple(e.session_id for e in kept)
                 dropped.append(DroppedEpisodes(ready.key, left, reason, staleness))
         return built, dropped
+
+    def _unrewarded_reason(self, ready: ReadyGroup, unrewarded: list[str], kept: int) -> str:
+        declared = sum(1 for sid in unrewarded if sid in ready.declared)
+        waited = len(unrewarded) - declared
+        why = [f"{declared} declared no reward"] if declared else []
+        if waited:
+            why.append(f"{waited} got none within reward_wait_s={self._reward_wait_s:g}s")
+        return f"{UNREWARDED}: {len(unrewarded)} of {kept} sessions ({', '.join(why)})"
+
+    def _with_default(
+        self,
+        episode: SessionEpisode,
+        completions: dict[str, list[CompletionRecord]],
+        rewards: list[RewardRecord],
+        ready: ReadyGroup,
+    ) -> SessionEpisode:
+        """`episode` as built with the default reward when no reward targets it."""
+        if episode.session_return is not None:
+            return episode
+        self._default_rewarded += 1
+        logger.info(
+            "session %s of %s: no reward, trained with the default %g",
+            episode.session_id,
+            ready.key,
+            self._default_reward,
+        )
+        return build_episode(
+            episode.session_id,
+            completions[episode.session_id],
+            rewards,
+            group_id=ready.key if ready.grouped else None,
+            gamma=self._gamma,
+            default_reward=self._default_reward,
+        )
 
     def _drop(self, dropped: list[DroppedEpisodes]) -> None:
         params = [{"sid": sid, "why": d.reason} for d in dropped for sid in d.session_ids]

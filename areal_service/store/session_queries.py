@@ -73,6 +73,8 @@ class SessionSummary:
     reward: float | None
     """Sum of the rewards on the session and its completions (group rewards excluded);
     None when there is none."""
+    drop_reason: str | None = None
+    """Why a `dropped` session was dropped (e.g. `unrewarded: ...`, `stale: ...`)."""
 
 
 def session_summaries(
@@ -87,7 +89,9 @@ def session_summaries(
     counting = query.where(select(func.count()).select_from(SessionRow))
     with store.engine.connect() as connection:
         total = int(connection.execute(counting).scalar_one())
-        sessions = [record_from_row(SessionRecord, row) for row in connection.execute(listing)]
+        rows = list(connection.execute(listing))
+    sessions = [record_from_row(SessionRecord, row) for row in rows]
+    reasons = {row.id: row.drop_reason for row in rows}
     ids = [s.id for s in sessions]
     if not ids:
         return total, []
@@ -108,5 +112,6 @@ def session_summaries(
         for sid, value in connection.execute(reward_rows):
             rewards[sid] = rewards.get(sid, 0.0) + value
     return total, [
-        SessionSummary(s, *turns.get(s.id, (0, 0)), rewards.get(s.id)) for s in sessions
+        SessionSummary(s, *turns.get(s.id, (0, 0)), rewards.get(s.id), reasons[s.id])
+        for s in sessions
     ]

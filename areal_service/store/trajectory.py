@@ -202,6 +202,14 @@ class TrajectoryStore:
         with self._engine.connect() as connection:
             return int(connection.execute(statement).scalar_one())
 
+    def count_admitted_sessions(self) -> int:
+        """Sessions that hold a place in the staleness window: accepted or running
+        (open, ended, claimed, trained), not dropped (AReaL's accepted + running)."""
+        statement = select(func.count()).select_from(SessionRow)
+        statement = statement.where(SessionRow.status != "dropped")
+        with self._engine.connect() as connection:
+            return int(connection.execute(statement).scalar_one())
+
     def end_session(
         self, session_id: str, reason: str, *, at: float | None = None
     ) -> SessionRecord | None:

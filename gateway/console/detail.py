@@ -220,7 +220,7 @@ def session_detail(state: GatewayState, session_id: str) -> SessionDetail | None
                if r.session_id in (None, session_id)]
     returns = compute_returns(completions, rewards, group_id=session.group_id,
                               gamma=trainer.turn_discount,
-                              default_reward=trainer.reward_default_for_unrewarded)
+                              default_reward=trainer.unrewarded_return())
     per_turn = _turn_rewards(completions, rewards, session)
     by_id = {c.id: c for c in completions}
     shown: dict[str, int] = {}

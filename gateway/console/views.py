@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from areal_service.store import TrajectoryStore
+from areal_service.store.readiness import SettlingCounts, settling_counts
 from areal_service.store.session_queries import SessionQuery, SessionSummary, session_summaries
 from areal_service.types import SessionStatus, TrainStepRecord
 from gateway.admission import window
@@ -61,9 +62,14 @@ class Overview:
     backends: list[BackendStatus]
     open_sessions: int
     started_sessions: int
+    admitted_sessions: int
+    """Sessions holding a place in the staleness window (not dropped)."""
     staleness_window: int
     staleness_gate: bool
     last_step: TrainStepRecord | None
+    settling: SettlingCounts
+    reward_wait_s: float
+    unrewarded_policy: str
     rates: Rates
     uptime_s: float
 
@@ -90,16 +96,19 @@ def sample_rates(state: GatewayState, last: dict[str, float]) -> Rates:
 
 
 def overview(state: GatewayState, rates: Rates) -> Overview:
-    """The overview figures (three small queries)."""
-    store = state.store
+    """The overview figures (a few small queries)."""
+    store, trainer = state.store, state.config.trainer
     return Overview(
         model=state.config.gateway.model_name, live_version=state.live_version,
         backends=state.backends.status(),
         open_sessions=store.count_sessions(status="open"),
         started_sessions=store.count_sessions(),
+        admitted_sessions=store.count_admitted_sessions(),
         staleness_window=window(state, state.live_version),
         staleness_gate=state.config.gateway.staleness_gate,
-        last_step=store.latest_train_step(), rates=rates,
+        last_step=store.latest_train_step(), settling=settling_counts(store),
+        reward_wait_s=trainer.reward_wait_s, unrewarded_policy=trainer.unrewarded_policy,
+        rates=rates,
         uptime_s=time.time() - state.started_at if state.started_at else 0.0)
 
 

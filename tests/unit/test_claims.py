@@ -5,16 +5,26 @@ and two trainers on two connections racing: every session is claimed exactly onc
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from sqlalchemy import select
 
-from areal_service.config import StoreConfig
+from areal_service.config import StoreConfig, TrainerConfig
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.store.episode_reads import load_rewards
+from areal_service.store.readiness import SettlingCounts, settling_counts
 from areal_service.store.schema import SessionRow
-from areal_service.types import ClaimResult, CompletionRecord, RewardRecord, SessionRecord, now
+from areal_service.types import (
+    END_NO_REWARD,
+    ClaimResult,
+    CompletionRecord,
+    RewardRecord,
+    SessionRecord,
+    now,
+)
+from trainer.advantage import group_advantages
 
 
 def add_episode(
@@ -104,7 +114,7 @@ def test_stale_and_broken_episodes_are_dropped_not_claimed(store: TrajectoryStor
     add_episode(store, "ok", group_id="mixed", at=2.0)
     add_episode(store, "broken", group_id="mixed", at=3.0, parent_of_first="lost-capture")
     store.add_session(SessionRecord(id="empty", group_id="mixed", created_at=4.0))
-    store.end_session("empty", "client")
+    store.end_session("empty", END_NO_REWARD)  # unrewarded: would wait reward_wait_s
     add_episode(store, "fine", group_id="strict", at=5.0)
     add_episode(store, "bad", group_id="strict", at=6.0, parent_of_first="nope")
     result = claim(EpisodeClaimer(store), max_staleness=2)
@@ -134,27 +144,106 @@ def test_stale_and_broken_episodes_are_dropped_not_claimed(store: TrajectoryStor
     }
 
 
-def test_default_reward_or_drop_and_late_rewards(store: TrajectoryStore):
-    add_episode(store, "quiet", reward=None)
-    (group,) = claim(EpisodeClaimer(store, default_reward=0.0)).groups
-    assert group.session_returns == (0.0,)
-    add_episode(store, "quiet2", at=2.0, reward=None)
-    result = claim(EpisodeClaimer(store, default_reward=None))
-    assert result.groups == () and result.dropped[0].reason == "no reward"
-    # A judge may post the reward after the end: wait for it up to reward_wait_s.
-    add_episode(store, "judged", at=3.0, reward=None, end=False)
-    store.end_session("judged", "client", at=now())
-    patient = EpisodeClaimer(store, default_reward=None, reward_wait_s=60.0)
-    assert claim(patient) == ClaimResult(groups=(), dropped=())
-    store.add_reward(RewardRecord(id="late", value=0.75, completion_id="judged-c0"))
-    (group,) = claim(patient).groups
-    assert group.session_returns == (0.75,)
-    add_episode(store, "team-a", group_id="team", at=4.0, reward=None)
-    add_episode(store, "team-b", group_id="team", at=5.0, reward=None)
+def test_staleness_boundary_is_exactly_max_staleness(store: TrajectoryStore):
+    # Oldest token version 5 at current version 6+k: staleness 1+k.
+    add_episode(store, "at-eta", group_id="at-eta", at=1.0, version=4)  # staleness 2
+    add_episode(store, "past-eta", group_id="past-eta", at=2.0, version=3)  # staleness 3
+    result = claim(EpisodeClaimer(store), max_staleness=2)
+    assert [(g.group_id, g.staleness) for g in result.groups] == [("at-eta", 2)]
+    assert [(d.group_id, d.staleness) for d in result.dropped] == [("past-eta", 3)]
+    assert result.dropped[0].reason == "stale: 3 versions > max_staleness 2"
+    assert store.get_session("past-eta").status == "dropped"
+
+
+def test_late_reward_within_the_window_is_trained_with_its_value(store: TrajectoryStore):
+    # The trainer's claimer (from the default config) waits for a judge that scores after
+    # the end: the group is claimed with the real rewards, not a default 0.
+    claimer = EpisodeClaimer.from_config(store, TrainerConfig(group_size=2))
+    ended = now() - 1.0
+    for sid in ("a", "b"):
+        add_episode(store, sid, group_id="g", at=ended - 5, reward=None, end=False)
+        store.end_session(sid, "client", at=ended)
+    store.add_reward(RewardRecord(id="ra", value=1.0, session_id="a"))
+    assert claim(claimer, group_size=2) == ClaimResult(groups=(), dropped=())
+    assert claimer.settling_metrics()["groups_awaiting_reward"] == 1.0
+    assert settling_counts(store).awaiting_reward == 1
+    store.add_reward(RewardRecord(id="rb", value=1.0, completion_id="b-c0"))  # 1 s late
+    (group,) = claim(claimer, group_size=2).groups
+    assert group.session_returns == (1.0, 1.0)
+    assert group_advantages([group.session_returns], "grpo", 1e-6) == [[0.0, 0.0]]
+    assert claimer.settling_metrics()["groups_awaiting_reward"] == 0.0
+
+
+def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore):
+    claimer = EpisodeClaimer(store, reward_wait_s=0.3)  # drop_group: the default policy
+    for sid in ("a", "b"):
+        add_episode(store, sid, group_id="g", at=1.0, reward=None, end=False)
+    add_episode(store, "ok", group_id="h", at=2.0)  # rewarded: claimed at once
+    store.add_reward(RewardRecord(id="ra", value=1.0, session_id="a"))
+    store.end_session("a", "client")
+    store.end_session("b", "client")
+    first = claim(claimer)
+    assert [g.group_id for g in first.groups] == ["h"] and first.dropped == ()
+    assert settling_counts(store).awaiting_reward == 1  # b
+    time.sleep(0.35)
+    result = claim(claimer)
+    assert result.groups == ()
+    (dropped,) = result.dropped
+    assert dropped.session_ids == ("a", "b")  # the whole group, the rewarded one too
+    assert dropped.reason == "unrewarded: 1 of 2 sessions (1 got none within reward_wait_s=0.3s)"
+    assert {store.get_session(s).status for s in ("a", "b")} == {"dropped"}
+    assert settling_counts(store) == SettlingCounts(awaiting_reward=0, dropped_unrewarded=2)
+    assert claimer.settling_metrics()["sessions_dropped_unrewarded_total"] == 2.0
+
+
+def test_default_reward_policy_trains_the_unrewarded_with_the_default(store: TrajectoryStore):
+    config = TrainerConfig(
+        group_size=2,
+        reward_wait_s=0.2,
+        unrewarded_policy="default_reward",
+        reward_default_for_unrewarded=-0.5,
+    )
+    claimer = EpisodeClaimer.from_config(store, config)
+    add_episode(store, "a", group_id="g", at=1.0, end=False)
+    add_episode(store, "b", group_id="g", at=1.0, reward=None, end=False)
+    store.end_session("a", "client")
+    store.end_session("b", "client")
+    assert claim(claimer, group_size=2).groups == ()  # still inside the window
+    time.sleep(0.25)
+    (group,) = claim(claimer, group_size=2).groups
+    assert group.session_ids == ("a", "b") and group.session_returns == (1.0, -0.5)
+    assert claimer.settling_metrics()["sessions_default_reward_total"] == 1.0
+    # A group reward posted in time counts for every session of the group.
+    add_episode(store, "c", group_id="team", at=4.0, reward=None)
+    add_episode(store, "d", group_id="team", at=5.0, reward=None)
     store.add_reward(RewardRecord(id="team-r", value=2.0, group_id="team"))
-    assert len(load_rewards(store, ["team-a"], ["team"])) == 1
-    (group,) = claim(patient).groups
+    assert len(load_rewards(store, ["c"], ["team"])) == 1
+    (group,) = claim(claimer, group_size=2).groups
     assert group.session_returns == (2.0, 2.0)
+
+
+@pytest.mark.parametrize("policy", ["drop_group", "default_reward"])
+def test_declared_no_reward_settles_at_once(store: TrajectoryStore, policy: str):
+    claimer = EpisodeClaimer(store, reward_wait_s=3600.0, unrewarded_policy=policy)
+    add_episode(store, "judged", group_id="g", at=1.0, end=False)
+    add_episode(store, "skipped", group_id="g", at=2.0, reward=None, end=False)
+    store.end_session("judged", "client")
+    store.end_session("skipped", END_NO_REWARD)
+    assert settling_counts(store).awaiting_reward == 0
+    result = claim(claimer)
+    if policy == "drop_group":
+        assert result.groups == ()
+        assert result.dropped[0].reason == "unrewarded: 1 of 2 sessions (1 declared no reward)"
+    else:
+        (group,) = result.groups
+        assert group.session_returns == (1.0, 0.0)
+
+
+def test_trainer_config_policy_needs_a_default_reward():
+    with pytest.raises(ValueError, match="reward_default_for_unrewarded"):
+        TrainerConfig(unrewarded_policy="default_reward", reward_default_for_unrewarded=None)
+    assert TrainerConfig().unrewarded_return() is None
+    assert TrainerConfig(unrewarded_policy="default_reward").unrewarded_return() == 0.0
 
 
 def test_mark_trained_release_and_stale_claims(store: TrajectoryStore):

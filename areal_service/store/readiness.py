@@ -1,0 +1,149 @@
+"""Which ended episodes are ready to claim, and which are still settling their reward.
+
+Read-only queries for `claims.py` (ready groups, rewarded sessions) and the figures the
+console and the trainer's metrics show about reward settling (`settling_counts`). A
+session whose client declared that no reward will come ends with reason `no_reward`
+(`types.END_NO_REWARD`): it never waits for one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, and_, case, func, or_, select
+
+from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
+from areal_service.store.trajectory import TrajectoryStore
+from areal_service.types import END_NO_REWARD
+
+UNREWARDED = "unrewarded"
+"""Prefix of the `drop_reason` of sessions dropped by `unrewarded_policy=drop_group`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyGroup:
+    """A group whose sessions have all ended: `key` is its group_id, or the session id of
+    an ungrouped session; `declared` are the sessions that said no reward will come."""
+
+    key: str
+    grouped: bool
+    session_ids: tuple[str, ...]
+    last_ended_at: float
+    declared: frozenset[str] = frozenset()
+
+
+def ready_groups(
+    connection: Connection, group_size: int | None, limit: int, exclude: set[str]
+) -> list[ReadyGroup]:
+    """Oldest-first groups whose sessions (not yet claimed/trained/dropped) are all
+    `ended`, at least `group_size` of them (ungrouped sessions only when group_size is
+    None). Two indexed queries; `exclude` keys are skipped."""
+    solo = case((SessionRow.group_id.is_(None), SessionRow.id), else_=None)
+    n_open = func.sum(case((SessionRow.status == "open", 1), else_=0))
+    n_ended = func.count() - n_open
+    statement = (
+        select(SessionRow.group_id, solo, func.max(SessionRow.ended_at))
+        .where(SessionRow.status.in_(("open", "ended")))
+        .group_by(SessionRow.group_id, solo)
+        .having(n_open == 0, n_ended >= (group_size or 1))
+        .order_by(func.min(SessionRow.created_at), SessionRow.group_id, solo)
+        .limit(limit + len(exclude))
+    )
+    if group_size is not None:
+        statement = statement.where(SessionRow.group_id.is_not(None))
+    heads = [
+        (group_id or solo_id, group_id is not None, ended_at)
+        for group_id, solo_id, ended_at in connection.execute(statement)
+        if (group_id or solo_id) not in exclude
+    ][:limit]
+    if not heads:
+        return []
+    grouped = [key for key, is_group, _ in heads if is_group]
+    members: dict[str, list[str]] = {key: [] for key, _, _ in heads}
+    declared: set[str] = set()
+    rows = connection.execute(
+        select(SessionRow.id, SessionRow.group_id, SessionRow.end_reason)
+        .where(SessionRow.status == "ended")
+        .where(
+            or_(
+                SessionRow.group_id.in_(grouped),
+                SessionRow.id.in_([key for key, is_group, _ in heads if not is_group]),
+            )
+        )
+        .order_by(SessionRow.created_at, SessionRow.id)
+    )
+    for session_id, group_id, end_reason in rows:
+        members[group_id or session_id].append(session_id)
+        if end_reason == END_NO_REWARD:
+            declared.add(session_id)
+    return [
+        ReadyGroup(
+            key,
+            is_group,
+            tuple(members[key]),
+            ended_at or 0.0,
+            frozenset(declared.intersection(members[key])),
+        )
+        for key, is_group, ended_at in heads
+        if members[key]
+    ]
+
+
+def rewarded_sessions(store: TrajectoryStore, ready: list[ReadyGroup]) -> set[str]:
+    """Which sessions of `ready` some reward targets (session, completion or group)."""
+    ids = [sid for r in ready for sid in r.session_ids]
+    if not ids:
+        return set()
+    groups = {r.key: r.session_ids for r in ready if r.grouped}
+    direct = select(RewardRow.session_id).where(RewardRow.session_id.in_(ids))
+    via_completion = (
+        select(CompletionRow.session_id)
+        .join(RewardRow, RewardRow.completion_id == CompletionRow.id)
+        .where(CompletionRow.session_id.in_(ids))
+    )
+    of_group = select(RewardRow.group_id).where(RewardRow.group_id.in_(list(groups)))
+    with store.engine.connect() as connection:
+        found = set(connection.execute(direct.union(via_completion)).scalars())
+        for group_id in connection.execute(of_group).scalars():
+            found.update(groups[group_id])
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class SettlingCounts:
+    """Reward settling at a glance (console overview)."""
+
+    awaiting_reward: int
+    """Ended sessions no reward targets yet (and that did not declare none is coming)."""
+    dropped_unrewarded: int
+    """Sessions dropped because their group had an unrewarded session (`drop_group`)."""
+
+
+def settling_counts(store: TrajectoryStore) -> SettlingCounts:
+    """Two COUNTs; the first scans only `ended` sessions (few: the trainer claims them)."""
+    rewarded_directly = select(RewardRow.session_id).where(RewardRow.session_id.is_not(None))
+    rewarded_via_completion = select(CompletionRow.session_id).join(
+        RewardRow, RewardRow.completion_id == CompletionRow.id
+    )
+    rewarded_groups = select(RewardRow.group_id).where(RewardRow.group_id.is_not(None))
+    awaiting = (
+        select(func.count())
+        .select_from(SessionRow)
+        .where(
+            SessionRow.status == "ended",
+            or_(SessionRow.end_reason.is_(None), SessionRow.end_reason != END_NO_REWARD),
+            SessionRow.id.not_in(rewarded_directly),
+            SessionRow.id.not_in(rewarded_via_completion),
+            or_(SessionRow.group_id.is_(None), SessionRow.group_id.not_in(rewarded_groups)),
+        )
+    )
+    dropped = (
+        select(func.count())
+        .select_from(SessionRow)
+        .where(and_(SessionRow.status == "dropped", SessionRow.drop_reason.startswith(UNREWARDED)))
+    )
+    with store.engine.connect() as connection:
+        return SettlingCounts(
+            int(connection.execute(awaiting).scalar_one()),
+            int(connection.execute(dropped).scalar_one()),
+        )

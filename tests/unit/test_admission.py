@@ -1,0 +1,111 @@
+"""The staleness gate (`gateway/admission.py`) on a real store: the window's boundary
+at exactly (η + version + 1) · batch sessions, dropped sessions giving their place back
+(no deadlock however many are dropped), and the window reopening as versions go live."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+from areal_service.config import GatewayConfig, ServiceConfig, TrainerConfig
+from areal_service.store import TrajectoryStore
+from areal_service.store.claims import EpisodeClaimer
+from areal_service.types import CompletionRecord, RewardRecord, SessionRecord
+from gateway.admission import admit_sessions
+from gateway.errors import OpenAIError
+
+
+@dataclass
+class GateState:
+    """What `admit_sessions` reads of the gateway's state."""
+
+    config: ServiceConfig
+    store: TrajectoryStore
+    live_version: int = 0
+    admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    admission_reserved: int = 0
+
+
+def gate(store: TrajectoryStore, *, eta: int, batch_groups: int = 1, group_size: int = 2
+         ) -> GateState:
+    trainer = TrainerConfig(max_staleness=eta, batch_groups=batch_groups, group_size=group_size)
+    gateway = GatewayConfig(staleness_gate=True, admit_wait_s=0.0)
+    return GateState(ServiceConfig(trainer=trainer, gateway=gateway), store)
+
+
+def start(state: GateState, count: int = 1, *, group_id: str | None = None) -> list[str]:
+    """Admit and insert `count` sessions; OpenAIError 429 when the window is full."""
+
+    async def run() -> list[str]:
+        async with admit_sessions(state, count):  # type: ignore[arg-type]
+            ids = [f"s-{uuid.uuid4().hex[:8]}" for _ in range(count)]
+            for sid in ids:
+                state.store.add_session(SessionRecord(id=sid, group_id=group_id))
+            return ids
+
+    return asyncio.run(run())
+
+
+def refused(state: GateState, count: int = 1) -> bool:
+    try:
+        start(state, count)
+    except OpenAIError as error:
+        assert error.status == 429
+        return True
+    return False
+
+
+def finish(store: TrajectoryStore, ids: list[str], *, version: int = 0) -> None:
+    """One completion generated at `version`, a reward and the end, for each session."""
+    for sid in ids:
+        store.add_completion(CompletionRecord(
+            id=f"{sid}-c", model="m", prompt_ids=(1, 2), output_ids=(3,),
+            output_logprobs=(-0.1,), output_versions=(version,), finish_reason="stop",
+            session_id=sid))
+        store.add_reward(RewardRecord(id=f"{sid}-r", value=1.0, session_id=sid))
+        store.end_session(sid, "reward")
+
+
+def claim(claimer: EpisodeClaimer, version: int, max_staleness: int):
+    return claimer.claim_groups(group_size=2, max_groups=8, current_version=version,
+                                max_staleness=max_staleness, claimer="t")
+
+
+def test_window_boundary_is_exactly_eta_plus_version_plus_one_batches(store):
+    state = gate(store, eta=1)  # (1 + 0 + 1) * 2 = 4 sessions at v0
+    for _ in range(4):
+        start(state)  # the 4th fills the window exactly: still admitted
+    assert store.count_admitted_sessions() == 4
+    assert refused(state)
+    state.live_version = 1  # one more batch: 6
+    start(state, 2)
+    assert refused(state)
+    assert state.admission_reserved == 0  # a refusal leaves no reservation behind
+
+
+def test_many_drops_in_a_row_never_close_the_gate(store):
+    state = gate(store, eta=0)  # one batch (2 sessions) in flight at v0
+    claimer = EpisodeClaimer(store)
+    for round_ in range(6):
+        ids = start(state, 2, group_id=f"g{round_}")
+        assert refused(state)  # the window is full while they run
+        finish(store, ids, version=0)
+        result = claim(claimer, version=3, max_staleness=0)  # 3 versions old: dropped
+        assert result.groups == () and result.dropped[0].reason.startswith("stale")
+    assert store.count_sessions(status="dropped") == 12
+    assert start(state, 2)  # 12 dropped sessions took no place in the window
+
+
+def test_trained_sessions_keep_their_place_until_the_version_goes_live(store):
+    state = gate(store, eta=0)
+    claimer = EpisodeClaimer(store)
+    ids = start(state, 2, group_id="g")
+    finish(store, ids)
+    (group,) = claim(claimer, version=0, max_staleness=0).groups
+    assert claimer.mark_trained(group.claim_id) == 2
+    assert refused(state)  # trained into v1, which is not live yet
+    state.live_version = 1
+    assert start(state, 2)
+
+    assert refused(gate(store, eta=0), 3)  # a group larger than the window: never in
