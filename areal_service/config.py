@@ -39,6 +39,46 @@ class StoreConfig(_Section):
     runs `areal-service db upgrade` against a shared database."""
 
 
+class SGLangConfig(_Section):
+    """`engine.sglang`: SGLang servers launched per GPU group, or attached by URL."""
+
+    attach: list[str] = Field(default_factory=list)
+    """Base URLs of SGLang servers already running elsewhere: health-checked
+    (`/health_generate`) and routed to; nothing is launched."""
+    python: str | None = None
+    """Interpreter with SGLang installed (SGLang pins its own torch, so it usually lives in
+    a venv of its own). None: the launcher's interpreter."""
+    gpus: list[str] | None = None
+    """GPUs of this host the servers may use, as CUDA_VISIBLE_DEVICES names them. None:
+    CUDA_VISIBLE_DEVICES when set, else every GPU torch sees."""
+    tp_size: int = Field(1, ge=1)
+    """Tensor-parallel GPUs per server (`--tp-size`)."""
+    dp_size: int = Field(1, ge=1)
+    """Data-parallel replicas inside one server (`--dp-size`); a server takes
+    tp_size * dp_size GPUs. Several servers (one port each) are the alternative the
+    gateway routes between with session stickiness."""
+    servers: int | None = Field(None, ge=1)
+    """Servers to launch, on ports engine.port, engine.port + 1, ... None: as many as the
+    GPUs fill."""
+    mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    """`--mem-fraction-static` (weights + KV cache share of GPU memory). None: SGLang's
+    default. Lower it when the trainer shares the GPUs."""
+    enable_metrics: bool = True
+    """`--enable-metrics`: Prometheus `/metrics` on each server."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More `sglang.launch_server` flags, passed through verbatim."""
+    ready_timeout_s: float = Field(900.0, gt=0)
+    """How long a server may take to answer `/health_generate` after a (re)start (weight
+    load and CUDA-graph capture take minutes for large models)."""
+    restart_backoff_s: float = Field(5.0, gt=0)
+    """Wait before restarting a server that died; doubles per consecutive death."""
+    max_restart_backoff_s: float = Field(300.0, gt=0)
+    """Ceiling of the restart wait."""
+    max_restarts: int = Field(10, ge=0)
+    """Consecutive deaths (each before the server was healthy for ready_timeout_s) after
+    which a server is left down and the launcher exits with an error."""
+
+
 class EngineConfig(_Section):
     model: str | None = None
     """Directory of an HF checkpoint to serve. None means the tiny model at
@@ -62,6 +102,12 @@ class EngineConfig(_Section):
     (all cores); set it when the trainer shares the CPU with the engine."""
     served_model_name: str | None = None
     """Name reported by `/model_info` and `/v1/models`. None: the model path."""
+    backend: Literal["local", "sglang"] = "local"
+    """`local`: this package's transformers engine (CPU or one GPU). `sglang`: SGLang
+    servers launched per GPU group or attached by URL (`engine.sglang`); the gateway
+    speaks the same protocol to both."""
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
+    """Launch or attach settings used when `backend` is `sglang`."""
 
 
 class GatewayConfig(_Section):
@@ -229,6 +275,65 @@ class TrainerConfig(BaseModel):
         return self
 
 
+class SlurmConfig(_Section):
+    """`cluster.slurm`: what `areal-service launch --scheduler slurm` writes."""
+
+    job_name: str = "areal"
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    """`--time` limit, e.g. `24:00:00`. None: the partition's default."""
+    python: str | None = None
+    """Interpreter every node runs the launcher with (a venv on the shared filesystem).
+    None: the interpreter that writes the script."""
+    setup: list[str] = Field(default_factory=list)
+    """Shell lines run first on the batch host (module load, venv activation, exports)."""
+    sbatch_args: list[str] = Field(default_factory=list)
+    """More `#SBATCH` options, verbatim (e.g. `--qos=high`, `--constraint=h100`)."""
+    rdzv_port: int = Field(29500, ge=1, le=65535)
+    """torchrun rendezvous port on the first trainer node."""
+
+
+class RayConfig(_Section):
+    """`cluster.ray`: what `areal-service launch --scheduler ray` does."""
+
+    address: str | None = None
+    """Ray cluster to join (`auto`, `ray://host:10001`). None: RAY_ADDRESS when set,
+    else a local Ray instance started for the run."""
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Placement-group strategy for the engines, gateway and trainer bundles."""
+    cpus_per_process: float = Field(1.0, gt=0)
+    """Ray CPUs reserved by each engine, gateway and trainer actor."""
+
+
+class ClusterConfig(_Section):
+    """`cluster`: the machines `areal-service launch` places the service on. Rollout
+    (SGLang) nodes come first, trainer nodes last; the gateway runs on node 0."""
+
+    n_nodes: int = Field(1, ge=1)
+    """Nodes in the job."""
+    n_gpus_per_node: int = Field(8, ge=0)
+    """GPUs per node."""
+    trainer_nodes: int = Field(1, ge=1)
+    """The last this-many nodes run the trainer (all their GPUs, torchrun). With one node
+    the node is shared: see trainer_gpus."""
+    trainer_gpus: int | None = Field(None, ge=0)
+    """With n_nodes = 1: the last this-many GPUs train, the rest serve. None: half."""
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if self.n_nodes > 1 and self.trainer_nodes >= self.n_nodes:
+            raise ValueError(
+                f"cluster.trainer_nodes={self.trainer_nodes} leaves no node of "
+                f"cluster.n_nodes={self.n_nodes} for the SGLang servers"
+            )
+        if self.trainer_gpus is not None and self.trainer_gpus > self.n_gpus_per_node:
+            raise ValueError("cluster.trainer_gpus exceeds cluster.n_gpus_per_node")
+        return self
+
+
 class ServiceConfig(BaseSettings):
     """Root of the configuration tree."""
 
@@ -251,6 +356,8 @@ class ServiceConfig(BaseSettings):
     """The OpenAI-compatible gateway."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The RL trainer (FSDP2)."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Where `areal-service launch` places engines, gateway and trainer (Ray, Slurm)."""
 
     @model_validator(mode="after")
     def _check_ports(self) -> ServiceConfig:
