@@ -122,7 +122,14 @@ class GatewayConfig(_Section):
     """Base URLs of SGLang-protocol backends. Empty: the local engine at
     `engine.host:engine.port`."""
     model_name: str = "areal-policy"
-    """The model id clients send and `/v1/models` lists."""
+    """The served policy's model id (`/v1/models` lists it first; recorded as each
+    completion's `model`)."""
+    model_names: list[str] | None = None
+    """None (default): every model name a client sends is served by the policy and
+    echoed in the reply, so an agent written for another provider keeps its own
+    (`gpt-4o-mini`, `default`, ...). A list turns on strict checking: only `model_name`
+    and these aliases are served, any other name is 404 `model_not_found`.
+    `/v1/models` lists `model_name` and these aliases."""
     tokenizer: str | None = None
     """Directory of the tokenizer with the chat template. None: the engine's model."""
     request_timeout_s: float = Field(600.0, gt=0)

@@ -94,6 +94,8 @@ class CompletionRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     created_at: float = field(default_factory=now)
+    requested_model: str | None = None
+    """The model name the client sent (served by the policy `model` whatever it was)."""
 
 
 @dataclass(frozen=True, slots=True)

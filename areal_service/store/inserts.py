@@ -33,6 +33,7 @@ _COMPLETION_COLUMNS = (
     "prompt_ids", "output_ids", "output_logprobs", "output_versions", "min_version",
     "finish_reason", "temperature", "top_p", "top_k", "backend", "latency_ms",
     "prompt_tokens", "completion_tokens", "created_at", "full_len", "full_hash",
+    "requested_model",
 )  # fmt: skip
 """`completions` columns in table order: the order of `completion_row`'s tuple (checked
 against the compiled INSERT when an inserter is made)."""
@@ -78,7 +79,7 @@ def completion_row(record: CompletionRecord) -> tuple[Any, ...]:
         pack_float32(logprobs), pack_int32(versions), min(versions) if n else None,
         record.finish_reason, record.temperature, record.top_p, record.top_k, record.backend,
         record.latency_ms, record.prompt_tokens, record.completion_tokens, record.created_at,
-        len(record.prompt_ids) + n, packed_digest(prompt, output),
+        len(record.prompt_ids) + n, packed_digest(prompt, output), record.requested_model,
     )  # fmt: skip
 
 

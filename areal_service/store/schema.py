@@ -109,6 +109,8 @@ class CompletionRow(Base):
     created_at: Mapped[float] = mapped_column(Float, index=True)
     full_len: Mapped[int | None] = mapped_column(Integer)
     full_hash: Mapped[str | None] = mapped_column(String(32))
+    requested_model: Mapped[str | None] = mapped_column(String)
+    """The model name the client sent (`model` is the policy that served it)."""
 
 
 class RewardRow(Base):
