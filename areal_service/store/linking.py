@@ -18,12 +18,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from areal_service.types import CompletionRecord
-
-if TYPE_CHECKING:
-    from areal_service.store.trajectory import TrajectoryStore
 
 DIGEST_SIZE = 16
 """blake2b digest bytes (128 bits: a false prefix match needs a hash collision)."""
@@ -101,6 +98,13 @@ def match_parent(prompt_ids: Sequence[int], entries: Iterable[PrefixEntry]) -> s
     return _scan(memoryview(_pack(prompt_ids)), b"", entries)[0]
 
 
+class PrefixSource(Protocol):
+    """Where a linker loads a session's prefix entries on a cache miss (the store's
+    `TrajectoryStore.prefix_entries`; a protocol so this module needs no store import)."""
+
+    def prefix_entries(self, session_id: str) -> list[PrefixEntry]: ...
+
+
 class ParentLinker:
     """Sets `parent_id` on completions before the gateway writes them.
 
@@ -114,7 +118,7 @@ class ParentLinker:
     to an older turn, which only costs a branch in `build_sequences`, never bad tokens.
     Thread-safe."""
 
-    def __init__(self, store: TrajectoryStore, *, max_sessions: int = 4096) -> None:
+    def __init__(self, store: PrefixSource, *, max_sessions: int = 4096) -> None:
         if max_sessions < 0:
             raise ValueError(f"max_sessions ({max_sessions}) must be >= 0")
         self._store = store

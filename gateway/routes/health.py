@@ -9,7 +9,6 @@ from typing import Literal
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
-from sqlalchemy import text
 
 from gateway.deps import StateDep
 
@@ -46,14 +45,9 @@ async def liveness() -> Liveness:
             responses={503: {"model": Readiness}})
 async def readiness(state: StateDep) -> Response:
     """200 when the store answers and at least one backend is healthy, else 503."""
-
-    def ping() -> None:
-        with state.store.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-
     db = "ok"
     try:
-        await asyncio.to_thread(ping)
+        await asyncio.to_thread(state.store.ping)
     except Exception as exc:  # reported, not raised: this endpoint answers either way
         db = f"error: {type(exc).__name__}"
     backends = [{"url": s.url, "healthy": s.healthy, "in_flight": s.in_flight}

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from areal_service.config import StoreConfig
 from areal_service.packing import pack_float32, pack_int32, unpack_float32, unpack_int32
@@ -71,6 +71,17 @@ def test_packing_float64_rounds_to_float32_and_rejects_bad_input():
 
 
 # Round trips of every record type.
+
+
+def test_ping_and_latest_train_step(store: TrajectoryStore, tmp_path):
+    store.ping()  # readiness probes: a trivial query
+    assert store.latest_train_step() is None
+    for step in (1, 3, 2):
+        store.add_train_step(TrainStepRecord(step=step, version=step, metrics={}))
+    assert store.latest_train_step().step == 3
+    gone = TrajectoryStore(create_store_engine(f"sqlite:///{tmp_path / 'no' / 'dir.db'}"))
+    with pytest.raises(OperationalError):
+        gone.ping()
 
 
 def test_api_key_round_trip_revoke_touch_bind(store: TrajectoryStore):
