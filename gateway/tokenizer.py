@@ -56,9 +56,10 @@ class TokenizerCore(Protocol):
         """The vocabulary string of one id (None when out of range)."""
         ...
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-               ) -> str:
-        """The chat template's text for `messages` plus the generation prompt."""
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               *, add_generation_prompt: bool = True) -> str:
+        """The chat template's text for `messages` plus (by default) the generation
+        prompt."""
         ...
 
 
@@ -105,9 +106,12 @@ class ChatTokenizer:
             return self.core.hf
         raise AttributeError("this ChatTokenizer was loaded without transformers (no .hf)")
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        """The chat template's text for `messages` (normalized) plus the generation prompt."""
-        return self.core.render(messages, tools or None)
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+               add_generation_prompt: bool = True) -> str:
+        """The chat template's text for `messages` (normalized) plus (by default) the
+        generation prompt (token continuity renders a prefix without it)."""
+        return self.core.render(messages, tools or None,
+                                add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Ids of rendered prompt text, without adding special tokens (no double BOS)."""
@@ -340,10 +344,11 @@ class RustTokenizer:
         """The vocabulary string of one id."""
         return self._backend.id_to_token(token_id)
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-               ) -> str:
-        """The chat template's text plus the generation prompt."""
-        return self._template.render(messages, tools)
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               *, add_generation_prompt: bool = True) -> str:
+        """The chat template's text plus (by default) the generation prompt."""
+        return self._template.render(messages, tools,
+                                     add_generation_prompt=add_generation_prompt)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -484,10 +489,12 @@ class TransformersTokenizer:
         """The vocabulary string of one id."""
         return self.hf.convert_ids_to_tokens(token_id)
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-               ) -> str:
-        """`apply_chat_template(..., tokenize=False)` with the generation prompt."""
-        text = self.hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               *, add_generation_prompt: bool = True) -> str:
+        """`apply_chat_template(..., tokenize=False)`, by default with the generation
+        prompt."""
+        text = self.hf.apply_chat_template(messages, tools=tools,
+                                           add_generation_prompt=add_generation_prompt,
                                            tokenize=False)
         assert isinstance(text, str)
         return text
