@@ -48,7 +48,7 @@ class SGLangConfig(_Section):
     python: str | None = None
     """Interpreter with SGLang installed (SGLang pins its own torch, so it usually lives in
     a venv of its own). None: the launcher's interpreter."""
-    gpus: list[str] | None = None
+    gpus: list[str | int] | None = None
     """GPUs of this host the servers may use, as CUDA_VISIBLE_DEVICES names them. None:
     CUDA_VISIBLE_DEVICES when set, else every GPU torch sees."""
     tp_size: int = Field(1, ge=1)

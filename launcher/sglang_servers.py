@@ -1,0 +1,352 @@
+"""SGLang servers as engines: the `sglang.launch_server` command lines for a host's GPU
+groups, a supervisor that starts them, waits for `/health_generate`, restarts one that
+dies (with backoff) and stops them all, and attaching to servers already running.
+
+One server per GPU group of `tp_size * dp_size` GPUs, each with its own
+CUDA_VISIBLE_DEVICES and port (`engine.port + i`). Several servers rather than one big
+`--dp-size` server because the gateway routes between them itself (session stickiness
+keeps a conversation's prefix cache on one server) and swaps weights on each.
+
+A restarted server loads the checkpoint it was launched with (`engine.model`, version
+`engine.weight_version`); the gateway notices the version it reports and re-syncs it
+before routing to it again. Only death is acted on, not a failing health check: a
+paused server with nothing running can answer 503 during a weight swap, and killing it
+then would turn a swap into a reload.
+
+SGLang's flags used here (checked against `python/sglang/srt/server_args.py` of SGLang
+0.5.x, the version the `[sglang]` extra pins): `--model-path`, `--served-model-name`,
+`--weight-version`, `--host`, `--port`, `--tp-size`, `--dp-size`,
+`--mem-fraction-static`, `--log-level`, `--enable-metrics`, `--context-length`,
+`--max-running-requests`, `--dtype`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from areal_service.config import ServiceConfig
+from launcher.processes import ChildProcess
+
+log = logging.getLogger(__name__)
+
+HEALTH_PATH = "/health_generate"
+"""Answers 200 only after a real 1-token generation (SGLang and the local engine)."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server to keep running: its command, environment, and where it answers."""
+
+    name: str
+    argv: tuple[str, ...]
+    url: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def visible_gpus(configured: Sequence[str] | None) -> list[str]:
+    """The GPUs servers may use: the configured list, else CUDA_VISIBLE_DEVICES, else
+    every device torch counts (0..n-1)."""
+    if configured is not None:
+        return [str(g) for g in configured]
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip()]
+    import torch  # only here: the GPU count; `config show` and attach stay torch-free
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_groups(gpus: Sequence[str], per_server: int, servers: int | None) -> list[list[str]]:
+    """Consecutive groups of `per_server` GPUs, `servers` of them (None: as many as fit).
+    Raises ValueError when the GPUs do not cover the groups asked for."""
+    fit = len(gpus) // per_server
+    count = fit if servers is None else servers
+    if count < 1 or count > fit:
+        raise ValueError(
+            f"{len(gpus)} GPU(s) ({','.join(gpus) or 'none'}) cannot hold "
+            f"{count if servers else 'one'} SGLang server(s) of {per_server} GPU(s) "
+            "(engine.sglang.tp_size * dp_size); set engine.sglang.gpus or servers"
+        )
+    return [list(gpus[i * per_server:(i + 1) * per_server]) for i in range(count)]
+
+
+def advertised_host(bind_host: str) -> str:
+    """The host others reach a server bound to `bind_host` at (a wildcard bind is
+    reached through this machine's name)."""
+    return socket.gethostname() if bind_host in ("0.0.0.0", "::", "") else bind_host
+
+
+def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) -> list[str]:
+    """`python -m sglang.launch_server ...` for one server of `config` on `port`."""
+    engine, sg = config.engine, config.engine.sglang
+    argv = [python or sg.python or sys.executable, "-m", "sglang.launch_server",
+            "--model-path", str(config.model_dir()),
+            "--served-model-name", engine.served_model_name or str(config.model_dir()),
+            "--weight-version", engine.weight_version,
+            "--host", engine.host, "--port", str(port),
+            "--tp-size", str(sg.tp_size), "--dp-size", str(sg.dp_size),
+            "--log-level", config.log_level,
+            "--max-running-requests", str(engine.max_running_requests)]
+    if sg.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(sg.mem_fraction_static)]
+    if engine.context_length is not None:
+        argv += ["--context-length", str(engine.context_length)]
+    if engine.dtype != "auto":
+        argv += ["--dtype", engine.dtype]
+    if sg.enable_metrics:
+        argv.append("--enable-metrics")
+    return argv + list(sg.extra_args)
+
+
+def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
+    """The servers `config` asks for on this host: one per GPU group."""
+    sg = config.engine.sglang
+    groups = gpu_groups(visible_gpus(sg.gpus), sg.tp_size * sg.dp_size, sg.servers)
+    host = advertised_host(config.engine.host)
+    specs = []
+    for i, group in enumerate(groups):
+        port = config.engine.port + i
+        specs.append(ServerSpec(
+            name=f"sglang-{i}", argv=tuple(sglang_argv(config, port)),
+            url=f"http://{host}:{port}", env={"CUDA_VISIBLE_DEVICES": ",".join(group)}))
+    return specs
+
+
+def wait_healthy(urls: Sequence[str], timeout_s: float, *, interval_s: float = 1.0) -> None:
+    """Block until every URL answers 200 on `/health_generate` (attach), or raise
+    TimeoutError naming those that did not."""
+    deadline = time.monotonic() + timeout_s
+    pending = [u.rstrip("/") for u in urls]
+    while pending:
+        still = []
+        for url in pending:
+            try:
+                ok = httpx.get(url + HEALTH_PATH, timeout=30.0).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if not ok:
+                still.append(url)
+        pending = still
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {', '.join(pending)}")
+        if pending:
+            time.sleep(interval_s)
+
+
+class _Server:
+    """A supervised server: the running child and its restart bookkeeping."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.child: ChildProcess | None = None
+        self.started_at = 0.0
+        self.deaths = 0          # consecutive, reset once it stayed up ready_timeout_s
+        self.restarts = 0        # total, for the log and tests
+        self.restart_at: float | None = None
+        self.failed = False
+
+
+class Supervisor:
+    """Keeps a set of servers running until `stop()`.
+
+    `start()` launches all and waits until each answers `/health_generate` (in
+    parallel: SGLang startup is minutes of weight loading per server). A monitor thread
+    then polls the children every `poll_s`; one that exited is restarted after
+    `backoff_s * 2**(deaths-1)` (capped), where deaths counts consecutive deaths of
+    servers that had not stayed up `ready_timeout_s`. After `max_restarts` such deaths
+    the server is left down and `failed` says so. `stop()` stops the monitor first, then
+    every child (SIGTERM, grace, SIGKILL of its process group)."""
+
+    def __init__(self, specs: Sequence[ServerSpec], *, log_dir: Path,
+                 ready_timeout_s: float = 900.0, backoff_s: float = 5.0,
+                 max_backoff_s: float = 300.0, max_restarts: int = 10,
+                 poll_s: float = 0.5) -> None:
+        self._servers = [_Server(s) for s in specs]
+        self._log_dir = log_dir
+        self._ready_timeout_s = ready_timeout_s
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._max_restarts = max_restarts
+        self._poll_s = poll_s
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # children are replaced by the monitor, read by others
+        self._monitor: threading.Thread | None = None
+
+    @classmethod
+    def for_config(cls, config: ServiceConfig,
+                   specs: Sequence[ServerSpec] | None = None) -> Supervisor:
+        """A supervisor with `config.engine.sglang`'s timings, logging to
+        `<data_dir>/logs/<name>.log`; `specs` default to `sglang_specs(config)`."""
+        sg = config.engine.sglang
+        return cls(sglang_specs(config) if specs is None else specs,
+                   log_dir=config.data_dir / "logs", ready_timeout_s=sg.ready_timeout_s,
+                   backoff_s=sg.restart_backoff_s, max_backoff_s=sg.max_restart_backoff_s,
+                   max_restarts=sg.max_restarts)
+
+    @property
+    def urls(self) -> list[str]:
+        """Base URLs of the servers, in spec order (what `gateway.backends` gets)."""
+        return [s.spec.url for s in self._servers]
+
+    @property
+    def restarts(self) -> list[int]:
+        """Restarts so far, per server."""
+        return [s.restarts for s in self._servers]
+
+    @property
+    def failed(self) -> list[str]:
+        """Names of servers given up on (too many consecutive deaths)."""
+        return [s.spec.name for s in self._servers if s.failed]
+
+    def pids(self) -> list[int | None]:
+        """Process ids of the current children (None while one awaits its restart)."""
+        with self._lock:
+            return [s.child.proc.pid if s.child else None for s in self._servers]
+
+    def start(self) -> None:
+        """Launch every server, wait until all are healthy, then start the monitor.
+        On any failure every server started so far is stopped and the error raised."""
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for server in self._servers:
+                self._launch(server)
+            with ThreadPoolExecutor(len(self._servers)) as pool:
+                for fut in [pool.submit(self._wait_ready, s) for s in self._servers]:
+                    fut.result()
+        except BaseException:
+            self.stop()
+            raise
+        self._monitor = threading.Thread(target=self._watch, name="sglang-supervisor",
+                                         daemon=True)
+        self._monitor.start()
+
+    def stop(self) -> None:
+        """Stop the monitor, then every server (newest first)."""
+        self._stopping.set()
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join()
+        with self._lock:
+            for server in reversed(self._servers):
+                if server.child is not None:
+                    server.child.stop()
+                    _kill_group(server.child.proc.pid)
+
+    def __enter__(self) -> Supervisor:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def wait(self) -> None:
+        """Block until `stop()` or until a server is given up on (then raise)."""
+        while not self._stopping.wait(1.0):
+            if self.failed:
+                raise RuntimeError(f"gave up restarting {', '.join(self.failed)}")
+
+    # --- internals --------------------------------------------------------------------
+
+    def _launch(self, server: _Server) -> None:
+        spec = server.spec
+        child = ChildProcess(spec.name, spec.argv, env=dict(spec.env),
+                             log_path=self._log_dir / f"{spec.name}.log")
+        with self._lock:
+            server.child = child
+            server.started_at = time.monotonic()
+            server.restart_at = None
+
+    def _wait_ready(self, server: _Server) -> None:
+        assert server.child is not None
+        server.child.wait_http_ok(server.spec.url + HEALTH_PATH, self._ready_timeout_s)
+        log.info("%s healthy at %s", server.spec.name, server.spec.url)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self._poll_s):
+            for server in self._servers:
+                self._check(server)
+
+    def _check(self, server: _Server) -> None:
+        now = time.monotonic()
+        child = server.child
+        if server.failed:
+            return
+        if child is not None:
+            code = child.proc.poll()
+            if code is None:
+                if now - server.started_at >= self._ready_timeout_s:
+                    server.deaths = 0  # stayed up: the next death starts a fresh backoff
+                return
+            child.stop()  # closes its log
+            _kill_group(child.proc.pid)  # SGLang's scheduler/detokenizer may outlive it
+            server.deaths += 1
+            if server.deaths > self._max_restarts:
+                server.failed = True
+                log.error("%s exited (code %s) %d times in a row; not restarting",
+                          server.spec.name, code, server.deaths)
+                with self._lock:
+                    server.child = None
+                return
+            delay = min(self._backoff_s * 2 ** (server.deaths - 1), self._max_backoff_s)
+            log.warning("%s exited (code %s); restarting in %.1f s",
+                        server.spec.name, code, delay)
+            with self._lock:
+                server.child = None
+                server.restart_at = now + delay
+            return
+        if server.restart_at is not None and now >= server.restart_at:
+            server.restarts += 1
+            self._launch(server)
+            # Not waited on here: the gateway's health checks keep it out of rotation
+            # until it answers and holds the current weights.
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a dead server's process group (its GPU memory and port
+    are held until the last member is gone). The group id cannot be reused while any
+    member lives, so this reaches only our leftovers."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextmanager
+def sglang_backends(config: ServiceConfig) -> Iterator[ServiceConfig]:
+    """`config` with `gateway.backends` set to the SGLang servers, launched and
+    supervised for the block (or attached: health-checked, left running after)."""
+    sg = config.engine.sglang
+    if sg.attach:
+        wait_healthy(sg.attach, sg.ready_timeout_s)
+        urls = [u.rstrip("/") for u in sg.attach]
+        yield config.model_copy(update={"gateway": config.gateway.model_copy(
+            update={"backends": urls})})
+        return
+    with Supervisor.for_config(config) as sup:
+        yield config.model_copy(update={"gateway": config.gateway.model_copy(
+            update={"backends": sup.urls})})
+
+
+def run_sglang_engines(config: ServiceConfig) -> None:
+    """`areal-service engine --backend sglang`: launch (or attach to) the servers, log
+    their URLs, and supervise them until Ctrl-C / SIGTERM."""
+    sg = config.engine.sglang
+    if sg.attach:
+        wait_healthy(sg.attach, sg.ready_timeout_s)
+        log.info("SGLang servers healthy (attached): %s", " ".join(sg.attach))
+        return
+    with Supervisor.for_config(config) as sup:
+        log.info("SGLang servers healthy: %s (gateway.backends)", " ".join(sup.urls))
+        sup.wait()

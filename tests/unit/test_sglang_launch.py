@@ -1,0 +1,181 @@
+"""SGLang backends: the exact `sglang.launch_server` command lines for a few GPU layouts,
+and the supervisor (start, wait healthy, restart on death, give up, stop all) and attach,
+exercised with the local engine standing in as the launched command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_service.config import load_config
+from launcher.processes import cli_argv
+from launcher.sglang_servers import (
+    ServerSpec,
+    Supervisor,
+    gpu_groups,
+    sglang_argv,
+    sglang_backends,
+    sglang_specs,
+    wait_healthy,
+)
+
+PY = sys.executable
+
+
+def _cfg(*overrides: str):
+    return load_config(None, ["engine.backend=sglang", "engine.model=/ckpt/qwen",
+                              *overrides])
+
+
+def _common(port: int, *, tp: int = 1, dp: int = 1) -> list[str]:
+    return [PY, "-m", "sglang.launch_server", "--model-path", "/ckpt/qwen",
+            "--served-model-name", "/ckpt/qwen", "--weight-version", "default",
+            "--host", "127.0.0.1", "--port", str(port), "--tp-size", str(tp),
+            "--dp-size", str(dp), "--log-level", "info", "--max-running-requests", "64"]
+
+
+def test_tp2_on_eight_gpus_is_four_servers_on_consecutive_ports():
+    specs = sglang_specs(_cfg("engine.sglang.tp_size=2", "engine.sglang.gpus=[0,1,2,3,4,5,6,7]"))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3", "4,5", "6,7"]
+    assert [s.url for s in specs] == [f"http://127.0.0.1:{30000 + i}" for i in range(4)]
+    assert [s.name for s in specs] == ["sglang-0", "sglang-1", "sglang-2", "sglang-3"]
+    assert list(specs[2].argv) == [*_common(30002, tp=2), "--enable-metrics"]
+
+
+def test_dp_inside_one_server_with_memory_dtype_context_and_extra_flags():
+    cfg = _cfg("engine.sglang.dp_size=2", "engine.sglang.servers=1",
+               "engine.sglang.gpus=['4','5','6','7']", "engine.sglang.mem_fraction_static=0.7",
+               "engine.sglang.enable_metrics=false", "engine.dtype=bfloat16",
+               "engine.context_length=8192", "engine.port=31000", "engine.weight_version=v3",
+               "engine.served_model_name=policy", "engine.sglang.python=/venvs/sglang/bin/python",
+               "engine.sglang.extra_args=['--chunked-prefill-size','4096']", "log_level=warning")
+    [spec] = sglang_specs(cfg)
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "4,5"}  # one server asked for: the first group
+    assert list(spec.argv) == [
+        "/venvs/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/ckpt/qwen",
+        "--served-model-name", "policy", "--weight-version", "v3", "--host", "127.0.0.1",
+        "--port", "31000", "--tp-size", "1", "--dp-size", "2", "--log-level", "warning",
+        "--max-running-requests", "64", "--mem-fraction-static", "0.7",
+        "--context-length", "8192", "--dtype", "bfloat16", "--chunked-prefill-size", "4096"]
+
+
+def test_gpus_default_to_cuda_visible_devices_and_wildcard_host_is_advertised(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c")
+    specs = sglang_specs(_cfg("engine.host=0.0.0.0"))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["GPU-a", "GPU-b", "GPU-c"]
+    assert specs[0].url == f"http://{socket.gethostname()}:30000"
+    assert "--host" in specs[0].argv and "0.0.0.0" in specs[0].argv
+    assert sglang_argv(_cfg(), 30000, python="/x/python")[0] == "/x/python"
+
+
+def test_too_few_gpus_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot hold 3 SGLang server"):
+        gpu_groups(["0", "1", "2", "3"], 2, 3)
+    with pytest.raises(ValueError, match="cannot hold one"):
+        gpu_groups([], 1, None)
+    assert gpu_groups(["0", "1", "2"], 2, None) == [["0", "1"]]  # a leftover GPU stays idle
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+
+
+def _wait(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_supervisor_runs_local_engine_restarts_it_on_death_and_stops_it(tmp_path, tiny_model_dir):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec = ServerSpec("engine-0", tuple(cli_argv(
+        "engine", "--model", str(tiny_model_dir), "--port", str(port),
+        "--set", f"data_dir={tmp_path}", "--set", "engine.torch_threads=1")), url,
+        env={"CUDA_VISIBLE_DEVICES": ""})
+    sup = Supervisor([spec], log_dir=tmp_path / "logs", ready_timeout_s=120,
+                     backoff_s=0.1, poll_s=0.1)
+    sup.start()
+    try:
+        assert sup.urls == [url]
+        wait_healthy([url], 5)  # attach to the running engine
+        cfg = load_config(None, [f"data_dir={tmp_path}", "engine.backend=sglang",
+                                 f"engine.sglang.attach=['{url}/']"])
+        with sglang_backends(cfg) as attached:
+            assert attached.gateway.backends == [url]
+        [first] = sup.pids()
+        os.kill(first, signal.SIGKILL)  # a server dies
+        assert _wait(lambda: sup.pids()[0] not in (None, first), 10), "not restarted"
+        assert sup.restarts == [1] and sup.failed == []
+        wait_healthy([url], 120)  # the restarted engine serves again
+        second = sup.pids()[0]
+    finally:
+        sup.stop()
+    assert not _alive(first) and not _alive(second)
+    with pytest.raises(TimeoutError, match=url):
+        wait_healthy([url], 0.5, interval_s=0.1)  # nothing is left answering
+    assert (tmp_path / "logs" / "engine-0.log").stat().st_size > 0
+
+
+_FLAKY = """
+import http.server, pathlib, sys
+marker = pathlib.Path(sys.argv[2])
+if marker.exists():
+    sys.exit(3)  # every restart dies at once
+marker.touch()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_supervisor_gives_up_after_max_consecutive_deaths(tmp_path):
+    port = _free_port()
+    spec = ServerSpec("flaky", (PY, "-c", _FLAKY, str(port), str(tmp_path / "started")),
+                      f"http://127.0.0.1:{port}")
+    sup = Supervisor([spec], log_dir=tmp_path, ready_timeout_s=30, backoff_s=0.05,
+                     max_backoff_s=0.2, max_restarts=2, poll_s=0.05)
+    sup.start()
+    try:
+        os.kill(sup.pids()[0], signal.SIGKILL)
+        assert _wait(lambda: sup.failed == ["flaky"], 10)
+        assert sup.restarts == [2] and sup.pids() == [None]
+        with pytest.raises(RuntimeError, match="gave up restarting flaky"):
+            sup.wait()
+    finally:
+        sup.stop()
+
+
+def test_start_failure_stops_the_servers_already_started(tmp_path):
+    good_port = _free_port()
+    good = ServerSpec("good", (PY, "-c", _FLAKY, str(good_port), str(tmp_path / "m")),
+                      f"http://127.0.0.1:{good_port}")
+    bad = ServerSpec("bad", (PY, "-c", "import sys; sys.exit(7)"),
+                     f"http://127.0.0.1:{_free_port()}")
+    sup = Supervisor([good, bad], log_dir=tmp_path, ready_timeout_s=30)
+    with pytest.raises(RuntimeError, match="bad exited with code 7"):
+        sup.start()
+    assert all(pid is None or not _alive(pid) for pid in sup.pids())
