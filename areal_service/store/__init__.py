@@ -4,7 +4,8 @@
 each: `connect.py` (engine, SQLite pragmas), `schema.py` (tables), `migrate.py`
 (Alembic glue), `rows.py` (row <-> record), `inserts.py` + `writer.py` (the gateway's
 completion capture), `linking.py` (parent linking), `episode_reads.py`,
-`session_queries.py` and `claims.py` (multi-table reads and the claim state machine).
+`session_queries.py`, `readiness.py` (ready groups, reward settling counts) and
+`claims.py` (the claim state machine with its reward settling).
 Nothing outside the package imports SQLAlchemy or an ORM row.
 """
 

@@ -4,7 +4,8 @@ Owns the engine and the single-table queries (keys, sessions, completions, rewar
 weight versions, train steps). Engine creation is `connect.py`'s, row <-> record
 conversion `rows.py`'s, the driver-level completion insert `inserts.py`'s and its
 batching `writer.py`'s; multi-table reads live in `episode_reads.py` (claims, export,
-console detail), `session_queries.py` (export and console pages) and `claims.py`.
+console detail), `session_queries.py` (export and console pages), `readiness.py` and
+`claims.py` (claiming and reward settling).
 Methods are synchronous, thread-safe, one transaction each (async callers: the writer or
 a thread). Dialect-neutral SQL: a SQLite file (WAL) or PostgreSQL (`postgresql+psycopg://`).
 """
