@@ -94,14 +94,25 @@ def engine_cmd(
     model: Annotated[Path | None, typer.Option(help="HF checkpoint directory.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="local (this package's engine) or sglang (SGLang servers per GPU group, "
+             "supervised; engine.sglang.*). Default: engine.backend.")] = None,
 ) -> None:
-    """Serve a checkpoint with the local SGLang-protocol engine (transformers)."""
-    from engine.server import run_engine
-
+    """Serve a checkpoint with the local SGLang-protocol engine (transformers), or launch
+    and supervise SGLang servers (`--backend sglang`)."""
     extra = [f"engine.model={model}"] if model else []
     extra += [f"engine.port={port}"] if port is not None else []
     extra += [f"engine.host={host}"] if host else []
-    run_engine(_config(config, [*(set_ or []), *extra]))  # builds the tiny model if needed
+    extra += [f"engine.backend={backend}"] if backend else []
+    cfg = _config(config, [*(set_ or []), *extra])
+    if cfg.engine.backend == "sglang":
+        from launcher.sglang_servers import run_sglang_engines
+
+        run_sglang_engines(cfg)
+        return
+    from engine.server import run_engine
+
+    run_engine(cfg)  # builds the tiny model if needed
 
 
 def _open_store(cfg: ServiceConfig):  # noqa: ANN202 - keeps the store import lazy

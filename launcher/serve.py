@@ -1,5 +1,6 @@
 """`areal-service serve`: the gateway, plus the local engine as a child process when no
-backend URL is configured (the embedded default)."""
+backend URL is configured (the embedded default), or SGLang servers launched or attached
+when `engine.backend` is `sglang`."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def serve(config: ServiceConfig) -> None:
     """Serve the gateway (blocking); a local engine child lives exactly as long, whether
     the gateway stops on Ctrl-C, SIGTERM or an error."""
     with exit_on_sigterm():
+        if config.engine.backend == "sglang" and not config.gateway.backends:
+            from launcher.sglang_servers import sglang_backends
+
+            with sglang_backends(config) as with_backends:  # launched or attached
+                run_gateway(with_backends)
+            return
         engine = None if config.gateway.backends else start_local_engine(config)
         try:
             run_gateway(config)
