@@ -28,6 +28,7 @@ def build_records(
     *,
     completion_id: str,
     model: str,
+    requested_model: str | None = None,
     prompt_ids: Sequence[int],
     generations: Sequence[Generation],
     choices: Sequence[ParsedChoice],
@@ -38,7 +39,8 @@ def build_records(
     api_key_id: str | None,
     started: float,
 ) -> list[CompletionRecord]:
-    """Records for every choice of one request (request/response JSON on each)."""
+    """Records for every choice of one request (request/response JSON on each). `model`
+    is the policy that served it, `requested_model` the name the client sent."""
     latency_ms = (time.perf_counter() - started) * 1000.0
     prompt = tuple(prompt_ids)
     return [
@@ -50,7 +52,7 @@ def build_records(
             request_json=request_json, response_json=response_json,
             temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
             backend=gen.backend, latency_ms=latency_ms, prompt_tokens=len(prompt),
-            completion_tokens=len(gen.output_ids),
+            completion_tokens=len(gen.output_ids), requested_model=requested_model,
         )
         for i, (gen, choice) in enumerate(zip(generations, choices, strict=True))
     ]

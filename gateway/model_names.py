@@ -1,5 +1,8 @@
-"""Which model names the gateway answers to: the served policy's own name
-(`gateway.model_name`) and, per request, the name the client sent."""
+"""Which model names the gateway answers to. By default every name: an agent written for
+another provider keeps its own (`gpt-4o-mini`, `default`, ...) and is served by the
+policy; the reply echoes the name it sent and the completion records it
+(`requested_model`). `gateway.model_names` (a list) turns on strict checking: only the
+policy's `model_name` and those aliases are served, any other is 404 `model_not_found`."""
 
 from __future__ import annotations
 
@@ -10,26 +13,33 @@ from gateway.state import GatewayState
 
 
 def resolve_model(gw: GatewayConfig, requested: str) -> str:
-    """The name to echo in the reply; 404 `model_not_found` for an unknown name."""
-    if requested != gw.model_name:
+    """The name to echo in the reply (the one sent); 404 `model_not_found` for a name
+    outside the strict list, when one is configured."""
+    if gw.model_names is not None and requested != gw.model_name and \
+            requested not in gw.model_names:
         raise model_not_found(gw, requested)
     return requested
 
 
 def model_not_found(gw: GatewayConfig, requested: str) -> OpenAIError:
     """OpenAI's 404 for a model this gateway does not serve."""
+    names = ", ".join(f"`{n}`" for n in served_names(gw))
     return OpenAIError(404, f"The model `{requested}` does not exist or you do not have "
-                       f"access to it. This gateway serves `{gw.model_name}`.",
+                       f"access to it. This gateway serves {names}.",
                        param="model", code="model_not_found")
 
 
-def model_cards(state: GatewayState) -> list[Model]:
-    """The served policy's card, then one per configured alias (same model)."""
-    gw = state.config.gateway
-    return [Model(id=name, created=int(state.started_at), owned_by="areal-service",
-                  max_model_len=state.context_length) for name in served_names(gw)]
-
-
 def served_names(gw: GatewayConfig) -> list[str]:
-    """The policy's name and its aliases, without repeats."""
-    return [gw.model_name]
+    """The policy's name, then its configured aliases (without repeats)."""
+    return list(dict.fromkeys([gw.model_name, *(gw.model_names or ())]))
+
+
+def model_cards(state: GatewayState) -> list[Model]:
+    """One card per served name (all the same policy), as `/v1/models` lists them."""
+    return [model_card(state, name) for name in served_names(state.config.gateway)]
+
+
+def model_card(state: GatewayState, name: str) -> Model:
+    """The card of the policy under `name`."""
+    return Model(id=name, created=int(state.started_at), owned_by="areal-service",
+                 max_model_len=state.context_length)

@@ -266,7 +266,8 @@ def records(turn: Turn[Any], generations: Sequence[Generation],
             ) -> list[CompletionRecord]:
     """One record per choice, as `capture.build_records` makes them."""
     return build_records(
-        completion_id=turn.completion_id, model=turn.model, prompt_ids=turn.prompt_ids,
+        completion_id=turn.completion_id, model=turn.state.config.gateway.model_name,
+        requested_model=turn.model, prompt_ids=turn.prompt_ids,
         generations=generations, choices=choices, spec=turn.spec, request_json=turn.body,
         response_json=response, session_id=turn.session_id,
         api_key_id=turn.principal.key_id, started=turn.started)

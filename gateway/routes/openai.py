@@ -20,7 +20,7 @@ from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import OpenAIError
 from gateway.hotpath import Handler
-from gateway.model_names import model_cards, resolve_model
+from gateway.model_names import model_card, model_cards, resolve_model
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
 from gateway.protocol import ChatCompletionRequest, ResponsesRequest
 from gateway.replies import ChatCompletion, ErrorBody, Model, ModelList, Response
@@ -216,7 +216,6 @@ async def list_models(state: StateDep, _: PrincipalDep) -> ModelList:
 @router.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorBody}})
 @router.get("/models/{model_id:path}", include_in_schema=False)
 async def get_model(model_id: str, state: StateDep, _: PrincipalDep) -> Model:
-    """The model card, or 404 `model_not_found`."""
-    name = resolve_model(state.config.gateway, model_id)
-    return next((card for card in model_cards(state) if card.id == name),
-                model_cards(state)[0].model_copy(update={"id": name}))
+    """The card of any name the gateway serves (all are the policy), or 404
+    `model_not_found` under strict `gateway.model_names`."""
+    return model_card(state, resolve_model(state.config.gateway, model_id))

@@ -104,3 +104,22 @@ async def test_agent_default_provider_streamed(tool_gateway: Gateway, completion
     assert run.final_output == ANSWER_TEXT
     assert "".join(deltas) == ANSWER_TEXT
     _assert_two_turns(tool_gateway, completions_of, "responses")
+
+
+@pytest.mark.parametrize("name", ["gpt-4o-mini", "default"])
+async def test_agent_keeps_its_own_model_name(tool_gateway: Gateway, completions_of: Completions,
+                                              name: str) -> None:
+    """An agent written for another provider, only base_url and api_key swapped: its
+    model name is served by the policy and recorded as the name it asked for."""
+    set_tracing_disabled(True)
+    calls: list[tuple[str, int, int]] = []
+    client = _client(tool_gateway)
+    config = RunConfig(model_provider=OpenAIProvider(openai_client=client),
+                       model_settings=ModelSettings(temperature=0))
+    result = await Runner.run(calculator_agent(name, calls), AGENT_INPUT, run_config=config)
+    await client.close()
+    assert calls == [("add", 2, 3)]
+    assert result.final_output == ANSWER_TEXT
+    records = completions_of(tool_gateway.state.store)
+    assert [(r.requested_model, r.response_json["model"]) for r in records] == [(name, name)] * 2
+    _assert_two_turns(tool_gateway, completions_of, "responses")

@@ -83,8 +83,15 @@ def test_missing_or_bad_key_is_401(gateway: Gateway) -> None:
         client.responses.create(model=MODEL, input="hi")
 
 
-def test_unknown_model_is_404(gateway: Gateway) -> None:
-    _admin(gateway)
+def test_unknown_model_is_404_in_strict_mode(tmp_path: Path, tiny_model_dir: Path,
+                                             engine_url: str, gateway_factory: Factory
+                                             ) -> None:
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
+                         "gateway.model_names=[gpt-4o-mini]") as gateway:
+        _unknown_model_is_404(_admin(gateway))
+
+
+def _unknown_model_is_404(gateway: Gateway) -> None:
     client = openai.OpenAI(base_url=gateway.v1, api_key=ADMIN_KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
@@ -96,6 +103,10 @@ def test_unknown_model_is_404(gateway: Gateway) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.create(model="gpt-9", input="x")
     assert err.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-9")
+    assert err.value.code == "model_not_found"
+    assert err.value.body["message"].endswith("serves `areal-policy`, `gpt-4o-mini`.")
 
 
 def test_unknown_paths_and_methods_answer_json(gateway: Gateway) -> None:
