@@ -146,6 +146,15 @@ class GatewayConfig(_Section):
     """Temperature used when `sampling` is `training`."""
     capture: bool = True
     """Record every completion in the store before acknowledging it."""
+    token_continuity: bool = True
+    """A turn that extends an earlier completion of its session (its messages plus the
+    assistant message returned) is prompted with that completion's exact prompt + output
+    ids and the tokens of the new messages only, so multi-turn sessions merge into one
+    training sequence (re-tokenizing sampled text does not give back the sampled ids).
+    Falls back to a full render where the chat template is not prefix-stable."""
+    token_continuity_cache_mb: int = Field(256, ge=0)
+    """Memory bound of the per-gateway cache of recent sessions' last completions that
+    continuity needs (LRU by session; a miss only costs a full render)."""
     auto_session: bool = True
     """A virtual (user) key calling without an open session opens one and binds it, so
     agents that only change base_url/api_key still produce episodes."""
