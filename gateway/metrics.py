@@ -32,3 +32,9 @@ class GatewayMetrics:
             registry=self.registry)
         self.resubmissions = Counter("areal_resubmissions", "Aborted generations resubmitted",
                                      registry=self.registry)
+        self.continuity = Counter(
+            "areal_token_continuity",
+            "Prompts by how they were built: continued (an earlier completion's ids + the "
+            "new messages' tokens), no_match (full render), or a full-render fallback "
+            "(prefix_changed, not_prefix_stable, no_end_of_turn)", ["outcome"],
+            registry=self.registry)

@@ -27,6 +27,7 @@ from areal_service.types import CompletionRecord
 from gateway.auth import Principal
 from gateway.backend import Generation, GenerationDelta
 from gateway.capture import build_records, persist
+from gateway.continuity import Lineage
 from gateway.deps import parse_model, read_json
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
@@ -41,7 +42,6 @@ from gateway.translate import (
     SamplingSpec,
     Usage,
     parse_choice,
-    render_prompt_ids,
     resolve_sampling,
     tools_enabled,
 )
@@ -96,6 +96,8 @@ class Turn(Generic[RequestT]):
     generate: list[GenerateRequest]
     """One backend request per choice."""
     started: float
+    lineage: Lineage | None = None
+    """What the prompt was made from (token continuity remembers it with the outputs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +176,8 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
     gw = state.config.gateway
     try:
         conv = await adapter.conversation(state, principal, req)
-        prompt_ids = render_prompt_ids(state.tokenizer, conv.messages, conv.tools,
-                                       conv.tool_choice)
+        prompt_ids, lineage = state.continuity.prompt(session_id, conv.messages, conv.tools,
+                                                      conv.tool_choice)
         spec = resolve_sampling(req.client_sampling(), prompt_tokens=len(prompt_ids),
                                 context_length=state.context_length,
                                 default_max_tokens=gw.default_max_tokens, mode=gw.sampling,
@@ -190,7 +192,7 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                 completion_id=completion_id, created=time.time(),
                 parse_tools=tools_enabled(conv.tools, conv.tool_choice), logprobs=logprobs,
                 generate=generate_requests(prompt_ids, spec, completion_id, logprobs),
-                started=started)
+                started=started, lineage=lineage)
 
 
 async def reply_complete(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> JsonReply:
@@ -203,6 +205,7 @@ async def reply_complete(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -
     usage = count_usage(turn, choices)
     response = adapter.reply(turn, choices, usage)
     await persist(turn.state, records(turn, generations, choices, response))
+    turn.state.continuity.remember(turn.lineage, generations, choices)
     return JsonReply(dumps(response).encode(), turn.completion_id)
 
 
@@ -245,6 +248,7 @@ async def stream_events(turn: Turn[Any], encoder: StreamEncoder,
             yield end.before
         generations = [a.generation(len(turn.prompt_ids), turn.started) for a in acc]
         await persist(turn.state, records(turn, generations, end.choices, end.response))
+        turn.state.continuity.remember(turn.lineage, generations, end.choices)
         yield end.after
     except OpenAIError as exc:
         yield encoder.fail(exc)

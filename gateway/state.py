@@ -16,6 +16,7 @@ from areal_service.store.writer import GroupCommitWriter
 from areal_service.types import SessionRecord
 from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache
+from gateway.continuity import Continuity
 from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendPool
 from gateway.tokenizer import ChatTokenizer
@@ -43,11 +44,20 @@ class GatewayState:
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     admission_reserved: int = 0
     """Sessions admitted by the staleness gate but not yet inserted."""
+    continuity: Continuity = field(init=False)
+    """Token continuity across turns (`gateway/continuity.py`), built from the config."""
+
+    def __post_init__(self) -> None:
+        gw = self.config.gateway
+        self.continuity = Continuity(self.tokenizer, enabled=gw.token_continuity,
+                                     max_bytes=gw.token_continuity_cache_mb * 2**20,
+                                     counter=self.metrics.continuity)
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
         """End a session in the store and forget what this process cached about it
         (again after the write: a reload may have raced it)."""
         self.session_cache.forget(session_id)
+        self.continuity.cache.forget(session_id)  # no later turn will extend it
         ended = await asyncio.to_thread(self.store.end_session, session_id, reason)
         self.session_cache.forget(session_id)
         return ended

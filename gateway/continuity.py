@@ -1,0 +1,295 @@
+"""Token continuity across turns: a turn that extends an earlier completion of its session
+is prompted with that completion's exact ids, not a re-tokenization of its text.
+
+Why: re-rendering a conversation re-tokenizes the model's own sampled text, and BPE does
+not give back the sampled ids (it picks one canonical split; the model may have sampled
+another). The next prompt then no longer starts with the previous prompt + output, the
+parent link fails, and a T-turn agent exports T training sequences (O(T²) tokens) whose
+contexts the policy never generated from.
+
+Rule: when a request's messages (normalized) are an earlier completion's prompt messages,
+plus the assistant message the gateway returned for it (as the chat API or the Responses
+API replays it: `assistant_key`), plus new messages, with the same tools, its prompt is
+
+    earlier prompt ids + earlier output ids + ids(glue + suffix)
+
+where `suffix` is the chat template's text of the new messages (+ generation prompt):
+the full rendering minus the rendering of the conversation up to the assistant message,
+and `glue` is what the template puts after that message's end-of-turn token (e.g. "\\n"),
+preceded by the end-of-turn token itself when the output stopped without it (max_tokens,
+a stop string, another EOS). Tokenizing `glue + suffix` alone equals tokenizing it in
+place because it starts right after an added token, where tokenizers split.
+
+Checks (else a full render, counted in `areal_token_continuity_total`): the earlier
+prompt's template text is a prefix of the rendering up to the assistant message, which
+is a prefix of the full rendering (templates that rewrite history, e.g. drop earlier
+reasoning, fail this), and the assistant's rendered turn contains an added token to end
+on.
+
+Cost per turn: two Jinja renders of the conversation (O(context) text, in C-heavy Jinja)
+and a tokenization of only the new text; no BPE over the history. Memory: a bounded LRU
+of the last completions of recent sessions (ids as int32 arrays); a miss (evicted, a
+gateway restart, another replica) only loses the optimisation.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from prometheus_client import Counter
+
+from gateway.protocol import InvalidRequestError, ToolChoice
+from gateway.tokenizer import ChatTokenizer
+from gateway.translate import (
+    ParsedChoice,
+    normalize_messages,
+    render_prompt_ids,
+    tools_enabled,
+)
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["continued", "no_match", "prefix_changed", "not_prefix_stable",
+                  "no_end_of_turn"]
+"""How a turn's prompt was built: `continued` (from an earlier completion's ids);
+`no_match` (a full render: no cached completion is extended, e.g. a first turn, edited
+history, a gateway restart); the rest are fallbacks to a full render where a completion
+matched but the template is not prefix-stable for it."""
+
+MAX_ENTRIES_PER_SESSION = 8
+"""Completions (choices) remembered per session, newest first: covers `n` > 1 and a
+client that retries or branches from one of the last few turns."""
+
+class HasOutputIds(Protocol):
+    """A finished generation (`backend.Generation`)."""
+
+    @property
+    def output_ids(self) -> Sequence[int]: ...
+
+
+AssistantKey = tuple[str, str, tuple[tuple[str | None, str, str], ...]]
+
+
+def assistant_key(message: Mapping[str, Any]) -> AssistantKey:
+    """What identifies a normalized assistant message: content (None and "" alike: the
+    chat API returns None beside tool calls, Responses replays ""), reasoning, and each
+    tool call's (id, name, arguments string)."""
+    calls = tuple((c.get("id"), c["function"]["name"], c["function"].get("arguments", "{}"))
+                  for c in message.get("tool_calls") or ())
+    return (message.get("content") or "", message.get("reasoning_content") or "", calls)
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """What a turn's prompt was made from; with its outputs, what the next turn of its
+    session may continue from (`Continuity.remember`)."""
+
+    session_id: str
+    messages: list[dict[str, Any]]
+    """The request's messages, normalized (`translate.normalize_messages`)."""
+    tools: list[dict[str, Any]] | None
+    """The tools as rendered (None when not rendered)."""
+    text: str
+    """The template's text of `messages` with the generation prompt. Under continuity the
+    prompt ids are not its tokenization (earlier outputs are the sampled ids); the text is
+    what the next turn checks template stability against."""
+    prompt_ids: array
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    lineage: Lineage
+    output_ids: array
+    assistant: AssistantKey
+
+    @property
+    def weight(self) -> int:
+        """Approximate bytes held (ids as int32; text and messages ~ a byte a char)."""
+        return 4 * (len(self.lineage.prompt_ids) + len(self.output_ids)) + 2 * len(
+            self.lineage.text)
+
+
+class ContinuityCache:
+    """The last completions of recent sessions, LRU by session, bounded in bytes.
+    Thread-safe (the pipeline runs on the event loop; tests may call from threads)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._sessions: OrderedDict[str, list[_Entry]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def entries(self, session_id: str) -> list[_Entry]:
+        """The session's remembered completions, newest first (marks it recently used)."""
+        with self._lock:
+            entries = self._sessions.get(session_id)
+            if entries is None:
+                return []
+            self._sessions.move_to_end(session_id)
+            return list(entries)
+
+    def add(self, session_id: str, new: Sequence[_Entry]) -> None:
+        """Remember `new` as the session's newest completions; evict the least recently
+        used sessions beyond the budget (an entry larger than the budget is not kept)."""
+        with self._lock:
+            entries = self._sessions.pop(session_id, [])
+            kept = [*new, *entries][:MAX_ENTRIES_PER_SESSION]
+            self._bytes += sum(e.weight for e in kept) - sum(e.weight for e in entries)
+            self._sessions[session_id] = kept
+            while self._bytes > self.max_bytes and self._sessions:
+                _, dropped = self._sessions.popitem(last=False)
+                self._bytes -= sum(e.weight for e in dropped)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._bytes -= sum(e.weight for e in self._sessions.pop(session_id, []))
+
+
+def find_extended(entries: Sequence[_Entry], messages: Sequence[Mapping[str, Any]],
+                  tools: list[dict[str, Any]] | None) -> _Entry | None:
+    """The newest entry whose prompt messages + assistant message start `messages`, with
+    new messages after them, under the same tools. List/dict equality runs in C."""
+    for entry in entries:
+        prior = entry.lineage.messages
+        k = len(prior)
+        if (len(messages) > k + 1 and entry.lineage.tools == tools
+                and messages[k]["role"] == "assistant"
+                and assistant_key(messages[k]) == entry.assistant
+                and messages[:k] == prior):
+            return entry
+    return None
+
+
+class EndOfTurn:
+    """The tokenizer's added tokens (`<|im_end|>`, `<tool_call>`, ...): the template's
+    end-of-turn token of an assistant turn is the last added token in its rendering."""
+
+    def __init__(self, added_tokens: Mapping[int, str]) -> None:
+        by_text = {text: i for i, text in added_tokens.items() if text}
+        self._ids = by_text
+        alternatives = sorted(by_text, key=len, reverse=True)  # longest match first
+        self._pattern = (re.compile("|".join(map(re.escape, alternatives)))
+                         if alternatives else None)
+
+    def split(self, turn_text: str) -> tuple[str, int, str] | None:
+        """(marker text, its id, the text after it) of the last added token in
+        `turn_text`, or None when it has none."""
+        if self._pattern is None:
+            return None
+        last = None
+        for last in self._pattern.finditer(turn_text):  # noqa: B007 - the last match
+            pass
+        if last is None:
+            return None
+        return last.group(), self._ids[last.group()], turn_text[last.end():]
+
+
+def continued_prompt(tokenizer: ChatTokenizer, end_of_turn: EndOfTurn, entry: _Entry,
+                     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+                     ) -> tuple[list[int], str] | Outcome:
+    """(prompt ids, full template text) of `messages`, which extend `entry` (see
+    `find_extended`), or the fallback outcome when the template is not prefix-stable."""
+    prior = entry.lineage
+    k = len(prior.messages) + 1
+    head = tokenizer.render(messages[:k], tools, add_generation_prompt=False)
+    if not head.startswith(prior.text):
+        return "prefix_changed"
+    full = tokenizer.render(messages, tools)
+    if not full.startswith(head):
+        return "not_prefix_stable"
+    split = end_of_turn.split(head[len(prior.text):])
+    if split is None:
+        return "no_end_of_turn"
+    marker, marker_id, tail = split
+    out = entry.output_ids
+    glue = tail if out and out[-1] == marker_id else marker + tail
+    new_ids = tokenizer.encode(_checked(glue + full[len(head):]))
+    ids = prior.prompt_ids.tolist()
+    ids += out.tolist()
+    ids += new_ids
+    return ids, full
+
+
+def _checked(text: str) -> str:
+    """`text`, or 400 for text the tokenizer cannot take (a lone surrogate)."""
+    if not text.isascii():
+        try:
+            text.encode()  # O(text) in C; the tokenizer raises TypeError on a lone surrogate
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                f"the request contains invalid Unicode ({exc.reason} at character "
+                f"{exc.start} of the rendered prompt); send valid UTF-8 text") from exc
+    return text
+
+
+class Continuity:
+    """Builds each turn's prompt ids (continuing an earlier completion where it can) and
+    remembers completions for the turns after them. One per gateway app."""
+
+    def __init__(self, tokenizer: ChatTokenizer, *, enabled: bool, max_bytes: int,
+                 counter: Counter | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.enabled = enabled
+        self.cache = ContinuityCache(max_bytes)
+        self._end_of_turn = EndOfTurn(tokenizer.core.added_tokens)
+        self._counter = counter
+
+    def prompt(self, session_id: str | None, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
+               ) -> tuple[list[int], Lineage | None]:
+        """Prompt ids of a chat request (as `translate.render_prompt_ids` renders them,
+        or continued), and its lineage to remember (None without a session or when off).
+        Raises `InvalidRequestError` for text the tokenizer cannot take."""
+        if not self.enabled or session_id is None:
+            return render_prompt_ids(self.tokenizer, messages, tools, tool_choice), None
+        rendered_tools = ([dict(t) for t in tools or ()]
+                          if tools_enabled(tools, tool_choice) else None)
+        normalized = normalize_messages(messages)
+        outcome: Outcome = "no_match"
+        entry = find_extended(self.cache.entries(session_id), normalized, rendered_tools)
+        if entry is not None:
+            result = continued_prompt(self.tokenizer, self._end_of_turn, entry, normalized,
+                                      rendered_tools)
+            if isinstance(result, tuple):
+                ids, text = result
+                return ids, self._lineage(session_id, normalized, rendered_tools, text, ids,
+                                          "continued")
+            outcome = result
+            log.debug("session %s: token continuity falls back (%s)", session_id, outcome)
+        text = _checked(self.tokenizer.render(normalized, rendered_tools))
+        ids = self.tokenizer.encode(text)
+        return ids, self._lineage(session_id, normalized, rendered_tools, text, ids, outcome)
+
+    def _lineage(self, session_id: str, messages: list[dict[str, Any]],
+                 tools: list[dict[str, Any]] | None, text: str, ids: list[int],
+                 outcome: Outcome) -> Lineage:
+        if self._counter is not None:
+            self._counter.labels(outcome).inc()
+        return Lineage(session_id, messages, tools, text, array("i", ids), outcome)
+
+    def remember(self, lineage: Lineage | None, generations: Sequence[HasOutputIds],
+                 choices: Sequence[ParsedChoice]) -> None:
+        """After a turn is recorded: its choices become what later turns may extend
+        (`generations[i].output_ids`: choice i's generated ids, as recorded)."""
+        if lineage is None:
+            return
+        entries = [
+            _Entry(lineage, array("i", gen.output_ids),
+                   assistant_key(normalize_messages([choice.to_message()])[0]))
+            for gen, choice in zip(generations, choices, strict=True)]
+        self.cache.add(lineage.session_id, entries)
