@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -299,6 +306,15 @@ class SlurmConfig(_Section):
     account: str | None = None
     time: str | None = None
     """`--time` limit, e.g. `24:00:00`. None: the partition's default."""
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _sexagesimal(cls, value: object) -> object:
+        # Unquoted `12:00:00` is YAML 1.1 base 60: PyYAML reads it as 43200 (seconds).
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value // 3600}:{value // 60 % 60:02d}:{value % 60:02d}"
+        return value
+
     python: str | None = None
     """Interpreter every node runs the launcher with (a venv on the shared filesystem).
     None: the interpreter that writes the script."""
