@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 """Content part types whose `text` is rendered; `refusal` parts are accepted and dropped."""
@@ -46,6 +55,25 @@ class ClientSampling:
     n: int = 1
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias added to its logit) pairs."""
+
+
+def check_tool_choice(choice: ToolChoice | None, name: Any, tools: list[str], param: str
+                      ) -> None:
+    """`InvalidRequestError` for a tool choice no offered tool can satisfy: `required`
+    or a named function without tools, or a function that is not among them (it would
+    be silently ignored: decoding is not constrained)."""
+    if choice == "required" and not tools:
+        raise InvalidRequestError("tool_choice 'required' needs `tools`", param=param)
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        if not isinstance(name, str):
+            raise InvalidRequestError("a function tool_choice needs the function's `name`",
+                                      param=param)
+        if name not in tools:
+            raise InvalidRequestError(f"tool_choice names the function {name!r}, which is "
+                                      f"not among the tools ({', '.join(tools) or 'none'})",
+                                      param=param)
 
 
 class _Open(BaseModel):
@@ -105,7 +133,7 @@ class ChatMessage(_Open):
 
 
 class StreamOptions(_Open):
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
 
 
 def _check_tool_choice(choice: ToolChoice | None) -> ToolChoice | None:
@@ -123,27 +151,30 @@ class ChatCompletionRequest(_Open):
     """Nested form `{"type": "function", "function": {...}}`, kept as sent (key order
     included) because the template renders each tool's JSON into the prompt."""
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     functions: list[dict[str, Any]] | None = None
     """Legacy form of `tools` (bare function definitions)."""
     function_call: ToolChoice | None = None
     """Legacy form of `tool_choice`."""
     stop: str | list[str] | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    n: int = Field(1, ge=1, le=128)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    n: StrictInt = Field(1, ge=1, le=128)
+    seed: StrictInt | None = Field(None, ge=-(2**63), le=2**63 - 1)
     """int64, as OpenAI documents; choice i samples with seed + i, which stays within
     what torch generators accept (larger values crash the local engine's scheduler)."""
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    temperature: StrictFloat | None = Field(None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(None, ge=0, le=1)
+    top_k: StrictInt | None = Field(None, ge=-1)
     """Extension (vLLM/SGLang `extra_body`): -1 or 0 (disabled) or >= 1."""
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    stream: bool | None = None
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    presence_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    logit_bias: dict[str, StrictFloat] | None = None
+    """Token id (a decimal string, as OpenAI sends it) -> bias in [-100, 100] added to
+    its logit before sampling: SGLang's `logit_bias` sampling param."""
+    stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     metadata: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -162,6 +193,25 @@ class ChatCompletionRequest(_Open):
         return tools
 
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not (token.isascii() and token.isdigit()):
+                raise ValueError(f"logit_bias keys are token ids, got {token!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values are in [-100, 100], got {value}")
+        return bias
+
+    @model_validator(mode="after")
+    def _choosable(self) -> ChatCompletionRequest:
+        choice = self.chat_tool_choice()
+        function = choice.get("function") if isinstance(choice, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        check_tool_choice(choice, name, [t["function"]["name"] for t in self.chat_tools() or ()],
+                          "tool_choice" if self.tool_choice is not None else "function_call")
+        return self
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """`tools`, or the legacy `functions` wrapped as tools."""
@@ -194,6 +244,7 @@ class ChatCompletionRequest(_Open):
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
             stop=stop, n=self.n, frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
+            logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
         )
 
 
@@ -207,17 +258,17 @@ class ResponsesRequest(_Open):
     tools: list[dict[str, Any]] | None = None
     """Flat form `{"type": "function", "name", "description", "parameters", "strict"}`."""
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    parallel_tool_calls: StrictBool | None = None
+    max_output_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: StrictFloat | None = Field(None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(None, ge=0, le=1)
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     metadata: dict[str, Any] | None = None
-    stream: bool | None = None
+    stream: StrictBool | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     truncation: str | None = None
@@ -236,6 +287,9 @@ class ResponsesRequest(_Open):
 
     @model_validator(mode="after")
     def _servable(self) -> ResponsesRequest:
+        choice = self.tool_choice
+        check_tool_choice(choice, choice.get("name") if isinstance(choice, dict) else None,
+                          [t["name"] for t in self.tools or ()], "tool_choice")
         if self.conversation:
             raise InvalidRequestError(
                 "conversation is not supported: use previous_response_id, or resend the "

@@ -126,6 +126,8 @@ class SamplingSpec:
     mode: SamplingMode
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs: SGLang's `logit_bias` ({"id": bias})."""
 
     def to_sampling_params(self, choice_index: int = 0) -> dict[str, Any]:
         """SGLang `/generate` `sampling_params` for one choice. `n` is not sent: the
@@ -142,6 +144,8 @@ class SamplingSpec:
             params["frequency_penalty"] = self.frequency_penalty
         if self.presence_penalty:
             params["presence_penalty"] = self.presence_penalty
+        if self.logit_bias:
+            params["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
         return params
 
 
@@ -153,7 +157,7 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
 
     `client`: honour the client (OpenAI defaults: temperature 1, top_p 1; top_p 0 means
     greedy). `training`: temperature = `training_temperature`, top_p 1, top_k -1, no
-    penalties, so behaviour logprobs match the trainer's. Stop, seed and length are
+    penalties and no logit_bias, so behaviour logprobs match the trainer's. Stop, seed and length are
     honoured in both modes (agents depend on stop strings).
     """
     if prompt_tokens >= context_length:
@@ -170,7 +174,8 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
     return SamplingSpec(
         temperature=temperature, top_p=top_p, top_k=client.top_k or -1,
         frequency_penalty=client.frequency_penalty or 0.0,
-        presence_penalty=client.presence_penalty or 0.0, **common)
+        presence_penalty=client.presence_penalty or 0.0, logit_bias=client.logit_bias,
+        **common)
 
 
 # ---------------------------------------------------------------- generated output

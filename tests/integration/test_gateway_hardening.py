@@ -65,3 +65,63 @@ def test_negative_paging_is_400(gw: Any, path: str, query: str) -> None:
     response = httpx.get(f"{gw.url}{path}?{query}", headers=AUTH, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == query.split("=")[0]
+
+
+def _chat(gw: Any, **fields: Any) -> httpx.Response:
+    return httpx.post(gw.url + "/v1/chat/completions", headers=AUTH, timeout=60,
+                      json={"model": MODEL, "messages": HI, **fields})
+
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"max_tokens": "10"}, "max_tokens"),
+    ({"n": "2"}, "n"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"stream": "false"}, "stream"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"logit_bias": {"abc": 5}}, "logit_bias"),
+    ({"logit_bias": {"5": 500}}, "logit_bias"),
+    ({"logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "mul"}}},
+     "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [ADD], "tool_choice": {"type": "function", "function": "add"}}, "tool_choice"),
+    ({"functions": [ADD["function"]], "function_call": {"name": "mul"}}, "function_call"),
+])
+def test_unservable_sampling_and_tool_choice_are_400(gw: Any, fields: dict[str, Any],
+                                                     param: str) -> None:
+    """Never coerced or silently ignored: a string where a number belongs, a logit_bias
+    that is not {token id: bias in [-100, 100]}, a tool_choice no offered tool meets."""
+    response = _chat(gw, **fields)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].split(".")[0] == param  # or deeper: logit_bias.5
+
+
+def test_responses_tool_choice_must_name_an_offered_function(gw: Any) -> None:
+    response = httpx.post(gw.url + "/v1/responses", headers=AUTH, timeout=60, json={
+        "model": MODEL, "input": "hi", "tool_choice": {"type": "function", "name": "mul"},
+        "tools": [{"type": "function", "name": "add", "parameters": {"type": "object"}}]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "tool_choice"
+    assert httpx.post(gw.url + "/v1/responses", headers=AUTH, timeout=60, json={
+        "model": MODEL, "input": "hi", "max_output_tokens": "3"}).status_code == 400
+
+
+def test_logit_bias_reaches_the_backend_as_sglang_sampling_params(gw: Any) -> None:
+    """OpenAI's {"token id": bias} is SGLang's `logit_bias` sampling param (client
+    sampling mode); the served ids are recorded as usual."""
+    from gateway.protocol import ChatCompletionRequest
+    from gateway.translate import resolve_sampling
+
+    request = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": HI, "logit_bias": {"7": -100, "12": 2.5}})
+    spec = resolve_sampling(request.client_sampling(), prompt_tokens=3, context_length=64,
+                            default_max_tokens=2, mode="client")
+    assert spec.to_sampling_params()["logit_bias"] == {"7": -100.0, "12": 2.5}
+    training = resolve_sampling(request.client_sampling(), prompt_tokens=3,
+                                context_length=64, default_max_tokens=2, mode="training")
+    assert "logit_bias" not in training.to_sampling_params()
+    assert _chat(gw, logit_bias={"7": -100}, max_tokens=2).status_code == 200
