@@ -287,6 +287,33 @@ def demo_cmd(
     raise typer.Exit(run_demo(_config(config, set_), minutes=minutes, steps=steps))
 
 
+@app.command("launch")
+def launch_cmd(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    scheduler: Annotated[str, typer.Option(
+        help="local (children of this process), ray (placement groups on a Ray cluster) "
+             "or slurm (writes an sbatch script).")] = "local",
+    submit: Annotated[bool, typer.Option(
+        help="slurm: also submit the script with sbatch.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        help="Folder for the saved config (and the sbatch script). Default: "
+             "data_dir/launch.")] = None,
+) -> None:
+    """Run engines (local or SGLang), gateway and trainer together, placed by a scheduler
+    (`cluster.*` in the config says how many nodes and GPUs)."""
+    from launcher.launch import launch
+
+    if scheduler not in ("local", "ray", "slurm"):
+        raise typer.BadParameter("--scheduler must be local, ray or slurm")
+    try:
+        code = launch(_config(config, set_), scheduler,  # type: ignore[arg-type]
+                      out=out, submit=submit)
+    except (ValueError, RuntimeError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    raise typer.Exit(code)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

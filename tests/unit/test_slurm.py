@@ -144,3 +144,31 @@ def test_sqlite_on_several_nodes_is_flagged_and_bad_layouts_are_errors(tmp_path)
     cpu = plan(load_config(None, ["cluster.n_nodes=1", "cluster.n_gpus_per_node=0"]))
     assert cpu.engine_ports == (30000,) and cpu.gpus_per_server == 0
     assert cpu.trainer_procs_per_node == 1
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "three_nodes.yaml"
+
+
+def test_launch_command_writes_and_submits_the_example(tmp_path, monkeypatch):
+    """`areal-service launch --scheduler slurm --submit` on the README's example: the
+    script lands in --out and sbatch (a stand-in on PATH) is called with it."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch.log"
+    bin_dir.mkdir()
+    _stub(bin_dir, "sbatch", f'printf "%s\\n" "$*" >> {calls}\necho "777;cluster"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    out = tmp_path / "launch"
+    result = CliRunner().invoke(app, [
+        "launch", "--scheduler", "slurm", "--config", str(EXAMPLE), "--out", str(out),
+        "--submit", "--set", f"data_dir={tmp_path / 'run'}"])
+    assert result.exit_code == 0, result.output
+    text = (out / "areal.sbatch").read_text()
+    assert "#SBATCH --nodes=3" in text and "#SBATCH --time=24:00:00" in text
+    assert "--set 'engine.sglang.gpus=[0,1,2,3,4,5,6,7]'" in text
+    assert calls.read_text().split() == ["--parsable", str(out / "areal.sbatch")]
+    subprocess.run(["bash", "-n", str(out / "areal.sbatch")], check=True)
+    bad = CliRunner().invoke(app, ["launch", "--scheduler", "pbs", "--config", str(EXAMPLE)])
+    assert bad.exit_code != 0 and "local, ray or slurm" in bad.output

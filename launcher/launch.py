@@ -1,0 +1,103 @@
+"""`areal-service launch --scheduler local|ray|slurm`: the whole service — engines (local
+or SGLang), gateway, trainer — started by one command, here, on a Ray cluster, or as a
+Slurm job. Each scheduler runs the same CLI commands (`engine`, `serve`, `trainer` or
+torchrun on `trainer.train`) with the resolved config saved under `--out` (default
+`<data_dir>/launch/`), so what runs on a cluster is what runs on a laptop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+from areal_service.config import ServiceConfig
+from launcher.placement import plan
+from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
+
+log = logging.getLogger(__name__)
+
+Scheduler = Literal["local", "ray", "slurm"]
+
+GATEWAY_READY_S = 180.0
+"""Gateway start on the local engine (model load included); SGLang adds its own wait."""
+
+
+def launch(config: ServiceConfig, scheduler: Scheduler, *, out: Path | None = None,
+           submit: bool = False) -> int:
+    """Run (or, for Slurm, write and optionally submit) the service; an exit code."""
+    from launcher.serve import ensure_model
+
+    run_dir = out or config.data_dir / "launch"
+    config = config.model_copy(update={"data_dir": config.data_dir.resolve()})
+    ensure_model(config)  # the tiny model when no checkpoint is configured
+    if scheduler == "slurm":
+        from launcher.slurm import submit as sbatch
+        from launcher.slurm import write_sbatch
+
+        script = write_sbatch(config, run_dir)
+        log.info("wrote %s", script)
+        if submit:
+            log.info("submitted job %s", sbatch(script))
+        return 0
+    if submit:
+        raise ValueError("--submit is for --scheduler slurm")
+    if scheduler == "ray":
+        from launcher.ray_cluster import run_on_ray
+
+        return run_on_ray(config, run_dir)
+    return run_local(config, run_dir)
+
+
+def _local_split(config: ServiceConfig) -> tuple[ServiceConfig, dict[str, str], int]:
+    """With SGLang on this host: the engines' GPUs (unless engine.sglang.gpus is set)
+    and the trainer's (CUDA_VISIBLE_DEVICES, process count), as `plan` splits one node.
+    With the local engine: one trainer process, devices as configured."""
+    if config.engine.backend != "sglang" or config.engine.sglang.attach:
+        return config, {}, 1
+    place = plan(config)
+    sg = config.engine.sglang
+    if sg.gpus is None:
+        sg = sg.model_copy(update={"gpus": [str(g) for g in place.engine_gpus]})
+        config = config.model_copy(update={"engine": config.engine.model_copy(
+            update={"sglang": sg})})
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in place.trainer_gpus)}
+    return config, env, place.trainer_procs_per_node
+
+
+def trainer_argv(config_path: Path, procs: int) -> list[str]:
+    """`areal-service trainer` for one process, torchrun (standalone) for several."""
+    if procs == 1:
+        return cli_argv("trainer", "--config", str(config_path))
+    return [cli_argv()[0], "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={procs}", "-m", "trainer.train", "--config", str(config_path)]
+
+
+def run_local(config: ServiceConfig, run_dir: Path) -> int:
+    """`--scheduler local`: the gateway (which starts its engines: the local engine, or
+    SGLang servers per GPU group) and the trainer as children of this process; returns
+    when the trainer does (or on Ctrl-C / SIGTERM), stopping the trainer first."""
+    from launcher.demo import save_config
+
+    config, trainer_env, procs = _local_split(config)
+    cfg_path = save_config(config, run_dir / "config.yaml")
+    logs = config.data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ready_s = GATEWAY_READY_S + (config.engine.sglang.ready_timeout_s
+                                 if config.engine.backend == "sglang" else 0.0)
+    children: list[ChildProcess] = []
+    with exit_on_sigterm():
+        try:
+            gateway = ChildProcess("gateway", cli_argv("serve", "--config", str(cfg_path)),
+                                   log_path=logs / "gateway.log")
+            children.append(gateway)
+            url = f"http://{config.gateway.host}:{config.gateway.port}"
+            gateway.wait_http_ok(f"{url}/health/liveness", ready_s)
+            log.info("gateway at %s/v1", url)
+            trainer = ChildProcess("trainer", trainer_argv(cfg_path, procs),
+                                   log_path=logs / "trainer.log", env=trainer_env)
+            children.append(trainer)
+            return trainer.proc.wait()
+        finally:
+            while children:
+                children.pop().stop()
