@@ -5,7 +5,10 @@ cache), least-in-flight for new sessions, health state (a backend that refuses
 connections or fails `unhealthy_after` health checks leaves rotation; a passing
 `/health` re-admits it, after re-syncing its weights to the last swap), failover of
 not-yet-started requests, and a bounded wait for a backend (BackendUnavailable → 503).
-Owns one SGLangClient per URL; imports only `gateway.backend`.
+A down backend is probed with exponential backoff (`probe_interval_s` doubling up to
+`max_probe_interval_s`), so a dead or restarting server (SGLang takes minutes to load)
+is not hit four times a second by every waiting request's probe.
+Owns one SGLangClient per URL; imports only `gateway.backend` and the protocol types.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +45,10 @@ class Backend:
     failed_checks: int = 0
     swapping: bool = False
     last_error: str = ""
+    probe_backoff_s: float = 0.0
+    """Wait before the next probe while down; 0 while healthy."""
+    next_probe_at: float = 0.0
+    """`time.monotonic()` before which a down backend is not probed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +68,7 @@ class BackendPool:
     def __init__(self, urls: Sequence[str], *, timeout_s: float = 600.0,
                  health_interval_s: float = 5.0, health_timeout_s: float = 10.0,
                  unhealthy_after: int = 2, probe_interval_s: float = 0.25,
-                 max_sticky_sessions: int = 100_000,
+                 max_probe_interval_s: float = 5.0, max_sticky_sessions: int = 100_000,
                  client_factory: Callable[[str], SGLangClient] | None = None) -> None:
         if not urls:
             raise ValueError("BackendPool needs at least one backend URL (gateway.backends)")
@@ -70,6 +78,7 @@ class BackendPool:
         self.health_timeout_s = health_timeout_s
         self.unhealthy_after = unhealthy_after
         self.probe_interval_s = probe_interval_s
+        self.max_probe_interval_s = max(max_probe_interval_s, probe_interval_s)
         self.max_sticky_sessions = max_sticky_sessions
         self._sticky: OrderedDict[str, Backend] = OrderedDict()
         self._rr = 0
@@ -89,6 +98,8 @@ class BackendPool:
     def mark_down(self, backend: Backend, reason: str) -> None:
         if backend.healthy:
             log.warning("backend %s out of rotation: %s", backend.url, reason)
+            backend.probe_backoff_s = 0.0
+            self._back_off(backend)
         backend.healthy = False
         backend.last_error = reason
 
@@ -97,6 +108,17 @@ class BackendPool:
             log.info("backend %s back in rotation", backend.url)
         backend.healthy = True
         backend.failed_checks = 0
+        backend.probe_backoff_s = backend.next_probe_at = 0.0
+
+    def _back_off(self, backend: Backend) -> None:
+        """Schedule the next probe of a down backend: the interval doubles per failure."""
+        backend.probe_backoff_s = min(max(2 * backend.probe_backoff_s, self.probe_interval_s),
+                                      self.max_probe_interval_s)
+        backend.next_probe_at = self._now() + backend.probe_backoff_s
+
+    @staticmethod
+    def _now() -> float:
+        return time.monotonic()
 
     def pick(self, session_id: str | None = None) -> Backend:
         """The session's backend while it is healthy, else the healthy backend with the
@@ -187,20 +209,27 @@ class BackendPool:
 
     # -- health ------------------------------------------------------------------------
     async def check_health(self, *, only_down: bool = False) -> None:
-        """One round of `/health` on every backend (or only the down ones) not swapping."""
+        """One round of `/health` on every backend (or only the down ones) not swapping;
+        a down backend only once its backoff has passed."""
+        now = self._now()
         targets = [b for b in self._backends
-                   if not b.swapping and not (only_down and b.healthy)]
+                   if not b.swapping and not (only_down and b.healthy)
+                   and (b.healthy or now >= b.next_probe_at)]
         results = await asyncio.gather(
             *(b.client.health(self.health_timeout_s) for b in targets))
         for b, ok in zip(targets, results, strict=True):
             if not ok:
                 b.failed_checks += 1
-                if not b.healthy or b.failed_checks >= self.unhealthy_after:
+                if not b.healthy:
+                    self._back_off(b)
+                elif b.failed_checks >= self.unhealthy_after:
                     self.mark_down(b, f"/health failed {b.failed_checks}x")
             elif b.healthy:
                 b.failed_checks = 0
             elif await self._resync(b):
                 self.mark_up(b)
+            else:
+                self._back_off(b)
 
     async def _resync(self, b: Backend) -> bool:
         """Bring a returning backend to the last swapped version before re-admitting it."""

@@ -350,7 +350,7 @@ async def test_pool_swap_and_resync_on_readmission(tmp_path: Path) -> None:
 
 
 async def test_pool_health_checks_take_a_backend_out_and_back(echo: EchoBackendHandle) -> None:
-    pool = BackendPool([echo.url], unhealthy_after=2)
+    pool = BackendPool([echo.url], unhealthy_after=2, probe_interval_s=0)  # no backoff
     echo.call(lambda: setattr(echo.backend, "healthy", False))  # /health now answers 503
     await pool.check_health()
     assert pool.status()[0].healthy  # one failed check is tolerated
@@ -362,6 +362,42 @@ async def test_pool_health_checks_take_a_backend_out_and_back(echo: EchoBackendH
     await pool.check_health()
     assert pool.status()[0].healthy and pool.pick("s").url == echo.url
     await pool.aclose()
+
+
+async def test_a_down_backend_is_probed_with_backoff_and_readmitted() -> None:
+    """Probes of a down backend double their interval (0.05, 0.1, 0.2, 0.4 s cap) instead
+    of running at every poll; it is back in rotation at the first probe after recovery,
+    and sessions that moved off it meanwhile stay where they went."""
+    probes: list[str] = []
+
+    class Counting(SGLangClient):
+        async def health(self, timeout_s: float = 10.0) -> bool:
+            probes.append(self.base_url)
+            return await super().health(timeout_s)
+
+    with start_echo_backend() as a, start_echo_backend() as b:
+        pool = BackendPool([a.url, b.url], probe_interval_s=0.05, max_probe_interval_s=0.4,
+                           client_factory=lambda url: Counting(url))
+        pool._rr = 1
+        assert pool.pick("s").url == b.url
+        b.call(lambda: setattr(b.backend, "healthy", False))
+        pool.mark_down(pool.backends[1], "test")
+        assert pool.pick("s").url == a.url  # the session moves to the healthy backend
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # poll 100 times a second
+            await pool.check_health(only_down=True)
+            await asyncio.sleep(0.01)
+        assert 2 <= probes.count(b.url) <= 6 and a.url not in probes
+        assert pool.backends[1].probe_backoff_s == pytest.approx(0.4)
+        b.call(lambda: setattr(b.backend, "healthy", True))
+        end = time.monotonic() + 0.6
+        while not pool.status()[1].healthy:
+            assert time.monotonic() < end, "not re-admitted within one capped backoff"
+            await pool.check_health(only_down=True)
+            await asyncio.sleep(0.01)
+        assert pool.backends[1].probe_backoff_s == 0
+        assert pool.pick("s").url == a.url  # sticky: no move back while a is healthy
+        await pool.aclose()
 
 
 async def test_echo_backend_subprocess_mode() -> None:
