@@ -8,7 +8,8 @@ CUDA_VISIBLE_DEVICES and port (`engine.port + i`). Several servers rather than o
 keeps a conversation's prefix cache on one server) and swaps weights on each.
 
 A restarted server loads the checkpoint it was launched with (`engine.model`, version
-`engine.weight_version`); the gateway notices the version it reports and re-syncs it
+`engine.weight_version`); the gateway's backend pool (`gateway/routing.py`) keeps it out
+of rotation while it fails health checks and re-syncs its weights to the last swap
 before routing to it again. Only death is acted on, not a failing health check: a
 paused server with nothing running can answer 503 during a weight swap, and killing it
 then would turn a swap into a reload.
