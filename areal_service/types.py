@@ -100,7 +100,8 @@ class CompletionRecord:
 
 @dataclass(frozen=True, slots=True)
 class RewardRecord:
-    """A named score on a completion, a session or a whole group. Idempotent by `id`."""
+    """A named score on a completion, a session or a whole group. Idempotent by
+    (`owner`, `id`): a client's ids are its own, another key cannot read or squat them."""
 
     id: str
     value: float
@@ -110,6 +111,8 @@ class RewardRecord:
     group_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=now)
+    owner: str = ""
+    """Who posted it: the id of the virtual or session key, "" for the admin key."""
 
 
 @dataclass(frozen=True, slots=True)

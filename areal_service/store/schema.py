@@ -114,7 +114,9 @@ class CompletionRow(Base):
 
 
 class RewardRow(Base):
-    """A named score; `id` is chosen by the client, which makes posting idempotent."""
+    """A named score; `id` is chosen by the client, which makes posting idempotent, and
+    unique per `owner` (the posting key's id, "" for the admin): one key's ids are
+    invisible to another."""
 
     __tablename__ = "rewards"
 
@@ -130,6 +132,7 @@ class RewardRow(Base):
     group_id: Mapped[str | None] = mapped_column(String, index=True)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
     created_at: Mapped[float] = mapped_column(Float)
+    owner: Mapped[str] = mapped_column(String, primary_key=True, server_default="")
 
 
 class WeightVersionRow(Base):

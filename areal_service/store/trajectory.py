@@ -299,10 +299,10 @@ class TrajectoryStore:
     # Rewards.
 
     def add_reward(self, record: RewardRecord) -> RewardRecord:
-        """Insert a reward unless its id exists; returns the stored reward either way
-        (first write wins, so a retried POST is harmless). IntegrityError when the named
-        completion or session does not exist."""
-        stored = self.get_reward(record.id)
+        """Insert a reward unless its (owner, id) exists; returns the stored reward either
+        way (first write wins, so a retried POST is harmless). IntegrityError when the
+        named completion or session does not exist."""
+        stored = self.get_reward(record.id, record.owner)
         if stored is not None:
             return stored
         try:
@@ -310,15 +310,15 @@ class TrajectoryStore:
         except IntegrityError:
             # Either a concurrent POST of the same id won the race (return its row), or
             # a foreign key failed (no row: re-raise).
-            stored = self.get_reward(record.id)
+            stored = self.get_reward(record.id, record.owner)
             if stored is None:
                 raise
             return stored
         return record
 
-    def get_reward(self, reward_id: str) -> RewardRecord | None:
-        """The reward `reward_id`, or None."""
-        return self._get(RewardRecord, RewardRow, reward_id)
+    def get_reward(self, reward_id: str, owner: str = "") -> RewardRecord | None:
+        """The reward `reward_id` posted by `owner` ("": the admin), or None."""
+        return self._get(RewardRecord, RewardRow, (reward_id, owner))
 
     def list_rewards(
         self,
