@@ -1,0 +1,128 @@
+"""SGLang through the whole service: `areal-service serve` with `engine.backend=sglang`
+launches a server, the gateway routes chat to it, captures every completion (ids,
+logprobs, versions), swaps in a published version (disk path), and stopping serve stops
+the server.
+
+`gpu`: real SGLang with a small real checkpoint. Set AREAL_TEST_SGLANG_MODEL to an HF
+checkpoint directory (e.g. Qwen2.5-0.5B-Instruct) and, when SGLang lives in another
+venv, AREAL_TEST_SGLANG_PYTHON to its interpreter. `slow`: the same test on CPU with
+`sglang_standin/` (the local engine behind `python -m sglang.launch_server`, with the
+flags checked), which keeps the GPU test runnable where no GPU is lent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from areal_service.config import load_config
+from areal_service.store import TrajectoryStore
+from areal_service.types import WeightVersionRecord
+from launcher.demo import save_config
+from launcher.processes import cli_argv
+
+STANDIN = Path(__file__).parent / "sglang_standin"
+KEY = "sk-sglang-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(what)
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def chat_capture_swap(tmp_path: Path, model_dir: Path, python: str, env: dict[str, str],
+                      ready_s: float) -> None:
+    engine_port, gw_port = _free_port(), _free_port()
+    backend = f"http://127.0.0.1:{engine_port}"
+    cfg = load_config(None, [
+        f"data_dir={tmp_path}", "engine.backend=sglang", f"engine.model={model_dir}",
+        f"engine.port={engine_port}", f"gateway.port={gw_port}", f"gateway.admin_key={KEY}",
+        "engine.sglang.gpus=[0]", "engine.sglang.servers=1", f"engine.sglang.python={python}",
+        "engine.sglang.mem_fraction_static=0.6", f"engine.sglang.ready_timeout_s={ready_s}",
+        "gateway.weight_poll_interval_s=0.05"])
+    log = tmp_path / "serve.log"
+    serve = subprocess.Popen(
+        cli_argv("serve", "--config", str(save_config(cfg, tmp_path / "cfg.yaml"))),
+        stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
+        env={**os.environ, **env}, start_new_session=True)
+    store = None
+    try:
+        gw = f"http://127.0.0.1:{gw_port}"
+        _wait(lambda: serve.poll() is None and _ok(f"{gw}/health/liveness"), ready_s + 60,
+              f"gateway not up: {log.read_text()[-3000:] if log.exists() else ''}")
+        assert _ok(f"{backend}/health_generate")  # the server serve launched
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key=KEY, max_retries=0, timeout=300)
+        messages = [{"role": "user", "content": "Name three colours."}]
+        first = client.chat.completions.create(model=cfg.gateway.model_name,
+                                               messages=messages, max_tokens=24)
+        assert first.usage.completion_tokens > 0
+        store = TrajectoryStore.open(cfg.database_url(), cfg.store)
+        rec = store.get_completion(first.id)
+        assert rec is not None and rec.backend == backend
+        assert len(rec.output_ids) == len(rec.output_logprobs) == first.usage.completion_tokens
+        assert set(rec.output_versions) == {0}
+
+        published = tmp_path / "weights" / "v1"  # what the trainer publishes (same weights)
+        shutil.copytree(model_dir, published)
+        store.add_weight_version(WeightVersionRecord(version=1, path=str(published)))
+        _wait(lambda: "swap_s" in store.get_weight_version(1).metadata, 600, "no swap")
+        info = httpx.get(f"{backend}/model_info", timeout=30).json()
+        assert info["weight_version"] == "1"
+        second = client.chat.completions.create(
+            model=cfg.gateway.model_name, max_tokens=24,
+            messages=[*messages, {"role": "assistant", "content": first.choices[0].message.content},
+                      {"role": "user", "content": "And three more."}])
+        assert set(store.get_completion(second.id).output_versions) == {1}
+    finally:
+        if store is not None:
+            store.close()
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(120)
+    _wait(lambda: not _ok(f"{backend}/health_generate"), 60, "server outlived serve")
+
+
+@pytest.mark.gpu
+def test_sglang_on_gpu_chat_capture_swap(tmp_path):
+    model = os.environ.get("AREAL_TEST_SGLANG_MODEL")
+    if not model:
+        pytest.skip("set AREAL_TEST_SGLANG_MODEL to a small HF checkpoint directory")
+    python = os.environ.get("AREAL_TEST_SGLANG_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", "import sglang"], capture_output=True).returncode:
+        pytest.skip(f"sglang is not importable by {python} (pip install '.[sglang]')")
+    chat_capture_swap(tmp_path, Path(model), python, {}, ready_s=900)
+
+
+@pytest.mark.slow
+def test_sglang_path_on_cpu_with_standin(tmp_path, tiny_model_dir):
+    path = os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    chat_capture_swap(tmp_path, tiny_model_dir, sys.executable,
+                      {"PYTHONPATH": path, "SGLANG_STANDIN_DATA_DIR": str(tmp_path),
+                       "CUDA_VISIBLE_DEVICES": ""}, ready_s=120)
