@@ -79,9 +79,8 @@ class ChatStream(StreamEncoder):
 
     def end(self) -> StreamEnd:
         turn = self._turn
-        choices = [asm.result for asm in self._assemblers]
-        assert all(c is not None for c in choices), "a choice's stream did not finish"
-        done: list[ParsedChoice] = choices  # type: ignore[assignment]
+        done = [asm.result for asm in self._assemblers if asm.result is not None]
+        assert len(done) == len(self._assemblers), "a choice's stream did not finish"
         usage = Usage.of(len(turn.prompt_ids), done)
         before = ""
         options = turn.request.stream_options
