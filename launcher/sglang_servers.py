@@ -117,6 +117,10 @@ def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
     sg = config.engine.sglang
     groups = gpu_groups(visible_gpus(sg.gpus), sg.tp_size * sg.dp_size, sg.servers)
     host = advertised_host(config.engine.host)
+    ports = [config.engine.port + i for i in range(len(groups))]
+    if config.gateway.port in ports:
+        raise ValueError(f"gateway.port {config.gateway.port} is among the SGLang servers' "
+                         f"ports {ports[0]}-{ports[-1]} (engine.port + i); change one")
     specs = []
     for i, group in enumerate(groups):
         port = config.engine.port + i
@@ -262,8 +266,12 @@ class Supervisor:
 
     def _launch(self, server: _Server) -> None:
         spec = server.spec
+        # Restarts fork from the monitor thread, which outlives every child it starts
+        # (stop() ends it first, then stops the children): tie them to it, so a launcher
+        # killed outright takes restarted servers along too.
         child = ChildProcess(spec.name, spec.argv, env=dict(spec.env),
-                             log_path=self._log_dir / f"{spec.name}.log")
+                             log_path=self._log_dir / f"{spec.name}.log",
+                             thread_outlives_child=True)
         with self._lock:
             server.child = child
             server.started_at = time.monotonic()

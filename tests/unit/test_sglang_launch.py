@@ -179,3 +179,41 @@ def test_start_failure_stops_the_servers_already_started(tmp_path):
     with pytest.raises(RuntimeError, match="bad exited with code 7"):
         sup.start()
     assert all(pid is None or not _alive(pid) for pid in sup.pids())
+
+
+_SUPERVISED = """
+import os, signal, sys, time
+from pathlib import Path
+from launcher.sglang_servers import ServerSpec, Supervisor
+port, marker, tmp = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+server = ("import http.server, sys\\n"
+          "class H(http.server.BaseHTTPRequestHandler):\\n"
+          "    def do_GET(self):\\n"
+          "        self.send_response(200); self.end_headers()\\n"
+          "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\\n")
+spec = ServerSpec("s", (sys.executable, "-c", server, port), f"http://127.0.0.1:{port}")
+sup = Supervisor([spec], log_dir=tmp, backoff_s=0.05, poll_s=0.05)
+sup.start()
+first = sup.pids()[0]
+os.kill(first, signal.SIGKILL)
+while sup.pids()[0] in (None, first):
+    time.sleep(0.05)
+print(sup.pids()[0], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_restarted_server_dies_with_a_supervisor_killed_outright(tmp_path):
+    """Restarts fork from the monitor thread; the child is still tied to the launcher's
+    life (PR_SET_PDEATHSIG on that thread), so SIGKILL of the launcher leaves no server."""
+    import subprocess
+
+    proc = subprocess.Popen([PY, "-c", _SUPERVISED, str(_free_port()), "m", str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        restarted = int(proc.stdout.readline())
+        assert _alive(restarted)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _wait(lambda: not _alive(restarted), 10), "restarted server outlived its launcher"
