@@ -302,8 +302,11 @@ class SlurmConfig(_Section):
     """`cluster.slurm`: what `areal-service launch --scheduler slurm` writes."""
 
     job_name: str = "areal"
+    """`--job-name`."""
     partition: str | None = None
+    """`--partition`. None: the cluster's default."""
     account: str | None = None
+    """`--account` to charge. None: the user's default."""
     time: str | None = None
     """`--time` limit, e.g. `24:00:00`. None: the partition's default."""
 
@@ -352,7 +355,9 @@ class ClusterConfig(_Section):
     trainer_gpus: int | None = Field(None, ge=0)
     """With n_nodes = 1: the last this-many GPUs train, the rest serve. None: half."""
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    """What `launch --scheduler slurm` writes into the sbatch script."""
     ray: RayConfig = Field(default_factory=RayConfig)
+    """Which Ray cluster `launch --scheduler ray` joins and how it places."""
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:

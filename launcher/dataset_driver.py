@@ -246,6 +246,7 @@ class DatasetDriver:
             r = await self.http.post("/rl/sessions", headers=self.admin, json=body)
             if r.status_code != 429:
                 break
+            self._check_trainer()  # the window only opens as the trainer steps
             await asyncio.sleep(float(r.headers.get("retry-after", "1")))
         r.raise_for_status()
         sessions: list[dict[str, Any]] = r.json()["sessions"]
@@ -291,21 +292,21 @@ class DatasetDriver:
 
     # -- the walk --
 
-    async def report(self, epoch: int) -> None:
-        """One progress line (step from the gateway's live version)."""
+    async def report(self, epoch: int, *, show: bool = True) -> None:
+        """Refresh the step (the gateway's live version); print a progress line."""
         try:
             r = await self.http.get("/admin/status", headers=self.admin)
             self.step = int(r.json()["live_version"])
         except (httpx.HTTPError, KeyError, ValueError):
             pass
-        say(self.progress.line(epoch=epoch, step=self.step,
-                               done_episodes=self._done_episodes(), errors=self.errors))
+        if show:
+            say(self.progress.line(epoch=epoch, step=self.step,
+                                   done_episodes=self._done_episodes(), errors=self.errors))
 
     async def walk(self) -> None:
         """Every remaining group of every remaining epoch, `concurrency` episodes at once."""
         roll = self.driver.rollout
         slots = asyncio.Semaphore(max(1, -(-roll.concurrency // roll.group_size)))
-        trainer = self._trainer()
         while self.state.epoch < roll.epochs:
             epoch = self.state.epoch
             done = set(self.state.done)
@@ -315,9 +316,7 @@ class DatasetDriver:
             next_report = time.monotonic() + roll.progress_interval_s
             for index in todo:
                 await slots.acquire()
-                if trainer is not None and trainer.proc.poll() is not None:
-                    raise RuntimeError(f"the trainer exited with code {trainer.proc.returncode}"
-                                       " (see its log in data_dir/logs/trainer.log)")
+                self._check_trainer()
                 task = asyncio.create_task(self.run_group(index, epoch))
                 task.add_done_callback(lambda _t: slots.release())
                 running.add(task)
@@ -337,6 +336,13 @@ class DatasetDriver:
         self._save()
         await self.report(roll.epochs - 1)
 
+    def _check_trainer(self) -> None:
+        """Raise when the trainer died: nothing would consume the episodes."""
+        trainer = self._trainer()
+        if trainer is not None and trainer.proc.poll() is not None and not self.state.finished:
+            raise RuntimeError(f"the trainer exited with code {trainer.proc.returncode} (see "
+                               f"{self.config.data_dir / 'logs' / 'trainer.log'})")
+
     def _trainer(self) -> ChildProcess | None:
         return next((c for c in self.stack.children if c.name == "trainer"), None)
 
@@ -347,9 +353,14 @@ class DatasetDriver:
         if trainer is None:
             return True
         last_step, last_change = self.step, time.monotonic()
+        interval = self.driver.rollout.progress_interval_s
+        next_line = time.monotonic() + interval
         while trainer.proc.poll() is None:
-            await asyncio.sleep(1.0)
-            await self.report(self.driver.rollout.epochs - 1)
+            await asyncio.sleep(min(1.0, interval))
+            show = time.monotonic() >= next_line
+            if show:
+                next_line += interval
+            await self.report(self.driver.rollout.epochs - 1, show=show)
             if self.step != last_step:
                 last_step, last_change = self.step, time.monotonic()
             elif time.monotonic() - last_change > self.driver.rollout.drain_timeout_s:

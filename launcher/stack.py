@@ -17,6 +17,8 @@ from launcher.processes import ChildProcess, cli_argv
 
 READY_TIMEOUT_S = 180.0
 """How long a child may take to answer its health check (model load on a slow disk)."""
+TRAINER_GRACE_S = 60.0
+"""How long a stopping trainer may take to finish its step and checkpoint."""
 
 
 @dataclass
@@ -48,9 +50,11 @@ class Stack:
                                               str(self.run_dir / "config.yaml")))
 
     def stop(self) -> None:
-        """Stop every child, newest first."""
+        """Stop every child, newest first. The trainer gets longer: on SIGTERM it
+        finishes the step under way, publishes and checkpoints before exiting."""
         while self.children:
-            self.children.pop().stop()
+            child = self.children.pop()
+            child.stop(grace_s=TRAINER_GRACE_S if child.name == "trainer" else 10.0)
 
 
 @contextmanager
