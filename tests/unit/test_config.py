@@ -61,7 +61,7 @@ def test_cli_flags_ratchet():
     """Keep the CLI small: new top-level commands must be added here on purpose."""
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert names == {"config", "db", "keys", "make-tiny-model", "engine", "serve", "train", "export",
-                     "demo"}
+                     "demo", "trainer", "eval", "launch"}
 
 
 def test_foreign_areal_env_vars_are_ignored(monkeypatch):
