@@ -2,10 +2,20 @@
 
 Cookie value `role.issued.nonce.sig`, sig = HMAC-SHA256(secret, "role.issued.nonce"),
 secret = HMAC-SHA256(admin key, "areal-console-session"): rotating the admin key signs
-everyone out, and nothing is stored server-side. Role `anon` is the pre-login cookie
-(it carries the login form's CSRF nonce); only `admin` opens pages. CSRF token =
-HMAC(secret, "csrf." + nonce): bound to one cookie, checked on every POST. Session and
-virtual keys never sign in: the login form compares against the admin key only.
+everyone out. Role `anon` is the pre-login cookie (it carries the login form's CSRF
+nonce); only `admin` opens pages. CSRF token = HMAC(secret, "csrf." + nonce): bound to
+one cookie, checked on every POST. Session and virtual keys never sign in: the login
+form compares against the admin key only.
+
+Sign-out revokes server-side: the cookie's nonce goes into a `RevokedSessions` set held
+by the app (in memory, per process), kept until the cookie would have expired anyway
+(`MAX_AGE_S`), so the set is bounded by the sign-outs of the last 12 hours. With several
+gateway processes behind one address a sign-out holds only on the process that served
+it (the cookie still expires after `MAX_AGE_S`; rotating the admin key signs everyone
+out everywhere).
+
+Anything a client sends (cookie, CSRF field) is compared as bytes after an ASCII check:
+`hmac.compare_digest` raises TypeError on non-ASCII `str`, which was a 500.
 """
 
 from __future__ import annotations
@@ -54,13 +64,20 @@ def issue_cookie(admin_key: str, role: Role, *, now: float | None = None) -> tup
     return f"{payload}.{_sign(_secret(admin_key), payload)}", session
 
 
+def _same(given: str, expected: str) -> bool:
+    """Constant-time equality of a client-sent string and an ASCII expected one; False
+    (never TypeError) for non-ASCII input."""
+    return given.isascii() and hmac.compare_digest(given.encode(), expected.encode())
+
+
 def read_cookie(admin_key: str, value: str | None, *, now: float | None = None
                 ) -> ConsoleSession | None:
-    """The session a cookie value carries, or None when absent, forged or expired."""
-    if not value or value.count(".") != 3:
+    """The session a cookie value carries, or None when absent, forged, non-ASCII or
+    expired."""
+    if not value or not value.isascii() or value.count(".") != 3:
         return None
     role, issued, nonce, sig = value.split(".")
-    if not hmac.compare_digest(sig, _sign(_secret(admin_key), f"{role}.{issued}.{nonce}")):
+    if not _same(sig, _sign(_secret(admin_key), f"{role}.{issued}.{nonce}")):
         return None
     if role not in ("anon", "admin") or not issued.isdigit():
         return None
@@ -73,6 +90,39 @@ def read_cookie(admin_key: str, value: str | None, *, now: float | None = None
 def csrf_token(admin_key: str, session: ConsoleSession) -> str:
     """The CSRF token that forms posted under `session` must carry."""
     return _sign(_secret(admin_key), f"csrf.{session.nonce}")
+
+
+def csrf_matches(admin_key: str, session: ConsoleSession, given: object) -> bool:
+    """Whether a posted form field is `session`'s CSRF token (False for a missing,
+    non-string or non-ASCII value)."""
+    return isinstance(given, str) and _same(given, csrf_token(admin_key, session))
+
+
+class RevokedSessions:
+    """Nonces of signed-out cookies, each kept until its cookie expires anyway.
+
+    Bounded: an entry lives at most `MAX_AGE_S`; past `max_entries` (only the admin can
+    sign out, so this takes a deliberate flood) the entries nearest their expiry go
+    first."""
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._expires: dict[str, float] = {}
+        self._max_entries = max_entries
+
+    def revoke(self, session: ConsoleSession, *, now: float | None = None) -> None:
+        """Refuse `session`'s cookie from now on."""
+        now = time.time() if now is None else now
+        self._expires = {n: t for n, t in self._expires.items() if t > now}
+        if len(self._expires) >= self._max_entries:
+            keep = sorted(self._expires.items(), key=lambda item: item[1])
+            self._expires = dict(keep[len(keep) - self._max_entries + 1:])
+        self._expires[session.nonce] = session.issued_at + MAX_AGE_S + 60
+
+    def __contains__(self, session: ConsoleSession) -> bool:
+        return session.nonce in self._expires
+
+    def __len__(self) -> int:
+        return len(self._expires)
 
 
 def set_cookie(response: Response, value: str, *, secure: bool) -> None:
@@ -91,9 +141,21 @@ def admin_key_of(request: Request) -> str:
     return request.app.state.gateway.config.gateway.admin_key.get_secret_value()
 
 
+def revoked_sessions(request: Request) -> RevokedSessions:
+    """The app's set of signed-out cookies (made on first use; one per app, not a module
+    singleton: tests run several apps in one process)."""
+    revoked: RevokedSessions | None = getattr(request.app.state, "console_revoked", None)
+    if revoked is None:
+        revoked = request.app.state.console_revoked = RevokedSessions()
+    return revoked
+
+
 def current_session(request: Request) -> ConsoleSession | None:
-    """The request's verified cookie session, if any."""
-    return read_cookie(admin_key_of(request), request.cookies.get(COOKIE_NAME))
+    """The request's verified cookie session, if any (not one signed out)."""
+    session = read_cookie(admin_key_of(request), request.cookies.get(COOKIE_NAME))
+    if session is None or session in revoked_sessions(request):
+        return None
+    return session
 
 
 def _login_redirect(request: Request) -> HTTPException:
@@ -121,9 +183,7 @@ ConsoleAdmin = Annotated[ConsoleSession, Depends(require_console_admin)]
 async def checked_form(request: Request, session: ConsoleAdmin) -> FormData:
     """The posted form, after checking its CSRF token against the session (403 if not)."""
     form = await request.form()
-    given = form.get(CSRF_FIELD)
-    expected = csrf_token(admin_key_of(request), session)
-    if not isinstance(given, str) or not hmac.compare_digest(given, expected):
+    if not csrf_matches(admin_key_of(request), session, form.get(CSRF_FIELD)):
         raise HTTPException(status_code=403, detail="missing or invalid CSRF token; reload "
                             "the page and submit the form again")
     return form

@@ -7,7 +7,6 @@ one JSON endpoint for the training charts. Every page needs the signed admin coo
 from __future__ import annotations
 
 import asyncio
-import hmac
 import math
 import time
 from datetime import datetime, timezone
@@ -135,9 +134,7 @@ async def login(request: Request) -> Response:
     admin_key = auth.admin_key_of(request)
     session = auth.current_session(request)
     form = await request.form()
-    given = form.get(CSRF_FIELD)
-    if session is None or not isinstance(given, str) or not hmac.compare_digest(
-            given, auth.csrf_token(admin_key, session)):
+    if session is None or not auth.csrf_matches(admin_key, session, form.get(CSRF_FIELD)):
         raise HTTPException(403, "missing or invalid CSRF token: enable cookies, reload the "
                             "login page and try again")
     key = form.get("admin_key")
@@ -153,8 +150,10 @@ async def login(request: Request) -> Response:
 
 
 @router.post("/logout")
-async def logout(_: CheckedForm) -> Response:
-    """Drop the cookie and go back to the login page."""
+async def logout(request: Request, session: ConsoleAdmin, _: CheckedForm) -> Response:
+    """Revoke the session server-side (its cookie no longer opens anything here, even if
+    kept), drop the cookie and go back to the login page."""
+    auth.revoked_sessions(request).revoke(session)
     response = RedirectResponse("/console/login", status_code=303)
     auth.clear_cookie(response)
     return response
