@@ -26,9 +26,10 @@ is a prefix of the full rendering (templates that rewrite history, e.g. drop ear
 reasoning, fail this), and the assistant's rendered turn contains an added token to end
 on.
 
-Cost per turn: two Jinja renders of the conversation (O(context) text, in C-heavy Jinja)
-and a tokenization of only the new text; no BPE over the history. Memory: a bounded LRU
-of the last completions of recent sessions (ids as int32 arrays); a miss (evicted, a
+Cost per turn: one Jinja render of the conversation (O(context) text) plus a render of
+the assistant turn alone, and a tokenization of only the new text; no BPE over the
+history. Memory: a bounded LRU
+of the last completions of recent sessions; a miss (evicted, a
 gateway restart, another replica) only loses the optimisation.
 """
 
@@ -37,7 +38,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +63,7 @@ Outcome = Literal["continued", "no_match", "prefix_changed", "not_prefix_stable"
 history, a gateway restart); the rest are fallbacks to a full render where a completion
 matched but the template is not prefix-stable for it."""
 
+_BYTES_PER_ID = 40
 MAX_ENTRIES_PER_SESSION = 8
 """Completions (choices) remembered per session, newest first: covers `n` > 1 and a
 client that retries or branches from one of the last few turns."""
@@ -100,20 +101,24 @@ class Lineage:
     """The template's text of `messages` with the generation prompt. Under continuity the
     prompt ids are not its tokenization (earlier outputs are the sampled ids); the text is
     what the next turn checks template stability against."""
-    prompt_ids: array
+    prompt_ids: list[int]
+    """The turn's prompt ids (the list the turn sends; never mutated)."""
     outcome: Outcome
 
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
     lineage: Lineage
-    output_ids: array
+    output_ids: Sequence[int]
     assistant: AssistantKey
 
     @property
     def weight(self) -> int:
-        """Approximate bytes held (ids as int32; text and messages ~ a byte a char)."""
-        return 4 * (len(self.lineage.prompt_ids) + len(self.output_ids)) + 2 * len(
+        """Approximate bytes held: ids as Python lists (a pointer and an int object,
+        shared with the turn's own lists; kept as lists because converting a 64k-token
+        prompt to and from a compact array cost more than the rest of a continued turn),
+        text and messages about a byte a character."""
+        return _BYTES_PER_ID * (len(self.lineage.prompt_ids) + len(self.output_ids)) + 2 * len(
             self.lineage.text)
 
 
@@ -203,26 +208,48 @@ def continued_prompt(tokenizer: ChatTokenizer, end_of_turn: EndOfTurn, entry: _E
                      messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
                      ) -> tuple[list[int], str] | Outcome:
     """(prompt ids, full template text) of `messages`, which extend `entry` (see
-    `find_extended`), or the fallback outcome when the template is not prefix-stable."""
+    `find_extended`), or the fallback outcome when the template is not prefix-stable.
+
+    One O(context) render (the full conversation); the assistant turn's text comes from
+    a render of just it and the message before it, accepted only where the full text
+    holds exactly that text right after the earlier prompt's text. Else (a template whose
+    turns depend on their position) the conversation up to the assistant message is
+    rendered too: a second O(context) render, which was ~70% of a continued turn's
+    prompt cost at 64k tokens."""
     prior = entry.lineage
-    k = len(prior.messages) + 1
-    head = tokenizer.render(messages[:k], tools, add_generation_prompt=False)
-    if not head.startswith(prior.text):
-        return "prefix_changed"
     full = tokenizer.render(messages, tools)
-    if not full.startswith(head):
-        return "not_prefix_stable"
-    split = end_of_turn.split(head[len(prior.text):])
+    if not full.startswith(prior.text):
+        return "prefix_changed"
+    k = len(prior.messages) + 1
+    turn = _turn_text_alone(tokenizer, messages[k - 2:k], tools)
+    if turn is None or not full.startswith(turn, len(prior.text)):
+        head = tokenizer.render(messages[:k], tools, add_generation_prompt=False)
+        if not head.startswith(prior.text):
+            return "prefix_changed"
+        if not full.startswith(head):
+            return "not_prefix_stable"
+        turn = head[len(prior.text):]
+    split = end_of_turn.split(turn)
     if split is None:
         return "no_end_of_turn"
     marker, marker_id, tail = split
     out = entry.output_ids
     glue = tail if out and out[-1] == marker_id else marker + tail
-    new_ids = tokenizer.encode(_checked(glue + full[len(head):]))
-    ids = prior.prompt_ids.tolist()
-    ids += out.tolist()
-    ids += new_ids
-    return ids, full
+    new_ids = tokenizer.encode(_checked(glue + full[len(prior.text) + len(turn):]))
+    return [*prior.prompt_ids, *out, *new_ids], full
+
+
+def _turn_text_alone(tokenizer: ChatTokenizer, pair: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None) -> str | None:
+    """The template's text of the assistant message `pair[1]` after `pair[0]` (the
+    message it answered), rendered without the rest of the conversation; None where the
+    template does not render that pair as a prefix extension (or refuses it)."""
+    try:
+        before = tokenizer.render(pair[:1], tools)
+        both = tokenizer.render(pair, tools, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - a template may refuse a partial conversation
+        return None
+    return both[len(before):] if both.startswith(before) else None
 
 
 def _checked(text: str) -> str:
@@ -280,7 +307,7 @@ class Continuity:
                  outcome: Outcome) -> Lineage:
         if self._counter is not None:
             self._counter.labels(outcome).inc()
-        return Lineage(session_id, messages, tools, text, array("i", ids), outcome)
+        return Lineage(session_id, messages, tools, text, ids, outcome)
 
     def remember(self, lineage: Lineage | None, generations: Sequence[HasOutputIds],
                  choices: Sequence[ParsedChoice]) -> None:
@@ -289,7 +316,7 @@ class Continuity:
         if lineage is None:
             return
         entries = [
-            _Entry(lineage, array("i", gen.output_ids),
+            _Entry(lineage, gen.output_ids,
                    assistant_key(normalize_messages([choice.to_message()])[0]))
             for gen, choice in zip(generations, choices, strict=True)]
         self.cache.add(lineage.session_id, entries)
