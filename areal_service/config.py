@@ -181,6 +181,29 @@ class GatewayConfig(_Section):
     max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 `request_too_large` beyond): a 128k-token chat
     is ~0.5 MB of JSON; images as base64 parts are what needs the headroom."""
+    key_usage_interval_s: float = Field(30.0, gt=0)
+    """How often the keys' `last_used_at` is written: uses are noted in memory (a dict
+    store per request) and flushed in one transaction per interval, so a key's time is
+    written at most once per interval and never on a request's path."""
+    public_docs: bool = False
+    """Serve `/docs` and `/openapi.json` to anyone; off, they need the admin key."""
+    public_metrics: bool = False
+    """Serve `/metrics` to anyone (a scraper without credentials); off, it needs the
+    admin key as a bearer token."""
+    auth_free_failures: int = Field(5, ge=0)
+    """Failed logins or unknown bearer tokens a client address may send before it is
+    throttled (429 with retry-after)."""
+    auth_backoff_s: float = Field(1.0, gt=0)
+    """First lock-out after the free failures; doubles with each further failure."""
+    auth_max_backoff_s: float = Field(300.0, gt=0)
+    """Longest lock-out of one client address."""
+    health_interval_s: float = Field(2.0, gt=0)
+    """How often every backend's `/health` is checked; one failed check reports the
+    backend down in `/health/readiness` (routing takes it out after two)."""
+    no_backend_fail_fast_s: float = Field(5.0, ge=0)
+    """When no backend has been healthy for this long, new requests get 503 with
+    retry-after at once instead of each waiting `backend_unavailable_deadline_s`
+    (0: always wait)."""
     gil_switch_interval_ms: float = Field(0.2, gt=0)
     """`sys.setswitchinterval` of the served gateway. The event loop and the threads
     (capture writer, store lookups) share one GIL; at CPython's 5 ms a thread that
