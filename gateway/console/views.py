@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from areal_service.store import TrajectoryStore
+from areal_service.store.merge_stats import MergeStats, merge_stats
 from areal_service.store.readiness import SettlingCounts, settling_counts
 from areal_service.store.session_queries import SessionQuery, SessionSummary, session_summaries
 from areal_service.types import SessionStatus, TrainStepRecord
@@ -72,11 +73,21 @@ class Overview:
     unrewarded_policy: str
     rates: Rates
     uptime_s: float
+    merge: MergeStats | None = None
+    """How recent sessions merge into training sequences (token continuity's effect)."""
+    continuity: dict[str, float] = field(default_factory=dict)
+    """This gateway's `areal_token_continuity` counts by outcome."""
 
 
 def _counter_total(counter: Any) -> float:
     """Sum of a (possibly labelled) prometheus Counter over all its label sets."""
     return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+def _by_label(counter: Any) -> dict[str, float]:
+    """A one-label Counter's totals by label value."""
+    return {s.labels[next(iter(s.labels))]: s.value for m in counter.collect()
+            for s in m.samples if s.name.endswith("_total")}
 
 
 def sample_rates(state: GatewayState, last: dict[str, float]) -> Rates:
@@ -109,7 +120,8 @@ def overview(state: GatewayState, rates: Rates) -> Overview:
         last_step=store.latest_train_step(), settling=settling_counts(store),
         reward_wait_s=trainer.reward_wait_s, unrewarded_policy=trainer.unrewarded_policy,
         rates=rates,
-        uptime_s=time.time() - state.started_at if state.started_at else 0.0)
+        uptime_s=time.time() - state.started_at if state.started_at else 0.0,
+        merge=merge_stats(store), continuity=_by_label(state.metrics.continuity))
 
 
 # Sessions table.

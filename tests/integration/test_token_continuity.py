@@ -5,6 +5,7 @@ split the session into one sequence per turn)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
 from tool_model import TOOL_RESULT
 
 from areal_service.episodes import build_sequences
+from areal_service.store.merge_stats import merge_stats
 from areal_service.types import CompletionRecord, TrainSequence
 from gateway.translate import normalize_messages
 
@@ -58,6 +60,16 @@ def assert_one_exact_sequence(records: list[CompletionRecord],
     assert {r.temperature for r in records} == {1.0}
 
 
+def console_figure(gw: Gateway) -> str:
+    """The overview's "training sequences / session" value, signed in as the admin."""
+    http = httpx.Client(base_url=gw.url, timeout=60)
+    page = http.get("/console/login")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+    http.post("/console/login", data={"csrf_token": token, "admin_key": ADMIN_KEY})
+    html = http.get("/console/partials/overview").text
+    return re.search(r'id="sequences-per-session">([^<]*)<', html).group(1)
+
+
 def chat_conversation(client: openai.OpenAI, model: str, turns: list[str]
                       ) -> list[Any]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
@@ -80,6 +92,12 @@ def test_eight_turns_at_t1_export_one_sequence(tmp_path: Path, tiny_model_dir: P
         records, sequences = sequences_of(gw, session_id)
         assert [r.id for r in records] == [r.id for r in replies]
         assert [len(r.prompt_ids) for r in records] == [r.usage.prompt_tokens for r in replies]
+        stats = merge_stats(gw.state.store)  # the console's figure agrees with the export
+        assert (stats.sessions, stats.completions, stats.sequences) == (1, 8, len(sequences))
+        assert stats.tokens_trained == sum(len(s.input_ids) for s in sequences)
+        assert stats.tokens_generated == sum(len(r.output_ids) for r in records)
+        figure = console_figure(gw)
+        assert figure == f"{len(sequences):.2f}"
         if not continuity:  # today's behaviour without it: the sampled ids are lost
             assert len(sequences) > 1
             assert outcome_count(gw, "continued") == 0
