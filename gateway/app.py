@@ -22,7 +22,7 @@ from areal_service.store import TrajectoryStore
 from areal_service.store.linking import ParentLinker
 from areal_service.store.writer import GroupCommitWriter
 from gateway import console
-from gateway.auth import KeyResolver
+from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
 from gateway.errors import install_error_handlers
 from gateway.hotpath import HotRoutes
@@ -124,7 +124,8 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         await pool.start()
         app.state.gateway = GatewayState(
             config=config, store=store, writer=writer,
-            keys=KeyResolver(store, config.gateway.admin_key.get_secret_value()),
+            keys=KeyResolver(store, config.gateway.admin_key.get_secret_value(),
+                             usage_interval_s=config.gateway.key_usage_interval_s),
             backends=pool, tokenizer=tokenizer,
             context_length=context_length_of(config, tokenizer_dir), linker=ParentLinker(store),
             session_cache=RefreshingCache(store.get_session, ttl_s=SESSION_TTL_S,
@@ -136,13 +137,17 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             gc.freeze()
             gc.set_threshold(_GC_YOUNG_THRESHOLD, 20, 100)
         tasks = [asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
-                 asyncio.create_task(run_weight_syncer(app.state.gateway))]
+                 asyncio.create_task(run_weight_syncer(app.state.gateway)),
+                 asyncio.create_task(flush_key_usage(
+                     app.state.gateway.keys.usage, store,
+                     config.gateway.key_usage_interval_s))]
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await write_key_usage(app.state.gateway.keys.usage, store)
             await pool.aclose()
             await asyncio.to_thread(writer.stop)
             store.close()

@@ -4,10 +4,17 @@ Virtual keys are looked up by SHA-256 in the store, through a `RefreshingCache`
 (`gateway/cache.py`): a store trip per request would dominate the gateway's own cost.
 A revoke through this process takes effect at once, through another replica within
 `ttl_s` plus one reload.
+
+`last_used_at` is kept off the request path: `KeyUsage.note` is a dict store, and
+`flush_key_usage` (a task of the app) writes what was noted in one transaction per
+`gateway.key_usage_interval_s`, so a key's row is written at most once per interval.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -17,6 +24,8 @@ from areal_service.store import TrajectoryStore
 from areal_service.types import ApiKeyRecord
 from gateway.cache import RefreshingCache
 from gateway.errors import OpenAIError, invalid_api_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +50,46 @@ def bearer_token(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+class KeyUsage:
+    """Last use of each key since the previous flush (key id → unix time).
+
+    Throttled at the source: a key noted less than `min_interval_s` ago is not noted
+    again, so its stored time lags by at most that interval (plus one flush)."""
+
+    def __init__(self, min_interval_s: float, max_keys: int = 100_000) -> None:
+        self.min_interval_s = min_interval_s
+        self._max_keys = max_keys
+        self._pending: dict[str, float] = {}
+        self._noted: dict[str, float] = {}
+        """When each key was last noted (bounded: cleared past `max_keys`)."""
+
+    def note(self, key_id: str, now: float | None = None) -> None:
+        """Record a use of `key_id` (O(1), on the request path)."""
+        now = time.time() if now is None else now
+        if now - self._noted.get(key_id, float("-inf")) < self.min_interval_s:
+            return
+        if len(self._noted) >= self._max_keys:
+            self._noted.clear()
+        self._noted[key_id] = self._pending[key_id] = now
+
+    def take(self) -> dict[str, float]:
+        """What was noted since the last `take` (and forget it)."""
+        pending, self._pending = self._pending, {}
+        return pending
+
+    def restore(self, pending: dict[str, float]) -> None:
+        """Put back what a failed flush took (newer notes win)."""
+        for key_id, at in pending.items():
+            self._pending.setdefault(key_id, at)
+
+
 class KeyResolver:
     """Resolves tokens to principals through a `RefreshingCache` of store lookups."""
 
     def __init__(self, store: TrajectoryStore, admin_key: str, ttl_s: float = 5.0,
-                 stale_s: float = 60.0) -> None:
+                 stale_s: float = 60.0, usage_interval_s: float = 30.0) -> None:
         self._admin_key = admin_key
+        self.usage = KeyUsage(usage_interval_s)
         self._keys: RefreshingCache[str, ApiKeyRecord] = RefreshingCache(
             store.find_api_key_by_hash, ttl_s=ttl_s, stale_s=stale_s)
 
@@ -59,6 +102,7 @@ class KeyResolver:
         record = await self._keys.get(hash_key(token))
         if record is None or record.revoked_at is not None:
             raise invalid_api_key(token)
+        self.usage.note(record.id)
         return Principal(is_admin=False, key=record)
 
     def remember(self, record: ApiKeyRecord) -> None:
@@ -68,6 +112,27 @@ class KeyResolver:
     def forget(self, key_hash: str | None = None) -> None:
         """Drop cached lookups (one key, or all) after a revoke or rebind."""
         self._keys.forget(key_hash)
+
+
+async def flush_key_usage(usage: KeyUsage, store: TrajectoryStore, interval_s: float) -> None:
+    """Write noted key uses every `interval_s`, forever (cancelled at shutdown, after
+    which the caller flushes once more). A failed write is logged and its times are
+    kept for the next round (a later use of the same key wins)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        await write_key_usage(usage, store)
+
+
+async def write_key_usage(usage: KeyUsage, store: TrajectoryStore) -> None:
+    """One flush of `usage` to the store (in a thread; nothing to do when empty)."""
+    pending = usage.take()
+    if not pending:
+        return
+    try:
+        await asyncio.to_thread(store.touch_api_keys, pending)
+    except Exception:  # the database may be briefly unavailable; keep the times
+        log.exception("writing last_used_at of %d keys failed", len(pending))
+        usage.restore(pending)
 
 
 def require_admin(principal: Principal) -> None:

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
@@ -159,6 +159,19 @@ class TrajectoryStore:
         """Set `last_used_at` (one small transaction: call it at most once a request)."""
         at = now() if at is None else at
         self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(last_used_at=at))
+
+    def touch_api_keys(self, used_at: Mapping[str, float]) -> None:
+        """Set `last_used_at` of many keys in one transaction (key id → time); a row
+        keeps a later time another replica already wrote."""
+        if not used_at:
+            return
+        statement = (update(ApiKeyRow)
+                     .where(ApiKeyRow.id == bindparam("key_id"),
+                            or_(ApiKeyRow.last_used_at.is_(None),
+                                ApiKeyRow.last_used_at < bindparam("at")))
+                     .values(last_used_at=bindparam("at")))
+        with self._engine.begin() as connection:
+            connection.execute(statement, [{"key_id": k, "at": t} for k, t in used_at.items()])
 
     def bind_key_session(self, key_id: str, session_id: str | None) -> None:
         """Point a key at its current session (None unbinds)."""
