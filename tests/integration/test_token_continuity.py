@@ -106,6 +106,22 @@ def test_eight_turns_at_t1_export_one_sequence(tmp_path: Path, tiny_model_dir: P
         assert outcome_count(gw, "continued") == 7 and outcome_count(gw, "no_match") == 1
 
 
+def test_streamed_turns_merge(gateway: Gateway) -> None:
+    """Streaming records the same way: the streamed reply's text, re-sent, continues."""
+    session_id, client = open_session(gateway)
+    messages: list[dict[str, Any]] = []
+    for text in USER_TURNS[:4]:
+        messages.append({"role": "user", "content": text})
+        stream = client.chat.completions.create(model=gateway.config.gateway.model_name,
+                                                messages=messages, max_tokens=24, stream=True)
+        content = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        messages.append({"role": "assistant", "content": content})
+    records, sequences = sequences_of(gateway, session_id)
+    assert len(records) == 4
+    assert_one_exact_sequence(records, sequences)
+    assert outcome_count(gateway, "continued") == 3
+
+
 def test_tool_calls_and_sampled_turns_merge(tool_gateway: Gateway, agent_requests: Any
                                             ) -> None:
     """The tool model calls `add` and answers (top_k=1 at T=1: its trained, deterministic
