@@ -63,10 +63,12 @@ Outcome = Literal["continued", "no_match", "prefix_changed", "not_prefix_stable"
 history, a gateway restart); the rest are fallbacks to a full render where a completion
 matched but the template is not prefix-stable for it."""
 
-_BYTES_PER_ID = 40
 MAX_ENTRIES_PER_SESSION = 8
 """Completions (choices) remembered per session, newest first: covers `n` > 1 and a
 client that retries or branches from one of the last few turns."""
+_BYTES_PER_ID = 40
+"""A cached id in a Python list: an 8-byte pointer and (above 256) a 28-byte int."""
+
 
 class HasOutputIds(Protocol):
     """A finished generation (`backend.Generation`)."""
