@@ -25,6 +25,13 @@ What the gateway relies on, and nothing more (`ENDPOINTS` below is the same list
   `POST /update_weights_from_disk {model_path, weight_version, flush_cache}` ->
   `{success, message, num_paused_requests}` (400 with the same shape on failure),
   `POST /abort_request {rid, abort_all}`, `POST /flush_cache` (400 while busy).
+- Distributed weight sync (`trainer.weight_sync: distributed`):
+  `POST /init_weights_update_group {master_address, master_port, rank_offset,
+  world_size, group_name, backend}`, `POST /update_weights_from_distributed {names,
+  dtypes, shapes, group_name, weight_version, flush_cache}` (the trainer broadcasts the
+  tensors, one broadcast per name in order from group rank 0, WHILE the call is in
+  flight) and `POST /destroy_weights_update_group {group_name}`, each -> `{success,
+  message}`; `server_info.tp_size` gives a server's ranks in the group.
 - `GET /health` (200, or 503 while starting/unhealthy), `GET /model_info {model_path,
   weight_version, is_generation}` and `GET /server_info` (read only for display), each
   falling back to the older `/get_model_info` and `/get_server_info` on 404.
@@ -92,10 +99,14 @@ FLUSH_CACHE = Endpoint("POST", "/flush_cache")
 HEALTH = Endpoint("GET", "/health")
 MODEL_INFO = Endpoint("GET", "/model_info", legacy_path="/get_model_info")
 SERVER_INFO = Endpoint("GET", "/server_info", legacy_path="/get_server_info")
+INIT_WEIGHTS_UPDATE_GROUP = Endpoint("POST", "/init_weights_update_group")
+UPDATE_WEIGHTS_FROM_DISTRIBUTED = Endpoint("POST", "/update_weights_from_distributed")
+DESTROY_WEIGHTS_UPDATE_GROUP = Endpoint("POST", "/destroy_weights_update_group")
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     GENERATE, PAUSE_GENERATION, CONTINUE_GENERATION, UPDATE_WEIGHTS_FROM_DISK,
-    ABORT_REQUEST, FLUSH_CACHE, HEALTH, MODEL_INFO, SERVER_INFO)
+    ABORT_REQUEST, FLUSH_CACHE, HEALTH, MODEL_INFO, SERVER_INFO,
+    INIT_WEIGHTS_UPDATE_GROUP, UPDATE_WEIGHTS_FROM_DISTRIBUTED, DESTROY_WEIGHTS_UPDATE_GROUP)
 """Every SGLang endpoint the gateway relies on (see the module docstring for fields)."""
 
 SGLANG_VERSIONS_CHECKED = "0.5.x, by reading source (main after ~v0.5.15; legacy names ~v0.5.3-0.5.6)"
@@ -229,6 +240,35 @@ class UpdateWeightsFromDiskRequest(_Body):
     weight_version: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
+
+
+class InitWeightsUpdateGroupRequest(_Body):
+    """Join the trainer's weight-update group as ranks rank_offset..+tp_size-1. The call
+    returns once every rank of `world_size` has joined (the trainer is rank 0)."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedRequest(_Body):
+    """One bucket: receive `names[i]` (dtype name as in `torch.<dtype>`, shape) from group
+    rank 0, one broadcast per name in order, and load them."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class DestroyWeightsUpdateGroupRequest(_Body):
+    group_name: str = "weight_update_group"
 
 
 # ---- replies -----------------------------------------------------------------------

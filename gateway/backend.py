@@ -50,25 +50,31 @@ from pydantic import BaseModel, ValidationError
 from areal_service.sglang_protocol import (
     ABORT_REQUEST,
     CONTINUE_GENERATION,
+    DESTROY_WEIGHTS_UPDATE_GROUP,
     FLUSH_CACHE,
     GENERATE,
     HEALTH,
+    INIT_WEIGHTS_UPDATE_GROUP,
     MODEL_INFO,
     PAUSE_GENERATION,
     SERVER_INFO,
     UPDATE_WEIGHTS_FROM_DISK,
+    UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     AbortRequest,
     ContinueGenerationRequest,
+    DestroyWeightsUpdateGroupRequest,
     Endpoint,
     ErrorResponse,
     FinishReason,
     GenerateRequest,
     GenerateResponse,
+    InitWeightsUpdateGroupRequest,
     ModelInfo,
     PauseMode,
     PauseRequest,
     TopLogprobs,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
     parse_version,
 )
@@ -345,6 +351,31 @@ class SGLangClient:
         if not result.success:
             raise BackendError(400, result.message, url=self.base_url)
         return result.message
+
+    async def _weights_call(self, endpoint: Endpoint, body: BaseModel) -> str:
+        """A weight-update control call answered `{success, message}`; BackendError on
+        `success: false`. Uses the long timeout (it waits on the trainer)."""
+        raw = await self._call(endpoint, body)
+        try:
+            result = UpdateWeightsResponse.model_validate_json(raw)
+        except ValidationError as e:
+            raise self._malformed(endpoint, e) from e
+        if not result.success:
+            raise BackendError(400, result.message, url=self.base_url)
+        return result.message
+
+    async def init_weights_update_group(self, body: InitWeightsUpdateGroupRequest) -> str:
+        """Join the trainer's weight-update group; returns once every rank joined."""
+        return await self._weights_call(INIT_WEIGHTS_UPDATE_GROUP, body)
+
+    async def update_weights_from_distributed(
+            self, body: UpdateWeightsFromDistributedRequest) -> str:
+        """Receive one bucket broadcast by the trainer (which must be sending meanwhile)."""
+        return await self._weights_call(UPDATE_WEIGHTS_FROM_DISTRIBUTED, body)
+
+    async def destroy_weights_update_group(self, group_name: str) -> str:
+        return await self._weights_call(DESTROY_WEIGHTS_UPDATE_GROUP,
+                                        DestroyWeightsUpdateGroupRequest(group_name=group_name))
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
         """Abort by rid PREFIX (SGLang's rule), or everything with `abort_all`."""
