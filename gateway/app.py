@@ -120,7 +120,9 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         writer.start()
         tokenizer_dir = Path(config.gateway.tokenizer or config.model_dir())
         tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, tokenizer_dir)
-        pool = BackendPool(config.backend_urls(), timeout_s=config.gateway.request_timeout_s)
+        pool = BackendPool(config.backend_urls(), timeout_s=config.gateway.request_timeout_s,
+                           health_interval_s=config.gateway.health_interval_s,
+                           fail_fast_s=config.gateway.no_backend_fail_fast_s)
         await pool.start()
         app.state.gateway = GatewayState(
             config=config, store=store, writer=writer,

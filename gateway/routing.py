@@ -8,6 +8,10 @@ not-yet-started requests, and a bounded wait for a backend (BackendUnavailable â
 A down backend is probed with exponential backoff (`probe_interval_s` doubling up to
 `max_probe_interval_s`), so a dead or restarting server (SGLang takes minutes to load)
 is not hit four times a second by every waiting request's probe.
+Fail fast: once no backend has been healthy for `fail_fast_s`, a new request gets
+BackendUnavailable at once (after one probe, if one is due) instead of each waiting its
+full deadline; a request arriving within the window still waits (a restart or a brief
+blip is ridden out).
 Owns one SGLangClient per URL; imports only `gateway.backend` and the protocol types.
 """
 
@@ -59,6 +63,9 @@ class BackendStatus:
     healthy: bool
     in_flight: int
     last_error: str
+    failed_checks: int = 0
+    """Consecutive failed `/health` checks (readiness reports a backend down at the first;
+    routing takes it out after `unhealthy_after`)."""
 
 
 class BackendPool:
@@ -69,6 +76,7 @@ class BackendPool:
                  health_interval_s: float = 5.0, health_timeout_s: float = 10.0,
                  unhealthy_after: int = 2, probe_interval_s: float = 0.25,
                  max_probe_interval_s: float = 5.0, max_sticky_sessions: int = 100_000,
+                 fail_fast_s: float = 0.0,
                  client_factory: Callable[[str], SGLangClient] | None = None) -> None:
         if not urls:
             raise ValueError("BackendPool needs at least one backend URL (gateway.backends)")
@@ -80,6 +88,11 @@ class BackendPool:
         self.probe_interval_s = probe_interval_s
         self.max_probe_interval_s = max(max_probe_interval_s, probe_interval_s)
         self.max_sticky_sessions = max_sticky_sessions
+        self.fail_fast_s = fail_fast_s
+        """0: never fail fast (every request waits its deadline)."""
+        self.all_down_since: float | None = None
+        """`time.monotonic()` when the last healthy backend went down; None while any is
+        healthy."""
         self._sticky: OrderedDict[str, Backend] = OrderedDict()
         self._rr = 0
         self._probe_lock = asyncio.Lock()
@@ -93,7 +106,8 @@ class BackendPool:
         return list(self._backends)
 
     def status(self) -> list[BackendStatus]:
-        return [BackendStatus(b.url, b.healthy, b.in_flight, b.last_error) for b in self._backends]
+        return [BackendStatus(b.url, b.healthy, b.in_flight, b.last_error, b.failed_checks)
+                for b in self._backends]
 
     def mark_down(self, backend: Backend, reason: str) -> None:
         if backend.healthy:
@@ -102,6 +116,8 @@ class BackendPool:
             self._back_off(backend)
         backend.healthy = False
         backend.last_error = reason
+        if self.all_down_since is None and not any(b.healthy for b in self._backends):
+            self.all_down_since = self._now()
 
     def mark_up(self, backend: Backend) -> None:
         if not backend.healthy:
@@ -109,6 +125,7 @@ class BackendPool:
         backend.healthy = True
         backend.failed_checks = 0
         backend.probe_backoff_s = backend.next_probe_at = 0.0
+        self.all_down_since = None
 
     def _back_off(self, backend: Backend) -> None:
         """Schedule the next probe of a down backend: the interval doubles per failure."""
@@ -142,7 +159,8 @@ class BackendPool:
     # -- waiting and leasing -----------------------------------------------------------
     async def wait_until_available(self, deadline_s: float) -> None:
         """Return once a backend is healthy, probing the down ones every
-        `probe_interval_s`; BackendUnavailable after `deadline_s` seconds."""
+        `probe_interval_s`; BackendUnavailable after `deadline_s` seconds, or after one
+        round of due probes when every backend has been down for `fail_fast_s`."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         while not any(b.healthy for b in self._backends):
@@ -155,7 +173,17 @@ class BackendPool:
                     await self.check_health(only_down=True)
                 if any(b.healthy for b in self._backends):
                     return
+            if self.failing_fast():
+                down_s = self._now() - (self.all_down_since or self._now())
+                raise BackendUnavailable(
+                    f"no healthy backend among {len(self._backends)} for {down_s:.0f} s")
             await asyncio.sleep(min(self.probe_interval_s, max(0.0, end - loop.time())))
+
+    def failing_fast(self) -> bool:
+        """Whether no backend has been healthy for `fail_fast_s` (new requests get 503
+        at once)."""
+        return (self.fail_fast_s > 0 and self.all_down_since is not None
+                and self._now() - self.all_down_since >= self.fail_fast_s)
 
     @contextlib.asynccontextmanager
     async def lease(self, session_id: str | None = None, *,

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -96,6 +97,11 @@ class GroupCommitWriter:
         """Records committed."""
         self.failed = 0
         """Records whose write raised (the error went to their caller)."""
+        self.last_error: str | None = None
+        """The last failed transaction's error (`Type: message`) while no transaction has
+        succeeded since; None once one commits. Readiness reports it."""
+        self.last_error_at: float | None = None
+        """`time.time()` of that failure."""
 
     @classmethod
     def from_config(cls, store: TrajectoryStore, config: StoreConfig) -> GroupCommitWriter:
@@ -207,8 +213,12 @@ class GroupCommitWriter:
         try:
             self._store.add_completions(records)
         except Exception as error:  # handed to the records' callers, never swallowed
+            if isinstance(error, _SHARED_ERRORS):  # the write path, not one bad record
+                self.last_error = f"{type(error).__name__}: {str(error).splitlines()[0]}"[:300]
+                self.last_error_at = time.time()
             return error
         self.records += len(records)
+        self.last_error = self.last_error_at = None
         return None
 
     def _commit(self, batch: list[_Pending]) -> None:

@@ -1,4 +1,12 @@
-"""Liveness, readiness (store reachable and a backend healthy) and Prometheus metrics."""
+"""Liveness, readiness (store readable AND writable, a backend healthy) and Prometheus
+metrics.
+
+Readiness tells the truth about the write path: a SELECT answers while the database is
+locked, read-only or full, and capture then fails every request with 503. So `db` also
+reports the capture writer's last error, and while there is one, a probe write decides
+whether the path has recovered (bounded by `PROBE_TIMEOUT_S`; one probe at a time). A
+backend is reported down from its first failed health check (one health interval),
+before routing takes it out."""
 
 from __future__ import annotations
 
@@ -6,13 +14,18 @@ import asyncio
 import json
 from typing import Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from gateway.deps import StateDep
+from gateway.state import GatewayState
 
 router = APIRouter()
+
+PROBE_TIMEOUT_S = 2.0
+"""Longest readiness waits for a probe write (SQLite waits up to its busy timeout for
+a lock; the probe goes on in its thread and the next readiness call joins it)."""
 
 
 class Liveness(BaseModel):
@@ -43,21 +56,40 @@ async def liveness() -> Liveness:
 
 @router.get("/health/readiness", response_model=Readiness,
             responses={503: {"model": Readiness}})
-async def readiness(state: StateDep) -> Response:
-    """200 when the store answers and at least one backend is healthy, else 503."""
-    db = "ok"
+async def readiness(request: Request, state: StateDep) -> Response:
+    """200 when the store answers reads and writes and at least one backend is healthy,
+    else 503 naming what failed."""
+    db = await _db_status(request, state)
+    backends = [{"url": s.url, "healthy": s.healthy and s.failed_checks == 0,
+                 "in_flight": s.in_flight} for s in state.backends.status()]
+    ready = db == "ok" and any(b["healthy"] for b in backends)
+    body = {"status": "ready" if ready else "unavailable", "db": db, "backends": backends}
+    return Response(json.dumps(body), status_code=200 if ready else 503,
+                    media_type="application/json")
+
+
+async def _db_status(request: Request, state: GatewayState) -> str:
+    """`ok`, or `error: ...` when a read fails, or the capture writer's last transaction
+    failed and a probe write does not succeed now."""
     try:
         await asyncio.to_thread(state.store.ping)
     except Exception as exc:  # reported, not raised: this endpoint answers either way
-        db = f"error: {type(exc).__name__}"
-    backends = [{"url": s.url, "healthy": s.healthy, "in_flight": s.in_flight}
-                for s in state.backends.status()]
-    ready = db == "ok" and any(b["healthy"] for b in backends)
-    body = {"status": "ready" if ready else "unavailable", "db": db, "backends": backends}
-
-
-    return Response(json.dumps(body), status_code=200 if ready else 503,
-                    media_type="application/json")
+        return f"error: {type(exc).__name__}"
+    failed = state.writer.last_error
+    if failed is None:
+        return "ok"
+    probe: asyncio.Future[None] | None = getattr(request.app.state, "write_probe", None)
+    if probe is None or probe.done():
+        probe = request.app.state.write_probe = asyncio.ensure_future(
+            asyncio.to_thread(state.store.probe_write))
+        probe.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+    try:
+        await asyncio.wait_for(asyncio.shield(probe), PROBE_TIMEOUT_S)
+    except TimeoutError:
+        return f"error: writes failing ({failed}); probe write still waiting"
+    except Exception as exc:  # the probe's own failure is the answer
+        return f"error: writes failing ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    return "ok"
 
 
 @router.get("/metrics")

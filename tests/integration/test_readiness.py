@@ -1,0 +1,99 @@
+"""Readiness that tells the truth and requests that fail fast, through a real gateway:
+a locked database (writes fail, reads work) is `db: error` until it is released; a dead
+backend is reported down within one health interval; once no backend has been healthy
+for `gateway.no_backend_fail_fast_s`, chats get 503 with retry-after at once, and
+recover when the backend is back."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import time
+
+import httpx
+from harness import ADMIN_KEY  # tests/integration/harness.py
+
+from areal_service.store import connect
+from engine.echo_backend import start_echo_backend
+
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+CHAT = {"model": "areal-policy", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _poll(fn, timeout_s: float, step_s: float = 0.02):
+    """Call `fn` until it returns a truthy value; that value (AssertionError on timeout)."""
+    end = time.monotonic() + timeout_s
+    while not (value := fn()):
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(step_s)
+    return value
+
+
+def test_locked_database_is_not_ready_until_released(tmp_path, tiny_model_dir, engine_url,
+                                                     gateway_factory, monkeypatch):
+    monkeypatch.setattr(connect, "SQLITE_BUSY_TIMEOUT_MS", 300)  # fail in 0.3 s, not 30
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as gw:
+        http = httpx.Client(base_url=gw.url, timeout=60, headers=ADMIN)
+        assert http.get("/health/readiness").json()["db"] == "ok"
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+        lock = sqlite3.connect(tmp_path / "areal.db", isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            failed = http.post("/v1/chat/completions", json=CHAT)
+            assert failed.status_code == 503, failed.text
+            ready = http.get("/health/readiness")
+            assert ready.status_code == 503, ready.text
+            assert ready.json()["status"] == "unavailable"
+            assert ready.json()["db"].startswith("error: writes failing"), ready.json()
+            assert ready.json()["backends"][0]["healthy"]  # the backend is fine
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        ready = http.get("/health/readiness")
+        assert ready.status_code == 200 and ready.json()["db"] == "ok", ready.text
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_dead_backend_reported_then_fail_fast_then_recovery(tmp_path, tiny_model_dir,
+                                                             gateway_factory):
+    port = _free_port()
+    echo = start_echo_backend(port, tokens=3)
+    with gateway_factory(tmp_path, tiny_model_dir, [echo.url], "gateway.health_interval_s=0.3",
+                         "gateway.no_backend_fail_fast_s=1",
+                         "gateway.backend_unavailable_deadline_s=30") as gw:
+        http = httpx.Client(base_url=gw.url, timeout=60, headers=ADMIN)
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert http.get("/health/readiness").status_code == 200
+        echo.stop()
+        stopped = time.monotonic()
+
+        def reported_down() -> bool:
+            body = http.get("/health/readiness").json()
+            return body["status"] == "unavailable" and not body["backends"][0]["healthy"]
+
+        _poll(reported_down, timeout_s=5)
+        assert time.monotonic() - stopped < 0.3 + 0.3  # one interval (+ the check itself)
+        # Past the fail-fast window every new request is refused at once, not after 30 s.
+        time.sleep(max(0.0, stopped + 1.2 - time.monotonic()))
+        for _ in range(3):
+            started = time.monotonic()
+            refused = http.post("/v1/chat/completions", json=CHAT)
+            elapsed = time.monotonic() - started
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"]
+            assert refused.json()["error"]["code"] == "backend_unavailable"
+            assert elapsed < 1.0, elapsed
+        # The backend comes back on the same address: requests succeed again.
+        echo = start_echo_backend(port, tokens=3)
+        try:
+            _poll(lambda: http.post("/v1/chat/completions", json=CHAT).status_code == 200,
+                  timeout_s=15, step_s=0.2)
+            assert http.get("/health/readiness").status_code == 200
+        finally:
+            echo.stop()
