@@ -183,6 +183,12 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
         raise OpenAIError(400, "a refresh opens exactly one session", param="group_size")
     key = await asyncio.to_thread(state.store.get_api_key, key_id)
     assert key is not None
+    if body.group_id is not None:  # a group is joined only by its own keys (or the admin)
+        members = await asyncio.to_thread(state.store.list_sessions, group_id=body.group_id,
+                                          limit=10_000)
+        if any(m.api_key_id != key_id for m in members):
+            raise OpenAIError(403, f"group {body.group_id!r} belongs to another key",
+                              type="permission_error", param="group_id", code="group_not_owned")
     async with admit_sessions(state, 1):
         if key.session_id is not None:
             await state.end_session(key.session_id, "refresh")
