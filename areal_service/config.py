@@ -299,6 +299,22 @@ class TrainerConfig(BaseModel):
     """Compute dtype. `auto`: bfloat16 on CUDA (fp32 master weights, FSDP2 mixed
     precision), float32 on CPU."""
 
+    # ---- weight sync -------------------------------------------------------------------
+    weight_sync: Literal["disk", "distributed"] = "disk"
+    """How a published version reaches the backends. `disk`: the gateway loads
+    `weights/v{N}` (`/update_weights_from_disk`). `distributed`: rank 0 broadcasts the
+    weights over a process group the gateway has the backends join (gloo on CPU, nccl on
+    GPUs; `/update_weights_from_distributed`); the disk copy is still written, after,
+    for resume and fallback (`trainer/weight_broadcast.py`)."""
+    weight_sync_bucket_mb: float = Field(1024.0, gt=0)
+    """Most tensor bytes per `/update_weights_from_distributed` call (AReaL: 1024 MB)."""
+    weight_sync_address: str | None = None
+    """Address the backends reach the trainer's rank 0 at for the broadcast. None:
+    torchrun's MASTER_ADDR, else this host's name resolved."""
+    weight_sync_timeout_s: float = Field(120.0, gt=0)
+    """How long an offer stands (the gateway must take it) and the longest a rendezvous
+    or broadcast waits; after it the gateway swaps from disk."""
+
     def unrewarded_return(self) -> float | None:
         """The return an unrewarded session is trained with; None when the policy drops
         it (what export and the console show for such sessions)."""
