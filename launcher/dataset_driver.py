@@ -405,6 +405,19 @@ async def _drive(driver_obj: DatasetDriver) -> dict[str, Any]:
         await driver_obj.aclose()
 
 
+def trained_steps(config: ServiceConfig) -> int:
+    """The last step the trainer recorded in the store (0 before the first)."""
+    from areal_service.store import TrajectoryStore
+
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = TrajectoryStore.open(config.database_url(), config.store)
+    try:
+        latest = store.latest_train_step()
+    finally:
+        store.close()
+    return latest.step if latest else 0
+
+
 def run_training(driver: DriverConfig, config: ServiceConfig) -> int:
     """`areal-service train`: returns the exit code (0 done, 130 interrupted)."""
     if driver.dataset is None:
@@ -423,7 +436,15 @@ def run_training(driver: DriverConfig, config: ServiceConfig) -> int:
     say(f"dataset {driver.dataset.label()}: {len(samples)} samples x {roll.group_size} "
         f"episodes x {roll.epochs} epoch(s); {config.trainer.total_steps} trainer steps of "
         f"{roll.batch_size} groups")
-    if state.episodes:
+    if state.finished:
+        trained = trained_steps(config)
+        if trained >= (config.trainer.total_steps or 0):
+            say(f"nothing to do: all {state.episodes} episodes ran and the trainer is at step "
+                f"{trained}/{config.trainer.total_steps} (weights in {config.weights_dir()})")
+            return 0
+        say(f"all {state.episodes} episodes ran; the trainer is at step {trained}/"
+            f"{config.trainer.total_steps}: finishing its steps")
+    elif state.episodes:
         say(f"resuming at epoch {state.epoch + 1}: {len(state.done)} samples of this epoch "
             f"done, {state.episodes} episodes recorded before")
     try:

@@ -69,6 +69,8 @@ class EvalConfig(_Section):
     """An episode counts as correct when its reward is at least this."""
     out_dir: Path | None = None
     """Where results.json / results.csv go. None: `<data_dir>/eval`."""
+    progress_interval_s: float = Field(15.0, gt=0)
+    """Seconds between progress lines."""
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:

@@ -148,10 +148,12 @@ class Evaluator:
 
         work = asyncio.gather(*(question(s) for s in samples))
         while not work.done():
-            await asyncio.wait([work], timeout=5.0)
+            await asyncio.wait([work], timeout=self.cfg.progress_interval_s)
             if not work.done():
                 elapsed = time.monotonic() - started
-                say(f"  {self.done}/{total} episodes ({self.done / max(elapsed, 1e-9):.1f}/s)")
+                rate = self.done / max(elapsed, 1e-9)
+                eta = f"{(total - self.done) / rate:.0f} s" if rate > 0 else "?"
+                say(f"  {self.done}/{total} episodes ({rate:.1f}/s, ETA {eta})")
         results = work.result()
         greedy = [g for g, _ in results if g is not None]
         return table_row(config.label(), greedy, [runs for _, runs in results], self.cfg.k)
@@ -224,6 +226,9 @@ def run_eval(driver: DriverConfig, config: ServiceConfig, *, model: Path | None 
         evaluator = Evaluator(driver, gateway.rstrip("/"), key, name, use_sessions=False)
         rows = asyncio.run(_evaluate(evaluator, datasets))
     else:
+        if model is not None and config.gateway.backends:
+            raise ValueError("--model serves a checkpoint on a local engine, but the config "
+                             "lists gateway.backends: evaluate through them without --model")
         cfg = eval_config(config, model)
         if cfg.engine.model == str(config.model_dir()) and not Path(cfg.engine.model).exists():
             from engine.tiny_model import ensure_tiny_model
