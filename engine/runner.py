@@ -357,6 +357,23 @@ class ModelRunner:
         self.model.load_state_dict(state, strict=False)
         self.model_dir = path
 
+    @torch.inference_mode()
+    def load_named_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy received tensors (a bucket of a distributed update: any subset of the
+        state dict) into the live model, cast to its dtype and device, exactly as a disk
+        load casts. Every name and shape is checked before the first copy."""
+        current = self.model.state_dict()
+        unknown = sorted(set(tensors) - set(current))
+        if unknown:
+            raise WeightLoadError(f"unknown parameter names {unknown[:5]}")
+        for name, tensor in tensors.items():
+            if tensor.shape != current[name].shape:
+                raise WeightLoadError(
+                    f"{name}: shape {tuple(tensor.shape)} != served {tuple(current[name].shape)}"
+                )
+        for name, tensor in tensors.items():
+            current[name].copy_(tensor)
+
     def _check_state(self, state: dict[str, torch.Tensor]) -> None:
         current = self.model.state_dict()
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())

@@ -133,6 +133,9 @@ class _UpdateWeights(_Command):
     weight_version: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
+    receive: Callable[[torch.device], dict[str, torch.Tensor]] | None = None
+    """Distributed update: receives one bucket (blocking on the trainer's broadcast) in
+    place of reading `model_path`; runs on the scheduler thread, between batches."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,18 @@ class Scheduler:
         return self._send(_UpdateWeights(
             model_path=model_path, weight_version=weight_version,
             flush_cache=flush_cache, abort_all_requests=abort_all,
+        ))
+
+    def update_weights_from_distributed(
+        self, receive: Callable[[torch.device], dict[str, torch.Tensor]], *,
+        weight_version: str | None, flush_cache: bool, abort_all: bool
+    ) -> Future:
+        """Like `update_weights`, but the tensors come from `receive(device)` (one
+        bucket of the trainer's broadcast), called on this thread when the update is
+        due: paused, at once; unpaused, after the requests present now finished."""
+        return self._send(_UpdateWeights(
+            model_path=self.model_path, weight_version=weight_version,
+            flush_cache=flush_cache, abort_all_requests=abort_all, receive=receive,
         ))
 
     def flush_cache(self) -> Future:
@@ -365,10 +380,15 @@ class Scheduler:
 
     def _load(self, cmd: _UpdateWeights) -> UpdateWeightsResponse:
         started = time.perf_counter()
+        source = "the trainer's broadcast" if cmd.receive else cmd.model_path
         try:
-            self.runner.load_weights(cmd.model_path)
-        except WeightLoadError as exc:
-            logger.warning("weight update from %s failed: %s", cmd.model_path, exc)
+            if cmd.receive is not None:
+                self.runner.load_named_tensors(cmd.receive(self.runner.device))
+            else:
+                self.runner.load_weights(cmd.model_path)
+        except (WeightLoadError, KeyError, ValueError, RuntimeError) as exc:
+            # RuntimeError: a broadcast that failed or timed out (the trainer went away).
+            logger.warning("weight update from %s failed: %s", source, exc)
             return UpdateWeightsResponse(success=False, message=f"Failed to update weights: {exc}")
         if cmd.flush_cache:
             # Only an in_place pause leaves rows running here. SGLang's flush would crash;
@@ -379,7 +399,7 @@ class Scheduler:
         if cmd.weight_version is not None:
             self.weight_version = cmd.weight_version
             message += f" Weight version updated to {cmd.weight_version}."
-        logger.info("loaded weights from %s in %.2fs (version %s)", cmd.model_path,
+        logger.info("loaded weights from %s in %.2fs (version %s)", source,
                     time.perf_counter() - started, self.weight_version)
         return UpdateWeightsResponse(success=True, message=message)
 

@@ -10,6 +10,7 @@ where this engine differs from SGLang it says so in a docstring.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -31,16 +32,21 @@ from areal_service.config import EngineConfig, ServiceConfig
 from areal_service.sglang_protocol import (
     ABORT_REQUEST,
     CONTINUE_GENERATION,
+    DESTROY_WEIGHTS_UPDATE_GROUP,
     FLUSH_CACHE,
     GENERATE,
     HEALTH,
+    INIT_WEIGHTS_UPDATE_GROUP,
     MODEL_INFO,
     PAUSE_GENERATION,
     SERVER_INFO,
     UPDATE_WEIGHTS_FROM_DISK,
+    UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     AbortRequest,
+    DestroyWeightsUpdateGroupRequest,
     GenerateRequest,
     GenerateResponse,
+    InitWeightsUpdateGroupRequest,
     MetaInfo,
     ModelCard,
     ModelInfo,
@@ -50,11 +56,13 @@ from areal_service.sglang_protocol import (
     ServerInfo,
     StatusMessage,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
 )
 from engine.runner import eos_token_ids, resolve_device, resolve_dtype
 from engine.scheduler import Request as EngineRequest
 from engine.scheduler import RequestView, Scheduler
+from engine.weight_groups import WeightGroups
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +117,7 @@ class Engine:
             self.model_dir, device=self.device, dtype=self.dtype,
             max_running=config.max_running_requests, weight_version=config.weight_version,
         )
+        self.weight_groups = WeightGroups()
         self.inflight: dict[str, Job] = {}
         self.started_at = int(time.time())
 
@@ -331,6 +340,48 @@ async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest, engine: E
         abort_all=body.abort_all_requests,
     ))
     return _json(result, 200 if result.success else 400)
+
+
+@router.post(INIT_WEIGHTS_UPDATE_GROUP.path)
+async def init_weights_update_group(body: InitWeightsUpdateGroupRequest, engine: EngineDep
+                                    ) -> Response:
+    """Join the trainer's group as rank `rank_offset` (this engine is one rank); answers
+    once every rank joined. gloo or nccl; a group of the same name is replaced."""
+    try:
+        await asyncio.to_thread(
+            engine.weight_groups.init, master_address=body.master_address,
+            master_port=body.master_port, rank=body.rank_offset, world_size=body.world_size,
+            group_name=body.group_name, backend=body.backend)
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: rendezvous failed / timed out
+        return _json(UpdateWeightsResponse(
+            success=False, message=f"Failed to init weight-update group: {exc}"), 400)
+    return _json(UpdateWeightsResponse(
+        success=True, message=f"Joined weight-update group {body.group_name}."))
+
+
+@router.post(UPDATE_WEIGHTS_FROM_DISTRIBUTED.path)
+async def update_weights_from_distributed(body: UpdateWeightsFromDistributedRequest,
+                                          engine: EngineDep) -> Response:
+    """Receive one bucket from the trainer's broadcast into the live model, between
+    batches (unpaused: after the requests in flight now, as a disk update); the version
+    is set when `weight_version` is sent (the gateway sends it with the last bucket)."""
+    receive = functools.partial(engine.weight_groups.receive, body.group_name, body.names,
+                                body.dtypes, body.shapes)
+    result: UpdateWeightsResponse = await asyncio.wrap_future(
+        engine.scheduler.update_weights_from_distributed(
+            receive, weight_version=body.weight_version, flush_cache=body.flush_cache,
+            abort_all=body.abort_all_requests))
+    return _json(result, 200 if result.success else 400)
+
+
+@router.post(DESTROY_WEIGHTS_UPDATE_GROUP.path)
+async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupRequest,
+                                       engine: EngineDep) -> Response:
+    if not await asyncio.to_thread(engine.weight_groups.destroy, body.group_name):
+        return _json(UpdateWeightsResponse(
+            success=False, message=f"no weight-update group {body.group_name!r}"), 400)
+    return _json(UpdateWeightsResponse(
+        success=True, message=f"Destroyed weight-update group {body.group_name}."))
 
 
 @router.post(ABORT_REQUEST.path)

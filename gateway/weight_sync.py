@@ -1,6 +1,22 @@
 """The weight syncer: watches the store for newly published `WeightVersion`s and swaps
-every backend to them (pause → update_weights_from_disk → continue, always paired; see
-`gateway/backend.py`), recording per-backend phase timings on the version's row.
+every backend to them, recording per-backend phase timings on the version's row.
+
+Two ways, chosen per version by the trainer (the row says which):
+
+- disk: pause → update_weights_from_disk → continue, always paired (see
+  `gateway/backend.py`);
+- distributed (the row carries `metadata.sync`, a broadcast OFFER from the trainer's
+  rank 0; protocol in `trainer/weight_broadcast.py`): pause every healthy backend →
+  write `sync_world_size` on the row → `/init_weights_update_group` on every backend
+  (rank offsets from their `tp_size`; the trainer joins as rank 0) → per bucket
+  `/update_weights_from_distributed` on every backend while the trainer broadcasts
+  (the version with the last bucket) → `/destroy_weights_update_group` → continue,
+  always sent. The gateway stays the only process that talks to backends, and owns
+  pause/continue and the live version on both paths.
+
+An offer that expired, was refused or failed (`sync_error` from the trainer,
+`sync_failed` from us) is swapped from disk: the trainer writes the `weights/v{N}`
+copy after broadcasting, so a failed broadcast costs a retry, never the version.
 
 Runs as a background task of the gateway (cancelled at shutdown). A failed swap is
 logged and retried at the next poll; agents see only slower tokens, never errors,
@@ -13,10 +29,101 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+from areal_service.sglang_protocol import (
+    InitWeightsUpdateGroupRequest,
+    UpdateWeightsFromDistributedRequest,
+)
+from areal_service.types import WeightVersionRecord
+from gateway.backend import BackendError, BackendUnavailable, SGLangClient, SwapTimings
+from gateway.routing import Backend, BackendPool
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
+
+COPY_WAIT_MAX_S = 30.0
+"""Longest a fallback waits for the trainer's disk copy to appear (a gateway that does
+not share the trainer's filesystem tries the swap anyway; the backends read the path)."""
+
+
+def distributed_offer(record: WeightVersionRecord, now: float | None = None
+                      ) -> Mapping[str, Any] | None:
+    """The row's broadcast offer if it can still be taken, else None (swap from disk)."""
+    offer = record.metadata.get("sync")
+    if not isinstance(offer, Mapping) or offer.get("mode") != "distributed":
+        return None
+    if any(k in record.metadata for k in ("sync_error", "sync_failed", "sync_sent")):
+        return None  # already taken, refused or failed
+    if (now or time.time()) >= float(offer.get("expires_at", 0)):
+        return None
+    return offer
+
+
+async def _each(backends: Sequence[Backend],
+                call: Callable[[SGLangClient], Awaitable[object]]) -> None:
+    """`call` on every backend concurrently; the first error is raised after all ended
+    (one backend failing must not leave the others' calls unawaited)."""
+    results = await asyncio.gather(*(call(b.client) for b in backends), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+
+
+async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
+                           offer: Mapping[str, Any]) -> dict[str, SwapTimings]:
+    """Swap every healthy backend to `record` by the trainer's broadcast (see the module
+    docstring); raises on any failure after sending continue to every backend."""
+    pool: BackendPool = state.backends
+    healthy = [b for b in pool.backends if b.healthy]
+    if not healthy:
+        raise BackendUnavailable("no healthy backend to sync")
+    ranks = [int((await b.client.server_info()).get("tp_size") or 1) for b in healthy]
+    group = str(offer["group_name"])
+    buckets = list(offer["buckets"])
+    for b in healthy:
+        b.swapping = True
+    t0 = time.perf_counter()
+    t1 = t2 = t0
+    try:
+        await _each(healthy, lambda c: c.pause_generation("abort"))
+        t1 = time.perf_counter()
+        world = 1 + sum(ranks)
+        await asyncio.to_thread(state.store.update_weight_version_metadata, record.version,
+                                {"sync_world_size": world})
+        offsets = [1 + sum(ranks[:i]) for i in range(len(healthy))]
+        await asyncio.gather(*(b.client.init_weights_update_group(InitWeightsUpdateGroupRequest(
+            master_address=str(offer["master_address"]), master_port=int(offer["master_port"]),
+            rank_offset=off, world_size=world, group_name=group,
+            backend=str(offer.get("backend", "nccl")))) for b, off in zip(healthy, offsets,
+                                                                           strict=True)))
+        try:
+            for i, bucket in enumerate(buckets):
+                last = i == len(buckets) - 1
+                body = UpdateWeightsFromDistributedRequest(
+                    names=bucket["names"], dtypes=bucket["dtypes"], shapes=bucket["shapes"],
+                    group_name=group, flush_cache=last,
+                    **({"weight_version": str(record.version)} if last else {}))
+                await _each(healthy, lambda c, body=body: c.update_weights_from_distributed(body))
+        finally:
+            for b in healthy:  # best effort: a failed group may already be gone
+                try:
+                    await b.client.destroy_weights_update_group(group)
+                except BackendError as e:
+                    log.debug("destroy of %s on %s: %s", group, b.url, e)
+        t2 = time.perf_counter()
+    finally:
+        try:
+            await _each(healthy, lambda c: c.continue_generation())
+        finally:
+            for b in healthy:
+                b.swapping = False
+    t3 = time.perf_counter()
+    pool.target = (record.path, record.version)  # a returning backend re-syncs from disk
+    timing = SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
+    return {b.url: timing for b in healthy}
 
 
 async def sync_weights_once(state: GatewayState) -> int | None:
@@ -26,17 +133,39 @@ async def sync_weights_once(state: GatewayState) -> int | None:
     if latest is None or latest.version <= state.live_version:
         return None
     t0 = time.perf_counter()
-    timings = await state.backends.swap_weights(latest.path, latest.version)
+    mode = "disk"
+    offer = distributed_offer(latest)
+    if offer is not None:
+        try:
+            timings = await swap_distributed(state, latest, offer)
+            mode = "distributed"
+        except Exception as e:  # noqa: BLE001 - any failure falls back to the disk copy
+            log.warning("distributed sync of v%d failed (%s); swapping from disk",
+                        latest.version, e)
+            await asyncio.to_thread(state.store.update_weight_version_metadata,
+                                    latest.version, {"sync_failed": f"{type(e).__name__}: {e}"})
+            await _wait_for_copy(latest, state.config.trainer.weight_sync_timeout_s)
+    if mode == "disk":
+        timings = await state.backends.swap_weights(latest.path, latest.version)
     swapped_at = time.time()
     state.live_version = latest.version
     swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
     await asyncio.to_thread(state.store.update_weight_version_metadata, latest.version, {
-        "swap": swap, "swap_s": time.perf_counter() - t0, "live_at": swapped_at,
-        "publish_to_live_s": swapped_at - latest.created_at})
-    log.info("weights v%d live on %d backend(s) in %.3f s (%.3f s after publish)",
-             latest.version, len(timings), time.perf_counter() - t0,
+        "swap": swap, "swap_s": time.perf_counter() - t0, "swap_mode": mode,
+        "live_at": swapped_at, "publish_to_live_s": swapped_at - latest.created_at})
+    log.info("weights v%d live on %d backend(s) in %.3f s by %s (%.3f s after publish)",
+             latest.version, len(timings), time.perf_counter() - t0, mode,
              swapped_at - latest.created_at)
     return latest.version
+
+
+async def _wait_for_copy(record: WeightVersionRecord, timeout_s: float) -> None:
+    """After a failed broadcast, give the trainer time to write the disk copy (it does
+    so right after broadcasting) before the disk swap tries to read it."""
+    deadline = time.monotonic() + min(timeout_s, COPY_WAIT_MAX_S)
+    config = Path(record.path) / "config.json"
+    while not await asyncio.to_thread(config.is_file) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
 
 
 async def run_weight_syncer(state: GatewayState) -> None:

@@ -153,16 +153,19 @@ def save_hf_checkpoint(
     out_dir: str | Path,
     *,
     overwrite: bool = False,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write model safetensors + config + generation config + tokenizer to `out_dir`
     atomically: rank 0 writes a sibling temp dir and renames it, so a reader sees either
     no `out_dir` or a complete one. Collective (every rank calls it); returns `out_dir`.
 
     An existing `out_dir` raises FileExistsError unless `overwrite` (then the old one is
-    removed just before the rename: a reader may briefly see no directory).
+    removed just before the rename: a reader may briefly see no directory). `state`: the
+    full state dict already gathered by `full_state_dict` (then no gather happens here).
     """
     out = Path(out_dir)
-    state = full_state_dict(model)
+    if state is None:
+        state = full_state_dict(model)
     if dist.get_rank() == 0:
         if out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists; weights directories are written once")

@@ -6,6 +6,11 @@ claims (with their session ids) whose episodes the version was trained on, so a
 trainer killed before `mark_trained` can finish the job on restart (`recover_claims`
 in train.py). The gateway's syncer only reads rows, so a `v{N}/` directory without a
 row was never served and may be overwritten. Touches the store only on rank 0.
+
+With a `WeightBroadcaster` (`trainer.weight_sync: distributed`) the order changes: the
+row goes in first, carrying the broadcast offer, rank 0 broadcasts while the gateway
+swaps, and the directory is written after (see `trainer/weight_broadcast.py`); a row
+whose directory is not there yet is then normal for a moment.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import torch.distributed as dist
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
-from trainer.model import save_hf_checkpoint
+from trainer.model import full_state_dict, save_hf_checkpoint
+from trainer.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,8 @@ def publish_weights(
     step: int,
     episodes: Mapping[str, Sequence[str]],
     keep: int = KEEP_VERSIONS,
+    distributed: bool = False,
+    broadcaster: WeightBroadcaster | None = None,
 ) -> WeightVersionRecord:
     """Save `model` as `weights_dir/v{version}` and record the version. Collective (every
     rank calls it); `store` is used on rank 0 only (None elsewhere).
@@ -56,8 +64,14 @@ def publish_weights(
     `episodes` maps each claim id trained in this version to its session ids; it goes
     into the row's metadata with `step`. Returns the record (also on ranks that did not
     write it). Afterwards only the newest `keep` version directories remain.
+    `distributed` (every rank, from the config): distributed sync first, by rank 0's
+    `broadcaster` (None on the other ranks).
     """
     path = version_dir(weights_dir, version)
+    if distributed:
+        return _publish_broadcast(model, version=version, path=path, tokenizer_dir=tokenizer_dir,
+                                  store=store, step=step, episodes=episodes, keep=keep,
+                                  broadcaster=broadcaster)
     # overwrite: a directory without a row is left over by a trainer that died between
     # the rename and the insert; nobody was told about it.
     save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True)
@@ -72,6 +86,38 @@ def publish_weights(
         prune_versions(weights_dir, keep=keep)
         log.info("published weights v%d (step %d) at %s", version, step, path)
     return record
+
+
+def _publish_broadcast(
+    model: torch.nn.Module,
+    *,
+    version: int,
+    path: Path,
+    tokenizer_dir: Path,
+    store: TrajectoryStore | None,
+    step: int,
+    episodes: Mapping[str, Sequence[str]],
+    keep: int,
+    broadcaster: WeightBroadcaster | None,
+) -> WeightVersionRecord:
+    """Distributed publish: gather once; rank 0 inserts the row with the offer and
+    broadcasts while the gateway swaps, then the directory is written from the same
+    gathered state. The row's metadata also gets the broadcast's outcome."""
+    state = full_state_dict(model)
+    metadata: dict[str, object] = {"step": step,
+                                   "episodes": {c: list(s) for c, s in episodes.items()}}
+    if dist.get_rank() == 0:
+        assert store is not None and broadcaster is not None, "rank 0 broadcasts"
+        offer, buckets = broadcaster.offer(version, state)
+        record = WeightVersionRecord(version=version, path=str(path.resolve()),
+                                     metadata={**metadata, "sync": offer})
+        store.add_weight_version(record)
+        metadata.update(broadcaster.send(version, state, offer, buckets))
+    save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True, state=state)
+    if dist.get_rank() == 0:
+        prune_versions(path.parent, keep=keep)
+        log.info("published weights v%d (step %d) by broadcast, copy at %s", version, step, path)
+    return WeightVersionRecord(version=version, path=str(path.resolve()), metadata=metadata)
 
 
 def prune_versions(weights_dir: Path, *, keep: int = KEEP_VERSIONS) -> list[Path]:

@@ -60,6 +60,7 @@ from trainer.model import (
 )
 from trainer.publish import publish_weights
 from trainer.step import build_optimizer, train_step
+from trainer.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         ref_model = reference_model(cfg, model_dir, mixed_precision=bf16)
         optimizer = build_optimizer(model, cfg)
         ckpt = restore_checkpoint(model, optimizer, config.checkpoint_dir())
-        store = claimer = held = writer = None
+        store = claimer = held = writer = broadcaster = None
         if info.rank == 0:
             store = TrajectoryStore.open(config.database_url(), config.store)
             cleanup.callback(store.close)
@@ -109,6 +110,11 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             writer = MetricsWriter(run_dir, total_steps=cfg.total_steps)
             cleanup.callback(writer.close)
             (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+            if cfg.weight_sync == "distributed":
+                broadcaster = WeightBroadcaster(
+                    store, backend="nccl" if info.device.type == "cuda" else "gloo",
+                    bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
+                    timeout_s=cfg.weight_sync_timeout_s, address=cfg.weight_sync_address)
         step, version = _broadcast(resume_point(store, ckpt) if info.rank == 0 else None)
         newer = _broadcast(newer_published_weights(store, ckpt) if info.rank == 0 else None)
         if newer is not None:  # updates published after the checkpoint are kept
@@ -137,6 +143,8 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                 store=store,
                 step=step,
                 episodes={g.claim_id: g.session_ids for g in groups},
+                distributed=cfg.weight_sync == "distributed",
+                broadcaster=broadcaster,
             )
             publish_s = time.perf_counter() - t0
             if info.rank == 0:

@@ -1,0 +1,100 @@
+"""Weight-update process groups of the local engine: the receiving side of distributed
+weight sync (`/init_weights_update_group`, `/update_weights_from_distributed`,
+`/destroy_weights_update_group`), SGLang's semantics over gloo (CPU) or nccl (CUDA).
+
+A group is a standalone `ProcessGroupGloo`/`ProcessGroupNCCL` on a `TCPStore` whose
+master is the trainer (rank 0), never the default process group, so an engine can sit
+in several groups and a trainer process keeps its own FSDP group untouched. This engine
+is one rank (`rank_offset`); SGLang joins `tp_size` ranks per server.
+
+Receiving (`receive`): one broadcast per tensor, in the order of `names`, from group
+rank 0 (what the trainer sends). Tensors are received into fresh buffers (on CPU for
+gloo, on the engine's device for nccl); the caller validates and copies them into the
+model, so a bad bucket still drains the trainer's broadcasts and never hangs it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+GROUP_TIMEOUT_S = 300.0
+"""Longest a rendezvous or one broadcast waits for the other ranks (the trainer)."""
+
+
+class WeightGroups:
+    """Named weight-update groups of this process; thread-safe (HTTP threads create and
+    destroy them, the scheduler thread receives)."""
+
+    def __init__(self, timeout_s: float = GROUP_TIMEOUT_S) -> None:
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self._groups: dict[str, tuple[dist.ProcessGroup, str, dist.Store]] = {}
+        self._lock = threading.Lock()
+
+    def init(self, *, master_address: str, master_port: int, rank: int, world_size: int,
+             group_name: str, backend: str) -> None:
+        """Join (blocks until all `world_size` ranks joined). Replaces a group of the
+        same name (SGLang raises; a retried sync after a failure needs the new one)."""
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend {backend!r}: this engine speaks gloo or nccl")
+        if not 0 < rank < world_size:
+            raise ValueError(f"rank {rank} outside 1..{world_size - 1} (rank 0 is the trainer)")
+        store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
+                              timeout=self.timeout)
+        prefixed = dist.PrefixStore(group_name, store)
+        if backend == "gloo":
+            group: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, world_size,
+                                                             self.timeout)
+        else:
+            group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        self.destroy(group_name)
+        with self._lock:
+            self._groups[group_name] = (group, backend, store)
+        logger.info("joined weight-update group %s as rank %d/%d (%s, master %s:%d)",
+                    group_name, rank, world_size, backend, master_address, master_port)
+
+    def destroy(self, group_name: str) -> bool:
+        """Leave `group_name`; False when not a member."""
+        with self._lock:
+            found = self._groups.pop(group_name, None)
+        if found is None:
+            return False
+        group, _, _ = found
+        shutdown = getattr(group, "shutdown", None)
+        if callable(shutdown):
+            try:
+                shutdown()
+            except RuntimeError as exc:  # already torn down by a failed peer
+                logger.debug("shutdown of %s: %s", group_name, exc)
+        return True
+
+    def receive(self, group_name: str, names: Sequence[str], dtypes: Sequence[str],
+                shapes: Sequence[Sequence[int]], device: torch.device
+                ) -> dict[str, torch.Tensor]:
+        """Receive one bucket from rank 0: {name: tensor} (for nccl on `device`, for
+        gloo on CPU). KeyError for an unknown group, ValueError for a bad dtype."""
+        with self._lock:
+            if group_name not in self._groups:
+                raise KeyError(f"no weight-update group {group_name!r}; "
+                               "call /init_weights_update_group first")
+            group, backend, _ = self._groups[group_name]
+        if not len(names) == len(dtypes) == len(shapes):
+            raise ValueError("names, dtypes and shapes differ in length")
+        where = device if backend == "nccl" else torch.device("cpu")
+        torch_dtypes = [getattr(torch, d.removeprefix("torch."), None) for d in dtypes]
+        for name, dtype, torch_dtype in zip(names, dtypes, torch_dtypes, strict=True):
+            if not isinstance(torch_dtype, torch.dtype):
+                raise ValueError(f"{name}: unknown dtype {dtype!r}")
+        received: dict[str, torch.Tensor] = {}
+        for name, torch_dtype, shape in zip(names, torch_dtypes, shapes, strict=True):
+            buf = torch.empty(tuple(shape), dtype=torch_dtype, device=where)
+            group.broadcast(buf, 0).wait()
+            received[name] = buf
+        return received

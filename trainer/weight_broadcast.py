@@ -1,0 +1,200 @@
+"""Distributed weight sync, the trainer's side (`trainer.weight_sync: distributed`): rank 0
+broadcasts the full state dict, bucket by bucket, to the backends over a weight-update
+process group (gloo on CPU, nccl on GPUs), besides the disk copy.
+
+Who drives what, and why. In SGLang the receive happens INSIDE the HTTP call
+`/update_weights_from_distributed`: the server blocks in the broadcast until the trainer
+sends, so the HTTP call and the trainer's broadcast must run concurrently. AReaL lets
+the trainer make those calls. Here the gateway makes them, so that "only the gateway
+talks to backends" still holds, and the gateway's weight syncer keeps owning pause →
+update → continue (continue always sent), the backend set (which are healthy, how many
+ranks each) and the version bookkeeping, exactly as on the disk path. The trainer only
+broadcasts. They meet through the version's row in the store, which both already use:
+
+1. rank 0 inserts the `WeightVersion` row with `metadata.sync` = the OFFER: master
+   address and a free port, group name, backend, the bucket plan (`names`, `dtypes`,
+   `shapes` per bucket, as SGLang expects them) and `expires_at`;
+2. the gateway's syncer sees the row, pauses the backends, writes
+   `metadata.sync_world_size` (1 + the backends' ranks), and posts
+   `/init_weights_update_group` to every backend (rank offsets 1, 2, ...);
+3. rank 0, polling its row, sees the world size, hosts the group's TCPStore and joins
+   as rank 0: the rendezvous completes;
+4. per bucket the syncer posts `/update_weights_from_distributed` to every backend
+   (the version with the last bucket) while rank 0 broadcasts that bucket's tensors,
+   one broadcast per tensor in plan order; then `/destroy_weights_update_group` and
+   `/continue_generation`;
+5. rank 0 records `metadata.sync_sent` (seconds, bytes) or `sync_error`, and writes the
+   disk copy (`weights/v{N}`) afterwards, off the swap's critical path: the disk copy
+   is what a trainer resumes from, what a backend that was down is re-synced from, and
+   what the gateway falls back to when the offer expired or the broadcast failed.
+
+A fresh group per publish: membership follows the backends that are healthy at that
+swap (one that was down rejoins at the next), and no group outlives a failure. The
+cost is one rendezvous per publish: milliseconds over gloo on one host, about a second
+for an nccl communicator; reusing the group while membership is unchanged is the
+upgrade for large GPU fleets.
+
+Tensors go in the dtype the trainer holds them (float32 master weights), as the disk
+copy stores them; the backend casts to its serving dtype, so both paths serve
+bit-identical weights. Buckets (`trainer.weight_sync_bucket_mb`, ~1 GB by default as in
+AReaL) bound each HTTP call, not the memory: rank 0 already holds the gathered state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from areal_service.store import TrajectoryStore
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.01
+"""How often rank 0 reads its row while waiting for the gateway's world size."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One `/update_weights_from_distributed` call's worth of tensors."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    nbytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"names": self.names, "dtypes": self.dtypes, "shapes": self.shapes}
+
+
+def plan_buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int) -> list[Bucket]:
+    """Split `state` (in its order) into buckets of at most `bucket_bytes` each; a tensor
+    larger than that gets a bucket of its own."""
+    buckets: list[Bucket] = []
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[list[int]] = []
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if names and size + nbytes > bucket_bytes:
+            buckets.append(Bucket(names, dtypes, shapes, size))
+            names, dtypes, shapes, size = [], [], [], 0
+        names.append(name)
+        dtypes.append(str(tensor.dtype).removeprefix("torch."))
+        shapes.append(list(tensor.shape))
+        size += nbytes
+    if names:
+        buckets.append(Bucket(names, dtypes, shapes, size))
+    return buckets
+
+
+def advertised_address(configured: str | None) -> str:
+    """Where the backends reach rank 0's TCPStore: the configured address, else
+    torchrun's MASTER_ADDR, else this host's name resolved."""
+    if configured:
+        return configured
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class WeightBroadcaster:
+    """Rank 0's sender: `offer()` builds the row's `sync` metadata, `send()` waits for
+    the gateway's world size and broadcasts."""
+
+    def __init__(self, store: TrajectoryStore, *, backend: str, bucket_bytes: int,
+                 timeout_s: float, address: str | None = None) -> None:
+        self.store = store
+        self.backend = backend
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self.address = advertised_address(address)
+
+    def offer(self, version: int, state: Mapping[str, torch.Tensor]
+              ) -> tuple[dict[str, Any], list[Bucket]]:
+        """(`metadata.sync` for version `version`'s row, the bucket plan)."""
+        buckets = plan_buckets(state, self.bucket_bytes)
+        offer = {
+            "mode": "distributed",
+            "master_address": self.address,
+            "master_port": _free_port(),
+            "group_name": f"areal-weights-v{version}",
+            "backend": self.backend,
+            "buckets": [b.to_json() for b in buckets],
+            "expires_at": time.time() + self.timeout_s,
+        }
+        return offer, buckets
+
+    def send(self, version: int, state: Mapping[str, torch.Tensor], offer: Mapping[str, Any],
+             buckets: list[Bucket]) -> dict[str, Any]:
+        """Wait (up to the offer's expiry) for the gateway's world size, join the group
+        as rank 0 and broadcast every bucket. Never raises for a missing or failed
+        receiver: records `sync_error` on the row (the gateway then swaps from disk) and
+        returns it; on success records and returns `sync_sent`."""
+        t0 = time.perf_counter()
+        try:
+            world = self._wait_world_size(version, float(offer["expires_at"]))
+            t_ready = time.perf_counter()
+            timeout = datetime.timedelta(seconds=self.timeout_s)
+            tcp = dist.TCPStore("0.0.0.0", int(offer["master_port"]), world, is_master=True,
+                                timeout=timeout, wait_for_workers=False)
+            store = dist.PrefixStore(str(offer["group_name"]), tcp)
+            if self.backend == "nccl":
+                group: dist.ProcessGroup = dist.ProcessGroupNCCL(store, 0, world)
+                device = torch.device("cuda", torch.cuda.current_device())
+            else:
+                group = dist.ProcessGroupGloo(store, 0, world, timeout)
+                device = torch.device("cpu")
+            try:
+                t_joined = time.perf_counter()
+                for bucket in buckets:
+                    for name in bucket.names:
+                        tensor = state[name].to(device, non_blocking=True).contiguous()
+                        group.broadcast(tensor, 0).wait()
+            finally:
+                shutdown = getattr(group, "shutdown", None)
+                if callable(shutdown):
+                    shutdown()
+            sent = {"wait_s": t_ready - t0, "join_s": t_joined - t_ready,
+                    "broadcast_s": time.perf_counter() - t_joined,
+                    "total_s": time.perf_counter() - t0,
+                    "bytes": sum(b.nbytes for b in buckets), "buckets": len(buckets),
+                    "world_size": world}
+            self.store.update_weight_version_metadata(version, {"sync_sent": sent})
+            log.info("broadcast v%d to %d backend rank(s): %d bytes in %d bucket(s), "
+                     "%.3f s (%.3f s waiting for the gateway)", version, world - 1,
+                     sent["bytes"], len(buckets), sent["total_s"], sent["wait_s"])
+            return {"sync_sent": sent}
+        except (TimeoutError, RuntimeError, OSError) as exc:  # gloo/nccl errors are RuntimeError
+            message = f"{type(exc).__name__}: {exc}"
+            log.warning("distributed sync of v%d failed (%s); the gateway swaps from disk",
+                        version, message)
+            self.store.update_weight_version_metadata(version, {"sync_error": message})
+            return {"sync_error": message}
+
+    def _wait_world_size(self, version: int, expires_at: float) -> int:
+        while True:
+            record = self.store.get_weight_version(version)
+            meta = record.metadata if record else {}
+            if "sync_world_size" in meta:
+                return int(meta["sync_world_size"])
+            if "sync_failed" in meta:
+                raise RuntimeError(f"the gateway gave up: {meta['sync_failed']}")
+            if time.time() >= expires_at:
+                raise TimeoutError("no gateway took the offer before it expired")
+            time.sleep(POLL_S)
