@@ -9,6 +9,7 @@ environment variables (`AREAL_` prefix, `__` between levels, e.g.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,10 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from areal_service.admin_key import DEFAULT_ADMIN_KEY, KEY_FILE, resolve_admin_key
+
+log = logging.getLogger(__name__)
 
 
 class _Section(BaseModel):
@@ -122,9 +127,11 @@ class GatewayConfig(_Section):
     """Address the gateway binds to."""
     port: int = Field(8000, ge=0, le=65535)
     """Port of the OpenAI-compatible gateway."""
-    admin_key: SecretStr = SecretStr("sk-areal-admin")
-    """The admin API key: manages keys, sessions, rewards and the console. Change it
-    (`AREAL_GATEWAY__ADMIN_KEY`) for anything but a local demo."""
+    admin_key: SecretStr = SecretStr(DEFAULT_ADMIN_KEY)
+    """The admin API key: manages keys, sessions, rewards and the console. Left at the
+    default, `load_config` replaces it with a random key kept in `<data_dir>/admin_key`
+    (loopback only: on any other `host` the gateway refuses to start with the default).
+    Set it (`AREAL_GATEWAY__ADMIN_KEY`) for anything but local use."""
     backends: list[str] = Field(default_factory=list)
     """Base URLs of SGLang-protocol backends. Empty: the local engine at
     `engine.host:engine.port`."""
@@ -527,4 +534,19 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     tree = _deep_merge(tree, parse_overrides(overrides or []))
     # model_validate skips the settings sources: the environment was merged above with
     # the right priority and must not be read a second time over the CLI values.
-    return ServiceConfig.model_validate(tree)
+    return with_admin_key(ServiceConfig.model_validate(tree))
+
+
+def with_admin_key(config: ServiceConfig, *, binding: bool = False) -> ServiceConfig:
+    """`config` with the admin key in force (`areal_service/admin_key.py`): the shipped
+    default becomes the data dir's generated key on loopback (created, 0600, and logged
+    once when new); `binding` refuses the default on any other address."""
+    key, created = resolve_admin_key(config.gateway.admin_key.get_secret_value(),
+                                     config.gateway.host, config.data_dir, binding=binding)
+    if created:
+        log.warning("generated an admin key for local use: %s (kept in %s, mode 0600; set "
+                    "gateway.admin_key to use your own)", key, config.data_dir / KEY_FILE)
+    if key == config.gateway.admin_key.get_secret_value():
+        return config
+    gateway = config.gateway.model_copy(update={"admin_key": SecretStr(key)})
+    return config.model_copy(update={"gateway": gateway})

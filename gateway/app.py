@@ -11,24 +11,26 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServiceConfig, with_admin_key
+from areal_service.keys import admin_key_matches
 from areal_service.store import TrajectoryStore
 from areal_service.store.linking import ParentLinker
 from areal_service.store.writer import GroupCommitWriter
 from gateway import console
 from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
-from gateway.errors import install_error_handlers
+from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
+from gateway.throttle import AuthThrottle, AuthThrottleMiddleware, Scope, request_token
 from gateway.tokenizer import ChatTokenizer
 from gateway.weight_sync import run_weight_syncer
 
@@ -78,6 +80,47 @@ class _RequestId:
         await self.app(scope, receive, send_with_id)  # type: ignore[operator]
 
 
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json"})
+METRICS_PATH = "/metrics"
+
+
+class _AdminOnlyPaths:
+    """ASGI middleware: `/docs`, `/openapi.json` and `/metrics` need the admin key as a
+    bearer token unless `gateway.public_docs` / `gateway.public_metrics` is set. Any
+    other token is 401 (counted by the auth throttle: no guessing the admin key here)."""
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # noqa: ANN001
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        state: GatewayState | None = getattr(scope["app"].state, "gateway", None) \
+            if path in DOCS_PATHS or path == METRICS_PATH else None
+        if state is not None:
+            gw = state.config.gateway
+            public = gw.public_docs if path in DOCS_PATHS else gw.public_metrics
+            token = request_token(scope)
+            if not public and not (token and admin_key_matches(
+                    token, gw.admin_key.get_secret_value())):
+                error = invalid_api_key(token) if token else OpenAIError(
+                    401, f"{path} needs the admin key as a bearer token (or set "
+                    f"gateway.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
+                    code="admin_required")
+                await error.response()(scope, receive, send)  # type: ignore[arg-type]
+                return
+        await self.app(scope, receive, send)  # type: ignore[operator]
+
+
+def _throttle_of(scope: Scope) -> AuthThrottle | None:
+    throttle: AuthThrottle | None = getattr(scope["app"].state, "auth_throttle", None)
+    return throttle
+
+
+def _known_good_of(scope: Scope) -> Callable[[str], bool] | None:
+    state: GatewayState | None = getattr(scope["app"].state, "gateway", None)
+    return None if state is None else state.keys.known_good
+
+
 async def sweep_idle_sessions(state: GatewayState) -> None:
     """End sessions idle past `gateway.session_idle_timeout_s`, forever (cancelled at
     shutdown). A failed sweep is logged and retried at the next interval."""
@@ -97,7 +140,7 @@ async def sweep_idle_sessions(state: GatewayState) -> None:
             log.info("ended %d idle sessions", len(ended))
 
 
-def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
+def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     """The gateway app for `config`; nothing is built until the lifespan starts.
 
     `freeze_gc` (the served process, `run_gateway`): once startup is done, move every
@@ -109,11 +152,20 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     ~1300 times per 5k requests, promoting their short-lived objects into gen 1/2 scans:
     0.25 ms of GC per request, gen-2 pauses up to 40 ms. With 10k, GC is ~0.05 ms a
     request.
-    Off in tests, where many apps share one process."""
+    Off in tests, where many apps share one process.
+
+    The default admin key is replaced at start (`areal_service/admin_key.py`): by the
+    data dir's generated key on loopback; anywhere else the lifespan raises
+    `DefaultAdminKeyError` and the server does not start."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        config = with_admin_key(given, binding=True)  # DefaultAdminKeyError: not started
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        gw = config.gateway
+        app.state.auth_throttle = AuthThrottle(
+            free_failures=gw.auth_free_failures, backoff_s=gw.auth_backoff_s,
+            max_backoff_s=gw.auth_max_backoff_s)
         store = await asyncio.to_thread(TrajectoryStore.open, config.database_url(),
                                         config.store)
         writer = GroupCommitWriter.from_config(store, config.store)
@@ -166,6 +218,9 @@ def create_app(config: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(health.router)
     app.include_router(console.router)
+    app.add_middleware(_AdminOnlyPaths)
     app.add_middleware(_RequestId)
-    app.add_middleware(HotRoutes, routes=openai.HOT_ROUTES)  # last added = outermost
+    app.add_middleware(HotRoutes, routes=openai.HOT_ROUTES)
+    app.add_middleware(AuthThrottleMiddleware, throttle_of=_throttle_of,  # outermost
+                       known_good_of=_known_good_of)
     return app

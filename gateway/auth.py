@@ -105,6 +105,14 @@ class KeyResolver:
         self.usage.note(record.id)
         return Principal(is_admin=False, key=record)
 
+    def known_good(self, token: str) -> bool:
+        """Whether `token` is the admin key or a key cached as valid (no store lookup:
+        the auth throttle lets these through while their address is locked out)."""
+        if admin_key_matches(token, self._admin_key):
+            return True
+        record = self._keys.peek(hash_key(token))
+        return record is not None and record.revoked_at is None
+
     def remember(self, record: ApiKeyRecord) -> None:
         """Cache a key this process just created (its first request needs no lookup)."""
         self._keys.put(record.key_hash, record)

@@ -49,6 +49,12 @@ class RefreshingCache(Generic[K, V]):
                 return hit[1]
         return await asyncio.shield(self._reload(key))
 
+    def peek(self, key: K) -> V | None:
+        """The cached value for `key`, fresh or stale, without any load (None: not
+        cached, or cached as not found). For cheap checks that must not reach the store."""
+        hit = self._entries.get(key)
+        return None if hit is None else hit[1]
+
     def put(self, key: K, value: V | None) -> None:
         """Cache a value this process just wrote (its next read needs no store trip)."""
         if len(self._entries) >= self._max_entries:

@@ -4,7 +4,8 @@ when `engine.backend` is `sglang`."""
 
 from __future__ import annotations
 
-from areal_service.config import ServiceConfig
+from areal_service.admin_key import DefaultAdminKeyError
+from areal_service.config import ServiceConfig, with_admin_key
 from engine.tiny_model import ensure_tiny_model
 from gateway.server import run_gateway
 from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
@@ -36,7 +37,12 @@ def start_local_engine(config: ServiceConfig) -> ChildProcess:
 
 def serve(config: ServiceConfig) -> None:
     """Serve the gateway (blocking); a local engine child lives exactly as long, whether
-    the gateway stops on Ctrl-C, SIGTERM or an error."""
+    the gateway stops on Ctrl-C, SIGTERM or an error. The default admin key on a
+    non-loopback `gateway.host` stops it before anything starts."""
+    try:
+        config = with_admin_key(config, binding=True)
+    except DefaultAdminKeyError as exc:
+        raise SystemExit(f"areal-service serve: {exc}") from None
     with exit_on_sigterm():
         if config.engine.backend == "sglang" and not config.gateway.backends:
             from launcher.sglang_servers import sglang_backends

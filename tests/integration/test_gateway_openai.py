@@ -272,7 +272,8 @@ def test_prometheus_metrics_count_what_was_served(gw: Gateway) -> None:
     list(_chat(gw, max_tokens=3, stream=True))
     with pytest.raises(openai.BadRequestError):
         _chat(gw, n=0)
-    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    text = httpx.get(gw.url + "/metrics", timeout=10,
+                     headers={"authorization": f"Bearer {_key(gw)}"}).text
     assert _metric(text, 'areal_requests_total{route="chat",status="200"}') == 2
     assert _metric(text, 'areal_requests_total{route="chat",status="400"}') == 1
     assert _metric(text, 'areal_request_latency_seconds_count{route="chat"}') == 3

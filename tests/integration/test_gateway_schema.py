@@ -104,7 +104,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
 
 @pytest.fixture(scope="module")
 def openapi(gw: Any) -> dict[str, Any]:
-    response = httpx.get(gw.url + "/openapi.json")
+    response = httpx.get(gw.url + "/openapi.json", headers={
+        "authorization": f"Bearer {gw.config.gateway.admin_key.get_secret_value()}"})
     assert response.status_code == 200
     return response.json()
 

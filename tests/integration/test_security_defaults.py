@@ -1,0 +1,156 @@
+"""Security defaults through a real gateway: the shipped admin key is never in force
+(generated per data dir on loopback, refused elsewhere), credential guessing is
+throttled per address with exponential backoff and an OpenAI-shaped 429, docs and
+metrics need the admin key unless made public, and a user key cannot join another
+key's group."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from harness import ADMIN_KEY  # tests/integration/harness.py
+
+from areal_service.admin_key import DEFAULT_ADMIN_KEY, DefaultAdminKeyError
+from areal_service.config import load_config, with_admin_key
+from gateway.app import create_app
+
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def test_default_admin_key_is_generated_per_data_dir(tmp_path):
+    first = load_config(overrides=[f"data_dir={tmp_path}"]).gateway.admin_key
+    key = first.get_secret_value()
+    assert key != DEFAULT_ADMIN_KEY and len(key) > 30
+    path = tmp_path / "admin_key"
+    assert path.read_text().strip() == key and (path.stat().st_mode & 0o777) == 0o600
+    again = load_config(overrides=[f"data_dir={tmp_path}", "gateway.admin_key=sk-areal-admin"])
+    assert again.gateway.admin_key.get_secret_value() == key  # same dir, same key
+    other = load_config(overrides=[f"data_dir={tmp_path / 'other'}"])
+    assert other.gateway.admin_key.get_secret_value() != key
+    mine = load_config(overrides=[f"data_dir={tmp_path}", "gateway.admin_key=sk-mine"])
+    assert mine.gateway.admin_key.get_secret_value() == "sk-mine"
+
+
+def test_default_admin_key_on_a_reachable_address_refuses_to_start(tmp_path):
+    for host in ("0.0.0.0", "'::'", "10.1.2.3", "gateway.example"):
+        cfg = load_config(overrides=[f"data_dir={tmp_path}", f"gateway.host={host}"])
+        assert cfg.gateway.admin_key.get_secret_value() == DEFAULT_ADMIN_KEY
+        with pytest.raises(DefaultAdminKeyError, match="gateway.admin_key"):
+            with_admin_key(cfg, binding=True)
+        with pytest.raises(DefaultAdminKeyError), TestClient(create_app(cfg)):
+            pass  # the lifespan refuses before anything is built
+    explicit = load_config(overrides=[f"data_dir={tmp_path}", "gateway.host=0.0.0.0",
+                                      "gateway.admin_key=sk-long-secret"])
+    assert with_admin_key(explicit, binding=True) is explicit
+    # The CLI says so and exits before starting anything (no engine, no port).
+    run = subprocess.run(
+        [sys.executable, "-m", "launcher", "serve", "--set", f"data_dir={tmp_path / 'cli'}",
+         "--set", "gateway.host=0.0.0.0"], capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "AREAL_GATEWAY__ADMIN_KEY"})
+    assert run.returncode != 0
+    assert "refusing to serve on 0.0.0.0 with the default admin key" in run.stderr
+    assert not (tmp_path / "cli" / "logs").exists()
+
+
+def test_gateway_with_the_default_key_uses_the_generated_one(tmp_path, tiny_model_dir,
+                                                             engine_url, gateway_factory):
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
+                         f"gateway.admin_key={DEFAULT_ADMIN_KEY}") as gw:
+        key = (tmp_path / "admin_key").read_text().strip()
+        assert gw.state.config.gateway.admin_key.get_secret_value() == key
+        http = httpx.Client(base_url=gw.url, timeout=30)
+        assert http.get("/admin/status", headers={
+            "authorization": f"Bearer {DEFAULT_ADMIN_KEY}"}).status_code == 401
+        assert http.get("/admin/status", headers={
+            "authorization": f"Bearer {key}"}).status_code == 200
+
+
+def _csrf(html: str) -> str:
+    return re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
+
+
+def test_bearer_and_login_failures_back_off_exponentially(tmp_path, tiny_model_dir,
+                                                           engine_url, gateway_factory):
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
+                         "gateway.auth_free_failures=3", "gateway.auth_backoff_s=1",
+                         "gateway.auth_max_backoff_s=60") as gw:
+        http = httpx.Client(base_url=gw.url, timeout=30)
+        user = http.post("/admin/keys", json={"name": "agent"}, headers=ADMIN).json()
+        agent = {"authorization": f"Bearer {user['api_key']}"}
+        assert http.get("/v1/models", headers=agent).status_code == 200
+        wrong = {"authorization": "Bearer sk-guess"}
+        assert [http.get("/v1/models", headers=wrong).status_code for _ in range(4)] == \
+            [401] * 4  # 3 free failures; the 4th locks the address out for 1 s
+        started = time.monotonic()
+        refused = http.post("/v1/chat/completions", headers=wrong, json={})
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json() == {"error": {
+            "message": refused.json()["error"]["message"], "type": "rate_limit_error",
+            "param": None, "code": "too_many_auth_failures"}}
+        # Working credentials from the same address keep working.
+        assert http.get("/v1/models", headers=agent).status_code == 200
+        assert http.get("/admin/status", headers=ADMIN).status_code == 200
+        # A console login attempt is refused too, even with the right key.
+        page = http.get("/console/login")
+        assert page.status_code == 200
+        login = http.post("/console/login", data={"csrf_token": _csrf(page.text),
+                                                  "admin_key": ADMIN_KEY})
+        assert login.status_code == 429 and login.headers["retry-after"]
+        # After the lock-out a guess is answered again; the next failure locks for 2 s.
+        time.sleep(max(0.0, started + 1.05 - time.monotonic()))
+        assert http.get("/v1/models", headers=wrong).status_code == 401
+        assert http.get("/v1/models", headers=wrong).headers["retry-after"] == "2"
+        # Failed console logins count the same way.
+        time.sleep(2.05)
+        page = http.get("/console/login")
+        bad = http.post("/console/login", data={"csrf_token": _csrf(page.text),
+                                                "admin_key": "sk-wrong"})
+        assert bad.status_code == 401
+        assert http.post("/console/login", data={"csrf_token": _csrf(page.text),
+                                                 "admin_key": "sk-wrong"}).status_code == 429
+
+
+def test_docs_and_metrics_need_the_admin_key_unless_public(tmp_path, tiny_model_dir,
+                                                          engine_url, gateway_factory):
+    paths = ("/metrics", "/docs", "/openapi.json")
+    with gateway_factory(tmp_path / "a", tiny_model_dir, [engine_url]) as gw:
+        http = httpx.Client(base_url=gw.url, timeout=30)
+        user = http.post("/admin/keys", json={}, headers=ADMIN).json()["api_key"]
+        for path in paths:
+            bare = http.get(path)
+            assert bare.status_code == 401 and bare.json()["error"]["code"] == "admin_required"
+            assert http.get(path, headers={"authorization": f"Bearer {user}"}
+                            ).status_code == 401
+            assert http.get(path, headers=ADMIN).status_code == 200
+    with gateway_factory(tmp_path / "b", tiny_model_dir, [engine_url],
+                         "gateway.public_docs=true", "gateway.public_metrics=true") as gw:
+        for path in paths:
+            assert httpx.get(gw.url + path, timeout=30).status_code == 200
+
+
+def test_a_user_key_cannot_join_another_keys_group(gateway):
+    http = httpx.Client(base_url=gateway.url, timeout=30)
+    group = http.post("/rl/sessions", json={"group_size": 2}, headers=ADMIN).json()["group_id"]
+    user = http.post("/admin/keys", json={}, headers=ADMIN).json()["api_key"]
+    mine = {"authorization": f"Bearer {user}"}
+    joined = http.post("/rl/sessions", json={"group_id": group}, headers=mine)
+    assert joined.status_code == 403 and joined.json()["error"]["code"] == "group_not_owned"
+    assert len(gateway.state.store.list_sessions(group_id=group)) == 2
+    # Its own group: a new one, then joined again by the same key's next refresh.
+    assert http.post("/rl/sessions", json={"group_id": "grp-mine"}, headers=mine
+                     ).status_code == 201
+    assert http.post("/rl/sessions", json={"group_id": "grp-mine"}, headers=mine
+                     ).status_code == 201
+    assert len(gateway.state.store.list_sessions(group_id="grp-mine")) == 2
+    # A session key cannot start or refresh sessions at all.
+    session_key = http.post("/rl/sessions", json={}, headers=ADMIN).json()["api_key"]
+    assert http.post("/rl/sessions", json={"group_id": "grp-mine"}, headers={
+        "authorization": f"Bearer {session_key}"}).status_code == 403
