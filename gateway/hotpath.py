@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -57,26 +58,33 @@ class EventStream:
 Reply = JsonReply | EventStream
 Handler = Callable[[Request, GatewayState, Principal], Awaitable[Reply]]
 """A hot route: (request, state, authenticated caller) → reply; raises `OpenAIError`."""
+ErrorBody = Callable[[OpenAIError], dict[str, Any]]
+"""A route's error body (`OpenAIError.body`, the OpenAI shape, unless the route gives
+its own: the Anthropic Messages route answers in Anthropic's)."""
+Route = tuple[str, Handler] | tuple[str, Handler, ErrorBody]
+"""(metrics label, handler[, error body])."""
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
-def error_reply(exc: OpenAIError) -> JsonReply:
-    """The OpenAI-shaped error response for `exc`."""
-    return JsonReply(json.dumps(exc.body()).encode(), f"req_{uuid.uuid4().hex}",
+def error_reply(exc: OpenAIError, shape: ErrorBody | None = None) -> JsonReply:
+    """The error response for `exc`: OpenAI-shaped, or `shape`d."""
+    body = exc.body() if shape is None else shape(exc)
+    return JsonReply(json.dumps(body).encode(), f"req_{uuid.uuid4().hex}",
                      exc.status, exc.headers)
 
 
 class HotRoutes:
-    """ASGI middleware: `routes` (path → (metrics label, handler)) for POST, else `app`.
+    """ASGI middleware: `routes` (path → (metrics label, handler[, error body])) for
+    POST, else `app`.
 
     The gateway state comes from `scope["app"]` (Starlette sets it before any
     middleware runs). Every route gets one check here: a body declared larger than
     `gateway.max_request_bytes` is answered 413 at once; bodies without a length are
     counted as they arrive (`read_body`), on every route, before FastAPI parses them."""
 
-    def __init__(self, app: ASGIApp, routes: Mapping[str, tuple[str, Handler]]) -> None:
+    def __init__(self, app: ASGIApp, routes: Mapping[str, Route]) -> None:
         self.app = app
         self.routes = dict(routes)
 
@@ -97,27 +105,28 @@ class HotRoutes:
                     return
             await self.app(scope, receive, send)
             return
+        label, handler, *shaped = route
+        shape = shaped[0] if shaped else None
         if scope["method"] != "POST":
             await send_json(send, error_reply(OpenAIError(
                 405, f"{scope['method']} is not allowed on {scope['path']}; use POST",
-                headers={"allow": "POST"})))
+                headers={"allow": "POST"}), shape))
             return
-        label, handler = route
         metrics = state.metrics
         started = time.perf_counter()
         metrics.in_flight.inc()
         try:
-            await self._serve(scope, receive, send, state, label, handler)
+            await self._serve(scope, receive, send, state, label, handler, shape)
         finally:
             metrics.in_flight.dec()
             metrics.latency.labels(label).observe(time.perf_counter() - started)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, state: GatewayState,
-                     label: str, handler: Handler) -> None:
+                     label: str, handler: Handler, shape: ErrorBody | None) -> None:
         try:
             body = await read_body(receive, state.config.gateway.max_request_bytes)
         except OpenAIError as exc:
-            await send_json(send, error_reply(exc))
+            await send_json(send, error_reply(exc, shape))
             return
         if body is None:
             return  # the client left while sending its request
@@ -128,11 +137,12 @@ class HotRoutes:
                 principal = await state.keys.resolve(bearer_token(request))
                 reply = await handler(request, state, principal)
             except OpenAIError as exc:
-                reply = error_reply(exc)
-            except Exception as exc:  # the OpenAI shape even for a bug, and a log line
+                reply = error_reply(exc, shape)
+            except Exception as exc:  # the route's shape even for a bug, and a log line
                 log.exception("unhandled error on POST %s", scope["path"])
                 reply = error_reply(OpenAIError(500, f"internal error: {type(exc).__name__}",
-                                                type="server_error", code="internal_error"))
+                                                type="server_error", code="internal_error"),
+                                    shape)
             status = reply.status if isinstance(reply, JsonReply) else 200
             state.metrics.requests.labels(label, str(status)).inc()
             if isinstance(reply, JsonReply):
