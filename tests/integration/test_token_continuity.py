@@ -76,7 +76,7 @@ def chat_conversation(client: openai.OpenAI, model: str, turns: list[str]
     replies = []
     for text in turns:
         messages.append({"role": "user", "content": text})
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=24)
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=12)
         messages.append(reply.choices[0].message.model_dump(exclude_none=True))
         replies.append(reply)
     return replies
@@ -113,7 +113,7 @@ def test_streamed_turns_merge(gateway: Gateway) -> None:
     for text in USER_TURNS[:4]:
         messages.append({"role": "user", "content": text})
         stream = client.chat.completions.create(model=gateway.config.gateway.model_name,
-                                                messages=messages, max_tokens=24, stream=True)
+                                                messages=messages, max_tokens=12, stream=True)
         content = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         messages.append({"role": "assistant", "content": content})
     records, sequences = sequences_of(gateway, session_id)
