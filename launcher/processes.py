@@ -47,10 +47,7 @@ class ChildProcess:
     """A started subprocess with a readiness probe and an orderly stop."""
 
     def __init__(self, name: str, argv: Sequence[str], *, log_path: Path | None = None,
-                 env: dict[str, str] | None = None, thread_outlives_child: bool = False) -> None:
-        """`thread_outlives_child`: started from a thread other than the main one that
-        lives at least as long as the child (a supervisor's monitor), so the child may
-        be tied to that thread's life like main-thread children are to the process's."""
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - owned
         self.proc = subprocess.Popen(
@@ -59,7 +56,7 @@ class ChildProcess:
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=_die_with_parent(thread_outlives_child),  # noqa: PLW1509 - one prctl
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - one prctl call, no locks
         )
         log.info("started %s (pid %d): %s", name, self.proc.pid, " ".join(argv))
 
@@ -94,16 +91,15 @@ class ChildProcess:
         log.info("stopped %s (%s)", self.name, how)
 
 
-def _die_with_parent(any_thread: bool = False) -> Callable[[], None] | None:
+def _die_with_parent() -> Callable[[], None] | None:
     """A pre-exec hook asking Linux to SIGTERM the child when its parent thread dies
     (prctl PR_SET_PDEATHSIG). Only from the main thread: the signal follows the thread
-    that forked, and a worker thread ending would stop the child (`any_thread`: the
-    caller's thread outlives the child, so that is what it wants). The libc symbol is
+    that forked, and a worker thread ending would stop the child. The libc symbol is
     resolved here, in the parent: the hook runs between fork and exec, where loading a
     library could deadlock on a lock another thread held at fork time."""
     if not sys.platform.startswith("linux"):
         return None
-    if not any_thread and threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         return None
     import ctypes
 

@@ -151,6 +151,27 @@ def wait_healthy(urls: Sequence[str], timeout_s: float, *, interval_s: float = 1
             time.sleep(interval_s)
 
 
+_PDEATHSIG_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"  # the launcher died before the prctl: nobody would stop us
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def tied_to_this_thread(argv: Sequence[str]) -> list[str]:
+    """`argv` behind a small exec shim that asks Linux for SIGTERM when the thread that
+    starts it ends (the signal survives exec). Restarts are started by the monitor
+    thread, where ChildProcess sets no pre-exec hook (running Python between fork and
+    exec is unsafe with other threads about, and crashed children here); the monitor
+    outlives every child it starts (stop() ends it, then stops them), so a launcher
+    killed outright takes restarted servers along. Costs one interpreter start."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-c", _PDEATHSIG_EXEC, str(os.getpid()), *argv]
+
+
 class _Server:
     """A supervised server: the running child and its restart bookkeeping."""
 
@@ -266,12 +287,8 @@ class Supervisor:
 
     def _launch(self, server: _Server) -> None:
         spec = server.spec
-        # Restarts fork from the monitor thread, which outlives every child it starts
-        # (stop() ends it first, then stops the children): tie them to it, so a launcher
-        # killed outright takes restarted servers along too.
-        child = ChildProcess(spec.name, spec.argv, env=dict(spec.env),
-                             log_path=self._log_dir / f"{spec.name}.log",
-                             thread_outlives_child=True)
+        child = ChildProcess(spec.name, tied_to_this_thread(spec.argv), env=dict(spec.env),
+                             log_path=self._log_dir / f"{spec.name}.log")
         with self._lock:
             server.child = child
             server.started_at = time.monotonic()
