@@ -172,6 +172,21 @@ class GatewayConfig(_Section):
     auto_session: bool = True
     """A virtual (user) key calling without an open session opens one and binds it, so
     agents that only change base_url/api_key still produce episodes."""
+    session_from: list[Literal["key", "header", "metadata", "client_metadata"]] = Field(
+        default_factory=lambda: ["key", "header", "metadata", "client_metadata"])
+    """Where a request's session comes from, tried in this order: `key` (a session-scoped
+    key), `header` (`x-session-id`), `metadata` (`metadata.session_id` in the body): these
+    name a session that must exist; `client_metadata`: the agent's own conversation id
+    (Codex: `client_metadata.thread_id`/`session_id` of a Responses body or its
+    `session_id` header; Claude Code: its `x-claude-code-session-id` header or the session
+    in `metadata.user_id`), mapped per key to a session opened on first use, so one
+    Codex thread or Claude Code session is one episode without client changes. Without
+    any: the key's bound (or auto-opened) session."""
+    hosted_tools: Literal["drop", "reject"] = "drop"
+    """Tools that run on the provider's side, which the policy cannot do (Responses
+    `web_search`, `file_search`, `code_interpreter`, ...; Anthropic `web_search_*`, ...):
+    `drop` leaves them out of the prompt and lists them in the completion record
+    (`response_json.gateway.dropped_tools`); `reject` answers 400 naming the tool."""
     session_idle_timeout_s: float = Field(900.0, gt=0)
     """An open session with no activity for this long is ended (reason `idle_timeout`)."""
     session_sweep_interval_s: float = Field(5.0, gt=0)

@@ -19,13 +19,14 @@ from gateway.backend import GenerationDelta
 from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import OpenAIError
-from gateway.hotpath import Handler
+from gateway.hotpath import Route
 from gateway.model_names import model_card, model_cards, resolve_model
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
 from gateway.protocol import ChatCompletionRequest, ResponsesRequest
 from gateway.replies import ChatCompletion, ErrorBody, Model, ModelList, Response
 from gateway.response_chain import with_previous_responses
 from gateway.responses import ResponsesStreamAssembler, build_response, responses_to_chat
+from gateway.routes import anthropic
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage, build_chat_completion
 
@@ -164,12 +165,14 @@ class ResponsesStream(StreamEncoder):
 CHAT = ChatAdapter()
 RESPONSES = ResponsesAdapter()
 
-HOT_ROUTES: dict[str, tuple[str, Handler]] = {
-    path: (adapter.label, adapter.handle)
-    for adapter, paths in ((CHAT, ("/v1/chat/completions", "/chat/completions")),
-                           (RESPONSES, ("/v1/responses", "/responses")))
-    for path in paths}
-"""Served by `gateway.hotpath.HotRoutes`, outside FastAPI (see there why)."""
+HOT_ROUTES: dict[str, Route] = {
+    **{path: (adapter.label, adapter.handle)
+       for adapter, paths in ((CHAT, ("/v1/chat/completions", "/chat/completions")),
+                              (RESPONSES, ("/v1/responses", "/responses")))
+       for path in paths},
+    **anthropic.HOT_ROUTES}
+"""Served by `gateway.hotpath.HotRoutes`, outside FastAPI (see there why); the Anthropic
+Messages routes (`routes/anthropic.py`) included."""
 
 
 # ------------------------------------------------------------------ schema of the hot routes
@@ -184,6 +187,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (409, "the session has ended"), (413, "body over gateway.max_request_bytes"),
         (503, "no backend available (retry-after) or the record could not be stored"))}
 _STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+docs_router.include_router(anthropic.docs_router)
 
 
 @docs_router.post("/v1/chat/completions", response_model=ChatCompletion, responses={
