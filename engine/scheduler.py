@@ -97,6 +97,11 @@ class Request:
         return SamplingSpec(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p)
 
 
+Receive = Callable[[torch.device, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+"""A distributed update's bucket receiver: (device, live state dict) -> tensors still to
+load (see `engine/weight_groups.py`)."""
+
+
 # ---- commands (HTTP thread -> scheduler thread) -------------------------------------------
 
 
@@ -133,7 +138,7 @@ class _UpdateWeights(_Command):
     weight_version: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
-    receive: Callable[[torch.device], dict[str, torch.Tensor]] | None = None
+    receive: Receive | None = None
     """Distributed update: receives one bucket (blocking on the trainer's broadcast) in
     place of reading `model_path`; runs on the scheduler thread, between batches."""
 
@@ -223,11 +228,12 @@ class Scheduler:
         ))
 
     def update_weights_from_distributed(
-        self, receive: Callable[[torch.device], dict[str, torch.Tensor]], *,
+        self, receive: Receive, *,
         weight_version: str | None, flush_cache: bool, abort_all: bool
     ) -> Future:
-        """Like `update_weights`, but the tensors come from `receive(device)` (one
-        bucket of the trainer's broadcast), called on this thread when the update is
+        """Like `update_weights`, but the tensors come from `receive(device, params)`
+        (one bucket of the trainer's broadcast; it may write `params`, the live state
+        dict, in place and returns the rest), called on this thread when the update is
         due: paused, at once; unpaused, after the requests present now finished."""
         return self._send(_UpdateWeights(
             model_path=self.model_path, weight_version=weight_version,
@@ -383,7 +389,8 @@ class Scheduler:
         source = "the trainer's broadcast" if cmd.receive else cmd.model_path
         try:
             if cmd.receive is not None:
-                self.runner.load_named_tensors(cmd.receive(self.runner.device))
+                self.runner.load_named_tensors(
+                    cmd.receive(self.runner.device, self.runner.model.state_dict()))
             else:
                 self.runner.load_weights(cmd.model_path)
         except (WeightLoadError, KeyError, ValueError, RuntimeError) as exc:

@@ -8,9 +8,12 @@ in several groups and a trainer process keeps its own FSDP group untouched. This
 is one rank (`rank_offset`); SGLang joins `tp_size` ranks per server.
 
 Receiving (`receive`): one broadcast per tensor, in the order of `names`, from group
-rank 0 (what the trainer sends). Tensors are received into fresh buffers (on CPU for
-gloo, on the engine's device for nccl); the caller validates and copies them into the
-model, so a bad bucket still drains the trainer's broadcasts and never hangs it.
+rank 0 (what the trainer sends). A tensor whose live parameter has the same dtype and
+shape on the group's device (CPU for gloo) is received straight into that parameter
+(no copy; a copy per tensor measured 10-30 ms on a busy 2-core box while gloo's threads
+wind down); any other goes to a fresh buffer that the caller validates and casts into
+the model, so a bad name or shape still drains the trainer's broadcasts and never
+hangs it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -68,18 +71,18 @@ class WeightGroups:
             return False
         group, _, _ = found
         shutdown = getattr(group, "shutdown", None)
-        if callable(shutdown):
-            try:
-                shutdown()
-            except RuntimeError as exc:  # already torn down by a failed peer
-                logger.debug("shutdown of %s: %s", group_name, exc)
+        if callable(shutdown):  # ~30 ms (gloo joins its threads): off the caller's path
+            threading.Thread(target=_quiet_shutdown, args=(shutdown, group_name),
+                             name=f"shutdown-{group_name}", daemon=True).start()
         return True
 
     def receive(self, group_name: str, names: Sequence[str], dtypes: Sequence[str],
-                shapes: Sequence[Sequence[int]], device: torch.device
-                ) -> dict[str, torch.Tensor]:
-        """Receive one bucket from rank 0: {name: tensor} (for nccl on `device`, for
-        gloo on CPU). KeyError for an unknown group, ValueError for a bad dtype."""
+                shapes: Sequence[Sequence[int]], device: torch.device,
+                targets: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Receive one bucket from rank 0. Tensors matching `targets[name]` (dtype,
+        shape, device) land in it in place; the others are returned as {name: tensor}
+        (for nccl on `device`, for gloo on CPU) for the caller to check and load.
+        KeyError for an unknown group, ValueError for a bad dtype (before receiving)."""
         with self._lock:
             if group_name not in self._groups:
                 raise KeyError(f"no weight-update group {group_name!r}; "
@@ -94,7 +97,20 @@ class WeightGroups:
                 raise ValueError(f"{name}: unknown dtype {dtype!r}")
         received: dict[str, torch.Tensor] = {}
         for name, torch_dtype, shape in zip(names, torch_dtypes, shapes, strict=True):
+            target = targets.get(name)
+            if (target is not None and target.dtype == torch_dtype
+                    and tuple(target.shape) == tuple(shape) and target.device == where
+                    and target.is_contiguous()):
+                group.broadcast(target, 0).wait()
+                continue
             buf = torch.empty(tuple(shape), dtype=torch_dtype, device=where)
             group.broadcast(buf, 0).wait()
             received[name] = buf
         return received
+
+
+def _quiet_shutdown(shutdown: Callable[[], None], group_name: str) -> None:
+    try:
+        shutdown()
+    except RuntimeError as exc:  # already torn down by a failed peer
+        logger.debug("shutdown of %s: %s", group_name, exc)

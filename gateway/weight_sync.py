@@ -72,6 +72,16 @@ async def _each(backends: Sequence[Backend],
             raise r
 
 
+async def _leave(backends: Sequence[Backend], group: str) -> None:
+    """Destroy the group on every backend, after continue (off the swap's path); a
+    failed group may already be gone there."""
+    for b in backends:
+        try:
+            await b.client.destroy_weights_update_group(group)
+        except BackendError as e:
+            log.debug("destroy of %s on %s: %s", group, b.url, e)
+
+
 async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
                            offer: Mapping[str, Any]) -> dict[str, SwapTimings]:
     """Swap every healthy backend to `record` by the trainer's broadcast (see the module
@@ -80,39 +90,39 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
     healthy = [b for b in pool.backends if b.healthy]
     if not healthy:
         raise BackendUnavailable("no healthy backend to sync")
-    ranks = [int((await b.client.server_info()).get("tp_size") or 1) for b in healthy]
+    infos = await asyncio.gather(*(b.client.server_info() for b in healthy))
+    ranks = [int(info.get("tp_size") or 1) for info in infos]
+    world = 1 + sum(ranks)
+    offsets = [1 + sum(ranks[:i]) for i in range(len(healthy))]
     group = str(offer["group_name"])
     buckets = list(offer["buckets"])
     for b in healthy:
         b.swapping = True
     t0 = time.perf_counter()
-    t1 = t2 = t0
+    t1 = t2 = t3 = t0
     try:
-        await _each(healthy, lambda c: c.pause_generation("abort"))
-        t1 = time.perf_counter()
-        world = 1 + sum(ranks)
-        await asyncio.to_thread(state.store.update_weight_version_metadata, record.version,
-                                {"sync_world_size": world})
-        offsets = [1 + sum(ranks[:i]) for i in range(len(healthy))]
-        await asyncio.gather(*(b.client.init_weights_update_group(InitWeightsUpdateGroupRequest(
+        # The trainer starts its rendezvous when it reads the world size; joining touches
+        # no weights, so the row write, the pause and the join all overlap.
+        announce = asyncio.to_thread(state.store.update_weight_version_metadata,
+                                     record.version, {"sync_world_size": world})
+        pause = _each(healthy, lambda c: c.pause_generation("abort"))
+        join = asyncio.gather(*(b.client.init_weights_update_group(InitWeightsUpdateGroupRequest(
             master_address=str(offer["master_address"]), master_port=int(offer["master_port"]),
             rank_offset=off, world_size=world, group_name=group,
             backend=str(offer.get("backend", "nccl")))) for b, off in zip(healthy, offsets,
                                                                            strict=True)))
-        try:
-            for i, bucket in enumerate(buckets):
-                last = i == len(buckets) - 1
-                body = UpdateWeightsFromDistributedRequest(
-                    names=bucket["names"], dtypes=bucket["dtypes"], shapes=bucket["shapes"],
-                    group_name=group, flush_cache=last,
-                    **({"weight_version": str(record.version)} if last else {}))
-                await _each(healthy, lambda c, body=body: c.update_weights_from_distributed(body))
-        finally:
-            for b in healthy:  # best effort: a failed group may already be gone
-                try:
-                    await b.client.destroy_weights_update_group(group)
-                except BackendError as e:
-                    log.debug("destroy of %s on %s: %s", group, b.url, e)
+        results = await asyncio.gather(announce, pause, join, return_exceptions=True)
+        t1 = time.perf_counter()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1
+            body = UpdateWeightsFromDistributedRequest(
+                names=bucket["names"], dtypes=bucket["dtypes"], shapes=bucket["shapes"],
+                group_name=group, flush_cache=last,
+                **({"weight_version": str(record.version)} if last else {}))
+            await _each(healthy, lambda c, body=body: c.update_weights_from_distributed(body))
         t2 = time.perf_counter()
     finally:
         try:
@@ -120,7 +130,8 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
         finally:
             for b in healthy:
                 b.swapping = False
-    t3 = time.perf_counter()
+            t3 = time.perf_counter()
+            await _leave(healthy, group)  # also a half-joined group (best effort)
     pool.target = (record.path, record.version)  # a returning backend re-syncs from disk
     timing = SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
     return {b.url: timing for b in healthy}

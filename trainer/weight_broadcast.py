@@ -58,7 +58,7 @@ from areal_service.store import TrajectoryStore
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.01
+POLL_S = 0.002
 """How often rank 0 reads its row while waiting for the gateway's world size."""
 
 
