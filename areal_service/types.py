@@ -38,6 +38,16 @@ class ApiKeyRecord:
     created_at: float = field(default_factory=now)
     last_used_at: float | None = None
     revoked_at: float | None = None
+    rpm_limit: int | None = None
+    """Requests per minute (None: unlimited); the gateway answers 429 past it."""
+    tpm_limit: int | None = None
+    """Prompt + completion tokens per minute (None: unlimited)."""
+    max_concurrent: int | None = None
+    """Requests in flight at once (None: unlimited)."""
+    token_budget: int | None = None
+    """Total prompt + completion tokens this key may ever use (None: unlimited)."""
+    tokens_used: int = 0
+    """Tokens used so far (written by the gateway's periodic flush, like `last_used_at`)."""
 
 
 @dataclass(frozen=True, slots=True)

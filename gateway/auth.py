@@ -24,6 +24,7 @@ from areal_service.store import TrajectoryStore
 from areal_service.types import ApiKeyRecord
 from gateway.cache import RefreshingCache
 from gateway.errors import OpenAIError, invalid_api_key
+from gateway.limits import KeyLimits
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class KeyUsage:
         self.min_interval_s = min_interval_s
         self._max_keys = max_keys
         self._pending: dict[str, float] = {}
+        self._tokens: dict[str, int] = {}
+        """Tokens used per key since the last flush (summed, never throttled)."""
         self._noted: dict[str, float] = {}
         """When each key was last noted (bounded: cleared past `max_keys`)."""
 
@@ -71,6 +74,15 @@ class KeyUsage:
         if len(self._noted) >= self._max_keys:
             self._noted.clear()
         self._noted[key_id] = self._pending[key_id] = now
+
+    def add_tokens(self, key_id: str, tokens: int) -> None:
+        """Count `tokens` used by `key_id` (flushed into `tokens_used`)."""
+        self._tokens[key_id] = self._tokens.get(key_id, 0) + tokens
+
+    def take_tokens(self) -> dict[str, int]:
+        """Tokens counted since the last `take_tokens` (and forget them)."""
+        tokens, self._tokens = self._tokens, {}
+        return tokens
 
     def take(self) -> dict[str, float]:
         """What was noted since the last `take` (and forget it)."""
@@ -90,6 +102,8 @@ class KeyResolver:
                  stale_s: float = 60.0, usage_interval_s: float = 30.0) -> None:
         self._admin_key = admin_key
         self.usage = KeyUsage(usage_interval_s)
+        self.limits = KeyLimits(on_tokens=self.usage.add_tokens)
+        """Per-key rate, concurrency and budget limits (`gateway/limits.py`)."""
         self._keys: RefreshingCache[str, ApiKeyRecord] = RefreshingCache(
             store.find_api_key_by_hash, ttl_s=ttl_s, stale_s=stale_s)
 
@@ -134,13 +148,20 @@ async def flush_key_usage(usage: KeyUsage, store: TrajectoryStore, interval_s: f
 async def write_key_usage(usage: KeyUsage, store: TrajectoryStore) -> None:
     """One flush of `usage` to the store (in a thread; nothing to do when empty)."""
     pending = usage.take()
-    if not pending:
-        return
-    try:
-        await asyncio.to_thread(store.touch_api_keys, pending)
-    except Exception:  # the database may be briefly unavailable; keep the times
-        log.exception("writing last_used_at of %d keys failed", len(pending))
-        usage.restore(pending)
+    if pending:
+        try:
+            await asyncio.to_thread(store.touch_api_keys, pending)
+        except Exception:  # the database may be briefly unavailable; keep the times
+            log.exception("writing last_used_at of %d keys failed", len(pending))
+            usage.restore(pending)
+    tokens = usage.take_tokens()
+    if tokens:
+        try:
+            await asyncio.to_thread(store.add_api_key_tokens, tokens)
+        except Exception:  # kept for the next flush: counts add up
+            log.exception("writing tokens_used of %d keys failed", len(tokens))
+            for key_id, n in tokens.items():
+                usage.add_tokens(key_id, n)
 
 
 def require_admin(principal: Principal) -> None:

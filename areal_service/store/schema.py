@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, LargeBinary, MetaData, String
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Stable constraint names, so Alembic can address them in batch (SQLite) migrations.
@@ -47,6 +56,11 @@ class ApiKeyRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     last_used_at: Mapped[float | None] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float)
+    rpm_limit: Mapped[int | None] = mapped_column(Integer)
+    tpm_limit: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    token_budget: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_used: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class SessionRow(Base):

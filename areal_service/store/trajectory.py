@@ -180,6 +180,26 @@ class TrajectoryStore:
         with self._engine.begin() as connection:
             connection.execute(statement, [{"key_id": k, "at": t} for k, t in used_at.items()])
 
+    def add_api_key_tokens(self, tokens: Mapping[str, int]) -> None:
+        """Add to `tokens_used` of many keys in one transaction (key id → tokens)."""
+        if not tokens:
+            return
+        statement = (update(ApiKeyRow).where(ApiKeyRow.id == bindparam("key_id"))
+                     .values(tokens_used=ApiKeyRow.tokens_used + bindparam("n")))
+        with self._engine.begin() as connection:
+            connection.execute(statement, [{"key_id": k, "n": n} for k, n in tokens.items()])
+
+    def set_api_key_limits(self, key_id: str, limits: Mapping[str, int | None]
+                           ) -> ApiKeyRecord | None:
+        """Set some of a key's limits (`rpm_limit`, `tpm_limit`, `max_concurrent`,
+        `token_budget`; None: unlimited). The key, or None if unknown."""
+        allowed = {"rpm_limit", "tpm_limit", "max_concurrent", "token_budget"}
+        if set(limits) - allowed:
+            raise ValueError(f"unknown limits {sorted(set(limits) - allowed)}")
+        if limits:
+            self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(**limits))
+        return self.get_api_key(key_id)
+
     def bind_key_session(self, key_id: str, session_id: str | None) -> None:
         """Point a key at its current session (None unbinds)."""
         self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(session_id=session_id))
