@@ -107,12 +107,6 @@ def advertised_address(configured: str | None) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 class WeightBroadcaster:
     """Rank 0's sender: `offer()` builds the row's `sync` metadata, `send()` waits for
     the gateway's world size and broadcasts."""
@@ -124,15 +118,22 @@ class WeightBroadcaster:
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.address = advertised_address(address)
+        self._tcp: dist.TCPStore | None = None
 
     def offer(self, version: int, state: Mapping[str, torch.Tensor]
               ) -> tuple[dict[str, Any], list[Bucket]]:
-        """(`metadata.sync` for version `version`'s row, the bucket plan)."""
+        """(`metadata.sync` for version `version`'s row, the bucket plan). Starts the
+        group's TCPStore now, on a port the OS picks, so backends that join before rank 0
+        learned the world size find it listening (a refused connection makes a TCPStore
+        client back off ~0.6 s); `send` uses it and closes it."""
         buckets = plan_buckets(state, self.bucket_bytes)
+        self._tcp = dist.TCPStore("0.0.0.0", 0, None, True,
+                                  datetime.timedelta(seconds=self.timeout_s),
+                                  wait_for_workers=False)
         offer = {
             "mode": "distributed",
             "master_address": self.address,
-            "master_port": _free_port(),
+            "master_port": int(self._tcp.port),
             "group_name": f"areal-weights-v{version}",
             "backend": self.backend,
             "buckets": [b.to_json() for b in buckets],
@@ -146,14 +147,13 @@ class WeightBroadcaster:
         as rank 0 and broadcast every bucket. Never raises for a missing or failed
         receiver: records `sync_error` on the row (the gateway then swaps from disk) and
         returns it; on success records and returns `sync_sent`."""
+        assert self._tcp is not None, "send() follows offer()"
         t0 = time.perf_counter()
         try:
             world = self._wait_world_size(version, float(offer["expires_at"]))
             t_ready = time.perf_counter()
             timeout = datetime.timedelta(seconds=self.timeout_s)
-            tcp = dist.TCPStore("0.0.0.0", int(offer["master_port"]), world, is_master=True,
-                                timeout=timeout, wait_for_workers=False)
-            store = dist.PrefixStore(str(offer["group_name"]), tcp)
+            store = dist.PrefixStore(str(offer["group_name"]), self._tcp)
             if self.backend == "nccl":
                 group: dist.ProcessGroup = dist.ProcessGroupNCCL(store, 0, world)
                 device = torch.device("cuda", torch.cuda.current_device())
@@ -186,6 +186,8 @@ class WeightBroadcaster:
                         version, message)
             self.store.update_weight_version_metadata(version, {"sync_error": message})
             return {"sync_error": message}
+        finally:
+            self._tcp = None  # closes the store's server
 
     def _wait_world_size(self, version: int, expires_at: float) -> int:
         while True:
