@@ -2,10 +2,12 @@
 # One episode over plain HTTP: create a session, chat with its key, post the reward,
 # end the session, look at it. Needs curl and jq and a running gateway:
 #   areal-service serve &        # then:
-#   BASE=http://127.0.0.1:8000 ADMIN=sk-areal-admin examples/curl/walkthrough.sh
+#   examples/curl/walkthrough.sh
+# ADMIN defaults to the key the gateway generated in ./data (on loopback, when no
+# gateway.admin_key is set); BASE to the default address.
 set -euo pipefail
 BASE=${BASE:-http://127.0.0.1:8000}
-ADMIN=${ADMIN:-sk-areal-admin}
+ADMIN=${ADMIN:-$(cat data/admin_key)}
 MODEL=${MODEL:-gpt-4o-mini}   # any name: the gateway serves its policy under it
 
 # 1. a session (the admin key opens it; the reply holds the session's own key)

@@ -21,6 +21,7 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import httpx
 from openai import AsyncOpenAI
@@ -42,8 +43,9 @@ async def run_agent(base_url: str, api_key: str, samples: list[dict[str, Any]], 
             if episodes is not None and done >= episodes:
                 break
             # Refresh: the key's previous session ends (reason `refresh`), a new one opens.
+            # Each episode is its own group of one (the trainer runs with group_size 1).
             r = await http.post("/rl/sessions", headers=auth,
-                                json={"task_id": sample["id"],
+                                json={"task_id": sample["id"], "group_id": f"online-{uuid4().hex}",
                                       "metadata": {"sample_id": sample["id"]}})
             r.raise_for_status()
             session_id = r.json()["session_id"]

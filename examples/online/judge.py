@@ -3,7 +3,7 @@ from the agent's queue, scores them with math-verify against the dataset's answe
 posts each reward over `POST /v1/rewards` with the admin key. Reward ids are derived
 from the session id, so a restarted judge re-reading the queue posts nothing twice.
 
-    python -m examples.online.judge --base-url http://127.0.0.1:8000 --admin-key sk-areal-admin \\
+    python -m examples.online.judge --base-url http://127.0.0.1:8000 --data-dir data/online \\
         --dataset examples/math/data/train.jsonl --queue data/online/queue.jsonl
 """
 
@@ -56,13 +56,17 @@ def main() -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description="judge of the online example")
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--admin-key", default="sk-areal-admin")
+    parser.add_argument("--admin-key", default=None,
+                        help="default: the key the gateway generated in --data-dir")
+    parser.add_argument("--data-dir", type=Path, default=Path("data/online"))
     parser.add_argument("--dataset", type=Path, default=Path("examples/math/data/train.jsonl"))
     parser.add_argument("--queue", type=Path, default=Path("data/online/queue.jsonl"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
+    # On loopback the gateway generates its admin key once per data dir (0600 file).
+    admin_key = args.admin_key or (args.data_dir / "admin_key").read_text().strip()
     samples = {s["id"]: s for s in load_samples(DatasetConfig(path=args.dataset))}
-    asyncio.run(judge(args.base_url, args.admin_key, samples, args.queue))
+    asyncio.run(judge(args.base_url, admin_key, samples, args.queue))
 
 
 if __name__ == "__main__":

@@ -104,3 +104,53 @@ def test_curl_walkthrough(gateway):
     assert '"value":1' in lines[2]
     assert '"status":"ended"' in lines[3] and '"completions":1' in lines[3]
     assert lines[4] == '{"status":"ended","end_reason":"client","completions":1,"rewards":[1]}'
+
+
+@pytest.mark.slow
+def test_online_example_trains_while_the_agent_runs(tmp_path):
+    """The online example end to end: gateway, engine and trainer from
+    `examples/online/online.yaml` as child processes; the agent keeps one virtual key,
+    the judge scores from the queue; the trainer takes steps on the judged sessions while
+    the agent keeps going."""
+    import socket
+
+    from examples.online.agent import run_agent
+    from examples.online.judge import judge
+    from launcher.driver_config import load_driver_config
+    from launcher.stack import local_stack
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    _, config = load_driver_config(ROOT / "examples/online/online.yaml", [
+        f"data_dir={tmp_path / 'data'}", f"engine.port={free_port()}",
+        f"gateway.port={free_port()}", "gateway.default_max_tokens=8",
+        "trainer.batch_groups=4"])
+    samples = load_samples(DatasetConfig(path=ROOT / "examples/math/data/train.jsonl",
+                                         limit=8))
+    queue = tmp_path / "queue.jsonl"
+    with local_stack(config, tmp_path / "run", trainer=True) as stack:
+        admin = {"authorization": f"Bearer {config.gateway.admin_key.get_secret_value()}"}
+        made = httpx.post(f"{stack.gateway_url}/admin/keys", headers=admin,
+                          json={"name": "online"})
+        key = made.json()["api_key"]
+
+        async def scenario() -> int:
+            judging = asyncio.create_task(judge(
+                stack.gateway_url, config.gateway.admin_key.get_secret_value(),
+                {s["id"]: s for s in samples}, queue, poll_s=0.05))
+            try:
+                deadline = asyncio.get_running_loop().time() + 180
+                version = 0
+                while version < 2 and asyncio.get_running_loop().time() < deadline:
+                    await run_agent(stack.gateway_url, key, samples, queue, episodes=4,
+                                    max_tokens=8)
+                    status = httpx.get(f"{stack.gateway_url}/admin/status", headers=admin)
+                    version = status.json()["live_version"]
+                return version
+            finally:
+                judging.cancel()
+
+        assert asyncio.run(scenario()) >= 2  # two updates swapped in while it ran
