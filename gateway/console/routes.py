@@ -232,7 +232,8 @@ async def _keys_page(request: Request, state: StateDep, session: ConsoleSession,
     return render(request, "keys.html", session, status=status, nav="keys", keys=shown,
                   hidden=len(keys) - len(shown), created=created,
                   show_session_keys=show_session_keys,
-                  revoked=request.query_params.get("revoked", ""))
+                  revoked=request.query_params.get("revoked", ""),
+                  limits_set=request.query_params.get("limits", ""))
 
 
 @router.get("/keys")
@@ -262,6 +263,23 @@ async def revoke_key(state: StateDep, _: CheckedForm, key_id: str) -> Response:
     await asyncio.to_thread(state.store.revoke_api_key, key_id)
     state.keys.forget(key.key_hash)
     return RedirectResponse(f"/console/keys?revoked={key_id}", status_code=303)
+
+
+@router.post("/keys/{key_id}/limits")
+async def set_key_limits(state: StateDep, form: CheckedForm, key_id: str) -> Response:
+    """Set a key's limits from the keys page (a blank field: unlimited)."""
+    limits: dict[str, int | None] = {}
+    for name in admin_routes.LIMIT_FIELDS:
+        raw = str(form.get(name) or "").strip().replace(",", "").replace("_", "")
+        if not raw:
+            limits[name] = None
+        elif raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 2**53:
+            limits[name] = int(raw)
+        else:
+            raise HTTPException(400, f"{name} must be a whole number >= 1, or blank for "
+                                "no limit")
+    await admin_routes.apply_key_limits(state, key_id, limits)
+    return RedirectResponse(f"/console/keys?limits={key_id}#key-{key_id}", status_code=303)
 
 
 # Training and weights.

@@ -1,4 +1,5 @@
-"""Admin REST: virtual keys (create: plaintext shown once; list; revoke). Admin key only."""
+"""Admin REST: virtual keys (create: plaintext shown once; list; revoke; per-key limits).
+Admin key only."""
 
 from __future__ import annotations
 
@@ -22,15 +23,40 @@ from gateway.admission import window
 from gateway.deps import AdminDep, StateDep
 from gateway.errors import OpenAIError
 from gateway.replies import ErrorBody
+from gateway.state import GatewayState
 
 router = APIRouter(prefix="/admin", responses={
     code: {"model": ErrorBody} for code in (400, 401, 403, 404)})
 
 
-class KeyCreate(BaseModel):
-    """Body of `POST /admin/keys`."""
+LimitValue = Annotated[int | None, Field(ge=1, le=2**53)]
+LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "max_concurrent", "token_budget")
 
-    model_config = ConfigDict(extra="forbid")
+
+class KeyLimitsBody(BaseModel):
+    """Body of `PATCH /admin/keys/{key_id}`: the limits to change (an absent field keeps
+    its value, `null` removes the limit). 429 with retry-after past one."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rpm_limit: LimitValue = None
+    """Requests per minute."""
+    tpm_limit: LimitValue = None
+    """Prompt + completion tokens per minute."""
+    max_concurrent: LimitValue = None
+    """Requests in flight at once."""
+    token_budget: LimitValue = None
+    """Total prompt + completion tokens, ever (`tokens_used` counts them)."""
+
+    def given(self) -> dict[str, int | None]:
+        """Only the limits the client sent."""
+        return {name: getattr(self, name) for name in self.model_fields_set
+                if name in LIMIT_FIELDS}
+
+
+
+class KeyCreate(KeyLimitsBody):
+    """Body of `POST /admin/keys` (limits optional: none means unlimited)."""
+
     name: str = Field("", max_length=200)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -46,12 +72,21 @@ class KeyView(BaseModel):
     created_at: float
     last_used_at: float | None
     revoked_at: float | None
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    max_concurrent: int | None = None
+    token_budget: int | None = None
+    tokens_used: int = 0
+    """As last flushed (`gateway.key_usage_interval_s`)."""
 
     @classmethod
     def of(cls, key: ApiKeyRecord) -> KeyView:
         return cls(id=key.id, name=key.name, display=key.display, kind=key.kind,
                    session_id=key.session_id, created_at=key.created_at,
-                   last_used_at=key.last_used_at, revoked_at=key.revoked_at)
+                   last_used_at=key.last_used_at, revoked_at=key.revoked_at,
+                   rpm_limit=key.rpm_limit, tpm_limit=key.tpm_limit,
+                   max_concurrent=key.max_concurrent, token_budget=key.token_budget,
+                   tokens_used=key.tokens_used)
 
 
 class KeyCreated(KeyView):
@@ -93,9 +128,26 @@ async def create_key(state: StateDep, _: AdminDep,
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
     body = body or KeyCreate()
     plaintext, record = new_api_key(name=body.name)
-    record = dataclasses.replace(record, metadata=body.metadata)
+    record = dataclasses.replace(record, metadata=body.metadata, **body.given())
     await asyncio.to_thread(state.store.add_api_key, record)
     return KeyCreated(**KeyView.of(record).model_dump(), api_key=plaintext)
+
+
+@router.patch("/keys/{key_id}")
+async def set_key_limits(key_id: str, body: KeyLimitsBody, state: StateDep, _: AdminDep
+                         ) -> KeyView:
+    """Change a key's limits (effective at once on this replica)."""
+    return KeyView.of(await apply_key_limits(state, key_id, body.given()))
+
+
+async def apply_key_limits(state: GatewayState, key_id: str,
+                           limits: dict[str, int | None]) -> ApiKeyRecord:
+    """Store `limits` on the key and drop its cached record (404 if unknown)."""
+    key = await asyncio.to_thread(state.store.set_api_key_limits, key_id, limits)
+    if key is None:
+        raise OpenAIError(404, f"no key with id {key_id!r}", param="key_id", code="key_not_found")
+    state.keys.forget(key.key_hash)
+    return key
 
 
 @router.get("/keys")
