@@ -75,6 +75,9 @@ class SGLangConfig(_Section):
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     """`--mem-fraction-static` (weights + KV cache share of GPU memory). None: SGLang's
     default. Lower it when the trainer shares the GPUs."""
+    max_running_requests: int | None = Field(None, ge=1)
+    """`--max-running-requests` per server. None: SGLang sizes the batch from its KV cache
+    (engine.max_running_requests is the local engine's, tuned for a CPU)."""
     enable_metrics: bool = True
     """`--enable-metrics`: Prometheus `/metrics` on each server."""
     extra_args: list[str] = Field(default_factory=list)

@@ -19,7 +19,6 @@ and indexes them, and eval sets are small.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -156,8 +155,3 @@ def _messages(row: dict[str, Any], config: DatasetConfig) -> list[dict[str, Any]
         messages.insert(0, {"role": "system", "content": config.system_prompt})
     return messages
 
-
-def sample_texts(samples: Iterable[dict[str, Any]]) -> list[str]:
-    """The last user message of each sample (for logs)."""
-    return [next((str(m.get("content")) for m in reversed(s["messages"])
-                  if m.get("role") == "user"), "") for s in samples]
