@@ -99,8 +99,9 @@ def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) 
             "--weight-version", engine.weight_version,
             "--host", engine.host, "--port", str(port),
             "--tp-size", str(sg.tp_size), "--dp-size", str(sg.dp_size),
-            "--log-level", config.log_level,
-            "--max-running-requests", str(engine.max_running_requests)]
+            "--log-level", config.log_level]
+    if sg.max_running_requests is not None:
+        argv += ["--max-running-requests", str(sg.max_running_requests)]
     if sg.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(sg.mem_fraction_static)]
     if engine.context_length is not None:

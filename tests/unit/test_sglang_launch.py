@@ -37,7 +37,7 @@ def _common(port: int, *, tp: int = 1, dp: int = 1) -> list[str]:
     return [PY, "-m", "sglang.launch_server", "--model-path", "/ckpt/qwen",
             "--served-model-name", "/ckpt/qwen", "--weight-version", "default",
             "--host", "127.0.0.1", "--port", str(port), "--tp-size", str(tp),
-            "--dp-size", str(dp), "--log-level", "info", "--max-running-requests", "64"]
+            "--dp-size", str(dp), "--log-level", "info"]
 
 
 def test_tp2_on_eight_gpus_is_four_servers_on_consecutive_ports():
@@ -54,6 +54,7 @@ def test_dp_inside_one_server_with_memory_dtype_context_and_extra_flags():
                "engine.sglang.enable_metrics=false", "engine.dtype=bfloat16",
                "engine.context_length=8192", "engine.port=31000", "engine.weight_version=v3",
                "engine.served_model_name=policy", "engine.sglang.python=/venvs/sglang/bin/python",
+               "engine.sglang.max_running_requests=48",
                "engine.sglang.extra_args=['--chunked-prefill-size','4096']", "log_level=warning")
     [spec] = sglang_specs(cfg)
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "4,5"}  # one server asked for: the first group
@@ -61,7 +62,7 @@ def test_dp_inside_one_server_with_memory_dtype_context_and_extra_flags():
         "/venvs/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/ckpt/qwen",
         "--served-model-name", "policy", "--weight-version", "v3", "--host", "127.0.0.1",
         "--port", "31000", "--tp-size", "1", "--dp-size", "2", "--log-level", "warning",
-        "--max-running-requests", "64", "--mem-fraction-static", "0.7",
+        "--max-running-requests", "48", "--mem-fraction-static", "0.7",
         "--context-length", "8192", "--dtype", "bfloat16", "--chunked-prefill-size", "4096"]
 
 
