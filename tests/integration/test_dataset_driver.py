@@ -202,3 +202,19 @@ def test_eval_prints_the_table_on_the_shipped_dataset(tmp_path):
     (saved,) = json.loads((data / "eval" / "results.json").read_text())
     assert saved["num_questions"] == 4 and 0.0 <= saved["pass@3"] <= 1.0
     assert (data / "eval" / "results.csv").read_text().startswith("dataset,num_questions,")
+
+
+def test_eval_through_a_running_gateway(gateway, tmp_path):
+    """`--gateway URL`: the admin key, no sessions (nothing there is trained on); the
+    built-in agent's greedy runs are deterministic."""
+    from launcher.evaluate import run_eval
+
+    dataset = DatasetConfig(path=ROOT / "examples/math/data/test.jsonl", limit=3)
+    driver = DriverConfig.model_validate({
+        "reward": "math", "eval": {"datasets": [dataset], "n_samples": 2, "k": [1, 2],
+                                   "max_tokens": 6, "out_dir": tmp_path}})
+    (row,) = run_eval(driver, gateway.config, gateway=gateway.url, api_key="sk-test-admin")
+    assert row["num_questions"] == 3 and row["greedy_length"] == 6.0
+    assert set(row) >= {"greedy_acc", "sample_pass@1", "pass@1", "pass@2"}
+    assert httpx.get(f"{gateway.url}/rl/sessions", headers=ADMIN).json()["data"] == []
+    assert (tmp_path / "results.csv").exists()
