@@ -47,6 +47,7 @@ def serve(config: ServiceConfig) -> None:
         if config.engine.backend == "sglang" and not config.gateway.backends:
             from launcher.sglang_servers import sglang_backends
 
+            ensure_model(config)  # the tiny model when no checkpoint is configured
             with sglang_backends(config) as with_backends:  # launched or attached
                 run_gateway(with_backends)
             return
