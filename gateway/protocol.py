@@ -277,10 +277,22 @@ class ResponsesRequest(_Open):
     @field_validator("tools")
     @classmethod
     def _function_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """Function tools, `namespace` tools of function tools (Codex), and hosted tools
+        (`web_search`, ...: any other `type`, handled by `gateway.hosted_tools`)."""
         for tool in tools or ():
-            if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-                raise ValueError(f"tool type {tool.get('type')!r} is not supported: only "
-                                 'function tools {"type": "function", "name", "parameters"}')
+            kind = tool.get("type")
+            if not isinstance(kind, str):
+                raise ValueError("every tool needs a string `type`")
+            if kind == "function" and not isinstance(tool.get("name"), str):
+                raise ValueError('a function tool needs a string `name`: {"type": '
+                                 '"function", "name", "parameters"}')
+            if kind == "namespace":
+                inner = tool.get("tools")
+                if not isinstance(tool.get("name"), str) or not isinstance(inner, list) or \
+                        not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                for t in inner):
+                    raise ValueError('a namespace tool needs a string `name` and `tools`: '
+                                     'a list of tools with a string `name`')
         return tools
 
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
@@ -288,8 +300,13 @@ class ResponsesRequest(_Open):
     @model_validator(mode="after")
     def _servable(self) -> ResponsesRequest:
         choice = self.tool_choice
-        check_tool_choice(choice, choice.get("name") if isinstance(choice, dict) else None,
-                          [t["name"] for t in self.tools or ()], "tool_choice")
+        names = [t["name"] for t in self.tools or () if t.get("type") == "function"]
+        names += [f"{t['name']}.{f['name']}" for t in self.tools or ()
+                  if t.get("type") == "namespace" for f in t["tools"]]
+        name = choice.get("name") if isinstance(choice, dict) else None
+        if isinstance(choice, dict) and isinstance(choice.get("namespace"), str):
+            name = f"{choice['namespace']}.{name}"
+        check_tool_choice(choice, name, names, "tool_choice")
         if self.conversation:
             raise InvalidRequestError(
                 "conversation is not supported: use previous_response_id, or resend the "

@@ -7,7 +7,9 @@ its output items, then the new request's input. As on OpenAI, `instructions` and
 renders to a prompt that extends the previous prompt + output token for token (the same
 property replayed items have), so the turns still merge into one training sequence.
 A response is visible only to the key that created it (and to the admin key): another
-key's id is answered like an unknown one.
+key's id is answered like an unknown one, and so is one whose request said `store:
+false` (Codex sends it; its completion is still captured for training, but not kept
+for `previous_response_id`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def conversation_items(store: TrajectoryStore, response_id: str, owner: str | No
     while current:
         record = store.get_completion(current)
         if record is None or "input" not in record.request_json or (
-                owner is not None and record.api_key_id != owner):
+                owner is not None and record.api_key_id != owner) or \
+                record.request_json.get("store") is False:
             raise OpenAIError(404, f"Previous response with id '{current}' not found.",
                               param="previous_response_id", code="previous_response_not_found")
         chain.append(record)

@@ -3,17 +3,26 @@ chat messages and nested tools for `gateway/translate.py`; a finished choice -> 
 body (reasoning / message / function_call items) or the SSE events ending in
 `response.completed`. Our output items replayed as input merge back into ONE assistant
 message that re-renders the generated text, so ids prefix the next prompt as on chat.
+
+Codex: `namespace` tools are flattened into function tools named `<namespace>.<name>`
+(a `.` never occurs in a function name, so the split is unambiguous); a call of one
+comes back as a `function_call` item with `namespace` and the bare `name`, and such an
+item replayed renders under the flat name again. Hosted tools (`web_search`, ...) follow
+`gateway.hosted_tools`. With `include: ["reasoning.encrypted_content"]` a reasoning item
+carries its text sealed (`gateway.signing`), which `store: false` clients send back.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.chat_stream import ChoiceStream, StreamDelta
 from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError, ResponsesRequest, ToolChoice
+from gateway.signing import Signer
 from gateway.translate import (
     ChatTokenizer,
     GeneratedChoice,
@@ -28,6 +37,84 @@ _CHAT_ROLES = {"user": "user", "system": "system", "developer": "system",
 
 # ---------------------------------------------------------------- request -> chat
 
+NAMESPACE_SEP = "."
+ToolNames = Mapping[str, tuple[str, str]]
+"""Flat tool name -> (namespace, name) of the namespaced tools of a request."""
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatConversation:
+    """A Responses request in chat form."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    tool_choice: ToolChoice | None
+    dropped_tools: list[str]
+    """Hosted tools left out of the prompt (`gateway.hosted_tools: drop`)."""
+
+
+def flatten_tools(tools: Sequence[Mapping[str, Any]] | None,
+                  hosted: Literal["drop", "reject"] = "drop"
+                  ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(flat function tools, names of dropped hosted tools): namespace members become
+    functions named `<namespace>.<name>`; any other tool type is hosted: dropped, or
+    `InvalidRequestError` under `reject`."""
+    flat: list[dict[str, Any]] = []
+    dropped: list[str] = []
+
+    def hosted_tool(tool: Mapping[str, Any], param: str) -> None:
+        label = str(tool.get("name") or tool.get("type"))
+        if hosted == "reject":
+            raise InvalidRequestError(
+                f"tool {label!r} of type {tool.get('type')!r} runs on the provider's side, "
+                "which this gateway cannot do (gateway.hosted_tools is 'reject'; 'drop' "
+                "leaves it out of the prompt)", param=param)
+        dropped.append(label)
+
+    for i, tool in enumerate(tools or ()):
+        kind = tool.get("type")
+        if kind == "function":
+            flat.append(dict(tool))
+        elif kind == "namespace":
+            for j, member in enumerate(tool["tools"]):
+                if member.get("type", "function") != "function":
+                    hosted_tool(member, f"tools[{i}].tools[{j}]")
+                    continue
+                flat.append({**member, "type": "function",
+                             "name": f"{tool['name']}{NAMESPACE_SEP}{member['name']}"})
+        else:
+            hosted_tool(tool, f"tools[{i}]")
+    return flat, dropped
+
+
+def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, tuple[str, str]]:
+    """Flat name -> (namespace, name) of every namespaced function tool."""
+    return {f"{t['name']}{NAMESPACE_SEP}{m['name']}": (t["name"], m["name"])
+            for t in tools or () if t.get("type") == "namespace" for m in t["tools"]}
+
+
+def translate_request(request: ResponsesRequest, *, hosted_tools: Literal["drop", "reject"]
+                      = "drop", signer: Signer | None = None) -> ChatConversation:
+    """`responses_to_chat`, with the hosted tools dropped and sealed reasoning opened
+    (`signer`; without one, a reasoning item's visible text is used)."""
+    if request.previous_response_id:  # resolved from the store before this hop
+        raise InvalidRequestError("previous_response_id must be resolved first "
+                                  "(gateway.response_chain)", param="previous_response_id")
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    if isinstance(request.input, str):
+        messages.append({"role": "user", "content": request.input})
+    else:
+        _append_items(messages, request.input, signer)
+    flat, dropped = flatten_tools(request.tools, hosted_tools)
+    choice = request.tool_choice
+    if isinstance(choice, Mapping) and isinstance(choice.get("namespace"), str):
+        choice = {"type": "function",
+                  "name": f"{choice['namespace']}{NAMESPACE_SEP}{choice.get('name')}"}
+    return ChatConversation(messages, chat_tools(flat), chat_tool_choice(choice), dropped)
+
 
 def responses_to_chat(request: ResponsesRequest
                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
@@ -41,23 +128,15 @@ def responses_to_chat(request: ResponsesRequest
     `function_call_output` -> a tool message; a `reasoning` item -> reasoning_content of
     the next assistant message. Item `id` / `status` are accepted and ignored.
     """
-    if request.previous_response_id:  # resolved from the store before this hop
-        raise InvalidRequestError("previous_response_id must be resolved first "
-                                  "(gateway.response_chain)", param="previous_response_id")
-    messages: list[dict[str, Any]] = []
-    if request.instructions:
-        messages.append({"role": "system", "content": request.instructions})
-    if isinstance(request.input, str):
-        messages.append({"role": "user", "content": request.input})
-    else:
-        _append_items(messages, request.input)
-    return messages, chat_tools(request.tools), chat_tool_choice(request.tool_choice)
+    conv = translate_request(request)
+    return conv.messages, conv.tools, conv.tool_choice
 
 
-def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, Any]]) -> None:
+def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, Any]],
+                  signer: Signer | None = None) -> None:
     reasoning: str | None = None
     open_assistant: dict[str, Any] | None = None  # the message function_calls merge into
-    for item in items:
+    for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
             role = _CHAT_ROLES[item["role"]]
@@ -67,8 +146,11 @@ def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, A
                 msg, reasoning, open_assistant = _with_reasoning(msg, reasoning), None, msg
             messages.append(msg)
         elif kind == "function_call":
+            name = item["name"]
+            if isinstance(item.get("namespace"), str) and item["namespace"]:
+                name = f"{item['namespace']}{NAMESPACE_SEP}{name}"
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"],
+                    "function": {"name": name,
                                  "arguments": item.get("arguments", "{}")}}
             if open_assistant is None:
                 open_assistant = _with_reasoning({"role": "assistant", "content": None},
@@ -81,7 +163,7 @@ def _append_items(messages: list[dict[str, Any]], items: Sequence[Mapping[str, A
                              "content": _item_text(item.get("output"))})
             open_assistant = None
         else:  # reasoning
-            reasoning = _reasoning_text(item)
+            reasoning = _reasoning_text(item, signer, i)
             open_assistant = None
 
 
@@ -98,8 +180,18 @@ def _item_text(content: str | list[dict[str, Any]] | None) -> str:
     return "\n".join(p["text"] for p in content if p.get("type") in TEXT_PART_TYPES)
 
 
-def _reasoning_text(item: Mapping[str, Any]) -> str:
-    """Full reasoning text if present (`content` reasoning_text parts), else the summary."""
+def _reasoning_text(item: Mapping[str, Any], signer: Signer | None = None, index: int = 0
+                    ) -> str:
+    """The sealed text of `encrypted_content` (with a `signer`; 400 when it was not
+    issued by this gateway), else the full reasoning text (`content` reasoning_text
+    parts), else the summary."""
+    sealed = item.get("encrypted_content")
+    if signer is not None and isinstance(sealed, str) and sealed:
+        text = signer.open(sealed)
+        if text is None:
+            raise InvalidRequestError("encrypted_content was not issued by this gateway (or "
+                                      "was altered)", param=f"input[{index}].encrypted_content")
+        return text
     parts = item.get("content") or item.get("summary") or []
     return "\n".join(p.get("text", "") for p in parts)
 
@@ -129,10 +221,14 @@ def _item_id(prefix: str, response_id: str, index: int = 0) -> str:
                                          ).hexdigest()[:24]
 
 
-def _reasoning_item(response_id: str, text: str, status: str) -> dict[str, Any]:
+def _reasoning_item(response_id: str, text: str, status: str, signer: Signer | None = None
+                    ) -> dict[str, Any]:
     content = [{"type": "reasoning_text", "text": text}] if text else []
-    return {"type": "reasoning", "id": _item_id("rs", response_id), "summary": [],
+    item = {"type": "reasoning", "id": _item_id("rs", response_id), "summary": [],
             "content": content, "status": status}
+    if signer is not None:
+        item["encrypted_content"] = signer.seal(text)
+    return item
 
 
 def _message_item(response_id: str, text: str | None, status: str,
@@ -144,9 +240,13 @@ def _message_item(response_id: str, text: str | None, status: str,
 
 
 def _function_call_item(response_id: str, index: int, call_id: str, name: str,
-                        arguments: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": _item_id("fc", response_id, index),
+                        arguments: str, status: str, names: ToolNames | None = None
+                        ) -> dict[str, Any]:
+    item = {"type": "function_call", "id": _item_id("fc", response_id, index),
             "call_id": call_id, "name": name, "arguments": arguments, "status": status}
+    if names and name in names:
+        item["namespace"], item["name"] = names[name]
+    return item
 
 
 def _logprobs(choice: ParsedChoice) -> list[dict[str, Any]]:
@@ -160,16 +260,21 @@ def _has_message(choice: ParsedChoice) -> bool:
     return bool(choice.content) or not choice.tool_calls
 
 
-def output_items(response_id: str, choice: ParsedChoice) -> list[dict[str, Any]]:
-    """[reasoning?, message?, function_call...] for a finished choice."""
+def output_items(response_id: str, choice: ParsedChoice, names: ToolNames | None = None,
+                 signer: Signer | None = None) -> list[dict[str, Any]]:
+    """[reasoning?, message?, function_call...] for a finished choice; calls of
+    namespaced tools (`names`) carry their `namespace`; reasoning its sealed text when a
+    `signer` is given (`include: ["reasoning.encrypted_content"]`)."""
     items = []
     if choice.reasoning_content:
-        items.append(_reasoning_item(response_id, choice.reasoning_content, "completed"))
+        items.append(_reasoning_item(response_id, choice.reasoning_content, "completed",
+                                     signer))
     if _has_message(choice):
         status = "incomplete" if choice.finish_reason == "length" else "completed"
         items.append(_message_item(response_id, choice.content or "", status,
                                    _logprobs(choice)))
-    items.extend(_function_call_item(response_id, k, c.id, c.name, c.arguments, "completed")
+    items.extend(_function_call_item(response_id, k, c.id, c.name, c.arguments, "completed",
+                                     names)
                  for k, c in enumerate(choice.tool_calls))
     return items
 
@@ -208,15 +313,18 @@ def _response_body(request: ResponsesRequest, *, response_id: str, created_at: f
 
 
 def build_response(request: ResponsesRequest, *, response_id: str, created_at: float,
-                   model: str, choice: ParsedChoice, usage: Usage, sampling: SamplingSpec
-                   ) -> dict[str, Any]:
+                   model: str, choice: ParsedChoice, usage: Usage, sampling: SamplingSpec,
+                   signer: Signer | None = None) -> dict[str, Any]:
     """A finished `response` body: `completed`, or `incomplete` (reason
-    `max_output_tokens`) when the output was cut off by length."""
+    `max_output_tokens`) when the output was cut off by length. `signer` seals the
+    reasoning when the request includes `reasoning.encrypted_content`."""
     incomplete = choice.finish_reason == "length"
+    sealing = signer if ENCRYPTED_REASONING in (request.include or ()) else None
     return _response_body(
         request, response_id=response_id, created_at=created_at, model=model,
         sampling=sampling, status="incomplete" if incomplete else "completed",
-        output=output_items(response_id, choice), usage=usage, incomplete=incomplete)
+        output=output_items(response_id, choice, tool_names(request.tools), sealing),
+        usage=usage, incomplete=incomplete)
 
 
 class ResponsesStreamAssembler:
@@ -232,8 +340,12 @@ class ResponsesStreamAssembler:
 
     def __init__(self, request: ResponsesRequest, tokenizer: ChatTokenizer, *,
                  response_id: str, created_at: float, model: str, sampling: SamplingSpec,
-                 prompt_tokens: int, parse_tools: bool, logprobs: int | None = None) -> None:
+                 prompt_tokens: int, parse_tools: bool, logprobs: int | None = None,
+                 signer: Signer | None = None) -> None:
         self._request = request
+        self._signer = signer
+        self._names = tool_names(request.tools)
+        self._sealing = signer if ENCRYPTED_REASONING in (request.include or ()) else None
         self._rid = response_id
         self._created_at = created_at
         self._model = model
@@ -315,7 +427,8 @@ class ResponsesStreamAssembler:
             return []
         item = self._open
         if item["type"] == "reasoning":
-            done = final_item or _reasoning_item(self._rid, self._text, "completed")
+            done = final_item or _reasoning_item(self._rid, self._text, "completed",
+                                                 self._sealing)
             part = {"type": "reasoning_text", "text": self._text}
             events = [self._event("response.reasoning_text.done", **self._where(),
                                   text=self._text)]
@@ -332,7 +445,7 @@ class ResponsesStreamAssembler:
         return events
 
     def _finish(self, choice: ParsedChoice, cached_tokens: int) -> list[dict[str, Any]]:
-        final = output_items(self._rid, choice)
+        final = output_items(self._rid, choice, self._names, self._sealing)
         by_type = {item["type"]: item for item in final if item["type"] != "function_call"}
         events = []
         if self._open is not None and self._open["type"] == "reasoning":
@@ -346,7 +459,8 @@ class ResponsesStreamAssembler:
         usage = Usage.of(self._prompt_tokens, [choice], cached_tokens)
         self.response = build_response(
             self._request, response_id=self._rid, created_at=self._created_at,
-            model=self._model, choice=choice, usage=usage, sampling=self._sampling)
+            model=self._model, choice=choice, usage=usage, sampling=self._sampling,
+            signer=self._signer)
         events.append(self._event("response.completed", response=self.response))
         return events
 

@@ -1,15 +1,25 @@
 """Which session (episode) a request belongs to, without client code changes.
 
-Sources, in order: a session-scoped key; an `x-session-id` header; `metadata.session_id`
-in the body. A named session must exist and belong to the caller's key (admin may name
-any). No session at all is fine: the completion is recorded unattached. Also the access
-rule of the session routes (`routes/rl.py`, `routes/rewards.py`).
+Sources, in the order `gateway.session_from` lists them: `key` (a session-scoped key);
+`header` (`x-session-id`); `metadata` (`metadata.session_id` in the body): a session so
+named must exist and belong to the caller's key (admin may name any). `client_metadata`:
+a coding agent's own conversation id (Codex's `client_metadata.thread_id` /
+`session_id` or `thread-id` / `session-id` headers; Claude Code's
+`x-claude-code-session-id` header or the `session_id` inside `metadata.user_id`), mapped
+per key to a session id derived from it and opened on first use, so one agent thread is
+one episode without client changes. Otherwise a user key's bound (or auto-opened)
+session; no session at all is fine: the completion is recorded unattached. Also the
+access rule of the session routes (`routes/rl.py`, `routes/rewards.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import re
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import Request
@@ -20,27 +30,88 @@ from gateway.auth import Principal
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
 
+ClientSession = tuple[str, str]
+"""(derived session id, the agent's own conversation id) of a `client_metadata` source."""
 
-def requested_session_id(principal: Principal, request: Request, body: dict[str, Any]
-                         ) -> str | None:
-    """The session the request names (key binding first, then header, then metadata)."""
-    if principal.key is not None and principal.key.kind == "session":
-        return principal.key.session_id
-    header = request.headers.get("x-session-id")
-    if header:
-        return header
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict) and isinstance(metadata.get("session_id"), str):
-        return str(metadata["session_id"])
+_CLIENT_HEADERS = ("x-claude-code-session-id", "thread-id", "session-id", "session_id",
+                   "conversation_id")
+_USER_ID_SESSION = re.compile(r"session_([0-9A-Za-z-]{8,})")
+
+
+def client_conversation_id(request: Request, body: dict[str, Any]) -> str | None:
+    """The coding agent's own conversation id, if it sent one (see the module doc)."""
+    meta = body.get("client_metadata")
+    if isinstance(meta, dict):
+        for key in ("thread_id", "session_id"):
+            if isinstance(meta.get(key), str) and meta[key]:
+                return str(meta[key])
+    for name in _CLIENT_HEADERS:
+        value = request.headers.get(name)
+        if value:
+            return value
+    user = body.get("metadata", {}).get("user_id") if isinstance(body.get("metadata"),
+                                                                 dict) else None
+    if isinstance(user, str):  # Claude Code: a JSON object, or "user_..._session_<id>"
+        try:
+            parsed = json.loads(user)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("session_id"), str):
+            return str(parsed["session_id"]) or None
+        match = _USER_ID_SESSION.search(user)
+        if match:
+            return match.group(1)
+    return None
+
+
+def client_session_id(principal: Principal, conversation_id: str) -> str:
+    """The session id of an agent conversation under the caller's key: derived, so every
+    replica maps it alike, and per key, so two keys never share (or squat) one."""
+    owner = principal.key_id or "admin"
+    digest = hashlib.sha256(f"{owner}\0{conversation_id}".encode()).hexdigest()[:32]
+    return f"sess_c{digest}"
+
+
+def requested_session(principal: Principal, request: Request, body: dict[str, Any],
+                      sources: Sequence[str] = ("key", "header", "metadata")
+                      ) -> str | ClientSession | None:
+    """The session the request names, by `sources` in order (then a user key's bound
+    session): an id, or a `ClientSession` for an agent's own conversation id."""
+    for source in sources:
+        if source == "key":
+            if principal.key is not None and principal.key.kind == "session":
+                return principal.key.session_id
+        elif source == "header":
+            header = request.headers.get("x-session-id")
+            if header:
+                return header
+        elif source == "metadata":
+            metadata = body.get("metadata")
+            if isinstance(metadata, dict) and isinstance(metadata.get("session_id"), str):
+                return str(metadata["session_id"])
+        elif source == "client_metadata":
+            conversation = client_conversation_id(request, body)
+            if conversation:
+                return client_session_id(principal, conversation), conversation
     if principal.key is not None:
         return principal.key.session_id  # a user key's current session, if bound
     return None
 
 
+def requested_session_id(principal: Principal, request: Request, body: dict[str, Any]
+                         ) -> str | None:
+    """The session the request names (key binding first, then header, then metadata)."""
+    found = requested_session(principal, request, body)
+    return found[0] if isinstance(found, tuple) else found
+
+
 async def session_for_request(state: GatewayState, principal: Principal, request: Request,
                               body: dict[str, Any]) -> str | None:
     """The open session this completion is recorded under, checked against the caller."""
-    session_id = requested_session_id(principal, request, body)
+    found = requested_session(principal, request, body, state.config.gateway.session_from)
+    if isinstance(found, tuple):
+        return await client_session(state, principal, *found)
+    session_id = found
     if session_id is None:
         if principal.key is None or not state.config.gateway.auto_session:
             return None
@@ -57,6 +128,30 @@ async def session_for_request(state: GatewayState, principal: Principal, request
         return await open_key_session(state, principal.key)  # the bound one timed out
     if session.status != "open":
         raise OpenAIError(409, f"session {session_id!r} is {session.status}; start a new one",
+                          param="session_id", code="session_closed")
+    return session_id
+
+
+async def client_session(state: GatewayState, principal: Principal, session_id: str,
+                         conversation_id: str) -> str:
+    """The open session of an agent conversation, opened on its first turn. Once ended
+    (rewarded, idle) a later turn of the same conversation is 409 `session_closed`: an
+    episode is not reopened; the agent starts a new thread."""
+    session = await cached_session(state, session_id)
+    if session is None:
+        record = SessionRecord(id=session_id, api_key_id=principal.key_id, metadata={
+            "opened_by": "client_metadata", "client_session": conversation_id})
+        try:
+            async with admit_sessions(state, 1):
+                session = await asyncio.to_thread(state.store.add_session, record)
+        except Exception:  # a concurrent first turn inserted it first
+            session = await asyncio.to_thread(state.store.get_session, session_id)
+            if session is None:
+                raise
+        remember_new_session(state, session)
+    if session.status != "open":
+        raise OpenAIError(409, f"session {session_id!r} of conversation {conversation_id!r} "
+                          f"is {session.status}; start a new conversation",
                           param="session_id", code="session_closed")
     return session_id
 

@@ -25,8 +25,9 @@ from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireA
 from gateway.protocol import ChatCompletionRequest, ResponsesRequest
 from gateway.replies import ChatCompletion, ErrorBody, Model, ModelList, Response
 from gateway.response_chain import with_previous_responses
-from gateway.responses import ResponsesStreamAssembler, build_response, responses_to_chat
+from gateway.responses import ResponsesStreamAssembler, build_response, translate_request
 from gateway.routes import anthropic
+from gateway.signing import Signer, signer_for
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage, build_chat_completion
 
@@ -74,9 +75,9 @@ class ChatStream(StreamEncoder):
         return "".join(f"data: {dumps(asm.start())}\n\n" for asm in self._assemblers)
 
     def push(self, index: int, delta: GenerationDelta) -> str:
-        return "".join(f"data: {dumps(chunk)}\n\n" for chunk in self._assemblers[index].push(
+        return self._assemblers[index].push_sse(
             delta.output_ids, delta.output_logprobs, delta.finish_reason,
-            new_top=delta.output_top_logprobs))
+            new_top=delta.output_top_logprobs)
 
     def end(self) -> StreamEnd:
         turn = self._turn
@@ -109,19 +110,27 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
 
     async def conversation(self, state: GatewayState, principal: Principal,
                            request: ResponsesRequest) -> Conversation:
-        messages, tools, tool_choice = responses_to_chat(
-            await with_previous_responses(state, principal, request))
-        return Conversation(messages, tools, tool_choice)
+        conv = translate_request(await with_previous_responses(state, principal, request),
+                                 hosted_tools=state.config.gateway.hosted_tools,
+                                 signer=_signer(state))
+        return Conversation(conv.messages, conv.tools, conv.tool_choice,
+                            {"dropped_tools": conv.dropped_tools} if conv.dropped_tools
+                            else None)
 
     def reply(self, turn: Turn[ResponsesRequest], choices: Sequence[ParsedChoice],
               usage: Usage) -> dict[str, Any]:
         (choice,) = choices
         return build_response(turn.request, response_id=turn.completion_id,
                               created_at=turn.created, model=turn.model, choice=choice,
-                              usage=usage, sampling=turn.spec)
+                              usage=usage, sampling=turn.spec, signer=_signer(turn.state))
 
     def stream(self, turn: Turn[ResponsesRequest]) -> StreamEncoder:
         return ResponsesStream(turn)
+
+
+def _signer(state: GatewayState) -> Signer:
+    """Seals reasoning for `include: ["reasoning.encrypted_content"]` (Codex)."""
+    return signer_for(state.config.gateway.admin_key.get_secret_value())
 
 
 def _event(event: dict[str, Any]) -> str:
@@ -136,7 +145,7 @@ class ResponsesStream(StreamEncoder):
             turn.request, turn.state.tokenizer, response_id=turn.completion_id,
             created_at=turn.created, model=turn.model, sampling=turn.spec,
             prompt_tokens=len(turn.prompt_ids), parse_tools=turn.parse_tools,
-            logprobs=turn.logprobs)
+            logprobs=turn.logprobs, signer=_signer(turn.state))
         self._final: list[dict[str, Any]] = []
 
     def start(self) -> str:

@@ -150,9 +150,9 @@ def test_conversation_objects_are_rejected_clearly() -> None:
     assert info.value.param == "conversation"
 
 
-def test_non_function_tools_rejected_and_tool_choice_mapped() -> None:
-    with pytest.raises(ValidationError, match="not supported"):
-        ResponsesRequest(model="m", input="x", tools=[{"type": "web_search"}])
+def test_malformed_tools_rejected_and_tool_choice_mapped() -> None:
+    with pytest.raises(ValidationError, match="namespace tool needs"):
+        ResponsesRequest(model="m", input="x", tools=[{"type": "namespace", "name": "n"}])
     assert chat_tool_choice({"type": "function", "name": "add"}) == {
         "type": "function", "function": {"name": "add"}}
     assert chat_tool_choice("required") == "required"
