@@ -79,18 +79,17 @@ def test_numeric_tolerance():
     assert numeric_reward("it is 10.1", {"answer": "10", "abs_tol": 0.01}) == 0.0
 
 
-def test_load_reward_by_builtin_name_and_import_path():
+def test_load_reward_by_builtin_name_and_import_path(tmp_path, monkeypatch):
     assert load_reward("math") is math_reward
     assert load_reward("areal_service.rewards.match:numeric_reward") is numeric_reward
     assert load_reward("areal_service.rewards.match.exact_match_reward")("a", {"answer": "A"}) == 1.0
-    # an async user function by path: the caller awaits it
-    fn = load_reward("tests.unit.test_rewards:_async_reward")
+    # a user's async function in their own module: the caller awaits it
+    (tmp_path / "my_rewards.py").write_text(
+        "async def judge(completion, sample):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = load_reward("my_rewards:judge")
     assert asyncio.run(fn("x", {"answer": "x"})) == 0.5
     for bad in ("nope", "no_such_module:f", "areal_service.rewards:nothing",
                 "areal_service.rewards.math:PARSE_TIMEOUT_S"):
         with pytest.raises(ValueError):
             load_reward(bad)
-
-
-async def _async_reward(completion: str | None, sample: dict) -> float:
-    return 0.5
