@@ -147,6 +147,17 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=options)
 
 
+def _untied(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` without the tied copies (e.g. `lm_head.weight` of a tied-embedding model).
+    At world size > 1 the gathered state holds them as separate tensors, which
+    save_pretrained would write, so the checkpoint would depend on the world size."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return state
+    tied = getattr(model, "_tied_weights_keys", None) or ()
+    return {k: v for k, v in state.items() if k not in tied}
+
+
 def save_hf_checkpoint(
     model: PreTrainedModel,
     tokenizer_dir: str | Path,
@@ -167,6 +178,7 @@ def save_hf_checkpoint(
     if state is None:
         state = full_state_dict(model)
     if dist.get_rank() == 0:
+        state = _untied(model, state)
         if out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists; weights directories are written once")
         with atomic_dir(out) as tmp:
