@@ -279,12 +279,15 @@ def demo_cmd(
     set_: SetOpt = None,
     minutes: Annotated[float, typer.Option(help="Time budget for training.")] = 10.0,
     steps: Annotated[int, typer.Option(help="Trainer steps to run.")] = 40,
+    trainer_procs: Annotated[int, typer.Option(
+        min=1, help="Trainer processes (FSDP2 under torch.distributed.run when > 1).")] = 1,
 ) -> None:
     """The main job: tiny model, local engine, gateway and trainer, with agents learning a
     synthetic task through the gateway; ends with a baseline-vs-final summary."""
     from launcher.demo import run_demo
 
-    raise typer.Exit(run_demo(_config(config, set_), minutes=minutes, steps=steps))
+    raise typer.Exit(run_demo(_config(config, set_), minutes=minutes, steps=steps,
+                              trainer_procs=trainer_procs))
 
 
 @app.command("launch")

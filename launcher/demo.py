@@ -41,9 +41,10 @@ def say(message: str) -> None:
     typer.echo(message)
 
 
-def demo_config(config: ServiceConfig, steps: int) -> ServiceConfig:
+def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1) -> ServiceConfig:
     """The demo's settings on top of the user's: a learning rate for a tiny model, GRPO
-    groups of 8, the staleness gate on (η = 2), training sampling (temperature 1)."""
+    groups of 8, the staleness gate on (η = 2), training sampling (temperature 1).
+    `trainer_procs` > 1 splits the trainer's share of the cores between its processes."""
     tree = config.model_dump(mode="python")
     tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
     tree["gateway"].update(staleness_gate=True, sampling="training", admit_wait_s=30.0)
@@ -55,7 +56,7 @@ def demo_config(config: ServiceConfig, steps: int) -> ServiceConfig:
     if tree["engine"]["torch_threads"] is None:
         tree["engine"]["torch_threads"] = half
     if tree["trainer"]["torch_threads"] is None:
-        tree["trainer"]["torch_threads"] = half
+        tree["trainer"]["torch_threads"] = max(1, half // trainer_procs)
     return ServiceConfig.model_validate(tree)
 
 
@@ -165,7 +166,9 @@ def _start(name: str, argv: list[str], logs: Path, url: str) -> ChildProcess:
 
 
 async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: float,
-                 children: list[ChildProcess]) -> dict[str, Any]:
+                 children: list[ChildProcess], trainer_procs: int = 1) -> dict[str, Any]:
+    from launcher.launch import trainer_argv  # one process, or torchrun for several
+
     agents = DemoAgents(config)
     eval_prompts = make_prompts(EVAL_EPISODES, seed=1)
     train_prompts = make_prompts(512, seed=2)
@@ -173,7 +176,7 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(eval_prompts)
         say(f"baseline reward: {baseline:.3f}  (target {TARGET_REWARD})")
-        trainer = ChildProcess("trainer", cli_argv("trainer", "--config", str(cfg_path)),
+        trainer = ChildProcess("trainer", trainer_argv(cfg_path, trainer_procs),
                                log_path=logs / "trainer.log")
         train_started = time.monotonic()
         children.append(trainer)
@@ -228,7 +231,8 @@ async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | N
     return live
 
 
-def run_workload(config: ServiceConfig, *, minutes: float) -> dict[str, Any]:
+def run_workload(config: ServiceConfig, *, minutes: float, trainer_procs: int = 1
+                 ) -> dict[str, Any]:
     """Start engine and gateway, measure the baseline, train with agents running, measure
     the final policy; stops every child it started. Returns the summary."""
     run_dir = config.data_dir / "demo"
@@ -250,7 +254,8 @@ def run_workload(config: ServiceConfig, *, minutes: float) -> dict[str, Any]:
         say(f"starting the gateway at {base}/v1 ...")
         children.append(_start("gateway", cli_argv("serve", "--config", str(gateway_cfg)),
                                logs, f"{base}/health/liveness"))
-        summary = asyncio.run(_drive(config, cfg_path, logs, minutes, children))
+        summary = asyncio.run(_drive(config, cfg_path, logs, minutes, children,
+                                     trainer_procs))
     finally:
         for child in reversed(children):
             child.stop()
@@ -258,10 +263,12 @@ def run_workload(config: ServiceConfig, *, minutes: float) -> dict[str, Any]:
     return summary
 
 
-def run_demo(config: ServiceConfig, *, minutes: float = 10.0, steps: int = 40) -> int:
+def run_demo(config: ServiceConfig, *, minutes: float = 10.0, steps: int = 40,
+             trainer_procs: int = 1) -> int:
     """Run the demo; returns the exit code (0 when the target reward was reached)."""
     try:
-        summary = run_workload(demo_config(config, steps), minutes=minutes)
+        summary = run_workload(demo_config(config, steps, trainer_procs), minutes=minutes,
+                                   trainer_procs=trainer_procs)
     except KeyboardInterrupt:
         say("interrupted: every process this demo started was stopped")
         return 130
