@@ -28,6 +28,8 @@ from gateway.limits import KeyLimits
 
 log = logging.getLogger(__name__)
 
+MAX_KNOWN_GOOD = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class Principal:
@@ -103,6 +105,9 @@ class KeyResolver:
         self._admin_key = admin_key
         self.usage = KeyUsage(usage_interval_s)
         self.limits = KeyLimits(on_tokens=self.usage.add_tokens)
+        self._good: set[str] = set()
+        """Hashes of keys that resolved here (the auth throttle's "known good", kept
+        across the cache's `forget` on a session rebind)."""
         """Per-key rate, concurrency and budget limits (`gateway/limits.py`)."""
         self._keys: RefreshingCache[str, ApiKeyRecord] = RefreshingCache(
             store.find_api_key_by_hash, ttl_s=ttl_s, stale_s=stale_s)
@@ -113,19 +118,28 @@ class KeyResolver:
             raise invalid_api_key(None)
         if admin_key_matches(token, self._admin_key):
             return Principal(is_admin=True)
-        record = await self._keys.get(hash_key(token))
+        key_hash = hash_key(token)
+        record = await self._keys.get(key_hash)
         if record is None or record.revoked_at is not None:
             raise invalid_api_key(token)
+        if key_hash not in self._good:
+            if len(self._good) >= MAX_KNOWN_GOOD:
+                self._good.clear()  # bounded; refilled by the next successful requests
+            self._good.add(key_hash)
         self.usage.note(record.id)
         return Principal(is_admin=False, key=record)
 
     def known_good(self, token: str) -> bool:
-        """Whether `token` is the admin key or a key cached as valid (no store lookup:
-        the auth throttle lets these through while their address is locked out)."""
+        """Whether `token` is the admin key, a key cached as valid or one that resolved
+        here before (no store lookup: the auth throttle lets these through while their
+        address is locked out)."""
         if admin_key_matches(token, self._admin_key):
             return True
-        record = self._keys.peek(hash_key(token))
-        return record is not None and record.revoked_at is None
+        key_hash = hash_key(token)
+        record = self._keys.peek(key_hash)
+        if record is not None:
+            return record.revoked_at is None
+        return key_hash in self._good  # a revoked one then gets its 401 from `resolve`
 
     def remember(self, record: ApiKeyRecord) -> None:
         """Cache a key this process just created (its first request needs no lookup)."""

@@ -130,6 +130,7 @@ async def create_key(state: StateDep, _: AdminDep,
     plaintext, record = new_api_key(name=body.name)
     record = dataclasses.replace(record, metadata=body.metadata, **body.given())
     await asyncio.to_thread(state.store.add_api_key, record)
+    state.keys.remember(record)  # first use needs no lookup (and passes the auth throttle)
     return KeyCreated(**KeyView.of(record).model_dump(), api_key=plaintext)
 
 

@@ -79,7 +79,7 @@ def _csrf(html: str) -> str:
 def test_bearer_and_login_failures_back_off_exponentially(tmp_path, tiny_model_dir,
                                                            engine_url, gateway_factory):
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.auth_free_failures=3", "gateway.auth_backoff_s=1",
+                         "gateway.auth_free_failures=3", "gateway.auth_backoff_s=2",
                          "gateway.auth_max_backoff_s=60") as gw:
         http = httpx.Client(base_url=gw.url, timeout=30)
         user = http.post("/admin/keys", json={"name": "agent"}, headers=ADMIN).json()
@@ -87,29 +87,38 @@ def test_bearer_and_login_failures_back_off_exponentially(tmp_path, tiny_model_d
         assert http.get("/v1/models", headers=agent).status_code == 200
         wrong = {"authorization": "Bearer sk-guess"}
         assert [http.get("/v1/models", headers=wrong).status_code for _ in range(4)] == \
-            [401] * 4  # 3 free failures; the 4th locks the address out for 1 s
+            [401] * 4  # 3 free failures; the 4th locks the address out for 2 s
         started = time.monotonic()
         refused = http.post("/v1/chat/completions", headers=wrong, json={})
         assert refused.status_code == 429
-        assert refused.headers["retry-after"] == "1"
+        assert refused.headers["retry-after"] == "2"
         assert refused.json() == {"error": {
             "message": refused.json()["error"]["message"], "type": "rate_limit_error",
             "param": None, "code": "too_many_auth_failures"}}
-        # Working credentials from the same address keep working.
-        assert http.get("/v1/models", headers=agent).status_code == 200
-        assert http.get("/admin/status", headers=ADMIN).status_code == 200
         # A console login attempt is refused too, even with the right key.
         page = http.get("/console/login")
         assert page.status_code == 200
         login = http.post("/console/login", data={"csrf_token": _csrf(page.text),
                                                   "admin_key": ADMIN_KEY})
         assert login.status_code == 429 and login.headers["retry-after"]
-        # After the lock-out a guess is answered again; the next failure locks for 2 s.
-        time.sleep(max(0.0, started + 1.05 - time.monotonic()))
+        # Working credentials from the same address keep working, also a user key whose
+        # first chat opens and binds a session (the key cache drops it on the rebind).
+        assert http.get("/v1/models", headers=agent).status_code == 200
+        chat = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+        for _ in range(2):
+            assert http.post("/v1/chat/completions", headers=agent, json=chat
+                             ).status_code == 200
+        fresh = http.post("/admin/keys", json={}, headers=ADMIN).json()["api_key"]
+        assert http.get("/v1/models", headers={"authorization": f"Bearer {fresh}"}
+                        ).status_code == 200  # created here: known at once
+        assert http.get("/admin/status", headers=ADMIN).status_code == 200
+        assert time.monotonic() - started < 2, "too slow to test inside the lock-out"
+        # After the lock-out a guess is answered again; the next failure locks for 4 s.
+        time.sleep(max(0.0, started + 2.05 - time.monotonic()))
         assert http.get("/v1/models", headers=wrong).status_code == 401
-        assert http.get("/v1/models", headers=wrong).headers["retry-after"] == "2"
+        assert http.get("/v1/models", headers=wrong).headers["retry-after"] == "4"
         # Failed console logins count the same way.
-        time.sleep(2.05)
+        time.sleep(4.05)
         page = http.get("/console/login")
         bad = http.post("/console/login", data={"csrf_token": _csrf(page.text),
                                                 "admin_key": "sk-wrong"})
