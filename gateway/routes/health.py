@@ -94,5 +94,6 @@ async def _db_status(request: Request, state: GatewayState) -> str:
 
 @router.get("/metrics")
 async def metrics(state: StateDep) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format. Needs the admin key as a bearer token unless
+    `gateway.public_metrics` is set (checked in `gateway/app.py`, with `/docs`)."""
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
