@@ -143,7 +143,7 @@ class KeyLimits:
             if not counted:
                 return events
             handed_on = True
-            return self._released_after(key, events)
+            return _ReleasedAfter(self, key, events)
 
         try:
             yield keep
@@ -151,10 +151,40 @@ class KeyLimits:
             if counted and not handed_on:
                 self.release(key)
 
-    async def _released_after(self, key: ApiKeyRecord | None, events: AsyncIterator[str]
-                              ) -> AsyncIterator[str]:
+
+class _ReleasedAfter:
+    """A streamed reply's events that release their request's slot exactly once: at the
+    end, on an error, on `aclose`, or (never iterated: the client left before the first
+    byte) when dropped."""
+
+    def __init__(self, limits: KeyLimits, key: ApiKeyRecord | None,
+                 events: AsyncIterator[str]) -> None:
+        self._limits = limits
+        self._key = key
+        self._events = events
+        self._released = False
+
+    def __aiter__(self) -> _ReleasedAfter:
+        return self
+
+    async def __anext__(self) -> str:
         try:
-            async for event in events:
-                yield event
-        finally:
-            self.release(key)
+            return await anext(self._events)
+        except BaseException:  # StopAsyncIteration included: the stream is over
+            self._release()
+            raise
+
+    async def aclose(self) -> None:
+        """Release the slot and close the underlying events."""
+        self._release()
+        close = getattr(self._events, "aclose", None)
+        if close is not None:
+            await close()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._limits.release(self._key)
+
+    def __del__(self) -> None:
+        self._release()

@@ -158,3 +158,26 @@ def test_console_shows_and_edits_limits(tmp_path: Path, tiny_model_dir: Path) ->
         assert bad.status_code == 400
         assert http.post(f"/console/keys/{key_id}/limits", data={
             "rpm_limit": "5"}).status_code == 403  # CSRF as on every form
+
+
+async def test_a_stream_never_iterated_still_frees_its_slot() -> None:
+    from areal_service.types import ApiKeyRecord
+    from gateway.limits import KeyLimits
+
+    limits = KeyLimits()
+    key = ApiKeyRecord(id="k", key_hash="h", display="d", max_concurrent=1)
+
+    async def events():
+        yield "data: 1\n\n"
+
+    for finish in ("iterate", "aclose", "drop"):
+        async with limits.holding(key) as keep:
+            stream = keep(events())
+        if finish == "iterate":
+            assert [e async for e in stream] == ["data: 1\n\n"]
+        elif finish == "aclose":
+            await stream.aclose()
+        else:
+            del stream  # the client left before the first byte: never iterated
+        assert limits.admit(key)  # the slot is free again
+        limits.release(key)
