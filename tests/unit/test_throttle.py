@@ -1,0 +1,34 @@
+"""AuthThrottle: free failures, doubling lock-outs up to the cap, forgetting after a
+quiet spell, and a bounded table of addresses."""
+
+from __future__ import annotations
+
+from gateway.throttle import AuthThrottle, request_token, too_many_failures
+
+
+def test_backoff_doubles_to_the_cap_and_resets_after_quiet():
+    throttle = AuthThrottle(free_failures=2, backoff_s=1, max_backoff_s=8)
+    assert [throttle.failed("a", now=0) for _ in range(2)] == [0, 0]
+    assert [throttle.failed("a", now=0) for _ in range(5)] == [1, 2, 4, 8, 8]
+    assert throttle.retry_after("a", now=3) == 5
+    assert throttle.retry_after("b", now=3) == 0
+    # Quiet for longer than the cap after the lock-out ended: a fresh start.
+    assert throttle.failed("a", now=8 + 8 + 1) == 0
+
+
+def test_addresses_are_bounded():
+    throttle = AuthThrottle(free_failures=0, backoff_s=1, max_backoff_s=10,
+                            max_addresses=100)
+    for i in range(1000):
+        throttle.failed(f"10.0.{i // 256}.{i % 256}", now=float(i))
+    assert len(throttle._records) <= 100
+    assert throttle.retry_after("10.0.3.231", now=999) > 0  # the newest is kept
+
+
+def test_token_and_429_shape():
+    assert request_token({"headers": [(b"authorization", b"Bearer sk-1 ")]}) == "sk-1"
+    assert request_token({"headers": [(b"authorization", b"Basic x")]}) is None
+    assert request_token({"headers": [(b"x-api-key", b"sk-2")]}) == "sk-2"
+    status, headers, body = too_many_failures(0.2)
+    assert status == 429 and (b"retry-after", b"1") in headers
+    assert b'"code": "too_many_auth_failures"' in body
