@@ -352,9 +352,10 @@ class GenerateResponse(BaseModel):
         """Whether `output_ids` holds the whole output so far (SGLang's default)."""
         return len(self.output_ids) == self.meta_info.completion_tokens
 
-    def output_logprobs(self) -> tuple[float, ...]:
-        """The logprob of each output token (empty unless `return_logprob`)."""
-        return tuple(t[0] for t in self.meta_info.output_token_logprobs or ())  # type: ignore[misc]
+    def output_logprobs(self, start: int = 0) -> tuple[float, ...]:
+        """The logprob of each output token from `start` (empty unless `return_logprob`)."""
+        lps = self.meta_info.output_token_logprobs or ()
+        return tuple([t[0] for t in (lps[start:] if start else lps)])  # type: ignore[misc]
 
     def output_top_logprobs(self) -> tuple[TopLogprobs, ...]:
         """Per position, the (token_id, logprob) alternatives (`top_logprobs_num` > 0)."""

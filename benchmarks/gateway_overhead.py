@@ -501,6 +501,121 @@ async def orchestrate(args: argparse.Namespace) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# ------------------------------------------------------------------ preset: stream pace
+PACE = {"delay_ms": 20.0, "token_delay_ms": 5.0, "concurrency": 64, "rounds": 3,
+        "requests": 400}
+"""`--preset stream-pace`: issue 14's setting (20 ms to the first token, then 5 ms per
+token, 32 tokens; 64 closed-loop clients; median of 3 rounds)."""
+PACE_TARGETS = {"stream": 0.9, "non-stream": 0.95, "ttft_ms": 10.0, "stream_p50_ms": 15.0}
+
+
+def _median(values: Sequence[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
+async def run_pace(args: argparse.Namespace) -> None:
+    """Direct, this gateway and (with `--baseline DIR`, another source tree, e.g. a
+    `git worktree` of an older commit) the baseline's gateway, measured in the same
+    rounds, in rotating order, capture on. Per path the median over rounds of req/s,
+    p50, TTFT p50 and gateway CPU; per streamed token the gateway CPU the stream adds
+    over the same request not streamed ((stream - non-stream) / tokens)."""
+    t_start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="areal-gw-pace-"))
+    tokenizer = build_bench_tokenizer(Path(args.tokenizer_dir))
+    ids = prompt_ids(tokenizer)
+    backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
+                                 delay_ms=PACE["delay_ms"], token_delay_ms=PACE["token_delay_ms"])
+    trees = {"gateway": REPO}
+    if args.baseline:
+        trees["baseline"] = Path(args.baseline).resolve()
+    gateways = {name: Gateway.start(name, backend=backend.url, tokenizer=tokenizer,
+                                    data_dir=work / name, capture=True, repo=tree)
+                for name, tree in trees.items()}
+    n, conc = args.requests or PACE["requests"], args.concurrency
+    rounds = args.rounds or PACE["rounds"]
+    try:
+        episodes = rounds * 2 * (args.warmup + n) // args.turns + 8 * conc
+        async with aiohttp.ClientSession() as session:
+            for gw in gateways.values():
+                await gw.ready(session)
+                gw.keys = await gw.make_keys(session, args.session_mode, episodes)
+        print(f"stream-pace: echo backend {PACE['delay_ms']:g} ms to the first token, then "
+              f"{PACE['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens; {conc} closed-loop "
+              f"clients; {n} requests per path and round after {args.warmup} warm-up; "
+              f"{rounds} rounds, order rotating; capture on; {os.cpu_count()} CPUs shared by "
+              f"load, backend and gateway(s); paths: direct, {', '.join(gateways)}",
+              flush=True)
+        keys = {name: itertools.cycle(gw.keys) for name, gw in gateways.items()}
+        results: dict[str, list[Result]] = {}
+        for k in range(rounds):
+            for mode in ("non-stream", "stream"):
+                stream = mode == "stream"
+                runs = [("direct", direct_sender(backend.url, ids, stream),
+                         itertools.repeat(""), None)]
+                runs += [(name, gateway_sender(gw.url, stream), keys[name], gw.proc.pid)
+                         for name, gw in gateways.items()]
+                runs = runs[k % len(runs):] + runs[:k % len(runs)]  # rotate the order
+                for name, send, run_keys, pid in runs:
+                    r = await drive(f"{name} {mode}", send, n, conc, args.warmup, run_keys,
+                                    args.turns, pid)
+                    results.setdefault(r.label, []).append(r)
+                    cpu = f" CPU {r.cpu_ms:.2f} ms/req" if r.cpu_ms is not None else ""
+                    ttft = f" TTFT {r.pct(0.5, r.ttfts):.1f}" if r.ttfts else ""
+                    print(f"  round {k + 1} {r.label:22} {r.rps:6.0f} req/s p50 "
+                          f"{r.pct(0.5):6.1f} ms{ttft}{cpu}", flush=True)
+        print("\n".join(pace_report(results, list(gateways))))
+        print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    finally:
+        for gw in gateways.values():
+            gw.stop()
+        backend.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]:
+    """The preset's table (medians over rounds) and its targets."""
+    def med(label: str, f: Callable[[Result], float | None]) -> float:
+        return _median([v for r in results[label] if (v := f(r)) is not None])
+
+    out = ["", f"{'path':20} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'TTFT p50':>8} "
+               f"{'vs direct':>9} {'CPU ms/req':>10} {'CPU us/token':>12}"]
+    for mode in ("non-stream", "stream"):
+        d_rps = med(f"direct {mode}", lambda r: r.rps)
+        for name in ["direct", *names]:
+            label = f"{name} {mode}"
+            rps = med(label, lambda r: r.rps)
+            ttft = (f"{med(label, lambda r: r.pct(0.5, r.ttfts)):8.1f}" if mode == "stream"
+                    else f"{'':8}")
+            cpu = med(label, lambda r: r.cpu_ms) if name != "direct" else None
+            per_token = ""
+            if cpu is not None and mode == "stream":
+                ns = med(f"{name} non-stream", lambda r: r.cpu_ms)
+                per_token = f"{1000 * (cpu - ns) / MAX_TOKENS:12.1f}"
+            out.append(f"{label:20} {rps:7.0f} {med(label, lambda r: r.pct(0.5)):7.1f} "
+                       f"{med(label, lambda r: r.pct(0.99)):7.1f} {ttft} {rps / d_rps:8.2f}x "
+                       f"{'' if cpu is None else f'{cpu:10.2f}'} {per_token}")
+    out.append("(CPU us/token: the gateway CPU a streamed request costs over the same request "
+               "not streamed, per token)")
+    for name in names:
+        ratios = {mode: med(f"{name} {mode}", lambda r: r.rps) / med(f"direct {mode}",
+                                                                     lambda r: r.rps)
+                  for mode in ("non-stream", "stream")}
+        ttft = (med(f"{name} stream", lambda r: r.pct(0.5, r.ttfts))
+                - med("direct stream", lambda r: r.pct(0.5, r.ttfts)))
+        p50 = med(f"{name} stream", lambda r: r.pct(0.5)) - med("direct stream",
+                                                                 lambda r: r.pct(0.5))
+        out.append(
+            f"  {name}: stream {ratios['stream']:.2f}x [>= {PACE_TARGETS['stream']}x: "
+            f"{_ok(ratios['stream'] >= PACE_TARGETS['stream'])}]  non-stream "
+            f"{ratios['non-stream']:.2f}x [>= {PACE_TARGETS['non-stream']}x: "
+            f"{_ok(ratios['non-stream'] >= PACE_TARGETS['non-stream'])}]  TTFT p50 "
+            f"{ttft:+.1f} ms [<= +{PACE_TARGETS['ttft_ms']:g}: "
+            f"{_ok(ttft <= PACE_TARGETS['ttft_ms'])}]  stream p50 {p50:+.1f} ms [<= "
+            f"+{PACE_TARGETS['stream_p50_ms']:g}: {_ok(p50 <= PACE_TARGETS['stream_p50_ms'])}]")
+    return out
+
+
 # ------------------------------------------------------------------ gateway runner
 PROFILERS = ("cprofile", "yappi")
 
@@ -623,6 +738,11 @@ def main() -> None:
     p.add_argument("--no-zero-delay", action="store_true", help="skip the zero-delay setting")
     p.add_argument("--profile", default=None, help="directory for the gateways' profiles")
     p.add_argument("--profiler", choices=PROFILERS, default="cprofile")
+    p.add_argument("--preset", choices=["stream-pace"], default=None,
+                   help="stream-pace: issue 14's delayed-token setting (see PACE)")
+    p.add_argument("--baseline", default=None,
+                   help="with --preset: also measure the gateway of this source tree")
+    p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
     p.add_argument("--tokenizer-dir", default=str(Path(tempfile.gettempdir()) /
                                                   "areal-bench-tokenizer-32k"))
     args = p.parse_args()
@@ -633,6 +753,11 @@ def main() -> None:
         import uvloop
 
         run = uvloop.run
+    if args.preset == "stream-pace":
+        if args.requests == 1500:  # not given: the preset's count
+            args.requests = 0
+        run(run_pace(args))
+        return
     run(orchestrate(args))
 
 

@@ -5,13 +5,21 @@ output (the last delta carries that very reply, made by `translate.finish_choice
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.tokenizer import ChatTokenizer
-from gateway.toolparse import ParsedText, ToolCall, held_suffix, parse_output
+from gateway.toolparse import (
+    THINK_OPEN,
+    TOOL_OPEN,
+    ParsedText,
+    ToolCall,
+    held_suffix,
+    parse_output,
+)
 from gateway.translate import (
     GeneratedChoice,
     ParsedChoice,
@@ -24,43 +32,12 @@ from gateway.translate import (
     visible_len,
 )
 
-
-class IncrementalDecoder:
-    """Decodes a growing id list into stable text: never emits half a UTF-8 character
-    (a trailing U+FFFD is held until the next token completes it). O(window) per token:
-    only the ids since the last stable point are decoded (vLLM's prefix/read offsets)."""
-
-    def __init__(self, tokenizer: ChatTokenizer) -> None:
-        self._tok = tokenizer
-        self._ids: list[int] = []
-        self._prefix = 0
-        self._read = 0
-        self.text = ""
-
-    def push(self, ids: Sequence[int]) -> None:
-        self._ids.extend(ids)
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        new_text = self._tok.decode(self._ids[self._prefix:])
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            self.text += new_text[len(prefix_text):]
-            self._prefix, self._read = self._read, len(self._ids)
-
-    def flush(self) -> None:
-        """At the end: emit what is left, incomplete characters included."""
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        self.text += self._tok.decode(self._ids[self._prefix:])[len(prefix_text):]
-        self._prefix = self._read = len(self._ids)
-
-
-def _hold_stop(text: str, stops: Sequence[str]) -> str:
-    """Text safe to show before the end: cut at a stop string, and hold a tail that may
-    still become one."""
-    if not stops:
-        return text
-    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    if cuts:
-        return text[:min(cuts)]
-    return text[: len(text) - held_suffix(text, stops)]
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""Compact JSON of a chunk (the encoder `gateway.pipeline.dumps` is: the same bytes)."""
+_escape = json.encoder.encode_basestring  # type: ignore[attr-defined]
+"""A str as a JSON string literal, non-ASCII kept: what `dumps` does to a string (C)."""
+_TOOL_HELD = ("\n" + TOOL_OPEN, TOOL_OPEN)
+"""What `toolparse` holds back at the end of partial text (a tool call may start)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,25 +53,42 @@ class StreamDelta:
 
 class ChoiceStream:
     """Turns one choice's growing output into deltas that add up to exactly what
-    `parse_choice` returns for the final output. Feed it cumulative outputs (`update`,
-    SGLang's default stream) or new tokens only (`push`, e.g. the backend client's
-    deltas across abort/resubmit rounds). Re-parses the stable text each step: O(text)
-    C-level string scans, ~20 us per token all told for a 2k-token reply."""
+    `parse_choice` returns for the final output. Feed it cumulative outputs (`update`)
+    or new tokens only (`push`, e.g. the backend client's deltas across abort/resubmit
+    rounds).
+
+    Cost per token, O(new text): the Rust decode stream gives the new text; stop strings
+    are searched only where a new one could start; plain content (no `<think>` block, no
+    `<tool_call>` so far) is advanced without re-parsing. Text with a think block or a
+    tool call is re-parsed whole each step (`parse_output`, C-level scans). The final
+    step decodes the whole output once and parses it as `parse_choice` does, so the
+    recorded reply is the non-streamed one."""
 
     def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, index: int = 0,
                  parse_tools: bool, stop: Sequence[str] = (), logprobs: int | None = None
                  ) -> None:
         self._tok = tokenizer
-        self._decoder = IncrementalDecoder(tokenizer)
+        self._decoder = tokenizer.decode_stream()
         self._seed = id_seed(completion_id, index)
         self.index = index
         self._parse_tools = parse_tools
-        self._stop = tuple(stop)
+        self._stop = tuple(s for s in stop if s)
+        self._stop_len = max(map(len, self._stop), default=0)
         self._logprobs = logprobs
         self._ids: list[int] = []
         self._lps: list[float] = []
         self._tops: list[tuple[tuple[int, float], ...]] = []
         self._pushed = 0
+        self._text = ""
+        """Decoded text of the ids pushed so far."""
+        self._stop_scan = 0
+        """No stop string starts before this offset of `_text`."""
+        self._cut: int | None = None
+        """Where a stop string starts in `_text` (nothing after it is shown)."""
+        self._plain = False
+        """The text is past any `<think>` opening: reasoning stays None."""
+        self._tool_scan = 0
+        """No `<tool_call>` starts before this offset of the shown text (while plain)."""
         self._sent = ParsedText("", None, ())
         self.result: ParsedChoice | None = None
 
@@ -111,30 +105,64 @@ class ChoiceStream:
         """New tokens only (with their logprobs); `finish` set on the last push."""
         self._ids.extend(new_ids)
         self._lps.extend(new_logprobs)
-        self._tops.extend(new_top)
+        if new_top:
+            self._tops.extend(new_top)
         final = finish is not None
         end = visible_len(self._ids, finish)
-        so_far = GeneratedChoice(tuple(self._ids), tuple(self._lps), finish,
-                                 tuple(self._tops), cached_tokens) if final else None
         lps = () if self._logprobs is None else self._logprob_slice(self._pushed, end)
-        self._decoder.push(self._ids[self._pushed:end])
+        if end > self._pushed:
+            self._text += self._decoder.push(self._ids[self._pushed:end])
         self._pushed = end
         if final:
-            self._decoder.flush()
-            text = trim_stop(self._decoder.text, finish)
+            # One whole decode at the end: the reply is exactly the non-streamed one.
+            text = trim_stop(self._tok.decode(self._ids[:end]), finish)
+            parsed = parse_output(text, parse_tools=self._parse_tools, id_seed=self._seed,
+                                  final=True)
         else:
-            text = _hold_stop(self._decoder.text, self._stop)
-        parsed = parse_output(text, parse_tools=self._parse_tools, id_seed=self._seed,
-                              final=final)
-        reasoning = _advance(parsed.reasoning or "", self._sent.reasoning or "")
+            parsed = self._partial(self._shown())
+        reasoning = (_advance(parsed.reasoning or "", self._sent.reasoning or "")
+                     if parsed.reasoning is not None or self._sent.reasoning else "")
         content = _advance(parsed.content, self._sent.content)
         calls = parsed.tool_calls[len(self._sent.tool_calls):]
         self._sent = parsed
-        if so_far is not None:
+        if final:
+            assert finish is not None
+            so_far = GeneratedChoice(tuple(self._ids), tuple(self._lps), finish,
+                                     tuple(self._tops), cached_tokens)
             all_lps = None if self._logprobs is None else self._logprob_slice(0, end)
             self.result = finish_choice(self._tok, so_far, parsed, text, index=self.index,
                                          logprobs=all_lps)
         return StreamDelta(reasoning, content, calls, lps, self.result)
+
+    def _shown(self) -> str:
+        """The text safe to show before the end: cut at a stop string, and a tail that
+        may still become one held back. Searches only where a new match can start."""
+        text = self._text
+        if not self._stop:
+            return text
+        if self._cut is None:
+            cuts = [i for i in (text.find(s, self._stop_scan) for s in self._stop) if i >= 0]
+            if cuts:
+                self._cut = min(cuts)
+            else:
+                self._stop_scan = max(0, len(text) - self._stop_len + 1)
+                return text[: len(text) - held_suffix(text, self._stop)]
+        return text[:self._cut]
+
+    def _partial(self, text: str) -> ParsedText:
+        """`parse_output(text, final=False)`, without re-parsing plain content."""
+        if not self._plain:
+            if text.startswith(THINK_OPEN) or THINK_OPEN.startswith(text):
+                return parse_output(text, parse_tools=self._parse_tools, id_seed=self._seed,
+                                    final=False)
+            self._plain = True  # text only grows: no leading think block from here on
+        if not self._parse_tools:
+            return ParsedText(text, None, ())
+        if self._tool_scan >= 0 and text.find(TOOL_OPEN, self._tool_scan) < 0:
+            self._tool_scan = max(0, len(text) - len(TOOL_OPEN) + 1)
+            return ParsedText(text[: len(text) - held_suffix(text, _TOOL_HELD)], None, ())
+        self._tool_scan = -1  # a tool call started: parsed whole from now on
+        return parse_output(text, parse_tools=True, id_seed=self._seed, final=False)
 
     def _logprob_slice(self, start: int, end: int) -> tuple[TokenLogprob, ...]:
         assert self._logprobs is not None
@@ -170,6 +198,12 @@ class ChatStreamAssembler:
         self._index = index
         self._started = False
         self._calls = 0
+        # A content-only chunk as text: the pre-encoded JSON around the escaped delta
+        # (`dumps` of the same dict gives the same bytes; a test holds them equal).
+        whole = dumps(self._chunk({"content": ""}))
+        at = whole.rindex('"content":""') + len('"content":')
+        self._content_head = "data: " + whole[:at]
+        self._content_tail = whole[at + 2:] + "\n\n"
 
     @property
     def result(self) -> ParsedChoice | None:
@@ -190,6 +224,20 @@ class ChatStreamAssembler:
              new_top: Sequence[tuple[tuple[int, float], ...]] = ()) -> list[dict[str, Any]]:
         """Chunks for new tokens only (backend deltas); `finish` set on the last push."""
         return self._chunks(self._stream.push(new_ids, new_logprobs, finish, new_top=new_top))
+
+    def push_sse(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
+                 finish: FinishReason | None, *,
+                 new_top: Sequence[tuple[tuple[int, float], ...]] = ()) -> str:
+        """`push`, as SSE text (`data: {chunk}\n\n` per chunk; "" when nothing is new).
+        A content-only delta, the common step, is the pre-encoded chunk around the
+        escaped text: one C string escape instead of a dict and a JSON encode."""
+        delta = self._stream.push(new_ids, new_logprobs, finish, new_top=new_top)
+        if (self._started and not delta.reasoning and not delta.tool_calls
+                and not delta.logprobs and delta.finished is None):
+            if not delta.content:
+                return ""
+            return self._content_head + _escape(delta.content) + self._content_tail
+        return "".join(f"data: {dumps(chunk)}\n\n" for chunk in self._chunks(delta))
 
     def _chunks(self, delta: StreamDelta) -> list[dict[str, Any]]:
         chunks = [] if self._started else [self.start()]
