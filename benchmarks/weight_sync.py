@@ -35,7 +35,7 @@ from areal_service.store import TrajectoryStore, upgrade_database
 from areal_service.types import WeightVersionRecord
 from benchmarks.gateway_overhead import REPO, free_port
 from gateway.routing import BackendPool
-from gateway.weight_sync import sync_weights_once
+from gateway.weight_sync import SyncGroup, sync_weights_once
 from trainer.weight_broadcast import WeightBroadcaster
 
 
@@ -67,8 +67,8 @@ class _State:
         self.live_version = 0
 
 
-async def _until_live(state: _State, version: int) -> WeightVersionRecord:
-    while (await sync_weights_once(state)) != version:  # type: ignore[arg-type]
+async def _until_live(state: _State, version: int, group: SyncGroup) -> WeightVersionRecord:
+    while (await sync_weights_once(state, group)) != version:  # type: ignore[arg-type]
         await asyncio.sleep(0.001)
     record = state.store.get_weight_version(version)
     assert record is not None
@@ -101,9 +101,13 @@ def main() -> None:
         "disk swap", "disk publish->live", "distributed swap", "distributed publish->live",
         "trainer wait", "trainer join", "trainer broadcast")}
 
+    sender = WeightBroadcaster(trainer_store, backend="gloo", timeout_s=60, address="127.0.0.1",
+                               bucket_bytes=int(args.bucket_mb * 2**20))
+
     async def run() -> None:
         pool = BackendPool([url])
         state = _State(store, pool, config)
+        group = SyncGroup()
         version = 0
         try:
             for r in range(args.rounds):
@@ -112,17 +116,14 @@ def main() -> None:
                     if mode == "disk":
                         store.add_weight_version(WeightVersionRecord(version=version,
                                                                      path=str(model)))
-                        row = await _until_live(state, version)
+                        row = await _until_live(state, version, group)
                     else:
-                        sender = WeightBroadcaster(
-                            trainer_store, backend="gloo", timeout_s=60, address="127.0.0.1",
-                            bucket_bytes=int(args.bucket_mb * 2**20))
                         offer, buckets = sender.offer(version, state_dict)
                         trainer_store.add_weight_version(WeightVersionRecord(
                             version=version, path=str(model), metadata={"sync": offer}))
                         sending = asyncio.ensure_future(asyncio.to_thread(
                             sender.send, version, state_dict, offer, buckets))
-                        row = await _until_live(state, version)
+                        row = await _until_live(state, version, group)
                         sent = await sending
                         assert row.metadata["swap_mode"] == "distributed", row.metadata
                         s = sent["sync_sent"]
@@ -139,6 +140,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+        sender.close()
         store.close()
         trainer_store.close()
     print(f"weight sync, {nbytes / 2**20:.1f} MB model ({len(state_dict)} tensors), "

@@ -10,8 +10,10 @@ Two ways, chosen per version by the trainer (the row says which):
   write `sync_world_size` on the row → `/init_weights_update_group` on every backend
   (rank offsets from their `tp_size`; the trainer joins as rank 0) → per bucket
   `/update_weights_from_distributed` on every backend while the trainer broadcasts
-  (the version with the last bucket) → `/destroy_weights_update_group` → continue,
-  always sent. The gateway stays the only process that talks to backends, and owns
+  (the version with the last bucket) → continue, always sent. The group is kept for
+  the next version while the trainer holds it and the healthy backends are the same
+  (`SyncGroup`): then only the row write, pause, update and continue remain; otherwise
+  the old group is destroyed after continue. The gateway stays the only process that talks to backends, and owns
   pause/continue and the live version on both paths.
 
 An offer that expired, was refused or failed (`sync_error` from the trainer,
@@ -30,6 +32,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,36 +85,67 @@ async def _leave(backends: Sequence[Backend], group: str) -> None:
             log.debug("destroy of %s on %s: %s", group, b.url, e)
 
 
+@dataclass
+class SyncGroup:
+    """The weight-update group the backends are in between distributed swaps (owned by
+    `run_weight_syncer`): reused while the trainer holds it and the healthy backends are
+    the same ones."""
+
+    name: str | None = None
+    urls: tuple[str, ...] = ()
+    world_size: int = 0
+
+    def matches(self, offer: Mapping[str, Any], urls: tuple[str, ...]) -> bool:
+        held = offer.get("held_group")
+        return (self.name is not None and isinstance(held, Mapping)
+                and held.get("name") == self.name and urls == self.urls
+                and int(held.get("world_size", -1)) == self.world_size)
+
+
 async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
-                           offer: Mapping[str, Any]) -> dict[str, SwapTimings]:
+                           offer: Mapping[str, Any], held: SyncGroup | None = None
+                           ) -> dict[str, SwapTimings]:
     """Swap every healthy backend to `record` by the trainer's broadcast (see the module
-    docstring); raises on any failure after sending continue to every backend."""
+    docstring), in the group `held` when it can be reused, else in the offer's new one
+    (then `held` is updated and the old group left). Raises on any failure after
+    sending continue to every backend (and `held` is cleared)."""
+    held = held if held is not None else SyncGroup()
     pool: BackendPool = state.backends
     healthy = [b for b in pool.backends if b.healthy]
     if not healthy:
         raise BackendUnavailable("no healthy backend to sync")
-    infos = await asyncio.gather(*(b.client.server_info() for b in healthy))
-    ranks = [int(info.get("tp_size") or 1) for info in infos]
-    world = 1 + sum(ranks)
-    offsets = [1 + sum(ranks[:i]) for i in range(len(healthy))]
-    group = str(offer["group_name"])
+    urls = tuple(b.url for b in healthy)
+    reuse = held.matches(offer, urls)
+    if reuse:
+        group, world = str(held.name), held.world_size
+    else:
+        infos = await asyncio.gather(*(b.client.server_info() for b in healthy))
+        ranks = [int(info.get("tp_size") or 1) for info in infos]
+        group, world = str(offer["group_name"]), 1 + sum(ranks)
+        offsets = [1 + sum(ranks[:i]) for i in range(len(healthy))]
     buckets = list(offer["buckets"])
+    old = None if reuse else held.name
+    old_backends = [b for b in pool.backends if b.url in held.urls] if old else []
+    held.name, held.urls, held.world_size = None, (), 0  # until this swap succeeded
     for b in healthy:
         b.swapping = True
     t0 = time.perf_counter()
     t1 = t2 = t3 = t0
+    ok = False
     try:
-        # The trainer starts its rendezvous when it reads the world size; joining touches
-        # no weights, so the row write, the pause and the join all overlap.
-        announce = asyncio.to_thread(state.store.update_weight_version_metadata,
-                                     record.version, {"sync_world_size": world})
-        pause = _each(healthy, lambda c: c.pause_generation("abort"))
-        join = asyncio.gather(*(b.client.init_weights_update_group(InitWeightsUpdateGroupRequest(
-            master_address=str(offer["master_address"]), master_port=int(offer["master_port"]),
-            rank_offset=off, world_size=world, group_name=group,
-            backend=str(offer.get("backend", "nccl")))) for b, off in zip(healthy, offsets,
-                                                                           strict=True)))
-        results = await asyncio.gather(announce, pause, join, return_exceptions=True)
+        # The trainer joins (or reuses the group) when it reads the answer; joining
+        # touches no weights, so the row write, the pause and the join all overlap.
+        steps = [asyncio.to_thread(state.store.update_weight_version_metadata, record.version,
+                                   {"sync_world_size": world, "sync_group": group}),
+                 _each(healthy, lambda c: c.pause_generation("abort"))]
+        if not reuse:
+            steps.append(asyncio.gather(*(
+                b.client.init_weights_update_group(InitWeightsUpdateGroupRequest(
+                    master_address=str(offer["master_address"]),
+                    master_port=int(offer["master_port"]), rank_offset=off, world_size=world,
+                    group_name=group, backend=str(offer.get("backend", "nccl"))))
+                for b, off in zip(healthy, offsets, strict=True))))
+        results = await asyncio.gather(*steps, return_exceptions=True)
         t1 = time.perf_counter()
         for r in results:
             if isinstance(r, BaseException):
@@ -124,6 +158,7 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
                 **({"weight_version": str(record.version)} if last else {}))
             await _each(healthy, lambda c, body=body: c.update_weights_from_distributed(body))
         t2 = time.perf_counter()
+        ok = True
     finally:
         try:
             await _each(healthy, lambda c: c.continue_generation())
@@ -131,15 +166,22 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
             for b in healthy:
                 b.swapping = False
             t3 = time.perf_counter()
-            await _leave(healthy, group)  # also a half-joined group (best effort)
+            if old:  # the backends' previous group (the trainer left it too)
+                await _leave(old_backends, old)
+            if ok:
+                held.name, held.urls, held.world_size = group, urls, world
+            else:  # also a half-joined group (best effort)
+                await _leave(healthy, group)
     pool.target = (record.path, record.version)  # a returning backend re-syncs from disk
     timing = SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
     return {b.url: timing for b in healthy}
 
 
-async def sync_weights_once(state: GatewayState) -> int | None:
+async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None
+                            ) -> int | None:
     """Swap to the latest published version if it is newer than the live one; returns the
-    version swapped to (None when nothing was new)."""
+    version swapped to (None when nothing was new). `group`: the weight-update group
+    kept between distributed swaps (None: none is kept)."""
     latest = await asyncio.to_thread(state.store.latest_weight_version)
     if latest is None or latest.version <= state.live_version:
         return None
@@ -148,7 +190,7 @@ async def sync_weights_once(state: GatewayState) -> int | None:
     offer = distributed_offer(latest)
     if offer is not None:
         try:
-            timings = await swap_distributed(state, latest, offer)
+            timings = await swap_distributed(state, latest, offer, group)
             mode = "distributed"
         except Exception as e:  # noqa: BLE001 - any failure falls back to the disk copy
             log.warning("distributed sync of v%d failed (%s); swapping from disk",
@@ -181,9 +223,10 @@ async def _wait_for_copy(record: WeightVersionRecord, timeout_s: float) -> None:
 
 async def run_weight_syncer(state: GatewayState) -> None:
     """Poll forever (until cancelled)."""
+    group = SyncGroup()
     while True:
         try:
-            await sync_weights_once(state)
+            await sync_weights_once(state, group)
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
         await asyncio.sleep(state.config.gateway.weight_poll_interval_s)

@@ -115,6 +115,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                     store, backend="nccl" if info.device.type == "cuda" else "gloo",
                     bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
                     timeout_s=cfg.weight_sync_timeout_s, address=cfg.weight_sync_address)
+                cleanup.callback(broadcaster.close)
         step, version = _broadcast(resume_point(store, ckpt) if info.rank == 0 else None)
         newer = _broadcast(newer_published_weights(store, ckpt) if info.rank == 0 else None)
         if newer is not None:  # updates published after the checkpoint are kept

@@ -28,11 +28,12 @@ broadcasts. They meet through the version's row in the store, which both already
    is what a trainer resumes from, what a backend that was down is re-synced from, and
    what the gateway falls back to when the offer expired or the broadcast failed.
 
-A fresh group per publish: membership follows the backends that are healthy at that
-swap (one that was down rejoins at the next), and no group outlives a failure. The
-cost is one rendezvous per publish: milliseconds over gloo on one host, about a second
-for an nccl communicator; reusing the group while membership is unchanged is the
-upgrade for large GPU fleets.
+Group lifetime: the first publish creates a group of the backends healthy then; later
+offers name the group rank 0 still holds (`held_group`), and the gateway answers with
+that name (`sync_group`) while its healthy backends are the same, so a steady state
+costs no rendezvous, no `/init_weights_update_group` and no destroy. When the set
+changed (a backend went down, or came back after a disk re-sync), or after any failure,
+the gateway answers with the offer's new group and both sides leave the old one.
 
 Tensors go in the dtype the trainer holds them (float32 master weights), as the disk
 copy stores them; the backend casts to its serving dtype, so both paths serve
@@ -107,9 +108,29 @@ def advertised_address(configured: str | None) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
+@dataclass
+class _HeldGroup:
+    """The group rank 0 keeps between publishes while the gateway reuses it."""
+
+    name: str
+    world_size: int
+    group: dist.ProcessGroup
+    tcp: dist.TCPStore
+    device: torch.device
+
+    def close(self) -> None:
+        shutdown = getattr(self.group, "shutdown", None)
+        if callable(shutdown):
+            try:
+                shutdown()
+            except RuntimeError as exc:  # a peer already tore it down
+                log.debug("shutdown of %s: %s", self.name, exc)
+
+
 class WeightBroadcaster:
     """Rank 0's sender: `offer()` builds the row's `sync` metadata, `send()` waits for
-    the gateway's world size and broadcasts."""
+    the gateway's answer and broadcasts. Keeps the last group for the next publish;
+    `close()` leaves it."""
 
     def __init__(self, store: TrajectoryStore, *, backend: str, bucket_bytes: int,
                  timeout_s: float, address: str | None = None) -> None:
@@ -119,18 +140,25 @@ class WeightBroadcaster:
         self.timeout_s = timeout_s
         self.address = advertised_address(address)
         self._tcp: dist.TCPStore | None = None
+        self._held: _HeldGroup | None = None
+
+    def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     def offer(self, version: int, state: Mapping[str, torch.Tensor]
               ) -> tuple[dict[str, Any], list[Bucket]]:
-        """(`metadata.sync` for version `version`'s row, the bucket plan). Starts the
-        group's TCPStore now, on a port the OS picks, so backends that join before rank 0
-        learned the world size find it listening (a refused connection makes a TCPStore
-        client back off ~0.6 s); `send` uses it and closes it."""
+        """(`metadata.sync` for version `version`'s row, the bucket plan). Names the
+        group held from the last publish (`held_group`), which the gateway reuses when
+        its backends are unchanged. For a new group, starts its TCPStore now, on a port
+        the OS picks, so backends that join before rank 0 learned the world size find it
+        listening (a refused connection makes a TCPStore client back off ~0.6 s)."""
         buckets = plan_buckets(state, self.bucket_bytes)
         self._tcp = dist.TCPStore("0.0.0.0", 0, None, True,
                                   datetime.timedelta(seconds=self.timeout_s),
                                   wait_for_workers=False)
-        offer = {
+        offer: dict[str, Any] = {
             "mode": "distributed",
             "master_address": self.address,
             "master_port": int(self._tcp.port),
@@ -139,62 +167,79 @@ class WeightBroadcaster:
             "buckets": [b.to_json() for b in buckets],
             "expires_at": time.time() + self.timeout_s,
         }
+        if self._held is not None:
+            offer["held_group"] = {"name": self._held.name,
+                                   "world_size": self._held.world_size}
         return offer, buckets
+
+    def _group_for(self, offer: Mapping[str, Any], name: str, world: int) -> _HeldGroup:
+        """The held group when the gateway reuses it, else a new one (the held one left)."""
+        if self._held is not None and self._held.name == name:
+            return self._held
+        self.close()
+        assert self._tcp is not None, "send() follows offer()"
+        if name != offer["group_name"]:
+            raise RuntimeError(f"the gateway answered with group {name!r}, neither the "
+                               "offered nor the held one")
+        store = dist.PrefixStore(name, self._tcp)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        if self.backend == "nccl":
+            group: dist.ProcessGroup = dist.ProcessGroupNCCL(store, 0, world)
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            group = dist.ProcessGroupGloo(store, 0, world, timeout)
+            device = torch.device("cpu")
+        self._held = _HeldGroup(name, world, group, self._tcp, device)
+        return self._held
 
     def send(self, version: int, state: Mapping[str, torch.Tensor], offer: Mapping[str, Any],
              buckets: list[Bucket]) -> dict[str, Any]:
-        """Wait (up to the offer's expiry) for the gateway's world size, join the group
-        as rank 0 and broadcast every bucket. Never raises for a missing or failed
-        receiver: records `sync_error` on the row (the gateway then swaps from disk) and
-        returns it; on success records and returns `sync_sent`."""
-        assert self._tcp is not None, "send() follows offer()"
+        """Wait (up to the offer's expiry) for the gateway's answer (world size and
+        group), join a new group as rank 0 or reuse the held one, and broadcast every
+        bucket. Never raises for a missing or failed receiver: leaves the group, records
+        `sync_error` on the row (the gateway then swaps from disk) and returns it; on
+        success records and returns `sync_sent`."""
         t0 = time.perf_counter()
         try:
-            world = self._wait_world_size(version, float(offer["expires_at"]))
+            world, name = self._wait_answer(version, offer)
             t_ready = time.perf_counter()
-            timeout = datetime.timedelta(seconds=self.timeout_s)
-            store = dist.PrefixStore(str(offer["group_name"]), self._tcp)
-            if self.backend == "nccl":
-                group: dist.ProcessGroup = dist.ProcessGroupNCCL(store, 0, world)
-                device = torch.device("cuda", torch.cuda.current_device())
-            else:
-                group = dist.ProcessGroupGloo(store, 0, world, timeout)
-                device = torch.device("cpu")
-            try:
-                t_joined = time.perf_counter()
-                for bucket in buckets:
-                    for name in bucket.names:
-                        tensor = state[name].to(device, non_blocking=True).contiguous()
-                        group.broadcast(tensor, 0).wait()
-            finally:
-                shutdown = getattr(group, "shutdown", None)
-                if callable(shutdown):
-                    shutdown()
+            held = self._group_for(offer, name, world)
+            reused = held.tcp is not self._tcp
+            t_joined = time.perf_counter()
+            for bucket in buckets:
+                for key in bucket.names:
+                    tensor = state[key].to(held.device, non_blocking=True).contiguous()
+                    held.group.broadcast(tensor, 0).wait()
             sent = {"wait_s": t_ready - t0, "join_s": t_joined - t_ready,
                     "broadcast_s": time.perf_counter() - t_joined,
                     "total_s": time.perf_counter() - t0,
                     "bytes": sum(b.nbytes for b in buckets), "buckets": len(buckets),
-                    "world_size": world}
+                    "world_size": world, "group": name, "reused_group": reused}
             self.store.update_weight_version_metadata(version, {"sync_sent": sent})
             log.info("broadcast v%d to %d backend rank(s): %d bytes in %d bucket(s), "
-                     "%.3f s (%.3f s waiting for the gateway)", version, world - 1,
-                     sent["bytes"], len(buckets), sent["total_s"], sent["wait_s"])
+                     "%.3f s (%.3f s waiting for the gateway%s)", version, world - 1,
+                     sent["bytes"], len(buckets), sent["total_s"], sent["wait_s"],
+                     ", group reused" if reused else "")
             return {"sync_sent": sent}
         except (TimeoutError, RuntimeError, OSError) as exc:  # gloo/nccl errors are RuntimeError
+            self.close()
             message = f"{type(exc).__name__}: {exc}"
             log.warning("distributed sync of v%d failed (%s); the gateway swaps from disk",
                         version, message)
             self.store.update_weight_version_metadata(version, {"sync_error": message})
             return {"sync_error": message}
         finally:
-            self._tcp = None  # closes the store's server
+            self._tcp = None  # an unused new store closes its server
 
-    def _wait_world_size(self, version: int, expires_at: float) -> int:
+    def _wait_answer(self, version: int, offer: Mapping[str, Any]) -> tuple[int, str]:
+        """(world size, group name) the gateway wrote on the row."""
+        expires_at = float(offer["expires_at"])
         while True:
             record = self.store.get_weight_version(version)
             meta = record.metadata if record else {}
             if "sync_world_size" in meta:
-                return int(meta["sync_world_size"])
+                return (int(meta["sync_world_size"]),
+                        str(meta.get("sync_group", offer["group_name"])))
             if "sync_failed" in meta:
                 raise RuntimeError(f"the gateway gave up: {meta['sync_failed']}")
             if time.time() >= expires_at:

@@ -51,11 +51,10 @@ def _wait_live(gw, version: int, timeout_s: float = 60) -> WeightVersionRecord:
     return row
 
 
-def _publish_distributed(store: TrajectoryStore, version: int, variant: Path,
-                         bucket_bytes: int) -> dict:
+def _publish_distributed(sender: WeightBroadcaster, store: TrajectoryStore, version: int,
+                         variant: Path, bucket_bytes: int) -> dict:
     """What trainer rank 0 does: insert the row with the offer, then broadcast."""
-    sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=bucket_bytes,
-                               timeout_s=60, address="127.0.0.1")
+    sender.bucket_bytes = bucket_bytes
     state = _state(variant)
     offer, buckets = sender.offer(version, state)
     store.add_weight_version(WeightVersionRecord(
@@ -83,6 +82,8 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
             run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
                         "gateway.weight_poll_interval_s=0.01") as gw:
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)  # the trainer's own
+        sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=DEFAULT_BUCKET,
+                                   timeout_s=60, address="127.0.0.1")
         try:
             before = _greedy(engine)
             dist_s, disk_s, version = [], [], 0
@@ -90,9 +91,11 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
                 # distributed: v = 2k+1, then the same weights from disk: v = 2k+2
                 version += 1
                 bucket_bytes = 64 * 1024 if k == 0 else DEFAULT_BUCKET
-                sent = _publish_distributed(store, version, variant, bucket_bytes)
+                sent = _publish_distributed(sender, store, version, variant, bucket_bytes)
                 assert "sync_sent" in sent, sent
                 assert (sent["sync_sent"]["buckets"] > 1) == (k == 0)
+                # the first swap forms the group; later ones reuse it (same backends)
+                assert sent["sync_sent"]["reused_group"] == (k > 0)
                 row = _wait_live(gw, version)
                 assert row.metadata["swap_mode"] == "distributed"
                 by_broadcast = _greedy(engine)
@@ -116,6 +119,7 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
                   f"{sorted(dist_s)[n // 2] * 1e3:.1f} ms; disk min {min(disk_s) * 1e3:.1f} ms "
                   f"median {sorted(disk_s)[n // 2] * 1e3:.1f} ms")
         finally:
+            sender.close()
             store.close()
 
 
