@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import run_gateway  # tests/integration/conftest.py
+from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
 from safetensors.torch import load_file
 
 from areal_service.store import TrajectoryStore
@@ -21,6 +21,7 @@ from engine.testing import make_weight_variant, start_engine_in_thread
 from trainer.weight_broadcast import WeightBroadcaster, plan_buckets
 
 PROMPT = [5, 17, 42, 9, 3, 28, 11]
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ROUNDS = 4
 DEFAULT_BUCKET = 1024 * 2**20  # trainer.weight_sync_bucket_mb's default
 
@@ -160,3 +161,58 @@ def test_trainer_gives_up_when_no_gateway_takes_the_offer(tmp_path, tiny_model_d
         assert "sync_error" in store.get_weight_version(1).metadata
     finally:
         store.close()
+
+
+def _episodes(gw, n_groups: int) -> None:
+    http = httpx.Client(base_url=gw.url, timeout=60)
+    for g in range(n_groups):
+        started = http.post("/rl/sessions", json={"group_size": 2}, headers=ADMIN)
+        assert started.status_code == 201, started.text
+        for j, s in enumerate(started.json()["sessions"]):
+            auth = {"authorization": f"Bearer {s['api_key']}"}
+            reply = http.post("/v1/chat/completions", headers=auth, json={
+                "model": "areal-policy", "max_tokens": 8,
+                "messages": [{"role": "user", "content": f"count to {g}"}]})
+            assert reply.status_code == 200, reply.text
+            reward = http.post("/v1/rewards", headers=auth, json={
+                "session_id": s["session_id"], "value": float(j), "end_session": True})
+            assert reward.status_code == 201, reward.text
+
+
+def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
+    """The real trainer loop (FSDP2, world size 1) with `trainer.weight_sync=distributed`:
+    both versions reach the engine by broadcast (the second in the reused group), and
+    what it serves equals a disk load of the copy the trainer wrote."""
+    from trainer.train import main
+
+    overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
+                 "trainer.total_steps=2", "gateway.staleness_gate=false",
+                 "trainer.weight_sync=distributed", "trainer.weight_sync_address=127.0.0.1",
+                 "gateway.weight_poll_interval_s=0.01")
+    with start_engine_in_thread(tiny_model_dir) as engine, \
+            run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
+        _episodes(gw, n_groups=4)
+        failure: list[BaseException] = []
+
+        def train() -> None:
+            try:
+                main(gw.config)
+            except BaseException as exc:  # surfaced by the assert below
+                failure.append(exc)
+
+        thread = threading.Thread(target=train, name="trainer")
+        thread.start()
+        thread.join(timeout=180)
+        assert not thread.is_alive() and not failure, failure
+        rows = [_wait_live(gw, v) for v in (1, 2)]
+        for row in rows:
+            assert row.metadata["swap_mode"] == "distributed", row.metadata
+        assert [r.metadata["sync_sent"]["reused_group"] for r in rows] == [False, True]
+        by_broadcast = _greedy(engine)
+        assert by_broadcast[2] == "2"
+        store = gw.state.store
+        store.add_weight_version(WeightVersionRecord(version=3, path=str(tmp_path / "weights"
+                                                                             / "v2")))
+        assert _wait_live(gw, 3).metadata["swap_mode"] == "disk"
+        from_disk = _greedy(engine)
+        assert by_broadcast[:2] == from_disk[:2]
