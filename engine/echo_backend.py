@@ -36,13 +36,16 @@ from pydantic import BaseModel
 from areal_service.sglang_protocol import (
     ABORT_REQUEST,
     CONTINUE_GENERATION,
+    DESTROY_WEIGHTS_UPDATE_GROUP,
     FLUSH_CACHE,
     GENERATE,
     HEALTH,
+    INIT_WEIGHTS_UPDATE_GROUP,
     MODEL_INFO,
     PAUSE_GENERATION,
     SERVER_INFO,
     UPDATE_WEIGHTS_FROM_DISK,
+    UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     AbortRequest,
     ErrorDetail,
     ErrorResponse,
@@ -382,6 +385,12 @@ class _Server:
         elif path == UPDATE_WEIGHTS_FROM_DISK.path:
             status, result = await b.update_weights(_parse(UpdateWeightsFromDiskRequest, raw))
             writer.write(_json_response(status, result))
+        elif path in (INIT_WEIGHTS_UPDATE_GROUP.path, UPDATE_WEIGHTS_FROM_DISTRIBUTED.path,
+                      DESTROY_WEIGHTS_UPDATE_GROUP.path):
+            # No torch here, so no group to join: refused, and the gateway's syncer
+            # swaps such a backend from disk (the trainer's copy).
+            writer.write(_json_response(400, UpdateWeightsResponse(
+                success=False, message="the echo backend holds no weights to broadcast into")))
         elif path == ABORT_REQUEST.path:
             b.abort_request(_parse(AbortRequest, raw))
             writer.write(_head(200, "application/json", 0))
