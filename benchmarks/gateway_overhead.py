@@ -133,11 +133,13 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return (int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024)
 
 
-def cpu_s(pid: int, tid: int | None = None) -> float:
-    """User + system CPU seconds of process `pid` (all threads), or of its thread `tid`."""
+def cpu_s(pid: int, tid: int | None = None, *, kernel_only: bool = False) -> float:
+    """User + system CPU seconds of process `pid` (all threads), or of its thread `tid`;
+    `kernel_only`: the system part alone (syscalls: socket reads and writes)."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     stat = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(stat[12]) if kernel_only else int(stat[11]) + int(stat[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -229,6 +231,8 @@ class Result:
     """CPU ms per request of the measured process (the gateway), None for direct."""
     loop_cpu_ms: float | None = None
     """The part of `cpu_ms` spent on the gateway's main thread (its event loop)."""
+    sys_cpu_ms: float | None = None
+    """The part of `cpu_ms` spent in the kernel (all threads)."""
 
     @property
     def rps(self) -> float:
@@ -328,12 +332,16 @@ async def drive(label: str, send: Send, n: int, concurrency: int, warmup: int,
         requests = iter(range(warmup))
         await asyncio.gather(*(client(requests, False) for _ in range(concurrency)))
         requests = iter(range(warmup, warmup + n))
-        cpu0 = (cpu_s(pid), cpu_s(pid, pid)) if pid else (0.0, 0.0)
+        def sample() -> tuple[float, float, float]:
+            return ((cpu_s(pid), cpu_s(pid, pid), cpu_s(pid, kernel_only=True)) if pid
+                    else (0.0, 0.0, 0.0))
+
+        cpu0 = sample()
         t0 = time.perf_counter()
         await asyncio.gather(*(client(requests, True) for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-        cpu = (1000 * (cpu_s(pid) - cpu0[0]) / n, 1000 * (cpu_s(pid, pid) - cpu0[1]) / n) \
-            if pid else (None, None)
+        cpu = tuple(1000 * (b - a) / n for a, b in zip(cpu0, sample(), strict=True)) \
+            if pid else (None, None, None)
     return Result(label, wall, sorted(latencies), sorted(ttfts), *cpu)
 
 
@@ -529,9 +537,11 @@ async def run_pace(args: argparse.Namespace) -> None:
     trees = {"gateway": REPO}
     if args.baseline:
         trees["baseline"] = Path(args.baseline).resolve()
-    gateways = {name: Gateway.start(name, backend=backend.url, tokenizer=tokenizer,
-                                    data_dir=work / name, capture=True, repo=tree)
-                for name, tree in trees.items()}
+    gateways = {name: Gateway.start(
+        name, backend=backend.url, tokenizer=tokenizer, data_dir=work / name, capture=True,
+        repo=tree, profiler=args.profiler,
+        profile=Path(args.profile).resolve() / f"{name}.prof" if args.profile else None)
+        for name, tree in trees.items()}
     n, conc = args.requests or PACE["requests"], args.concurrency
     rounds = args.rounds or PACE["rounds"]
     try:
@@ -579,7 +589,8 @@ def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]
         return _median([v for r in results[label] if (v := f(r)) is not None])
 
     out = ["", f"{'path':20} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'TTFT p50':>8} "
-               f"{'vs direct':>9} {'CPU ms/req':>10} {'CPU us/token':>12}"]
+               f"{'vs direct':>9} {'CPU ms/req':>10} {'(kernel)':>8} {'CPU us/token':>12} "
+               f"{'(kernel)':>8}"]
     for mode in ("non-stream", "stream"):
         d_rps = med(f"direct {mode}", lambda r: r.rps)
         for name in ["direct", *names]:
@@ -588,15 +599,19 @@ def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]
             ttft = (f"{med(label, lambda r: r.pct(0.5, r.ttfts)):8.1f}" if mode == "stream"
                     else f"{'':8}")
             cpu = med(label, lambda r: r.cpu_ms) if name != "direct" else None
+            kernel = med(label, lambda r: r.sys_cpu_ms) if name != "direct" else None
             per_token = ""
-            if cpu is not None and mode == "stream":
+            if cpu is not None and kernel is not None and mode == "stream":
                 ns = med(f"{name} non-stream", lambda r: r.cpu_ms)
-                per_token = f"{1000 * (cpu - ns) / MAX_TOKENS:12.1f}"
+                ns_kernel = med(f"{name} non-stream", lambda r: r.sys_cpu_ms)
+                per_token = (f"{1000 * (cpu - ns) / MAX_TOKENS:12.1f} "
+                             f"{1000 * (kernel - ns_kernel) / MAX_TOKENS:8.1f}")
+            cpus = "" if cpu is None else f"{cpu:10.2f} {kernel:8.2f}"
             out.append(f"{label:20} {rps:7.0f} {med(label, lambda r: r.pct(0.5)):7.1f} "
                        f"{med(label, lambda r: r.pct(0.99)):7.1f} {ttft} {rps / d_rps:8.2f}x "
-                       f"{'' if cpu is None else f'{cpu:10.2f}'} {per_token}")
+                       f"{cpus} {per_token}")
     out.append("(CPU us/token: the gateway CPU a streamed request costs over the same request "
-               "not streamed, per token)")
+               "not streamed, per token; (kernel): the part in system calls)")
     for name in names:
         ratios = {mode: med(f"{name} {mode}", lambda r: r.rps) / med(f"direct {mode}",
                                                                      lambda r: r.rps)

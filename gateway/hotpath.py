@@ -55,6 +55,13 @@ class EventStream:
     request_id: str
 
 
+class LastEvent(str):
+    """An `EventStream` event known to be the stream's last: sent together with the end
+    of the body (one socket write, not two)."""
+
+    __slots__ = ()
+
+
 Reply = JsonReply | EventStream
 Handler = Callable[[Request, GatewayState, Principal], Awaitable[Reply]]
 """A hot route: (request, state, authenticated caller) → reply; raises `OpenAIError`."""
@@ -266,6 +273,11 @@ async def send_stream(send: Send, reply: EventStream, watch: ClientWatch) -> Non
                 "headers": [*_SSE_HEADERS, (b"x-request-id", reply.request_id.encode())]})
     async with contextlib.aclosing(reply.events) as events:
         async for text in events:
+            if isinstance(text, LastEvent):
+                watch.finish()
+                await send({"type": "http.response.body", "body": text.encode(),
+                            "more_body": False})
+                return
             await send({"type": "http.response.body", "body": text.encode(),
                         "more_body": True})
     watch.finish()

@@ -31,7 +31,7 @@ from gateway.continuity import Lineage
 from gateway.deps import parse_model, read_json
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
-from gateway.hotpath import EventStream, JsonReply, Reply
+from gateway.hotpath import EventStream, JsonReply, LastEvent, Reply
 from gateway.model_names import resolve_model
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
 from gateway.sessions import session_for_request
@@ -231,19 +231,27 @@ async def stream_events(turn: Turn[Any], encoder: StreamEncoder,
                         deltas: AsyncIterator[tuple[int, GenerationDelta]]
                         ) -> AsyncIterator[str]:
     """The streamed reply: one write per backend delta (a socket send per chunk was the
-    largest streaming cost under load). A failure after the first byte becomes one error
-    event; the backend streams are closed in every case (client gone included)."""
+    largest streaming cost under load); the opening events go out with the first delta
+    (already here: nothing waits for them) and the last event with the end of the body.
+    A failure after the first byte becomes one error event; the backend streams are
+    closed in every case (client gone included). A client that reads slower than the
+    backend writes gets fewer, larger writes: while a write waits on the socket nothing
+    pulls from the backend, so its chunks pile up and are read, parsed and sent as one."""
     try:
         acc = [StreamedChoice(r.rid) for r in turn.generate]
-        yield encoder.start()
+        head = encoder.start()
         item = first
         while item is not None:
             index, delta = item
             acc[index].add(delta)
             out = encoder.push(index, delta)
+            if head:
+                out, head = head + out, ""
             if out:
                 yield out
             item = await anext(deltas, None)
+        if head:
+            yield head
         end = encoder.end()
         count_usage(turn, end.choices)
         if end.before:
@@ -251,7 +259,7 @@ async def stream_events(turn: Turn[Any], encoder: StreamEncoder,
         generations = [a.generation(len(turn.prompt_ids), turn.started) for a in acc]
         await persist(turn.state, records(turn, generations, end.choices, end.response))
         turn.state.continuity.remember(turn.lineage, generations, end.choices)
-        yield end.after
+        yield LastEvent(end.after)
     except OpenAIError as exc:
         yield encoder.fail(exc)
     finally:
