@@ -167,7 +167,6 @@ def _start(name: str, argv: list[str], logs: Path, url: str) -> ChildProcess:
 
 async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: float,
                  children: list[ChildProcess], trainer_procs: int = 1) -> dict[str, Any]:
-    from launcher.launch import trainer_argv  # one process, or torchrun for several
 
     agents = DemoAgents(config)
     eval_prompts = make_prompts(EVAL_EPISODES, seed=1)
@@ -176,7 +175,7 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(eval_prompts)
         say(f"baseline reward: {baseline:.3f}  (target {TARGET_REWARD})")
-        trainer = ChildProcess("trainer", trainer_argv(cfg_path, trainer_procs),
+        trainer = ChildProcess("trainer", _trainer_argv(cfg_path, trainer_procs),
                                log_path=logs / "trainer.log")
         train_started = time.monotonic()
         children.append(trainer)
@@ -219,6 +218,14 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
                 * config.trainer.group_size / max(train_wall, 1e-9)}
     finally:
         await agents.aclose()
+
+
+def _trainer_argv(cfg_path: Path, procs: int) -> list[str]:
+    """`areal-service trainer`, or torchrun (standalone, FSDP2 over `procs` processes)."""
+    if procs == 1:
+        return cli_argv("trainer", "--config", str(cfg_path))
+    return [cli_argv()[0], "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={procs}", "-m", "trainer.train", "--config", str(cfg_path)]
 
 
 async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | None) -> int:
