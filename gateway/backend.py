@@ -312,7 +312,20 @@ class SGLangClient:
                 if r.status >= 400:
                     done = True  # rejected before it started
                     raise self._error(r.status, await r.read())
-                async for batch in _sse_batches(r.pieces()):
+                buf = b""
+                while True:  # SSE `data:` payloads, a list per network read
+                    piece = await r.next_piece()
+                    if piece is None:
+                        batch = [buf[5:].strip()] if buf.startswith(b"data:") else []
+                        buf = b""
+                        if not batch:
+                            break
+                    else:
+                        buf += piece
+                        *lines, buf = buf.split(b"\n")
+                        batch = [line[5:].strip() for line in lines if line.startswith(b"data:")]
+                        if not batch:
+                            continue
                     try:
                         chunks = (_chunk_objects(batch, coalesce) if parser is None
                                   else parser.chunks(batch, coalesce))
@@ -568,19 +581,6 @@ class _Rounds:
                           prompt_tokens=self.prompt_tokens, resubmissions=self.resubmissions,
                           latency_s=time.perf_counter() - self.t0,
                           output_top_logprobs=tuple(self.tops), backend=self.client.base_url)
-
-
-async def _sse_batches(pieces: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
-    """Payloads of `data:` lines, as a list per network read (a chunk may span reads)."""
-    buf = b""
-    async for piece in pieces:
-        buf += piece
-        *lines, buf = buf.split(b"\n")
-        batch = [line[5:].strip() for line in lines if line.startswith(b"data:")]
-        if batch:
-            yield batch
-    if buf.startswith(b"data:"):
-        yield [buf[5:].strip()]
 
 
 @dataclass(frozen=True, slots=True)
