@@ -57,7 +57,8 @@ class _Open(BaseModel):
 
 
 class AnthropicMessage(_Open):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
+    """`system` inside `messages`: Claude Code's `mid-conversation-system` beta."""
     content: str | list[dict[str, Any]]
 
     @field_validator("content")
@@ -195,6 +196,8 @@ def anthropic_to_chat(request: MessagesRequest | CountTokensRequest, *,
     for m in request.messages:
         if m.role == "user":
             _append_user(messages, m.content)
+        elif m.role == "system":
+            messages.append({"role": "system", "content": _text_of(m.content)})
         else:
             messages.append(_assistant(m.content))
     tools, dropped = chat_tools(request.tools, hosted_tools)

@@ -182,3 +182,23 @@ def test_tool_use_round_trip(tool_gw: Gateway, stream: bool) -> None:
     assert two.parent_id == one.id
     assert two.prompt_ids[:len(one.prompt_ids) + len(one.output_ids)] == (
         *one.prompt_ids, *one.output_ids)
+
+
+def test_claude_code_default_request_shape(gateway: Gateway) -> None:
+    """Claude Code's default body: a `system` message inside `messages`, thinking,
+    context management, metadata.user_id carrying its session: served, and the session
+    comes from Claude Code's own id."""
+    body = {"model": "claude-opus-4-8", "max_tokens": 4, "stream": False,
+            "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015"}]},
+            "metadata": {"user_id": json.dumps({"device_id": "d", "account_uuid": "",
+                                                "session_id": "cc-1"})},
+            "system": [{"type": "text", "text": "You are Claude Code."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                         {"role": "system", "content": "Available agent types: none"}]}
+    reply = httpx.post(f"{gateway.url}/v1/messages?beta=true", json=body, timeout=60,
+                       headers={"x-api-key": ADMIN_KEY, "anthropic-version": "2023-06-01"})
+    assert reply.status_code == 200, reply.text
+    (record,) = stored_completions(gateway.state.store)
+    assert record.session_id is not None and record.session_id.startswith("sess_c")
+    assert "Available agent types" in gateway.state.tokenizer.decode(list(record.prompt_ids))
