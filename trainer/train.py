@@ -129,9 +129,9 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                 break  # stopped while waiting; `held` releases the partial batch
             advantages = sequence_advantages(groups, cfg.advantage, cfg.adv_eps)
             micro_batches = shard_micro_batches(groups, advantages, cfg.max_tokens_per_mb, info)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             stats = train_step(model, optimizer, micro_batches, cfg, ref_model=ref_model)
-            train_s = time.perf_counter() - t0
+            train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
             # A stop signal during training lets the step finish: publishing keeps its
             # work, and the next batch wait sees `stop` and ends the loop.
             step, version = step + 1, version + 1
@@ -157,6 +157,9 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                     **claimer.settling_metrics(),
                     "time_wait_s": wait_s,
                     "time_train_s": train_s,
+                    # rank 0's CPU time (all its threads): compute, not waits in
+                    # collectives or for a core on a shared host
+                    "time_train_cpu_s": train_cpu_s,
                     "time_publish_s": publish_s,
                     **_previous_swap(store, version),
                 }
