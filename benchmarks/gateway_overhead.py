@@ -15,6 +15,13 @@ restarted on the same port between settings, the two gateways stay up. Reported:
 p50/p99, streaming TTFT p50 (direct: first SSE chunk; gateway: first content chunk),
 gateway CPU ms per request (/proc, all threads, and its event-loop thread), RSS.
 
+Preset `--preset stream-pace [--baseline DIR] [--rounds 3]` (~1 min): the delayed-token
+backend (20 ms to the first token, then 5 ms a token, 32 tokens), 64 clients, direct /
+this gateway / the gateway of source tree DIR (e.g. `git worktree add DIR <old commit>`)
+measured in the same rounds in rotating order, medians of the rounds; prints req/s,
+p50/p99, TTFT p50, the ratios against direct with the targets, gateway CPU per request
+(and its kernel part) and per streamed token ((stream - non-stream) / 32).
+
 Run: `python -m benchmarks.gateway_overhead [--requests 1500] [--stream-requests 600]
 [--concurrency 64] [--delay-ms 5] [--token-delay-ms 2] [--slow-token-delay-ms 10]
 [--no-zero-delay] [--session-mode episode|key|admin] [--profile DIR [--profiler
@@ -233,6 +240,8 @@ class Result:
     """The part of `cpu_ms` spent on the gateway's main thread (its event loop)."""
     sys_cpu_ms: float | None = None
     """The part of `cpu_ms` spent in the kernel (all threads)."""
+    reads: float = 0.0
+    """Network reads per streamed request at the client (~ the server's writes)."""
 
     @property
     def rps(self) -> float:
@@ -246,6 +255,10 @@ class Result:
 
 Send = Callable[[aiohttp.ClientSession, int, str], Awaitable[float | None]]
 """Send request i with bearer token `key`; return its TTFT in seconds (streaming) or None."""
+
+
+reads = [0]
+"""Network reads of streamed bodies by the load (about the writes the server made)."""
 
 
 def direct_sender(url: str, ids: list[int], stream: bool) -> Send:
@@ -262,6 +275,7 @@ def direct_sender(url: str, ids: list[int], stream: bool) -> Send:
                 return None
             ttft, tail = None, b""
             async for piece in r.content.iter_any():
+                reads[0] += 1
                 if ttft is None and b"data:" in piece:
                     ttft = time.perf_counter() - t0
                 tail = (tail + piece)[-32:]
@@ -295,6 +309,7 @@ def gateway_sender(url: str, stream: bool) -> Send:
                 return None
             ttft, buf, tail = None, b"", b""
             async for piece in r.content.iter_any():
+                reads[0] += 1
                 if ttft is None:
                     buf += piece
                     if _first_content(buf):
@@ -337,12 +352,14 @@ async def drive(label: str, send: Send, n: int, concurrency: int, warmup: int,
                     else (0.0, 0.0, 0.0))
 
         cpu0 = sample()
+        reads0 = reads[0]
         t0 = time.perf_counter()
         await asyncio.gather(*(client(requests, True) for _ in range(concurrency)))
         wall = time.perf_counter() - t0
         cpu = tuple(1000 * (b - a) / n for a, b in zip(cpu0, sample(), strict=True)) \
             if pid else (None, None, None)
-    return Result(label, wall, sorted(latencies), sorted(ttfts), *cpu)
+    return Result(label, wall, sorted(latencies), sorted(ttfts), *cpu,
+                  reads=(reads[0] - reads0) / n)
 
 
 # ------------------------------------------------------------------ report
@@ -590,7 +607,7 @@ def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]
 
     out = ["", f"{'path':20} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'TTFT p50':>8} "
                f"{'vs direct':>9} {'CPU ms/req':>10} {'(kernel)':>8} {'CPU us/token':>12} "
-               f"{'(kernel)':>8}"]
+               f"{'(kernel)':>8} {'reads/req':>9}"]
     for mode in ("non-stream", "stream"):
         d_rps = med(f"direct {mode}", lambda r: r.rps)
         for name in ["direct", *names]:
@@ -606,12 +623,17 @@ def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]
                 ns_kernel = med(f"{name} non-stream", lambda r: r.sys_cpu_ms)
                 per_token = (f"{1000 * (cpu - ns) / MAX_TOKENS:12.1f} "
                              f"{1000 * (kernel - ns_kernel) / MAX_TOKENS:8.1f}")
-            cpus = "" if cpu is None else f"{cpu:10.2f} {kernel:8.2f}"
+            cpus = f"{'':10} {'':8}" if cpu is None else f"{cpu:10.2f} {kernel:8.2f}"
+            if mode == "stream":
+                per_token = (per_token or f"{'':12} {'':8}") + \
+                    f" {med(label, lambda r: r.reads):9.1f}"
             out.append(f"{label:20} {rps:7.0f} {med(label, lambda r: r.pct(0.5)):7.1f} "
                        f"{med(label, lambda r: r.pct(0.99)):7.1f} {ttft} {rps / d_rps:8.2f}x "
                        f"{cpus} {per_token}")
     out.append("(CPU us/token: the gateway CPU a streamed request costs over the same request "
-               "not streamed, per token; (kernel): the part in system calls)")
+               "not streamed, per token; (kernel): the part in system calls; reads/req: "
+               "network reads of a streamed body at the client, about the server's writes: "
+               "fewer when a lagging server coalesces tokens)")
     for name in names:
         ratios = {mode: med(f"{name} {mode}", lambda r: r.rps) / med(f"direct {mode}",
                                                                      lambda r: r.rps)
