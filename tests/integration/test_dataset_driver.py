@@ -118,7 +118,7 @@ def _train_argv(data_dir: Path, engine_port: int, gateway_port: int) -> list[str
     return cli_argv(
         "train", "--config", str(ROOT / "examples/math/train.yaml"),
         "--set", f"data_dir={data_dir}", "--set", f"engine.port={engine_port}",
-        "--set", f"gateway.port={gateway_port}", "--set", "dataset.limit=12",
+        "--set", f"gateway.port={gateway_port}", "--set", "dataset.limit=8",
         "--set", "rollout.group_size=2", "--set", "rollout.batch_size=2",
         "--set", "rollout.progress_interval_s=1", "--set", "gateway.default_max_tokens=8",
         "--set", "trainer.checkpoint_every=2", "--set", "trainer.lr=1e-4")
@@ -143,14 +143,14 @@ def test_math_example_trains_and_resumes_after_the_driver_is_killed(tmp_path):
         first = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and first.poll() is None:
-            if state_path.exists() and len(json.loads(state_path.read_text())["done"]) >= 4:
+            if state_path.exists() and len(json.loads(state_path.read_text())["done"]) >= 3:
                 break
             time.sleep(0.2)
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         first.send_signal(signal.SIGKILL)
         first.wait()
     before = json.loads(state_path.read_text())
-    assert 4 <= len(before["done"]) < 12 and not before["finished"]
+    assert 3 <= len(before["done"]) < 8 and not before["finished"]
     deadline = time.monotonic() + 60  # its children got SIGTERM from the kernel
     while not all(_port_free(p) for p in ports) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -160,25 +160,25 @@ def test_math_example_trains_and_resumes_after_the_driver_is_killed(tmp_path):
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-3000:]
     assert f"resuming at epoch 1: {len(before['done'])} samples of this epoch done" in out
-    assert "episodes 24/24 (100%)" in out and "trainer at step 6/6" in out
+    assert "episodes 16/16 (100%)" in out and "trainer at step 4/4" in out
     after = json.loads(state_path.read_text())
-    assert after["finished"] and after["episodes"] == 24 and after["in_flight"] == {}
+    assert after["finished"] and after["episodes"] == 16 and after["in_flight"] == {}
 
     db = sqlite3.connect(data / "areal.db")
     rows = db.execute("SELECT id, status, end_reason, json_extract(metadata, '$.sample_index')"
                       " FROM sessions").fetchall()
     trained = [r for r in rows if r[1] == "trained"]
     # every sample trained once, as one whole group of 2; nothing else trained
-    assert sorted(r[3] for r in trained) == sorted(list(range(12)) * 2)
+    assert sorted(r[3] for r in trained) == sorted(list(range(8)) * 2)
     # interrupted groups (if the kill caught one in flight) were dropped, never trained
     assert all(r[1] == "dropped" for r in rows if r[1] != "trained")
     rewarded = {sid for (sid,) in db.execute("SELECT session_id FROM rewards")}
     assert {r[0] for r in trained} <= rewarded
-    assert db.execute("SELECT max(step) FROM train_steps").fetchone() == (6,)
+    assert db.execute("SELECT max(step) FROM train_steps").fetchone() == (4,)
 
     # a third run has nothing left to do and starts nothing
     third = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
-    assert third.returncode == 0 and "nothing to do: all 24 episodes ran" in third.stdout
+    assert third.returncode == 0 and "nothing to do: all 16 episodes ran" in third.stdout
     assert "started engine" not in third.stderr
 
 
