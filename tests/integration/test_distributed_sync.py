@@ -216,3 +216,23 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
         assert _wait_live(gw, 3).metadata["swap_mode"] == "disk"
         from_disk = _greedy(engine)
         assert by_broadcast[:2] == from_disk[:2]
+
+
+def test_two_backends_join_as_ranks_1_and_2(tmp_path, tiny_model_dir):
+    """Two engines: one group of world size 3 (trainer + 2), both serve the broadcast."""
+    variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=11)
+    with start_engine_in_thread(tiny_model_dir) as a, start_engine_in_thread(tiny_model_dir) as b, \
+            run_gateway(tmp_path / "gw", tiny_model_dir, [a, b],
+                        "gateway.weight_poll_interval_s=0.01") as gw:
+        store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)
+        sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=256 * 1024,
+                                   timeout_s=60, address="127.0.0.1")
+        try:
+            sent = _publish_distributed(sender, store, 1, variant, 256 * 1024)
+            assert sent["sync_sent"]["world_size"] == 3, sent
+            assert _wait_live(gw, 1).metadata["swap_mode"] == "distributed"
+            served_a, served_b = _greedy(a), _greedy(b)
+            assert served_a == served_b and served_a[2] == "1"
+        finally:
+            sender.close()
+            store.close()
