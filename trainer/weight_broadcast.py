@@ -12,21 +12,26 @@ ranks each) and the version bookkeeping, exactly as on the disk path. The traine
 broadcasts. They meet through the version's row in the store, which both already use:
 
 1. rank 0 inserts the `WeightVersion` row with `metadata.sync` = the OFFER: master
-   address and a free port, group name, backend, the bucket plan (`names`, `dtypes`,
+   address and the port of a TCPStore it already listens on, a new group name, the
+   group it still holds (`held_group`), backend, the bucket plan (`names`, `dtypes`,
    `shapes` per bucket, as SGLang expects them) and `expires_at`;
-2. the gateway's syncer sees the row, pauses the backends, writes
-   `metadata.sync_world_size` (1 + the backends' ranks), and posts
+2. the gateway's syncer sees the row and, at once, writes its ANSWER on the row
+   (`sync_world_size`: 1 + the backends' ranks; `sync_group`: the held group when it
+   can be reused, else the new one), pauses the backends and, for a new group, posts
    `/init_weights_update_group` to every backend (rank offsets 1, 2, ...);
-3. rank 0, polling its row, sees the world size, hosts the group's TCPStore and joins
-   as rank 0: the rendezvous completes;
+3. rank 0, polling its row, reads the answer and joins the new group as rank 0 (the
+   rendezvous completes) or takes the held one;
 4. per bucket the syncer posts `/update_weights_from_distributed` to every backend
    (the version with the last bucket) while rank 0 broadcasts that bucket's tensors,
-   one broadcast per tensor in plan order; then `/destroy_weights_update_group` and
-   `/continue_generation`;
+   one broadcast per tensor in plan order; then `/continue_generation` (and, after a
+   new group, `/destroy_weights_update_group` of the old one);
 5. rank 0 records `metadata.sync_sent` (seconds, bytes) or `sync_error`, and writes the
    disk copy (`weights/v{N}`) afterwards, off the swap's critical path: the disk copy
    is what a trainer resumes from, what a backend that was down is re-synced from, and
    what the gateway falls back to when the offer expired or the broadcast failed.
+
+A failure on either side costs at most `trainer.weight_sync_timeout_s` (the offer's
+life, the rendezvous and broadcast timeouts) on the trainer, then the disk path.
 
 Group lifetime: the first publish creates a group of the backends healthy then; later
 offers name the group rank 0 still holds (`held_group`), and the gateway answers with
