@@ -211,6 +211,13 @@ def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
     return restore
 
 
+def claim_group_size(cfg: TrainerConfig) -> int | None:
+    """What the claimer waits for per group: `trainer.group_size`, except 1, which means
+    ungrouped online sessions (each ended session is a group of its own, with or without
+    a `group_id`)."""
+    return None if cfg.group_size == 1 else cfg.group_size
+
+
 def _prepare_model_dir(config: ServiceConfig, info: DistInfo) -> Path:
     """The initial checkpoint (v0): the engine's model. The launcher builds the tiny model
     before starting the trainer when none is configured; the trainer only loads."""
@@ -359,7 +366,7 @@ def wait_for_groups(
     deadline = time.monotonic() + timeout_s
     while len(pending) < cfg.batch_groups and not stop.is_set():
         result = claimer.claim_groups(
-            group_size=cfg.group_size,
+            group_size=claim_group_size(cfg),
             max_groups=cfg.batch_groups - len(pending),
             current_version=version,
             max_staleness=cfg.max_staleness,

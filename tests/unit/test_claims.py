@@ -326,3 +326,11 @@ def test_two_trainers_racing_claim_each_session_exactly_once(store_url: str, sto
 def test_invalid_max_groups(store: TrajectoryStore):
     with pytest.raises(ValueError, match="max_groups"):
         claim(EpisodeClaimer(store), max_groups=0)
+
+
+def test_trainer_group_size_one_claims_ungrouped_sessions(store):
+    from areal_service.config import TrainerConfig
+    from trainer.train import claim_group_size
+
+    assert claim_group_size(TrainerConfig(group_size=4)) == 4
+    assert claim_group_size(TrainerConfig(group_size=1, advantage="batch")) is None
