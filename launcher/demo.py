@@ -29,7 +29,7 @@ import yaml
 from areal_service.config import ServiceConfig
 from engine.tiny_model import ensure_tiny_model
 from launcher.demo_task import DemoPrompt, digits_reward, make_prompts
-from launcher.processes import ChildProcess, cli_argv
+from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
 
 TARGET_REWARD = 0.9
 EVAL_EPISODES = 128
@@ -274,8 +274,9 @@ def run_demo(config: ServiceConfig, *, minutes: float = 10.0, steps: int = 40,
              trainer_procs: int = 1) -> int:
     """Run the demo; returns the exit code (0 when the target reward was reached)."""
     try:
-        summary = run_workload(demo_config(config, steps, trainer_procs), minutes=minutes,
-                                   trainer_procs=trainer_procs)
+        with exit_on_sigterm():
+            summary = run_workload(demo_config(config, steps, trainer_procs),
+                                   minutes=minutes, trainer_procs=trainer_procs)
     except KeyboardInterrupt:
         say("interrupted: every process this demo started was stopped")
         return 130
