@@ -1,4 +1,4 @@
-"""The trainer's main loop (`areal-service train`, or `torchrun -m trainer.train`): claim
+"""The trainer's main loop (`areal-service trainer`, or `torchrun -m trainer.train`): claim
 finished, rewarded episode groups from the store, train one decoupled-PPO step on them,
 publish the new policy version to the weights directory, mark the episodes trained,
 record metrics, checkpoint. Talks only to the store and the weights directory; the
@@ -225,7 +225,7 @@ def _prepare_model_dir(config: ServiceConfig, info: DistInfo) -> Path:
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(
             f"no checkpoint at {model_dir}: set engine.model, or start the trainer with "
-            "`areal-service train`, which builds the tiny model when none is configured")
+            "`areal-service trainer`, which builds the tiny model when none is configured")
     dist.barrier()
     return model_dir
 

@@ -261,7 +261,7 @@ def test_sessions_pages_training_and_weights(gateway, tiny_model_dir):
 def test_empty_states_show_the_gateway_url(gateway):
     admin = _admin_client(gateway)
     for path, expect in (("/console", "/rl/sessions"), ("/console/sessions", "/rl/sessions"),
-                         ("/console/training", "areal-service train"),
+                         ("/console/training", "areal-service trainer --config"),
                          ("/console/weights", "No weight versions")):
         page = admin.get(path)
         assert page.status_code == 200 and expect in page.text, path

@@ -49,7 +49,7 @@ def test_late_reward_is_trained_with_its_value_and_no_reward_settles(gateway):
     ended_at = time.time()
     assert http.post("/v1/rewards", json={"session_id": s1["session_id"], "value": 1.0},
                      headers=ADMIN).status_code == 201
-    # The trainer's claimer, as `areal-service train` builds it (default window: 60 s).
+    # The trainer's claimer, as `areal-service trainer` builds it (default window: 60 s).
     claimer = EpisodeClaimer.from_config(gateway.state.store, TrainerConfig(group_size=2))
     assert _claim(claimer, 2).groups == ()  # s2's judge has not scored yet
     console = _console(gateway)
