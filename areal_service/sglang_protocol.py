@@ -141,6 +141,8 @@ class SamplingParams(_Body):
     min_p: float = 0.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    """{token id as a string: bias added to its logit before sampling}."""
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -164,6 +166,9 @@ class SamplingParams(_Body):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+        for token in self.logit_bias or {}:
+            if not token.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {token!r}.")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}.")

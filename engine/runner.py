@@ -59,10 +59,40 @@ class SamplingSpec:
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) added to the logits before anything else."""
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    output_counts: tuple[tuple[int, int], ...] = ()
+    """(token id, times generated so far): what the two penalties act on (OpenAI's rule:
+    logit -= count * frequency_penalty + (count > 0) * presence_penalty)."""
 
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-6
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.logit_bias) or (
+            bool(self.output_counts) and (self.frequency_penalty != 0 or self.presence_penalty != 0))
+
+
+def adjust_logits(logits: torch.Tensor, specs: list[SamplingSpec]) -> torch.Tensor:
+    """Logit bias and frequency/presence penalties per row (a copy; the input is kept).
+    The reported logprob is then taken from the adjusted logits: the distribution the
+    token was actually drawn from."""
+    if not any(s.adjusts_logits for s in specs):
+        return logits
+    out = logits.clone()
+    for row, spec in enumerate(specs):
+        if spec.logit_bias:
+            ids, bias = zip(*spec.logit_bias, strict=True)
+            out[row, list(ids)] += torch.tensor(bias, dtype=out.dtype, device=out.device)
+        if spec.output_counts and (spec.frequency_penalty or spec.presence_penalty):
+            ids, counts = zip(*spec.output_counts, strict=True)
+            c = torch.tensor(counts, dtype=out.dtype, device=out.device)
+            out[row, list(ids)] -= c * spec.frequency_penalty + spec.presence_penalty
+    return out
 
 
 @dataclass(frozen=True)
@@ -307,7 +337,9 @@ class ModelRunner:
         top_n: list[int],
     ) -> SampleResult:
         """Sample one token per row. Reported logprob: log_softmax(logits / T) at the token
-        (greedy: T = 1); top-p/top-k/min-p shape the draw but are not renormalised into it."""
+        (greedy: T = 1); top-p/top-k/min-p shape the draw but are not renormalised into it.
+        Logit bias and penalties come first (`adjust_logits`)."""
+        logits = adjust_logits(logits, specs)
         greedy = torch.tensor([s.greedy for s in specs], device=logits.device)
         temps = torch.tensor(
             [1.0 if s.greedy else s.temperature for s in specs], device=logits.device

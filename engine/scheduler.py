@@ -19,7 +19,7 @@ import queue
 import random
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -94,7 +94,14 @@ class Request:
 
     def spec(self) -> SamplingSpec:
         p = self.params
-        return SamplingSpec(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p)
+        penalized = p.frequency_penalty != 0 or p.presence_penalty != 0
+        return SamplingSpec(
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+            logit_bias=tuple((int(t), b) for t, b in (p.logit_bias or {}).items()),
+            frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty,
+            # O(output) per step, only for penalized requests (client mode; training
+            # traffic samples without penalties).
+            output_counts=tuple(Counter(self.output_ids).items()) if penalized else ())
 
 
 Receive = Callable[[torch.device, dict[str, torch.Tensor]], dict[str, torch.Tensor]]

@@ -152,6 +152,9 @@ class Engine:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise EngineError(f"input_ids contain ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        biased = [t for t in params.logit_bias or {} if not int(t) < self.vocab_size]
+        if biased:
+            raise EngineError(f"logit_bias names ids outside the vocabulary [0, {self.vocab_size}): {biased[:5]}")
         limit = self.context_length
         new = params.max_new_tokens if params.max_new_tokens is not None else 0
         if len(ids) >= limit or len(ids) + new > limit:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,6 +179,33 @@ async def test_stop_token_and_stop_string(engine_url: str) -> None:
     assert by_str["output_ids"] == ids[: len(by_str["output_ids"])]
 
 
+async def test_logit_bias_and_penalties_change_what_is_sampled(engine_url: str, reference) -> None:
+    """Greedy with a +100 bias on one token emits only it, and its logprob is the adjusted
+    distribution's; a frequency penalty on a greedy run that repeats a token breaks the repeat."""
+    async with _client(engine_url) as client:
+        plain = (await client.post("/generate", json=_body(PROMPT, 8, temperature=0))).json()
+        target = (plain["output_ids"][0] + 1) % 50 + 10
+        biased = (await client.post("/generate", json=_body(
+            PROMPT, 4, temperature=0, logit_bias={str(target): 100.0}))).json()
+        assert biased["output_ids"] == [target] * 4
+        assert all(t[0] > -1e-3 for t in biased["meta_info"]["output_token_logprobs"])
+        counts = Counter(plain["output_ids"])
+        penalized = (await client.post("/generate", json=_body(
+            PROMPT, 8, temperature=0, frequency_penalty=2.0, presence_penalty=2.0))).json()
+    if max(counts.values()) > 1:  # the plain greedy run repeats a token: the penalty must act
+        assert penalized["output_ids"] != plain["output_ids"]
+    # Each penalized step is the argmax of logits minus the penalties of what came before.
+    ids = penalized["output_ids"]
+    with torch.no_grad():
+        logits = reference(torch.tensor([PROMPT + ids])).logits[0][len(PROMPT) - 1 : -1]
+    for step, token in enumerate(ids):
+        seen = Counter(ids[:step])
+        row = logits[step].clone()
+        for t, c in seen.items():
+            row[t] -= 2.0 * c + 2.0
+        assert row.argmax().item() == token
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
@@ -190,6 +218,8 @@ async def test_stop_token_and_stop_string(engine_url: str) -> None:
         ({"sampling_params": {}}, "input_ids"),
         ({"input_ids": [[1], [2]]}, "batched"),
         ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_seed"),
+        ({"input_ids": [1], "sampling_params": {"logit_bias": {"x": 1}}}, "logit_bias"),
+        ({"input_ids": [1], "sampling_params": {"logit_bias": {"1000000": 1}}}, "logit_bias"),
     ],
 )
 async def test_bad_input_is_400_with_error_envelope(engine_url: str, body: dict, needle: str) -> None:
