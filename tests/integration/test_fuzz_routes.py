@@ -3,7 +3,7 @@
 and invalid, sent over real HTTP to a gateway (in front of the echo backend, so a
 generated chat costs microseconds of "model"). Nothing may answer >= 500, every
 response must match its documented shape, and the gateway must be live and ready
-afterwards. Bounded: `POSITIVE` + `NEGATIVE` examples per operation (18 operations),
+afterwards. Bounded: `POSITIVE` + `NEGATIVE` examples per operation (21 operations),
 derandomized (the same examples every run), well under a minute."""
 
 from __future__ import annotations
