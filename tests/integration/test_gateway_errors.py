@@ -174,7 +174,7 @@ RESPONSES_CASES: list[tuple[Any, str | None]] = [
     ({"model": MODEL, "input": [{"type": "function_call_output", "output": "5"}]},
      "input[0].call_id"),
     ({"model": MODEL, "input": [{"type": "web_search_call"}]}, "input[0]"),
-    ({"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"model": MODEL, "input": "hi", "tools": [{"type": "namespace", "name": "n"}]}, "tools"),
     ({"model": MODEL, "input": "hi", "conversation": "conv_1"}, "conversation"),
     ({"model": MODEL, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"model": MODEL, "input": []}, "input"),
