@@ -101,10 +101,11 @@ class HotRoutes:
             return
         state: GatewayState = scope["app"].state.gateway
         limit = state.config.gateway.max_request_bytes
-        if _declared_length(scope) > limit:  # any route: refused before a byte is read
-            await send_json(send, error_reply(request_too_large(limit)))
-            return
         route = self.routes.get(scope["path"])
+        if _declared_length(scope) > limit:  # any route: refused before a byte is read
+            shape = route[2] if route is not None and len(route) > 2 else None
+            await send_json(send, error_reply(request_too_large(limit), shape))
+            return
         if route is None:
             if scope["method"] in _BODY_METHODS and not _has_length(scope):
                 receive = await _bounded(receive, send, limit)  # chunked: counted here
