@@ -72,6 +72,9 @@ class Conversation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     tool_choice: ToolChoice | None
+    notes: dict[str, Any] | None = None
+    """What the gateway changed about the request (e.g. `dropped_tools`: hosted tools left
+    out of the prompt); recorded under `gateway` in the completion's response JSON."""
 
 
 @dataclass(slots=True)
@@ -98,6 +101,8 @@ class Turn(Generic[RequestT]):
     started: float
     lineage: Lineage | None = None
     """What the prompt was made from (token continuity remembers it with the outputs)."""
+    notes: dict[str, Any] | None = None
+    """`Conversation.notes`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +199,7 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                 completion_id=completion_id, created=time.time(),
                 parse_tools=tools_enabled(conv.tools, conv.tool_choice), logprobs=logprobs,
                 generate=generate_requests(prompt_ids, spec, completion_id, logprobs),
-                started=started, lineage=lineage)
+                started=started, lineage=lineage, notes=conv.notes)
 
 
 async def reply_complete(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> JsonReply:
@@ -279,7 +284,10 @@ def count_usage(turn: Turn[Any], choices: Sequence[ParsedChoice]) -> Usage:
 def records(turn: Turn[Any], generations: Sequence[Generation],
             choices: Sequence[ParsedChoice], response: dict[str, Any]
             ) -> list[CompletionRecord]:
-    """One record per choice, as `capture.build_records` makes them."""
+    """One record per choice, as `capture.build_records` makes them (the gateway's
+    `notes` beside the reply in the recorded response JSON)."""
+    if turn.notes:
+        response = {**response, "gateway": turn.notes}
     return build_records(
         completion_id=turn.completion_id, model=turn.state.config.gateway.model_name,
         requested_model=turn.model, prompt_ids=turn.prompt_ids,
