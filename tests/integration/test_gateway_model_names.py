@@ -106,3 +106,24 @@ def test_console_shows_the_name_the_client_used(gw: Any) -> None:
     assert page.status_code == 200
     assert f'{POLICY} (asked as <span class="mono requested-model">gpt-4o-mini</span>)' \
         in page.text
+
+
+@pytest.mark.parametrize("name", ["gpt-4o-mini", "default"])
+def test_langchain_agent_keeps_its_model_name(
+        gw: Any, completions_of: Callable[[TrajectoryStore], list[CompletionRecord]],
+        name: str) -> None:
+    """LangChain's `ChatOpenAI`, with tools bound, as an author writes it for OpenAI."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def add(a: float, b: float) -> float:
+        """Add two numbers."""
+        return a + b
+
+    llm = ChatOpenAI(model=name, base_url=gw.v1, api_key=ADMIN_KEY, max_tokens=4,
+                     max_retries=0).bind_tools([add])
+    reply = llm.invoke("what is 2 + 3?")
+    assert reply.response_metadata["model_name"] == name
+    record = _record(gw, completions_of, reply.response_metadata["id"])
+    assert record.requested_model == name and record.model == POLICY
