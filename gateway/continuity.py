@@ -45,10 +45,11 @@ from typing import Any, Literal, Protocol
 
 from prometheus_client import Counter
 
-from gateway.protocol import InvalidRequestError, ToolChoice
+from gateway.protocol import ToolChoice
 from gateway.tokenizer import ChatTokenizer
 from gateway.translate import (
     ParsedChoice,
+    checked_text,
     normalize_messages,
     render_prompt_ids,
     tools_enabled,
@@ -237,7 +238,7 @@ def continued_prompt(tokenizer: ChatTokenizer, end_of_turn: EndOfTurn, entry: _E
     marker, marker_id, tail = split
     out = entry.output_ids
     glue = tail if out and out[-1] == marker_id else marker + tail
-    new_ids = tokenizer.encode(_checked(glue + full[len(prior.text) + len(turn):]))
+    new_ids = tokenizer.encode(checked_text(glue + full[len(prior.text) + len(turn):]))
     return [*prior.prompt_ids, *out, *new_ids], full
 
 
@@ -252,18 +253,6 @@ def _turn_text_alone(tokenizer: ChatTokenizer, pair: list[dict[str, Any]],
     except Exception:  # noqa: BLE001 - a template may refuse a partial conversation
         return None
     return both[len(before):] if both.startswith(before) else None
-
-
-def _checked(text: str) -> str:
-    """`text`, or 400 for text the tokenizer cannot take (a lone surrogate)."""
-    if not text.isascii():
-        try:
-            text.encode()  # O(text) in C; the tokenizer raises TypeError on a lone surrogate
-        except UnicodeEncodeError as exc:
-            raise InvalidRequestError(
-                f"the request contains invalid Unicode ({exc.reason} at character "
-                f"{exc.start} of the rendered prompt); send valid UTF-8 text") from exc
-    return text
 
 
 class Continuity:
@@ -300,7 +289,7 @@ class Continuity:
                                           "continued")
             outcome = result
             log.debug("session %s: token continuity falls back (%s)", session_id, outcome)
-        text = _checked(self.tokenizer.render(normalized, rendered_tools))
+        text = checked_text(self.tokenizer.render(normalized, rendered_tools))
         ids = self.tokenizer.encode(text)
         return ids, self._lineage(session_id, normalized, rendered_tools, text, ids, outcome)
 

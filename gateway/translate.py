@@ -86,6 +86,11 @@ def render_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, 
         log.debug("tool_choice %r is not enforced; tools rendered, model decides", tool_choice)
     text = tokenizer.render(normalize_messages(messages),
                             [dict(t) for t in tools or ()] if use_tools else None)
+    return tokenizer.encode(checked_text(text))
+
+
+def checked_text(text: str) -> str:
+    """`text`, or 400 for text the tokenizer cannot take (a lone surrogate)."""
     if not text.isascii():
         try:
             text.encode()  # O(text) in C; the tokenizer raises TypeError on a lone surrogate
@@ -93,7 +98,7 @@ def render_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, 
             raise InvalidRequestError(
                 f"the request contains invalid Unicode ({exc.reason} at character "
                 f"{exc.start} of the rendered prompt); send valid UTF-8 text") from exc
-    return tokenizer.encode(text)
+    return text
 
 
 # ---------------------------------------------------------------- sampling
