@@ -172,6 +172,13 @@ class GatewayConfig(_Section):
     token_continuity_cache_mb: int = Field(256, ge=0)
     """Memory bound of the per-gateway cache of recent sessions' last completions that
     continuity needs (LRU by session; a miss only costs a full render)."""
+    offload_prompt_chars: int = Field(262_144, ge=0)
+    """A conversation with more characters of text than this is rendered and tokenized on
+    a worker thread, so one large request never stalls the event loop (tokenizing 10 MB
+    takes seconds); smaller ones stay on the loop, where a thread hop would cost more."""
+    offload_max_prompts: int = Field(4, ge=1)
+    """Large prompts rendering or waiting at once (one worker thread); beyond this a new
+    large request gets 503 `server_busy` with retry-after instead of queueing unbounded."""
     auto_session: bool = True
     """A virtual (user) key calling without an open session opens one and binds it, so
     agents that only change base_url/api_key still produce episodes."""

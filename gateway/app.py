@@ -202,6 +202,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await write_key_usage(app.state.gateway.keys.usage, store)
+            app.state.gateway.large_prompts.close()
             await pool.aclose()
             await asyncio.to_thread(writer.stop)
             store.close()

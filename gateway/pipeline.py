@@ -183,8 +183,12 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
     gw = state.config.gateway
     try:
         conv = await adapter.conversation(state, principal, req)
-        prompt_ids, lineage = state.continuity.prompt(session_id, conv.messages, conv.tools,
-                                                      conv.tool_choice)
+        prompt_args = (session_id, conv.messages, conv.tools, conv.tool_choice)
+        if state.large_prompts.is_large(conv.messages, conv.tools):
+            prompt_ids, lineage = await state.large_prompts.run(state.continuity.prompt,
+                                                                *prompt_args)
+        else:
+            prompt_ids, lineage = state.continuity.prompt(*prompt_args)
         spec = resolve_sampling(req.client_sampling(), prompt_tokens=len(prompt_ids),
                                 context_length=state.context_length,
                                 default_max_tokens=gw.default_max_tokens, mode=gw.sampling,

@@ -17,6 +17,7 @@ from areal_service.types import SessionRecord
 from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache
 from gateway.continuity import Continuity
+from gateway.large_prompts import LargePrompts
 from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendPool
 from gateway.tokenizer import ChatTokenizer
@@ -46,12 +47,15 @@ class GatewayState:
     """Sessions admitted by the staleness gate but not yet inserted."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
+    large_prompts: LargePrompts = field(init=False)
+    """The worker thread that renders large prompts off the event loop."""
 
     def __post_init__(self) -> None:
         gw = self.config.gateway
         self.continuity = Continuity(self.tokenizer, enabled=gw.token_continuity,
                                      max_bytes=gw.token_continuity_cache_mb * 2**20,
                                      counter=self.metrics.continuity)
+        self.large_prompts = LargePrompts(gw.offload_prompt_chars, gw.offload_max_prompts)
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
         """End a session in the store and forget what this process cached about it
