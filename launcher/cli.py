@@ -193,7 +193,7 @@ def export_cmd(
         rows = export_sequences(store, fmt=fmt, out=out,  # type: ignore[arg-type]
                                 filters=ExportFilters(group_id=group_id, task_id=task_id),
                                 turn_discount=cfg.trainer.turn_discount,
-                                default_reward=cfg.trainer.reward_default_for_unrewarded)
+                                default_reward=cfg.trainer.unrewarded_return())
     finally:
         store.close()
     typer.echo(f"exported {rows} sequences to {out}")

@@ -112,9 +112,11 @@ class GatewayStatus(BaseModel):
     backends: list[BackendView]
     open_sessions: int
     started_sessions: int
+    admitted_sessions: int
+    """Sessions holding a place in the staleness window (every one not dropped)."""
     staleness_gate: bool
     staleness_window: int
-    """How many sessions may have been started by now (the staleness gate's limit)."""
+    """How many admitted sessions the staleness gate allows by now."""
 
 
 def key_view(key: ApiKeyRecord) -> dict[str, Any]:
@@ -179,11 +181,12 @@ async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
     """Live weight version, backends, open sessions and the staleness window."""
     open_sessions = await asyncio.to_thread(state.store.count_sessions, status="open")
     started = await asyncio.to_thread(state.store.count_sessions)
+    admitted = await asyncio.to_thread(state.store.count_admitted_sessions)
     return GatewayStatus(
         live_version=state.live_version, model=state.config.gateway.model_name,
         backends=[BackendView(url=s.url, healthy=s.healthy, in_flight=s.in_flight,
                                 last_error=s.last_error) for s in state.backends.status()],
-        open_sessions=open_sessions, started_sessions=started,
+        open_sessions=open_sessions, started_sessions=started, admitted_sessions=admitted,
         staleness_gate=state.config.gateway.staleness_gate,
         staleness_window=window(state, state.live_version))
 
@@ -196,7 +199,7 @@ async def export(state: StateDep, _: AdminDep, format: str = "jsonl",  # noqa: A
     filters = ExportFilters(group_id=group_id, task_id=task_id)
     trainer = state.config.trainer
     options = {"turn_discount": trainer.turn_discount,
-               "default_reward": trainer.reward_default_for_unrewarded}
+               "default_reward": trainer.unrewarded_return()}
     if format == "jsonl":
         rows = iter_export_rows(state.store, filters, **options)
         lines = (json.dumps(row, separators=(",", ":")) + "\n" for row in rows)

@@ -80,3 +80,7 @@ def test_late_reward_is_trained_with_its_value_and_no_reward_settles(gateway):
     assert re.search(r'id="dropped-unrewarded">1 dropped: unrewarded', overview), overview
     listing = console.get("/console/sessions", params={"status": "dropped"}).text
     assert "dropped: unrewarded: 1 of 1 sessions" in listing
+    # The admin status counts what the staleness gate counts: the dropped one gave its
+    # place back (3 started, 2 admitted).
+    status = http.get("/admin/status", headers=ADMIN).json()
+    assert (status["started_sessions"], status["admitted_sessions"]) == (3, 2)
