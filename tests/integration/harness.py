@@ -3,7 +3,6 @@ plain module, not a conftest, so its import never depends on collection order)."
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from loopback import free_port
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -41,17 +41,11 @@ class Gateway:
         return f"{self.url}/v1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def run_gateway(tmp_dir: Path, model_dir: Path, backends: list[str],
                 *overrides: str) -> Iterator[Gateway]:
     """A gateway on a free loopback port with its own SQLite store under `tmp_dir`."""
-    port = _free_port()
+    port = free_port()
     cfg = load_config(overrides=[
         f"data_dir={tmp_dir}", f"engine.model={model_dir}", f"gateway.port={port}",
         f"gateway.backends={backends}", f"gateway.admin_key={ADMIN_KEY}",

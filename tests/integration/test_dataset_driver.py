@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from loopback import free_port
 
 from areal_service.datasets import DatasetConfig, load_samples
 from launcher.dataset_driver import DatasetDriver, DriverState
@@ -25,12 +26,6 @@ from launcher.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"authorization": "Bearer sk-test-admin"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _driver(gateway, tmp_path: Path, **fields) -> DatasetDriver:
@@ -135,7 +130,7 @@ def test_math_example_trains_and_resumes_after_the_driver_is_killed(tmp_path):
     position; in the end every sample's group was trained exactly once, every trained
     episode has its reward, and the trainer reached its last step."""
     data = tmp_path / "data"
-    ports = (_free_port(), _free_port())
+    ports = (free_port(), free_port())
     argv = _train_argv(data, *ports)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     state_path = data / "driver" / "state.json"
@@ -187,8 +182,8 @@ def test_eval_prints_the_table_on_the_shipped_dataset(tmp_path):
     dataset = "[{path: examples/math/data/test.jsonl, name: arith-test, limit: 4}]"
     out = subprocess.run(cli_argv(
         "eval", "--config", str(ROOT / "examples/math/eval.yaml"),
-        "--set", f"data_dir={data}", "--set", f"engine.port={_free_port()}",
-        "--set", f"gateway.port={_free_port()}", "--set", f"eval.datasets={dataset}",
+        "--set", f"data_dir={data}", "--set", f"engine.port={free_port()}",
+        "--set", f"gateway.port={free_port()}", "--set", f"eval.datasets={dataset}",
         "--set", "eval.n_samples=3", "--set", "eval.k=[1,3]", "--set", "eval.max_tokens=8"),
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from loopback import free_port
 
 from areal_service.datasets import DatasetConfig, load_samples
 
@@ -112,17 +113,11 @@ def test_online_example_trains_while_the_agent_runs(tmp_path):
     `examples/online/online.yaml` as child processes; the agent keeps one virtual key,
     the judge scores from the queue; the trainer takes steps on the judged sessions while
     the agent keeps going."""
-    import socket
 
     from examples.online.agent import run_agent
     from examples.online.judge import judge
     from launcher.driver_config import load_driver_config
     from launcher.stack import local_stack
-
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
 
     _, config = load_driver_config(ROOT / "examples/online/online.yaml", [
         f"data_dir={tmp_path / 'data'}", f"engine.port={free_port()}",

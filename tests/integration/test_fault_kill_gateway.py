@@ -8,24 +8,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import threading
 import time
 
 import httpx
+from loopback import free_port
 
 from engine.echo_backend import start_echo_backend
 from launcher.processes import cli_argv
 
 ADMIN_KEY = "sk-test-admin"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _client_loop(url: str, stop: threading.Event, acked: list[str], stream: bool) -> None:
@@ -56,7 +50,7 @@ def _client_loop(url: str, stop: threading.Event, acked: list[str], stream: bool
 
 def test_kill_9_under_load_loses_no_acknowledged_completion(tmp_path, tiny_model_dir):
     echo = start_echo_backend(tokens=8)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={tiny_model_dir}",
                  "--set", f"gateway.port={port}", "--set", f"gateway.backends=[{echo.url}]",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,16 +13,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from loopback import free_port, pid_alive
 
 from launcher.processes import cli_argv
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children(pid: int) -> list[int]:
@@ -43,21 +37,12 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
-
-
 def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
-    gw_port = _free_port()
+    gw_port = free_port()
     log = tmp_path / "launch.log"
     proc = subprocess.Popen(cli_argv(
         "launch", "--scheduler", "local", "--set", f"data_dir={tmp_path}",
-        "--set", f"engine.model={tiny_model_dir}", "--set", f"engine.port={_free_port()}",
+        "--set", f"engine.model={tiny_model_dir}", "--set", f"engine.port={free_port()}",
         "--set", f"gateway.port={gw_port}", "--set", "gateway.admin_key=sk-launch",
         "--set", "engine.torch_threads=1", "--set", "trainer.torch_threads=1"),
         stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
@@ -89,6 +74,6 @@ def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
         code = proc.wait(60)
     assert code == 128 + signal.SIGTERM, log.read_text()[-2000:]  # stopped, not finished
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in descendants) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in descendants) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(p) for p in descendants), "a child outlived the launcher"
+    assert not any(pid_alive(p) for p in descendants), "a child outlived the launcher"

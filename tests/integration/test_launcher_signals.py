@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,38 +14,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from loopback import free_port, pid_alive, wait_gone
 
 from launcher.processes import cli_argv
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose; it is reaped by its (new) parent.
-    status = Path(f"/proc/{pid}/stat")
-    return not (status.exists() and status.read_text().split(") ", 1)[1].startswith("Z"))
-
-
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _start_serve(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen, int]:
     """`areal-service serve` on free ports; returns it and its engine child's pid."""
-    gw_port, engine_port = _free_port(), _free_port()
+    gw_port, engine_port = free_port(), free_port()
     log_path = tmp_path / "serve.log"
     proc = subprocess.Popen(
         cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
@@ -76,13 +51,13 @@ def _start_serve(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen, int
 def test_serve_stops_its_engine_however_it_is_stopped(tmp_path, tiny_model_dir, how):
     proc, engine_pid = _start_serve(tmp_path, tiny_model_dir)
     try:
-        assert _alive(engine_pid)
+        assert pid_alive(engine_pid)
         os.kill(proc.pid, how)
         proc.wait(timeout=30)
-        assert _wait_gone(engine_pid, 20), f"engine {engine_pid} outlived serve ({how.name})"
+        assert wait_gone(engine_pid, 20), f"engine {engine_pid} outlived serve ({how.name})"
     finally:
         for pid in (proc.pid, engine_pid):
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
     if how != signal.SIGKILL:
         assert "stopped engine" in (tmp_path / "serve.log").read_text()

@@ -4,35 +4,18 @@ serving chat from the engine it was given, and everything gone after `stop()`.""
 
 from __future__ import annotations
 
-import os
-import socket
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from loopback import free_port, pid_alive
 
 from areal_service.config import load_config
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install '.[ray]')")
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
 def test_ray_places_engine_gateway_and_trainer(tmp_path, tiny_model_dir):
@@ -42,7 +25,7 @@ def test_ray_places_engine_gateway_and_trainer(tmp_path, tiny_model_dir):
 
     cfg = load_config(None, [
         f"data_dir={tmp_path}", f"engine.model={tiny_model_dir}",
-        f"engine.port={_free_port()}", f"gateway.port={_free_port()}",
+        f"engine.port={free_port()}", f"gateway.port={free_port()}",
         "gateway.admin_key=sk-ray-admin", "engine.torch_threads=1",
         "trainer.torch_threads=1", "cluster.n_nodes=1", "cluster.n_gpus_per_node=0"])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -73,13 +56,13 @@ def test_ray_places_engine_gateway_and_trainer(tmp_path, tiny_model_dir):
         children = [deployment.engines[0], deployment.gateway, deployment.trainers[0]]
         assert [ray.get(r.actor.poll.remote()) for r in children] == [None, None, None]
         pids = [r.pid for r in children]
-        assert all(pid and _alive(pid) for pid in pids)
+        assert all(pid and pid_alive(pid) for pid in pids)
     finally:
         gateway_url = deployment.gateway.url if deployment.gateway else None
         deployment.stop()
         ray.shutdown()
     assert deployment.groups == [] and deployment.engines == []
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
     if gateway_url:
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{gateway_url}/health/liveness", timeout=2)

@@ -6,24 +6,18 @@ recover when the backend is back."""
 
 from __future__ import annotations
 
-import socket
 import sqlite3
 import time
 
 import httpx
 from harness import ADMIN_KEY  # tests/integration/harness.py
+from loopback import free_port
 
 from areal_service.store import connect
 from engine.echo_backend import start_echo_backend
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 CHAT = {"model": "areal-policy", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _poll(fn, timeout_s: float, step_s: float = 0.02):
@@ -62,7 +56,7 @@ def test_locked_database_is_not_ready_until_released(tmp_path, tiny_model_dir, e
 
 def test_dead_backend_reported_then_fail_fast_then_recovery(tmp_path, tiny_model_dir,
                                                              gateway_factory):
-    port = _free_port()
+    port = free_port()
     echo = start_echo_backend(port, tokens=3)
     with gateway_factory(tmp_path, tiny_model_dir, [echo.url], "gateway.health_interval_s=0.3",
                          "gateway.no_backend_fail_fast_s=1",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from loopback import free_port
 
 from areal_service.config import load_config
 from areal_service.store import TrajectoryStore
@@ -33,12 +33,6 @@ from launcher.processes import cli_argv
 
 STANDIN = Path(__file__).parent / "sglang_standin"
 KEY = "sk-sglang-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(predicate, timeout_s: float, what: str) -> None:
@@ -59,7 +53,7 @@ def _ok(url: str) -> bool:
 
 def chat_capture_swap(tmp_path: Path, model_dir: Path, python: str, env: dict[str, str],
                       ready_s: float) -> None:
-    engine_port, gw_port = _free_port(), _free_port()
+    engine_port, gw_port = free_port(), free_port()
     backend = f"http://127.0.0.1:{engine_port}"
     cfg = load_config(None, [
         f"data_dir={tmp_path}", "engine.backend=sglang", f"engine.model={model_dir}",

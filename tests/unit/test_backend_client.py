@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loopback import free_port
 
 from areal_service.sglang_protocol import (
     FinishReason,
@@ -34,12 +34,6 @@ PROMPT = (11, 12, 13, 14)
 
 def expected_ids(n: int, prompt: tuple[int, ...] = PROMPT) -> list[int]:
     return [echo_token(prompt[0], len(prompt) + i) for i in range(n)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import socket
 from dataclasses import astuple, replace
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from loopback import free_port
 from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM
 
@@ -230,12 +230,6 @@ def test_config_upper_clip_reaches_the_step(group, tiny_model_dir):
     assert max(float(g.abs().max()) for g in _grads(model).values()) > 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter's unsharded gradient (collective under FSDP2: all ranks call)."""
     return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
@@ -270,7 +264,7 @@ def test_two_ranks_match_one_process(group, tiny_model_dir, tmp_path):
     """Half the batch on each of two ranks gives the single process's gradient (the
     token mean over the whole batch: a wrong cross-rank scale fails here) and, where
     that gradient is well above float noise, the same Adam step."""
-    mp.spawn(_rank_main, args=(_free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
     assert r0["world"] == r1["world"] == 2

@@ -9,9 +9,9 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from loopback import free_port, pid_alive
 
 from areal_service.config import load_config
 from launcher.processes import cli_argv
@@ -83,21 +83,6 @@ def test_too_few_gpus_is_a_clear_error():
     assert gpu_groups(["0", "1", "2"], 2, None) == [["0", "1"]]  # a leftover GPU stays idle
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
-
-
 def _wait(predicate, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -108,7 +93,7 @@ def _wait(predicate, timeout_s: float) -> bool:
 
 
 def test_supervisor_runs_local_engine_restarts_it_on_death_and_stops_it(tmp_path, tiny_model_dir):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     spec = ServerSpec("engine-0", tuple(cli_argv(
         "engine", "--model", str(tiny_model_dir), "--port", str(port),
@@ -132,7 +117,7 @@ def test_supervisor_runs_local_engine_restarts_it_on_death_and_stops_it(tmp_path
         second = sup.pids()[0]
     finally:
         sup.stop()
-    assert not _alive(first) and not _alive(second)
+    assert not pid_alive(first) and not pid_alive(second)
     with pytest.raises(TimeoutError, match=url):
         wait_healthy([url], 0.5, interval_s=0.1)  # nothing is left answering
     assert (tmp_path / "logs" / "engine-0.log").stat().st_size > 0
@@ -154,7 +139,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 
 def test_supervisor_gives_up_after_max_consecutive_deaths(tmp_path):
-    port = _free_port()
+    port = free_port()
     spec = ServerSpec("flaky", (PY, "-c", _FLAKY, str(port), str(tmp_path / "started")),
                       f"http://127.0.0.1:{port}")
     sup = Supervisor([spec], log_dir=tmp_path, ready_timeout_s=30, backoff_s=0.05,
@@ -171,15 +156,15 @@ def test_supervisor_gives_up_after_max_consecutive_deaths(tmp_path):
 
 
 def test_start_failure_stops_the_servers_already_started(tmp_path):
-    good_port = _free_port()
+    good_port = free_port()
     good = ServerSpec("good", (PY, "-c", _FLAKY, str(good_port), str(tmp_path / "m")),
                       f"http://127.0.0.1:{good_port}")
     bad = ServerSpec("bad", (PY, "-c", "import sys; sys.exit(7)"),
-                     f"http://127.0.0.1:{_free_port()}")
+                     f"http://127.0.0.1:{free_port()}")
     sup = Supervisor([good, bad], log_dir=tmp_path, ready_timeout_s=30)
     with pytest.raises(RuntimeError, match="bad exited with code 7"):
         sup.start()
-    assert all(pid is None or not _alive(pid) for pid in sup.pids())
+    assert all(pid is None or not pid_alive(pid) for pid in sup.pids())
 
 
 _SUPERVISED = """
@@ -209,12 +194,12 @@ def test_a_restarted_server_dies_with_a_supervisor_killed_outright(tmp_path):
     life (PR_SET_PDEATHSIG on that thread), so SIGKILL of the launcher leaves no server."""
     import subprocess
 
-    proc = subprocess.Popen([PY, "-c", _SUPERVISED, str(_free_port()), "m", str(tmp_path)],
+    proc = subprocess.Popen([PY, "-c", _SUPERVISED, str(free_port()), "m", str(tmp_path)],
                             stdout=subprocess.PIPE, text=True)
     try:
         restarted = int(proc.stdout.readline())
-        assert _alive(restarted)
+        assert pid_alive(restarted)
     finally:
         proc.kill()
         proc.wait()
-    assert _wait(lambda: not _alive(restarted), 10), "restarted server outlived its launcher"
+    assert _wait(lambda: not pid_alive(restarted), 10), "restarted server outlived its launcher"
