@@ -95,8 +95,7 @@ def serve_and_measure(args: argparse.Namespace, model_dir: Path, work: Path) -> 
     from areal_service.config import load_config
     from areal_service.store import TrajectoryStore
     from areal_service.types import WeightVersionRecord
-    from launcher.demo import save_config
-    from launcher.processes import ChildProcess, cli_argv
+    from launcher.processes import ChildProcess, cli_argv, save_config
     from launcher.sglang_servers import Supervisor
 
     key = "sk-bench-admin"

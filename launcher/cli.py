@@ -210,7 +210,8 @@ def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 @app.command("trainer")
 def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Run the bare RL trainer (FSDP2) on episodes from the store; resumes automatically.
-    For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`."""
+    For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`, with
+    `engine.model` set (or the tiny model built first with `make-tiny-model`)."""
     from launcher.serve import ensure_model
     from trainer.train import main as train_main
 

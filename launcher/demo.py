@@ -24,12 +24,11 @@ from typing import Any
 
 import httpx
 import typer
-import yaml
 
 from areal_service.config import ServiceConfig
-from engine.tiny_model import ensure_tiny_model
 from launcher.demo_task import DemoPrompt, digits_reward, make_prompts
-from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
+from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm, save_config
+from launcher.serve import ensure_model
 
 TARGET_REWARD = 0.9
 EVAL_EPISODES = 128
@@ -58,16 +57,6 @@ def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1) -> Se
     if tree["trainer"]["torch_threads"] is None:
         tree["trainer"]["torch_threads"] = max(1, half // trainer_procs)
     return ServiceConfig.model_validate(tree)
-
-
-def save_config(config: ServiceConfig, path: Path) -> Path:
-    """The resolved config as YAML (secrets included, file mode 0600) for the children."""
-    tree = config.model_dump(mode="json")
-    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(tree, sort_keys=False))
-    path.chmod(0o600)
-    return path
 
 
 @dataclass
@@ -246,7 +235,7 @@ def run_workload(config: ServiceConfig, *, minutes: float, trainer_procs: int = 
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     say(f"building or reusing the tiny model at {config.model_dir()} ...")
-    ensure_tiny_model(config.model_dir())
+    ensure_model(config)
     engine_url = config.backend_urls()[0]
     cfg_path = save_config(config, run_dir / "config.yaml")
     children: list[ChildProcess] = []

@@ -36,6 +36,7 @@ from areal_service.config import ServiceConfig
 from areal_service.datasets import DatasetConfig, load_samples
 from launcher.agent_runner import AgentRunner, EpisodeResult
 from launcher.driver_config import DriverConfig
+from launcher.serve import ensure_model
 from launcher.stack import local_stack
 
 
@@ -230,11 +231,9 @@ def run_eval(driver: DriverConfig, config: ServiceConfig, *, model: Path | None 
         if model is not None and config.gateway.backends:
             raise ValueError("--model serves a checkpoint on a local engine, but the config "
                              "lists gateway.backends: evaluate through them without --model")
+        if model is None:
+            ensure_model(config)  # the tiny model, only when no checkpoint is configured
         cfg = eval_config(config, model)
-        if cfg.engine.model == str(config.model_dir()) and not Path(cfg.engine.model).exists():
-            from engine.tiny_model import ensure_tiny_model
-
-            ensure_tiny_model(config.model_dir())
         with local_stack(cfg, cfg.data_dir / "run", trainer=False) as stack:
             say(f"evaluating {cfg.engine.model} behind {stack.gateway_url}/v1")
             evaluator = Evaluator(driver, stack.gateway_url,

@@ -77,7 +77,7 @@ def run_local(config: ServiceConfig, run_dir: Path) -> int:
     """`--scheduler local`: the gateway (which starts its engines: the local engine, or
     SGLang servers per GPU group) and the trainer as children of this process; returns
     when the trainer does (or on Ctrl-C / SIGTERM), stopping the trainer first."""
-    from launcher.demo import save_config
+    from launcher.processes import save_config
 
     config, trainer_env, procs = _local_split(config)
     cfg_path = save_config(config, run_dir / "config.yaml")

@@ -23,8 +23,14 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+import yaml
+
+from areal_service.config import ServiceConfig
 
 log = logging.getLogger(__name__)
+
+TRAINER_GRACE_S = 60.0
+"""How long a stopped trainer may take to finish its step, publish and checkpoint."""
 
 @contextmanager
 def exit_on_sigterm() -> Iterator[None]:
@@ -74,8 +80,12 @@ class ChildProcess:
             time.sleep(0.2)
         raise TimeoutError(f"{self.name} not ready at {url} after {timeout_s:.0f} s")
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM, wait up to `grace_s`, then SIGKILL; only this child's process group."""
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM, wait up to `grace_s`, then SIGKILL; only this child's process group.
+        By default the trainer gets `TRAINER_GRACE_S` (on SIGTERM it finishes the step
+        under way, publishes and checkpoints), every other child 10 s."""
+        if grace_s is None:
+            grace_s = TRAINER_GRACE_S if self.name == "trainer" else 10.0
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -118,3 +128,13 @@ def _die_with_parent() -> Callable[[], None] | None:
 def cli_argv(*args: str) -> list[str]:
     """argv that runs `areal-service ARGS` with this interpreter (no PATH lookup)."""
     return [sys.executable, "-m", "launcher", *args]
+
+
+def save_config(config: ServiceConfig, path: Path) -> Path:
+    """The resolved config as YAML (secrets included, file mode 0600) for the children."""
+    tree = config.model_dump(mode="json")
+    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    path.chmod(0o600)
+    return path

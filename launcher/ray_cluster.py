@@ -174,7 +174,7 @@ class RayDeployment:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from launcher.demo import save_config
+        from launcher.processes import save_config
         from launcher.serve import ensure_model
 
         cfg = self.config.model_copy(update={"data_dir": self.config.data_dir.resolve()})

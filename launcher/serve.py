@@ -8,7 +8,7 @@ from areal_service.admin_key import DefaultAdminKeyError
 from areal_service.config import ServiceConfig, with_admin_key
 from engine.tiny_model import ensure_tiny_model
 from gateway.server import run_gateway
-from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
+from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm, save_config
 
 
 def ensure_model(config: ServiceConfig) -> None:
@@ -22,10 +22,10 @@ def start_local_engine(config: ServiceConfig) -> ChildProcess:
     ensure_model(config)
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    # The whole resolved config (file, env, --set), so every engine.* setting reaches it.
+    cfg_path = save_config(config, config.data_dir / "serve" / "config.yaml")
     engine = ChildProcess(
-        "engine",
-        cli_argv("engine", "--model", str(config.model_dir()), "--host", config.engine.host,
-                 "--port", str(config.engine.port), "--set", f"log_level={config.log_level}"),
+        "engine", cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
         log_path=logs / "engine.log")
     try:
         engine.wait_http_ok(f"{config.backend_urls()[0]}/health")

@@ -160,7 +160,7 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
 def write_sbatch(config: ServiceConfig, out_dir: Path) -> Path:
     """Save the resolved config (data_dir made absolute) and the script under `out_dir`;
     returns the script's path."""
-    from launcher.demo import save_config
+    from launcher.processes import save_config
 
     config = config.model_copy(update={"data_dir": config.data_dir.resolve()})
     if config.cluster.n_nodes > 1 and config.database_url().startswith("sqlite"):

@@ -12,13 +12,10 @@ from pathlib import Path
 
 from areal_service.config import ServiceConfig
 from engine.tiny_model import ensure_tiny_model
-from launcher.demo import save_config
-from launcher.processes import ChildProcess, cli_argv
+from launcher.processes import ChildProcess, cli_argv, save_config
 
 READY_TIMEOUT_S = 180.0
 """How long a child may take to answer its health check (model load on a slow disk)."""
-TRAINER_GRACE_S = 60.0
-"""How long a stopping trainer may take to finish its step and checkpoint."""
 
 
 @dataclass
@@ -54,7 +51,7 @@ class Stack:
         finishes the step under way, publishes and checkpoints before exiting."""
         while self.children:
             child = self.children.pop()
-            child.stop(grace_s=TRAINER_GRACE_S if child.name == "trainer" else 10.0)
+            child.stop()
 
 
 @contextmanager

@@ -224,8 +224,9 @@ def _prepare_model_dir(config: ServiceConfig, info: DistInfo) -> Path:
     model_dir = config.model_dir()
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(
-            f"no checkpoint at {model_dir}: set engine.model, or start the trainer with "
-            "`areal-service trainer`, which builds the tiny model when none is configured")
+            f"no checkpoint at {model_dir}: set engine.model, or build the tiny model there "
+            f"first (`areal-service make-tiny-model {model_dir}`; `areal-service trainer` "
+            "and `areal-service demo --trainer-procs N` do it for you)")
     dist.barrier()
     return model_dir
 

@@ -28,8 +28,7 @@ from loopback import free_port
 from areal_service.config import load_config
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
-from launcher.demo import save_config
-from launcher.processes import cli_argv
+from launcher.processes import cli_argv, save_config
 
 STANDIN = Path(__file__).parent / "sglang_standin"
 KEY = "sk-sglang-test"
