@@ -108,7 +108,10 @@ async def count_tokens(request: Request, state: GatewayState, principal: Princip
     resolve_model(state.config.gateway, req.model)
     try:
         conv = _conversation(state, req)
-        ids = render_prompt_ids(state.tokenizer, conv.messages, conv.tools, conv.tool_choice)
+        args = (state.tokenizer, conv.messages, conv.tools, conv.tool_choice)
+        ids = (await state.large_prompts.run(render_prompt_ids, *args)
+               if state.large_prompts.is_large(conv.messages, conv.tools)
+               else render_prompt_ids(*args))  # a large history: off the event loop
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     return JsonReply(dumps({"input_tokens": len(ids)}).encode(), f"req_{uuid.uuid4().hex}")

@@ -57,7 +57,7 @@ def test_a_large_prompt_does_not_stall_health_or_small_chats(gateway):
     assert reply.status_code == 400 and "context" in reply.json()["error"]["message"]
     # On the event loop the large prompt would hold every other request for its whole
     # preparation (seconds); off it, each liveness + small chat pair stays quick.
-    assert max(waits) < min(1.0, took / 2), (max(waits), took)
+    assert max(waits) < took / 2, (max(waits), took)
     assert len(waits) >= 3, f"the large prompt took only {took:.2f} s: too small to tell"
 
 
