@@ -124,4 +124,15 @@ def test_logit_bias_reaches_the_backend_as_sglang_sampling_params(gw: Any) -> No
     training = resolve_sampling(request.client_sampling(), prompt_tokens=3,
                                 context_length=64, default_max_tokens=2, mode="training")
     assert "logit_bias" not in training.to_sampling_params()
-    assert _chat(gw, logit_bias={"7": -100}, max_tokens=2).status_code == 200
+
+
+def test_logit_bias_changes_what_is_sampled_in_client_mode(
+        tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Any,
+        completions_of: Any) -> None:
+    """Through the gateway to the engine: +100 on one token id makes every sampled token
+    that id, and the recorded output ids say so."""
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url], "gateway.sampling=client") as g:
+        reply = _chat(g, logit_bias={"42": 100}, max_tokens=3, temperature=1.0)
+        assert reply.status_code == 200, reply.text
+        (record,) = [r for r in completions_of(g.state.store) if r.id == reply.json()["id"]]
+    assert list(record.output_ids) == [42, 42, 42]
