@@ -14,6 +14,7 @@ running batch; retire finished rows. Nothing steps while paused.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import random
@@ -80,6 +81,9 @@ class Request:
     generator: torch.Generator | None = None
     num_retractions: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _spec: SamplingSpec | None = field(default=None, repr=False)
+    _counts: Counter[int] = field(default_factory=Counter, repr=False)
+    _counted: int = 0
 
     def snapshot(self) -> RequestView:
         with self._lock:
@@ -93,15 +97,19 @@ class Request:
             )
 
     def spec(self) -> SamplingSpec:
+        """This step's sampling knobs: built once; penalized requests add the counts of
+        their output so far, kept incrementally (O(new tokens) a step, not O(output))."""
         p = self.params
-        penalized = p.frequency_penalty != 0 or p.presence_penalty != 0
-        return SamplingSpec(
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-            logit_bias=tuple((int(t), b) for t, b in (p.logit_bias or {}).items()),
-            frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty,
-            # O(output) per step, only for penalized requests (client mode; training
-            # traffic samples without penalties).
-            output_counts=tuple(Counter(self.output_ids).items()) if penalized else ())
+        if self._spec is None:
+            self._spec = SamplingSpec(
+                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+                logit_bias=tuple((int(t), b) for t, b in (p.logit_bias or {}).items()),
+                frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty)
+        if p.frequency_penalty == 0 and p.presence_penalty == 0:
+            return self._spec
+        self._counts.update(self.output_ids[self._counted:])
+        self._counted = len(self.output_ids)
+        return dataclasses.replace(self._spec, output_counts=tuple(self._counts.items()))
 
 
 Receive = Callable[[torch.device, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
