@@ -217,6 +217,11 @@ class GatewayConfig(_Section):
     """How often the keys' `last_used_at` is written: uses are noted in memory (a dict
     store per request) and flushed in one transaction per interval, so a key's time is
     written at most once per interval and never on a request's path."""
+    reward_max_abs: float = Field(1e6, gt=0, le=1e300)
+    """Largest |value| a posted reward may have (400 beyond). A return sums at most every
+    reward of its session and group, so with each one bounded the sum stays finite for
+    any realistic count (n * 1e6 overflows only past 1e302 rewards); raise it when a
+    judge's scale needs it."""
     public_docs: bool = False
     """Serve `/docs` and `/openapi.json` to anyone; off, they need the admin key."""
     public_metrics: bool = False
@@ -241,6 +246,18 @@ class GatewayConfig(_Section):
     (capture writer, store lookups) share one GIL; at CPython's 5 ms a thread that
     released the GIL for a SQLite call waits up to 5 ms to get it back from a busy loop,
     per call. 0.2 ms measured +7% req/s and -8 ms p50 at 64 clients."""
+    workers: int = Field(1, ge=0, le=64)
+    """Gateway processes serving `port` together (uvicorn's workers on one shared
+    socket), each with its own event loop, store writer and caches; 0: one per core, up
+    to 8. One process holds the leader lease (`leader_lease_s`) and alone swaps weights
+    and sweeps idle sessions. Default 1: token continuity and parent linking cache a
+    session's last turn per process, so a client that opens a new connection per turn
+    may land on a worker without it (continuity then falls back to a full render, and
+    linking reads the store). Clients that keep their connection (the OpenAI SDKs,
+    httpx pools) stay on one worker."""
+    leader_lease_s: float = Field(10.0, gt=0)
+    """Time to live of the leader lease in the store, renewed every third of it: when
+    the leader dies, another worker or replica takes over swaps and sweeps within this."""
 
 
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]

@@ -1,7 +1,7 @@
 """Reward ids belong to the key that posted them: another key posting the same id
-neither reads the first reward (its metadata) nor squats the id; and a reward that would
-make an episode's return non-finite is refused at the source (400), before the export
-or the trainer could see an infinite return."""
+neither reads the first reward (its metadata) nor squats the id; and a reward beyond
+`gateway.reward_max_abs` is refused at the source (400), so no return can overflow to a
+non-finite number that the export or the trainer would see."""
 
 from __future__ import annotations
 
@@ -75,18 +75,26 @@ def test_squatting_an_id_does_not_block_another_key(gw: Any) -> None:
 
 
 @pytest.mark.parametrize("target", ["session", "group"])
-def test_a_reward_that_overflows_the_return_is_400(gw: Any, target: str) -> None:
+def test_a_reward_beyond_the_cap_is_400(gw: Any, target: str) -> None:
+    """Every reward is bounded by `gateway.reward_max_abs` (1e6 by default), so no sum of
+    them can overflow: two rewards of 1e308 (a return of inf) are never both stored."""
     started = _session(gw, group_size=2)
     session = started["sessions"][0]
     where = ({"session_id": session["session_id"]} if target == "session"
              else {"group_id": started["group_id"]})
     key = session["api_key"] if target == "session" else "sk-test-admin"
-    assert _reward(gw, key, value=1e308, **where).status_code == 201
-    second = _reward(gw, key, value=1e308, **where)
-    assert second.status_code == 400, second.text
-    assert second.json()["error"]["param"] == "value"
-    assert _reward(gw, key, value=-1e308, **where).status_code == 400  # |values| add up
-    assert _reward(gw, key, value=1.0, **where).status_code == 201
+    cap = gw.state.config.gateway.reward_max_abs
+    assert cap == 1e6
+    for value in (1e308, -1e308, cap * 1.000001, -cap - 1):
+        refused = _reward(gw, key, value=value, **where)
+        assert refused.status_code == 400, (value, refused.text)
+        error = refused.json()["error"]
+        assert error["param"] == "value" and error["type"] == "invalid_request_error"
+        assert "reward_max_abs" in error["message"]
+    assert _reward(gw, key, value=cap, **where).status_code == 201  # the cap itself is fine
+    assert _reward(gw, key, value=-cap, **where).status_code == 201
+    stored = gw.state.store.list_rewards(**where)
+    assert sorted(r.value for r in stored) == [-cap, cap]
 
 
 def test_migration_keeps_existing_rewards_as_the_admins(tmp_path: Path) -> None:
