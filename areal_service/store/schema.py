@@ -170,3 +170,14 @@ class TrainStepRow(Base):
     version: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class LeaseRow(Base):
+    """A named lease (e.g. the gateway leader's): held by `holder` until `expires_at`;
+    another holder may take it only after that (`leases.py`)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    holder: Mapped[str] = mapped_column(String)
+    expires_at: Mapped[float] = mapped_column(Float)

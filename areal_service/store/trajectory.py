@@ -24,6 +24,7 @@ from sqlalchemy.sql import Select
 from areal_service.config import StoreConfig
 from areal_service.store.connect import create_store_engine
 from areal_service.store.inserts import CompletionInserter, completion_row
+from areal_service.store.leases import acquire_lease, lease_holder, release_lease
 from areal_service.store.linking import PrefixEntry
 from areal_service.store.migrate import upgrade_engine
 from areal_service.store.rows import completion_from_row, paged, row_values, to_record
@@ -423,6 +424,29 @@ class TrajectoryStore:
             assert row is not None
             row.meta = {**row.meta, **metadata}
             return to_record(WeightVersionRecord, row)
+
+    def live_weight_version(self, *, scan: int = 16) -> WeightVersionRecord | None:
+        """The newest version the swap leader made live (`live_at` in its metadata),
+        among the `scan` newest published; None before the first swap. Followers read
+        their live version here instead of swapping themselves."""
+        for record in self.list_weight_versions(limit=scan):
+            if "live_at" in record.metadata:
+                return record
+        return None
+
+    # Leases (`leases.py`).
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take or renew lease `name` for `holder`; True when it is held afterwards."""
+        return acquire_lease(self._engine, name, holder, ttl_s)
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give lease `name` up if `holder` has it."""
+        release_lease(self._engine, name, holder)
+
+    def lease_holder(self, name: str) -> str | None:
+        """The current holder of lease `name` (None: free or expired)."""
+        return lease_holder(self._engine, name)
 
     # Train steps.
 

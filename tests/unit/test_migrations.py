@@ -14,7 +14,8 @@ from areal_service.store import TrajectoryStore, alembic_config, upgrade_databas
 from areal_service.store.migrate import migrations_dir
 from areal_service.store.schema import Base
 
-TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "train_steps"}
+TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "train_steps",
+          "leases"}
 
 
 def _state(url: str) -> tuple[list, str | None, set[str]]:
@@ -31,7 +32,7 @@ def _state(url: str) -> tuple[list, str | None, set[str]]:
 
 def test_one_head_in_the_installed_package():
     script = ScriptDirectory.from_config(alembic_config("sqlite:///unused.db"))
-    assert script.get_heads() == ["0005_key_limits"]
+    assert script.get_heads() == ["0006_leases"]
     assert (migrations_dir() / "env.py").is_file()
     assert (migrations_dir() / "versions" / "0001_initial.py").is_file()
 
@@ -45,7 +46,7 @@ def test_upgrade_empty_database_matches_schema(store_url):
     upgrade_database(store_url)
     diff, revision, tables = _state(store_url)
     assert diff == []
-    assert revision == "0005_key_limits"
+    assert revision == "0006_leases"
     assert tables == TABLES | {"alembic_version"}
     upgrade_database(store_url)  # at head already: a no-op
     assert _state(store_url) == (diff, revision, tables)
@@ -59,11 +60,11 @@ def test_downgrade_to_base_and_back(store_url):
     assert revision is None and tables == {"alembic_version"}
     assert {op[1].name for op in diff if op[0] == "add_table"} == TABLES
     upgrade_database(store_url)
-    assert _state(store_url)[:2] == ([], "0005_key_limits")
+    assert _state(store_url)[:2] == ([], "0006_leases")
 
 
 def test_open_migrates_only_when_asked(store_url):
     TrajectoryStore.open(store_url, StoreConfig(auto_migrate=False)).close()
     assert _state(store_url)[2] == set()
     TrajectoryStore.open(store_url, StoreConfig(auto_migrate=True)).close()
-    assert _state(store_url)[1:] == ("0005_key_limits", TABLES | {"alembic_version"})
+    assert _state(store_url)[1:] == ("0006_leases", TABLES | {"alembic_version"})
