@@ -398,7 +398,6 @@ class MessageStreamAssembler:
         self._index = -1
         self._open: str | None = None  # "thinking" | "text"
         self._thinking = ""
-        self._blocks = 0
         self.message: dict[str, Any] | None = None
         """The final message (as `build_message` makes it), once finished."""
 

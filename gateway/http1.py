@@ -157,7 +157,7 @@ class Exchange:
     async def next_piece(self) -> bytes | None:
         """The body bytes that arrived since the last call (all of them, joined), waiting
         for some if none did; None once the body ended. A plain coroutine: cheaper per
-        streamed chunk than iterating `pieces`."""
+        streamed chunk than an async iterator."""
         conn = self._conn
         while True:
             if conn.pieces:
@@ -169,21 +169,6 @@ class Exchange:
             if conn.error is not None:
                 raise conn.error
             await conn.wait()
-
-    async def pieces(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive; everything buffered is joined into one piece."""
-        conn = self._conn
-        while True:
-            if conn.pieces:
-                data = b"".join(conn.pieces)
-                conn.pieces.clear()
-                yield data
-            elif conn.complete:
-                return
-            elif conn.error is not None:
-                raise conn.error
-            else:
-                await conn.wait()
 
 
 class Http1Pool:

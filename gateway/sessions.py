@@ -98,13 +98,6 @@ def requested_session(principal: Principal, request: Request, body: dict[str, An
     return None
 
 
-def requested_session_id(principal: Principal, request: Request, body: dict[str, Any]
-                         ) -> str | None:
-    """The session the request names (key binding first, then header, then metadata)."""
-    found = requested_session(principal, request, body)
-    return found[0] if isinstance(found, tuple) else found
-
-
 async def session_for_request(state: GatewayState, principal: Principal, request: Request,
                               body: dict[str, Any]) -> str | None:
     """The open session this completion is recorded under, checked against the caller."""

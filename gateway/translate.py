@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from areal_service.sglang_protocol import FinishReason, GenerateResponse
+from areal_service.sglang_protocol import FinishReason
 from gateway.protocol import TEXT_PART_TYPES, ClientSampling, InvalidRequestError, ToolChoice
 from gateway.tokenizer import ChatTokenizer
 from gateway.toolparse import ParsedText, ToolCall, parse_output
@@ -21,7 +21,6 @@ from gateway.toolparse import ParsedText, ToolCall, parse_output
 log = logging.getLogger(__name__)
 
 SamplingMode = Literal["client", "training"]
-_MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry
 
 
 # ---------------------------------------------------------------- prompt rendering
@@ -198,21 +197,6 @@ class GeneratedChoice:
     """Per position: (token id, logprob) alternatives, when requested."""
     cached_tokens: int = 0
 
-    @classmethod
-    def from_sglang(cls, body: Mapping[str, Any]) -> GeneratedChoice:
-        """From a `/generate` response object (or a cumulative stream chunk)."""
-        meta = body["meta_info"]
-        tops = tuple(
-            tuple((int(t[1]), _finite(t[0])) for t in pos or ())
-            for pos in meta.get("output_top_logprobs") or ())
-        return cls(
-            output_ids=tuple(body["output_ids"]),
-            output_logprobs=tuple(_finite(t[0]) for t in meta.get("output_token_logprobs") or ()),
-            finish=GenerateResponse.model_validate(body).finish_reason,
-            top_logprobs=tops,
-            cached_tokens=int(meta.get("cached_tokens") or 0),
-        )
-
     def visible_len(self) -> int:
         """Ids that make the reply: all but a final matched stop token."""
         return visible_len(self.output_ids, self.finish)
@@ -223,10 +207,6 @@ def visible_len(ids: Sequence[int], finish: FinishReason | None) -> int:
     drop = (finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
             and bool(ids) and ids[-1] == finish.matched)
     return len(ids) - drop
-
-
-def _finite(logprob: float | None) -> float:
-    return _MIN_LOGPROB if logprob is None else max(float(logprob), _MIN_LOGPROB)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,10 +38,6 @@ def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-def _bash_array(name: str, items: list[str]) -> str:
-    return f"{name}=({' '.join(items)})"
-
-
 def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
     """The sbatch script for `config` (already saved, with an absolute data_dir, at
     `config_path`). Pure: no file or Slurm access, so it can be checked in tests."""

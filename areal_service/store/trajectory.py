@@ -163,11 +163,6 @@ class TrajectoryStore:
         )
         return self.get_api_key(key_id)
 
-    def touch_api_key(self, key_id: str, *, at: float | None = None) -> None:
-        """Set `last_used_at` (one small transaction: call it at most once a request)."""
-        at = now() if at is None else at
-        self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(last_used_at=at))
-
     def touch_api_keys(self, used_at: Mapping[str, float]) -> None:
         """Set `last_used_at` of many keys in one transaction (key id → time); a row
         keeps a later time another replica already wrote."""

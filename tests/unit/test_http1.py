@@ -108,10 +108,10 @@ async def test_chunked_stream_pieces_arrive_before_the_end(raw_server) -> None: 
     srv = await raw_server(chunked)
     pool = Http1Pool(srv.url)
     async with pool.post("/generate", b"{}", timeout_s=5) as r:
-        pieces = r.pieces()
-        assert await anext(pieces) == b"data:1"  # while the server still holds the rest
+        assert await r.next_piece() == b"data:1"  # while the server still holds the rest
         release.set()
-        assert [p async for p in pieces] == [b"data:2"]
+        assert await r.next_piece() == b"data:2"
+        assert await r.next_piece() is None
     async with pool.post("/generate", b"{}", timeout_s=5) as r:  # reused after the end
         assert await r.read() == b"data:1data:2"
     assert srv.connections == 1
@@ -138,7 +138,7 @@ async def test_connection_close_and_early_exit_are_not_reused(raw_server) -> Non
     srv2 = await raw_server(unfinished)
     pool2 = Http1Pool(srv2.url)
     async with pool2.post("/generate", b"{}", timeout_s=5) as r:
-        assert await anext(r.pieces()) == b"a"  # the caller leaves before the end
+        assert await r.next_piece() == b"a"  # the caller leaves before the end
     async with pool2.post("/generate", b"{}", timeout_s=5) as r:
         assert await r.read() == b"{}"
     assert srv2.connections == 2

@@ -100,7 +100,7 @@ def test_api_key_round_trip_revoke_touch_bind(store: TrajectoryStore):
     with pytest.raises(IntegrityError):  # the hash is unique
         store.add_api_key(ApiKeyRecord(id="key-2", key_hash="ab" * 32, display="x"))
 
-    store.touch_api_key("key-1", at=1_700_000_100.5)
+    store.touch_api_keys({"key-1": 1_700_000_100.5})
     store.bind_key_session("key-1", "sess-9")
     got = store.get_api_key("key-1")
     assert got is not None and got.last_used_at == 1_700_000_100.5 and got.session_id == "sess-9"

@@ -246,27 +246,6 @@ def test_training_mode_forces_training_values() -> None:
 # ---------------------------------------------------------------- completion bodies
 
 
-def test_from_sglang_body() -> None:
-    body = {"text": " Paris.", "output_ids": [12, 13, 2],
-            "meta_info": {"id": "r", "finish_reason": {"type": "stop", "matched": 2},
-                          "prompt_tokens": 9, "completion_tokens": 3, "cached_tokens": 4,
-                          "weight_version": "default",
-                          "output_token_logprobs": [[-0.4, 12, None], [-0.02, 13, None],
-                                                    [float("-inf"), 2, None]],
-                          "output_top_logprobs": [[[-0.4, 12, None], [-1.5, 99, None]],
-                                                  None, [[-0.1, 2, None]]]}}
-    choice = GeneratedChoice.from_sglang(body)
-    assert choice.output_ids == (12, 13, 2)
-    assert choice.output_logprobs == (-0.4, -0.02, -9999.0)
-    assert choice.finish == FinishReason("stop", 2)
-    assert choice.top_logprobs == (((12, -0.4), (99, -1.5)), (), ((2, -0.1),))
-    assert choice.cached_tokens == 4
-    assert choice.visible_len() == 2
-    streaming = GeneratedChoice.from_sglang({"output_ids": [12], "meta_info": {
-        "finish_reason": None}})
-    assert streaming.finish is None and streaming.visible_len() == 1
-
-
 def test_chat_completion_body_validates(tok: ChatTokenizer) -> None:
     choice = generated(tok, OUTPUTS["think_and_call"])
     parsed = parse_choice(tok, choice, completion_id="chatcmpl-a", parse_tools=True)
