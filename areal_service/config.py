@@ -255,9 +255,21 @@ class GatewayConfig(_Section):
     may land on a worker without it (continuity then falls back to a full render, and
     linking reads the store). Clients that keep their connection (the OpenAI SDKs,
     httpx pools) stay on one worker."""
+    replicas: bool = False
+    """Other gateway processes (replicas on other hosts, behind one load balancer) share
+    this store: parent linking then reads each session's turns from the store instead of
+    a per-process cache (implied by `workers` != 1)."""
     leader_lease_s: float = Field(10.0, gt=0)
     """Time to live of the leader lease in the store, renewed every third of it: when
     the leader dies, another worker or replica takes over swaps and sweeps within this."""
+
+    def worker_count(self) -> int:
+        """Gateway processes to run: `workers`, or one per core (up to 8) for 0."""
+        return self.workers or min(os.cpu_count() or 1, 8)
+
+    def shares_store(self) -> bool:
+        """Whether other gateway processes write the same store (workers or replicas)."""
+        return self.replicas or self.worker_count() > 1
 
 
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]
@@ -577,6 +589,18 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     # model_validate skips the settings sources: the environment was merged above with
     # the right priority and must not be read a second time over the CLI values.
     return with_admin_key(ServiceConfig.model_validate(tree))
+
+
+def save_config(config: ServiceConfig, path: Path) -> Path:
+    """The resolved config as YAML (secrets included, file mode 0600), for the processes
+    a command starts (engine, trainer, gateway workers) to `load_config`."""
+    tree = config.model_dump(mode="json")
+    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)  # before the secrets are written
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
 
 
 def with_admin_key(config: ServiceConfig, *, binding: bool = False) -> ServiceConfig:

@@ -27,6 +27,7 @@ from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
 from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
+from gateway.leader import Leadership
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
@@ -123,10 +124,13 @@ def _known_good_of(scope: Scope) -> Callable[[str], bool] | None:
 
 async def sweep_idle_sessions(state: GatewayState) -> None:
     """End sessions idle past `gateway.session_idle_timeout_s`, forever (cancelled at
-    shutdown). A failed sweep is logged and retried at the next interval."""
+    shutdown), while this process is the leader. A failed sweep is logged and retried at
+    the next interval."""
     gw = state.config.gateway
     while True:
         await asyncio.sleep(gw.session_sweep_interval_s)
+        if not state.leadership.is_leader:
+            continue  # the leader sweeps; this process's caches see its ends in ttl_s
         try:
             ended = await asyncio.to_thread(state.store.end_idle_sessions,
                                             gw.session_idle_timeout_s)
@@ -176,12 +180,18 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                            health_interval_s=config.gateway.health_interval_s,
                            fail_fast_s=config.gateway.no_backend_fail_fast_s)
         await pool.start()
+        leadership = Leadership(store, ttl_s=gw.leader_lease_s)
+        await leadership.renew()  # a lone gateway leads from its first request on
+        pool.may_swap = lambda: leadership.is_leader
         app.state.gateway = GatewayState(
             config=config, store=store, writer=writer,
             keys=KeyResolver(store, config.gateway.admin_key.get_secret_value(),
                              usage_interval_s=config.gateway.key_usage_interval_s),
             backends=pool, tokenizer=tokenizer,
-            context_length=context_length_of(config, tokenizer_dir), linker=ParentLinker(store),
+            context_length=context_length_of(config, tokenizer_dir),
+            # Other processes write this store's sessions too: link from the store itself.
+            linker=ParentLinker(store, max_sessions=0 if gw.shares_store() else 4096),
+            leadership=leadership,
             session_cache=RefreshingCache(store.get_session, ttl_s=SESSION_TTL_S,
                                           stale_s=SESSION_STALE_S),
             started_at=time.time())
@@ -190,7 +200,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             gc.collect()
             gc.freeze()
             gc.set_threshold(_GC_YOUNG_THRESHOLD, 20, 100)
-        tasks = [asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
+        tasks = [asyncio.create_task(leadership.run()),
+                 asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
                  asyncio.create_task(run_weight_syncer(app.state.gateway)),
                  asyncio.create_task(flush_key_usage(
                      app.state.gateway.keys.usage, store,
@@ -201,6 +212,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await leadership.release()
             await write_key_usage(app.state.gateway.keys.usage, store)
             app.state.gateway.large_prompts.close()
             await pool.aclose()

@@ -1,8 +1,23 @@
-"""Prometheus metrics of the gateway, one registry per app (no import-time globals)."""
+"""Prometheus metrics of the gateway, one registry per app (no import-time globals).
+
+With several gateway workers (`gateway/server.py`), prometheus_client's multiprocess
+mode keeps every worker's values in files under `PROMETHEUS_MULTIPROC_DIR` (set before
+the workers start: the library picks its value store at import), and `/metrics` and the
+console read the sum over all workers from there.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class GatewayMetrics:
@@ -17,7 +32,7 @@ class GatewayMetrics:
         self.completion_tokens = Counter("areal_completion_tokens", "Tokens generated",
                                          registry=self.registry)
         self.in_flight = Gauge("areal_in_flight_requests", "Requests being served",
-                               registry=self.registry)
+                               registry=self.registry, multiprocess_mode="livesum")
         self.latency = Histogram(
             "areal_request_latency_seconds", "End-to-end latency", ["route"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
@@ -38,3 +53,29 @@ class GatewayMetrics:
             "new messages' tokens), no_match (full render), or a full-render fallback "
             "(prefix_changed, not_prefix_stable, no_end_of_turn)", ["outcome"],
             registry=self.registry)
+
+    def exposition(self) -> Collector:
+        """What `/metrics` serves: this process's registry, or the sum over every
+        worker's files in multiprocess mode (a fresh collector: it reads them per call)."""
+        directory = os.environ.get(MULTIPROC_ENV)
+        if not directory:
+            return self.registry
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=directory)
+        return registry
+
+    def totals(self, name: str) -> dict[tuple[str, ...], float]:
+        """A counter's `_total` by label values, over every worker (e.g.
+        `totals("areal_requests")[("/v1/chat/completions", "200")]`)."""
+        out: dict[tuple[str, ...], float] = {}
+        for sample in _samples(self.exposition().collect(), f"{name}_total"):
+            key = tuple(sample.labels.values())
+            out[key] = out.get(key, 0.0) + sample.value
+        return out
+
+
+def _samples(families: Iterable[Metric], name: str) -> Iterator[Sample]:
+    for family in families:
+        for sample in family.samples:
+            if sample.name == name:
+                yield sample

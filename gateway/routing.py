@@ -99,6 +99,9 @@ class BackendPool:
         self._health_task: asyncio.Task[None] | None = None
         self.target: tuple[str, int] | None = None
         """(model_path, version) of the last swap; re-admitted backends are synced to it."""
+        self.may_swap: Callable[[], bool] = lambda: True
+        """Whether this process may swap a returning backend itself (the leader among
+        gateway processes); a follower re-admits it once the leader has synced it."""
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -266,6 +269,9 @@ class BackendPool:
         path, version = self.target
         try:
             if (await b.client.model_info()).weight_version != str(version):
+                if not self.may_swap():
+                    b.last_error = f"waiting for the leader to sync it to v{version}"
+                    return False
                 await b.client.swap_weights(path, version)
         except BackendError as e:
             b.last_error = f"resync to v{version} failed: {e.message}"

@@ -1,28 +1,87 @@
 """The gateway under uvicorn (blocking). Starting a local engine beside it is the
-launcher's job (`launcher/serve.py`): the gateway only speaks to backends by URL."""
+launcher's job (`launcher/serve.py`): the gateway only speaks to backends by URL.
+
+With `gateway.workers` > 1, uvicorn's own supervisor runs that many processes on one
+listening socket (the kernel hands each new connection to one of them) and restarts a
+worker that dies; each worker builds its app with `worker_app`, from the resolved config
+saved for it. What must happen once per deployment (weight swaps, idle sweeps) is done by
+the holder of the store's leader lease (`gateway/leader.py`); `/metrics` sums every
+worker through prometheus_client's multiprocess mode.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import shutil
+import signal
 import sys
 
 import uvicorn
+from fastapi import FastAPI
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServiceConfig, load_config, save_config
 from gateway.app import create_app
+from gateway.metrics import MULTIPROC_ENV
 
 log = logging.getLogger(__name__)
 
+CONFIG_ENV = "AREAL_GATEWAY_WORKER_CONFIG"
+"""Path of the resolved config a worker process loads (written 0600 by the parent)."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _uvicorn_options(config: ServiceConfig) -> dict[str, object]:
+    return {
+        "host": config.gateway.host, "port": config.gateway.port,
+        "log_level": config.log_level, "access_log": False,
+        # uvloop + httptools (uvicorn[standard]): what "auto" picks when installed; named
+        # so a missing one fails at start instead of silently serving on the slow pair.
+        "loop": "uvloop", "http": "httptools",
+        # Requests still waiting (e.g. on the staleness gate) are cancelled after this,
+        # so SIGTERM never needs a SIGKILL behind it.
+        "timeout_graceful_shutdown": 3,
+    }
+
 
 def run_gateway(config: ServiceConfig) -> None:
-    """Serve the gateway (blocking) on `gateway.host:gateway.port`."""
-    log.info("gateway on http://%s:%d/v1", config.gateway.host, config.gateway.port)
+    """Serve the gateway (blocking) on `gateway.host:gateway.port` with
+    `gateway.worker_count()` processes."""
+    workers = config.gateway.worker_count()
+    log.info("gateway on http://%s:%d/v1 (%d worker%s)", config.gateway.host,
+             config.gateway.port, workers, "" if workers == 1 else "s")
+    if workers == 1:
+        sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
+        uvicorn.run(create_app(config, freeze_gc=True), **_uvicorn_options(config))
+        return
+    run_dir = config.data_dir / "gateway"
+    metrics_dir = run_dir / "metrics"
+    shutil.rmtree(metrics_dir, ignore_errors=True)  # a previous run's workers' values
+    metrics_dir.mkdir(parents=True)
+    # Read by the workers (spawned: fresh interpreters inheriting this environment)
+    # before they import prometheus_client.
+    os.environ[MULTIPROC_ENV] = str(metrics_dir)
+    os.environ[CONFIG_ENV] = str(save_config(config, run_dir / "config.yaml"))
+    uvicorn.run("gateway.server:worker_app", factory=True, workers=workers,
+                **_uvicorn_options(config))
+
+
+def worker_app() -> FastAPI:
+    """One worker's app (uvicorn's factory, called in the worker process)."""
+    config = load_config(os.environ[CONFIG_ENV])
     sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
-    # uvloop + httptools (uvicorn[standard]): what "auto" picks when installed; named
-    # so a missing one fails at start instead of silently serving on the slow pair.
-    uvicorn.run(create_app(config, freeze_gc=True), host=config.gateway.host,
-                port=config.gateway.port, log_level=config.log_level, access_log=False,
-                loop="uvloop", http="httptools",
-                # Requests still waiting (e.g. on the staleness gate) are cancelled
-                # after this, so SIGTERM never needs a SIGKILL behind it.
-                timeout_graceful_shutdown=3)
+    _die_with_parent()
+    return create_app(config, freeze_gc=True)
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this worker when its supervisor dies, even by SIGKILL: an orphaned worker
+    would go on answering on the shared port (Linux only; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the parent died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+

@@ -18,6 +18,7 @@ from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache
 from gateway.continuity import Continuity
 from gateway.large_prompts import LargePrompts
+from gateway.leader import Leadership
 from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendPool
 from gateway.tokenizer import ChatTokenizer
@@ -38,10 +39,13 @@ class GatewayState:
     session_cache: RefreshingCache[str, SessionRecord]
     """Sessions read or created here (`gateway/cache.py`); dropped when this process ends
     one, so only another replica's change can be seen late (by about its `ttl_s`)."""
+    leadership: Leadership
+    """The leader lease (`gateway/leader.py`): swaps and sweeps run only while held."""
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     started_at: float = 0.0
     live_version: int = 0
-    """Weight version every backend serves (set by the weight syncer)."""
+    """Weight version every backend serves (set by the weight syncer on the leader, read
+    from the store on followers)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     admission_reserved: int = 0
     """Sessions admitted by the staleness gate but not yet inserted."""

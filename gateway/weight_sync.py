@@ -221,12 +221,27 @@ async def _wait_for_copy(record: WeightVersionRecord, timeout_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
+async def follow_live_version(state: GatewayState) -> int | None:
+    """A follower's round (another process holds the leader lease and swaps): adopt the
+    version the leader made live, so admission and re-admitted backends use it; returns
+    the version adopted (None when nothing changed)."""
+    live = await asyncio.to_thread(state.store.live_weight_version)
+    if live is None or live.version <= state.live_version:
+        return None
+    state.live_version = live.version
+    state.backends.target = (live.path, live.version)
+    return live.version
+
+
 async def run_weight_syncer(state: GatewayState) -> None:
-    """Poll forever (until cancelled)."""
+    """Poll forever (until cancelled): swap while this process leads, else follow."""
     group = SyncGroup()
     while True:
         try:
-            await sync_weights_once(state, group)
+            if state.leadership.is_leader:
+                await sync_weights_once(state, group)
+            else:
+                await follow_live_version(state)
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
         await asyncio.sleep(state.config.gateway.weight_poll_interval_s)

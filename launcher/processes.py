@@ -23,9 +23,10 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
-import yaml
 
-from areal_service.config import ServiceConfig
+from areal_service.config import save_config
+
+__all__ = ["ChildProcess", "cli_argv", "exit_on_sigterm", "save_config"]
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +131,3 @@ def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", *args]
 
 
-def save_config(config: ServiceConfig, path: Path) -> Path:
-    """The resolved config as YAML (secrets included, file mode 0600) for the children."""
-    tree = config.model_dump(mode="json")
-    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(tree, sort_keys=False))
-    path.chmod(0o600)
-    return path

@@ -79,23 +79,13 @@ class Overview:
     """This gateway's `areal_token_continuity` counts by outcome."""
 
 
-def _counter_total(counter: Any) -> float:
-    """Sum of a (possibly labelled) prometheus Counter over all its label sets."""
-    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
-
-
-def _by_label(counter: Any) -> dict[str, float]:
-    """A one-label Counter's totals by label value."""
-    return {s.labels[next(iter(s.labels))]: s.value for m in counter.collect()
-            for s in m.samples if s.name.endswith("_total")}
-
-
 def sample_rates(state: GatewayState, last: dict[str, float]) -> Rates:
     """Rates since the previous call (`last` is that call's sample, updated in place;
     one per app). The first call, or one after a long gap, averages since start."""
     now = time.time()
-    requests = _counter_total(state.metrics.requests)
-    tokens = _counter_total(state.metrics.completion_tokens)
+    # Summed over every gateway worker (`GatewayMetrics.totals`).
+    requests = sum(state.metrics.totals("areal_requests").values())
+    tokens = sum(state.metrics.totals("areal_completion_tokens").values())
     if last and 0.5 <= now - last["t"] <= 300:
         base = last
     else:
@@ -121,7 +111,8 @@ def overview(state: GatewayState, rates: Rates) -> Overview:
         reward_wait_s=trainer.reward_wait_s, unrewarded_policy=trainer.unrewarded_policy,
         rates=rates,
         uptime_s=time.time() - state.started_at if state.started_at else 0.0,
-        merge=merge_stats(store), continuity=_by_label(state.metrics.continuity))
+        merge=merge_stats(store), continuity={
+            labels[0]: n for labels, n in state.metrics.totals("areal_token_continuity").items()})
 
 
 # Sessions table.

@@ -96,4 +96,4 @@ async def _db_status(request: Request, state: GatewayState) -> str:
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format. Needs the admin key as a bearer token unless
     `gateway.public_metrics` is set (checked in `gateway/app.py`, with `/docs`)."""
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(state.metrics.exposition()), media_type=CONTENT_TYPE_LATEST)
