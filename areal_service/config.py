@@ -138,6 +138,12 @@ class GatewayConfig(_Section):
     backends: list[str] = Field(default_factory=list)
     """Base URLs of SGLang-protocol backends. Empty: the local engine at
     `engine.host:engine.port`."""
+    router_url: str | None = None
+    """Base URL of an SGLang router (`python -m sglang_router.launch_router`) in front
+    of the backends: generation goes through it (its own cache-aware routing and
+    failover; the session as `X-SMG-Routing-Key`, sticky with `--policy manual`), and
+    every weight-control call goes to each worker it lists (`GET /workers`), so swaps
+    stay paired and versioned. `backends` is then unused. None: the gateway routes."""
     model_name: str = "areal-policy"
     """The served policy's model id (`/v1/models` lists it first; recorded as each
     completion's `model`)."""
