@@ -49,6 +49,12 @@ class StoreConfig(_Section):
     auto_migrate: bool = True
     """Apply Alembic migrations on start (the embedded default). Turn off when a DBA
     runs `areal-service db upgrade` against a shared database."""
+    sqlite_max_size_mb: int | None = Field(None, ge=1)
+    """SQLite only: the most MiB the database file may grow to (`PRAGMA max_page_count`
+    on every connection; never below its current size). Past it, writes fail as on a
+    full disk: requests get 503 `capture_failed` and readiness says `db: error ... store
+    quota reached` until space is freed (deleted rows' pages are reused) or the quota is
+    raised (a restart). Its WAL file adds up to a few MiB more. None: no quota."""
 
 
 class SGLangConfig(_Section):
