@@ -31,12 +31,46 @@ What the gateway relies on, and nothing more (`ENDPOINTS` below is the same list
   dtypes, shapes, group_name, weight_version, flush_cache}` (the trainer broadcasts the
   tensors, one broadcast per name in order from group rank 0, WHILE the call is in
   flight) and `POST /destroy_weights_update_group {group_name}`, each -> `{success,
-  message}`; `server_info.tp_size` gives a server's ranks in the group.
+  message}`; `server_info.{tp_size, dp_size, pp_size, enable_dp_attention}` give a
+  server's ranks in the group (`weight_group_ranks`).
 - `GET /health` (200, or 503 while starting/unhealthy), `GET /model_info {model_path,
   weight_version, is_generation}` and `GET /server_info` (read only for display), each
   falling back to the older `/get_model_info` and `/get_server_info` on 404.
 - Errors of native endpoints: `{"error": {"message": ...}}` with status 400 (503 when
   overloaded or unhealthy); duplicate in-flight rid -> 400.
+- Data parallelism (`--dp-size`): a server joins a weight-update group with `tp_size`
+  ranks, `rank_offset + tp_rank` each (`model_runner.init_weights_update_group`, which
+  ignores dp and pp ranks); its tokenizer manager refuses the group unless `dp_size == 1`
+  or `enable_dp_attention` (then the dp replicas live inside the `tp_size` ranks).
+  `weight_group_ranks` below is that rule; a dp > 1 server without dp attention (or any
+  pp > 1 server, whose stages would take the same ranks) is swapped from disk only.
+  With dp > 1 the `/update_weights_from_disk` reply's `success`/`num_paused_requests`
+  are per-replica lists (`UpdateWeightsResponse` folds them).
+
+SGLang's router (`sglang-router`, the "SGLang Model Gateway"; `gateway.router_url`):
+generation goes through it, every weight-control call goes to each worker it lists.
+Run against sglang-router 0.3.2 (the PyPI wheel, `python -m sglang_router.launch_router`
+in front of two local engines, `tests/integration/test_sglang_router.py`) and read in
+`sgl-model-gateway/src/server.rs` of SGLang main:
+
+- `GET /workers` -> `{"workers": [{"id", "url", "model_id", "worker_type", "is_healthy",
+  "load", "metadata": {"tp_size", "dp_size", ...}, ...}], ...}` (0.2.x and later;
+  `POST /workers {"url"}` adds one, `DELETE /workers/{id}` removes it). Older sgl-router
+  (before Oct 2025): `GET /list_workers` -> `{"urls": [...]}`, tried on 404. With
+  `--dp-aware` a url carries `@<dp_rank>`; the server is the url without it.
+- `GET /readiness` -> 200 `{"status": "ready", "healthy_workers", "total_workers"}`, 503
+  without a healthy worker. `/health` and `/liveness` answer 200 whenever the router
+  runs (tried only when `/readiness` is 404).
+- Forwarded to one worker: `POST /generate` (SSE streams passed through unchanged),
+  `/v1/*` inference routes, `/health_generate`, `/get_model_info`; header
+  `X-SMG-Routing-Key` pins a session to one worker under `--policy manual` (0.3.x) or
+  `consistent_hashing` (later), ignored by the other policies. `/get_server_info`
+  answers about the router, not a worker.
+- Fanned out by the router itself: only `POST /flush_cache` and `GET /get_loads`.
+- Not routed (404): `/pause_generation`, `/continue_generation`, every
+  `/update_weights_*` and weight-group endpoint, `/abort_request`, `/server_info` and
+  `/model_info` (0.3.2). So pause -> update -> continue go to each worker, and so does an
+  abort (a rid exists on one worker; the others ignore it).
 
 Checked against the reference notes for SGLang 0.5.x: notes read from SGLang's source at
 upstream main just after about v0.5.15 (that release number is inferred, not verified),
@@ -111,6 +145,59 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 
 SGLANG_VERSIONS_CHECKED = "0.5.x, by reading source (main after ~v0.5.15; legacy names ~v0.5.3-0.5.6)"
 """What the list above was checked against: reading SGLang's source, not running it."""
+
+# ---- SGLang's router (sglang-router / sgl-model-gateway) ------------------------------
+
+ROUTER_WORKERS = Endpoint("GET", "/workers", legacy_path="/list_workers")
+ROUTER_READINESS = Endpoint("GET", "/readiness", legacy_path="/health")
+ROUTER_ENDPOINTS: tuple[Endpoint, ...] = (ROUTER_WORKERS, ROUTER_READINESS, GENERATE)
+"""The router endpoints the gateway calls in router mode (the rest go to each worker)."""
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+"""Session affinity through the router (`--policy manual`): same key, same worker."""
+SGLANG_ROUTER_VERSION_CHECKED = ("sglang-router 0.3.2 (run against the local engine); "
+                                 "sgl-model-gateway main (read); /list_workers of older "
+                                 "sgl-router (read)")
+
+
+def router_worker_urls(listing: Mapping[str, Any]) -> list[str]:
+    """The worker base URLs of a `/workers` (or legacy `/list_workers`) reply, in order,
+    each once: `--dp-aware` entries `url@rank` are one server."""
+    entries = listing.get("workers")
+    if isinstance(entries, list):
+        urls = [str(w.get("url", "")) if isinstance(w, Mapping) else str(w) for w in entries]
+    else:
+        urls = [str(u) for u in listing.get("urls") or ()]
+    seen: dict[str, None] = {}
+    for url in urls:
+        base, at, rank = url.rpartition("@")
+        seen.setdefault((base if at and rank.isdigit() else url).rstrip("/"), None)
+    return [u for u in seen if u]
+
+
+def weight_group_ranks(server_info: Mapping[str, Any]) -> int:
+    """Ranks one server takes in a weight-update group (SGLang's rule, see the module
+    docstring): `tp_size`. ValueError where SGLang cannot join: `dp_size > 1` without
+    `enable_dp_attention` (its tokenizer manager refuses), or `pp_size > 1` (every stage
+    would take the same `rank_offset + tp_rank`)."""
+    tp = int(server_info.get("tp_size") or 1)
+    dp = int(server_info.get("dp_size") or 1)
+    pp = int(server_info.get("pp_size") or 1)
+    if dp > 1 and not server_info.get("enable_dp_attention"):
+        raise ValueError(f"a server with dp_size={dp} (no dp attention) cannot join a "
+                         "weight-update group; SGLang allows it only with dp_size 1 or "
+                         "--enable-dp-attention (swapped from disk instead)")
+    if pp > 1:
+        raise ValueError(f"a server with pp_size={pp} cannot join a weight-update group "
+                         "(its pipeline stages would take the same ranks)")
+    return tp
+
+
+def weight_group_layout(server_infos: Sequence[Mapping[str, Any]]) -> tuple[int, list[int]]:
+    """(world size, rank offset of each server) of a group with the trainer as rank 0 and
+    the servers after it in order. ValueError as `weight_group_ranks`."""
+    ranks = [weight_group_ranks(info) for info in server_infos]
+    offsets = [1 + sum(ranks[:i]) for i in range(len(ranks))]
+    return 1 + sum(ranks), offsets
 
 
 def parse_version(weight_version: str | None) -> int:
@@ -396,9 +483,24 @@ class StatusMessage(_Reply):
 
 
 class UpdateWeightsResponse(_Reply):
+    """`{success, message, num_paused_requests}`; a dp > 1 server answers a disk update
+    with per-replica lists, folded here (success: all of them)."""
+
     success: bool
     message: str
     num_paused_requests: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_replicas(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if isinstance(data.get("success"), list):
+                data = {**data, "success": all(data["success"])}
+            if isinstance(data.get("message"), list):
+                data = {**data, "message": " | ".join(map(str, data["message"]))}
+            if isinstance(data.get("num_paused_requests"), list):
+                data = {**data, "num_paused_requests": sum(data["num_paused_requests"])}
+        return data
 
 
 class ModelInfo(_Reply):

@@ -40,7 +40,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,9 @@ from areal_service.sglang_protocol import (
     INIT_WEIGHTS_UPDATE_GROUP,
     MODEL_INFO,
     PAUSE_GENERATION,
+    ROUTER_READINESS,
+    ROUTER_WORKERS,
+    ROUTING_KEY_HEADER,
     SERVER_INFO,
     UPDATE_WEIGHTS_FROM_DISK,
     UPDATE_WEIGHTS_FROM_DISTRIBUTED,
@@ -77,6 +80,7 @@ from areal_service.sglang_protocol import (
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
     parse_version,
+    router_worker_urls,
 )
 from gateway.http1 import ConnectFailed, Http1Pool
 
@@ -264,13 +268,17 @@ class SGLangClient:
         task.add_done_callback(self._background.discard)
 
     # -- endpoints ---------------------------------------------------------------------
-    async def generate(self, payload: GenerateRequest) -> GenerateResponse:
-        """Non-streaming `POST /generate`. Cancelling the caller aborts the request."""
+    async def generate(self, payload: GenerateRequest, *,
+                       routing_key: str | None = None) -> GenerateResponse:
+        """Non-streaming `POST /generate`. Cancelling the caller aborts the request.
+        `routing_key`: sent as `X-SMG-Routing-Key` (session affinity through SGLang's
+        router; a server ignores it)."""
         body = payload.to_json_bytes(stream=False)
         rid = str(payload.rid)
         try:
             async with self._generate_pool().post(GENERATE.path, body,
-                                                  timeout_s=self.timeout_s) as r:
+                                                  timeout_s=self.timeout_s,
+                                                  headers=_routing_header(routing_key)) as r:
                 raw = await r.read()
                 status = r.status
         except asyncio.CancelledError:
@@ -289,7 +297,8 @@ class SGLangClient:
             raise self._malformed(GENERATE, e) from e
 
     async def generate_stream(self, payload: GenerateRequest, *, coalesce: bool = False,
-                              new_only: bool = False) -> AsyncIterator[GenerateResponse]:
+                              new_only: bool = False, routing_key: str | None = None
+                              ) -> AsyncIterator[GenerateResponse]:
         """Streaming `POST /generate`: one result per SSE `data:` chunk, through the
         finish chunk and `[DONE]`. A `data: {"error":…}` event raises BackendError.
         Closing the iterator early (client gone) or cancelling aborts the request.
@@ -308,7 +317,8 @@ class SGLangClient:
         parser = SuffixParser() if new_only else None
         try:
             async with self._generate_pool().post(GENERATE.path, body,
-                                                  timeout_s=self.timeout_s) as r:
+                                                  timeout_s=self.timeout_s,
+                                                  headers=_routing_header(routing_key)) as r:
                 if r.status >= 400:
                     done = True  # rejected before it started
                     raise self._error(r.status, await r.read())
@@ -453,7 +463,8 @@ class SGLangClient:
         t3 = time.perf_counter()
         return SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
 
-    async def generate_interruptible(self, request: GenerateRequest) -> Generation:
+    async def generate_interruptible(self, request: GenerateRequest, *,
+                                     routing_key: str | None = None) -> Generation:
         """`generate`, resubmitting on pause-aborts until a stop/length finish.
 
         Each round sends prompt + ids so far with `max_new_tokens` (and `min_new_tokens`)
@@ -462,7 +473,7 @@ class SGLangClient:
         `max_resubmissions` aborts: BackendUnavailable (the backend is stuck; 503)."""
         run = _Rounds(self, request)
         while True:
-            result = await self.generate(run.next_request())
+            result = await self.generate(run.next_request(), **_keyed(routing_key))
             run.add(result.output_ids, result.output_logprobs(),
                     parse_version(result.meta_info.weight_version), result.output_top_logprobs())
             if result.finish_reason is None:
@@ -472,7 +483,8 @@ class SGLangClient:
             await run.before_resubmit()
 
     async def generate_interruptible_stream(
-            self, request: GenerateRequest) -> AsyncIterator[GenerationDelta]:
+            self, request: GenerateRequest, *,
+            routing_key: str | None = None) -> AsyncIterator[GenerationDelta]:
         """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
         resubmissions, so the caller sees one uninterrupted stream; the last delta
         carries the finish reason. Each chunk's tokens get that chunk's version, except
@@ -486,7 +498,8 @@ class SGLangClient:
             resubmit = False
             round_version: int | None = None
             async with contextlib.aclosing(self.generate_stream(
-                    run.next_request(), coalesce=True, new_only=True)) as chunks:
+                    run.next_request(), coalesce=True, new_only=True,
+                    **_keyed(routing_key))) as chunks:
                 seen = 0
                 async for chunk in chunks:  # reads through [DONE] so the connection is reused
                     start = seen if chunk.cumulative else 0
@@ -514,6 +527,70 @@ class SGLangClient:
                                              url=self.base_url)
                 return
             await run.before_resubmit()
+
+
+class RouterClient(SGLangClient):
+    """Client of SGLang's router (`sglang-router`): `/generate` goes to the router, which
+    picks a worker; `/abort_request`, which the router does not route, goes to every
+    worker `workers()` names (a rid lives on one of them, the others ignore it). Weight
+    control never goes through here: the pool sends it to each worker's own client.
+    Endpoints and the versions checked: `areal_service/sglang_protocol.py`."""
+
+    def __init__(self, base_url: str, workers: Callable[[], Sequence[SGLangClient]],
+                 **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self._workers = workers
+
+    async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
+        results = await asyncio.gather(
+            *(w.abort_request(rid, abort_all=abort_all) for w in self._workers()),
+            return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def list_workers(self) -> list[str]:
+        """Base URLs of the router's workers (`GET /workers`, else the older
+        `/list_workers`)."""
+        raw = await self._get_with_fallback(ROUTER_WORKERS)
+        try:
+            listing = json.loads(raw)
+        except ValueError as e:
+            raise BackendError(502, f"malformed {ROUTER_WORKERS.path} reply: {e}",
+                               url=self.base_url) from e
+        if not isinstance(listing, dict):
+            raise BackendError(502, f"malformed {ROUTER_WORKERS.path} reply",
+                               url=self.base_url)
+        return router_worker_urls(listing)
+
+    async def health(self, timeout_s: float = 10.0) -> bool:
+        """True while the router is up and has a healthy worker (`/readiness`; `/health`
+        on routers without it, which only says the router runs)."""
+        try:
+            await self._call(ROUTER_READINESS, timeout_s=timeout_s)
+        except BackendError as e:
+            if e.status != 404:
+                return False
+            try:
+                await self._call(ROUTER_READINESS, path=ROUTER_READINESS.legacy_path,
+                                 timeout_s=timeout_s)
+            except BackendError:
+                return False
+        return True
+
+
+def _keyed(routing_key: str | None) -> dict[str, str]:
+    """`routing_key=` only when there is one (direct backends never get the kwarg)."""
+    return {} if routing_key is None else {"routing_key": routing_key}
+
+
+def _routing_header(key: str | None) -> bytes:
+    """The `X-SMG-Routing-Key` line for a session (none without one). A key is an id the
+    gateway made; CR/LF are dropped anyway so it can never end the header block."""
+    if key is None:
+        return b""
+    clean = key.replace("\r", "").replace("\n", "")
+    return f"{ROUTING_KEY_HEADER}: {clean}\r\n".encode("utf-8", "replace")
 
 
 class _Rounds:

@@ -193,17 +193,18 @@ class Http1Pool:
         self._slots = asyncio.Semaphore(max_connections)
 
     @contextlib.asynccontextmanager
-    async def post(self, path: str, body: bytes, *, timeout_s: float
-                   ) -> AsyncIterator[Exchange]:
+    async def post(self, path: str, body: bytes, *, timeout_s: float,
+                   headers: bytes = b"") -> AsyncIterator[Exchange]:
         """`POST path` with a JSON `body`; yields once the response headers are in.
+        `headers`: extra `Name: value\r\n` lines for this request only.
         The connection is reused only if the caller read the response to its end."""
         loop = asyncio.get_running_loop()
         async with self._slots:
             conn = await self._connect(loop)
             reusable = False
             try:
-                head = b"POST %s%s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (
-                    self.base_path.encode(), path.encode(), self._head, len(body))
+                head = b"POST %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n" % (
+                    self.base_path.encode(), path.encode(), self._head, headers, len(body))
                 conn.start(head, body, loop.time() + timeout_s)
                 exchange = Exchange(conn)
                 await exchange._headers()

@@ -13,6 +13,19 @@ BackendUnavailable at once (after one probe, if one is due) instead of each wait
 full deadline; a request arriving within the window still waits (a restart or a brief
 blip is ridden out).
 Owns one SGLangClient per URL; imports only `gateway.backend` and the protocol types.
+
+Router mode (`router_url`, `gateway.router_url`): generation goes through SGLang's router
+(`sglang-router`), which does its own cache-aware routing, retries and worker health;
+the session id goes along as `X-SMG-Routing-Key` (sticky under the router's `--policy
+manual`). The pool's backends are then the router's WORKERS, re-listed (`GET /workers`)
+at every health round: every weight-control call (pause / update / continue, the
+weight-update group) goes to each of them, so swaps stay paired and versioned exactly as
+without a router, and a worker the router newly lists (or one coming back) is re-synced
+to the last swap at its first passing check. The router decides rotation, so a worker
+can serve through it for up to one health interval before that re-sync; its tokens
+carry the version that produced them either way. Readiness: the router entry is healthy
+while its `/readiness` answers 200; a worker is reported healthy only while it and the
+router both are (it serves this gateway only through the router).
 """
 
 from __future__ import annotations
@@ -25,12 +38,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from areal_service.config import ServiceConfig
 from areal_service.sglang_protocol import GenerateRequest
 from gateway.backend import (
     BackendError,
     BackendUnavailable,
     Generation,
     GenerationDelta,
+    RouterClient,
     SGLangClient,
     SwapTimings,
 )
@@ -77,11 +92,21 @@ class BackendPool:
                  unhealthy_after: int = 2, probe_interval_s: float = 0.25,
                  max_probe_interval_s: float = 5.0, max_sticky_sessions: int = 100_000,
                  fail_fast_s: float = 0.0,
-                 client_factory: Callable[[str], SGLangClient] | None = None) -> None:
-        if not urls:
+                 client_factory: Callable[[str], SGLangClient] | None = None,
+                 router_url: str | None = None) -> None:
+        if not urls and not router_url:
             raise ValueError("BackendPool needs at least one backend URL (gateway.backends)")
         make = client_factory or (lambda url: SGLangClient(url, timeout_s=timeout_s))
-        self._backends = [Backend(url=u.rstrip("/"), client=make(u.rstrip("/"))) for u in urls]
+        self._make = make
+        self._backends = ([] if router_url else
+                          [Backend(url=u.rstrip("/"), client=make(u.rstrip("/"))) for u in urls])
+        self.router: Backend | None = None
+        """Router mode: the router, the one generation target (`_backends` are its
+        workers, the weight-control targets)."""
+        if router_url:
+            url = router_url.rstrip("/")
+            self.router = Backend(url=url, client=RouterClient(
+                url, lambda: [b.client for b in self._backends], timeout_s=timeout_s))
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self.unhealthy_after = unhealthy_after
@@ -103,14 +128,37 @@ class BackendPool:
         """Whether this process may swap a returning backend itself (the leader among
         gateway processes); a follower re-admits it once the leader has synced it."""
 
+    @classmethod
+    def from_config(cls, config: ServiceConfig) -> BackendPool:
+        """The pool `config` asks for: `gateway.backends` (or the local engine), or the
+        workers of `gateway.router_url` behind that router."""
+        gw = config.gateway
+        return cls([] if gw.router_url else config.backend_urls(),
+                   timeout_s=gw.request_timeout_s, health_interval_s=gw.health_interval_s,
+                   fail_fast_s=gw.no_backend_fail_fast_s, router_url=gw.router_url)
+
     # -- state -------------------------------------------------------------------------
     @property
     def backends(self) -> list[Backend]:
+        """The weight-control targets: the backends, or in router mode its workers."""
         return list(self._backends)
 
+    @property
+    def _serving(self) -> list[Backend]:
+        """The generation targets: the backends, or the router."""
+        return [self.router] if self.router is not None else self._backends
+
     def status(self) -> list[BackendStatus]:
-        return [BackendStatus(b.url, b.healthy, b.in_flight, b.last_error, b.failed_checks)
-                for b in self._backends]
+        if self.router is None:
+            return [BackendStatus(b.url, b.healthy, b.in_flight, b.last_error,
+                                  b.failed_checks) for b in self._backends]
+        r = self.router
+        up = r.healthy and r.failed_checks == 0
+        return [BackendStatus(r.url, r.healthy, r.in_flight, r.last_error, r.failed_checks),
+                *(BackendStatus(b.url, b.healthy and up, b.in_flight,
+                                b.last_error or ("" if up else "router down"),
+                                b.failed_checks if up else max(1, b.failed_checks))
+                  for b in self._backends)]
 
     def mark_down(self, backend: Backend, reason: str) -> None:
         if backend.healthy:
@@ -119,7 +167,7 @@ class BackendPool:
             self._back_off(backend)
         backend.healthy = False
         backend.last_error = reason
-        if self.all_down_since is None and not any(b.healthy for b in self._backends):
+        if self.all_down_since is None and not any(b.healthy for b in self._serving):
             self.all_down_since = self._now()
 
     def mark_up(self, backend: Backend) -> None:
@@ -128,7 +176,8 @@ class BackendPool:
         backend.healthy = True
         backend.failed_checks = 0
         backend.probe_backoff_s = backend.next_probe_at = 0.0
-        self.all_down_since = None
+        if backend in self._serving:
+            self.all_down_since = None
 
     def _back_off(self, backend: Backend) -> None:
         """Schedule the next probe of a down backend: the interval doubles per failure."""
@@ -143,6 +192,10 @@ class BackendPool:
     def pick(self, session_id: str | None = None) -> Backend:
         """The session's backend while it is healthy, else the healthy backend with the
         fewest requests in flight (ties rotate). BackendUnavailable when none is healthy."""
+        if self.router is not None:  # the router routes (session: its routing key)
+            if not self.router.healthy:
+                raise BackendUnavailable(f"router {self.router.url} is down")
+            return self.router
         if session_id is not None and (b := self._sticky.get(session_id)) and b.healthy:
             self._sticky.move_to_end(session_id)
             return b
@@ -166,20 +219,20 @@ class BackendPool:
         round of due probes when every backend has been down for `fail_fast_s`."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
-        while not any(b.healthy for b in self._backends):
+        while not any(b.healthy for b in self._serving):
             remaining = end - loop.time()
             if remaining <= 0:
                 raise BackendUnavailable(
-                    f"no healthy backend among {len(self._backends)} after {deadline_s:g} s")
+                    f"no healthy backend among {len(self._serving)} after {deadline_s:g} s")
             if not self._probe_lock.locked():
                 async with self._probe_lock:
                     await self.check_health(only_down=True)
-                if any(b.healthy for b in self._backends):
+                if any(b.healthy for b in self._serving):
                     return
             if self.failing_fast():
                 down_s = self._now() - (self.all_down_since or self._now())
                 raise BackendUnavailable(
-                    f"no healthy backend among {len(self._backends)} for {down_s:.0f} s")
+                    f"no healthy backend among {len(self._serving)} for {down_s:.0f} s")
             await asyncio.sleep(min(self.probe_interval_s, max(0.0, end - loop.time())))
 
     def failing_fast(self) -> bool:
@@ -211,7 +264,8 @@ class BackendPool:
         while True:
             async with self.lease(session_id, deadline_s=max(0.0, end - loop.time())) as b:
                 try:
-                    return await b.client.generate_interruptible(request)
+                    return await b.client.generate_interruptible(
+                        request, routing_key=self._routing_key(session_id))
                 except BackendUnavailable as e:
                     if e.sent:
                         raise
@@ -227,8 +281,8 @@ class BackendPool:
             started = False
             async with self.lease(session_id, deadline_s=max(0.0, end - loop.time())) as b:
                 try:
-                    async with contextlib.aclosing(
-                            b.client.generate_interruptible_stream(request)) as deltas:
+                    async with contextlib.aclosing(b.client.generate_interruptible_stream(
+                            request, routing_key=self._routing_key(session_id))) as deltas:
                         async for delta in deltas:
                             started = True
                             yield delta
@@ -238,12 +292,43 @@ class BackendPool:
                         raise
                     self.mark_down(b, e.message)
 
+    def _routing_key(self, session_id: str | None) -> str | None:
+        return session_id if self.router is not None else None
+
     # -- health ------------------------------------------------------------------------
+    async def refresh_workers(self) -> None:
+        """Router mode: adopt the router's current worker list. A newly listed worker
+        starts down and due for a probe (admitted after its re-sync); one no longer
+        listed is dropped. The list is kept when the router cannot answer."""
+        if self.router is None:
+            return
+        assert isinstance(self.router.client, RouterClient)
+        try:
+            urls = await self.router.client.list_workers()
+        except BackendError as e:
+            log.debug("router %s: cannot list workers: %s", self.router.url, e.message)
+            return
+        known = {b.url: b for b in self._backends}
+        fresh = [known.get(u) or Backend(url=u, client=self._make(u), healthy=False,
+                                         last_error="new worker: not yet checked")
+                 for u in urls]
+        gone = [b for b in self._backends if b.url not in set(urls)]
+        for b in fresh:
+            if b.url not in known:
+                log.info("router %s lists worker %s", self.router.url, b.url)
+        for b in gone:
+            log.warning("router %s no longer lists worker %s", self.router.url, b.url)
+            await b.client.aclose()
+        self._backends = fresh
+
     async def check_health(self, *, only_down: bool = False) -> None:
         """One round of `/health` on every backend (or only the down ones) not swapping;
-        a down backend only once its backoff has passed."""
+        a down backend only once its backoff has passed. Router mode: the router's
+        readiness too, after re-listing its workers."""
+        if self.router is not None and not only_down:
+            await self.refresh_workers()
         now = self._now()
-        targets = [b for b in self._backends
+        targets = [b for b in (*self._backends, *([self.router] if self.router else ()))
                    if not b.swapping and not (only_down and b.healthy)
                    and (b.healthy or now >= b.next_probe_at)]
         results = await asyncio.gather(
@@ -264,7 +349,7 @@ class BackendPool:
 
     async def _resync(self, b: Backend) -> bool:
         """Bring a returning backend to the last swapped version before re-admitting it."""
-        if self.target is None:
+        if self.target is None or b is self.router:
             return True
         path, version = self.target
         try:
@@ -279,6 +364,9 @@ class BackendPool:
         return True
 
     async def _health_loop(self) -> None:
+        if self.router is not None:  # learn the workers now, not one interval later
+            async with self._probe_lock:
+                await self.check_health()
         while True:
             await asyncio.sleep(self.health_interval_s)
             async with self._probe_lock:
@@ -296,7 +384,7 @@ class BackendPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
             self._health_task = None
-        for b in self._backends:
+        for b in (*self._backends, *([self.router] if self.router else ())):
             await b.client.aclose()
 
     # -- weights -----------------------------------------------------------------------

@@ -8,7 +8,10 @@ Two ways, chosen per version by the trainer (the row says which):
 - distributed (the row carries `metadata.sync`, a broadcast OFFER from the trainer's
   rank 0; protocol in `trainer/weight_broadcast.py`): pause every healthy backend →
   write `sync_world_size` on the row → `/init_weights_update_group` on every backend
-  (rank offsets from their `tp_size`; the trainer joins as rank 0) → per bucket
+  (rank offsets from each server's `/server_info` by SGLang's rule,
+  `sglang_protocol.weight_group_layout`: `tp_size` ranks per server, also with dp
+  attention; a dp > 1 server without it, or a pp > 1 one, cannot join, and the version
+  is swapped from disk; the trainer joins as rank 0) → per bucket
   `/update_weights_from_distributed` on every backend while the trainer broadcasts
   (the version with the last bucket) → continue, always sent. The group is kept for
   the next version while the trainer holds it and the healthy backends are the same
@@ -39,6 +42,7 @@ from typing import Any
 from areal_service.sglang_protocol import (
     InitWeightsUpdateGroupRequest,
     UpdateWeightsFromDistributedRequest,
+    weight_group_layout,
 )
 from areal_service.types import WeightVersionRecord
 from gateway.backend import BackendError, BackendUnavailable, SGLangClient, SwapTimings
@@ -120,9 +124,11 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
         group, world = str(held.name), held.world_size
     else:
         infos = await asyncio.gather(*(b.client.server_info() for b in healthy))
-        ranks = [int(info.get("tp_size") or 1) for info in infos]
-        group, world = str(offer["group_name"]), 1 + sum(ranks)
-        offsets = [1 + sum(ranks[:i]) for i in range(len(healthy))]
+        # ValueError for a server SGLang cannot join (dp > 1 without dp attention, pp > 1):
+        # raised before the row names a world size, so the trainer gives up at once and
+        # the version goes out from disk.
+        world, offsets = weight_group_layout(infos)
+        group = str(offer["group_name"])
     buckets = list(offer["buckets"])
     old = None if reuse else held.name
     old_backends = [b for b in pool.backends if b.url in held.urls] if old else []
