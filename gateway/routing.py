@@ -156,7 +156,7 @@ class BackendPool:
         up = r.healthy and r.failed_checks == 0
         return [BackendStatus(r.url, r.healthy, r.in_flight, r.last_error, r.failed_checks),
                 *(BackendStatus(b.url, b.healthy and up, b.in_flight,
-                                b.last_error or ("" if up else "router down"),
+                                b.last_error if up else "router down",
                                 b.failed_checks if up else max(1, b.failed_checks))
                   for b in self._backends)]
 
@@ -309,8 +309,7 @@ class BackendPool:
             log.debug("router %s: cannot list workers: %s", self.router.url, e.message)
             return
         known = {b.url: b for b in self._backends}
-        fresh = [known.get(u) or Backend(url=u, client=self._make(u), healthy=False,
-                                         last_error="new worker: not yet checked")
+        fresh = [known.get(u) or Backend(url=u, client=self._make(u), healthy=False)
                  for u in urls]
         gone = [b for b in self._backends if b.url not in set(urls)]
         for b in fresh:
