@@ -46,11 +46,17 @@ class Principal:
 
 def bearer_token(request: Request) -> str | None:
     """The `Authorization: Bearer …` token (or `x-api-key`, as Anthropic-style clients send)."""
-    header = request.headers.get("authorization")
-    if header:
-        scheme, _, token = header.partition(" ")
+    return token_of(request.headers.get("authorization"), request.headers.get("x-api-key"))
+
+
+def token_of(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The credential of these two header values: a bearer `authorization` wins (any
+    other scheme is no token), else `x-api-key`. One rule for the routes and the ASGI
+    throttle, which reads raw headers."""
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
         return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return request.headers.get("x-api-key")
+    return x_api_key
 
 
 class KeyUsage:

@@ -27,6 +27,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.auth import token_of
+from gateway.limits import rate_limited
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -101,23 +104,19 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 def request_token(scope: Scope) -> str | None:
     """The credential a request carries (as `gateway.auth.bearer_token` reads it)."""
-    header = _header(scope, b"authorization")
-    if header:
-        scheme, _, token = header.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return _header(scope, b"x-api-key")
+    return token_of(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
 
 
 def too_many_failures(retry_after_s: float) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """(status, headers, body) of the 429 a locked-out address gets."""
+    """(status, headers, body) of the 429 a locked-out address gets (the key limits'
+    429, sent from below FastAPI, so as raw ASGI parts)."""
     seconds = max(1, math.ceil(retry_after_s))
-    body = json.dumps({"error": {
-        "message": f"too many failed sign-ins or unknown API keys from this address; retry "
-                   f"in {seconds} s", "type": "rate_limit_error", "param": None,
-        "code": "too_many_auth_failures"}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"retry-after", str(seconds).encode()),
-               (b"content-length", str(len(body)).encode())]
-    return 429, headers, body
+    error = rate_limited("too many failed sign-ins or unknown API keys from this address; "
+                         f"retry in {seconds} s", retry_after_s, "too_many_auth_failures")
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *((k.encode(), v.encode()) for k, v in error.headers.items())]
+    return error.status, headers, body
 
 
 class AuthThrottleMiddleware:

@@ -26,8 +26,6 @@ import signal
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +37,8 @@ from areal_service.config import ServiceConfig
 from areal_service.datasets import load_samples
 from launcher.agent_runner import AgentRunner, EpisodeResult
 from launcher.driver_config import DriverConfig
-from launcher.processes import ChildProcess
-from launcher.stack import Stack, local_stack
+from launcher.processes import ChildProcess, exit_on_sigterm
+from launcher.stack import Stack, local_stack, share_cpus
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +113,10 @@ def training_config(driver: DriverConfig, config: ServiceConfig, num_samples: in
     trainer = tree["trainer"]
     trainer.update(group_size=roll.group_size, batch_groups=roll.batch_size,
                    total_steps=roll.epochs * num_samples // roll.batch_size)
-    if "unrewarded_policy" in trainer:  # a group with an unscored session is never trained
-        trainer["unrewarded_policy"] = "drop_group"
-    else:
-        trainer["reward_default_for_unrewarded"] = None
+    trainer["unrewarded_policy"] = "drop_group"  # a group with an unscored session is never trained
     if roll.group_size < 2 and trainer["advantage"] in ("grpo", "drgrpo", "rloo"):
         trainer["advantage"] = "batch"  # a group of one has no group baseline
-    half = max(1, (os.cpu_count() or 2) // 2)  # engine and trainer share the CPUs
-    if tree["engine"]["torch_threads"] is None:
-        tree["engine"]["torch_threads"] = half
-    if trainer["torch_threads"] is None:
-        trainer["torch_threads"] = half
+    share_cpus(tree)
     return ServiceConfig.model_validate(tree)
 
 
@@ -201,9 +192,6 @@ class DatasetDriver:
 
     def _save(self) -> None:
         self.state.save(self.state_path)
-
-    def _done_episodes(self) -> int:
-        return self.state.episodes
 
     # -- recovery --
 
@@ -301,7 +289,7 @@ class DatasetDriver:
             pass
         if show:
             say(self.progress.line(epoch=epoch, step=self.step,
-                                   done_episodes=self._done_episodes(), errors=self.errors))
+                                   done_episodes=self.state.episodes, errors=self.errors))
 
     async def walk(self) -> None:
         """Every remaining group of every remaining epoch, `concurrency` episodes at once."""
@@ -320,14 +308,14 @@ class DatasetDriver:
                 task = asyncio.create_task(self.run_group(index, epoch))
                 task.add_done_callback(lambda _t: slots.release())
                 running.add(task)
-                running = {t for t in running if not t.done() or _raise_if_failed(t)}
+                running = {t for t in running if not _finished(t)}
                 if time.monotonic() >= next_report:
                     next_report = time.monotonic() + roll.progress_interval_s
                     await self.report(epoch)
             while running:
                 finished, running = await asyncio.wait(running, timeout=roll.progress_interval_s)
                 for task in finished:
-                    _raise_if_failed(task)
+                    _finished(task)
                 await self.report(epoch)
             self.state.epoch += 1
             self.state.done = []
@@ -337,9 +325,10 @@ class DatasetDriver:
         await self.report(roll.epochs - 1)
 
     def _check_trainer(self) -> None:
-        """Raise when the trainer died: nothing would consume the episodes."""
+        """Raise when the trainer died: nothing would consume the episodes (called while
+        walking, before the state is finished)."""
         trainer = self._trainer()
-        if trainer is not None and trainer.proc.poll() is not None and not self.state.finished:
+        if trainer is not None and trainer.proc.poll() is not None:
             raise RuntimeError(f"the trainer exited with code {trainer.proc.returncode} (see "
                                f"{self.config.data_dir / 'logs' / 'trainer.log'})")
 
@@ -371,23 +360,14 @@ class DatasetDriver:
         return trainer.proc.returncode == 0
 
 
-def _raise_if_failed(task: asyncio.Task[None]) -> bool:
-    if task.done() and not task.cancelled() and task.exception() is not None:
+def _finished(task: asyncio.Task[None]) -> bool:
+    """Whether `task` is done; raises its exception when it failed (a group's failure
+    stops the walk)."""
+    if not task.done():
+        return False
+    if not task.cancelled() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
-    return False
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the children are stopped and the state is kept."""
-    def on_term(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return True
 
 
 async def _drive(driver_obj: DatasetDriver) -> dict[str, Any]:
@@ -419,7 +399,7 @@ def trained_steps(config: ServiceConfig) -> int:
 
 
 def run_training(driver: DriverConfig, config: ServiceConfig) -> int:
-    """`areal-service train`: returns the exit code (0 done, 130 interrupted)."""
+    """`areal-service train`: returns the exit code (0 done, 130 Ctrl-C, 143 SIGTERM)."""
     if driver.dataset is None:
         raise ValueError("the config names no dataset (a `dataset:` section with a path)")
     samples = load_samples(driver.dataset)
@@ -448,14 +428,19 @@ def run_training(driver: DriverConfig, config: ServiceConfig) -> int:
         say(f"resuming at epoch {state.epoch + 1}: {len(state.done)} samples of this epoch "
             f"done, {state.episodes} episodes recorded before")
     try:
-        with _sigterm_as_interrupt(), local_stack(config, run_dir, trainer=True) as stack:
+        # SIGTERM unwinds like Ctrl-C (SystemExit 143), so the children are stopped and
+        # the state is kept.
+        with exit_on_sigterm(), local_stack(config, run_dir, trainer=True) as stack:
             say(f"gateway at {stack.gateway_url}/v1; logs in {config.data_dir / 'logs'}")
             driver_obj = DatasetDriver(driver, config, samples, stack, state, state_path)
             summary = asyncio.run(_drive(driver_obj))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as stop:
+        code = 130 if isinstance(stop, KeyboardInterrupt) else stop.code
+        if code not in (130, 128 + signal.SIGTERM):
+            raise  # not an interruption
         say(f"interrupted: every process was stopped; position saved in {state_path} "
             "(run the same command again to resume)")
-        return 130
+        return int(code)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     say(f"done: {summary['episodes']} episodes, mean reward {summary['mean_reward']:.3f}, "
         f"trainer at step {summary['steps']}/{summary['total_steps']}; weights in "

@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,8 +25,9 @@ import typer
 
 from areal_service.config import ServiceConfig
 from launcher.demo_task import DemoPrompt, digits_reward, make_prompts
-from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm, save_config
-from launcher.serve import ensure_model
+from launcher.launch import trainer_argv
+from launcher.processes import exit_on_sigterm
+from launcher.stack import Stack, local_stack, share_cpus
 
 TARGET_REWARD = 0.9
 EVAL_EPISODES = 128
@@ -49,13 +48,7 @@ def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1) -> Se
     tree["gateway"].update(staleness_gate=True, sampling="training", admit_wait_s=30.0)
     tree["trainer"].update(lr=2e-3, group_size=8, batch_groups=4, max_staleness=2,
                            total_steps=steps, checkpoint_every=10, advantage="grpo")
-    # Engine and trainer run at the same time on one machine's CPUs: split the cores
-    # instead of oversubscribing them (each would start one thread per core).
-    half = max(1, (os.cpu_count() or 2) // 2)
-    if tree["engine"]["torch_threads"] is None:
-        tree["engine"]["torch_threads"] = half
-    if tree["trainer"]["torch_threads"] is None:
-        tree["trainer"]["torch_threads"] = max(1, half // trainer_procs)
+    share_cpus(tree, trainer_procs)
     return ServiceConfig.model_validate(tree)
 
 
@@ -144,19 +137,8 @@ class DemoAgents:
         return status
 
 
-def _start(name: str, argv: list[str], logs: Path, url: str) -> ChildProcess:
-    child = ChildProcess(name, argv, log_path=logs / f"{name}.log")
-    try:
-        child.wait_http_ok(url, timeout_s=180)
-    except BaseException:
-        child.stop()
-        raise
-    return child
-
-
-async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: float,
-                 children: list[ChildProcess], trainer_procs: int = 1) -> dict[str, Any]:
-
+async def _drive(config: ServiceConfig, stack: Stack, minutes: float, trainer_procs: int = 1
+                 ) -> dict[str, Any]:
     agents = DemoAgents(config)
     eval_prompts = make_prompts(EVAL_EPISODES, seed=1)
     train_prompts = make_prompts(512, seed=2)
@@ -164,10 +146,9 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(eval_prompts)
         say(f"baseline reward: {baseline:.3f}  (target {TARGET_REWARD})")
-        trainer = ChildProcess("trainer", _trainer_argv(cfg_path, trainer_procs),
-                               log_path=logs / "trainer.log")
+        trainer = stack.start("trainer", trainer_argv(stack.run_dir / "config.yaml",
+                                                      trainer_procs))
         train_started = time.monotonic()
-        children.append(trainer)
         stop = asyncio.Event()
         group_size = config.trainer.group_size
         workers = [asyncio.create_task(agents.work(train_prompts[i::8], group_size, stop))
@@ -209,14 +190,6 @@ async def _drive(config: ServiceConfig, cfg_path: Path, logs: Path, minutes: flo
         await agents.aclose()
 
 
-def _trainer_argv(cfg_path: Path, procs: int) -> list[str]:
-    """`areal-service trainer`, or torchrun (standalone, FSDP2 over `procs` processes)."""
-    if procs == 1:
-        return cli_argv("trainer", "--config", str(cfg_path))
-    return [cli_argv()[0], "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={procs}", "-m", "trainer.train", "--config", str(cfg_path)]
-
-
 async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | None) -> int:
     """Wait (bounded) until the gateway serves `version`; return the live version."""
     for _ in range(100):
@@ -232,29 +205,10 @@ def run_workload(config: ServiceConfig, *, minutes: float, trainer_procs: int = 
     """Start engine and gateway, measure the baseline, train with agents running, measure
     the final policy; stops every child it started. Returns the summary."""
     run_dir = config.data_dir / "demo"
-    logs = config.data_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    say(f"building or reusing the tiny model at {config.model_dir()} ...")
-    ensure_model(config)
-    engine_url = config.backend_urls()[0]
-    cfg_path = save_config(config, run_dir / "config.yaml")
-    children: list[ChildProcess] = []
-    try:
-        say(f"starting the local engine at {engine_url} ...")
-        children.append(_start("engine", cli_argv(
-            "engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
-            logs, f"{engine_url}/health"))
-        gateway_cfg = save_config(config.model_copy(update={"gateway": config.gateway.model_copy(
-            update={"backends": [engine_url]})}), run_dir / "gateway.yaml")
-        base = f"http://{config.gateway.host}:{config.gateway.port}"
-        say(f"starting the gateway at {base}/v1 ...")
-        children.append(_start("gateway", cli_argv("serve", "--config", str(gateway_cfg)),
-                               logs, f"{base}/health/liveness"))
-        summary = asyncio.run(_drive(config, cfg_path, logs, minutes, children,
-                                     trainer_procs))
-    finally:
-        for child in reversed(children):
-            child.stop()
+    say(f"starting the engine ({config.model_dir()}, the tiny model built on first use) "
+        f"and the gateway at http://{config.gateway.host}:{config.gateway.port}/v1 ...")
+    with local_stack(config, run_dir, trainer=False) as stack:  # stops them all on the way out
+        summary = asyncio.run(_drive(config, stack, minutes, trainer_procs))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

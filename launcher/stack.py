@@ -5,10 +5,12 @@ process started with a saved copy of the resolved config, and stopped in reverse
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from areal_service.config import ServiceConfig
 from engine.tiny_model import ensure_tiny_model
@@ -16,6 +18,17 @@ from launcher.processes import ChildProcess, cli_argv, save_config
 
 READY_TIMEOUT_S = 180.0
 """How long a child may take to answer its health check (model load on a slow disk)."""
+
+
+def share_cpus(tree: dict[str, Any], trainer_procs: int = 1) -> None:
+    """Split this machine's cores between the engine and the trainer(s) in a config tree
+    (`ServiceConfig.model_dump()`), where neither was given `torch_threads`: both run at
+    once here, and each would otherwise start one thread per core and oversubscribe."""
+    half = max(1, (os.cpu_count() or 2) // 2)
+    if tree["engine"]["torch_threads"] is None:
+        tree["engine"]["torch_threads"] = half
+    if tree["trainer"]["torch_threads"] is None:
+        tree["trainer"]["torch_threads"] = max(1, half // trainer_procs)
 
 
 @dataclass

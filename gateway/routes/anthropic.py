@@ -32,13 +32,9 @@ from gateway.hotpath import JsonReply, Reply, Route
 from gateway.model_names import resolve_model
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
 from gateway.protocol import InvalidRequestError
-from gateway.signing import Signer, signer_for
+from gateway.routes.wire import named_event, reasoning_signer
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage, render_prompt_ids
-
-
-def _signer(state: GatewayState) -> Signer:
-    return signer_for(state.config.gateway.admin_key.get_secret_value())
 
 
 def _conversation(state: GatewayState, request: MessagesRequest | CountTokensRequest
@@ -65,14 +61,10 @@ class AnthropicAdapter(WireAdapter[MessagesRequest]):
               usage: Usage) -> dict[str, Any]:
         (choice,) = choices
         return build_message(message_id=turn.completion_id, model=turn.model, choice=choice,
-                             usage=usage, signer=_signer(turn.state))
+                             usage=usage, signer=reasoning_signer(turn.state))
 
     def stream(self, turn: Turn[MessagesRequest]) -> StreamEncoder:
         return MessagesStream(turn)
-
-
-def _event(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {dumps(event)}\n\n"
 
 
 class MessagesStream(StreamEncoder):
@@ -82,21 +74,21 @@ class MessagesStream(StreamEncoder):
         self._asm = MessageStreamAssembler(
             turn.state.tokenizer, message_id=turn.completion_id, model=turn.model,
             sampling=turn.spec, prompt_tokens=len(turn.prompt_ids),
-            parse_tools=turn.parse_tools, signer=_signer(turn.state))
+            parse_tools=turn.parse_tools, signer=reasoning_signer(turn.state))
 
     def start(self) -> str:
-        return "".join(map(_event, self._asm.start()))
+        return "".join(map(named_event, self._asm.start()))
 
     def push(self, index: int, delta: GenerationDelta) -> str:
-        return "".join(map(_event, self._asm.push(delta.output_ids, delta.finish_reason)))
+        return "".join(map(named_event, self._asm.push(delta.output_ids, delta.finish_reason)))
 
     def end(self) -> StreamEnd:
         asm = self._asm
         assert asm.message is not None and asm.result is not None
-        return StreamEnd([asm.result], asm.message, "", _event(asm.stop()))
+        return StreamEnd([asm.result], asm.message, "", named_event(asm.stop()))
 
     def fail(self, error: OpenAIError) -> str:
-        return _event(error_body(error))
+        return named_event(error_body(error))
 
 
 async def count_tokens(request: Request, state: GatewayState, principal: Principal

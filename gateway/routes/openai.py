@@ -27,7 +27,7 @@ from gateway.replies import ChatCompletion, ErrorBody, Model, ModelList, Respons
 from gateway.response_chain import with_previous_responses
 from gateway.responses import ResponsesStreamAssembler, build_response, translate_request
 from gateway.routes import anthropic
-from gateway.signing import Signer, signer_for
+from gateway.routes.wire import named_event, reasoning_signer
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage, build_chat_completion
 
@@ -112,7 +112,7 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
                            request: ResponsesRequest) -> Conversation:
         conv = translate_request(await with_previous_responses(state, principal, request),
                                  hosted_tools=state.config.gateway.hosted_tools,
-                                 signer=_signer(state))
+                                 signer=reasoning_signer(state))
         return Conversation(conv.messages, conv.tools, conv.tool_choice,
                             {"dropped_tools": conv.dropped_tools} if conv.dropped_tools
                             else None)
@@ -122,19 +122,10 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
         (choice,) = choices
         return build_response(turn.request, response_id=turn.completion_id,
                               created_at=turn.created, model=turn.model, choice=choice,
-                              usage=usage, sampling=turn.spec, signer=_signer(turn.state))
+                              usage=usage, sampling=turn.spec, signer=reasoning_signer(turn.state))
 
     def stream(self, turn: Turn[ResponsesRequest]) -> StreamEncoder:
         return ResponsesStream(turn)
-
-
-def _signer(state: GatewayState) -> Signer:
-    """Seals reasoning for `include: ["reasoning.encrypted_content"]` (Codex)."""
-    return signer_for(state.config.gateway.admin_key.get_secret_value())
-
-
-def _event(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {dumps(event)}\n\n"
 
 
 class ResponsesStream(StreamEncoder):
@@ -145,11 +136,11 @@ class ResponsesStream(StreamEncoder):
             turn.request, turn.state.tokenizer, response_id=turn.completion_id,
             created_at=turn.created, model=turn.model, sampling=turn.spec,
             prompt_tokens=len(turn.prompt_ids), parse_tools=turn.parse_tools,
-            logprobs=turn.logprobs, signer=_signer(turn.state))
+            logprobs=turn.logprobs, signer=reasoning_signer(turn.state))
         self._final: list[dict[str, Any]] = []
 
     def start(self) -> str:
-        return "".join(_event(e) for e in self._asm.start())
+        return "".join(named_event(e) for e in self._asm.start())
 
     def push(self, index: int, delta: GenerationDelta) -> str:
         out = []
@@ -158,16 +149,16 @@ class ResponsesStream(StreamEncoder):
             if e["type"] == "response.completed":
                 self._final.append(e)  # sent once the record is durable
             else:
-                out.append(_event(e))
+                out.append(named_event(e))
         return "".join(out)
 
     def end(self) -> StreamEnd:
         asm = self._asm
         assert asm.response is not None and asm.result is not None
-        return StreamEnd([asm.result], asm.response, "", "".join(map(_event, self._final)))
+        return StreamEnd([asm.result], asm.response, "", "".join(map(named_event, self._final)))
 
     def fail(self, error: OpenAIError) -> str:
-        return "".join(map(_event, self._asm.fail(error.code or "server_error",
+        return "".join(map(named_event, self._asm.fail(error.code or "server_error",
                                                    error.message)))
 
 
