@@ -15,11 +15,15 @@ from areal_service.store.migrate import upgrade_engine
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process's write lock before failing."""
 def create_store_engine(
-    url: str, *, sqlite_synchronous: Literal["OFF", "NORMAL", "FULL"] = "NORMAL"
+    url: str,
+    *,
+    sqlite_synchronous: Literal["OFF", "NORMAL", "FULL"] = "NORMAL",
+    sqlite_max_size_mb: int | None = None,
 ) -> Engine:
-    """An engine for `url`. SQLite connections get WAL, `synchronous`, a busy timeout and
-    foreign keys on every connect; an in-memory SQLite is refused because every pooled
-    connection (the writer thread has its own) would see a different empty database."""
+    """An engine for `url`. SQLite connections get WAL, `synchronous`, a busy timeout,
+    foreign keys and, with `sqlite_max_size_mb`, a page quota on every connect; an
+    in-memory SQLite is refused because every pooled connection (the writer thread has
+    its own) would see a different empty database."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(parsed, pool_pre_ping=True)
@@ -41,9 +45,38 @@ def create_store_engine(
         cursor.execute(f"PRAGMA synchronous={sqlite_synchronous}")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        if sqlite_max_size_mb is not None:
+            # Per connection; SQLite keeps it at least the current page count. Past it a
+            # write that needs a new page fails with SQLITE_FULL, as on a full disk.
+            page_size = cursor.execute("PRAGMA page_size").fetchone()[0]
+            pages = sqlite_max_size_mb * (1 << 20) // page_size
+            cursor.execute(f"PRAGMA max_page_count={pages}")
         cursor.close()
 
+    _read_only_is_disconnect(engine)
     return engine
+
+
+_SQLITE_READONLY = 8
+"""Primary result code of every SQLITE_READONLY_* error."""
+
+
+def _read_only_is_disconnect(engine: Engine) -> None:
+    """Make SQLITE_READONLY discard the connection it came from. SQLite opens a file it
+    cannot write (read-only mount, immutable file) read-only without a word, and that
+    connection stays read-only after the file is writable again: kept in the pool (or
+    by the completion writer), it would fail every write after the fault is gone.
+    Counted as a disconnect, it is closed and the next use opens a fresh one."""
+    dialect = engine.dialect
+    base = dialect.is_disconnect
+
+    def is_disconnect(error: Exception, connection: Any, cursor: Any) -> bool:
+        code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+        read_only = (code is not None and code & 0xFF == _SQLITE_READONLY) or (
+            "readonly database" in str(error))
+        return read_only or base(error, connection, cursor)
+
+    dialect.is_disconnect = is_disconnect  # type: ignore[method-assign]
 
 
 def upgrade_database(url: str, revision: str = "head") -> None:

@@ -83,7 +83,8 @@ class TrajectoryStore:
     @classmethod
     def open(cls, url: str, config: StoreConfig) -> TrajectoryStore:
         """Create the engine for `url` and, when `config.auto_migrate`, upgrade to head."""
-        engine = create_store_engine(url, sqlite_synchronous=config.sqlite_synchronous)
+        engine = create_store_engine(url, sqlite_synchronous=config.sqlite_synchronous,
+                                     sqlite_max_size_mb=config.sqlite_max_size_mb)
         if config.auto_migrate:
             upgrade_engine(engine)
         logger.info("trajectory store at %s", engine.url)

@@ -2,22 +2,26 @@
 metrics.
 
 Readiness tells the truth about the write path: a SELECT answers while the database is
-locked, read-only or full, and capture then fails every request with 503. So `db` also
-reports the capture writer's last error, and while there is one, a probe write decides
-whether the path has recovered (bounded by `PROBE_TIMEOUT_S`; one probe at a time). A
-backend is reported down from its first failed health check (one health interval),
-before routing takes it out."""
+locked, read-only or full, and capture then fails every request with 503. So `db` is
+decided by a probe write (`areal_service/store/write_probe.py`: a write that reaches the
+disk and, after a failed capture, the room left on the disk and under the store's size
+quota): on every call while the capture writer's last transaction failed, else at most every
+`PROBE_INTERVAL_S`, so a fault no request has hit yet shows within that. One probe at a
+time, waited for at most `PROBE_TIMEOUT_S`. A backend is reported down from its first
+failed health check (one health interval), before routing takes it out."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from areal_service.store.write_probe import probe_write
 from gateway.deps import StateDep
 from gateway.state import GatewayState
 
@@ -26,6 +30,12 @@ router = APIRouter()
 PROBE_TIMEOUT_S = 2.0
 """Longest readiness waits for a probe write (SQLite waits up to its busy timeout for
 a lock; the probe goes on in its thread and the next readiness call joins it)."""
+
+PROBE_INTERVAL_S = 5.0
+"""How long a successful probe is trusted while the capture writer reports no error: a
+fault that no request has hit yet is reported within this plus `PROBE_TIMEOUT_S`. One
+probe is one page-sized write, so a load balancer polling every second costs one such
+write per 5 s."""
 
 
 class Liveness(BaseModel):
@@ -69,24 +79,31 @@ async def readiness(request: Request, state: StateDep) -> Response:
 
 
 async def _db_status(request: Request, state: GatewayState) -> str:
-    """`ok`, or `error: ...` when a read fails, or the capture writer's last transaction
-    failed and a probe write does not succeed now."""
+    """`ok`, or `error: ...` when a read fails or the probe write does not succeed (a
+    probe is run when the writer's last transaction failed, the last probe failed, or
+    the last success is older than `PROBE_INTERVAL_S`)."""
     try:
         await asyncio.to_thread(state.store.ping)
     except Exception as exc:  # reported, not raised: this endpoint answers either way
         return f"error: {type(exc).__name__}"
     failed = state.writer.last_error
-    if failed is None:
+    app = request.app.state
+    probe: asyncio.Future[None] | None = getattr(app, "write_probe", None)
+    trusted = (probe is not None and probe.done() and not probe.cancelled()
+               and probe.exception() is None
+               and time.monotonic() - app.write_probe_at < PROBE_INTERVAL_S)
+    if failed is None and trusted:
         return "ok"
-    probe: asyncio.Future[None] | None = getattr(request.app.state, "write_probe", None)
-    if probe is None or probe.done():
-        probe = request.app.state.write_probe = asyncio.ensure_future(
-            asyncio.to_thread(state.store.probe_write))
+    if probe is None or probe.done():  # stale: a new one
+        probe = app.write_probe = asyncio.ensure_future(
+            asyncio.to_thread(probe_write, state.store.engine, check_room=failed is not None))
+        app.write_probe_at = time.monotonic()
         probe.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
     try:
         await asyncio.wait_for(asyncio.shield(probe), PROBE_TIMEOUT_S)
     except TimeoutError:
-        return f"error: writes failing ({failed}); probe write still waiting"
+        cause = f"{failed}; " if failed else ""
+        return f"error: writes failing ({cause}probe write still waiting)"
     except Exception as exc:  # the probe's own failure is the answer
         return f"error: writes failing ({type(exc).__name__}: {str(exc).splitlines()[0]})"
     return "ok"

@@ -1,0 +1,127 @@
+"""The readiness write probe on real SQLite files: it reaches the disk, fails while the
+database is locked, reports a store at its size quota (`store.sqlite_max_size_mb`) as
+full and recovers when space is freed; the quota holds; and a connection SQLite opened
+read-only during a fault does not keep failing writes after it."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from areal_service.config import StoreConfig
+from areal_service.store import TrajectoryStore, connect
+from areal_service.store.write_probe import HEADROOM_BYTES, StoreFull, probe_write
+from areal_service.types import CompletionRecord
+
+MIB = 1 << 20
+
+
+def _record(cid: str, n: int = 2000) -> CompletionRecord:
+    return CompletionRecord(id=cid, model="m", prompt_ids=tuple(range(n)),
+                            output_ids=(1, 2), output_logprobs=(-0.5, -0.5),
+                            output_versions=(0, 0), finish_reason="stop")
+
+
+def _wal_size(db: Path) -> int:
+    return os.path.getsize(f"{db}-wal")
+
+
+def _fill(db: Path, leave_bytes: int, limit_bytes: int) -> None:
+    """Grow the database from a connection without the quota until less than
+    `leave_bytes` is left under `limit_bytes` (another writer used the space)."""
+    raw = sqlite3.connect(db, isolation_level=None)
+    raw.execute("CREATE TABLE filler (blob BLOB)")
+    page = raw.execute("PRAGMA page_size").fetchone()[0]
+    while raw.execute("PRAGMA page_count").fetchone()[0] * page < limit_bytes - leave_bytes:
+        raw.execute("INSERT INTO filler VALUES (randomblob(16000))")
+    raw.close()
+
+
+def test_probe_write_reaches_the_wal_and_changes_nothing(tmp_path: Path):
+    db = tmp_path / "store.db"
+    store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig())
+    before = _wal_size(db)
+    probe_write(store.engine)
+    assert _wal_size(db) > before  # a page frame appended and committed
+    with store.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA user_version").scalar_one() == 0
+    store.close()
+
+
+def test_probe_fails_while_another_process_holds_the_write_lock(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(connect, "SQLITE_BUSY_TIMEOUT_MS", 100)
+    db = tmp_path / "store.db"
+    store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig())
+    lock = sqlite3.connect(db, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    with pytest.raises(OperationalError, match="locked"):
+        probe_write(store.engine)
+    lock.execute("ROLLBACK")
+    probe_write(store.engine)
+    store.close()
+
+
+def test_quota_holds_and_a_full_store_is_reported_until_space_is_freed(tmp_path: Path):
+    db = tmp_path / "store.db"
+    store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig(sqlite_max_size_mb=2))
+    probe_write(store.engine)  # room left: the quota is not reached
+    _fill(db, leave_bytes=HEADROOM_BYTES // 4, limit_bytes=2 * MIB)
+    # The store's own writes fill the last pages, then fail as on a full disk.
+    with pytest.raises(OperationalError, match="database or disk is full"):
+        for i in range(1000):
+            store.add_completion(_record(f"c{i}"))
+    with store.engine.connect() as connection:
+        pages = connection.exec_driver_sql("PRAGMA page_count").scalar_one()
+        page = connection.exec_driver_sql("PRAGMA page_size").scalar_one()
+    # The quota held (pages not yet checkpointed into the file count too).
+    assert 2 * MIB - 64 * 1024 < pages * page <= 2 * MIB
+    probe_write(store.engine, check_room=False)  # a one-page write still fits...
+    with pytest.raises(StoreFull, match="store quota reached"):
+        probe_write(store.engine)  # ...but the room check tells the truth
+    raw = sqlite3.connect(db, isolation_level=None)
+    raw.execute("DROP TABLE filler")  # its pages go to the freelist, reused in place
+    raw.close()
+    probe_write(store.engine)
+    store.add_completion(_record("after"))
+    assert store.get_completion("after") is not None
+    store.close()
+
+
+def _chattr(flag: str, *paths: Path) -> bool:
+    try:
+        return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True,
+                              check=False).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
+    """An immutable file stands for a read-only mount: existing connections' writes fail,
+    and SQLite opens new connections read-only without a word. After the fault those
+    connections must not keep failing (they used to stay in the pool)."""
+    db = tmp_path / "store.db"
+    store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig())
+    files = (db, Path(f"{db}-wal"))  # not -shm: SQLite maps it, and a write to it would fault
+    if not _chattr("+i", *files):
+        pytest.skip("chattr +i is not permitted here (needs root and ext4/xfs/btrfs)")
+    try:
+        with pytest.raises(OperationalError):
+            probe_write(store.engine)  # a pooled connection: the write fails (EPERM)
+        store.engine.dispose()
+        store.close()  # the completion writer's connection too: both reopen read-only
+        with pytest.raises(OperationalError, match="readonly"):
+            probe_write(store.engine)
+        with pytest.raises(OperationalError, match="readonly|disk I/O"):
+            store.add_completion(_record("during"))
+    finally:
+        _chattr("-i", *files)
+    probe_write(store.engine)
+    store.add_completion(_record("after"))
+    assert store.get_completion("after") is not None
+    assert store.get_completion("during") is None
+    store.close()
