@@ -1,0 +1,158 @@
+"""Router mode against the REAL SGLang router (`sglang-router`, the Rust wheel of the
+`[sglang]` extra) in front of two local engines on loopback: generation goes through the
+router (a session stays on one worker under `--policy manual`), and the gateway's
+weight syncer swaps each worker the router lists, once, from disk and by broadcast
+over gloo, after which both serve the new version bit-exactly. Slow (a child process
+and two engines); skipped without the wheel, which the CPU CI (`.[dev]`) does not
+install; tests/unit/test_router_mode.py covers the same split with a stand-in router."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from loopback import free_port
+from safetensors.torch import load_file
+
+from areal_service.config import load_config
+from areal_service.sglang_protocol import GenerateRequest
+from areal_service.store import TrajectoryStore
+from areal_service.types import WeightVersionRecord
+from engine.testing import make_weight_variant, start_engine_in_thread
+from gateway.routing import BackendPool
+from gateway.weight_sync import SyncGroup, sync_weights_once
+from trainer.weight_broadcast import WeightBroadcaster
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install "
+                    "'areal-service[sglang]' or sglang-router==0.3.2)")
+
+PROMPT = [5, 17, 42, 9, 3, 28, 11]
+
+
+@contextmanager
+def run_router(workers: list[str], log: Path) -> Iterator[str]:
+    """`python -m sglang_router.launch_router` on a free port; its URL once ready."""
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+             "--port", str(port), "--worker-urls", *workers, "--policy", "manual",
+             "--health-check-interval-secs", "1", "--log-level", "warn"],
+            stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/readiness", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "router not ready in 60 s"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _generated(engine: str) -> int:
+    info = httpx.get(f"{engine}/server_info", timeout=10).json()
+    return int(info["internal_states"][0]["generated_tokens"])
+
+
+def _state_dict(variant: Path) -> dict:
+    state: dict = {}
+    for f in sorted(variant.glob("*.safetensors")):
+        state.update(load_file(f))
+    return state
+
+
+def greedy(max_new: int = 8) -> GenerateRequest:
+    return GenerateRequest.for_tokens(PROMPT, {"max_new_tokens": max_new, "temperature": 0,
+                                               "ignore_eos": True}, rid=uuid.uuid4().hex)
+
+
+async def test_real_router_routes_generation_and_each_worker_swaps_once(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    variants = [make_weight_variant(tiny_model_dir, tmp_path / f"w{i}", seed=500 + i)
+                for i in range(2)]
+    cfg = load_config(overrides=[f"data_dir={tmp_path / 'data'}",
+                                 f"engine.model={tiny_model_dir}"])
+    with start_engine_in_thread(tiny_model_dir) as a, start_engine_in_thread(tiny_model_dir) as b, \
+            run_router([a, b], tmp_path / "router.log") as router:
+        pool = BackendPool([], router_url=router)
+        store = TrajectoryStore.open(cfg.database_url(), cfg.store)
+        state = SimpleNamespace(backends=pool, store=store, live_version=0, config=cfg)
+        try:
+            await pool.check_health()
+            assert sorted(w.url for w in pool.backends) == sorted([a, b])
+            assert all(w.healthy for w in pool.backends)
+
+            # a session stays on one worker (X-SMG-Routing-Key, --policy manual)
+            for session in ("s1", "s2"):
+                before = {e: _generated(e) for e in (a, b)}
+                for _ in range(3):
+                    gen = await pool.generate_interruptible(greedy(), session_id=session)
+                    assert gen.completion_tokens == 8 and gen.backend == router
+                grown = sorted(_generated(e) - before[e] for e in (a, b))
+                assert grown == [0, 24], (session, grown)
+
+            # disk: one pause/update/continue per worker, both on v1 after
+            store.add_weight_version(WeightVersionRecord(version=1, path=str(variants[0])))
+            assert await sync_weights_once(state) == 1
+            state.live_version = 1
+            row = store.get_weight_version(1)
+            assert row.metadata["swap_mode"] == "disk"
+            assert sorted(row.metadata["swap"]) == sorted([a, b])
+            for e in (a, b):
+                assert httpx.get(f"{e}/model_info").json()["weight_version"] == "1"
+            from_disk = await pool.generate_interruptible(greedy(), session_id="s3")
+            assert set(from_disk.output_versions) == {1}
+
+            # distributed over gloo: the trainer (rank 0) broadcasts to both workers
+            sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=2**30,
+                                       timeout_s=60, address="127.0.0.1")
+            try:
+                weights = _state_dict(variants[1])
+                offer, buckets = sender.offer(2, weights)
+                store.add_weight_version(WeightVersionRecord(
+                    version=2, path=str(variants[1]), metadata={"sync": offer}))
+                sent, synced = await asyncio.gather(
+                    asyncio.to_thread(sender.send, 2, weights, offer, buckets),
+                    sync_weights_once(state, SyncGroup()))
+            finally:
+                sender.close()
+            assert synced == 2 and sent["sync_sent"]["world_size"] == 3, sent
+            state.live_version = 2
+            assert store.get_weight_version(2).metadata["swap_mode"] == "distributed"
+            by_broadcast = [await pool.generate_interruptible(greedy(), session_id=s)
+                            for s in ("s1", "s2")]  # one per worker
+
+            store.add_weight_version(WeightVersionRecord(version=3, path=str(variants[1])))
+            assert await sync_weights_once(state) == 3
+            again = [await pool.generate_interruptible(greedy(), session_id=s)
+                     for s in ("s1", "s2")]
+            for dist, disk in zip(by_broadcast, again, strict=True):
+                assert set(dist.output_versions) == {2} and set(disk.output_versions) == {3}
+                assert dist.output_ids == disk.output_ids  # bit-exact: same weights
+                assert dist.output_logprobs == disk.output_logprobs
+            assert by_broadcast[0].output_logprobs != from_disk.output_logprobs  # new weights
+        finally:
+            await pool.aclose()
+            store.close()
