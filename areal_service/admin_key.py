@@ -6,9 +6,12 @@ that value is public, so:
 - bound to a non-loopback address with the default, the gateway refuses to start
   (`DefaultAdminKeyError`, naming the setting to change);
 - on loopback with the default, a random key is generated once per data dir, kept in
-  `<data_dir>/admin_key` (mode 0600), and used instead. `load_config` resolves it, so
-  every process loading the same config (gateway, demo agents, trainer, CLI, tests)
-  reads the same file and the pieces of a local stack agree without anyone typing it.
+  `<data_dir>/admin_key` (mode 0600), and used instead. Only what serves creates it
+  (the gateway, `serve`, and the commands that start a gateway of their own: demo,
+  train, eval); `load_config` only reads it when it exists, so every process loading
+  the same config (gateway workers, agents, trainer, CLI, tests) agrees without anyone
+  typing it, and a command that serves nothing (`keys`, `config show`, `export`) neither
+  writes the file nor logs a key.
 
 A key set explicitly (config file, `--set`, `AREAL_GATEWAY__ADMIN_KEY`) is used as is.
 """
@@ -39,14 +42,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def resolve_admin_key(key: str, host: str, data_dir: Path, *, binding: bool = False
-                      ) -> tuple[str, bool]:
+def resolve_admin_key(key: str, host: str, data_dir: Path, *, binding: bool = False,
+                      create: bool = True) -> tuple[str, bool]:
     """(the admin key in force, whether `<data_dir>/admin_key` was just created).
 
     `binding`: the caller is about to listen on `host` (the gateway, `serve`): the
     default key on a non-loopback address raises `DefaultAdminKeyError`. Other callers
     keep the default there (a client of a reachable gateway needs the real key set
-    explicitly anyway, and the gateway will refuse to start with it)."""
+    explicitly anyway, and the gateway will refuse to start with it). `create=False`
+    only reads a key file that exists (the default stays in force without one)."""
     if key != DEFAULT_ADMIN_KEY:
         return key, False
     if not is_loopback(host):
@@ -57,16 +61,25 @@ def resolve_admin_key(key: str, host: str, data_dir: Path, *, binding: bool = Fa
                 "gateway.admin_key (AREAL_GATEWAY__ADMIN_KEY, or --set "
                 "gateway.admin_key=...) to a secret, or bind gateway.host to 127.0.0.1")
         return key, False
+    if not create:
+        return _read(data_dir / KEY_FILE) or key, False
     return _read_or_create(data_dir / KEY_FILE)
+
+
+def _read(path: Path) -> str | None:
+    """The key in `path`; None when there is no file or it is empty."""
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def _read_or_create(path: Path) -> tuple[str, bool]:
     """The key in `path`, creating it (0600, exclusively: two processes starting at once
     agree on one key) when absent."""
-    if path.exists():
-        key = path.read_text().strip()
-        if key:
-            return key, False
+    key = _read(path)
+    if key:
+        return key, False
     path.parent.mkdir(parents=True, exist_ok=True)
     key = f"sk-areal-admin-{secrets.token_urlsafe(24)}"
     try:

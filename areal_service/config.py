@@ -589,7 +589,9 @@ def _env_tree() -> dict[str, Any]:
 
 
 def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> ServiceConfig:
-    """Resolve the config: defaults < YAML file < environment < CLI overrides."""
+    """Resolve the config: defaults < YAML file < environment < CLI overrides. The
+    default admin key becomes the data dir's generated one only if that exists: creating
+    it is for what serves (`with_admin_key`), not for every command that loads a config."""
     tree: dict[str, Any] = {}
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
@@ -600,7 +602,7 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     tree = _deep_merge(tree, parse_overrides(overrides or []))
     # model_validate skips the settings sources: the environment was merged above with
     # the right priority and must not be read a second time over the CLI values.
-    return with_admin_key(ServiceConfig.model_validate(tree))
+    return with_admin_key(ServiceConfig.model_validate(tree), create=False)
 
 
 def save_config(config: ServiceConfig, path: Path) -> Path:
@@ -615,12 +617,16 @@ def save_config(config: ServiceConfig, path: Path) -> Path:
     return path
 
 
-def with_admin_key(config: ServiceConfig, *, binding: bool = False) -> ServiceConfig:
+def with_admin_key(config: ServiceConfig, *, binding: bool = False, create: bool = True
+                   ) -> ServiceConfig:
     """`config` with the admin key in force (`areal_service/admin_key.py`): the shipped
     default becomes the data dir's generated key on loopback (created, 0600, and logged
-    once when new); `binding` refuses the default on any other address."""
+    once when new; `create=False` only reads an existing one); `binding` refuses the
+    default on any other address. Call it (creating) where a gateway is served or started:
+    the gateway itself, `serve`, and the demo / driver / eval configs."""
     key, created = resolve_admin_key(config.gateway.admin_key.get_secret_value(),
-                                     config.gateway.host, config.data_dir, binding=binding)
+                                     config.gateway.host, config.data_dir, binding=binding,
+                                     create=create)
     if created:
         log.warning("generated an admin key for local use: %s (kept in %s, mode 0600; set "
                     "gateway.admin_key to use your own)", key, config.data_dir / KEY_FILE)

@@ -33,7 +33,7 @@ import httpx
 import typer
 from pydantic import BaseModel, Field
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServiceConfig, with_admin_key
 from areal_service.datasets import load_samples
 from launcher.agent_runner import AgentRunner, EpisodeResult
 from launcher.driver_config import DriverConfig
@@ -105,8 +105,10 @@ def training_config(driver: DriverConfig, config: ServiceConfig, num_samples: in
     """The service config the driver runs with: trainer batches of `batch_size` groups of
     `group_size`, as many steps as the epochs hold whole batches, unscored sessions
     dropped (see the module docstring), the staleness gate on so rollouts never run
-    more than `trainer.max_staleness` versions ahead."""
+    more than `trainer.max_staleness` versions ahead. The driver serves a gateway: the
+    data dir's admin key is created here when needed."""
     roll = driver.rollout
+    config = with_admin_key(config)
     tree = config.model_dump(mode="python")
     tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
     tree["gateway"]["staleness_gate"] = True

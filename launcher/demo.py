@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import typer
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServiceConfig, with_admin_key
 from launcher.demo_task import DemoPrompt, digits_reward, make_prompts
 from launcher.launch import trainer_argv
 from launcher.processes import exit_on_sigterm
@@ -42,7 +42,9 @@ def say(message: str) -> None:
 def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1) -> ServiceConfig:
     """The demo's settings on top of the user's: a learning rate for a tiny model, GRPO
     groups of 8, the staleness gate on (η = 2), training sampling (temperature 1).
-    `trainer_procs` > 1 splits the trainer's share of the cores between its processes."""
+    `trainer_procs` > 1 splits the trainer's share of the cores between its processes.
+    The demo serves a gateway: the data dir's admin key is created here when needed."""
+    config = with_admin_key(config)
     tree = config.model_dump(mode="python")
     tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
     tree["gateway"].update(staleness_gate=True, sampling="training", admit_wait_s=30.0)

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import typer
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServiceConfig, with_admin_key
 from areal_service.datasets import DatasetConfig, load_samples
 from launcher.agent_runner import AgentRunner, EpisodeResult
 from launcher.driver_config import DriverConfig
@@ -202,7 +202,9 @@ async def _evaluate(evaluator: Evaluator, datasets: list[DatasetConfig]) -> list
 
 def eval_config(config: ServiceConfig, model: Path | None) -> ServiceConfig:
     """The config of an evaluation's own engine and gateway: `model` served, a store
-    under `<data_dir>/eval`, client sampling, no staleness gate."""
+    under `<data_dir>/eval`, client sampling, no staleness gate. It serves a gateway:
+    the data dir's admin key is created here when needed."""
+    config = with_admin_key(config)
     tree = config.model_dump(mode="python")
     tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
     tree["gateway"].update(sampling="client", staleness_gate=False)

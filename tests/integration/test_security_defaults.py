@@ -16,26 +16,58 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from harness import ADMIN_KEY  # tests/integration/harness.py
+from typer.testing import CliRunner
 
 from areal_service.admin_key import DEFAULT_ADMIN_KEY, DefaultAdminKeyError
 from areal_service.config import load_config, with_admin_key
 from gateway.app import create_app
+from launcher.cli import app as cli_app
+from launcher.demo import demo_config
+from launcher.evaluate import eval_config
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def test_default_admin_key_is_generated_per_data_dir(tmp_path):
-    first = load_config(overrides=[f"data_dir={tmp_path}"]).gateway.admin_key
+def test_default_admin_key_is_generated_per_data_dir(tmp_path, caplog):
+    path = tmp_path / "admin_key"
+    loaded = load_config(overrides=[f"data_dir={tmp_path}"])
+    # Loading a config creates nothing: only what serves generates the key.
+    assert loaded.gateway.admin_key.get_secret_value() == DEFAULT_ADMIN_KEY
+    assert not path.exists() and "generated an admin key" not in caplog.text
+    first = with_admin_key(loaded).gateway.admin_key
     key = first.get_secret_value()
     assert key != DEFAULT_ADMIN_KEY and len(key) > 30
-    path = tmp_path / "admin_key"
     assert path.read_text().strip() == key and (path.stat().st_mode & 0o777) == 0o600
+    assert caplog.text.count("generated an admin key") == 1
     again = load_config(overrides=[f"data_dir={tmp_path}", "gateway.admin_key=sk-areal-admin"])
-    assert again.gateway.admin_key.get_secret_value() == key  # same dir, same key
-    other = load_config(overrides=[f"data_dir={tmp_path / 'other'}"])
-    assert other.gateway.admin_key.get_secret_value() != key
+    assert again.gateway.admin_key.get_secret_value() == key  # same dir, same key (read)
+    assert with_admin_key(again).gateway.admin_key.get_secret_value() == key
+    assert caplog.text.count("generated an admin key") == 1  # logged once, when created
+    other = with_admin_key(load_config(overrides=[f"data_dir={tmp_path / 'other'}"]))
+    assert other.gateway.admin_key.get_secret_value() not in (key, DEFAULT_ADMIN_KEY)
     mine = load_config(overrides=[f"data_dir={tmp_path}", "gateway.admin_key=sk-mine"])
     assert mine.gateway.admin_key.get_secret_value() == "sk-mine"
+
+
+def test_only_serving_commands_create_the_admin_key(tmp_path):
+    """`keys`, `config show`, `db upgrade` and `export` work on a fresh data dir without
+    writing or logging an admin key; the demo's and the evaluation's configs (they start
+    a gateway) create it and carry it to their children."""
+    data = tmp_path / "data"
+    runner = CliRunner()
+    for argv in (["keys", "create", "--name", "ci"], ["keys", "list"], ["config", "show"],
+                 ["db", "upgrade"], ["export", str(tmp_path / "out.jsonl")]):
+        result = runner.invoke(cli_app, [*argv, "--set", f"data_dir={data}"])
+        assert result.exit_code == 0, (argv, result.output)
+        assert "generated an admin key" not in result.output
+    listed = runner.invoke(cli_app, ["keys", "list", "--set", f"data_dir={data}"])
+    assert '"name": "ci"' in listed.output
+    assert not (data / "admin_key").exists()
+    config = load_config(overrides=[f"data_dir={data}"])
+    demo = demo_config(config, steps=1)
+    key = (data / "admin_key").read_text().strip()
+    assert demo.gateway.admin_key.get_secret_value() == key != DEFAULT_ADMIN_KEY
+    assert eval_config(config, None).gateway.admin_key.get_secret_value() == key
 
 
 def test_default_admin_key_on_a_reachable_address_refuses_to_start(tmp_path):
