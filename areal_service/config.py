@@ -588,16 +588,22 @@ def _env_tree() -> dict[str, Any]:
     return tree
 
 
+def read_config_file(path: Path | str | None) -> dict[str, Any]:
+    """The YAML config file as a tree ({} for no file); ValueError unless it holds a
+    mapping at the top level."""
+    if path is None:
+        return {}
+    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config file {path} must hold a mapping at the top level")
+    return loaded
+
+
 def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> ServiceConfig:
     """Resolve the config: defaults < YAML file < environment < CLI overrides. The
     default admin key becomes the data dir's generated one only if that exists: creating
     it is for what serves (`with_admin_key`), not for every command that loads a config."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {path} must hold a mapping at the top level")
-        tree = loaded
+    tree = read_config_file(path)
     tree = _deep_merge(tree, _env_tree())
     tree = _deep_merge(tree, parse_overrides(overrides or []))
     # model_validate skips the settings sources: the environment was merged above with

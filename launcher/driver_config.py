@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from areal_service.config import ServiceConfig, load_config, parse_overrides
+from areal_service.config import ServiceConfig, load_config, parse_overrides, read_config_file
 from areal_service.datasets import DatasetConfig
 
 
@@ -117,12 +117,7 @@ def load_driver_config(path: Path | None, overrides: list[str] | None = None
                        ) -> tuple[DriverConfig, ServiceConfig]:
     """Split the file and the overrides into the driver's sections and the service
     config; the service part resolves as for every other command (env, `--set`)."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {path} must hold a mapping at the top level")
-        tree = loaded
+    tree = read_config_file(path)
     mine = {k: v for k, v in tree.items() if k in DRIVER_KEYS}
     service = {k: v for k, v in tree.items() if k not in DRIVER_KEYS}
     service_overrides = []
