@@ -125,3 +125,40 @@ def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
     assert store.get_completion("after") is not None
     assert store.get_completion("during") is None
     store.close()
+
+
+def test_full_disk_is_reported_even_when_a_page_write_still_fits(tmp_path: Path):
+    """The reason for the room check: after a checkpoint SQLite rewrites its WAL in place,
+    so on a full disk the probe's one-page commit succeeds while growth fails."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        db = mnt / "store.db"
+        store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig())
+        for i in range(20):
+            store.add_completion(_record(f"c{i}"))
+        with store.engine.connect() as connection:  # the WAL restarts at its beginning
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+        filler = mnt / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        with pytest.raises(OperationalError, match="database or disk is full"):
+            for i in range(100):
+                store.add_completion(_record(f"full{i}", n=20000))
+        probe_write(store.engine, check_room=False)  # fits in the WAL's old space
+        with pytest.raises(StoreFull, match="disk full"):
+            probe_write(store.engine)
+        filler.unlink()
+        probe_write(store.engine)
+        store.add_completion(_record("after", n=20000))
+        store.close()
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
