@@ -54,9 +54,10 @@ in front of two local engines, `tests/integration/test_sglang_router.py`) and re
 `sgl-model-gateway/src/server.rs` of SGLang main:
 
 - `GET /workers` -> `{"workers": [{"id", "url", "model_id", "worker_type", "is_healthy",
-  "load", "metadata": {"tp_size", "dp_size", ...}, ...}], ...}` (0.2.x and later;
-  `POST /workers {"url"}` adds one, `DELETE /workers/{id}` removes it). Older sgl-router
-  (before Oct 2025): `GET /list_workers` -> `{"urls": [...]}`, tried on 404. With
+  "load", "metadata": {"tp_size", "dp_size", ...}, ...}], "total", "stats"}` (0.2.x and
+  later; `POST /workers {"url"}` -> 202 adds one, queued and idempotent,
+  `DELETE /workers/{id}` removes it). Older sgl-router (before Oct 2025):
+  `GET /list_workers` -> `{"urls": [...]}` and `POST /add_worker?url=`, tried on 404. With
   `--dp-aware` a url carries `@<dp_rank>`; the server is the url without it.
 - `GET /readiness` -> 200 `{"status": "ready", "healthy_workers", "total_workers"}`, 503
   without a healthy worker. `/health` and `/liveness` answer 200 whenever the router
@@ -149,9 +150,14 @@ SGLANG_VERSIONS_CHECKED = "0.5.x, by reading source (main after ~v0.5.15; legacy
 # ---- SGLang's router (sglang-router / sgl-model-gateway) ------------------------------
 
 ROUTER_WORKERS = Endpoint("GET", "/workers", legacy_path="/list_workers")
+ROUTER_ADD_WORKER = Endpoint("POST", "/workers", legacy_path="/add_worker")
+"""Body `{"url"}` -> 202 `{"status": "accepted", "worker_id", ...}`, queued, idempotent
+for a known url; the legacy name takes `?url=` and answers 200."""
 ROUTER_READINESS = Endpoint("GET", "/readiness", legacy_path="/health")
-ROUTER_ENDPOINTS: tuple[Endpoint, ...] = (ROUTER_WORKERS, ROUTER_READINESS, GENERATE)
-"""The router endpoints the gateway calls in router mode (the rest go to each worker)."""
+ROUTER_ENDPOINTS: tuple[Endpoint, ...] = (ROUTER_WORKERS, ROUTER_ADD_WORKER, ROUTER_READINESS,
+                                          GENERATE)
+"""The router endpoints this project calls (the gateway lists, the launcher adds the
+servers it launched); everything else goes to each worker."""
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 """Session affinity through the router (`--policy manual`): same key, same worker."""
 SGLANG_ROUTER_VERSION_CHECKED = ("sglang-router 0.3.2 (run against the local engine); "

@@ -2,10 +2,18 @@
 groups, a supervisor that starts them, waits for `/health_generate`, restarts one that
 dies (with backoff) and stops them all, and attaching to servers already running.
 
-One server per GPU group of `tp_size * dp_size` GPUs, each with its own
-CUDA_VISIBLE_DEVICES and port (`engine.port + i`). Several servers rather than one big
-`--dp-size` server because the gateway routes between them itself (session stickiness
-keeps a conversation's prefix cache on one server) and swaps weights on each.
+One server per GPU group of `tp_size * dp_size` GPUs (`tp_size` with
+`--enable-dp-attention` in `extra_args`: the dp replicas then share the tp GPUs), each
+with its own CUDA_VISIBLE_DEVICES and port (`engine.port + i`). Several servers rather
+than one big `--dp-size` server because the gateway routes between them itself (session
+stickiness keeps a conversation's prefix cache on one server) and swaps weights on
+each, and because SGLang refuses distributed weight sync (`init_weights_update_group`)
+on a dp > 1 server without dp attention: such a server is swapped from disk only
+(`sglang_protocol.weight_group_ranks`).
+
+With `gateway.router_url` (a running `sglang-router`), the launched or attached servers
+are also added to that router (`register_with_router`), and the gateway generates
+through the router and swaps each worker it lists.
 
 A restarted server loads the checkpoint it was launched with (`engine.model`, version
 `engine.weight_version`); the gateway's backend pool (`gateway/routing.py`) keeps it out
@@ -39,6 +47,7 @@ from pathlib import Path
 import httpx
 
 from areal_service.config import ServiceConfig
+from areal_service.sglang_protocol import ROUTER_ADD_WORKER, ROUTER_WORKERS, router_worker_urls
 from launcher.processes import ChildProcess
 
 log = logging.getLogger(__name__)
@@ -116,7 +125,8 @@ def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) 
 def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
     """The servers `config` asks for on this host: one per GPU group."""
     sg = config.engine.sglang
-    groups = gpu_groups(visible_gpus(sg.gpus), sg.tp_size * sg.dp_size, sg.servers)
+    per_server = sg.tp_size if "--enable-dp-attention" in sg.extra_args else sg.tp_size * sg.dp_size
+    groups = gpu_groups(visible_gpus(sg.gpus), per_server, sg.servers)
     host = advertised_host(config.engine.host)
     ports = [config.engine.port + i for i in range(len(groups))]
     if config.gateway.port in ports:
@@ -350,18 +360,55 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def register_with_router(router_url: str, urls: Sequence[str], *,
+                         timeout_s: float = 60.0) -> None:
+    """Add `urls` to a running SGLang router (`gateway.router_url`) and wait until it
+    lists them all: `POST /workers {"url"}` (queued, idempotent), `POST /add_worker?url=`
+    on older routers. TimeoutError naming those it never listed."""
+    base = router_url.rstrip("/")
+    wanted = [u.rstrip("/") for u in urls]
+    with httpx.Client(base_url=base, timeout=30.0) as http:
+        for url in wanted:
+            r = http.post(ROUTER_ADD_WORKER.path, json={"url": url})
+            if r.status_code == 404 and ROUTER_ADD_WORKER.legacy_path:
+                r = http.post(ROUTER_ADD_WORKER.legacy_path, params={"url": url})
+            if r.status_code >= 400:
+                raise RuntimeError(f"router {base} refused worker {url}: "
+                                   f"{r.status_code} {r.text[:500]}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = http.get(ROUTER_WORKERS.path)
+            if r.status_code == 404 and ROUTER_WORKERS.legacy_path:
+                r = http.get(ROUTER_WORKERS.legacy_path)
+            listed = set(router_worker_urls(r.json())) if r.status_code == 200 else set()
+            missing = [u for u in wanted if u not in listed]
+            if not missing:
+                log.info("router %s routes to %s", base, " ".join(wanted))
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"router {base} did not list {', '.join(missing)} "
+                                   f"after {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+
 @contextmanager
 def sglang_backends(config: ServiceConfig) -> Iterator[ServiceConfig]:
     """`config` with `gateway.backends` set to the SGLang servers, launched and
-    supervised for the block (or attached: health-checked, left running after)."""
+    supervised for the block (or attached: health-checked, left running after). With
+    `gateway.router_url`, the servers are also added to that router (the gateway then
+    generates through it and swaps each worker it lists)."""
     sg = config.engine.sglang
     if sg.attach:
         wait_healthy(sg.attach, sg.ready_timeout_s)
         urls = [u.rstrip("/") for u in sg.attach]
+        if config.gateway.router_url:
+            register_with_router(config.gateway.router_url, urls)
         yield config.model_copy(update={"gateway": config.gateway.model_copy(
             update={"backends": urls})})
         return
     with Supervisor.for_config(config) as sup:
+        if config.gateway.router_url:
+            register_with_router(config.gateway.router_url, sup.urls)
         yield config.model_copy(update={"gateway": config.gateway.model_copy(
             update={"backends": sup.urls})})
 
@@ -373,7 +420,11 @@ def run_sglang_engines(config: ServiceConfig) -> None:
     if sg.attach:
         wait_healthy(sg.attach, sg.ready_timeout_s)
         log.info("SGLang servers healthy (attached): %s", " ".join(sg.attach))
+        if config.gateway.router_url:
+            register_with_router(config.gateway.router_url, sg.attach)
         return
     with Supervisor.for_config(config) as sup:
         log.info("SGLang servers healthy: %s (gateway.backends)", " ".join(sup.urls))
+        if config.gateway.router_url:
+            register_with_router(config.gateway.router_url, sup.urls)
         sup.wait()

@@ -1,7 +1,8 @@
 """A small stand-in for SGLang's router (`sglang-router`), the external part of router
 mode, for the tests that run without the Rust wheel. It answers what the real router
 0.3.2 answers to the calls the gateway makes (`areal_service/sglang_protocol.py`):
-`GET /workers` (or only the older `GET /list_workers` with `legacy=True`),
+`GET /workers` and `POST /workers {"url"}` (or only the older `GET /list_workers` and
+`POST /add_worker?url=` with `legacy=True`),
 `GET /readiness`, `POST /generate` forwarded to one worker (streams passed through),
 and 404 for everything it does not route (pause, continue, weight updates, abort).
 
@@ -28,6 +29,9 @@ class StandInRouter:
     workers: list[str]
     legacy: bool = False
     ready: bool = True
+    drop_adds: bool = False
+    """Accept `POST /workers` and never list the worker (one that fails the router's
+    own checks)."""
     routed: list[tuple[str, str | None]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     url: str = ""
@@ -62,6 +66,22 @@ class StandInRouter:
             if not self.legacy:
                 return web.Response(status=404)
             return web.json_response({"urls": list(self.workers)})
+
+        async def add_worker(request: web.Request) -> web.Response:
+            if self.legacy:
+                return web.Response(status=404)
+            url = str((await request.json())["url"])
+            if url not in self.workers and not self.drop_adds:
+                self.workers.append(url)
+            return web.json_response({"status": "accepted", "url": url}, status=202)
+
+        async def add_worker_legacy(request: web.Request) -> web.Response:
+            if not self.legacy:
+                return web.Response(status=404)
+            url = request.query["url"]
+            if url not in self.workers and not self.drop_adds:
+                self.workers.append(url)
+            return web.Response(text=f"Successfully added worker: {url}")
 
         async def readiness(_: web.Request) -> web.Response:
             if self.legacy:
@@ -101,7 +121,9 @@ class StandInRouter:
 
         app = web.Application()
         app.router.add_get("/workers", workers)
+        app.router.add_post("/workers", add_worker)
         app.router.add_get("/list_workers", list_workers)
+        app.router.add_post("/add_worker", add_worker_legacy)
         app.router.add_get("/readiness", readiness)
         app.router.add_get("/health", health)
         app.router.add_post("/generate", generate)

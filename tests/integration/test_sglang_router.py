@@ -1,6 +1,7 @@
 """Router mode against the REAL SGLang router (`sglang-router`, the Rust wheel of the
 `[sglang]` extra) in front of two local engines on loopback: generation goes through the
-router (a session stays on one worker under `--policy manual`), and the gateway's
+router (a session stays on one worker under `--policy manual`; the engines join it by
+`POST /workers`, as the launcher adds the servers it starts), and the gateway's
 weight syncer swaps each worker the router lists, once, from disk and by broadcast
 over gloo, after which both serve the new version bit-exactly. Slow (a child process
 and two engines); skipped without the wheel, which the CPU CI (`.[dev]`) does not
@@ -30,6 +31,7 @@ from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
 from gateway.routing import BackendPool
 from gateway.weight_sync import SyncGroup, sync_weights_once
+from launcher.sglang_servers import register_with_router
 from trainer.weight_broadcast import WeightBroadcaster
 
 pytestmark = pytest.mark.slow
@@ -46,7 +48,8 @@ def run_router(workers: list[str], log: Path) -> Iterator[str]:
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-             "--port", str(port), "--worker-urls", *workers, "--policy", "manual",
+             "--port", str(port), *(["--worker-urls", *workers] if workers else []),
+             "--policy", "manual",
              "--health-check-interval-secs", "1", "--log-level", "warn"],
             stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -54,8 +57,9 @@ def run_router(workers: list[str], log: Path) -> Iterator[str]:
         deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None, log.read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/readiness", timeout=2).status_code == 200:
+            try:  # up (ready once it has a healthy worker)
+                if httpx.get(f"{url}/readiness", timeout=2).status_code == (
+                        200 if workers else 503):
                     break
             except httpx.HTTPError:
                 pass
@@ -95,8 +99,10 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
     cfg = load_config(overrides=[f"data_dir={tmp_path / 'data'}",
                                  f"engine.model={tiny_model_dir}"])
     with start_engine_in_thread(tiny_model_dir) as a, start_engine_in_thread(tiny_model_dir) as b, \
-            run_router([a, b], tmp_path / "router.log") as router:
+            run_router([], tmp_path / "router.log") as router:
+        register_with_router(router, [a, b])  # what the launcher does (POST /workers)
         pool = BackendPool([], router_url=router)
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
         store = TrajectoryStore.open(cfg.database_url(), cfg.store)
         state = SimpleNamespace(backends=pool, store=store, live_version=0, config=cfg)
         try:

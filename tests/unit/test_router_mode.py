@@ -26,6 +26,7 @@ from engine.echo_backend import echo_token, start_echo_backend
 from gateway.backend import BackendUnavailable
 from gateway.routing import BackendPool
 from gateway.weight_sync import swap_distributed
+from launcher.sglang_servers import register_with_router, sglang_specs
 
 PROMPT = (11, 12, 13)
 SWAP = ["pause_generation", "update_weights_from_disk", "continue_generation"]
@@ -190,3 +191,23 @@ async def test_a_dp_server_is_refused_before_anything_is_paused() -> None:
             assert a.backend.calls == []
         finally:
             await pool.aclose()
+
+
+# -- launcher: servers join the router -----------------------------------------------------
+@pytest.mark.parametrize("legacy", [False, True])
+def test_launched_servers_are_added_to_the_router(legacy: bool) -> None:
+    with run_standin_router(["http://10.0.0.1:30000"], legacy=legacy) as router:
+        register_with_router(router.url, ["http://10.0.0.2:30000/", "http://10.0.0.1:30000"])
+        assert router.workers == ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+        router.drop_adds = True  # accepted, never listed: the launcher does not hang
+        with pytest.raises(TimeoutError, match="10.0.0.3"):
+            register_with_router(router.url, ["http://10.0.0.3:30000"], timeout_s=0.3)
+
+
+def test_dp_attention_servers_take_tp_gpus() -> None:
+    base = ["engine.sglang.gpus=[0,1,2,3,4,5,6,7]", "engine.sglang.tp_size=2",
+            "engine.sglang.dp_size=2", "engine.model=/m"]
+    assert len(sglang_specs(load_config(overrides=base))) == 2  # 4 GPUs per server
+    dpa = load_config(overrides=[*base, "engine.sglang.extra_args=[--enable-dp-attention]"])
+    specs = sglang_specs(dpa)
+    assert len(specs) == 4 and specs[1].env["CUDA_VISIBLE_DEVICES"] == "2,3"
