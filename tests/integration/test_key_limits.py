@@ -79,7 +79,9 @@ def test_requests_per_minute_and_tokens_per_minute(tmp_path: Path, tiny_model_di
 
 
 def test_concurrent_requests_streams_included(tmp_path: Path, tiny_model_dir: Path) -> None:
-    with start_echo_backend(tokens=4, token_delay_ms=150) as echo, run_gateway(
+    # 4 tokens x 500 ms: the first request holds its slot for 2 s, time enough for the
+    # second to arrive even on a loaded machine.
+    with start_echo_backend(tokens=4, token_delay_ms=500) as echo, run_gateway(
             tmp_path, tiny_model_dir, [echo.url]) as gw:
         http = httpx.Client(base_url=gw.url, timeout=30)
         _, key = _key(http, max_concurrent=1)
@@ -87,7 +89,12 @@ def test_concurrent_requests_streams_included(tmp_path: Path, tiny_model_dir: Pa
         slow = threading.Thread(target=lambda: results.append(
             _chat(http, key, max_tokens=4).status_code))
         slow.start()
-        time.sleep(0.2)  # the first request is generating (4 tokens x 150 ms)
+        # Admitted before it reaches the backend: once the echo backend runs it, it holds
+        # the key's one slot (waited on, not slept for).
+        deadline = time.monotonic() + 30
+        while not echo.backend.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert echo.backend.running, "the first request never reached the backend"
         _assert_429(_chat(http, key), "concurrency_limit_exceeded", max_wait=1)
         slow.join()
         assert results == [200]

@@ -5,13 +5,13 @@ and two trainers on two connections racing: every session is claimed exactly onc
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from sqlalchemy import select
 
 from areal_service.config import StoreConfig, TrainerConfig
 from areal_service.store import TrajectoryStore
+from areal_service.store import claims as claims_module
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.store.episode_reads import load_rewards
 from areal_service.store.readiness import SettlingCounts, settling_counts
@@ -174,8 +174,15 @@ def test_late_reward_within_the_window_is_trained_with_its_value(store: Trajecto
     assert claimer.settling_metrics()["groups_awaiting_reward"] == 0.0
 
 
-def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore):
-    claimer = EpisodeClaimer(store, reward_wait_s=0.3)  # drop_group: the default policy
+def _claims_clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The claimer's clock `seconds` ahead of the wall clock: the reward window passes
+    without sleeping, so a window wide enough for a loaded machine costs no test time."""
+    monkeypatch.setattr(claims_module, "now", lambda: now() + seconds)
+
+
+def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore,
+                                                      monkeypatch: pytest.MonkeyPatch):
+    claimer = EpisodeClaimer(store, reward_wait_s=30)  # drop_group: the default policy
     for sid in ("a", "b"):
         add_episode(store, sid, group_id="g", at=1.0, reward=None, end=False)
     add_episode(store, "ok", group_id="h", at=2.0)  # rewarded: claimed at once
@@ -185,21 +192,23 @@ def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore):
     first = claim(claimer)
     assert [g.group_id for g in first.groups] == ["h"] and first.dropped == ()
     assert settling_counts(store).awaiting_reward == 1  # b
-    time.sleep(0.35)
+    assert claim(claimer).dropped == ()  # still inside the window
+    _claims_clock_ahead(monkeypatch, 31)
     result = claim(claimer)
     assert result.groups == ()
     (dropped,) = result.dropped
     assert dropped.session_ids == ("a", "b")  # the whole group, the rewarded one too
-    assert dropped.reason == "unrewarded: 1 of 2 sessions (1 got none within reward_wait_s=0.3s)"
+    assert dropped.reason == "unrewarded: 1 of 2 sessions (1 got none within reward_wait_s=30s)"
     assert {store.get_session(s).status for s in ("a", "b")} == {"dropped"}
     assert settling_counts(store) == SettlingCounts(awaiting_reward=0, dropped_unrewarded=2)
     assert claimer.settling_metrics()["sessions_dropped_unrewarded_total"] == 2.0
 
 
-def test_default_reward_policy_trains_the_unrewarded_with_the_default(store: TrajectoryStore):
+def test_default_reward_policy_trains_the_unrewarded_with_the_default(
+        store: TrajectoryStore, monkeypatch: pytest.MonkeyPatch):
     config = TrainerConfig(
         group_size=2,
-        reward_wait_s=0.2,
+        reward_wait_s=30,
         unrewarded_policy="default_reward",
         reward_default_for_unrewarded=-0.5,
     )
@@ -209,7 +218,7 @@ def test_default_reward_policy_trains_the_unrewarded_with_the_default(store: Tra
     store.end_session("a", "client")
     store.end_session("b", "client")
     assert claim(claimer, group_size=2).groups == ()  # still inside the window
-    time.sleep(0.25)
+    _claims_clock_ahead(monkeypatch, 31)
     (group,) = claim(claimer, group_size=2).groups
     assert group.session_ids == ("a", "b") and group.session_returns == (1.0, -0.5)
     assert claimer.settling_metrics()["sessions_default_reward_total"] == 1.0

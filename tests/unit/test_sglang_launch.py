@@ -5,6 +5,7 @@ exercised with the local engine standing in as the launched command."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sys
@@ -178,11 +179,14 @@ server = ("import http.server, sys\\n"
           "        self.send_response(200); self.end_headers()\\n"
           "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\\n")
 spec = ServerSpec("s", (sys.executable, "-c", server, port), f"http://127.0.0.1:{port}")
-sup = Supervisor([spec], log_dir=tmp, backoff_s=0.05, poll_s=0.05)
+sup = Supervisor([spec], log_dir=tmp, backoff_s=0.05, poll_s=0.05, ready_timeout_s=60)
 sup.start()
 first = sup.pids()[0]
 os.kill(first, signal.SIGKILL)
+deadline = time.monotonic() + 60
 while sup.pids()[0] in (None, first):
+    if time.monotonic() > deadline:
+        sys.exit("not restarted within 60 s")
     time.sleep(0.05)
 print(sup.pids()[0], flush=True)
 time.sleep(600)
@@ -197,7 +201,13 @@ def test_a_restarted_server_dies_with_a_supervisor_killed_outright(tmp_path):
     proc = subprocess.Popen([PY, "-c", _SUPERVISED, str(free_port()), "m", str(tmp_path)],
                             stdout=subprocess.PIPE, text=True)
     try:
-        restarted = int(proc.stdout.readline())
+        # Bounded: a launcher that never prints (stuck starting or restarting) fails the
+        # test instead of hanging the run.
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready, "the supervising launcher printed no restarted pid within 120 s"
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), f"launcher exited {proc.poll()} without a pid: {line!r}"
+        restarted = int(line)
         assert pid_alive(restarted)
     finally:
         proc.kill()
