@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from areal_service.packing import pack_float32, pack_int32
 from areal_service.store.linking import packed_digest
+from areal_service.store.pg_copy import BinaryCopy, copy_supported
 from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord
 
@@ -114,10 +115,14 @@ class CompletionInserter:
     records): GIL held ~65 µs/record in batches of 1 and ~30 in batches of 64, against
     ~590 and ~120 through SQLAlchemy Core. A batch is the INSERT (`execute` for one row:
     psycopg's `executemany` runs a pipeline even for one), the sessions UPDATE when a
-    record has a session, and COMMIT. Driver errors are raised as SQLAlchemy's
-    (`IntegrityError`, `OperationalError`, ...), like every other store method's."""
+    record has a session, and COMMIT. On PostgreSQL through psycopg 3 a batch of two or
+    more is one binary COPY instead (`pg_copy.py`): the same rows and errors, ~20% less
+    server CPU and ~15% less client CPU per row at 64 (a COPY costs a round trip more,
+    so one row stays an INSERT: ~90 against ~220 µs CPU). Driver errors are raised as
+    SQLAlchemy's (`IntegrityError`, `OperationalError`, ...), like every other store
+    method's."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, copy: bool = True) -> None:
         dialect = engine.dialect
         self._engine = engine
         self._dbapi_error: type[Exception] = dialect.loaded_dbapi.Error
@@ -125,6 +130,13 @@ class CompletionInserter:
         self._insert, names = _driver_sql(insert(CompletionRow.__table__), dialect)
         if names != _COMPLETION_COLUMNS:
             raise RuntimeError(f"completion_row() does not match the table: {names}")
+        self._copy = (
+            BinaryCopy(CompletionRow.__table__, _COMPLETION_COLUMNS, dialect)
+            if copy and copy_supported(dialect)
+            else None
+        )
+        """PostgreSQL (psycopg 3): batches go in by binary COPY instead of the INSERT
+        (`copy=False` keeps the INSERT: the reference the COPY is tested against)."""
         touch = (
             update(SessionRow.__table__)
             .where(SessionRow.id == bindparam("sid"), SessionRow.last_activity_at < bindparam("at"))
@@ -139,7 +151,10 @@ class CompletionInserter:
 
     def write(self, rows: list[tuple[Any, ...]], activity: Mapping[str, float]) -> None:
         """Insert `rows` and advance `activity`'s sessions in one transaction."""
-        touches = [self._touch_params(item) for item in activity.items()]
+        # Sessions are updated in id order: two writers (gateway replicas on one
+        # PostgreSQL) touching the same sessions lock their rows in the same order, so
+        # they wait for each other instead of deadlocking (which fails a whole batch).
+        touches = [self._touch_params(item) for item in sorted(activity.items())]
         with self._lock:
             if not self._transaction(rows, touches, may_retry=self._connection is not None):
                 # Like the pool's pre-ping: the kept connection died while idle (server
@@ -160,7 +175,11 @@ class CompletionInserter:
         statement, params, first = self._insert, rows, True
         ended = False
         try:
-            self._execute(cursor, statement, params)
+            if self._copy is not None and len(rows) > 1:
+                statement = self._copy.statement
+                self._copy.write(cursor, rows)
+            else:
+                self._execute(cursor, statement, params)
             first = False
             if touches:
                 statement, params = self._touch, touches
