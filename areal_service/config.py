@@ -123,6 +123,18 @@ class EngineConfig(_Section):
     (all cores); set it when the trainer shares the CPU with the engine."""
     served_model_name: str | None = None
     """Name reported by `/model_info` and `/v1/models`. None: the model path."""
+    emulate_tp_size: int = Field(1, ge=1)
+    """Testing aid: ranks this engine takes in a weight-update group and reports as
+    `server_info.tp_size`, as an SGLang server with `--tp-size N` does (the model still
+    runs on one device; the extra ranks receive into scratch). Lets CPU tests cover the
+    gateway's rank layout for multi-rank servers."""
+    emulate_dp_size: int = Field(1, ge=1)
+    """Testing aid: reported as `server_info.dp_size`; above 1 without
+    `emulate_dp_attention` the engine refuses `/init_weights_update_group`, as SGLang's
+    tokenizer manager does (generation is unchanged)."""
+    emulate_dp_attention: bool = False
+    """Testing aid: reported as `server_info.enable_dp_attention` (SGLang then joins a
+    weight-update group with its `tp_size` ranks even with dp > 1)."""
     backend: Literal["local", "sglang"] = "local"
     """`local`: this package's transformers engine (CPU or one GPU). `sglang`: SGLang
     servers launched per GPU group or attached by URL (`engine.sglang`); the gateway
