@@ -8,7 +8,10 @@ export, measured against the project's targets.
    and response JSON, one session each), best of 5 rounds.
 1. writes: C asyncio writers (one session each) push N completions with 1k-token
    prompts and 1k-token outputs through `ParentLinker.link_parent` and
-   `GroupCommitWriter.write`; a write returns once its transaction committed.
+   `GroupCommitWriter.write`; a write returns once its transaction committed. With
+   `--postgres-url` the rounds alternate between SQLite and PostgreSQL (the same load
+   on the host for both) and a closing table puts the medians side by side, with
+   PostgreSQL's server CPU per completion when the server runs on this host.
 2. link: `link_parent` latency in a 50-turn session whose prompt grows by ~1k tokens a
    turn (warm cache), and the first call of a cold linker (one store query).
 3. claim: E ended, rewarded sessions in groups of 4 (one 1k+1k completion each) are
@@ -16,8 +19,8 @@ export, measured against the project's targets.
 4. export: the same sessions streamed to Parquet (rows/s).
 
 Run: `python -m benchmarks.store_throughput [--records 5000] [--writers 64]
-[--episodes 2000] [--postgres-url postgresql+psycopg://u@host:port/postgres]
-[--cpu-only]`.
+[--rounds 3] [--episodes 2000] [--postgres-url postgresql+psycopg://u@host:port/postgres]
+[--cpu-only | --writes-only]`.
 SQLite runs in a temp directory; PostgreSQL in a temp database created and dropped here.
 """
 
@@ -32,8 +35,8 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, insert, make_url, text
@@ -47,8 +50,10 @@ from areal_service.store.schema import RewardRow, SessionRow
 from areal_service.store.writer import GroupCommitWriter
 from areal_service.types import CompletionRecord, SessionRecord
 
-TARGETS = {"writes": 2000.0, "claim": 500.0}
-"""completions/s durable on SQLite; episodes/s claimed."""
+TARGETS = {"writes": 2000.0, "claim": 500.0, "writes_postgresql": 3000.0}
+"""completions/s durable on SQLite; episodes/s claimed; completions/s durable on
+PostgreSQL (two gateway replicas share one server: its capacity is the limit)."""
+SQLITE, POSTGRES = "sqlite (WAL, synchronous=NORMAL)", "postgresql"
 TOKENS = 1000
 CPU_BATCHES = (1, 16, 64)
 CHAT = [
@@ -145,9 +150,15 @@ def bench_record_cpu(store: TrajectoryStore) -> dict[int, float]:
     return result
 
 
-async def bench_writes(store: TrajectoryStore, records: int, writers: int) -> tuple[float, float]:
-    """(completions/s, CPU µs per completion in all threads), each write acknowledged
-    only after its commit."""
+async def bench_writes(
+    store: TrajectoryStore,
+    records: int,
+    writers: int,
+    server_cpu: Callable[[], dict[int, float] | None] = lambda: None,
+) -> tuple[float, float, float | None]:
+    """(completions/s, CPU µs per completion in all threads of this process, the
+    database server's CPU µs per completion or None), each write acknowledged only
+    after its commit."""
     rng = random.Random(0)
     sessions = [f"w-{uuid.uuid4().hex[:8]}-{i}" for i in range(writers)]
     for sid in sessions:
@@ -166,12 +177,73 @@ async def bench_writes(store: TrajectoryStore, records: int, writers: int) -> tu
             record = _record(f"{sid}-{turn}", sid, prompts[turn % 8], outputs[turn % 8])
             await writer.write(linker.link_parent(record))
 
+    server_before = server_cpu()
     start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one_writer(i) for i in range(writers)))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    server_after = server_cpu()
     writer.stop()
     assert writer.records == records and writer.failed == 0
-    return records / elapsed, cpu / records * 1e6
+    server_us = None
+    if server_before is not None and server_after is not None:
+        used = sum(t - server_before.get(pid, 0.0) for pid, t in server_after.items())
+        server_us = used / records * 1e6
+    return records / elapsed, cpu / records * 1e6, server_us
+
+
+def postgres_cpu(store: TrajectoryStore) -> Callable[[], dict[int, float] | None]:
+    """A probe for the CPU seconds used so far by each PostgreSQL process serving
+    `store`'s database (its backends, the WAL writer, checkpointer and background
+    writer), read from /proc; None when the server is not a process on this host (a
+    remote or containerised server: its pids are not ours to read)."""
+    query = text(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " OR backend_type IN ('walwriter', 'checkpointer', 'background writer')"
+    )
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def probe() -> dict[int, float] | None:
+        with store.engine.connect() as connection:
+            pids = list(connection.execute(query).scalars())
+        seconds: dict[int, float] = {}
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+                    return None
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                return None
+            seconds[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        return seconds
+
+    return probe if probe() is not None else lambda: None
+
+
+def bench_write_rounds(
+    stores: dict[str, TrajectoryStore], args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Dialect -> median of `args.rounds` write rounds (`writes`, `writes_cpu_us`,
+    `writes_server_us` when known); the rounds alternate between dialects."""
+    probes = {
+        name: postgres_cpu(store) if name == POSTGRES else (lambda: None)
+        for name, store in stores.items()
+    }
+    rounds: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in stores}
+    for _ in range(args.rounds):
+        for name, store in stores.items():
+            rounds[name].append(
+                asyncio.run(bench_writes(store, args.records, args.writers, probes[name]))
+            )
+    results: dict[str, dict[str, float]] = {}
+    for name, measured in rounds.items():
+        rates, cpus, servers = zip(*measured, strict=True)
+        results[name] = {
+            "writes": statistics.median(rates),
+            "writes_cpu_us": statistics.median(cpus),
+        }
+        if all(server is not None for server in servers):
+            results[name]["writes_server_us"] = statistics.median(servers)
+    return results
 
 
 def bench_link(store: TrajectoryStore) -> tuple[float, float, float]:
@@ -281,24 +353,27 @@ def _postgres_database(base: str) -> Iterator[str]:
         admin.dispose()
 
 
-def run(url: str, args: argparse.Namespace) -> dict[str, float]:
-    store = TrajectoryStore.open(url, StoreConfig())
-    try:
-        results: dict[str, float] = {}
+def run(
+    stores: dict[str, TrajectoryStore], args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Every section on every store: dialect -> metric -> value."""
+    results: dict[str, dict[str, float]] = {name: {} for name in stores}
+    for name, store in stores.items():
         for size, cpu_us in bench_record_cpu(store).items():
-            results[f"record_cpu_us_{size}"] = cpu_us
-        if args.cpu_only:
-            return results
-        results["writes"], results["writes_cpu_us"] = asyncio.run(
-            bench_writes(store, args.records, args.writers)
-        )
-        results["link_p50_ms"], results["link_max_ms"], results["link_cold_ms"] = bench_link(store)
-        _fill_episodes(store, args.episodes)
-        results["claim"], results["claim_cpu_us"] = bench_claim(store, args.episodes)
-        results["export"] = bench_export(store)
+            results[name][f"record_cpu_us_{size}"] = cpu_us
+    if args.cpu_only:
         return results
-    finally:
-        store.close()
+    for name, writes in bench_write_rounds(stores, args).items():
+        results[name].update(writes)
+    if args.writes_only:
+        return results
+    for name, store in stores.items():
+        row = results[name]
+        row["link_p50_ms"], row["link_max_ms"], row["link_cold_ms"] = bench_link(store)
+        _fill_episodes(store, args.episodes)
+        row["claim"], row["claim_cpu_us"] = bench_claim(store, args.episodes)
+        row["export"] = bench_export(store)
+    return results
 
 
 def report(dialect: str, results: dict[str, float], args: argparse.Namespace) -> None:
@@ -310,13 +385,15 @@ def report(dialect: str, results: dict[str, float], args: argparse.Namespace) ->
     if args.cpu_only:
         return
     print(f"{'metric':<44}{'measured':>10}{'target':>8}{'ratio':>8}{'cpu µs/item':>13}")
-    rows = [
-        (f"completions/s durable ({args.writers} writers, 1k+1k)", "writes"),
-        (f"episodes/s claimed ({args.episodes}, groups of 4)", "claim"),
-    ]
-    for label, key in rows:
-        value, target, cpu = results[key], TARGETS[key], results[f"{key}_cpu_us"]
+    writes = f"completions/s durable ({args.writers} writers, 1k+1k)"
+    rows = [(writes, "writes", "writes_postgresql" if dialect == POSTGRES else "writes")]
+    if not args.writes_only:
+        rows.append((f"episodes/s claimed ({args.episodes}, groups of 4)", "claim", "claim"))
+    for label, key, target_key in rows:
+        value, target, cpu = results[key], TARGETS[target_key], results[f"{key}_cpu_us"]
         print(f"{label:<44}{value:>10.0f}{target:>8.0f}{value / target:>7.2f}x{cpu:>13.0f}")
+    if args.writes_only:
+        return
     print(f"{'export rows/s (parquet)':<44}{results['export']:>10.0f}")
     link = "p50 {:.2f}  max {:.2f}  cold {:.2f}".format(
         results["link_p50_ms"], results["link_max_ms"], results["link_cold_ms"]
@@ -324,23 +401,52 @@ def report(dialect: str, results: dict[str, float], args: argparse.Namespace) ->
     print(f"{'link_parent ms, 50 turns to ~50k tokens':<44}{link:>30}")
 
 
+def compare(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    """SQLite and PostgreSQL side by side: the durable write rate (median of the
+    alternating rounds), its ratio, and where the CPU goes."""
+    lite, pg = results[SQLITE], results[POSTGRES]
+    print(
+        f"\ndurable completions/s, {args.writers} writers, 1k+1k tokens: median of "
+        f"{args.rounds} rounds alternating between the two"
+    )
+    print(f"{'':<44}{'sqlite':>10}{'postgresql':>12}{'pg/sqlite':>11}")
+    ratio = pg["writes"] / lite["writes"]
+    print(f"{'completions/s':<44}{lite['writes']:>10.0f}{pg['writes']:>12.0f}{ratio:>10.2f}x")
+    cpu_ratio = pg["writes_cpu_us"] / lite["writes_cpu_us"]
+    print(
+        f"{'client CPU µs/completion (this process)':<44}{lite['writes_cpu_us']:>10.0f}"
+        f"{pg['writes_cpu_us']:>12.0f}{cpu_ratio:>10.2f}x"
+    )
+    server = pg.get("writes_server_us")
+    shown = f"{server:.0f}" if server is not None else "n/a (not on this host)"
+    print(f"{'server CPU µs/completion':<44}{'-':>10}{shown:>12}")
+    target = TARGETS["writes_postgresql"]
+    print(f"{'postgresql target':<44}{'':>10}{target:>12.0f}{pg['writes'] / target:>10.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=5000)
     parser.add_argument("--writers", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="write rounds per dialect")
     parser.add_argument("--episodes", type=int, default=2000)
     parser.add_argument("--postgres-url", default=None)
-    parser.add_argument("--cpu-only", action="store_true", help="only the record CPU section")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--cpu-only", action="store_true", help="only the record CPU section")
+    only.add_argument("--writes-only", action="store_true", help="record CPU and writes only")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        report(
-            "sqlite (WAL, synchronous=NORMAL)",
-            run(f"sqlite:///{Path(tmp) / 'bench.db'}", args),
-            args,
-        )
-    if args.postgres_url:
-        with _postgres_database(args.postgres_url) as url:
-            report("postgresql", run(url, args), args)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        urls = {SQLITE: f"sqlite:///{Path(tmp) / 'bench.db'}"}
+        if args.postgres_url:
+            urls[POSTGRES] = stack.enter_context(_postgres_database(args.postgres_url))
+        stores = {name: TrajectoryStore.open(url, StoreConfig()) for name, url in urls.items()}
+        for store in stores.values():
+            stack.callback(store.close)  # before the database is dropped (LIFO)
+        results = run(stores, args)
+    for name, measured in results.items():
+        report(name, measured, args)
+    if args.postgres_url and not args.cpu_only:
+        compare(results, args)
 
 
 if __name__ == "__main__":
