@@ -7,15 +7,18 @@ installed wheel works without an alembic.ini). `store.upgrade_database(url)` (th
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +62,43 @@ def is_at_head(connection: Connection) -> bool:
     return current == set(script.get_heads())
 
 
+MIGRATION_LOCK_KEY = 0x41_52_45_41_4C  # "AREAL": the PostgreSQL advisory lock's key
+
+
+@contextmanager
+def _upgrading_alone(engine: Engine) -> Iterator[None]:
+    """Serialise upgrades of one database across processes: gateway workers and replicas
+    start together on a fresh database, and a second upgrade racing the first would
+    create tables the first just made. PostgreSQL: a session advisory lock; SQLite: an
+    exclusive `flock` on a file beside the database (SQLite is one host's anyway)."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            try:
+                yield
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"),
+                                   {"key": MIGRATION_LOCK_KEY})
+                connection.commit()
+        return
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database:
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def upgrade_engine(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the database behind `engine` to `revision` in one connection."""
+    """Upgrade the database behind `engine` to `revision` in one connection (one process
+    at a time: `_upgrading_alone`)."""
     url = engine.url.render_as_string(hide_password=False)
-    with engine.begin() as connection:
+    with engine.connect() as connection:  # the common case: already there, no lock
         if revision == "head" and is_at_head(connection):
             return
+    with _upgrading_alone(engine), engine.begin() as connection:
+        if revision == "head" and is_at_head(connection):
+            return  # another process upgraded it while this one waited
         upgrade_connection(connection, url, revision)
     logger.info("database %s at revision %s", engine.url, revision)

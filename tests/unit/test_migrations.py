@@ -68,3 +68,33 @@ def test_open_migrates_only_when_asked(store_url):
     assert _state(store_url)[2] == set()
     TrajectoryStore.open(store_url, StoreConfig(auto_migrate=True)).close()
     assert _state(store_url)[1:] == ("0006_leases", TABLES | {"alembic_version"})
+
+
+def test_concurrent_upgrades_of_a_fresh_database_all_succeed(store_url: str) -> None:
+    """Gateway workers and replicas start together on one fresh database: each upgrades
+    it at start, and the ones that lose the race must wait, then find it at head."""
+    import threading
+
+    from areal_service.store import create_store_engine
+    from areal_service.store.migrate import upgrade_engine
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def upgrade() -> None:
+        engine = create_store_engine(store_url)
+        try:
+            barrier.wait()
+            upgrade_engine(engine)
+        except BaseException as e:  # noqa: BLE001 - collected for the assert
+            errors.append(e)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=upgrade) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _state(store_url)[:2] == ([], "0006_leases")
