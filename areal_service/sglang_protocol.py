@@ -536,6 +536,7 @@ class ServerInfo(_Reply):
     dtype: str | None = None
     tp_size: int = 1
     dp_size: int = 1
+    enable_dp_attention: bool = False
     internal_states: list[dict[str, Any]] = Field(default_factory=list)
 
 

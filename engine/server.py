@@ -348,13 +348,19 @@ async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest, engine: E
 @router.post(INIT_WEIGHTS_UPDATE_GROUP.path)
 async def init_weights_update_group(body: InitWeightsUpdateGroupRequest, engine: EngineDep
                                     ) -> Response:
-    """Join the trainer's group as rank `rank_offset` (this engine is one rank); answers
-    once every rank joined. gloo or nccl; a group of the same name is replaced."""
+    """Join the trainer's group as ranks `rank_offset`.. (`engine.emulate_tp_size` of
+    them, one by default); answers once every rank joined. gloo or nccl; a group of the
+    same name is replaced. Refused like SGLang for dp > 1 without dp attention."""
+    cfg = engine.config
+    if cfg.emulate_dp_size > 1 and not cfg.emulate_dp_attention:
+        return _json(UpdateWeightsResponse(
+            success=False, message="dp_size must be 1 or dp attention must be enabled for "
+            "update weights from distributed"), 400)
     try:
         await asyncio.to_thread(
             engine.weight_groups.init, master_address=body.master_address,
             master_port=body.master_port, rank=body.rank_offset, world_size=body.world_size,
-            group_name=body.group_name, backend=body.backend)
+            group_name=body.group_name, backend=body.backend, ranks=cfg.emulate_tp_size)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: rendezvous failed / timed out
         return _json(UpdateWeightsResponse(
             success=False, message=f"Failed to init weight-update group: {exc}"), 400)
@@ -446,6 +452,8 @@ async def server_info(engine: EngineDep) -> Response:
         tokenizer_path=engine.model_dir, weight_version=sched.weight_version,
         context_length=engine.context_length, max_running_requests=engine.config.max_running_requests,
         device=engine.device, dtype=engine.dtype, version=f"areal-local-engine-{__version__}",
+        tp_size=engine.config.emulate_tp_size, dp_size=engine.config.emulate_dp_size,
+        enable_dp_attention=engine.config.emulate_dp_attention,
         internal_states=[InternalState(
             running=running, waiting=waiting, paused=sched.paused is not None,
             pause_mode=sched.paused, update_pending=update_pending,

@@ -4,8 +4,12 @@ weight sync (`/init_weights_update_group`, `/update_weights_from_distributed`,
 
 A group is a standalone `ProcessGroupGloo`/`ProcessGroupNCCL` on a `TCPStore` whose
 master is the trainer (rank 0), never the default process group, so an engine can sit
-in several groups and a trainer process keeps its own FSDP group untouched. This engine
-is one rank (`rank_offset`); SGLang joins `tp_size` ranks per server.
+in several groups and a trainer process keeps its own FSDP group untouched. SGLang joins
+`tp_size` ranks per server, `rank_offset + tp_rank`; this engine joins as many ranks as
+it reports (`engine.emulate_tp_size`, default 1): one group member per rank, all in this
+process, each receiving every broadcast (the first into the live weights, the others
+into scratch, where a real tp rank would keep its shard). That is a CPU stand-in for
+multi-rank servers, so the gateway's rank layout is tested end to end.
 
 Receiving (`receive`): one broadcast per tensor, in the order of `names`, from group
 rank 0 (what the trainer sends). A tensor whose live parameter has the same dtype and
@@ -22,6 +26,7 @@ import datetime
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -38,30 +43,42 @@ class WeightGroups:
 
     def __init__(self, timeout_s: float = GROUP_TIMEOUT_S) -> None:
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self._groups: dict[str, tuple[dist.ProcessGroup, str, dist.Store]] = {}
+        self._groups: dict[str, tuple[list[dist.ProcessGroup], str, list[dist.Store]]] = {}
         self._lock = threading.Lock()
 
     def init(self, *, master_address: str, master_port: int, rank: int, world_size: int,
-             group_name: str, backend: str) -> None:
-        """Join (blocks until all `world_size` ranks joined). Replaces a group of the
-        same name (SGLang raises; a retried sync after a failure needs the new one)."""
+             group_name: str, backend: str, ranks: int = 1) -> None:
+        """Join as ranks `rank`..`rank + ranks - 1` (blocks until all `world_size` ranks
+        joined). Replaces a group of the same name (SGLang raises; a retried sync after
+        a failure needs the new one)."""
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend {backend!r}: this engine speaks gloo or nccl")
-        if not 0 < rank < world_size:
-            raise ValueError(f"rank {rank} outside 1..{world_size - 1} (rank 0 is the trainer)")
-        store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
-                              timeout=self.timeout)
-        prefixed = dist.PrefixStore(group_name, store)
-        if backend == "gloo":
-            group: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, world_size,
-                                                             self.timeout)
-        else:
-            group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        if backend == "nccl" and ranks != 1:
+            raise ValueError("several ranks in one process need gloo")
+        if not (0 < rank and rank + ranks <= world_size):
+            raise ValueError(f"ranks {rank}..{rank + ranks - 1} outside 1..{world_size - 1} "
+                             "(rank 0 is the trainer)")
+
+        def join(r: int) -> tuple[dist.ProcessGroup, dist.Store]:
+            store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
+                                  timeout=self.timeout)
+            prefixed = dist.PrefixStore(group_name, store)
+            if backend == "gloo":
+                return dist.ProcessGroupGloo(prefixed, r, world_size, self.timeout), store
+            return dist.ProcessGroupNCCL(prefixed, r, world_size), store
+
+        if ranks == 1:
+            joined = [join(rank)]
+        else:  # each member's rendezvous blocks until all ranks arrive: join in parallel
+            with ThreadPoolExecutor(ranks, thread_name_prefix=f"join-{group_name}") as pool:
+                joined = list(pool.map(join, range(rank, rank + ranks)))
         self.destroy(group_name)
         with self._lock:
-            self._groups[group_name] = (group, backend, store)
-        logger.info("joined weight-update group %s as rank %d/%d (%s, master %s:%d)",
-                    group_name, rank, world_size, backend, master_address, master_port)
+            self._groups[group_name] = ([g for g, _ in joined], backend,
+                                        [st for _, st in joined])
+        logger.info("joined weight-update group %s as rank(s) %d..%d/%d (%s, master %s:%d)",
+                    group_name, rank, rank + ranks - 1, world_size, backend,
+                    master_address, master_port)
 
     def destroy(self, group_name: str) -> bool:
         """Leave `group_name`; False when not a member."""
@@ -69,11 +86,11 @@ class WeightGroups:
             found = self._groups.pop(group_name, None)
         if found is None:
             return False
-        group, _, _ = found
-        shutdown = getattr(group, "shutdown", None)
-        if callable(shutdown):  # ~30 ms (gloo joins its threads): off the caller's path
-            threading.Thread(target=_quiet_shutdown, args=(shutdown, group_name),
-                             name=f"shutdown-{group_name}", daemon=True).start()
+        for group in found[0]:
+            shutdown = getattr(group, "shutdown", None)
+            if callable(shutdown):  # ~30 ms (gloo joins its threads): off the caller's path
+                threading.Thread(target=_quiet_shutdown, args=(shutdown, group_name),
+                                 name=f"shutdown-{group_name}", daemon=True).start()
         return True
 
     def receive(self, group_name: str, names: Sequence[str], dtypes: Sequence[str],
@@ -87,7 +104,8 @@ class WeightGroups:
             if group_name not in self._groups:
                 raise KeyError(f"no weight-update group {group_name!r}; "
                                "call /init_weights_update_group first")
-            group, backend, _ = self._groups[group_name]
+            groups, backend, _ = self._groups[group_name]
+        group, extra = groups[0], groups[1:]
         if not len(names) == len(dtypes) == len(shapes):
             raise ValueError("names, dtypes and shapes differ in length")
         where = device if backend == "nccl" else torch.device("cpu")
@@ -98,14 +116,17 @@ class WeightGroups:
         received: dict[str, torch.Tensor] = {}
         for name, torch_dtype, shape in zip(names, torch_dtypes, shapes, strict=True):
             target = targets.get(name)
-            if (target is not None and target.dtype == torch_dtype
+            if not (target is not None and target.dtype == torch_dtype
                     and tuple(target.shape) == tuple(shape) and target.device == where
                     and target.is_contiguous()):
-                group.broadcast(target, 0).wait()
-                continue
-            buf = torch.empty(tuple(shape), dtype=torch_dtype, device=where)
-            group.broadcast(buf, 0).wait()
-            received[name] = buf
+                target = received[name] = torch.empty(tuple(shape), dtype=torch_dtype,
+                                                      device=where)
+            # every member this process holds takes part in the broadcast (async, then
+            # waited together: each blocks until rank 0 sent to all)
+            works = [group.broadcast(target, 0),
+                     *(g.broadcast(torch.empty_like(target), 0) for g in extra)]
+            for work in works:
+                work.wait()
         return received
 
 
