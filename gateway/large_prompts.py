@@ -10,17 +10,26 @@ lag while a 10 MB prompt was tokenized). At most `gateway.offload_max_prompts` l
 prompts are admitted at once; one more gets 503 `server_busy` with retry-after rather
 than an unbounded backlog of multi-MB bodies in memory. Small prompts stay on the loop:
 a thread hop would cost them more than it saves.
+
+Before any of that, `refuse_overlong` answers a prompt that is surely too long for the
+context with 400 `context_length_exceeded` from its character count alone (the
+tokenizer's `min_prompt_tokens`), so a multi-MB prompt for a 32k model costs no render
+and no tokenization at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.errors import OpenAIError
+from gateway.protocol import InvalidRequestError
+
+if TYPE_CHECKING:
+    from gateway.tokenizer import ChatTokenizer
 
 T = TypeVar("T")
 
@@ -39,6 +48,20 @@ def text_chars(items: Iterable[Any], limit: int) -> int:
         elif isinstance(item, list | tuple):
             stack.extend(item)
     return total
+
+
+def refuse_overlong(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, Any]],
+                    context_length: int, *, param: str) -> None:
+    """Raise 400 `context_length_exceeded` when the prompt `messages` render to has at
+    least `context_length` tokens by the character bound: the exact check after
+    tokenization (`translate.resolve_sampling`) would refuse it too, so nothing it
+    accepts is refused here. Costs no render and no tokenization."""
+    least = tokenizer.min_prompt_tokens(messages)
+    if least >= context_length:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {context_length} tokens. However, your "
+            f"messages resulted in at least {least} tokens. Please reduce the length of the "
+            "messages.", param=param, code="context_length_exceeded")
 
 
 def server_busy(retry_after_s: int = 1) -> OpenAIError:

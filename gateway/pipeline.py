@@ -32,6 +32,7 @@ from gateway.deps import parse_model, read_json
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
 from gateway.hotpath import EventStream, JsonReply, LastEvent, Reply
+from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
 from gateway.sessions import session_for_request
@@ -185,6 +186,10 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
         conv = await adapter.conversation(state, principal, req)
         prompt_args = (session_id, conv.messages, conv.tools, conv.tool_choice)
         if state.large_prompts.is_large(conv.messages, conv.tools):
+            # Surely too long: refused from its character count, before render/tokenize
+            # (a small prompt's exact check below is cheaper than this walk).
+            refuse_overlong(state.tokenizer, conv.messages, state.context_length,
+                            param=adapter.prompt_param)
             prompt_ids, lineage = await state.large_prompts.run(state.continuity.prompt,
                                                                 *prompt_args)
         else:

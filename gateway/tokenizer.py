@@ -92,6 +92,15 @@ class ChatTokenizer:
             self._split_at = None
         close_ids = self.core.encode(THINK_CLOSE)
         self.think_close_id: int | None = close_ids[0] if len(close_ids) == 1 else None
+        self.chars_per_token: int | None = (
+            max_chars_per_token(self.core.backend) if isinstance(self.core, RustTokenizer)
+            else None)
+        """At most this many characters of input per token (None: no such bound for this
+        tokenizer): a prompt's length in tokens is at least its characters over this."""
+        self.rendered_roles: tuple[str, ...] = (
+            self._rendered_roles() if self.chars_per_token else ())
+        """Roles whose message text this chat template is seen to render (trimmed at
+        most): only their text counts toward `min_prompt_tokens`."""
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
@@ -161,6 +170,53 @@ class ChatTokenizer:
             info = (raw.decode("utf-8", errors="backslashreplace"), tuple(raw))
             self._token_info[token_id] = info
         return info
+
+    def min_prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """A lower bound on the tokens of the prompt `messages` render to, without
+        rendering or tokenizing: the characters of the text of `rendered_roles`
+        messages (their ends' whitespace left out: templates may trim) over
+        `chars_per_token`, rounded up. 0 when there is no bound. Cost: O(messages), plus
+        a copy of a text that has whitespace at its ends (~5 ms for 30 MB)."""
+        if not self.chars_per_token:
+            return 0
+        chars = 0
+        for message in messages:
+            if message.get("role") not in self.rendered_roles:
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                chars += len(content.strip())
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text") if isinstance(part, Mapping) else None
+                    if isinstance(text, str) and part.get("type") in _TEXT_PARTS:
+                        chars += len(text.strip())
+        return -(-chars // self.chars_per_token)
+
+    def _rendered_roles(self) -> tuple[str, ...]:
+        """Which of user and tool messages the template renders verbatim: one render of
+        a short conversation with marked texts (a template that drops or rewrites one,
+        or cannot render a tool turn, leaves that role out)."""
+        call = {"id": "call_0", "type": "function",
+                "function": {"name": "probe", "arguments": {}}}
+        marks = {"user": "\u27e6user-text\u27e7", "tool": "\u27e6tool-text\u27e7"}
+        conversations = {
+            "user": [{"role": "user", "content": f" {marks['user']} "},
+                     {"role": "assistant", "content": "ok"},
+                     {"role": "user", "content": f" {marks['user']} "}],
+            "tool": [{"role": "user", "content": "go"},
+                     {"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_0", "content": marks["tool"]}],
+        }
+        roles = []
+        for role, messages in conversations.items():
+            try:
+                text = self.render(messages, None)
+            except Exception:  # a template that cannot render it: that role is out
+                continue
+            if text.count(marks[role]) == sum(m["role"] == role for m in messages):
+                roles.append(role)
+        return tuple(roles)
 
     def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
         with self._lock:
@@ -355,6 +411,11 @@ class RustTokenizer:
         self.stream_backend: Tokenizer | None = None if clean_up_spaces else backend
         """For `DecodeStream` (None when decode post-processes the text in Python)."""
 
+    @property
+    def backend(self) -> Tokenizer:
+        """The Rust tokenizer (read-only use: `max_chars_per_token`)."""
+        return self._backend
+
     @classmethod
     def build(cls, backend: Tokenizer, path: Path, config: Mapping[str, Any],
               pipeline: _ClassPipeline | None) -> RustTokenizer:
@@ -403,6 +464,72 @@ class RustTokenizer:
         """The chat template's text plus (by default) the generation prompt."""
         return self._template.render(messages, tools,
                                      add_generation_prompt=add_generation_prompt)
+
+
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+"""Content-part types whose `text` a template renders."""
+
+NORMALIZER_SHRINK = {"NFC": 3, "NFKC": 3, "NFD": 1, "NFKD": 1}
+"""How many characters a Unicode normalization may turn into one: composition joins at
+most three (Hangul L+V+T jamo into a syllable); decomposition never joins. Other
+normalizers (Strip, Replace, BERT's clean-up, precompiled maps) may delete text: no bound."""
+
+_COVERING_PRE_TOKENIZERS = frozenset({"ByteLevel", "Split", "Digits", "Punctuation"})
+"""Pre-tokenizers that only cut the text (none drops a byte, unless `Removed`)."""
+
+
+def max_chars_per_token(backend: Tokenizer) -> int | None:
+    """Most characters of input one token can stand for, or None when this tokenizer
+    gives no such bound. Byte-level BPE covers every byte of its normalized input with
+    exactly one token (its vocabulary has all 256 byte symbols; splits drop nothing), a
+    vocabulary piece covers as many bytes as it has characters (one per byte), an added
+    token its UTF-8 bytes, and a character is at least one byte; normalization may join
+    up to `NORMALIZER_SHRINK` characters into one. Whitespace-stripping added tokens
+    (`lstrip`/`rstrip`) could swallow any amount of text: no bound. O(vocabulary), once."""
+    if not isinstance(backend.model, models.BPE):
+        return None
+    shrink = _normalizer_shrink(backend.normalizer)
+    steps = _pipeline_steps(backend.pre_tokenizer)
+    if shrink is None or steps is None or "ByteLevel" not in steps:
+        return None
+    vocab = backend.get_vocab(with_added_tokens=False)
+    if not all(symbol in vocab for symbol in pre.ByteLevel.alphabet()):
+        return None  # a byte without a token would be dropped
+    added = list(backend.get_added_tokens_decoder().values())
+    if any(token.lstrip or token.rstrip for token in added):
+        return None
+    longest = max([*map(len, vocab), *(len(t.content.encode()) for t in added)])
+    return longest * shrink
+
+
+def _normalizer_shrink(normalizer: Any) -> int | None:
+    if normalizer is None:
+        return 1
+    shrink = 1
+    for step in _flatten(json.loads(normalizer.__getstate__()), "normalizers"):
+        factor = NORMALIZER_SHRINK.get(step.get("type"))
+        if factor is None:
+            return None
+        shrink *= factor
+    return shrink
+
+
+def _pipeline_steps(pre_tokenizer: Any) -> list[str] | None:
+    """The pre-tokenizer step types, or None when one of them may drop text."""
+    if pre_tokenizer is None:
+        return None
+    steps = _flatten(json.loads(pre_tokenizer.__getstate__()), "pretokenizers")
+    if any(step.get("type") not in _COVERING_PRE_TOKENIZERS
+           or step.get("behavior") == "Removed" for step in steps):
+        return None
+    return [step["type"] for step in steps]
+
+
+def _flatten(config: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The steps of a (possibly nested) `Sequence` config."""
+    if config.get("type") != "Sequence":
+        return [config]
+    return [step for child in config.get(key, []) for step in _flatten(child, key)]
 
 
 def _read_json(path: Path) -> dict[str, Any]:

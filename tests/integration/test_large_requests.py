@@ -49,7 +49,10 @@ async def _while_big_is_in_flight(gateway, big_chars: int) -> tuple[httpx.Respon
         return await big, waits
 
 
-def test_a_large_prompt_does_not_stall_health_or_small_chats(gateway):
+def test_a_large_prompt_does_not_stall_health_or_small_chats(gateway, monkeypatch):
+    # A context the prompt's character count cannot rule out (3M chars need at least
+    # ~62k tokens by that bound), so it is prepared on the worker, then over it (~2M).
+    monkeypatch.setattr(gateway.state, "context_length", 300_000)
     started = time.perf_counter()
     reply, waits = asyncio.run(_while_big_is_in_flight(gateway, 3_000_000))
     took = time.perf_counter() - started
@@ -68,8 +71,10 @@ def test_large_prompts_over_the_bound_are_503_server_busy(gateway_factory, tmp_p
             return await asyncio.gather(*(_chat(client, _big_text(400_000, seed=i))
                                           for i in range(3)))
 
+    # engine.context_length: past the character pre-check (400k chars need at least ~8k
+    # tokens), under the prompts' real length (~250k tokens).
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.offload_prompt_chars=100000",
+                         "gateway.offload_prompt_chars=100000", "engine.context_length=40000",
                          "gateway.offload_max_prompts=1") as gw:
         replies = asyncio.run(run(gw))
     busy = [r for r in replies if r.status_code == 503]
