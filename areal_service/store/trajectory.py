@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, bindparam, func, or_, select, text, update
+from sqlalchemy import Engine, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
@@ -100,13 +100,6 @@ class TrajectoryStore:
         """One trivial query (readiness probes); raises when the database is unreachable."""
         with self._engine.connect() as connection:
             connection.execute(select(1))
-
-    def probe_write(self) -> None:
-        """One committed no-op write (readiness, after the writer reported an error):
-        raises while the database is locked past the busy timeout, read-only or full.
-        Rewrites Alembic's one-row version table with its own value."""
-        with self._engine.begin() as connection:
-            connection.execute(text("UPDATE alembic_version SET version_num = version_num"))
 
     def close(self) -> None:
         """Close every connection (pooled, and the completion writer's own)."""

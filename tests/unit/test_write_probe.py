@@ -162,3 +162,7 @@ def test_full_disk_is_reported_even_when_a_page_write_still_fits(tmp_path: Path)
     finally:
         if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_probe_write_on_each_dialect(store: TrajectoryStore):
+    probe_write(store.engine)  # PostgreSQL: a committed UPDATE of Alembic's version row
