@@ -10,6 +10,8 @@ in a `finally`, so a failed load never leaves the backend paused (AReaL#1160).
 `max_new_tokens` reduced), so callers see one uninterrupted completion whose tokens
 carry the weight version that produced them. Every endpoint and field used, the wire
 models and the SGLang versions they were checked against: `areal_service/sglang_protocol.py`.
+`RouterClient` is the same client pointed at SGLang's router (`gateway.router_url`):
+`/generate` through it (the session as `X-SMG-Routing-Key`), aborts to every worker.
 
 HTTP client, chosen by measurement (`python -m benchmarks.http_client_choice`): 2-core
 box shared with other jobs, uvloop, 64 concurrent `/generate` (64 ids in, 32 ids +

@@ -159,6 +159,10 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
                 assert dist.output_ids == disk.output_ids  # bit-exact: same weights
                 assert dist.output_logprobs == disk.output_logprobs
             assert by_broadcast[0].output_logprobs != from_disk.output_logprobs  # new weights
+            swap_s = {v: store.get_weight_version(v).metadata["swap_s"] for v in (1, 2, 3)}
+            print(f"\nswap of both workers behind the router: disk {swap_s[1] * 1e3:.1f} / "
+                  f"{swap_s[3] * 1e3:.1f} ms, gloo broadcast {swap_s[2] * 1e3:.1f} ms "
+                  "(first, forms the group)")
         finally:
             await pool.aclose()
             store.close()
