@@ -84,6 +84,7 @@ def variants(prefix: str) -> list[CompletionRecord]:
             prompt_tokens=-(2**31),
             output_logprobs=(math.nan, -math.inf, -1e-45),
             requested_model="gpt-4o-mini",
+            output_versions=(9, 9, 9),
             latency_ms=0,
             created_at=1_700_000_000.0000002,
         ),
@@ -119,6 +120,8 @@ def test_copy_rows_equal_insert_rows(paths: _Paths):
         assert back.output_ids == copied.output_ids
         assert back.request_json == copied.request_json
         assert back.response_json == copied.response_json
+        versions = copied.output_versions
+        assert stored(store, copied.id)["min_version"] == (min(versions) if versions else None)
     assert stored(store, "copy-empty")["min_version"] is None
     assert stored(store, "copy-long")["min_version"] == 1
 
