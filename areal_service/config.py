@@ -623,6 +623,16 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     return with_admin_key(ServiceConfig.model_validate(tree), create=False)
 
 
+def configure_logging(config: ServiceConfig) -> None:
+    """Root logging for a command's process (and each gateway worker): `log_level`, one
+    line per record, chatty libraries held at WARNING."""
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("alembic", "httpx", "httpx2", "httpcore", "openai", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def save_config(config: ServiceConfig, path: Path) -> Path:
     """The resolved config as YAML (secrets included, file mode 0600), for the processes
     a command starts (engine, trainer, gateway workers) to `load_config`."""

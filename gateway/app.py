@@ -9,6 +9,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -79,6 +80,27 @@ class _RequestId:
             await send(message)  # type: ignore[operator]
 
         await self.app(scope, receive, send_with_id)  # type: ignore[operator]
+
+
+class _WorkerHeader:
+    """ASGI middleware, with several workers only: `x-areal-worker: <pid>` on every
+    response names the process that answered (operators and tests tell workers apart)."""
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+        self.header = (b"x-areal-worker", str(os.getpid()).encode())  # built in the worker
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # noqa: ANN001
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # type: ignore[operator]
+            return
+
+        async def send_with_worker(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", []).append(self.header)
+            await send(message)  # type: ignore[operator]
+
+        await self.app(scope, receive, send_with_worker)  # type: ignore[operator]
 
 
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json"})
@@ -234,6 +256,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.add_middleware(_AdminOnlyPaths)
     app.add_middleware(_RequestId)
     app.add_middleware(HotRoutes, routes=openai.HOT_ROUTES)
-    app.add_middleware(AuthThrottleMiddleware, throttle_of=_throttle_of,  # outermost
+    app.add_middleware(AuthThrottleMiddleware, throttle_of=_throttle_of,
                        known_good_of=_known_good_of)
+    if given.gateway.worker_count() > 1:  # outermost: even a throttled reply names it
+        app.add_middleware(_WorkerHeader)
     return app

@@ -21,7 +21,7 @@ import sys
 import uvicorn
 from fastapi import FastAPI
 
-from areal_service.config import ServiceConfig, load_config, save_config
+from areal_service.config import ServiceConfig, configure_logging, load_config, save_config
 from gateway.app import create_app
 from gateway.metrics import MULTIPROC_ENV
 
@@ -70,6 +70,7 @@ def run_gateway(config: ServiceConfig) -> None:
 def worker_app() -> FastAPI:
     """One worker's app (uvicorn's factory, called in the worker process)."""
     config = load_config(os.environ[CONFIG_ENV])
+    configure_logging(config)  # a spawned interpreter: the parent's setup is not inherited
     sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
     _die_with_parent()
     return create_app(config, freeze_gc=True)

@@ -8,13 +8,12 @@ them, so `areal-service config show` and `keys list` start fast.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from areal_service.config import ServiceConfig, load_config
+from areal_service.config import ServiceConfig, configure_logging, load_config
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
@@ -38,16 +37,8 @@ def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
         cfg = load_config(config, overrides or [])
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise typer.BadParameter(str(exc)) from exc
-    _config_logging(cfg)
+    configure_logging(cfg)
     return cfg
-
-
-def _config_logging(cfg: ServiceConfig) -> None:
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for noisy in ("alembic", "httpx", "httpx2", "httpcore", "openai", "aiohttp.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _echo(obj: object) -> None:
@@ -227,7 +218,7 @@ def _driver_config(config: Path | None, overrides: list[str] | None):  # noqa: A
         driver, cfg = load_driver_config(config, overrides)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    _config_logging(cfg)
+    configure_logging(cfg)
     return driver, cfg
 
 

@@ -22,6 +22,7 @@ from areal_service.types import ApiKeyRecord, KeyKind
 from gateway.admission import window
 from gateway.deps import AdminDep, StateDep
 from gateway.errors import OpenAIError
+from gateway.leader import LEADER_LEASE
 from gateway.replies import ErrorBody
 from gateway.state import GatewayState
 
@@ -117,6 +118,12 @@ class GatewayStatus(BaseModel):
     staleness_gate: bool
     staleness_window: int
     """How many admitted sessions the staleness gate allows by now."""
+    worker_pid: int
+    """The gateway process that answered (one of `gateway.workers`)."""
+    leader: bool
+    """Whether that process holds the leader lease (swaps weights, sweeps sessions)."""
+    leader_holder: str | None
+    """Who holds the lease (host:pid:tag), as the store says."""
 
 
 def key_view(key: ApiKeyRecord) -> dict[str, Any]:
@@ -188,7 +195,9 @@ async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
                                 last_error=s.last_error) for s in state.backends.status()],
         open_sessions=open_sessions, started_sessions=started, admitted_sessions=admitted,
         staleness_gate=state.config.gateway.staleness_gate,
-        staleness_window=window(state, state.live_version))
+        staleness_window=window(state, state.live_version), worker_pid=os.getpid(),
+        leader=state.leadership.is_leader,
+        leader_holder=await asyncio.to_thread(state.store.lease_holder, LEADER_LEASE))
 
 
 @router.get("/export")

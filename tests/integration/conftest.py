@@ -17,6 +17,7 @@ from engine.testing import start_engine_in_thread
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helper modules (tool_model)
 from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions  # noqa: E402,F401
+from postgres_db import fresh_postgres_database  # noqa: E402
 from tool_model import record_agent_requests, round_trip_examples, train_tool_model  # noqa: E402
 
 
@@ -91,3 +92,9 @@ def tool_gateway(tmp_path: Path, tool_model_dir: Path, tool_engine_url: str
     with run_gateway(tmp_path, tool_model_dir, [tool_engine_url],
                      "gateway.sampling=client") as gw:
         yield gw
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database's URL (skipped without AREAL_TEST_POSTGRES_URL)."""
+    yield from fresh_postgres_database()

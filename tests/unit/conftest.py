@@ -5,43 +5,16 @@ AREAL_TEST_POSTGRES_URL names a reachable server, on a fresh PostgreSQL database
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.exc import OperationalError
+from postgres_db import fresh_postgres_database
 from tokenizer_reference import set_reference
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore
 from gateway.tokenizer import ChatTokenizer
-
-POSTGRES_ENV = "AREAL_TEST_POSTGRES_URL"
-
-
-def _postgres_database() -> Iterator[str]:
-    base = os.environ.get(POSTGRES_ENV)
-    if not base:
-        pytest.skip(
-            f"{POSTGRES_ENV} is not set (e.g. postgresql+psycopg://u:pw@localhost/postgres)"
-        )
-    name = f"areal_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except OperationalError as error:
-        admin.dispose()
-        pytest.skip(f"PostgreSQL at {make_url(base)!r} is unreachable: {error.orig}")
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -50,7 +23,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'store.db'}"
     else:
-        yield from _postgres_database()
+        yield from fresh_postgres_database()
 
 
 @pytest.fixture

@@ -1,0 +1,249 @@
+"""Several gateway processes sharing one store, started the way users start them:
+`areal-service serve --set gateway.workers=2` (two uvicorn workers on one port, the
+local engine behind them), on SQLite and on PostgreSQL (two replicas on one PostgreSQL
+behind one URL).
+
+Checked: every acknowledged completion is stored exactly once under concurrent load
+spread over both workers (fresh connections, streamed and not); a published version is
+swapped once (the leader's), and every worker reports it live; a revoked key and an
+ended session are refused by every worker within their cache bounds; `/metrics` sums
+both workers; when the leader dies, the other worker takes the lease and swaps the
+next version, again once."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+from loopback import free_port, pid_alive
+
+from areal_service.config import StoreConfig
+from areal_service.store import TrajectoryStore
+from areal_service.store.schema import CompletionRow
+from areal_service.types import WeightVersionRecord
+from engine.testing import make_weight_variant
+from launcher.processes import cli_argv
+
+ADMIN = {"Authorization": "Bearer sk-test-admin"}
+KEY_BOUND_S = 5.0 + 3.0  # KeyResolver's ttl_s, plus a reload and a loaded machine's slack
+SESSION_BOUND_S = 1.0 + 3.0  # the session cache's ttl_s, likewise
+LEASE_S = 2.0
+
+
+def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the child writes it
+    proc = subprocess.Popen(
+        cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
+                 "--set", f"gateway.port={port}", "--set", f"engine.port={free_port()}",
+                 "--set", "gateway.admin_key=sk-test-admin", "--set", "gateway.workers=2",
+                 "--set", f"gateway.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
+                 # the revocation checks below send many refused keys from one address
+                 "--set", "gateway.auth_free_failures=10000"),
+        stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+        try:
+            if len(_workers(url, "/health/liveness", {}, tries=12)) == 2:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    _stop(proc)
+    pytest.fail("two workers did not come up:\n" + (tmp_path / "serve.log").read_text())
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _fresh(url: str) -> httpx.Client:
+    """A client that opens a new connection per request, so requests spread over both
+    workers (a kept connection stays on the worker that accepted it)."""
+    return httpx.Client(base_url=url, timeout=60,
+                        limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def _workers(url: str, path: str, headers: dict[str, str], *, tries: int,
+             method: str = "GET", json: object = None) -> dict[str, list[int]]:
+    """`tries` requests on fresh connections: worker pid -> statuses it answered."""
+    seen: dict[str, list[int]] = {}
+    with _fresh(url) as http:
+        for _ in range(tries):
+            resp = http.request(method, path, headers=headers, json=json)
+            seen.setdefault(resp.headers["x-areal-worker"], []).append(resp.status_code)
+    return seen
+
+
+def _chat(http: httpx.Client, key: str, stream: bool) -> tuple[str | None, str]:
+    """One chat; (acknowledged completion id or None, answering worker)."""
+    body = {"model": "gpt-4o-mini", "max_tokens": 6, "stream": stream,
+            "messages": [{"role": "user", "content": "count"}]}
+    headers = {"Authorization": f"Bearer {key}"}
+    if not stream:
+        resp = http.post("/v1/chat/completions", json=body, headers=headers)
+        return (resp.json()["id"] if resp.status_code == 200 else None,
+                resp.headers["x-areal-worker"])
+    ids, done = set(), False
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
+        for line in resp.iter_lines():
+            done = done or line == "data: [DONE]"
+            if line.startswith("data: {"):
+                ids.add(re.search(r'"id":"([^"]+)"', line).group(1))
+    ok = resp.status_code == 200 and done and len(ids) == 1
+    return (ids.pop() if ok else None, resp.headers["x-areal-worker"])
+
+
+def _status(url: str) -> dict[str, dict]:
+    """/admin/status of each worker, by pid."""
+    out: dict[str, dict] = {}
+    with _fresh(url) as http:
+        for _ in range(20):
+            body = http.get("/admin/status", headers=ADMIN).json()
+            out[str(body["worker_pid"])] = body
+    return out
+
+
+def _wait(what: str, condition, timeout_s: float) -> float:  # noqa: ANN001
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def _loaded_weights(tmp_path: Path, version: int) -> int:
+    """How many times the engine loaded `version` (its log line per update)."""
+    log = tmp_path / "logs" / "engine.log"
+    return len(re.findall(rf"loaded weights from .* \(version {version}\)", log.read_text()))
+
+
+def _publish(store: TrajectoryStore, tmp_path: Path, model_dir: Path, version: int) -> None:
+    path = make_weight_variant(model_dir, tmp_path / f"v{version}", seed=version)
+    store.add_weight_version(WeightVersionRecord(version=version, path=str(path)))
+
+
+def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
+    proc, url = _serve(tmp_path, model_dir, store_url)
+    store = TrajectoryStore.open(store_url, StoreConfig())
+    try:
+        key = httpx.post(f"{url}/admin/keys", json={"name": "agents"}, headers=ADMIN).json()
+
+        # 1. Load over both workers: each acknowledged completion stored exactly once.
+        acked: list[str] = []
+        served: Counter[str] = Counter()
+        failures: list[str] = []
+
+        def agent(i: int) -> None:
+            with _fresh(url) as http:
+                for turn in range(6):
+                    cid, worker = _chat(http, key["api_key"], stream=(i + turn) % 2 == 0)
+                    served[worker] += 1
+                    (acked.append(cid) if cid else failures.append(f"agent {i} turn {turn}"))
+
+        threads = [threading.Thread(target=agent, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not failures, failures
+        assert len(served) == 2, f"one worker served everything: {served}"
+        with store.engine.connect() as db:
+            stored = db.execute(select(CompletionRow.id, CompletionRow.api_key_id)).all()
+        assert sorted(cid for cid, _ in stored) == sorted(acked)  # none lost, none twice
+        assert {key_id for _, key_id in stored} == {key["id"]}
+
+        # /metrics sums both workers (each scrape answered by either one).
+        with _fresh(url) as http:
+            for _ in range(4):
+                text = http.get("/metrics", headers=ADMIN).text
+                total = sum(float(v) for v in re.findall(
+                    r'^areal_requests_total\{route="chat",status="200"\} (\S+)$', text, re.M))
+                assert total == len(acked), text[:2000]
+
+        # 2. One swap per publish, every worker sees it live.
+        statuses = _status(url)
+        assert len(statuses) == 2
+        leaders = [pid for pid, s in statuses.items() if s["leader"]]
+        assert len(leaders) == 1, statuses
+        _publish(store, tmp_path, model_dir, 1)
+        _wait("v1 live on both workers",
+              lambda: {s["live_version"] for s in _status(url).values()} == {1}, 60)
+        time.sleep(1.0)  # a second swap would come within a poll interval
+        assert _loaded_weights(tmp_path, 1) == 1
+
+        # 3. A revoked key is refused by every worker within the key cache's bound.
+        assert {tuple(set(v)) for v in _workers(
+            url, "/v1/models", {"Authorization": f"Bearer {key['api_key']}"},
+            tries=10).values()} == {(200,)}
+        revoked_at = time.monotonic()
+        assert httpx.post(f"{url}/admin/keys/{key['id']}/revoke",
+                          headers=ADMIN).status_code == 200
+        took = _wait("the revoked key refused on both workers", lambda: _refused_by_both(
+            url, "/v1/models", {"Authorization": f"Bearer {key['api_key']}"}), KEY_BOUND_S)
+        assert time.monotonic() - revoked_at <= KEY_BOUND_S, took
+
+        # 4. An ended session is refused by every worker within the session bound.
+        started = httpx.post(f"{url}/rl/sessions", json={}, headers=ADMIN).json()
+        session_key = {"Authorization": f"Bearer {started['api_key']}"}
+        chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+        assert {tuple(set(v)) for v in _workers(url, "/v1/chat/completions", session_key,
+                                                tries=6, method="POST", json=chat).values()
+                } == {(200,)}
+        ended = httpx.post(f"{url}/rl/sessions/{started['session_id']}/end", headers=ADMIN)
+        assert ended.status_code == 200, ended.text
+        _wait("the ended session refused on both workers", lambda: _refused_by_both(
+            url, "/v1/chat/completions", session_key, method="POST", json=chat),
+            SESSION_BOUND_S)
+
+        # 5. The leader dies: uvicorn restarts a worker, the lease moves (or comes back),
+        # and the next version is again swapped exactly once.
+        os.kill(int(leaders[0]), signal.SIGKILL)
+        _wait("a new leader", lambda: _one_leader_among_two(url, gone=leaders[0]),
+              LEASE_S * 3 + 30)
+        _publish(store, tmp_path, model_dir, 2)
+        _wait("v2 live on both workers",
+              lambda: {s["live_version"] for s in _status(url).values()} == {2}, 60)
+        time.sleep(1.0)
+        assert _loaded_weights(tmp_path, 2) == 1
+    finally:
+        store.close()
+        _stop(proc)
+    assert not pid_alive(proc.pid)
+
+
+def _refused_by_both(url: str, path: str, headers: dict[str, str], *, method: str = "GET",
+                     json: object = None) -> bool:
+    seen = _workers(url, path, headers, tries=10, method=method, json=json)
+    return len(seen) == 2 and all(s >= 400 for statuses in seen.values() for s in statuses)
+
+
+def _one_leader_among_two(url: str, gone: str) -> bool:
+    statuses = _status(url)
+    return (len(statuses) == 2 and gone not in statuses
+            and sum(s["leader"] for s in statuses.values()) == 1)
+
+
+def test_two_workers_on_sqlite(tmp_path: Path, tiny_model_dir: Path) -> None:
+    _run_scenario(tmp_path, tiny_model_dir, f"sqlite:///{tmp_path / 'areal.db'}")
+
+
+@pytest.mark.postgres
+def test_two_replicas_on_postgres(tmp_path: Path, tiny_model_dir: Path, postgres_url: str) -> None:
+    _run_scenario(tmp_path, tiny_model_dir, postgres_url)
