@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
 from loopback import free_port, pid_alive
+from sqlalchemy import select
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore
