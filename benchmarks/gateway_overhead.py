@@ -15,10 +15,12 @@ restarted on the same port between settings, the two gateways stay up. Reported:
 p50/p99, streaming TTFT p50 (direct: first SSE chunk; gateway: first content chunk),
 gateway CPU ms per request (/proc, all threads, and its event-loop thread), RSS.
 
-Preset `--preset stream-pace [--baseline DIR] [--rounds 3]` (~1 min): the delayed-token
+Preset `--preset stream-pace [--baseline DIR] [--rounds 3] [--workers 1,2]` (~1 min per
+gateway): the delayed-token
 backend (20 ms to the first token, then 5 ms a token, 32 tokens), 64 clients, direct /
 this gateway / the gateway of source tree DIR (e.g. `git worktree add DIR <old commit>`)
-measured in the same rounds in rotating order, medians of the rounds; prints req/s,
+and, per `--workers` value, this gateway with that many worker processes, measured in
+the same rounds in rotating order, medians of the rounds; prints req/s,
 p50/p99, TTFT p50, the ratios against direct with the targets, gateway CPU per request
 (and its kernel part) and per streamed token ((stream - non-stream) / 32).
 
@@ -149,6 +151,21 @@ def cpu_s(pid: int, tid: int | None = None, *, kernel_only: bool = False) -> flo
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int, *, kernel_only: bool = False) -> float:
+    """`cpu_s` of `pid` and every process below it (the workers of a multi-worker
+    gateway are children of uvicorn's supervisor)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_s(p, kernel_only=kernel_only)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):  # a process that just ended
+            continue
+    return total
+
+
 @dataclass
 class Gateway:
     """A gateway child process started by this benchmark (stopped by handle)."""
@@ -162,7 +179,7 @@ class Gateway:
     @classmethod
     def start(cls, name: str, *, backend: str, tokenizer: Path, data_dir: Path,
               capture: bool, profile: Path | None = None, profiler: str = "cprofile",
-              repo: Path = REPO) -> Gateway:
+              repo: Path = REPO, workers: int = 1) -> Gateway:
         """Start `serve` from the source tree `repo` (another checkout for A/B runs)."""
         port = free_port()
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -174,6 +191,8 @@ class Gateway:
                      f"gateway.capture={str(capture).lower()}", "log_level=warning",
                      f"gateway.admin_key={ADMIN_KEY}"):
             argv += ["--set", item]
+        if workers != 1:  # (a baseline tree may predate the setting)
+            argv += ["--set", f"gateway.workers={workers}"]
         log = data_dir / "gateway.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=repo, stdout=out, stderr=subprocess.STDOUT)
@@ -348,8 +367,8 @@ async def drive(label: str, send: Send, n: int, concurrency: int, warmup: int,
         await asyncio.gather(*(client(requests, False) for _ in range(concurrency)))
         requests = iter(range(warmup, warmup + n))
         def sample() -> tuple[float, float, float]:
-            return ((cpu_s(pid), cpu_s(pid, pid), cpu_s(pid, kernel_only=True)) if pid
-                    else (0.0, 0.0, 0.0))
+            return ((tree_cpu_s(pid), cpu_s(pid, pid), tree_cpu_s(pid, kernel_only=True))
+                    if pid else (0.0, 0.0, 0.0))
 
         cpu0 = sample()
         reads0 = reads[0]
@@ -551,14 +570,15 @@ async def run_pace(args: argparse.Namespace) -> None:
     ids = prompt_ids(tokenizer)
     backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
                                  delay_ms=PACE["delay_ms"], token_delay_ms=PACE["token_delay_ms"])
-    trees = {"gateway": REPO}
+    trees = {("gateway" if w == 1 else f"gateway w{w}"): (REPO, w)
+             for w in (int(x) for x in args.workers.split(","))}
     if args.baseline:
-        trees["baseline"] = Path(args.baseline).resolve()
+        trees["baseline"] = (Path(args.baseline).resolve(), 1)
     gateways = {name: Gateway.start(
-        name, backend=backend.url, tokenizer=tokenizer, data_dir=work / name, capture=True,
-        repo=tree, profiler=args.profiler,
+        name, backend=backend.url, tokenizer=tokenizer, data_dir=work / name.replace(" ", "-"),
+        capture=True, repo=tree, profiler=args.profiler, workers=workers,
         profile=Path(args.profile).resolve() / f"{name}.prof" if args.profile else None)
-        for name, tree in trees.items()}
+        for name, (tree, workers) in trees.items()}
     n, conc = args.requests or PACE["requests"], args.concurrency
     rounds = args.rounds or PACE["rounds"]
     try:
@@ -780,6 +800,8 @@ def main() -> None:
     p.add_argument("--baseline", default=None,
                    help="with --preset: also measure the gateway of this source tree")
     p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
+    p.add_argument("--workers", default="1",
+                   help="with --preset: gateway.workers values to measure, e.g. 1,2,16")
     p.add_argument("--tokenizer-dir", default=str(Path(tempfile.gettempdir()) /
                                                   "areal-bench-tokenizer-32k"))
     args = p.parse_args()
