@@ -198,9 +198,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         writer.start()
         tokenizer_dir = Path(config.gateway.tokenizer or config.model_dir())
         tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, tokenizer_dir)
-        pool = BackendPool(config.backend_urls(), timeout_s=config.gateway.request_timeout_s,
-                           health_interval_s=config.gateway.health_interval_s,
-                           fail_fast_s=config.gateway.no_backend_fail_fast_s)
+        pool = BackendPool.from_config(config)  # the backends, or a router's workers
         await pool.start()
         leadership = Leadership(store, ttl_s=gw.leader_lease_s)
         await leadership.renew()  # a lone gateway leads from its first request on

@@ -1,6 +1,6 @@
 """`areal-service serve`: the gateway, plus the local engine as a child process when no
-backend URL is configured (the embedded default), or SGLang servers launched or attached
-when `engine.backend` is `sglang`."""
+backend URL or router is configured (the embedded default), or SGLang servers launched or
+attached when `engine.backend` is `sglang`."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ def serve(config: ServiceConfig) -> None:
             with sglang_backends(config) as with_backends:  # launched or attached
                 run_gateway(with_backends)
             return
-        engine = None if config.gateway.backends else start_local_engine(config)
+        # Backends given, or a router that knows its workers: nothing to start here.
+        external = bool(config.gateway.backends or config.gateway.router_url)
+        engine = None if external else start_local_engine(config)
         try:
             run_gateway(config)
         finally:
