@@ -335,7 +335,12 @@ class _Server:
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
-        method, target, _ = lines[0].split(" ", 2)
+        request_line = lines[0].split(" ", 2)
+        if len(request_line) != 3:  # e.g. a router's bare connection probe
+            writer.write(_json_response(400, _error(f"malformed request line {lines[0]!r}")))
+            await writer.drain()
+            return False
+        method, target, _ = request_line
         headers = {}
         for line in lines[1:]:
             if line:
