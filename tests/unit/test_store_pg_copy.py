@@ -7,13 +7,16 @@ TOASTed with lz4. Needs AREAL_TEST_POSTGRES_URL (marker `postgres`)."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DataError, IntegrityError
 from test_store_insert import full_record, stored
 
+from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore
 from areal_service.store.inserts import CompletionInserter
 from areal_service.store.linking import ParentLinker
@@ -240,3 +243,39 @@ def test_large_values_are_toasted_with_lz4(store: TrajectoryStore):
             )
         ).scalar_one()
     assert method == "lz4"
+
+
+def test_two_writers_touching_the_same_sessions_do_not_deadlock(store_url: str):
+    """Two gateway replicas on one PostgreSQL: batches that touch the same sessions in
+    opposite orders wait for each other (sessions are updated in id order) instead of
+    deadlocking, which would fail a whole batch."""
+    replicas = [TrajectoryStore.open(store_url, StoreConfig()) for _ in range(2)]
+    sessions = [f"s{i:02d}" for i in range(64)]
+    for sid in sessions:
+        replicas[0].add_session(SessionRecord(id=sid, last_activity_at=0.0))
+
+    together = threading.Barrier(2)
+
+    def replica(index: int) -> None:
+        order = sessions if index == 0 else sessions[::-1]
+        try:
+            for turn in range(20):
+                together.wait(timeout=30)  # both batches of a turn in flight at once
+                replicas[index].add_completions(
+                    [
+                        full_record(f"r{index}-{turn}-{sid}", session_id=sid, created_at=1.0 + turn)
+                        for sid in order
+                    ]
+                )
+        except Exception:
+            together.abort()  # the other replica stops waiting for this one
+            raise
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for done in [pool.submit(replica, i) for i in range(2)]:
+            done.result()
+    assert replicas[0].get_session("s00").last_activity_at == 20.0
+    with replicas[1].engine.connect() as connection:
+        assert len(connection.execute(select(CompletionRow.id)).all()) == 2 * 20 * 64
+    for opened in replicas:
+        opened.close()
