@@ -107,6 +107,10 @@ GREEDY_EPS = 1e-6
 PauseMode = Literal["abort", "retract", "in_place"]
 TopLogprobs = tuple[tuple[int, float], ...]
 """The (token_id, logprob) alternatives at one output position."""
+LOGPROB_FLOOR = -1e4
+"""Recorded for a sampled token without a finite logprob (see `output_logprobs`): far
+below any real one (a 256k vocabulary's uniform logprob is -12.5), finite in float32."""
+
 LogprobTriple = tuple[float | None, int, str | None]
 """SGLang's `[logprob, token_id, token_text_or_null]` (the text only with
 `return_text_in_logprobs`)."""
@@ -451,9 +455,16 @@ class GenerateResponse(BaseModel):
         return len(self.output_ids) == self.meta_info.completion_tokens
 
     def output_logprobs(self, start: int = 0) -> tuple[float, ...]:
-        """The logprob of each output token from `start` (empty unless `return_logprob`)."""
+        """The logprob of each output token from `start` (empty unless `return_logprob`).
+        A token SGLang gives no finite logprob (it writes -inf as JSON null; a logit bias
+        or penalty can push a sampled token there) is recorded at `LOGPROB_FLOOR`, so the
+        store, the replies' JSON and the trainer's ratios stay finite."""
         lps = self.meta_info.output_token_logprobs or ()
-        return tuple([t[0] for t in (lps[start:] if start else lps)])  # type: ignore[misc]
+        out = [t[0] for t in (lps[start:] if start else lps)]
+        if None in out or (out and min(out) < LOGPROB_FLOOR):  # type: ignore[type-var]
+            out = [LOGPROB_FLOOR if lp is None or not lp >= LOGPROB_FLOOR else lp
+                   for lp in out]
+        return tuple(out)  # type: ignore[arg-type]
 
     def output_top_logprobs(self) -> tuple[TopLogprobs, ...]:
         """Per position, the (token_id, logprob) alternatives (`top_logprobs_num` > 0)."""

@@ -104,3 +104,19 @@ def test_the_echo_backend_serves_every_endpoint(tmp_path: Path) -> None:
         for e in ENDPOINTS:  # an older SGLang: only the legacy names answer
             if e.legacy_path is not None:
                 assert http.request(e.method, e.legacy_path).status_code == 200
+
+
+def test_a_logprob_sglang_writes_as_null_is_recorded_at_the_floor() -> None:
+    """SGLang serialises -inf as null (orjson); a pushed-down token may also come as a
+    huge negative. Both are recorded at LOGPROB_FLOOR; finite ones pass unchanged."""
+    from areal_service.sglang_protocol import LOGPROB_FLOOR, GenerateResponse
+
+    reply = GenerateResponse.model_validate_json(
+        '{"output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3, '
+        '"output_token_logprobs": [[-0.5, 1, null], [null, 2, null], [-1e30, 3, null]]}}')
+    assert reply.output_logprobs() == (-0.5, LOGPROB_FLOOR, LOGPROB_FLOOR)
+    assert reply.output_logprobs(2) == (LOGPROB_FLOOR,)
+    clean = GenerateResponse.model_validate_json(
+        '{"output_ids": [1], "meta_info": {"completion_tokens": 1, '
+        '"output_token_logprobs": [[-2.25, 1, null]]}}')
+    assert clean.output_logprobs() == (-2.25,)
