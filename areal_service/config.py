@@ -575,11 +575,12 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `top` merged in, section by section (`top` wins); neither is changed."""
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -615,9 +616,14 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     """Resolve the config: defaults < YAML file < environment < CLI overrides. The
     default admin key becomes the data dir's generated one only if that exists: creating
     it is for what serves (`with_admin_key`), not for every command that loads a config."""
-    tree = read_config_file(path)
-    tree = _deep_merge(tree, _env_tree())
-    tree = _deep_merge(tree, parse_overrides(overrides or []))
+    return config_from_tree(read_config_file(path), overrides)
+
+
+def config_from_tree(tree: dict[str, Any], overrides: list[str] | None = None) -> ServiceConfig:
+    """`load_config` of a tree already read (e.g. a file whose other sections belong to
+    the dataset driver)."""
+    tree = deep_merge(tree, _env_tree())
+    tree = deep_merge(tree, parse_overrides(overrides or []))
     # model_validate skips the settings sources: the environment was merged above with
     # the right priority and must not be read a second time over the CLI values.
     return with_admin_key(ServiceConfig.model_validate(tree), create=False)

@@ -8,14 +8,17 @@ key (`--set rollout.epochs=2`, `--set trainer.lr=1e-5`).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from areal_service.config import ServiceConfig, load_config, parse_overrides, read_config_file
+from areal_service.config import (
+    ServiceConfig,
+    config_from_tree,
+    deep_merge,
+    parse_overrides,
+    read_config_file,
+)
 from areal_service.datasets import DatasetConfig
 
 
@@ -123,22 +126,11 @@ def load_driver_config(path: Path | None, overrides: list[str] | None = None
     service_overrides = []
     for item in overrides or []:
         if item.split("=", 1)[0].split(".", 1)[0].strip() in DRIVER_KEYS:
-            _merge(mine, parse_overrides([item]))
+            mine = deep_merge(mine, parse_overrides([item]))
         else:
             service_overrides.append(item)
     driver = DriverConfig.model_validate(mine)
-    with tempfile.TemporaryDirectory(prefix="areal-driver-") as tmp:
-        # load_config reads a file: the service sections go through it unchanged so the
-        # usual priority (file < env < --set) holds.
-        service_path = Path(tmp) / "service.yaml"
-        service_path.write_text(yaml.safe_dump(service))
-        config = load_config(service_path, service_overrides)
+    # The service sections resolve as any command's file does (file < env < --set).
+    config = config_from_tree(service, service_overrides)
     return driver, config
 
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
