@@ -8,10 +8,12 @@ spread over both workers (fresh connections, streamed and not); a published vers
 swapped once (the leader's), and every worker reports it live; a revoked key and an
 ended session are refused by every worker within their cache bounds; `/metrics` sums
 both workers; when the leader dies, the other worker takes the lease and swaps the
-next version, again once."""
+next version, again once; `serve` killed with SIGKILL takes its workers and engine
+along."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopback import free_port, pid_alive
+from loopback import free_port, wait_gone
 from sqlalchemy import select
 
 from areal_service.config import StoreConfig
@@ -222,10 +224,24 @@ def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
               lambda: {s["live_version"] for s in _status(url).values()} == {2}, 60)
         time.sleep(1.0)
         assert _loaded_weights(tmp_path, 2) == 1
+
+        # 6. `serve` killed outright: its workers and its engine go with it (an orphaned
+        # worker would keep answering on the port).
+        children = [int(pid) for pid in _status(url)]
+        engine = re.search(r"started engine \(pid (\d+)\)",
+                           (tmp_path / "serve.log").read_text())
+        assert engine, (tmp_path / "serve.log").read_text()
+        children.append(int(engine.group(1)))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert all(wait_gone(pid, 20) for pid in children), children
     finally:
         store.close()
-        _stop(proc)
-    assert not pid_alive(proc.pid)
+        if proc.poll() is None:
+            _stop(proc)
+        else:  # after the kill above, or a failure: nothing of its group may linger
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _refused_by_both(url: str, path: str, headers: dict[str, str], *, method: str = "GET",
