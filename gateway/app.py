@@ -194,7 +194,12 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             max_backoff_s=gw.auth_max_backoff_s)
         store = await asyncio.to_thread(TrajectoryStore.open, config.database_url(),
                                         config.store)
-        writer = GroupCommitWriter.from_config(store, config.store)
+        # Other processes write this store's sessions too (workers, replicas): parent
+        # links are read from the store, once per write batch on the writer's thread.
+        shared = gw.shares_store()
+        linker = ParentLinker(store, max_sessions=0 if shared else 4096)
+        writer = GroupCommitWriter.from_config(
+            store, config.store, prepare=linker.link_batch if shared else None)
         writer.start()
         tokenizer_dir = Path(config.gateway.tokenizer or config.model_dir())
         tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, tokenizer_dir)
@@ -209,8 +214,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                              usage_interval_s=config.gateway.key_usage_interval_s),
             backends=pool, tokenizer=tokenizer,
             context_length=context_length_of(config, tokenizer_dir),
-            # Other processes write this store's sessions too: link from the store itself.
-            linker=ParentLinker(store, max_sessions=0 if gw.shares_store() else 4096),
+            linker=linker,
             leadership=leadership,
             session_cache=RefreshingCache(store.get_session, ttl_s=SESSION_TTL_S,
                                           stale_s=SESSION_STALE_S),

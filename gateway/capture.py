@@ -65,8 +65,10 @@ async def persist(state: GatewayState, records: Sequence[CompletionRecord]) -> N
         return
     t0 = time.perf_counter()
     # Parent links are set here, right before the write, so each turn finds the previous
-    # one even if that write is still in the group-commit queue.
-    records = [await state.linker.alink_parent(r) for r in records]
+    # one even if that write is still in the group-commit queue; or, when other processes
+    # share the store, by the writer per batch (`ParentLinker.link_batch`).
+    if state.writer.prepare is None:
+        records = [await state.linker.alink_parent(r) for r in records]
     try:
         if len(records) == 1:  # the common case: no gather, no extra task
             await state.writer.write(records[0])

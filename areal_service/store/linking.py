@@ -16,7 +16,7 @@ import hashlib
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,6 +104,9 @@ class PrefixSource(Protocol):
 
     def prefix_entries(self, session_id: str) -> list[PrefixEntry]: ...
 
+    def prefix_entries_of(self, session_ids: Collection[str]) -> dict[str, list[PrefixEntry]]:
+        ...
+
 
 class ParentLinker:
     """Sets `parent_id` on completions before the gateway writes them.
@@ -171,6 +174,32 @@ class ParentLinker:
             if cached is not None:
                 cached.setdefault(record.id, entry)
         return record
+
+    def link_batch(self, records: list[CompletionRecord]) -> list[CompletionRecord]:
+        """`link_parent` for a batch on the store writer's thread, for gateway processes
+        that share the store (workers, replicas): the batch's sessions not cached here
+        are read in one query right before its insert, so every earlier turn is seen
+        whichever process wrote it (a turn's write committed before it was acknowledged,
+        and the next turn was sent after that). Sessions cached here (`max_sessions` >
+        0) link as `link_parent` does. Cost: one indexed query per batch, none per
+        request on the event loop."""
+        loaded = self._store.prefix_entries_of(
+            {r.session_id for r in records
+             if r.session_id is not None and self._cached(r.session_id) is None})
+        out = []
+        for record in records:
+            entries = loaded.get(record.session_id) if record.session_id is not None else None
+            if entries is None:  # no session, or cached here
+                out.append(self.link_parent(record))
+                continue
+            parent, digest = _scan(memoryview(_pack(record.prompt_ids)),
+                                   _pack(record.output_ids), entries)
+            if record.parent_id is None:
+                record = dataclasses.replace(record, parent_id=parent)
+            size = len(record.prompt_ids) + len(record.output_ids)
+            entries.append(PrefixEntry(record.id, size, digest, record.created_at))
+            out.append(record)
+        return out
 
     async def alink_parent(self, record: CompletionRecord) -> CompletionRecord:
         """`link_parent` for an event loop: a cache miss reads the store in a thread."""

@@ -13,7 +13,7 @@ a thread). Dialect-neutral SQL: a SQLite file (WAL) or PostgreSQL (`postgresql+p
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, bindparam, func, or_, select, update
@@ -325,6 +325,19 @@ class TrajectoryStore:
         )
         with self._engine.connect() as connection:
             return [PrefixEntry(*row) for row in connection.execute(statement)]
+
+    def prefix_entries_of(self, session_ids: Collection[str]) -> dict[str, list[PrefixEntry]]:
+        """`prefix_entries` of several sessions in one query (every id is a key)."""
+        out: dict[str, list[PrefixEntry]] = {session_id: [] for session_id in session_ids}
+        if not out:
+            return out
+        statement = select(CompletionRow.session_id, CompletionRow.id, CompletionRow.full_len,
+                           CompletionRow.full_hash, CompletionRow.created_at).where(
+            CompletionRow.session_id.in_(list(out)), CompletionRow.full_hash.is_not(None))
+        with self._engine.connect() as connection:
+            for session_id, *entry in connection.execute(statement):
+                out[session_id].append(PrefixEntry(*entry))
+        return out
 
     # Rewards.
 

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -78,11 +79,16 @@ class GroupCommitWriter:
     """
 
     def __init__(
-        self, store: TrajectoryStore, *, interval_ms: float = 2.0, max_batch: int = 512
+        self, store: TrajectoryStore, *, interval_ms: float = 2.0, max_batch: int = 512,
+        prepare: Callable[[list[CompletionRecord]], list[CompletionRecord]] | None = None,
     ) -> None:
         if max_batch < 1 or interval_ms < 0:
             raise ValueError(f"max_batch ({max_batch}) >= 1 and interval_ms ({interval_ms}) >= 0")
         self._store = store
+        self.prepare = prepare
+        """Applied to each batch on the writer thread right before its insert (parent
+        linking when several processes share the store, `ParentLinker.link_batch`); an
+        error fails the batch like an insert error."""
         self._interval_s = interval_ms / 1000.0
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
@@ -104,9 +110,13 @@ class GroupCommitWriter:
         """`time.time()` of that failure."""
 
     @classmethod
-    def from_config(cls, store: TrajectoryStore, config: StoreConfig) -> GroupCommitWriter:
+    def from_config(
+        cls, store: TrajectoryStore, config: StoreConfig,
+        prepare: Callable[[list[CompletionRecord]], list[CompletionRecord]] | None = None,
+    ) -> GroupCommitWriter:
         """A writer with `store.commit_interval_ms` and `store.max_batch_records`."""
-        return cls(store, interval_ms=config.commit_interval_ms, max_batch=config.max_batch_records)
+        return cls(store, interval_ms=config.commit_interval_ms,
+                   max_batch=config.max_batch_records, prepare=prepare)
 
     @property
     def queued(self) -> int:
@@ -211,6 +221,8 @@ class GroupCommitWriter:
     def _write(self, records: list[CompletionRecord]) -> Exception | None:
         self.transactions += 1
         try:
+            if self.prepare is not None:
+                records = self.prepare(records)
             self._store.add_completions(records)
         except Exception as error:  # handed to the records' callers, never swallowed
             if isinstance(error, _SHARED_ERRORS):  # the write path, not one bad record

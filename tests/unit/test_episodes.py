@@ -92,6 +92,37 @@ def test_linker_links_remembers_and_cold_start_reads_the_store(store: Trajectory
     assert cold.find_parent("unknown-session", (1, 2, 3)) is None
 
 
+def test_processes_sharing_a_store_link_in_the_writer_batch(store: TrajectoryStore):
+    """Two gateway processes (each a linker with no cache and a writer that links per
+    batch) serve alternate turns of one session: every turn links to the previous one,
+    whichever process wrote it; turns in one batch see each other."""
+    from areal_service.store.writer import GroupCommitWriter
+
+    store.add_session(SessionRecord(id="s1"))
+    store.add_session(SessionRecord(id="s2"))
+    writers = []
+    for _ in range(2):
+        linker = ParentLinker(store, max_sessions=0)
+        writer = GroupCommitWriter(store, interval_ms=0, prepare=linker.link_batch)
+        writer.start()
+        writers.append(writer)
+    try:
+        prompt: tuple[int, ...] = (1, 2)
+        for turn in range(6):
+            writers[turn % 2].submit(completion(f"t{turn}", prompt, (10 + turn,),
+                                                at=float(turn))).result(10)
+            prompt = (*prompt, 10 + turn, 50 + turn)
+        # One batch holding a first turn and its sibling from a second session.
+        batch = [completion("a", (7, 8), (9,), at=10.0, session_id="s2"),
+                 completion("b", (7, 8, 9, 1), (2,), at=11.0, session_id="s2")]
+        assert [r.parent_id for r in writers[0].prepare(batch)] == [None, "a"]
+    finally:
+        for writer in writers:
+            writer.stop()
+    parents = {c.id: c.parent_id for c in store.list_completions("s1")}
+    assert parents == {"t0": None, **{f"t{i}": f"t{i - 1}" for i in range(1, 6)}}
+
+
 async def test_alink_parent_miss_then_hit(store: TrajectoryStore):
     store.add_session(SessionRecord(id="s1"))
     store.add_completion(completion("c1", (1, 2), (3,), at=1.0))
