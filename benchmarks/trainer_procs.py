@@ -11,11 +11,11 @@ wall-clock number also counts waiting for a core, which hits N processes that me
 collectives harder than one). Every process gets `--threads` intra-op threads; on a CPU box give N x
 threads <= cores, or the comparison measures oversubscription.
 
-Measured (2 cores shared with other jobs, load average 5-7, so a 2-process run waits
-for cores far more than a 1-process one): 4096 tokens a step, 2 vs 1 process per
-process 0.16-0.80x in tokens/s over four runs, 0.77x in tokens per CPU-second; 8192
-tokens a step (`--batch-groups 16 --mb-tokens 2048`) 0.53-0.76x and 0.92x. The
-wall-clock target (within 20% of 1 process) needs a host with a free core per process.
+Measured on a quiet 2-core host: 8192 tokens a step (`--batch-groups 16 --mb-tokens
+2048`) 2 vs 1 process 0.87x per process in tokens/s (two runs), 0.92x per CPU-second;
+4096 tokens a step 0.72x and 0.78x (the collectives' per-step cost weighs more on a
+small step). With other jobs on the machine (load average 5-7) the 2-process run waits
+for cores far more than the 1-process one: 0.16-0.80x.
 
 Run: `python -m benchmarks.trainer_procs [--procs 2] [--steps 4] [--threads 1]`
 (the tiny model; about a minute on two cores).
