@@ -120,21 +120,23 @@ class SettlingCounts:
 
 
 def settling_counts(store: TrajectoryStore) -> SettlingCounts:
-    """Two COUNTs; the first scans only `ended` sessions (few: the trainer claims them)."""
-    rewarded_directly = select(RewardRow.session_id).where(RewardRow.session_id.is_not(None))
-    rewarded_via_completion = select(CompletionRow.session_id).join(
-        RewardRow, RewardRow.completion_id == CompletionRow.id
-    )
-    rewarded_groups = select(RewardRow.group_id).where(RewardRow.group_id.is_not(None))
+    """Two COUNTs; the first visits only `ended` sessions (few: the trainer claims them),
+    each with indexed lookups of its rewards (correlated NOT EXISTS: the rewards table,
+    which only grows, is never scanned whole)."""
+    rewarded_directly = select(RewardRow.id).where(RewardRow.session_id == SessionRow.id)
+    rewarded_via_completion = select(RewardRow.id).join(
+        CompletionRow, RewardRow.completion_id == CompletionRow.id
+    ).where(CompletionRow.session_id == SessionRow.id)
+    rewarded_group = select(RewardRow.id).where(RewardRow.group_id == SessionRow.group_id)
     awaiting = (
         select(func.count())
         .select_from(SessionRow)
         .where(
             SessionRow.status == "ended",
             or_(SessionRow.end_reason.is_(None), SessionRow.end_reason != END_NO_REWARD),
-            SessionRow.id.not_in(rewarded_directly),
-            SessionRow.id.not_in(rewarded_via_completion),
-            or_(SessionRow.group_id.is_(None), SessionRow.group_id.not_in(rewarded_groups)),
+            ~rewarded_directly.exists(),
+            ~rewarded_via_completion.exists(),
+            or_(SessionRow.group_id.is_(None), ~rewarded_group.exists()),
         )
     )
     dropped = (

@@ -343,3 +343,18 @@ def test_trainer_group_size_one_claims_ungrouped_sessions(store):
 
     assert claim_group_size(TrainerConfig(group_size=4)) == 4
     assert claim_group_size(TrainerConfig(group_size=1, advantage="batch")) is None
+
+
+def test_settling_counts_every_way_a_session_is_rewarded(store: TrajectoryStore):
+    """Ended sessions count as awaiting a reward unless one names the session, one of its
+    completions or its group, or it ended with no_reward."""
+    for sid in ("direct", "via-completion", "via-group", "declined", "waiting", "alone"):
+        add_episode(store, sid, group_id=None if sid == "alone" else f"g-{sid}", reward=None,
+                    end=False)
+        store.end_session(sid, "no_reward" if sid == "declined" else "client")
+    add_episode(store, "open", group_id="g-open", reward=None, end=False)  # not ended
+    store.add_reward(RewardRecord(id="r1", value=1.0, session_id="direct"))
+    store.add_reward(RewardRecord(id="r2", value=1.0, completion_id="via-completion-c0"))
+    store.add_reward(RewardRecord(id="r3", value=1.0, group_id="g-via-group"))
+    store.add_reward(RewardRecord(id="r4", value=1.0, group_id="g-open"))
+    assert settling_counts(store).awaiting_reward == 2  # waiting, alone
