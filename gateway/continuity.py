@@ -208,19 +208,19 @@ class EndOfTurn:
 
 
 def continued_prompt(tokenizer: ChatTokenizer, end_of_turn: EndOfTurn, entry: _Entry,
-                     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-                     ) -> tuple[list[int], str] | Outcome:
-    """(prompt ids, full template text) of `messages`, which extend `entry` (see
-    `find_extended`), or the fallback outcome when the template is not prefix-stable.
+                     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     full: str) -> list[int] | Outcome:
+    """Prompt ids of `messages`, which extend `entry` (see `find_extended`) and whose
+    template text is `full` (rendered once by the caller, which a fallback reuses), or the
+    fallback outcome when the template is not prefix-stable.
 
-    One O(context) render (the full conversation); the assistant turn's text comes from
+    `full` is the one O(context) render; the assistant turn's text comes from
     a render of just it and the message before it, accepted only where the full text
     holds exactly that text right after the earlier prompt's text. Else (a template whose
     turns depend on their position) the conversation up to the assistant message is
     rendered too: a second O(context) render, which was ~70% of a continued turn's
     prompt cost at 64k tokens."""
     prior = entry.lineage
-    full = tokenizer.render(messages, tools)
     if not full.startswith(prior.text):
         return "prefix_changed"
     k = len(prior.messages) + 1
@@ -239,7 +239,7 @@ def continued_prompt(tokenizer: ChatTokenizer, end_of_turn: EndOfTurn, entry: _E
     out = entry.output_ids
     glue = tail if out and out[-1] == marker_id else marker + tail
     new_ids = tokenizer.encode(checked_text(glue + full[len(prior.text) + len(turn):]))
-    return [*prior.prompt_ids, *out, *new_ids], full
+    return [*prior.prompt_ids, *out, *new_ids]
 
 
 def _turn_text_alone(tokenizer: ChatTokenizer, pair: list[dict[str, Any]],
@@ -279,17 +279,17 @@ class Continuity:
                           if tools_enabled(tools, tool_choice) else None)
         normalized = normalize_messages(messages)
         outcome: Outcome = "no_match"
+        full = self.tokenizer.render(normalized, rendered_tools)
         entry = find_extended(self.cache.entries(session_id), normalized, rendered_tools)
         if entry is not None:
             result = continued_prompt(self.tokenizer, self._end_of_turn, entry, normalized,
-                                      rendered_tools)
-            if isinstance(result, tuple):
-                ids, text = result
-                return ids, self._lineage(session_id, normalized, rendered_tools, text, ids,
-                                          "continued")
+                                      rendered_tools, full)
+            if isinstance(result, list):
+                return result, self._lineage(session_id, normalized, rendered_tools, full,
+                                             result, "continued")
             outcome = result
             log.debug("session %s: token continuity falls back (%s)", session_id, outcome)
-        text = checked_text(self.tokenizer.render(normalized, rendered_tools))
+        text = checked_text(full)  # the fallback reuses the render
         ids = self.tokenizer.encode(text)
         return ids, self._lineage(session_id, normalized, rendered_tools, text, ids, outcome)
 
