@@ -184,21 +184,26 @@ def is_hosted(tool: Mapping[str, Any]) -> bool:
 
 
 def anthropic_to_chat(request: MessagesRequest | CountTokensRequest, *,
-                      hosted_tools: HostedToolRule = "drop"
+                      hosted_tools: HostedToolRule = "drop", signer: Signer | None = None
                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
                                  ToolChoice | None, list[str]]:
     """(chat messages, chat tools, chat tool_choice, names of dropped hosted tools).
-    Raises `InvalidRequestError` for a hosted tool under `hosted_tools: reject`."""
+    Raises `InvalidRequestError` for a hosted tool under `hosted_tools: reject`, and,
+    with a `signer`, for a thinking block whose `signature` this gateway did not issue
+    for its text (as Anthropic's API refuses a forged or edited one): replayed thinking
+    goes into the prompt as the policy's own reasoning."""
     messages: list[dict[str, Any]] = []
     system = system_text(request.system)
     if system:
         messages.append({"role": "system", "content": system})
-    for m in request.messages:
+    for i, m in enumerate(request.messages):
         if m.role == "user":
             _append_user(messages, m.content)
         elif m.role == "system":
             messages.append({"role": "system", "content": _text_of(m.content)})
         else:
+            if signer is not None:
+                _check_signatures(m.content, signer, i)
             messages.append(_assistant(m.content))
     tools, dropped = chat_tools(request.tools, hosted_tools)
     return messages, tools, chat_tool_choice(request.tool_choice), dropped
@@ -229,6 +234,18 @@ def _append_user(messages: list[dict[str, Any]], content: str | list[dict[str, A
             texts.append(block["text"])
     if texts or not any(b["type"] == "tool_result" for b in content):
         messages.append({"role": "user", "content": "\n".join(texts)})
+
+
+def _check_signatures(content: str | list[dict[str, Any]], signer: Signer, index: int
+                      ) -> None:
+    if isinstance(content, str):
+        return
+    for j, block in enumerate(content):
+        if block["type"] == "thinking" and not signer.verify(
+                block["thinking"], str(block.get("signature") or "")):
+            raise InvalidRequestError(
+                "invalid signature in thinking block: it was not issued by this gateway "
+                "for this text", param=f"messages.{index}.content.{j}.signature")
 
 
 def _assistant(content: str | list[dict[str, Any]]) -> dict[str, Any]:

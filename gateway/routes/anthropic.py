@@ -40,7 +40,8 @@ from gateway.translate import ParsedChoice, Usage, render_prompt_ids
 def _conversation(state: GatewayState, request: MessagesRequest | CountTokensRequest
                   ) -> Conversation:
     messages, tools, tool_choice, dropped = anthropic_to_chat(
-        request, hosted_tools=state.config.gateway.hosted_tools)
+        request, hosted_tools=state.config.gateway.hosted_tools,
+        signer=reasoning_signer(state))
     return Conversation(messages, tools, tool_choice,
                         {"dropped_tools": dropped} if dropped else None)
 

@@ -202,3 +202,29 @@ def test_claude_code_default_request_shape(gateway: Gateway) -> None:
     (record,) = stored_completions(gateway.state.store)
     assert record.session_id is not None and record.session_id.startswith("sess_c")
     assert "Available agent types" in gateway.state.tokenizer.decode(list(record.prompt_ids))
+
+
+def test_replayed_thinking_needs_this_gateways_signature(gateway: Gateway) -> None:
+    """Replayed thinking goes into the prompt as the policy's own reasoning, so (as on
+    Anthropic's API) a thinking block is accepted only with the signature this gateway
+    issued for its text; a missing, foreign or edited one is a 400 naming the field."""
+    from gateway.routes.wire import reasoning_signer
+
+    signer = reasoning_signer(gateway.state)
+
+    def ask(signature: str) -> httpx.Response:
+        return httpx.post(f"{gateway.url}/v1/messages", headers={"x-api-key": ADMIN_KEY},
+                          timeout=60, json={"model": MODEL, "max_tokens": 2, "messages": [
+                              {"role": "user", "content": "hi"},
+                              {"role": "assistant", "content": [
+                                  {"type": "thinking", "thinking": "I think so.",
+                                   "signature": signature},
+                                  {"type": "text", "text": "yes"}]},
+                              {"role": "user", "content": "and?"}]})
+
+    assert ask(signer.sign("I think so.")).status_code == 200
+    for forged in ("", "AAAA", signer.sign("I think so, edited.")):
+        reply = ask(forged)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["type"] == "invalid_request_error" and "signature" in error["message"]
