@@ -162,7 +162,15 @@ async def flush_key_usage(usage: KeyUsage, store: TrajectoryStore, interval_s: f
     kept for the next round (a later use of the same key wins)."""
     while True:
         await asyncio.sleep(interval_s)
-        await write_key_usage(usage, store)
+        write = asyncio.ensure_future(write_key_usage(usage, store))
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            # Shutdown mid-write: what this write took out of `usage` is only in its
+            # thread, which cannot be stopped; let it commit before the store closes
+            # (else the final flush finds nothing and the counts are lost).
+            await write
+            raise
 
 
 async def write_key_usage(usage: KeyUsage, store: TrajectoryStore) -> None:
