@@ -199,17 +199,23 @@ def test_eval_prints_the_table_on_the_shipped_dataset(tmp_path):
     assert (data / "eval" / "results.csv").read_text().startswith("dataset,num_questions,")
 
 
-def test_eval_through_a_running_gateway(gateway, tmp_path):
-    """`--gateway URL`: the admin key, no sessions (nothing there is trained on); the
-    built-in agent's greedy runs are deterministic."""
+def test_eval_through_a_running_gateway(gateway_factory, tiny_model_dir, engine_url,
+                                       tmp_path):
+    """`--gateway URL`: the admin key, no sessions (nothing there is trained on). With
+    the gateway honouring client sampling, the built-in agent's greedy runs are
+    deterministic (under the default `training` sampling they would be sampled at
+    temperature 1, and an early EOS would shorten one now and then)."""
     from launcher.evaluate import run_eval
 
     dataset = DatasetConfig(path=ROOT / "examples/math/data/test.jsonl", limit=3)
     driver = DriverConfig.model_validate({
         "reward": "math", "eval": {"datasets": [dataset], "n_samples": 2, "k": [1, 2],
-                                   "max_tokens": 6, "out_dir": tmp_path}})
-    (row,) = run_eval(driver, gateway.config, gateway=gateway.url, api_key="sk-test-admin")
-    assert row["num_questions"] == 3 and row["greedy_length"] == 6.0
-    assert set(row) >= {"greedy_acc", "sample_pass@1", "pass@1", "pass@2"}
-    assert httpx.get(f"{gateway.url}/rl/sessions", headers=ADMIN).json()["data"] == []
-    assert (tmp_path / "results.csv").exists()
+                                   "max_tokens": 6, "out_dir": tmp_path / "eval"}})
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
+                         "gateway.sampling=client") as gateway:
+        (row,) = run_eval(driver, gateway.config, gateway=gateway.url,
+                          api_key="sk-test-admin")
+        assert row["num_questions"] == 3 and row["greedy_length"] == 6.0
+        assert set(row) >= {"greedy_acc", "sample_pass@1", "pass@1", "pass@2"}
+        assert httpx.get(f"{gateway.url}/rl/sessions", headers=ADMIN).json()["data"] == []
+    assert (tmp_path / "eval" / "results.csv").exists()
