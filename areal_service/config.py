@@ -346,6 +346,12 @@ class TrainerConfig(BaseModel):
     max_tokens_per_mb: int = Field(8192, ge=2)
     """Token budget of one packed micro-batch (prompt + output tokens, no padding). A
     longer sequence gets a micro-batch of its own."""
+    grad_sync_every_mb: bool = True
+    """With several trainer processes: reduce-scatter gradients after every micro-batch
+    (FSDP2's default: each rank holds only its gradient shard). False: only after a
+    step's last micro-batch, one reduce-scatter per step instead of one per micro-batch,
+    at the cost of each rank holding full, unsharded gradients in between (the model's
+    size in float32): worth it for small models and many micro-batches."""
     ppo_minibatches: int = Field(1, ge=1)
     """Optimizer steps per training batch. Above 1, pi_prox is recomputed for the whole
     batch before the first update."""

@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from areal_service.config import load_config
@@ -60,13 +61,14 @@ def seed(data_dir: Path, groups: int, prompt: int, output: int) -> None:
 
 
 def train(data_dir: Path, model: Path, *, procs: int, steps: int, batch_groups: int,
-          threads: int, mb_tokens: int) -> list[tuple[float, float]]:
+          threads: int, mb_tokens: int, extra: Sequence[str] = ()
+          ) -> list[tuple[float, float]]:
     """(tokens/s per process, tokens per CPU-second per process) of each step."""
     sets = [f"data_dir={data_dir}", f"engine.model={model}", "trainer.group_size=2",
             f"trainer.batch_groups={batch_groups}", f"trainer.total_steps={steps}",
             "trainer.max_staleness=1000", "trainer.checkpoint_every=1000",
             f"trainer.torch_threads={threads}", f"trainer.max_tokens_per_mb={mb_tokens}",
-            "log_level=warning"]
+            "log_level=warning", *extra]
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={procs}", "-m", "trainer.train"]
     for item in sets:
@@ -99,6 +101,8 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mb-tokens", type=int, default=1024)
+    parser.add_argument("--set", dest="extra", action="append", default=[],
+                        help="more config for both runs, e.g. trainer.grad_sync_every_mb=false")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trainer-procs-bench-"))
     model = args.model
@@ -112,7 +116,7 @@ def main() -> None:
         seed(data_dir, args.batch_groups * args.steps, args.prompt, args.output)
         per_proc[procs] = train(data_dir, Path(model), procs=procs, steps=args.steps,
                                 batch_groups=args.batch_groups, threads=args.threads,
-                                mb_tokens=args.mb_tokens)
+                                mb_tokens=args.mb_tokens, extra=args.extra)
     tokens = args.batch_groups * 2 * (args.prompt + args.output)
     print(f"trainer tokens/s per process, {tokens} tokens a step, {args.steps} steps "
           f"(median of steps 2..), {args.threads} thread(s) a process:")

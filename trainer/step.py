@@ -111,7 +111,10 @@ def accumulate_gradients(
     scale = _world_size()  # FSDP averages gradients over ranks; undo it for a token mean
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     stats: LossStats | None = None
-    for mb in micro_batches:
+    last = len(micro_batches) - 1
+    for i, mb in enumerate(micro_batches):
+        if not cfg.grad_sync_every_mb:  # every rank has as many micro-batches (FSDP)
+            _set_gradient_sync(model, i == last)
         logp, entropy = forward_logprobs(model, mb)
         loss, mb_stats = ppo_loss(
             logp,
@@ -132,6 +135,13 @@ def accumulate_gradients(
     assert stats is not None
     reduced = _all_reduce_sum(torch.cat([loss_sum[None], stats.vector()]))
     return float(reduced[0]), LossStats.from_vector(reduced[1:])
+
+
+def _set_gradient_sync(model: torch.nn.Module, on: bool) -> None:
+    """FSDP2's reduce-scatter after this backward on or off (a plain module: no-op)."""
+    setter = getattr(model, "set_requires_gradient_sync", None)
+    if setter is not None:
+        setter(on)
 
 
 def _optimizer_step(

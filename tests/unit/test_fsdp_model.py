@@ -235,7 +235,7 @@ def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
 
 
-def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, cfg: TrainerConfig) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -247,11 +247,11 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     info = init_distributed("cpu")
     model = apply_fsdp2(load_policy(model_dir), mixed_precision=False)
     seqs = _sequences()[rank::2]
-    mbs = build_micro_batches(seqs, ADVS[rank::2], max_tokens_per_mb=10_000)
-    accumulate_gradients(model, mbs, CFG)
+    mbs = build_micro_batches(seqs, ADVS[rank::2], max_tokens_per_mb=cfg.max_tokens_per_mb)
+    accumulate_gradients(model, mbs, cfg)
     grads = _full_grads(model)
     model.zero_grad(set_to_none=True)
-    stats = train_step(model, build_optimizer(model, CFG), mbs, CFG)
+    stats = train_step(model, build_optimizer(model, cfg), mbs, cfg)
     state = full_state_dict(model)
     torch.save(
         {"stats": stats, "state": state, "grads": grads, "world": info.world_size},
@@ -260,11 +260,15 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     destroy_distributed()
 
 
-def test_two_ranks_match_one_process(group, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sync_every_mb", [True, False], ids=["sync-every-mb", "sync-at-end"])
+def test_two_ranks_match_one_process(group, tiny_model_dir, tmp_path, sync_every_mb):
     """Half the batch on each of two ranks gives the single process's gradient (the
     token mean over the whole batch: a wrong cross-rank scale fails here) and, where
-    that gradient is well above float noise, the same Adam step."""
-    mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    that gradient is well above float noise, the same Adam step. Also with gradients
+    reduced only after a step's last micro-batch (two micro-batches a rank)."""
+    cfg = CFG if sync_every_mb else CFG.model_copy(
+        update={"grad_sync_every_mb": False, "max_tokens_per_mb": 2})  # a sequence each
+    mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path), cfg), nprocs=2)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
     assert r0["world"] == r1["world"] == 2
