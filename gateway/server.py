@@ -17,9 +17,11 @@ import os
 import shutil
 import signal
 import sys
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client.multiprocess import mark_process_dead
 
 from areal_service.config import ServiceConfig, configure_logging, load_config, save_config
 from gateway.app import create_app
@@ -73,7 +75,22 @@ def worker_app() -> FastAPI:
     configure_logging(config)  # a spawned interpreter: the parent's setup is not inherited
     sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
     _die_with_parent()
+    _forget_dead_workers(Path(os.environ[MULTIPROC_ENV]))
     return create_app(config, freeze_gc=True)
+
+
+def _forget_dead_workers(metrics_dir: Path) -> None:
+    """Drop the live gauges (`areal_in_flight_requests`) of workers that died: a new
+    worker starts where uvicorn replaced one, and a dead worker's last value would
+    otherwise be summed forever. Its counters stay: they are totals."""
+    for path in metrics_dir.glob("gauge_live*_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid, str(metrics_dir))
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def _die_with_parent() -> None:
