@@ -13,33 +13,16 @@ from pathlib import Path
 
 import httpx
 from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
-from safetensors.torch import load_file
+from weight_checks import greedy, variant_state
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
 from trainer.weight_broadcast import WeightBroadcaster, plan_buckets
 
-PROMPT = [5, 17, 42, 9, 3, 28, 11]
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ROUNDS = 4
 DEFAULT_BUCKET = 1024 * 2**20  # trainer.weight_sync_bucket_mb's default
-
-
-def _greedy(engine: str) -> tuple[list[int], list[float], str]:
-    reply = httpx.post(f"{engine}/generate", json={
-        "input_ids": PROMPT, "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}},
-        timeout=60).json()
-    meta = reply["meta_info"]
-    return reply["output_ids"], [t[0] for t in meta["output_token_logprobs"]], meta["weight_version"]
-
-
-def _state(variant: Path) -> dict:
-    state: dict = {}
-    for f in sorted(variant.glob("*.safetensors")):
-        state.update(load_file(f))
-    return state
 
 
 def _wait_live(gw, version: int, timeout_s: float = 60) -> WeightVersionRecord:
@@ -56,7 +39,7 @@ def _publish_distributed(sender: WeightBroadcaster, store: TrajectoryStore, vers
                          variant: Path, bucket_bytes: int) -> dict:
     """What trainer rank 0 does: insert the row with the offer, then broadcast."""
     sender.bucket_bytes = bucket_bytes
-    state = _state(variant)
+    state = variant_state(variant)
     offer, buckets = sender.offer(version, state)
     store.add_weight_version(WeightVersionRecord(
         version=version, path=str(variant), metadata={"sync": offer}))
@@ -64,7 +47,7 @@ def _publish_distributed(sender: WeightBroadcaster, store: TrajectoryStore, vers
 
 
 def test_plan_buckets_splits_by_bytes(tiny_model_dir):
-    state = _state(Path(tiny_model_dir))
+    state = variant_state(Path(tiny_model_dir))
     sizes = {n: t.numel() * t.element_size() for n, t in state.items()}
     buckets = plan_buckets(state, bucket_bytes=max(sizes.values()))
     assert [n for b in buckets for n in b.names] == list(state)  # every tensor, in order
@@ -86,7 +69,7 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
         sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=DEFAULT_BUCKET,
                                    timeout_s=60, address="127.0.0.1")
         try:
-            before = _greedy(engine)
+            before = greedy(engine)
             dist_s, disk_s, version = [], [], 0
             for k, variant in enumerate(variants):
                 # distributed: v = 2k+1, then the same weights from disk: v = 2k+2
@@ -99,14 +82,14 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
                 assert sent["sync_sent"]["reused_group"] == (k > 0)
                 row = _wait_live(gw, version)
                 assert row.metadata["swap_mode"] == "distributed"
-                by_broadcast = _greedy(engine)
+                by_broadcast = greedy(engine)
                 dist_row_s = row.metadata["swap_s"]
 
                 version += 1
                 store.add_weight_version(WeightVersionRecord(version=version, path=str(variant)))
                 row = _wait_live(gw, version)
                 assert row.metadata["swap_mode"] == "disk"
-                from_disk = _greedy(engine)
+                from_disk = greedy(engine)
                 if k:
                     dist_s.append(dist_row_s)
                     disk_s.append(row.metadata["swap_s"])
@@ -137,7 +120,7 @@ def test_expired_offer_falls_back_to_disk(tmp_path, tiny_model_dir):
                      "expires_at": time.time() - 1}}))
         row = _wait_live(gw, 1)
         assert row.metadata["swap_mode"] == "disk"
-        assert _greedy(engine)[2] == "1"
+        assert greedy(engine)[2] == "1"
 
 
 def test_trainer_gives_up_when_no_gateway_takes_the_offer(tmp_path, tiny_model_dir):
@@ -149,7 +132,7 @@ def test_trainer_gives_up_when_no_gateway_takes_the_offer(tmp_path, tiny_model_d
     try:
         sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=2**20, timeout_s=0.3,
                                    address="127.0.0.1")
-        state = _state(Path(tiny_model_dir))
+        state = variant_state(Path(tiny_model_dir))
         offer, buckets = sender.offer(1, state)
         store.add_weight_version(WeightVersionRecord(version=1, path="x",
                                                      metadata={"sync": offer}))
@@ -208,13 +191,13 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
         for row in rows:
             assert row.metadata["swap_mode"] == "distributed", row.metadata
         assert [r.metadata["sync_sent"]["reused_group"] for r in rows] == [False, True]
-        by_broadcast = _greedy(engine)
+        by_broadcast = greedy(engine)
         assert by_broadcast[2] == "2"
         store = gw.state.store
         store.add_weight_version(WeightVersionRecord(version=3, path=str(tmp_path / "weights"
                                                                              / "v2")))
         assert _wait_live(gw, 3).metadata["swap_mode"] == "disk"
-        from_disk = _greedy(engine)
+        from_disk = greedy(engine)
         assert by_broadcast[:2] == from_disk[:2]
 
 
@@ -231,7 +214,7 @@ def test_two_backends_join_as_ranks_1_and_2(tmp_path, tiny_model_dir):
             sent = _publish_distributed(sender, store, 1, variant, 256 * 1024)
             assert sent["sync_sent"]["world_size"] == 3, sent
             assert _wait_live(gw, 1).metadata["swap_mode"] == "distributed"
-            served_a, served_b = _greedy(a), _greedy(b)
+            served_a, served_b = greedy(a), greedy(b)
             assert served_a == served_b and served_a[2] == "1"
         finally:
             sender.close()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from faults import chattr
 from harness import ADMIN_KEY  # tests/integration/harness.py
 
 from gateway.routes import health
@@ -92,26 +93,18 @@ def _fault_cycle(gw, inject: Callable[[], None], remove: Callable[[], None],
     assert not missing, f"acknowledged but not stored: {missing}"
 
 
-def _chattr(flag: str, *paths: Path) -> bool:
-    try:
-        return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True,
-                              check=False).returncode == 0
-    except FileNotFoundError:
-        return False
-
-
 def test_read_only_database_503_not_ready_then_recovers(tmp_path, tiny_model_dir, engine_url,
                                                        gateway_factory, monkeypatch):
     probe = tmp_path / "chattr-probe"
     probe.touch()
-    if not (_chattr("+i", probe) and _chattr("-i", probe)):
+    if not (chattr("+i", probe) and chattr("-i", probe)):
         pytest.skip("chattr +i is not permitted here (needs root and ext4/xfs/btrfs)")
     monkeypatch.setattr(health, "PROBE_INTERVAL_S", 0.5)  # 5 s in service
     db = tmp_path / "areal.db"
     # Not -shm: SQLite maps it, and a store to an immutable mapping is SIGBUS.
     files = (db, Path(f"{db}-wal"))
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as gw:
-        _fault_cycle(gw, lambda: _chattr("+i", *files), lambda: _chattr("-i", *files),
+        _fault_cycle(gw, lambda: chattr("+i", *files), lambda: chattr("-i", *files),
                      r"^error: writes failing \(.*(disk I/O error|readonly database)",
                      seen_without_traffic=True)
 

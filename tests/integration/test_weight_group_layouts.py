@@ -15,30 +15,12 @@ from pathlib import Path
 
 import httpx
 from harness import run_gateway
-from safetensors.torch import load_file
+from weight_checks import greedy, variant_state
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
 from trainer.weight_broadcast import WeightBroadcaster
-
-PROMPT = [5, 17, 42, 9, 3, 28, 11]
-
-
-def _greedy(engine: str) -> tuple[list[int], list[float], str]:
-    reply = httpx.post(f"{engine}/generate", json={
-        "input_ids": PROMPT, "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}},
-        timeout=60).json()
-    meta = reply["meta_info"]
-    return reply["output_ids"], [t[0] for t in meta["output_token_logprobs"]], meta["weight_version"]
-
-
-def _state(variant: Path) -> dict:
-    state: dict = {}
-    for f in sorted(variant.glob("*.safetensors")):
-        state.update(load_file(f))
-    return state
 
 
 def _wait_live(store: TrajectoryStore, version: int, timeout_s: float = 60
@@ -58,7 +40,7 @@ def _broadcast(store: TrajectoryStore, version: int, variant: Path, timeout_s: f
     sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=256 * 1024,
                                timeout_s=timeout_s, address="127.0.0.1")
     try:
-        state = _state(variant)
+        state = variant_state(variant)
         offer, buckets = sender.offer(version, state)
         store.add_weight_version(WeightVersionRecord(version=version, path=str(variant),
                                                      metadata={"sync": offer}))
@@ -82,11 +64,11 @@ def test_multi_rank_servers_join_at_their_offsets(tmp_path, tiny_model_dir):
             sent = _broadcast(store, 1, variant)
             assert sent.get("sync_sent", {}).get("world_size") == 4, sent
             assert _wait_live(store, 1).metadata["swap_mode"] == "distributed"
-            served_a, served_b = _greedy(a), _greedy(b)
+            served_a, served_b = greedy(a, 8), greedy(b, 8)
             assert served_a == served_b and served_a[2] == "1"
             store.add_weight_version(WeightVersionRecord(version=2, path=str(variant)))
             assert _wait_live(store, 2).metadata["swap_mode"] == "disk"
-            assert _greedy(a)[:2] == served_a[:2]  # bit-exact with a disk load
+            assert greedy(a, 8)[:2] == served_a[:2]  # bit-exact with a disk load
         finally:
             store.close()
 
@@ -114,6 +96,6 @@ def test_a_dp_server_without_dp_attention_is_swapped_from_disk(tmp_path, tiny_mo
             assert row.metadata["swap_mode"] == "disk"
             assert "dp_size=2" in row.metadata["sync_failed"]
             assert "sync_error" in sent, sent
-            assert _greedy(engine)[2] == "1"
+            assert greedy(engine, 8)[2] == "1"
         finally:
             store.close()

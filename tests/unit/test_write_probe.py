@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from faults import chattr
 from sqlalchemy.exc import OperationalError
 
 from areal_service.config import StoreConfig
@@ -92,14 +93,6 @@ def test_quota_holds_and_a_full_store_is_reported_until_space_is_freed(tmp_path:
     store.close()
 
 
-def _chattr(flag: str, *paths: Path) -> bool:
-    try:
-        return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True,
-                              check=False).returncode == 0
-    except FileNotFoundError:
-        return False
-
-
 def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
     """An immutable file stands for a read-only mount: existing connections' writes fail,
     and SQLite opens new connections read-only without a word. After the fault those
@@ -107,7 +100,7 @@ def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
     db = tmp_path / "store.db"
     store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig())
     files = (db, Path(f"{db}-wal"))  # not -shm: SQLite maps it, and a write to it would fault
-    if not _chattr("+i", *files):
+    if not chattr("+i", *files):
         pytest.skip("chattr +i is not permitted here (needs root and ext4/xfs/btrfs)")
     try:
         with pytest.raises(OperationalError):
@@ -119,7 +112,7 @@ def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
         with pytest.raises(OperationalError, match="readonly|disk I/O"):
             store.add_completion(_record("during"))
     finally:
-        _chattr("-i", *files)
+        chattr("-i", *files)
     probe_write(store.engine)
     store.add_completion(_record("after"))
     assert store.get_completion("after") is not None
