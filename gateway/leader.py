@@ -5,7 +5,8 @@ weights and sweeps idle sessions; the others follow the live version from the st
 Why a lease in the store and not a parent process: replicas on other hosts have no
 common parent, and the store is the one thing they all share. Failover: a leader that
 dies stops renewing, and another process takes the lease within `gateway.leader_lease_s`
-(plus one renewal interval). A leader that cannot renew (the database is down) steps
+(plus one renewal interval); at once when the dead leader was a process of the same host
+and pid namespace (a gateway restarted after kill -9 leads from its first request). A leader that cannot renew (the database is down) steps
 down at its own expiry, so two leaders never act at once while clocks agree.
 """
 
@@ -25,10 +26,38 @@ log = logging.getLogger(__name__)
 LEADER_LEASE = "gateway-leader"
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace (Linux; "-" elsewhere): two containers may share a
+    host name (host networking) but not a pid namespace."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
 def process_identity() -> str:
-    """A holder name unique to this process: host, pid, and a random tail (a pid may be
-    reused after a restart, while the old lease row is still there)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """A holder name unique to this process: host, pid namespace, pid, and a random tail
+    (a pid may be reused after a restart, while the old lease row is still there)."""
+    return f"{socket.gethostname()}:{_pid_namespace()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def dead_here(holder: str) -> bool:
+    """Whether `holder` names a process of this host and pid namespace that no longer
+    exists (a worker or gateway killed outright): its lease can be taken at once instead
+    of after its expiry. Anything else (another host, another namespace, an unreadable
+    name, a live or unknown process) is not."""
+    parts = holder.split(":")
+    if len(parts) != 4 or parts[0] != socket.gethostname() or parts[1] != _pid_namespace():
+        return False
+    if parts[1] == "-" or not parts[2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 class Leadership:
@@ -52,8 +81,7 @@ class Leadership:
         then lapses at its expiry, as everyone else sees it)."""
         started = time.monotonic()
         try:
-            held = await asyncio.to_thread(self.store.acquire_lease, LEADER_LEASE,
-                                           self.holder, self.ttl_s)
+            held = await asyncio.to_thread(self._acquire)
         except Exception as e:  # noqa: BLE001 - any store failure: not held
             log.warning("leader lease renewal failed: %s", e)
             held = False
@@ -64,6 +92,16 @@ class Leadership:
             log.info("this gateway process (%s) is now the leader", self.holder)
         elif was and not held:
             log.warning("this gateway process (%s) lost the leader lease", self.holder)
+        return held
+
+    def _acquire(self) -> bool:
+        held = self.store.acquire_lease(LEADER_LEASE, self.holder, self.ttl_s)
+        if not held:
+            holder = self.store.lease_holder(LEADER_LEASE)
+            if holder is not None and dead_here(holder):  # e.g. the last gateway, kill -9
+                log.info("leader %s is gone; taking its lease now", holder)
+                self.store.release_lease(LEADER_LEASE, holder)
+                held = self.store.acquire_lease(LEADER_LEASE, self.holder, self.ttl_s)
         return held
 
     async def run(self) -> None:
