@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -59,11 +60,22 @@ def test_client_timing_out_on_a_plain_request_aborts_the_generation(
     with run_gateway(tmp_path, tiny_model_dir, [slow_echo.url]) as gw:
         body = {"model": gw.config.gateway.model_name, "max_tokens": 1000,
                 "messages": [{"role": "user", "content": "go on"}]}
+        seen: list[Any] = []  # the run, taken while it runs (it may end at once after)
+
+        def watch() -> None:
+            end = time.monotonic() + 10
+            while not backend.running and time.monotonic() < end:
+                time.sleep(0.005)
+            seen.extend(backend.running.values())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(gw.v1 + "/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.5),
                        headers={"Authorization": f"Bearer {ADMIN_KEY}"})
         left = time.monotonic()
-        run = next(iter(backend.running.values()), None)
+        watcher.join()
+        run = seen[0] if seen else None
         while backend.running and time.monotonic() - left < 3:
             time.sleep(0.01)
         assert not backend.running, "the backend still generates for a client that left"
