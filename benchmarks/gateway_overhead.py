@@ -581,6 +581,7 @@ async def run_pace(args: argparse.Namespace) -> None:
         for name, (tree, workers) in trees.items()}
     n, conc = args.requests or PACE["requests"], args.concurrency
     rounds = args.rounds or PACE["rounds"]
+    relay = start_relay(backend.url)
     try:
         episodes = rounds * 2 * (args.warmup + n) // args.turns + 8 * conc
         async with aiohttp.ClientSession() as session:
@@ -591,7 +592,8 @@ async def run_pace(args: argparse.Namespace) -> None:
               f"{PACE['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens; {conc} closed-loop "
               f"clients; {n} requests per path and round after {args.warmup} warm-up; "
               f"{rounds} rounds, order rotating; capture on; {os.cpu_count()} CPUs shared by "
-              f"load, backend and gateway(s); paths: direct, {', '.join(gateways)}",
+              f"load, backend and gateway(s); paths: direct, {RELAY} (direct through "
+              f"benchmarks/tcp_relay.py), {', '.join(gateways)}",
               flush=True)
         keys = {name: itertools.cycle(gw.keys) for name, gw in gateways.items()}
         results: dict[str, list[Result]] = {}
@@ -599,7 +601,9 @@ async def run_pace(args: argparse.Namespace) -> None:
             for mode in ("non-stream", "stream"):
                 stream = mode == "stream"
                 runs = [("direct", direct_sender(backend.url, ids, stream),
-                         itertools.repeat(""), None)]
+                         itertools.repeat(""), None),
+                        (RELAY, direct_sender(relay.url, ids, stream), itertools.repeat(""),
+                         relay.pid)]
                 runs += [(name, gateway_sender(gw.url, stream), keys[name], gw.proc.pid)
                          for name, gw in gateways.items()]
                 runs = runs[k % len(runs):] + runs[:k % len(runs)]  # rotate the order
@@ -614,10 +618,51 @@ async def run_pace(args: argparse.Namespace) -> None:
         print("\n".join(pace_report(results, list(gateways))))
         print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
     finally:
+        relay.stop()
         for gw in gateways.values():
             gw.stop()
         backend.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+RELAY = "relay"
+"""The preset's floor path: direct load through `benchmarks.tcp_relay`."""
+
+
+@dataclass
+class Relay:
+    """A `benchmarks.tcp_relay` child process in front of the backend."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def start_relay(backend_url: str) -> Relay:
+    """A relay to `backend_url`, listening once this returns."""
+    port = free_port()
+    target = backend_url.removeprefix("http://").rstrip("/")
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.tcp_relay", "--port", str(port),
+                             "--to", target], cwd=REPO)
+    end = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return Relay(f"http://127.0.0.1:{port}", proc)
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            raise RuntimeError("the tcp relay did not start")
+        time.sleep(0.05)
 
 
 def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]:
@@ -630,7 +675,7 @@ def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]
                f"{'(kernel)':>8} {'reads/req':>9}"]
     for mode in ("non-stream", "stream"):
         d_rps = med(f"direct {mode}", lambda r: r.rps)
-        for name in ["direct", *names]:
+        for name in ["direct", RELAY, *names]:
             label = f"{name} {mode}"
             rps = med(label, lambda r: r.rps)
             ttft = (f"{med(label, lambda r: r.pct(0.5, r.ttfts)):8.1f}" if mode == "stream"
@@ -653,7 +698,8 @@ def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]
     out.append("(CPU us/token: the gateway CPU a streamed request costs over the same request "
                "not streamed, per token; (kernel): the part in system calls; reads/req: "
                "network reads of a streamed body at the client, about the server's writes: "
-               "fewer when a lagging server coalesces tokens)")
+               "fewer when a lagging server coalesces tokens); relay: the direct load through "
+               "a Python byte relay (no parsing), the floor of per-token forwarding in Python")
     for name in names:
         ratios = {mode: med(f"{name} {mode}", lambda r: r.rps) / med(f"direct {mode}",
                                                                      lambda r: r.rps)
