@@ -106,6 +106,19 @@ class CompletionRecord:
     created_at: float = field(default_factory=now)
     requested_model: str | None = None
     """The model name the client sent (served by the policy `model` whatever it was)."""
+    continuity_key: str | None = None
+    """What a later turn of the session needs to continue this completion's exact ids
+    from the store (`gateway/continuity.py`); None without a session."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecentTurn:
+    """A session's recent completion as token continuity reads it back from the store."""
+
+    completion_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    continuity_key: str
 
 
 @dataclass(frozen=True, slots=True)

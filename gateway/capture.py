@@ -38,9 +38,12 @@ def build_records(
     session_id: str | None,
     api_key_id: str | None,
     started: float,
+    continuity_keys: Sequence[str | None] = (),
 ) -> list[CompletionRecord]:
     """Records for every choice of one request (request/response JSON on each). `model`
-    is the policy that served it, `requested_model` the name the client sent."""
+    is the policy that served it, `requested_model` the name the client sent;
+    `continuity_keys`: one per choice (`Continuity.keys`), or none."""
+    keys = continuity_keys or [None] * len(choices)
     latency_ms = (time.perf_counter() - started) * 1000.0
     prompt = tuple(prompt_ids)
     return [
@@ -53,8 +56,9 @@ def build_records(
             temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
             backend=gen.backend, latency_ms=latency_ms, prompt_tokens=len(prompt),
             completion_tokens=len(gen.output_ids), requested_model=requested_model,
+            continuity_key=key,
         )
-        for i, (gen, choice) in enumerate(zip(generations, choices, strict=True))
+        for i, (gen, choice, key) in enumerate(zip(generations, choices, keys, strict=True))
     ]
 
 

@@ -28,23 +28,35 @@ on.
 
 Cost per turn: one Jinja render of the conversation (O(context) text) plus a render of
 the assistant turn alone, and a tokenization of only the new text; no BPE over the
-history. Memory: a bounded LRU
-of the last completions of recent sessions; a miss (evicted, a
-gateway restart, another replica) only loses the optimisation.
+history. Memory: a bounded LRU of the last completions of recent sessions.
+
+Across processes: each recorded completion carries a `continuity_key` (how many
+messages its prompt had, a digest of their template text and tools, a digest of the
+reply it gave). A turn whose conversation holds an assistant message this process did
+not serve (the previous turn went to another gateway worker or replica, or came before
+a restart or an eviction) reads the session's newest keyed completions from the store
+(`recall`: one indexed query, off the event loop) and continues the newest one whose
+messages and reply it extends, checked by rendering those messages once. Nothing of
+the conversation is stored twice: the request JSON already holds it, the key holds
+~80 bytes. A turn the store cannot place still gets a full render (counted as
+`no_match`), which only loses the optimisation.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from prometheus_client import Counter
 
+from areal_service.types import RecentTurn
 from gateway.protocol import ToolChoice
 from gateway.tokenizer import ChatTokenizer
 from gateway.translate import (
@@ -88,6 +100,33 @@ def assistant_key(message: Mapping[str, Any]) -> AssistantKey:
     calls = tuple((c.get("id"), c["function"]["name"], c["function"].get("arguments", "{}"))
                   for c in message.get("tool_calls") or ())
     return (message.get("content") or "", message.get("reasoning_content") or "", calls)
+
+
+RecentTurns = Callable[[str, int], Sequence[RecentTurn]]
+"""(session id, n) -> the session's newest n keyed completions, newest first (the store's
+`recent_turns`)."""
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _tools_text(tools: list[dict[str, Any]] | None) -> str:
+    return "" if not tools else json.dumps(tools, sort_keys=True, separators=(",", ":"))
+
+
+def _reply_digest(assistant: AssistantKey) -> str:
+    return _digest(json.dumps(assistant, separators=(",", ":")))
+
+
+def _parse_key(key: str) -> tuple[int, str, str] | None:
+    count, _, rest = key.partition(":")
+    prompt, _, reply = rest.partition(":")
+    return (int(count), prompt, reply) if count.isdigit() and prompt and reply else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,12 +299,85 @@ class Continuity:
     remembers completions for the turns after them. One per gateway app."""
 
     def __init__(self, tokenizer: ChatTokenizer, *, enabled: bool, max_bytes: int,
-                 counter: Counter | None = None) -> None:
+                 counter: Counter | None = None, recent: RecentTurns | None = None,
+                 recalls: Counter | None = None) -> None:
         self.tokenizer = tokenizer
         self.enabled = enabled
         self.cache = ContinuityCache(max_bytes)
         self._end_of_turn = EndOfTurn(tokenizer.core.added_tokens)
         self._counter = counter
+        self._recent = recent
+        """The store's keyed completions (None: nothing is recorded, no recall)."""
+        self._recalls = recalls
+
+    def wants_recall(self, session_id: str | None, messages: Sequence[Mapping[str, Any]]
+                     ) -> bool:
+        """Whether this turn should `recall` from the store first: its conversation holds
+        an assistant message past everything this process remembers of the session.
+        O(messages) without a render; on the event loop."""
+        if self._recent is None or not self.enabled or session_id is None:
+            return False
+        last = next((i for i in range(len(messages) - 1, -1, -1)
+                     if messages[i].get("role") == "assistant"), -1)
+        if last < 0:
+            return False
+        entries = self.cache.entries(session_id)
+        return not entries or last > len(entries[0].lineage.messages)
+
+    def recall(self, session_id: str, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
+               ) -> bool:
+        """Remember the newest recorded completion of the session that `messages` extend
+        (its prompt messages and tools, then its very reply, then more), read from the
+        store; True if one was found. Blocking (a query and a render): run it off the
+        event loop. `prompt` then continues it like any remembered completion."""
+        assert self._recent is not None
+        entries = self.cache.entries(session_id)
+        known = len(entries[0].lineage.messages) if entries else -1
+        found = False
+        normalized: list[dict[str, Any]] | None = None
+        rendered_tools: list[dict[str, Any]] | None = None
+        for turn in self._recent(session_id, MAX_ENTRIES_PER_SESSION):
+            parsed = _parse_key(turn.continuity_key)
+            if parsed is None:
+                continue
+            k, prompt_digest, reply_digest = parsed
+            if k <= known:
+                break  # newest first: nothing newer than what this process remembers
+            if normalized is None:
+                normalized = normalize_messages(messages)
+                rendered_tools = ([dict(t) for t in tools or ()]
+                                  if tools_enabled(tools, tool_choice) else None)
+            if len(normalized) <= k + 1 or normalized[k]["role"] != "assistant":
+                continue
+            assistant = assistant_key(normalized[k])
+            if _reply_digest(assistant) != reply_digest:
+                continue
+            prior = normalized[:k]
+            try:
+                text = self.tokenizer.render(prior, rendered_tools)
+            except Exception:  # noqa: BLE001 - the full render in `prompt` reports it
+                break
+            if _digest(text, _tools_text(rendered_tools)) != prompt_digest:
+                continue
+            lineage = Lineage(session_id, prior, rendered_tools, text, list(turn.prompt_ids),
+                              "continued")
+            self.cache.add(session_id, [_Entry(lineage, list(turn.output_ids), assistant)])
+            found = True
+            break
+        if self._recalls is not None:
+            self._recalls.labels("found" if found else "none").inc()
+        return found
+
+    def keys(self, lineage: Lineage | None, choices: Sequence[ParsedChoice]
+             ) -> list[str | None]:
+        """Each choice's `continuity_key` for its record (None without a lineage):
+        `<prompt messages>:<digest of their template text and tools>:<digest of the
+        reply>`, what `recall` checks a later turn against."""
+        if lineage is None:
+            return [None] * len(choices)
+        head = f"{len(lineage.messages)}:{_digest(lineage.text, _tools_text(lineage.tools))}"
+        return [f"{head}:{_reply_digest(_assistant_of(choice))}" for choice in choices]
 
     def prompt(self, session_id: str | None, messages: Sequence[Mapping[str, Any]],
                tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
@@ -306,8 +418,11 @@ class Continuity:
         (`generations[i].output_ids`: choice i's generated ids, as recorded)."""
         if lineage is None:
             return
-        entries = [
-            _Entry(lineage, gen.output_ids,
-                   assistant_key(normalize_messages([choice.to_message()])[0]))
-            for gen, choice in zip(generations, choices, strict=True)]
+        entries = [_Entry(lineage, gen.output_ids, _assistant_of(choice))
+                   for gen, choice in zip(generations, choices, strict=True)]
         self.cache.add(lineage.session_id, entries)
+
+
+def _assistant_of(choice: ParsedChoice) -> AssistantKey:
+    """The key of the assistant message a client replays for `choice`."""
+    return assistant_key(normalize_messages([choice.to_message()])[0])

@@ -53,6 +53,11 @@ class GatewayMetrics:
             "new messages' tokens), no_match (full render), or a full-render fallback "
             "(prefix_changed, not_prefix_stable, no_end_of_turn)", ["outcome"],
             registry=self.registry)
+        self.continuity_recalls = Counter(
+            "areal_token_continuity_recalls",
+            "Turns that looked in the store for the completion they extend (served by "
+            "another gateway process, or before a restart): found or none", ["result"],
+            registry=self.registry)
 
     def exposition(self) -> Collector:
         """What `/metrics` serves: this process's registry, or the sum over every

@@ -12,7 +12,9 @@ are stateless singletons (no per-request closures).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -46,6 +48,8 @@ from gateway.translate import (
     resolve_sampling,
     tools_enabled,
 )
+
+log = logging.getLogger(__name__)
 
 dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 """Compact JSON of a reply or stream chunk. Built once: `json.dumps` with arguments makes
@@ -185,6 +189,8 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
     try:
         conv = await adapter.conversation(state, principal, req)
         prompt_args = (session_id, conv.messages, conv.tools, conv.tool_choice)
+        if state.continuity.wants_recall(session_id, conv.messages):
+            await recall_previous_turn(state, *prompt_args)
         if state.large_prompts.is_large(conv.messages, conv.tools):
             # Surely too long: refused from its character count, before render/tokenize
             # (a small prompt's exact check below is cheaper than this walk).
@@ -209,6 +215,21 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                 parse_tools=tools_enabled(conv.tools, conv.tool_choice), logprobs=logprobs,
                 generate=generate_requests(prompt_ids, spec, completion_id, logprobs),
                 started=started, lineage=lineage, notes=conv.notes)
+
+
+async def recall_previous_turn(state: GatewayState, session_id: str | None,
+                               messages: list[dict[str, Any]],
+                               tools: list[dict[str, Any]] | None,
+                               tool_choice: ToolChoice | None) -> None:
+    """Token continuity from the store, off the event loop (`Continuity.recall`). A
+    failure (the database down) only loses the optimisation: logged, not raised."""
+    assert session_id is not None
+    try:
+        await asyncio.to_thread(state.continuity.recall, session_id, messages, tools,
+                                tool_choice)
+    except Exception:  # noqa: BLE001 - the turn is served with a full render
+        log.warning("session %s: token continuity could not read the store", session_id,
+                    exc_info=True)
 
 
 async def reply_complete(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> JsonReply:
@@ -302,4 +323,5 @@ def records(turn: Turn[Any], generations: Sequence[Generation],
         requested_model=turn.model, prompt_ids=turn.prompt_ids,
         generations=generations, choices=choices, spec=turn.spec, request_json=turn.body,
         response_json=response, session_id=turn.session_id,
-        api_key_id=turn.principal.key_id, started=turn.started)
+        api_key_id=turn.principal.key_id, started=turn.started,
+        continuity_keys=turn.state.continuity.keys(turn.lineage, choices))

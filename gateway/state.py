@@ -58,7 +58,9 @@ class GatewayState:
         gw = self.config.gateway
         self.continuity = Continuity(self.tokenizer, enabled=gw.token_continuity,
                                      max_bytes=gw.token_continuity_cache_mb * 2**20,
-                                     counter=self.metrics.continuity)
+                                     counter=self.metrics.continuity,
+                                     recent=self.store.recent_turns if gw.capture else None,
+                                     recalls=self.metrics.continuity_recalls)
         self.large_prompts = LargePrompts(gw.offload_prompt_chars, gw.offload_max_prompts)
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:

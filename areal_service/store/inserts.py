@@ -34,7 +34,7 @@ _COMPLETION_COLUMNS = (
     "prompt_ids", "output_ids", "output_logprobs", "output_versions", "min_version",
     "finish_reason", "temperature", "top_p", "top_k", "backend", "latency_ms",
     "prompt_tokens", "completion_tokens", "created_at", "full_len", "full_hash",
-    "requested_model",
+    "requested_model", "continuity_key",
 )  # fmt: skip
 """`completions` columns in table order: the order of `completion_row`'s tuple (checked
 against the compiled INSERT when an inserter is made)."""
@@ -84,6 +84,7 @@ def completion_row(record: CompletionRecord) -> tuple[Any, ...]:
         record.finish_reason, record.temperature, record.top_p, record.top_k, record.backend,
         record.latency_ms, record.prompt_tokens, record.completion_tokens, record.created_at,
         len(record.prompt_ids) + n, packed_digest(prompt, output), record.requested_model,
+        record.continuity_key,
     )  # fmt: skip
 
 

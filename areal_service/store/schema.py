@@ -125,6 +125,10 @@ class CompletionRow(Base):
     full_hash: Mapped[str | None] = mapped_column(String(32))
     requested_model: Mapped[str | None] = mapped_column(String)
     """The model name the client sent (`model` is the policy that served it)."""
+    continuity_key: Mapped[str | None] = mapped_column(String)
+    """`<messages>:<prompt digest>:<reply digest>`: lets a later turn of the session,
+    served by any gateway process, continue this completion's ids
+    (`gateway/continuity.py`); NULL without a session."""
 
 
 class RewardRow(Base):

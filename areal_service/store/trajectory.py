@@ -22,6 +22,7 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
 from areal_service.config import StoreConfig
+from areal_service.packing import unpack_int32
 from areal_service.store.connect import create_store_engine
 from areal_service.store.inserts import CompletionInserter, completion_row
 from areal_service.store.leases import acquire_lease, lease_holder, release_lease
@@ -40,6 +41,7 @@ from areal_service.store.schema import (
 from areal_service.types import (
     ApiKeyRecord,
     CompletionRecord,
+    RecentTurn,
     RewardRecord,
     SessionRecord,
     SessionStatus,
@@ -325,6 +327,22 @@ class TrajectoryStore:
         )
         with self._engine.connect() as connection:
             return [PrefixEntry(*row) for row in connection.execute(statement)]
+
+    def recent_turns(self, session_id: str, limit: int) -> list[RecentTurn]:
+        """The session's newest `limit` completions that carry a continuity key, newest
+        first: ids and key only (one indexed query, run when a turn's predecessor was
+        served by another gateway process or before a restart)."""
+        statement = (
+            select(CompletionRow.id, CompletionRow.prompt_ids, CompletionRow.output_ids,
+                   CompletionRow.continuity_key)
+            .where(CompletionRow.session_id == session_id,
+                   CompletionRow.continuity_key.is_not(None))
+            .order_by(CompletionRow.created_at.desc(), CompletionRow.id.desc())
+            .limit(limit)
+        )  # fmt: skip
+        with self._engine.connect() as connection:
+            return [RecentTurn(cid, unpack_int32(prompt), unpack_int32(output), key)
+                    for cid, prompt, output, key in connection.execute(statement)]
 
     def prefix_entries_of(self, session_ids: Collection[str]) -> dict[str, list[PrefixEntry]]:
         """`prefix_entries` of several sessions in one query (every id is a key)."""

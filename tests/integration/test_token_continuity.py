@@ -203,3 +203,66 @@ def test_not_prefix_stable_template_falls_back(tmp_path: Path, tiny_model_dir: P
             assert list(r.prompt_ids) == tok.encode(rendered)
         assert outcome_count(gw, "prefix_changed") == 2
         assert outcome_count(gw, "continued") == 0
+
+
+def recall_count(gw: Gateway, result: str) -> float:
+    return gw.state.metrics.continuity_recalls.labels(result)._value.get()
+
+
+def test_turns_hopping_between_gateway_processes_merge(tmp_path: Path, tiny_model_dir: Path,
+                                                       engine_url: str) -> None:
+    """Two gateway processes on one store (workers or replicas): each turn goes to the
+    other one, which did not serve the turn it extends. It finds that turn in the store
+    (`Continuity.recall`), so the session still exports ONE exact sequence."""
+    with run_gateway(tmp_path, tiny_model_dir, [engine_url], "gateway.replicas=true") as a, \
+            run_gateway(tmp_path, tiny_model_dir, [engine_url], "gateway.replicas=true") as b:
+        session_id, client_a = open_session(a)
+        client_b = openai.OpenAI(base_url=b.v1, api_key=client_a.api_key, max_retries=0)
+        model = a.config.gateway.model_name
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+        replies = []
+        for turn, text in enumerate(USER_TURNS[:6]):
+            messages.append({"role": "user", "content": text})
+            client = (client_a, client_b)[turn % 2]
+            reply = client.chat.completions.create(model=model, messages=messages,
+                                                   max_tokens=12)
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            replies.append(reply)
+        records, sequences = sequences_of(a, session_id)
+        assert [r.id for r in records] == [r.id for r in replies]
+        assert_one_exact_sequence(records, sequences)
+        assert all(r.continuity_key for r in records)
+        # a: turns 1, 3, 5 (the first a full render); b: turns 2, 4, 6. Every turn after
+        # the first extends one the other process served: found in the store.
+        assert (outcome_count(a, "no_match"), outcome_count(a, "continued")) == (1, 2)
+        assert (outcome_count(b, "no_match"), outcome_count(b, "continued")) == (0, 3)
+        assert (recall_count(a, "found"), recall_count(b, "found")) == (2, 3)
+        assert recall_count(a, "none") == recall_count(b, "none") == 0
+
+
+def test_a_restarted_gateway_continues_a_session(tmp_path: Path, tiny_model_dir: Path,
+                                                engine_url: str) -> None:
+    """The process that served the earlier turns is gone: its successor continues the
+    session from the store, and an edited history still gets a full render."""
+    with run_gateway(tmp_path, tiny_model_dir, [engine_url]) as gw:
+        session_id, client = open_session(gw)
+        model = gw.config.gateway.model_name
+        chat_conversation(client, model, USER_TURNS[:2])
+    with run_gateway(tmp_path, tiny_model_dir, [engine_url]) as gw:
+        client = openai.OpenAI(base_url=gw.v1, api_key=client.api_key, max_retries=0)
+        (_, second), _ = sequences_of(gw, session_id)
+        reply = {k: v for k, v in second.response_json["choices"][0]["message"].items()
+                 if v is not None}
+        messages = [*second.request_json["messages"], reply,
+                    {"role": "user", "content": USER_TURNS[2]}]
+        client.chat.completions.create(model=model, messages=messages, max_tokens=12)
+        assert outcome_count(gw, "continued") == 1 and recall_count(gw, "found") == 1
+        edited = [*messages[:-2], {"role": "assistant", "content": "Something else."},
+                  messages[-1]]
+        client.chat.completions.create(model=model, messages=edited, max_tokens=12)
+        # the edit is at a turn this process now remembers: no second store read
+        assert outcome_count(gw, "no_match") == 1 and recall_count(gw, "found") == 1
+        assert recall_count(gw, "none") == 0
+        records, _ = sequences_of(gw, session_id)
+        assert_one_exact_sequence(records[:3], build_sequences(
+            records[:3], {r.id: 0.0 for r in records[:3]}))

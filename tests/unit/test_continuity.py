@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from areal_service.sglang_protocol import FinishReason
+from areal_service.types import RecentTurn
 from gateway.continuity import Continuity, ContinuityCache, EndOfTurn, assistant_key
 from gateway.protocol import ResponsesRequest
 from gateway.responses import output_items, responses_to_chat
@@ -206,3 +207,49 @@ def test_cache_is_bounded_lru(tok: ChatTokenizer) -> None:
     assert cache.entries("s3") == [] and cache.entries("s2")
     cache.forget("s2")
     assert cache.entries("s2") == [] and cache.bytes == 2 * one
+
+
+def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> None:
+    """Process A serves a tool-call turn and records its key; process B, which never saw
+    it, finds it through `recall` (the store's newest keyed turns) and continues its ids.
+    A reply the store does not hold, or other tools, find nothing: a full render."""
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    out = [*tok.encode(call), IM_END]
+    a, _ = make(tok)
+    first = [{"role": "user", "content": "add 2 and 3"}]
+    p1, lineage = a.prompt(SESSION, first, TOOLS, None)
+    choice = parse_choice(tok, GeneratedChoice(tuple(out), finish=FinishReason(
+        "stop", matched=IM_END)), completion_id="chatcmpl-1", parse_tools=True)
+    (key,) = a.keys(lineage, [choice])
+    assert key is not None and key.startswith("1:")
+    stored = [RecentTurn("chatcmpl-1", tuple(p1), tuple(out), key)]
+    reply = choice.to_message()
+    second = [*first, reply,
+              {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "5"}]
+    reads: list[str] = []
+
+    def recent(session_id: str, n: int) -> list[RecentTurn]:
+        reads.append(session_id)
+        return stored
+
+    recalls = Counter("recalls", "test", ["result"], registry=CollectorRegistry())
+    b = Continuity(tok, enabled=True, max_bytes=1 << 24, recent=recent, recalls=recalls,
+                   counter=Counter("c", "test", ["outcome"], registry=CollectorRegistry()))
+    assert not b.wants_recall(SESSION, first)  # no assistant message: nothing to extend
+    assert not b.wants_recall(None, second)
+    assert b.wants_recall(SESSION, second)
+    assert b.recall(SESSION, second, TOOLS, None) and reads == [SESSION]
+    p2, _ = b.prompt(SESSION, second, TOOLS, None)
+    assert p2[:len(p1) + len(out)] == p1 + out
+    assert not b.wants_recall(SESSION, second)  # remembered now
+    assert count(recalls, "found") == 1
+
+    injected = [*second[:1], {"role": "assistant", "content": "made up"}, *second[2:]]
+    other_tools = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "sum"}}]
+    for messages, tools in ((injected, TOOLS), (second, other_tools)):
+        c = Continuity(tok, enabled=True, max_bytes=1 << 24, recent=recent, recalls=recalls)
+        assert not c.recall(SESSION, messages, tools, None)
+        assert c.cache.entries(SESSION) == []
+    assert count(recalls, "none") == 2
+    off = Continuity(tok, enabled=True, max_bytes=1 << 24)  # capture off: no store
+    assert not off.wants_recall(SESSION, second)

@@ -18,6 +18,9 @@ TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "
           "leases"}
 
 
+HEAD = "0007_continuity_key"
+"""The newest revision: what an upgraded database stands at."""
+
 def _state(url: str) -> tuple[list, str | None, set[str]]:
     """(autogenerate diff against schema.py, current revision, table names)."""
     engine = create_engine(url)
@@ -32,7 +35,7 @@ def _state(url: str) -> tuple[list, str | None, set[str]]:
 
 def test_one_head_in_the_installed_package():
     script = ScriptDirectory.from_config(alembic_config("sqlite:///unused.db"))
-    assert script.get_heads() == ["0006_leases"]
+    assert script.get_heads() == [HEAD]
     assert (migrations_dir() / "env.py").is_file()
     assert (migrations_dir() / "versions" / "0001_initial.py").is_file()
 
@@ -46,7 +49,7 @@ def test_upgrade_empty_database_matches_schema(store_url):
     upgrade_database(store_url)
     diff, revision, tables = _state(store_url)
     assert diff == []
-    assert revision == "0006_leases"
+    assert revision == HEAD
     assert tables == TABLES | {"alembic_version"}
     upgrade_database(store_url)  # at head already: a no-op
     assert _state(store_url) == (diff, revision, tables)
@@ -60,14 +63,14 @@ def test_downgrade_to_base_and_back(store_url):
     assert revision is None and tables == {"alembic_version"}
     assert {op[1].name for op in diff if op[0] == "add_table"} == TABLES
     upgrade_database(store_url)
-    assert _state(store_url)[:2] == ([], "0006_leases")
+    assert _state(store_url)[:2] == ([], HEAD)
 
 
 def test_open_migrates_only_when_asked(store_url):
     TrajectoryStore.open(store_url, StoreConfig(auto_migrate=False)).close()
     assert _state(store_url)[2] == set()
     TrajectoryStore.open(store_url, StoreConfig(auto_migrate=True)).close()
-    assert _state(store_url)[1:] == ("0006_leases", TABLES | {"alembic_version"})
+    assert _state(store_url)[1:] == (HEAD, TABLES | {"alembic_version"})
 
 
 def test_concurrent_upgrades_of_a_fresh_database_all_succeed(store_url: str) -> None:
@@ -97,4 +100,4 @@ def test_concurrent_upgrades_of_a_fresh_database_all_succeed(store_url: str) -> 
     for t in threads:
         t.join()
     assert errors == []
-    assert _state(store_url)[:2] == ([], "0006_leases")
+    assert _state(store_url)[:2] == ([], HEAD)
