@@ -29,6 +29,7 @@ from loopback import free_port, wait_gone
 from sqlalchemy import select
 
 from areal_service.config import StoreConfig
+from areal_service.episodes import build_sequences
 from areal_service.store import TrajectoryStore
 from areal_service.store.schema import CompletionRow
 from areal_service.types import WeightVersionRecord
@@ -141,6 +142,55 @@ def _publish(store: TrajectoryStore, tmp_path: Path, model_dir: Path, version: i
     store.add_weight_version(WeightVersionRecord(version=version, path=str(path)))
 
 
+def _one_client_per_worker(url: str) -> list[httpx.Client]:
+    """Two kept-alive clients whose connections two different workers accepted (opened
+    at once; a connection stays on its worker)."""
+    clients = [httpx.Client(base_url=url, timeout=60) for _ in range(16)]
+    answered: dict[int, str] = {}
+
+    def probe(i: int) -> None:
+        answered[i] = clients[i].get("/health/liveness").headers["x-areal-worker"]
+
+    for _ in range(5):
+        threads = [threading.Thread(target=probe, args=(i,)) for i in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        by_worker = {worker: clients[i] for i, worker in answered.items()}
+        if len(by_worker) == 2:
+            keep = list(by_worker.values())
+            for c in clients:
+                if c not in keep:
+                    c.close()
+            return keep
+    pytest.fail(f"all connections went to one worker: {answered}")
+
+
+def _one_sequence_across_workers(url: str, store: TrajectoryStore) -> None:
+    session = httpx.post(f"{url}/rl/sessions", json={}, headers=ADMIN).json()
+    headers = {"Authorization": f"Bearer {session['api_key']}"}
+    messages: list[dict] = [{"role": "system", "content": "You are terse."}]
+    clients = _one_client_per_worker(url)
+    workers: list[str] = []
+    for turn in range(6):  # each turn on the other worker
+        messages.append({"role": "user", "content": f"turn {turn}"})
+        resp = clients[turn % 2].post("/v1/chat/completions", headers=headers, json={
+            "model": "my-agent", "max_tokens": 6, "messages": messages})
+        assert resp.status_code == 200, resp.text
+        workers.append(resp.headers["x-areal-worker"])
+        messages.append({k: v for k, v in resp.json()["choices"][0]["message"].items()
+                         if v is not None})
+    for c in clients:
+        c.close()
+    assert all(a != b for a, b in zip(workers, workers[1:])), workers
+    records = store.list_completions(session["session_id"])
+    assert len(records) == len(workers)
+    sequences = build_sequences(records, {r.id: 0.0 for r in records})
+    assert len(sequences) == 1, (workers, [r.parent_id for r in records])
+    assert sequences[0].input_ids == records[-1].prompt_ids + records[-1].output_ids
+
+
 def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
     proc, url = _serve(tmp_path, model_dir, store_url)
     store = TrajectoryStore.open(store_url, StoreConfig())
@@ -178,6 +228,10 @@ def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
                 total = sum(float(v) for v in re.findall(
                     r'^areal_requests_total\{route="chat",status="200"\} (\S+)$', text, re.M))
                 assert total == len(acked), text[:2000]
+
+        # A multi-turn session whose turns hop between the workers merges into ONE
+        # training sequence: each worker continues the other's turn from the store.
+        _one_sequence_across_workers(url, store)
 
         # 2. One swap per publish, every worker sees it live.
         statuses = _status(url)
