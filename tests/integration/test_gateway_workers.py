@@ -14,6 +14,7 @@ along."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -183,7 +184,7 @@ def _one_sequence_across_workers(url: str, store: TrajectoryStore) -> None:
                          if v is not None})
     for c in clients:
         c.close()
-    assert all(a != b for a, b in zip(workers, workers[1:])), workers
+    assert all(a != b for a, b in itertools.pairwise(workers)), workers
     records = store.list_completions(session["session_id"])
     assert len(records) == len(workers)
     sequences = build_sequences(records, {r.id: 0.0 for r in records})
