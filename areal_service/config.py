@@ -270,15 +270,17 @@ class GatewayConfig(_Section):
     (capture writer, store lookups) share one GIL; at CPython's 5 ms a thread that
     released the GIL for a SQLite call waits up to 5 ms to get it back from a busy loop,
     per call. 0.2 ms measured +7% req/s and -8 ms p50 at 64 clients."""
-    workers: int = Field(1, ge=0, le=64)
+    workers: int = Field(0, ge=0, le=64)
     """Gateway processes serving `port` together (uvicorn's workers on one shared
-    socket), each with its own event loop, store writer and caches; 0: one per core, up
-    to 8. One process holds the leader lease (`leader_lease_s`) and alone swaps weights
-    and sweeps idle sessions. Default 1: token continuity and parent linking cache a
-    session's last turn per process, so a client that opens a new connection per turn
-    may land on a worker without it (continuity then falls back to a full render, and
-    linking reads the store). Clients that keep their connection (the OpenAI SDKs,
-    httpx pools) stay on one worker."""
+    socket), each with its own event loop, store writer and caches. 0 (default): one
+    per core up to 8 when the backends are external (SGLang servers, a router: the
+    gateway's CPU is then what limits it), 1 in front of the local engine (a CPU engine
+    that needs the cores itself). One process holds the leader lease
+    (`leader_lease_s`) and alone swaps weights and sweeps idle sessions. A session's
+    turns may land on any worker: each finds the turn it extends in the store (token
+    continuity, parent linking). Per-key limits and the auth-failure throttle count per
+    process: with N workers a key can get up to N times its per-minute and in-flight
+    limits."""
     replicas: bool = False
     """Other gateway processes (replicas on other hosts, behind one load balancer) share
     this store: parent linking then reads each session's turns from the store instead of
@@ -288,12 +290,18 @@ class GatewayConfig(_Section):
     the leader dies, another worker or replica takes over swaps and sweeps within this."""
 
     def worker_count(self) -> int:
-        """Gateway processes to run: `workers`, or one per core (up to 8) for 0."""
-        return self.workers or min(os.cpu_count() or 1, 8)
+        """Gateway processes to run: `workers`; for 0, one per core (up to 8) with
+        external backends, 1 in front of the local engine."""
+        if self.workers:
+            return self.workers
+        if not (self.backends or self.router_url):
+            return 1
+        return min(os.cpu_count() or 1, 8)
 
     def shares_store(self) -> bool:
-        """Whether other gateway processes write the same store (workers or replicas)."""
-        return self.replicas or self.worker_count() > 1
+        """Whether other gateway processes write the same store: replicas, or a worker
+        count (resolved by `gateway/server.py` before the app is built) above 1."""
+        return self.replicas or self.workers > 1
 
 
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]

@@ -191,8 +191,8 @@ class Gateway:
                      f"gateway.capture={str(capture).lower()}", "log_level=warning",
                      f"gateway.admin_key={ADMIN_KEY}"):
             argv += ["--set", item]
-        if workers != 1:  # (a baseline tree may predate the setting)
-            argv += ["--set", f"gateway.workers={workers}"]
+        if workers != 1 or repo == REPO:  # (a baseline tree may predate the setting,
+            argv += ["--set", f"gateway.workers={workers}"]  # and serves one process)
         log = data_dir / "gateway.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=repo, stdout=out, stderr=subprocess.STDOUT)

@@ -260,6 +260,6 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.add_middleware(HotRoutes, routes=openai.HOT_ROUTES)
     app.add_middleware(AuthThrottleMiddleware, throttle_of=_throttle_of,
                        known_good_of=_known_good_of)
-    if given.gateway.worker_count() > 1:  # outermost: even a throttled reply names it
+    if given.gateway.workers > 1:  # outermost: even a throttled reply names it
         app.add_middleware(_WorkerHeader)
     return app

@@ -51,6 +51,8 @@ def run_gateway(config: ServiceConfig) -> None:
     """Serve the gateway (blocking) on `gateway.host:gateway.port` with
     `gateway.worker_count()` processes."""
     workers = config.gateway.worker_count()
+    config = config.model_copy(update={
+        "gateway": config.gateway.model_copy(update={"workers": workers})})  # resolved
     log.info("gateway on http://%s:%d/v1 (%d worker%s)", config.gateway.host,
              config.gateway.port, workers, "" if workers == 1 else "s")
     if workers == 1:
