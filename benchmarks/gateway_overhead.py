@@ -22,7 +22,10 @@ this gateway / the gateway of source tree DIR (e.g. `git worktree add DIR <old c
 and, per `--workers` value, this gateway with that many worker processes, measured in
 the same rounds in rotating order, medians of the rounds; prints req/s,
 p50/p99, TTFT p50, the ratios against direct with the targets, gateway CPU per request
-(and its kernel part) and per streamed token ((stream - non-stream) / 32).
+(and its kernel part) and per streamed token ((stream - non-stream) / 32), beside a
+byte relay's (`benchmarks/tcp_relay.py`: the floor of forwarding each token in Python).
+`--stream-interval N`: the backend sends a chunk every N tokens (SGLang's
+`--stream-interval`), what moves the per-token cost below that floor.
 
 Run: `python -m benchmarks.gateway_overhead [--requests 1500] [--stream-requests 600]
 [--concurrency 64] [--delay-ms 5] [--token-delay-ms 2] [--slow-token-delay-ms 10]
@@ -569,7 +572,8 @@ async def run_pace(args: argparse.Namespace) -> None:
     tokenizer = build_bench_tokenizer(Path(args.tokenizer_dir))
     ids = prompt_ids(tokenizer)
     backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
-                                 delay_ms=PACE["delay_ms"], token_delay_ms=PACE["token_delay_ms"])
+                                 delay_ms=PACE["delay_ms"], token_delay_ms=PACE["token_delay_ms"],
+                                 stream_interval=args.stream_interval)
     trees = {("gateway" if w == 1 else f"gateway w{w}"): (REPO, w)
              for w in (int(x) for x in args.workers.split(","))}
     if args.baseline:
@@ -589,7 +593,8 @@ async def run_pace(args: argparse.Namespace) -> None:
                 await gw.ready(session)
                 gw.keys = await gw.make_keys(session, args.session_mode, episodes)
         print(f"stream-pace: echo backend {PACE['delay_ms']:g} ms to the first token, then "
-              f"{PACE['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens; {conc} closed-loop "
+              f"{PACE['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens, a chunk every "
+              f"{args.stream_interval} token(s) after the first; {conc} closed-loop "
               f"clients; {n} requests per path and round after {args.warmup} warm-up; "
               f"{rounds} rounds, order rotating; capture on; {os.cpu_count()} CPUs shared by "
               f"load, backend and gateway(s); paths: direct, {RELAY} (direct through "
@@ -846,6 +851,9 @@ def main() -> None:
     p.add_argument("--baseline", default=None,
                    help="with --preset: also measure the gateway of this source tree")
     p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="with --preset: the backend streams a chunk every N tokens after the "
+                        "first (SGLang's --stream-interval)")
     p.add_argument("--workers", default="1",
                    help="with --preset: gateway.workers values to measure, e.g. 1,2,16")
     p.add_argument("--tokenizer-dir", default=str(Path(tempfile.gettempdir()) /

@@ -92,6 +92,9 @@ class EchoSettings:
     disconnect_abort_ms: float = 2000.0
     """A stream whose client went away is aborted this much later (as SGLang does), so
     only an explicit `/abort_request` stops it at once."""
+    stream_interval: int = 1
+    """A streamed request emits a chunk for its first token and then every this many
+    tokens (SGLang's `--stream-interval`); the finish chunk always."""
     legacy_info: bool = False
     """Serve only `/get_model_info` / `/get_server_info` (404 on the new names)."""
     weight_version: str = "default"
@@ -183,7 +186,7 @@ class EchoBackend:
             if last:
                 finish = (FinishReason("length", length=n) if hits_length
                           else FinishReason("stop", matched=EOS_ID))
-            elif emit is not None:
+            elif emit is not None and (i == 0 or (i + 1) % s.stream_interval == 0):
                 await emit(self._chunk(body, ids, out, None, None))
         if run.aborted:
             finish = FinishReason("abort", message="Aborted")
@@ -534,7 +537,8 @@ def _start_subprocess(port: int, host: str, s: EchoSettings) -> EchoBackendHandl
     cmd = [sys.executable, "-m", "engine.echo_backend", "--host", host, "--port", str(port),
            "--tokens", str(s.tokens), "--delay-ms", str(s.delay_ms),
            "--token-delay-ms", str(s.token_delay_ms), "--load-delay-ms", str(s.load_delay_ms),
-           "--disconnect-abort-ms", str(s.disconnect_abort_ms)]
+           "--disconnect-abort-ms", str(s.disconnect_abort_ms),
+           "--stream-interval", str(s.stream_interval)]
     if s.legacy_info:
         cmd.append("--legacy-info")
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1],
@@ -552,7 +556,8 @@ async def _main(args: argparse.Namespace) -> None:
     settings = EchoSettings(tokens=args.tokens, delay_ms=args.delay_ms,
                             token_delay_ms=args.token_delay_ms,
                             load_delay_ms=args.load_delay_ms, legacy_info=args.legacy_info,
-                            disconnect_abort_ms=args.disconnect_abort_ms)
+                            disconnect_abort_ms=args.disconnect_abort_ms,
+                            stream_interval=args.stream_interval)
     server = _Server(EchoBackend(settings))
     port = await server.start(args.host, args.port)
     # The handshake line a parent in subprocess mode waits for (stdout, not a log).
@@ -570,6 +575,7 @@ def main() -> None:
     p.add_argument("--token-delay-ms", type=float, default=0.0)
     p.add_argument("--load-delay-ms", type=float, default=0.0)
     p.add_argument("--disconnect-abort-ms", type=float, default=2000.0)
+    p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--legacy-info", action="store_true")
     p.add_argument("--no-uvloop", action="store_true")
     args = p.parse_args()
