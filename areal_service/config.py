@@ -241,6 +241,11 @@ class GatewayConfig(_Section):
     """How often the keys' `last_used_at` is written: uses are noted in memory (a dict
     store per request) and flushed in one transaction per interval, so a key's time is
     written at most once per interval and never on a request's path."""
+    key_limits_sync_s: float = Field(1.0, gt=0)
+    """With several gateway processes on one store: how often each publishes its counts
+    of the keys with limits it served lately and reads the others' (one short
+    transaction), so per-key limits count every process; together they can pass a limit
+    by at most what they admit within this interval."""
     reward_max_abs: float = Field(1e6, gt=0, le=1e300)
     """Largest |value| a posted reward may have (400 beyond). A return sums at most every
     reward of its session and group, so with each one bounded the sum stays finite for

@@ -112,6 +112,25 @@ class CompletionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyCounts:
+    """A key's live counts in one gateway process (or summed over several): what the
+    per-key limits check (`gateway/limits.py`)."""
+
+    requests: int = 0
+    """Requests admitted in the last minute."""
+    tokens: int = 0
+    """Tokens used in the last minute."""
+    in_flight: int = 0
+    unflushed_tokens: int = 0
+    """Tokens counted but not yet in the stored `tokens_used`."""
+
+    def __add__(self, other: KeyCounts) -> KeyCounts:
+        return KeyCounts(self.requests + other.requests, self.tokens + other.tokens,
+                         self.in_flight + other.in_flight,
+                         self.unflushed_tokens + other.unflushed_tokens)
+
+
+@dataclass(frozen=True, slots=True)
 class RecentTurn:
     """A session's recent completion as token continuity reads it back from the store."""
 

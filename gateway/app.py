@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -29,6 +29,7 @@ from gateway.cache import RefreshingCache
 from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
 from gateway.leader import Leadership
+from gateway.limits import sync_key_limits
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
@@ -230,6 +231,11 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                  asyncio.create_task(flush_key_usage(
                      app.state.gateway.keys.usage, store,
                      config.gateway.key_usage_interval_s))]
+        keys = app.state.gateway.keys
+        if shared:  # per-key limits count every process that shares the store
+            tasks.append(asyncio.create_task(sync_key_limits(
+                keys.limits, keys.usage.unflushed_tokens, store, leadership.holder,
+                gw.key_limits_sync_s)))
         try:
             yield
         finally:
@@ -237,7 +243,10 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await leadership.release()
-            await write_key_usage(app.state.gateway.keys.usage, store)
+            await write_key_usage(keys.usage, store)
+            if shared:
+                with suppress(Exception):  # else they age out in five intervals
+                    await asyncio.to_thread(store.forget_key_counts, leadership.holder)
             app.state.gateway.large_prompts.close()
             await pool.aclose()
             await asyncio.to_thread(writer.stop)

@@ -87,6 +87,10 @@ class KeyUsage:
         """Count `tokens` used by `key_id` (flushed into `tokens_used`)."""
         self._tokens[key_id] = self._tokens.get(key_id, 0) + tokens
 
+    def unflushed_tokens(self) -> dict[str, int]:
+        """Tokens counted per key and not yet taken by a flush (a copy)."""
+        return dict(self._tokens)
+
     def take_tokens(self) -> dict[str, int]:
         """Tokens counted since the last `take_tokens` (and forget them)."""
         tokens, self._tokens = self._tokens, {}

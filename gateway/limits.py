@@ -3,11 +3,14 @@ and a total token budget, set on the key (`ApiKeyRecord.rpm_limit`, `tpm_limit`,
 `max_concurrent`, `token_budget`; None: unlimited). Past one, 429 in the OpenAI shape
 with `retry-after`.
 
-Counted in memory, per process (with several gateway processes each enforces the
-limits on its own share): sliding 60-second windows of request times and of
-(time, tokens), an in-flight count, and the key's running token total, which starts
-from the stored `tokens_used` when the process first sees the key and whose increments
-the key-usage flush writes back (`gateway/auth.py`). Tokens are known when a reply is
+Counted in memory: sliding 60-second windows of request times and of (time, tokens), an
+in-flight count, and the key's running token total, which starts from the stored
+`tokens_used` when the process first sees the key and whose increments the key-usage
+flush writes back (`gateway/auth.py`). With several gateway processes on one store
+(workers, replicas) each publishes its counts of the keys it served lately and reads
+the others' every `gateway.key_limits_sync_s` (`sync_key_limits`,
+`areal_service/store/key_counters.py`); a limit then counts every process, and N
+processes together can pass it by at most what they admit within one sync interval. Tokens are known when a reply is
 complete, so the token checks refuse the request after the one that went over: a
 single request may overshoot a per-minute or total figure by its own size.
 
@@ -17,15 +20,20 @@ check per request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from areal_service.types import ApiKeyRecord
+from areal_service.types import ApiKeyRecord, KeyCounts
 from gateway.errors import OpenAIError
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 60.0
 Keep = Callable[[AsyncIterator[str]], AsyncIterator[str]]
@@ -38,7 +46,11 @@ class _KeyState:
     tokens_in_window: int = 0
     in_flight: int = 0
     total: int | None = None
-    """Tokens used in total (stored figure at first sight + what this process counted)."""
+    """Tokens used in total (stored figure at first sight, or at the last sync with the
+    other processes' unflushed counts, + what this process counted since)."""
+    peers: KeyCounts = field(default_factory=KeyCounts)
+    """The other gateway processes' counts at the last sync (zero when alone)."""
+    last_seen: float = 0.0
 
 
 def has_limits(key: ApiKeyRecord) -> bool:
@@ -88,26 +100,31 @@ class KeyLimits:
         now = self._clock()
         state = self._state(key)
         self._expire(state, now)
+        state.last_seen = now
+        peers = state.peers
         if key.token_budget is not None and (state.total or 0) >= key.token_budget:
             raise rate_limited(
                 f"this key has used its token budget ({state.total:,} of "
                 f"{key.token_budget:,} tokens); ask an admin to raise it",
                 WINDOW_S, "token_budget_exhausted")
-        if key.max_concurrent is not None and state.in_flight >= key.max_concurrent:
+        in_flight = state.in_flight + peers.in_flight
+        if key.max_concurrent is not None and in_flight >= key.max_concurrent:
             raise rate_limited(
-                f"this key already has {state.in_flight} requests in flight (limit "
+                f"this key already has {in_flight} requests in flight (limit "
                 f"{key.max_concurrent})", 1, "concurrency_limit_exceeded")
-        if key.rpm_limit is not None and len(state.requests) >= key.rpm_limit:
-            wait = state.requests[len(state.requests) - key.rpm_limit] + WINDOW_S - now
+        requests = len(state.requests)
+        if key.rpm_limit is not None and requests + peers.requests >= key.rpm_limit:
+            over = requests + peers.requests - key.rpm_limit  # this many must expire first
+            wait = state.requests[over] + WINDOW_S - now if over < requests else 1
             raise rate_limited(
                 f"rate limit of {key.rpm_limit} requests per minute reached for this key",
                 wait, "rate_limit_exceeded")
-        if key.tpm_limit is not None and state.tokens_in_window >= key.tpm_limit:
+        tokens = state.tokens_in_window + peers.tokens
+        if key.tpm_limit is not None and tokens >= key.tpm_limit:
             wait = state.tokens[0][0] + WINDOW_S - now if state.tokens else 1
             raise rate_limited(
                 f"rate limit of {key.tpm_limit:,} tokens per minute reached for this key "
-                f"({state.tokens_in_window:,} used in the last minute)", wait,
-                "rate_limit_exceeded")
+                f"({tokens:,} used in the last minute)", wait, "rate_limit_exceeded")
         state.requests.append(now)
         state.in_flight += 1
         return True
@@ -130,6 +147,37 @@ class KeyLimits:
         state.tokens_in_window += tokens
         state.total = (state.total or 0) + tokens
 
+    def counts(self, unflushed: Mapping[str, int], idle_s: float = 2 * WINDOW_S
+               ) -> dict[str, KeyCounts]:
+        """This process's counts of the keys with limits it saw within `idle_s` or still
+        counts something for (what `sync_key_limits` publishes); `unflushed`: tokens per
+        key not yet in the stored `tokens_used`."""
+        now = self._clock()
+        out: dict[str, KeyCounts] = {}
+        for key_id, state in self._keys.items():
+            self._expire(state, now)
+            if now - state.last_seen > idle_s and not state.in_flight and not state.requests:
+                state.peers = KeyCounts()  # not synced: unknown until it is again
+                continue
+            out[key_id] = KeyCounts(len(state.requests), state.tokens_in_window,
+                                    state.in_flight, unflushed.get(key_id, 0))
+        return out
+
+    def apply(self, mine: Mapping[str, KeyCounts], peers: Mapping[str, KeyCounts],
+              tokens_used: Mapping[str, int]) -> None:
+        """The other processes' counts and the stored `tokens_used` of the keys in `mine`
+        (what was published), read back in the same sync. The running total becomes the
+        stored figure plus every process's unflushed tokens (a flush in progress may be
+        missed or counted twice for one sync)."""
+        for key_id, own in mine.items():
+            state = self._keys.get(key_id)
+            if state is None:
+                continue
+            state.peers = peers.get(key_id, KeyCounts())
+            if key_id in tokens_used:
+                state.total = (tokens_used[key_id] + own.unflushed_tokens
+                               + state.peers.unflushed_tokens)
+
     @contextlib.asynccontextmanager
     async def holding(self, key: ApiKeyRecord | None) -> AsyncIterator[Keep]:
         """Admit `key`'s request for the block (429 when over a limit). Yields `keep`,
@@ -150,6 +198,32 @@ class KeyLimits:
         finally:
             if counted and not handed_on:
                 self.release(key)
+
+
+class CountsExchange(Protocol):
+    """The store's side of `sync_key_limits` (`TrajectoryStore`)."""
+
+    def exchange_key_counts(self, holder: str, counts: Mapping[str, KeyCounts],
+                            fresh_s: float) -> tuple[dict[str, KeyCounts], dict[str, int]]: ...
+
+
+async def sync_key_limits(limits: KeyLimits, unflushed: Callable[[], Mapping[str, int]],
+                          store: CountsExchange, holder: str, interval_s: float) -> None:
+    """Every `interval_s`, forever: publish this process's counts of its active limited
+    keys and take the other processes' (rows older than five intervals are from gone
+    processes). A failed exchange is logged; the last known counts stay in force."""
+    while True:
+        await asyncio.sleep(interval_s)
+        mine = limits.counts(unflushed())
+        if not mine:
+            continue
+        try:
+            peers, used = await asyncio.to_thread(store.exchange_key_counts, holder, mine,
+                                                  5 * interval_s)
+        except Exception:  # the database may be briefly unavailable
+            log.warning("sharing per-key limit counts failed", exc_info=True)
+            continue
+        limits.apply(mine, peers, used)
 
 
 class _ReleasedAfter:

@@ -176,6 +176,26 @@ class TrainStepRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class KeyCounterRow(Base):
+    """One gateway process's (`holder`'s) live counts for one key with limits, published
+    every `gateway.key_limits_sync_s` so the other processes sharing the store count them
+    too (`key_counters.py`). A row not updated recently belongs to a gone process and is
+    ignored (and deleted later)."""
+
+    __tablename__ = "key_counters"
+
+    key_id: Mapped[str] = mapped_column(String, primary_key=True)
+    holder: Mapped[str] = mapped_column(String, primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer)
+    """Requests admitted in the last minute."""
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    """Tokens used in the last minute."""
+    in_flight: Mapped[int] = mapped_column(Integer)
+    unflushed_tokens: Mapped[int] = mapped_column(BigInteger)
+    """Tokens counted but not yet added to `api_keys.tokens_used`."""
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 class LeaseRow(Base):
     """A named lease (e.g. the gateway leader's): held by `holder` until `expires_at`;
     another holder may take it only after that (`leases.py`)."""

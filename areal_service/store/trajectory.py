@@ -25,6 +25,7 @@ from areal_service.config import StoreConfig
 from areal_service.packing import unpack_int32
 from areal_service.store.connect import create_store_engine
 from areal_service.store.inserts import CompletionInserter, completion_row
+from areal_service.store.key_counters import exchange_key_counts, forget_key_counts
 from areal_service.store.leases import acquire_lease, lease_holder, release_lease
 from areal_service.store.linking import PrefixEntry
 from areal_service.store.migrate import upgrade_engine
@@ -41,6 +42,7 @@ from areal_service.store.schema import (
 from areal_service.types import (
     ApiKeyRecord,
     CompletionRecord,
+    KeyCounts,
     RecentTurn,
     RewardRecord,
     SessionRecord,
@@ -467,6 +469,18 @@ class TrajectoryStore:
     def lease_holder(self, name: str) -> str | None:
         """The current holder of lease `name` (None: free or expired)."""
         return lease_holder(self._engine, name)
+
+    # Per-key counts shared by gateway processes (`key_counters.py`).
+
+    def exchange_key_counts(self, holder: str, counts: Mapping[str, KeyCounts], fresh_s: float
+                            ) -> tuple[dict[str, KeyCounts], dict[str, int]]:
+        """Publish `holder`'s counts; the other holders' fresh counts and the stored
+        `tokens_used` of the same keys."""
+        return exchange_key_counts(self._engine, holder, counts, fresh_s)
+
+    def forget_key_counts(self, holder: str) -> None:
+        """Delete `holder`'s published counts (a clean shutdown)."""
+        forget_key_counts(self._engine, holder)
 
     # Train steps.
 

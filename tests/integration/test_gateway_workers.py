@@ -41,6 +41,7 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 KEY_BOUND_S = 5.0 + 3.0  # KeyResolver's ttl_s, plus a reload and a loaded machine's slack
 SESSION_BOUND_S = 1.0 + 3.0  # the session cache's ttl_s, likewise
 LEASE_S = 2.0
+SYNC_S = 0.2  # gateway.key_limits_sync_s
 
 
 def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.Popen, str]:
@@ -51,6 +52,7 @@ def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.
                  "--set", f"gateway.port={port}", "--set", f"engine.port={free_port()}",
                  "--set", "gateway.admin_key=sk-test-admin", "--set", "gateway.workers=2",
                  "--set", f"gateway.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
+                 "--set", f"gateway.key_limits_sync_s={SYNC_S}",
                  # the revocation checks below send many refused keys from one address
                  "--set", "gateway.auth_free_failures=10000"),
         stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
@@ -192,6 +194,27 @@ def _one_sequence_across_workers(url: str, store: TrajectoryStore) -> None:
     assert sequences[0].input_ids == records[-1].prompt_ids + records[-1].output_ids
 
 
+def _rate_limit_across_workers(url: str) -> None:
+    key = httpx.post(f"{url}/admin/keys", json={"name": "limited", "rpm_limit": 4},
+                     headers=ADMIN).json()
+    headers = {"Authorization": f"Bearer {key['api_key']}"}
+    body = {"model": "my-agent", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}
+    clients = _one_client_per_worker(url)
+    try:
+        statuses = [c.post("/v1/chat/completions", json=body, headers=headers).status_code
+                    for c in clients for _ in range(2)]
+        assert statuses == [200] * 4  # two on each worker: four a minute in all
+        time.sleep(5 * SYNC_S)
+        refused = [c.post("/v1/chat/completions", json=body, headers=headers)
+                   for c in clients]
+        assert [r.status_code for r in refused] == [429, 429], [r.text for r in refused]
+        assert {r.json()["error"]["code"] for r in refused} == {"rate_limit_exceeded"}
+    finally:
+        for c in clients:
+            c.close()
+
+
 def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
     proc, url = _serve(tmp_path, model_dir, store_url)
     store = TrajectoryStore.open(store_url, StoreConfig())
@@ -233,6 +256,9 @@ def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
         # A multi-turn session whose turns hop between the workers merges into ONE
         # training sequence: each worker continues the other's turn from the store.
         _one_sequence_across_workers(url, store)
+
+        # A per-key rate limit counts both workers' requests, not each worker's own.
+        _rate_limit_across_workers(url)
 
         # 2. One swap per publish, every worker sees it live.
         statuses = _status(url)

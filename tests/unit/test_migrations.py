@@ -15,10 +15,10 @@ from areal_service.store.migrate import migrations_dir
 from areal_service.store.schema import Base
 
 TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "train_steps",
-          "leases"}
+          "leases", "key_counters"}
 
 
-HEAD = "0007_continuity_key"
+HEAD = "0008_key_counters"
 """The newest revision: what an upgraded database stands at."""
 
 def _state(url: str) -> tuple[list, str | None, set[str]]:
