@@ -283,9 +283,8 @@ class GatewayConfig(_Section):
     that needs the cores itself). One process holds the leader lease
     (`leader_lease_s`) and alone swaps weights and sweeps idle sessions. A session's
     turns may land on any worker: each finds the turn it extends in the store (token
-    continuity, parent linking). Per-key limits and the auth-failure throttle count per
-    process: with N workers a key can get up to N times its per-minute and in-flight
-    limits."""
+    continuity, parent linking), and per-key limits count every worker
+    (`key_limits_sync_s`); the auth-failure throttle counts per process."""
     replicas: bool = False
     """Other gateway processes (replicas on other hosts, behind one load balancer) share
     this store: parent linking then reads each session's turns from the store instead of
