@@ -35,16 +35,17 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
-from sqlalchemy import create_engine, insert, make_url, text
+from sqlalchemy import insert, text
 
 from areal_service.config import StoreConfig
 from areal_service.export import export_sequences
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
+from areal_service.store.connect import scratch_postgres_database
 from areal_service.store.linking import ParentLinker
 from areal_service.store.schema import RewardRow, SessionRow
 from areal_service.store.writer import GroupCommitWriter
@@ -339,20 +340,6 @@ def bench_export(store: TrajectoryStore) -> float:
     return rows / (time.perf_counter() - start)
 
 
-@contextmanager
-def _postgres_database(base: str) -> Iterator[str]:
-    name = f"areal_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def run(
     stores: dict[str, TrajectoryStore], args: argparse.Namespace
 ) -> dict[str, dict[str, float]]:
@@ -438,7 +425,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         urls = {SQLITE: f"sqlite:///{Path(tmp) / 'bench.db'}"}
         if args.postgres_url:
-            urls[POSTGRES] = stack.enter_context(_postgres_database(args.postgres_url))
+            urls[POSTGRES] = stack.enter_context(scratch_postgres_database(args.postgres_url, "areal_bench"))
         stores = {name: TrajectoryStore.open(url, StoreConfig()) for name, url in urls.items()}
         for store in stores.values():
             stack.callback(store.close)  # before the database is dropped (LIFO)

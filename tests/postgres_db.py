@@ -4,13 +4,15 @@ unreachable. Created before the test, dropped (connections forced out) after."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError
+
+from areal_service.store.connect import scratch_postgres_database
 
 POSTGRES_ENV = "AREAL_TEST_POSTGRES_URL"
 
@@ -22,19 +24,9 @@ def fresh_postgres_database() -> Iterator[str]:
         pytest.skip(
             f"{POSTGRES_ENV} is not set (e.g. postgresql+psycopg://u:pw@localhost/postgres)"
         )
-    name = f"areal_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except OperationalError as error:
-        admin.dispose()
-        pytest.skip(f"PostgreSQL at {make_url(base)!r} is unreachable: {error.orig}")
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(scratch_postgres_database(base, "areal_test"))
+        except OperationalError as error:
+            pytest.skip(f"PostgreSQL at {make_url(base)!r} is unreachable: {error.orig}")
+        yield url

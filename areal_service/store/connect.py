@@ -6,9 +6,12 @@ no rows.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 
 from areal_service.store.migrate import upgrade_engine
@@ -116,3 +119,24 @@ def upgrade_database(url: str, revision: str = "head") -> None:
         upgrade_engine(engine, revision)
     finally:
         engine.dispose()
+
+
+@contextmanager
+def scratch_postgres_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A new, empty database `<prefix>_<random>` on the PostgreSQL server `server_url`
+    (connected to as a maintenance database); yields its URL and drops it afterwards,
+    forcing out connections left open. For tests and benchmarks. Raises
+    sqlalchemy's OperationalError when the server is unreachable."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT",
+                          connect_args={"connect_timeout": 3})
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
