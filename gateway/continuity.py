@@ -346,8 +346,7 @@ class Continuity:
                 break  # newest first: nothing newer than what this process remembers
             if normalized is None:
                 normalized = normalize_messages(messages)
-                rendered_tools = ([dict(t) for t in tools or ()]
-                                  if tools_enabled(tools, tool_choice) else None)
+                rendered_tools = _rendered(tools, tool_choice)
             if len(normalized) <= k + 1 or normalized[k]["role"] != "assistant":
                 continue
             assistant = assistant_key(normalized[k])
@@ -371,10 +370,11 @@ class Continuity:
 
     def keys(self, lineage: Lineage | None, choices: Sequence[ParsedChoice]
              ) -> list[str | None]:
-        """Each choice's `continuity_key` for its record (None without a lineage):
+        """Each choice's `continuity_key` for its record (None without a lineage, or when
+        nothing is recorded):
         `<prompt messages>:<digest of their template text and tools>:<digest of the
         reply>`, what `recall` checks a later turn against."""
-        if lineage is None:
+        if lineage is None or self._recent is None:  # nothing records or reads them
             return [None] * len(choices)
         head = f"{len(lineage.messages)}:{_digest(lineage.text, _tools_text(lineage.tools))}"
         return [f"{head}:{_reply_digest(_assistant_of(choice))}" for choice in choices]
@@ -387,8 +387,7 @@ class Continuity:
         Raises `InvalidRequestError` for text the tokenizer cannot take."""
         if not self.enabled or session_id is None:
             return render_prompt_ids(self.tokenizer, messages, tools, tool_choice), None
-        rendered_tools = ([dict(t) for t in tools or ()]
-                          if tools_enabled(tools, tool_choice) else None)
+        rendered_tools = _rendered(tools, tool_choice)
         normalized = normalize_messages(messages)
         outcome: Outcome = "no_match"
         full = self.tokenizer.render(normalized, rendered_tools)
@@ -421,6 +420,12 @@ class Continuity:
         entries = [_Entry(lineage, gen.output_ids, _assistant_of(choice))
                    for gen, choice in zip(generations, choices, strict=True)]
         self.cache.add(lineage.session_id, entries)
+
+
+def _rendered(tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
+              ) -> list[dict[str, Any]] | None:
+    """The tools as the template renders them (None when not rendered)."""
+    return [dict(t) for t in tools or ()] if tools_enabled(tools, tool_choice) else None
 
 
 def _assistant_of(choice: ParsedChoice) -> AssistantKey:

@@ -215,7 +215,7 @@ def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> N
     A reply the store does not hold, or other tools, find nothing: a full render."""
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     out = [*tok.encode(call), IM_END]
-    a, _ = make(tok)
+    a = Continuity(tok, enabled=True, max_bytes=1 << 24, recent=lambda *_: [])
     first = [{"role": "user", "content": "add 2 and 3"}]
     p1, lineage = a.prompt(SESSION, first, TOOLS, None)
     choice = parse_choice(tok, GeneratedChoice(tuple(out), finish=FinishReason(
@@ -253,3 +253,4 @@ def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> N
     assert count(recalls, "none") == 2
     off = Continuity(tok, enabled=True, max_bytes=1 << 24)  # capture off: no store
     assert not off.wants_recall(SESSION, second)
+    assert off.keys(lineage, [choice]) == [None]  # nothing records them
