@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
-from weight_checks import greedy, variant_state
+from weight_checks import greedy, variant_state, wait_live
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
@@ -23,16 +23,6 @@ from trainer.weight_broadcast import WeightBroadcaster, plan_buckets
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ROUNDS = 4
 DEFAULT_BUCKET = 1024 * 2**20  # trainer.weight_sync_bucket_mb's default
-
-
-def _wait_live(gw, version: int, timeout_s: float = 60) -> WeightVersionRecord:
-    """The row once the syncer recorded the swap (it sets live_version just before)."""
-    deadline = time.monotonic() + timeout_s
-    while "swap_mode" not in (row := gw.state.store.get_weight_version(version)
-                              or WeightVersionRecord(version=version, path="")).metadata:
-        assert time.monotonic() < deadline, f"v{version} never went live"
-        time.sleep(0.01)
-    return row
 
 
 def _publish_distributed(sender: WeightBroadcaster, store: TrajectoryStore, version: int,
@@ -80,14 +70,14 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
                 assert (sent["sync_sent"]["buckets"] > 1) == (k == 0)
                 # the first swap forms the group; later ones reuse it (same backends)
                 assert sent["sync_sent"]["reused_group"] == (k > 0)
-                row = _wait_live(gw, version)
+                row = wait_live(gw.state.store, version)
                 assert row.metadata["swap_mode"] == "distributed"
                 by_broadcast = greedy(engine)
                 dist_row_s = row.metadata["swap_s"]
 
                 version += 1
                 store.add_weight_version(WeightVersionRecord(version=version, path=str(variant)))
-                row = _wait_live(gw, version)
+                row = wait_live(gw.state.store, version)
                 assert row.metadata["swap_mode"] == "disk"
                 from_disk = greedy(engine)
                 if k:
@@ -118,7 +108,7 @@ def test_expired_offer_falls_back_to_disk(tmp_path, tiny_model_dir):
             "sync": {"mode": "distributed", "master_address": "127.0.0.1", "master_port": 1,
                      "group_name": "g", "backend": "gloo", "buckets": [],
                      "expires_at": time.time() - 1}}))
-        row = _wait_live(gw, 1)
+        row = wait_live(gw.state.store, 1)
         assert row.metadata["swap_mode"] == "disk"
         assert greedy(engine)[2] == "1"
 
@@ -187,7 +177,7 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
         thread.start()
         thread.join(timeout=180)
         assert not thread.is_alive() and not failure, failure
-        rows = [_wait_live(gw, v) for v in (1, 2)]
+        rows = [wait_live(gw.state.store, v) for v in (1, 2)]
         for row in rows:
             assert row.metadata["swap_mode"] == "distributed", row.metadata
         assert [r.metadata["sync_sent"]["reused_group"] for r in rows] == [False, True]
@@ -196,7 +186,7 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
         store = gw.state.store
         store.add_weight_version(WeightVersionRecord(version=3, path=str(tmp_path / "weights"
                                                                              / "v2")))
-        assert _wait_live(gw, 3).metadata["swap_mode"] == "disk"
+        assert wait_live(gw.state.store, 3).metadata["swap_mode"] == "disk"
         from_disk = greedy(engine)
         assert by_broadcast[:2] == from_disk[:2]
 
@@ -213,7 +203,7 @@ def test_two_backends_join_as_ranks_1_and_2(tmp_path, tiny_model_dir):
         try:
             sent = _publish_distributed(sender, store, 1, variant, 256 * 1024)
             assert sent["sync_sent"]["world_size"] == 3, sent
-            assert _wait_live(gw, 1).metadata["swap_mode"] == "distributed"
+            assert wait_live(gw.state.store, 1).metadata["swap_mode"] == "distributed"
             served_a, served_b = greedy(a), greedy(b)
             assert served_a == served_b and served_a[2] == "1"
         finally:

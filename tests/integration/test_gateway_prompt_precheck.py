@@ -5,8 +5,6 @@ still reaches the exact check after tokenization (same error, exact count)."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from harness import ADMIN_KEY  # tests/integration/harness.py
 
@@ -44,15 +42,12 @@ def test_overlong_prompt_refused_before_render_and_tokenization(tmp_path, tiny_m
             _counting(monkeypatch, tok.core, calls)
 
             big = "lorem ipsum dolor sit amet " * 150_000  # ~4 MB
-            started = time.monotonic()
             refused = http.post("/v1/chat/completions", json=_chat(big))
-            elapsed = time.monotonic() - started
             assert refused.status_code == 400, refused.text
             error = refused.json()["error"]
             assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
             assert "at least" in error["message"], error
-            assert calls == {"render": 0, "encode": 0, "encode_batch": 0}, calls
-            assert elapsed < 5.0, elapsed  # the body's JSON parse, not ~0.6 s/MB of tokenizing
+            assert calls == {"render": 0, "encode": 0, "encode_batch": 0}, calls  # not tokenized
 
             # Under the character bound (4096 tokens x chars_per_token) but over the
             # context in tokens: the exact check, after rendering and tokenizing.

@@ -32,7 +32,7 @@ from sqlalchemy import select
 from areal_service.config import StoreConfig
 from areal_service.episodes import build_sequences
 from areal_service.store import TrajectoryStore
-from areal_service.store.schema import CompletionRow
+from areal_service.store.schema import CompletionRow, KeyCounterRow
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant
 from launcher.processes import cli_argv
@@ -46,20 +46,23 @@ SYNC_S = 0.2  # gateway.key_limits_sync_s
 
 def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the child writes it
-    proc = subprocess.Popen(
-        cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
-                 "--set", f"gateway.port={port}", "--set", f"engine.port={free_port()}",
-                 "--set", "gateway.admin_key=sk-test-admin", "--set", "gateway.workers=2",
-                 "--set", f"gateway.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
-                 "--set", f"gateway.key_limits_sync_s={SYNC_S}",
-                 # the revocation checks below send many refused keys from one address
-                 "--set", "gateway.auth_free_failures=10000"),
-        stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    with open(tmp_path / "serve.log", "wb") as log:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
+                     "--set", f"gateway.port={port}", "--set", f"engine.port={free_port()}",
+                     "--set", "gateway.admin_key=sk-test-admin", "--set", "gateway.workers=2",
+                     "--set", f"gateway.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
+                     "--set", f"gateway.key_limits_sync_s={SYNC_S}",
+                     # the revocation checks below send many refused keys from one address
+                     "--set", "gateway.auth_free_failures=10000"),
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+        if proc.poll() is not None:
+            with contextlib.suppress(ProcessLookupError):  # an engine child may outlive it
+                os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("serve exited:\n" + (tmp_path / "serve.log").read_text())
         try:
             if len(_workers(url, "/health/liveness", {}, tries=12)) == 2:
                 return proc, url
@@ -194,7 +197,22 @@ def _one_sequence_across_workers(url: str, store: TrajectoryStore) -> None:
     assert sequences[0].input_ids == records[-1].prompt_ids + records[-1].output_ids
 
 
-def _rate_limit_across_workers(url: str) -> None:
+def _until_both_synced(store: TrajectoryStore, key_id: str) -> None:
+    """Both workers published 2 requests of `key_id`, then each exchanged again (and so
+    read the other's count)."""
+    def rows() -> list:
+        with store.engine.connect() as db:
+            return db.execute(select(KeyCounterRow.requests, KeyCounterRow.updated_at)
+                              .where(KeyCounterRow.key_id == key_id)).all()
+
+    _wait("both workers' counts published",
+          lambda: sorted(r.requests for r in rows()) == [2, 2], 30)
+    published = max(r.updated_at for r in rows())
+    _wait("both workers read the other's", lambda: min(r.updated_at for r in rows())
+          > published, 30)
+
+
+def _rate_limit_across_workers(url: str, store: TrajectoryStore) -> None:
     key = httpx.post(f"{url}/admin/keys", json={"name": "limited", "rpm_limit": 4},
                      headers=ADMIN).json()
     headers = {"Authorization": f"Bearer {key['api_key']}"}
@@ -205,7 +223,7 @@ def _rate_limit_across_workers(url: str) -> None:
         statuses = [c.post("/v1/chat/completions", json=body, headers=headers).status_code
                     for c in clients for _ in range(2)]
         assert statuses == [200] * 4  # two on each worker: four a minute in all
-        time.sleep(5 * SYNC_S)
+        _until_both_synced(store, key["id"])
         refused = [c.post("/v1/chat/completions", json=body, headers=headers)
                    for c in clients]
         assert [r.status_code for r in refused] == [429, 429], [r.text for r in refused]
@@ -258,11 +276,11 @@ def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
         _one_sequence_across_workers(url, store)
 
         # A per-key rate limit counts both workers' requests, not each worker's own.
-        _rate_limit_across_workers(url)
+        _rate_limit_across_workers(url, store)
 
         # 2. One swap per publish, every worker sees it live.
+        _wait("both workers answered /admin/status", lambda: len(_status(url)) == 2, 30)
         statuses = _status(url)
-        assert len(statuses) == 2
         leaders = [pid for pid, s in statuses.items() if s["leader"]]
         assert len(leaders) == 1, statuses
         _publish(store, tmp_path, model_dir, 1)

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from loopback import free_port
-from safetensors.torch import load_file
+from weight_checks import PROMPT, variant_state
 
 from areal_service.config import load_config
 from areal_service.sglang_protocol import GenerateRequest
@@ -38,7 +38,6 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install "
                     "'areal-service[sglang]' or sglang-router==0.3.2)")
 
-PROMPT = [5, 17, 42, 9, 3, 28, 11]
 
 
 @contextmanager
@@ -78,13 +77,6 @@ def run_router(workers: list[str], log: Path) -> Iterator[str]:
 def _generated(engine: str) -> int:
     info = httpx.get(f"{engine}/server_info", timeout=10).json()
     return int(info["internal_states"][0]["generated_tokens"])
-
-
-def _state_dict(variant: Path) -> dict:
-    state: dict = {}
-    for f in sorted(variant.glob("*.safetensors")):
-        state.update(load_file(f))
-    return state
 
 
 def greedy(max_new: int = 8) -> GenerateRequest:
@@ -135,7 +127,7 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
             sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=2**30,
                                        timeout_s=60, address="127.0.0.1")
             try:
-                weights = _state_dict(variants[1])
+                weights = variant_state(variants[1])
                 offer, buckets = sender.offer(2, weights)
                 store.add_weight_version(WeightVersionRecord(
                     version=2, path=str(variants[1]), metadata={"sync": offer}))

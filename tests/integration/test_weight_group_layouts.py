@@ -15,23 +15,12 @@ from pathlib import Path
 
 import httpx
 from harness import run_gateway
-from weight_checks import greedy, variant_state
+from weight_checks import greedy, variant_state, wait_live
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
 from trainer.weight_broadcast import WeightBroadcaster
-
-
-def _wait_live(store: TrajectoryStore, version: int, timeout_s: float = 60
-               ) -> WeightVersionRecord:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        row = store.get_weight_version(version)
-        if row is not None and "swap_mode" in row.metadata:
-            return row
-        assert time.monotonic() < deadline, f"v{version} never went live"
-        time.sleep(0.01)
 
 
 def _broadcast(store: TrajectoryStore, version: int, variant: Path, timeout_s: float = 60
@@ -63,11 +52,11 @@ def test_multi_rank_servers_join_at_their_offsets(tmp_path, tiny_model_dir):
         try:
             sent = _broadcast(store, 1, variant)
             assert sent.get("sync_sent", {}).get("world_size") == 4, sent
-            assert _wait_live(store, 1).metadata["swap_mode"] == "distributed"
+            assert wait_live(store, 1).metadata["swap_mode"] == "distributed"
             served_a, served_b = greedy(a, 8), greedy(b, 8)
             assert served_a == served_b and served_a[2] == "1"
             store.add_weight_version(WeightVersionRecord(version=2, path=str(variant)))
-            assert _wait_live(store, 2).metadata["swap_mode"] == "disk"
+            assert wait_live(store, 2).metadata["swap_mode"] == "disk"
             assert greedy(a, 8)[:2] == served_a[:2]  # bit-exact with a disk load
         finally:
             store.close()
@@ -89,7 +78,7 @@ def test_a_dp_server_without_dp_attention_is_swapped_from_disk(tmp_path, tiny_mo
             trainer = threading.Thread(target=lambda: sent.update(
                 _broadcast(store, 1, variant, timeout_s=60)))
             trainer.start()
-            row = _wait_live(store, 1)
+            row = wait_live(store, 1)
             trainer.join(30)
             assert not trainer.is_alive()
             assert time.monotonic() - t0 < 30  # gave up at once, not after its 60 s

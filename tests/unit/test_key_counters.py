@@ -83,7 +83,10 @@ def test_two_processes_share_a_rate_limit(store: TrajectoryStore) -> None:
                  for limits, name in ((a, "a"), (b, "b"))]
         try:
             admitted = [a.admit(key), a.admit(key), b.admit(key)]
-            await asyncio.sleep(0.3)  # a few syncs
+            deadline = asyncio.get_running_loop().time() + 10
+            while (a._keys[key.id].peers.requests, b._keys[key.id].peers.requests) != (1, 2):
+                assert asyncio.get_running_loop().time() < deadline, "never synced"
+                await asyncio.sleep(0.02)
             for limits in (a, b):
                 try:
                     admitted.append(limits.admit(key))

@@ -63,6 +63,7 @@ def test_probe_fails_while_another_process_holds_the_write_lock(tmp_path: Path, 
     with pytest.raises(OperationalError, match="locked"):
         probe_write(store.engine)
     lock.execute("ROLLBACK")
+    lock.close()
     probe_write(store.engine)
     store.close()
 
@@ -112,7 +113,7 @@ def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
         with pytest.raises(OperationalError, match="readonly|disk I/O"):
             store.add_completion(_record("during"))
     finally:
-        chattr("-i", *files)
+        assert chattr("-i", *files)
     probe_write(store.engine)
     store.add_completion(_record("after"))
     assert store.get_completion("after") is not None
