@@ -77,14 +77,15 @@ class Leadership:
         return time.monotonic() < self._held_until
 
     async def renew(self) -> bool:
-        """Take or renew the lease once; a database error counts as not held (the lease
-        then lapses at its expiry, as everyone else sees it)."""
+        """Take or renew the lease once. On a database error nothing changes: a lease
+        held stays held until its last known expiry (as everyone else sees it) and then
+        lapses; one not held is not taken."""
         started = time.monotonic()
         try:
             held = await asyncio.to_thread(self._acquire)
-        except Exception as e:  # noqa: BLE001 - any store failure: not held
+        except Exception as e:  # noqa: BLE001 - any store failure
             log.warning("leader lease renewal failed: %s", e)
-            held = False
+            return self.is_leader
         was = self.is_leader
         # Counted from before the call: the row's expiry is at least this late.
         self._held_until = started + self.ttl_s if held else 0.0
@@ -105,10 +106,11 @@ class Leadership:
         return held
 
     async def run(self) -> None:
-        """Renew every third of the lease time, forever (cancelled at shutdown)."""
+        """Renew every third of the lease time, forever (cancelled at shutdown); the
+        first renewal is the caller's, at start."""
         while True:
-            await self.renew()
             await asyncio.sleep(self.ttl_s / 3)
+            await self.renew()
 
     async def release(self) -> None:
         """Give the lease up at a clean shutdown, so a successor need not wait it out."""

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_ENV = "AREAL_GATEWAY_WORKER_CONFIG"
 """Path of the resolved config a worker process loads (written 0600 by the parent)."""
+SUPERVISOR_ENV = "AREAL_GATEWAY_SUPERVISOR_PID"
+"""Pid of the process that runs the workers (their parent while it lives)."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -67,6 +69,7 @@ def run_gateway(config: ServiceConfig) -> None:
     # before they import prometheus_client.
     os.environ[MULTIPROC_ENV] = str(metrics_dir)
     os.environ[CONFIG_ENV] = str(save_config(config, run_dir / "config.yaml"))
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
     uvicorn.run("gateway.server:worker_app", factory=True, workers=workers,
                 **_uvicorn_options(config))
 
@@ -102,6 +105,8 @@ def _die_with_parent() -> None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:  # the parent died before prctl
+    # The parent died before prctl: this worker was adopted. (Compared with the pid the
+    # supervisor wrote, not with 1: in a container the supervisor may itself be pid 1.)
+    if str(os.getppid()) != os.environ.get(SUPERVISOR_ENV, str(os.getppid())):
         os.kill(os.getpid(), signal.SIGTERM)
 

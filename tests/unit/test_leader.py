@@ -45,3 +45,20 @@ async def test_one_leader_and_takeover(store: TrajectoryStore) -> None:
     assert store.lease_holder(LEADER_LEASE) == second.holder
     await second.release()
     assert store.lease_holder(LEADER_LEASE) is None
+
+
+async def test_a_failed_renewal_keeps_the_lease_until_its_expiry(
+        store: TrajectoryStore, monkeypatch) -> None:  # noqa: ANN001
+    """The database down for a moment: a leader keeps leading until the expiry everyone
+    else sees (nobody can take the row before it); a follower does not become leader."""
+    leader, follower = Leadership(store, ttl_s=30), Leadership(store, ttl_s=30)
+    assert await leader.renew()
+
+    def down(*_: object) -> bool:
+        raise OSError("database is down")
+
+    monkeypatch.setattr(store, "acquire_lease", down)
+    assert await leader.renew() and leader.is_leader
+    assert not await follower.renew() and not follower.is_leader
+    leader._held_until = 0.0  # its last known expiry passed
+    assert not await leader.renew() and not leader.is_leader
