@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -245,8 +245,10 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             await leadership.release()
             await write_key_usage(keys.usage, store)
             if shared:
-                with suppress(Exception):  # else they age out in five intervals
+                try:
                     await asyncio.to_thread(store.forget_key_counts, leadership.holder)
+                except Exception as e:  # noqa: BLE001 - they age out in five intervals
+                    log.warning("could not delete this process's key counts: %s", e)
             app.state.gateway.large_prompts.close()
             await pool.aclose()
             await asyncio.to_thread(writer.stop)

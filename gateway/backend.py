@@ -432,14 +432,16 @@ class SGLangClient:
         result: dict[str, Any] = json.loads(await self._get_with_fallback(SERVER_INFO))
         return result
 
-    async def _get_with_fallback(self, endpoint: Endpoint) -> bytes:
+    async def _get_with_fallback(self, endpoint: Endpoint, timeout_s: float | None = None
+                                 ) -> bytes:
+        """`endpoint`, or its older path when the server answers 404 (older versions)."""
+        timeout_s = self.control_timeout_s if timeout_s is None else timeout_s
         try:
-            return await self._call(endpoint, timeout_s=self.control_timeout_s)
+            return await self._call(endpoint, timeout_s=timeout_s)
         except BackendError as e:
             if e.status != 404 or endpoint.legacy_path is None:
                 raise
-            return await self._call(endpoint, path=endpoint.legacy_path,
-                                    timeout_s=self.control_timeout_s)
+            return await self._call(endpoint, path=endpoint.legacy_path, timeout_s=timeout_s)
 
     async def health(self, timeout_s: float = 10.0) -> bool:
         """True on 200 from `/health`; False on 503, errors and timeouts."""
@@ -475,7 +477,7 @@ class SGLangClient:
         `max_resubmissions` aborts: BackendUnavailable (the backend is stuck; 503)."""
         run = _Rounds(self, request)
         while True:
-            result = await self.generate(run.next_request(), **_keyed(routing_key))
+            result = await self.generate(run.next_request(), routing_key=routing_key)
             run.add(result.output_ids, result.output_logprobs(),
                     parse_version(result.meta_info.weight_version), result.output_top_logprobs())
             if result.finish_reason is None:
@@ -501,7 +503,7 @@ class SGLangClient:
             round_version: int | None = None
             async with contextlib.aclosing(self.generate_stream(
                     run.next_request(), coalesce=True, new_only=True,
-                    **_keyed(routing_key))) as chunks:
+                    routing_key=routing_key)) as chunks:
                 seen = 0
                 async for chunk in chunks:  # reads through [DONE] so the connection is reused
                     start = seen if chunk.cumulative else 0
@@ -544,12 +546,14 @@ class RouterClient(SGLangClient):
         self._workers = workers
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
+        """To every healthy worker (the rid lives on one); raises only when none took it,
+        so one worker being down does not fail the abort the others answered."""
         results = await asyncio.gather(
             *(w.abort_request(rid, abort_all=abort_all) for w in self._workers()),
             return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and len(errors) == len(results):
+            raise errors[0]
 
     async def list_workers(self) -> list[str]:
         """Base URLs of the router's workers (`GET /workers`, else the older
@@ -569,21 +573,10 @@ class RouterClient(SGLangClient):
         """True while the router is up and has a healthy worker (`/readiness`; `/health`
         on routers without it, which only says the router runs)."""
         try:
-            await self._call(ROUTER_READINESS, timeout_s=timeout_s)
-        except BackendError as e:
-            if e.status != 404:
-                return False
-            try:
-                await self._call(ROUTER_READINESS, path=ROUTER_READINESS.legacy_path,
-                                 timeout_s=timeout_s)
-            except BackendError:
-                return False
+            await self._get_with_fallback(ROUTER_READINESS, timeout_s)
+        except BackendError:
+            return False
         return True
-
-
-def _keyed(routing_key: str | None) -> dict[str, str]:
-    """`routing_key=` only when there is one (direct backends never get the kwarg)."""
-    return {} if routing_key is None else {"routing_key": routing_key}
 
 
 def _routing_header(key: str | None) -> bytes:

@@ -106,7 +106,8 @@ class BackendPool:
         if router_url:
             url = router_url.rstrip("/")
             self.router = Backend(url=url, client=RouterClient(
-                url, lambda: [b.client for b in self._backends], timeout_s=timeout_s))
+                url, lambda: [b.client for b in self._backends if b.healthy],
+                timeout_s=timeout_s))
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self.unhealthy_after = unhealthy_after

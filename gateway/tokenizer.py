@@ -21,6 +21,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import pre_tokenizers as pre
 
 from gateway.chat_template import ChatTemplate, load_chat_template
+from gateway.protocol import TEXT_PART_TYPES
 from gateway.toolparse import THINK_CLOSE
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ class ChatTokenizer:
             elif isinstance(content, list):
                 for part in content:
                     text = part.get("text") if isinstance(part, Mapping) else None
-                    if isinstance(text, str) and part.get("type") in _TEXT_PARTS:
+                    if isinstance(text, str) and part.get("type") in TEXT_PART_TYPES:
                         chars += len(text.strip())
         return -(-chars // self.chars_per_token)
 
@@ -465,9 +466,6 @@ class RustTokenizer:
         return self._template.render(messages, tools,
                                      add_generation_prompt=add_generation_prompt)
 
-
-_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
-"""Content-part types whose `text` a template renders."""
 
 NORMALIZER_SHRINK = {"NFC": 3, "NFKC": 3, "NFD": 1, "NFKD": 1}
 """How many characters a Unicode normalization may turn into one: composition joins at

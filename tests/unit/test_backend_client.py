@@ -421,7 +421,8 @@ async def test_an_aborted_rounds_last_chunk_keeps_the_rounds_version(
         [chunk([5], "4", None), chunk([5, 6], "4", FinishReason("length", length=6))],
     ])
 
-    async def scripted(_: GenerateRequest, *, coalesce: bool = False, new_only: bool = False):  # noqa: ANN202
+    async def scripted(_: GenerateRequest, *, coalesce: bool = False,  # noqa: ANN202
+                       new_only: bool = False, routing_key: str | None = None):
         for item in next(rounds):
             yield item
 
