@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from areal_service.packing import unpack_int32
+
 SessionStatus = Literal["open", "ended", "claimed", "trained", "dropped"]
 KeyKind = Literal["user", "session"]
 
@@ -132,12 +134,20 @@ class KeyCounts:
 
 @dataclass(frozen=True, slots=True)
 class RecentTurn:
-    """A session's recent completion as token continuity reads it back from the store."""
+    """A session's recent completion as token continuity reads it back from the store:
+    its key, and its ids still packed (int32 LE; unpacked only for the one that
+    matches)."""
 
     completion_id: str
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
     continuity_key: str
+    packed_prompt_ids: bytes
+    packed_output_ids: bytes
+
+    def prompt_ids(self) -> list[int]:
+        return list(unpack_int32(self.packed_prompt_ids))
+
+    def output_ids(self) -> list[int]:
+        return list(unpack_int32(self.packed_output_ids))
 
 
 @dataclass(frozen=True, slots=True)

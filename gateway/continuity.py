@@ -359,9 +359,9 @@ class Continuity:
                 break
             if _digest(text, _tools_text(rendered_tools)) != prompt_digest:
                 continue
-            lineage = Lineage(session_id, prior, rendered_tools, text, list(turn.prompt_ids),
+            lineage = Lineage(session_id, prior, rendered_tools, text, turn.prompt_ids(),
                               "continued")
-            self.cache.add(session_id, [_Entry(lineage, list(turn.output_ids), assistant)])
+            self.cache.add(session_id, [_Entry(lineage, turn.output_ids(), assistant)])
             found = True
             break
         if self._recalls is not None:

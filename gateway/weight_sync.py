@@ -231,7 +231,7 @@ async def follow_live_version(state: GatewayState) -> int | None:
     """A follower's round (another process holds the leader lease and swaps): adopt the
     version the leader made live, so admission and re-admitted backends use it; returns
     the version adopted (None when nothing changed)."""
-    live = await asyncio.to_thread(state.store.live_weight_version)
+    live = await asyncio.to_thread(state.store.live_weight_version, after=state.live_version)
     if live is None or live.version <= state.live_version:
         return None
     state.live_version = live.version

@@ -22,7 +22,6 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
 from areal_service.config import StoreConfig
-from areal_service.packing import unpack_int32
 from areal_service.store.connect import create_store_engine
 from areal_service.store.inserts import CompletionInserter, completion_row
 from areal_service.store.key_counters import exchange_key_counts, forget_key_counts
@@ -332,19 +331,18 @@ class TrajectoryStore:
 
     def recent_turns(self, session_id: str, limit: int) -> list[RecentTurn]:
         """The session's newest `limit` completions that carry a continuity key, newest
-        first: ids and key only (one indexed query, run when a turn's predecessor was
+        first: key and packed ids (one indexed query, run when a turn's predecessor was
         served by another gateway process or before a restart)."""
         statement = (
-            select(CompletionRow.id, CompletionRow.prompt_ids, CompletionRow.output_ids,
-                   CompletionRow.continuity_key)
+            select(CompletionRow.id, CompletionRow.continuity_key, CompletionRow.prompt_ids,
+                   CompletionRow.output_ids)
             .where(CompletionRow.session_id == session_id,
                    CompletionRow.continuity_key.is_not(None))
             .order_by(CompletionRow.created_at.desc(), CompletionRow.id.desc())
             .limit(limit)
         )  # fmt: skip
         with self._engine.connect() as connection:
-            return [RecentTurn(cid, unpack_int32(prompt), unpack_int32(output), key)
-                    for cid, prompt, output, key in connection.execute(statement)]
+            return [RecentTurn(*row) for row in connection.execute(statement)]
 
     def prefix_entries_of(self, session_ids: Collection[str]) -> dict[str, list[PrefixEntry]]:
         """`prefix_entries` of several sessions in one query (every id is a key)."""
@@ -447,11 +445,15 @@ class TrajectoryStore:
             row.meta = {**row.meta, **metadata}
             return to_record(WeightVersionRecord, row)
 
-    def live_weight_version(self, *, scan: int = 16) -> WeightVersionRecord | None:
-        """The newest version the swap leader made live (`live_at` in its metadata),
-        among the `scan` newest published; None before the first swap. Followers read
-        their live version here instead of swapping themselves."""
-        for record in self.list_weight_versions(limit=scan):
+    def live_weight_version(self, *, after: int = -1, scan: int = 16
+                            ) -> WeightVersionRecord | None:
+        """The newest version above `after` the swap leader made live (`live_at` in its
+        metadata), among the `scan` newest published; None when there is none. Followers
+        poll this with their own live version as `after` (a few times a second), so the
+        usual answer reads no row."""
+        statement = (select(WeightVersionRow).where(WeightVersionRow.version > after)
+                     .order_by(WeightVersionRow.version.desc()).limit(scan))
+        for record in self._list(WeightVersionRecord, statement):
             if "live_at" in record.metadata:
                 return record
         return None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from areal_service.packing import pack_int32
 from areal_service.sglang_protocol import FinishReason
 from areal_service.types import RecentTurn
 from gateway.continuity import Continuity, ContinuityCache, EndOfTurn, assistant_key
@@ -222,7 +223,7 @@ def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> N
         "stop", matched=IM_END)), completion_id="chatcmpl-1", parse_tools=True)
     (key,) = a.keys(lineage, [choice])
     assert key is not None and key.startswith("1:")
-    stored = [RecentTurn("chatcmpl-1", tuple(p1), tuple(out), key)]
+    stored = [RecentTurn("chatcmpl-1", key, pack_int32(p1), pack_int32(out))]
     reply = choice.to_message()
     second = [*first, reply,
               {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "5"}]

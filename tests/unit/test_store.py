@@ -255,6 +255,14 @@ def test_weight_versions(store: TrajectoryStore):
     assert store.update_weight_version_metadata(1, {"a": 2}).metadata["a"] == 2
     assert store.get_weight_version(1).metadata == {"a": 2, "swap": {"b0": {"pause_ms": 3.0}}}
     assert store.update_weight_version_metadata(7, {"x": 1}) is None
+    # the version the leader made live, above what a follower already adopted
+    assert store.live_weight_version() is None  # nothing swapped yet
+    store.add_weight_version(WeightVersionRecord(version=2, path="/w/v2"))
+    store.update_weight_version_metadata(1, {"live_at": 5.0})
+    assert store.live_weight_version().version == 1  # v2 published, not live yet
+    assert store.live_weight_version(after=1) is None
+    store.update_weight_version_metadata(2, {"live_at": 6.0})
+    assert store.live_weight_version(after=1).version == 2
 
 
 def test_concurrent_metadata_merges_lose_nothing(store: TrajectoryStore):
