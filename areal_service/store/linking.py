@@ -108,6 +108,18 @@ class PrefixSource(Protocol):
         ...
 
 
+def _linked(record: CompletionRecord, entries: Iterable[PrefixEntry]
+            ) -> tuple[CompletionRecord, PrefixEntry]:
+    """`record` with its parent among `entries` (an explicit parent_id is kept), and its
+    own entry for the turns after it."""
+    parent, digest = _scan(memoryview(_pack(record.prompt_ids)), _pack(record.output_ids),
+                           entries)
+    if record.parent_id is None:
+        record = dataclasses.replace(record, parent_id=parent)
+    size = len(record.prompt_ids) + len(record.output_ids)
+    return record, PrefixEntry(record.id, size, digest, record.created_at)
+
+
 class ParentLinker:
     """Sets `parent_id` on completions before the gateway writes them.
 
@@ -161,14 +173,7 @@ class ParentLinker:
         store query."""
         if record.session_id is None:
             return record
-        entries = self._entries_of(record.session_id)
-        parent, digest = _scan(
-            memoryview(_pack(record.prompt_ids)), _pack(record.output_ids), entries
-        )
-        if record.parent_id is None:
-            record = dataclasses.replace(record, parent_id=parent)
-        size = len(record.prompt_ids) + len(record.output_ids)
-        entry = PrefixEntry(record.id, size, digest, record.created_at)
+        record, entry = _linked(record, self._entries_of(record.session_id))
         with self._lock:
             cached = self._entries.get(record.session_id)
             if cached is not None:
@@ -192,12 +197,8 @@ class ParentLinker:
             if entries is None:  # no session, or cached here
                 out.append(self.link_parent(record))
                 continue
-            parent, digest = _scan(memoryview(_pack(record.prompt_ids)),
-                                   _pack(record.output_ids), entries)
-            if record.parent_id is None:
-                record = dataclasses.replace(record, parent_id=parent)
-            size = len(record.prompt_ids) + len(record.output_ids)
-            entries.append(PrefixEntry(record.id, size, digest, record.created_at))
+            record, entry = _linked(record, entries)
+            entries.append(entry)
             out.append(record)
         return out
 

@@ -322,12 +322,7 @@ class TrajectoryStore:
     def prefix_entries(self, session_id: str) -> list[PrefixEntry]:
         """Length and hash of prompt+output of each completion of a session (for parent
         linking; four small columns, no arrays)."""
-        columns = (CompletionRow.id, CompletionRow.full_len, CompletionRow.full_hash)
-        statement = select(*columns, CompletionRow.created_at).where(
-            CompletionRow.session_id == session_id, CompletionRow.full_hash.is_not(None)
-        )
-        with self._engine.connect() as connection:
-            return [PrefixEntry(*row) for row in connection.execute(statement)]
+        return self.prefix_entries_of([session_id])[session_id]
 
     def recent_turns(self, session_id: str, limit: int) -> list[RecentTurn]:
         """The session's newest `limit` completions that carry a continuity key, newest
