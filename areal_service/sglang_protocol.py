@@ -461,7 +461,7 @@ class GenerateResponse(BaseModel):
         store, the replies' JSON and the trainer's ratios stay finite."""
         lps = self.meta_info.output_token_logprobs or ()
         out = [t[0] for t in (lps[start:] if start else lps)]
-        if None in out or (out and min(out) < LOGPROB_FLOOR):  # type: ignore[type-var]
+        if not all(lp is not None and lp >= LOGPROB_FLOOR for lp in out):  # NaN too
             out = [LOGPROB_FLOOR if lp is None or not lp >= LOGPROB_FLOOR else lp
                    for lp in out]
         return tuple(out)  # type: ignore[arg-type]

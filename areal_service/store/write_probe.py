@@ -44,11 +44,11 @@ def probe_write(engine: Engine, *, check_room: bool = True) -> None:
         version = connection.exec_driver_sql("PRAGMA user_version").scalar_one()
         # Outside a transaction (pysqlite begins one only for DML): its own commit.
         connection.exec_driver_sql(f"PRAGMA user_version = {int(version)}")
+        if not check_room:
+            return
         page_size, page_count, free_pages, max_pages = (
             int(connection.exec_driver_sql(f"PRAGMA {name}").scalar_one())
             for name in ("page_size", "page_count", "freelist_count", "max_page_count"))
-    if not check_room:
-        return
     quota_left = (max_pages - page_count + free_pages) * page_size
     if quota_left < HEADROOM_BYTES:
         raise StoreFull(f"store quota reached: {quota_left} bytes left of "

@@ -116,6 +116,10 @@ def test_a_logprob_sglang_writes_as_null_is_recorded_at_the_floor() -> None:
         '"output_token_logprobs": [[-0.5, 1, null], [null, 2, null], [-1e30, 3, null]]}}')
     assert reply.output_logprobs() == (-0.5, LOGPROB_FLOOR, LOGPROB_FLOOR)
     assert reply.output_logprobs(2) == (LOGPROB_FLOOR,)
+    nan_first = GenerateResponse.model_validate(  # NaN defeats min(): checked one by one
+        {"output_ids": [1, 2], "meta_info": {"completion_tokens": 2, "output_token_logprobs":
+                                             [[float("nan"), 1, None], [-0.5, 2, None]]}})
+    assert nan_first.output_logprobs() == (LOGPROB_FLOOR, -0.5)
     clean = GenerateResponse.model_validate_json(
         '{"output_ids": [1], "meta_info": {"completion_tokens": 1, '
         '"output_token_logprobs": [[-2.25, 1, null]]}}')
