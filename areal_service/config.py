@@ -298,9 +298,14 @@ class GatewayConfig(_Section):
         external backends, 1 in front of the local engine."""
         if self.workers:
             return self.workers
-        if not (self.backends or self.router_url):
+        if not self.external_backends():
             return 1
         return min(os.cpu_count() or 1, 8)
+
+    def external_backends(self) -> bool:
+        """Whether generation is served by backends given by URL (or a router) rather
+        than the local engine a command starts beside the gateway."""
+        return bool(self.backends or self.router_url)
 
     def shares_store(self) -> bool:
         """Whether other gateway processes write the same store: replicas, or a worker

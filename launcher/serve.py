@@ -52,8 +52,7 @@ def serve(config: ServiceConfig) -> None:
                 run_gateway(with_backends)
             return
         # Backends given, or a router that knows its workers: nothing to start here.
-        external = bool(config.gateway.backends or config.gateway.router_url)
-        engine = None if external else start_local_engine(config)
+        engine = None if config.gateway.external_backends() else start_local_engine(config)
         try:
             run_gateway(config)
         finally:

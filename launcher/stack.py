@@ -69,17 +69,23 @@ class Stack:
 
 @contextmanager
 def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Iterator[Stack]:
-    """Engine (when `gateway.backends` is empty), gateway and optionally the trainer, all
+    """Engine (unless backends or a router are given), gateway and optionally the trainer, all
     stopped on the way out, whatever ends the block (Ctrl-C included)."""
     if config.engine.model is None:
         ensure_tiny_model(config.model_dir())
+    local_engine = not config.gateway.external_backends()
     backends = config.backend_urls()
     cfg_path = save_config(config, run_dir / "config.yaml")
-    gateway_cfg = save_config(config.model_copy(update={"gateway": config.gateway.model_copy(
-        update={"backends": backends})}), run_dir / "gateway.yaml")
+    # The gateway is pointed at the engine started here; with it, the workers default
+    # stays one process (the CPU engine needs the cores), as `serve` alone would choose.
+    gateway = config.gateway.model_copy(update={
+        "backends": backends if local_engine else config.gateway.backends,
+        "workers": config.gateway.workers or (1 if local_engine else 0)})
+    gateway_cfg = save_config(config.model_copy(update={"gateway": gateway}),
+                              run_dir / "gateway.yaml")
     stack = Stack(config, run_dir)
     try:
-        if not config.gateway.backends:
+        if local_engine:
             stack.start("engine", cli_argv("engine", "--config", str(cfg_path), "--model",
                                            str(config.model_dir())),
                         f"{backends[0]}/health")

@@ -122,7 +122,7 @@ def test_online_example_trains_while_the_agent_runs(tmp_path):
     _, config = load_driver_config(ROOT / "examples/online/online.yaml", [
         f"data_dir={tmp_path / 'data'}", f"engine.port={free_port()}",
         f"gateway.port={free_port()}", "gateway.default_max_tokens=8",
-        "trainer.batch_groups=4"])
+        "trainer.batch_groups=4", "gateway.admin_key=sk-test-admin"])
     samples = load_samples(DatasetConfig(path=ROOT / "examples/math/data/train.jsonl",
                                          limit=8))
     queue = tmp_path / "queue.jsonl"
@@ -130,6 +130,9 @@ def test_online_example_trains_while_the_agent_runs(tmp_path):
         admin = {"authorization": f"Bearer {config.gateway.admin_key.get_secret_value()}"}
         made = httpx.post(f"{stack.gateway_url}/admin/keys", headers=admin,
                           json={"name": "online"})
+        # One gateway process in front of the local CPU engine (the workers default).
+        assert "x-areal-worker" not in made.headers
+        assert made.status_code == 201, made.text
         key = made.json()["api_key"]
 
         async def scenario() -> int:
