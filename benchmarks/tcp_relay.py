@@ -60,6 +60,9 @@ async def relay(port: int, host: str, target_port: int) -> None:
                     client.transport.close()
                 return
             assert client.transport is not None
+            if client.transport.is_closing():  # the client left while this connected
+                transport.close()
+                return
             upstream.attach(client.transport)
             client.attach(transport)  # type: ignore[arg-type]
 

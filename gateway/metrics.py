@@ -9,13 +9,10 @@ console read the sum over all workers from there.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -69,18 +66,18 @@ class GatewayMetrics:
         MultiProcessCollector(registry, path=directory)
         return registry
 
-    def totals(self, name: str) -> dict[tuple[str, ...], float]:
-        """A counter's `_total` by label values, over every worker (e.g.
-        `totals("areal_requests")[("/v1/chat/completions", "200")]`)."""
-        out: dict[tuple[str, ...], float] = {}
-        for sample in _samples(self.exposition().collect(), f"{name}_total"):
-            key = tuple(sample.labels.values())
-            out[key] = out.get(key, 0.0) + sample.value
+    def totals(self, *names: str) -> dict[str, dict[tuple[str, ...], float]]:
+        """Counters' `_total` by label values, over every worker, from one read of the
+        metrics (in multiprocess mode a read opens every worker's files: blocking) (e.g.
+        `totals("areal_requests")["areal_requests"][("chat", "200")]`)."""
+        wanted = {f"{name}_total": name for name in names}
+        out: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in names}
+        for family in self.exposition().collect():
+            for sample in family.samples:
+                name = wanted.get(sample.name)
+                if name is not None:
+                    key = tuple(sample.labels.values())
+                    out[name][key] = out[name].get(key, 0.0) + sample.value
         return out
 
 
-def _samples(families: Iterable[Metric], name: str) -> Iterator[Sample]:
-    for family in families:
-        for sample in family.samples:
-            if sample.name == name:
-                yield sample

@@ -72,14 +72,15 @@ def _upgrading_alone(engine: Engine) -> Iterator[None]:
     create tables the first just made. PostgreSQL: a session advisory lock; SQLite: an
     exclusive `flock` on a file beside the database (SQLite is one host's anyway)."""
     if engine.dialect.name == "postgresql":
-        with engine.connect() as connection:
+        # Autocommit: the lock is the session's, and no transaction stays open (idle in
+        # transaction) on this connection while the upgrade runs on another.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             try:
                 yield
             finally:
                 connection.execute(text("SELECT pg_advisory_unlock(:key)"),
                                    {"key": MIGRATION_LOCK_KEY})
-                connection.commit()
         return
     database = engine.url.database if engine.dialect.name == "sqlite" else None
     if not database:

@@ -26,7 +26,6 @@ from gateway.console.views import (
     SESSION_STATUSES,
     SessionFilters,
     overview,
-    sample_rates,
     sessions_page,
     train_series,
     utc_day_start,
@@ -167,8 +166,7 @@ async def _overview_context(request: Request, state: StateDep) -> dict[str, Any]
     last: dict[str, float] | None = getattr(request.app.state, "console_rate_sample", None)
     if last is None:
         last = request.app.state.console_rate_sample = {}
-    rates = sample_rates(state, last)
-    return {"o": await asyncio.to_thread(overview, state, rates)}
+    return {"o": await asyncio.to_thread(overview, state, last)}
 
 
 @router.get("")

@@ -79,13 +79,17 @@ class Overview:
     """This gateway's `areal_token_continuity` counts by outcome."""
 
 
-def sample_rates(state: GatewayState, last: dict[str, float]) -> Rates:
+OVERVIEW_COUNTERS = ("areal_requests", "areal_completion_tokens", "areal_token_continuity")
+"""The counters the overview reads (one `GatewayMetrics.totals` read, every worker)."""
+
+
+def sample_rates(state: GatewayState, last: dict[str, float],
+                 totals: dict[str, dict[tuple[str, ...], float]]) -> Rates:
     """Rates since the previous call (`last` is that call's sample, updated in place;
     one per app). The first call, or one after a long gap, averages since start."""
     now = time.time()
-    # Summed over every gateway worker (`GatewayMetrics.totals`).
-    requests = sum(state.metrics.totals("areal_requests").values())
-    tokens = sum(state.metrics.totals("areal_completion_tokens").values())
+    requests = sum(totals["areal_requests"].values())
+    tokens = sum(totals["areal_completion_tokens"].values())
     if last and 0.5 <= now - last["t"] <= 300:
         base = last
     else:
@@ -96,8 +100,11 @@ def sample_rates(state: GatewayState, last: dict[str, float]) -> Rates:
                  interval, requests, tokens)
 
 
-def overview(state: GatewayState, rates: Rates) -> Overview:
-    """The overview figures (a few small queries)."""
+def overview(state: GatewayState, last: dict[str, float]) -> Overview:
+    """The overview figures (a few small queries and one read of the metrics; blocking):
+    `last` is `sample_rates`'s previous sample."""
+    totals = state.metrics.totals(*OVERVIEW_COUNTERS)
+    rates = sample_rates(state, last, totals)
     store, trainer = state.store, state.config.trainer
     return Overview(
         model=state.config.gateway.model_name, live_version=state.live_version,
@@ -112,7 +119,7 @@ def overview(state: GatewayState, rates: Rates) -> Overview:
         rates=rates,
         uptime_s=time.time() - state.started_at if state.started_at else 0.0,
         merge=merge_stats(store), continuity={
-            labels[0]: n for labels, n in state.metrics.totals("areal_token_continuity").items()})
+            labels[0]: n for labels, n in totals["areal_token_continuity"].items()})
 
 
 # Sessions table.

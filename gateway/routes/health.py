@@ -113,4 +113,6 @@ async def _db_status(request: Request, state: GatewayState) -> str:
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format. Needs the admin key as a bearer token unless
     `gateway.public_metrics` is set (checked in `gateway/app.py`, with `/docs`)."""
-    return Response(generate_latest(state.metrics.exposition()), media_type=CONTENT_TYPE_LATEST)
+    # In a thread: with several workers this reads every worker's metric files.
+    text = await asyncio.to_thread(generate_latest, state.metrics.exposition())
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
