@@ -20,7 +20,6 @@ memory, per process; with several gateway processes each throttles on its own.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.auth import token_of
+from gateway.errors import OpenAIError
 from gateway.limits import rate_limited
 
 Scope = MutableMapping[str, Any]
@@ -107,16 +107,12 @@ def request_token(scope: Scope) -> str | None:
     return token_of(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
 
 
-def too_many_failures(retry_after_s: float) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """(status, headers, body) of the 429 a locked-out address gets (the key limits'
-    429, sent from below FastAPI, so as raw ASGI parts)."""
+def too_many_failures(retry_after_s: float) -> OpenAIError:
+    """The 429 a locked-out address gets (the key limits' 429; sent from below FastAPI
+    with `OpenAIError.response`)."""
     seconds = max(1, math.ceil(retry_after_s))
-    error = rate_limited("too many failed sign-ins or unknown API keys from this address; "
-                         f"retry in {seconds} s", retry_after_s, "too_many_auth_failures")
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               *((k.encode(), v.encode()) for k, v in error.headers.items())]
-    return error.status, headers, body
+    return rate_limited("too many failed sign-ins or unknown API keys from this address; "
+                        f"retry in {seconds} s", retry_after_s, "too_many_auth_failures")
 
 
 class AuthThrottleMiddleware:
@@ -147,10 +143,7 @@ class AuthThrottleMiddleware:
         if wait > 0:
             known_good = self._known_good_of(scope)
             if is_login or token is None or known_good is None or not known_good(token):
-                status, headers, body = too_many_failures(wait)
-                await send({"type": "http.response.start", "status": status,
-                            "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+                await too_many_failures(wait).response()(scope, receive, send)
                 return
 
         async def counting_send(message: Message) -> None:

@@ -29,6 +29,6 @@ def test_token_and_429_shape():
     assert request_token({"headers": [(b"authorization", b"Bearer sk-1 ")]}) == "sk-1"
     assert request_token({"headers": [(b"authorization", b"Basic x")]}) is None
     assert request_token({"headers": [(b"x-api-key", b"sk-2")]}) == "sk-2"
-    status, headers, body = too_many_failures(0.2)
-    assert status == 429 and (b"retry-after", b"1") in headers
-    assert b'"code": "too_many_auth_failures"' in body
+    error = too_many_failures(0.2)
+    assert error.status == 429 and error.headers == {"retry-after": "1"}
+    assert error.body()["error"]["code"] == "too_many_auth_failures"
