@@ -328,7 +328,7 @@ class BackendPool:
         if self.router is not None and not only_down:
             await self.refresh_workers()
         now = self._now()
-        targets = [b for b in (*self._backends, *([self.router] if self.router else ()))
+        targets = [b for b in self._every_client_owner()
                    if not b.swapping and not (only_down and b.healthy)
                    and (b.healthy or now >= b.next_probe_at)]
         results = await asyncio.gather(
@@ -384,8 +384,12 @@ class BackendPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
             self._health_task = None
-        for b in (*self._backends, *([self.router] if self.router else ())):
+        for b in self._every_client_owner():
             await b.client.aclose()
+
+    def _every_client_owner(self) -> tuple[Backend, ...]:
+        """The backends and, in router mode, the router's own entry."""
+        return (*self._backends, *([self.router] if self.router else ()))
 
     # -- weights -----------------------------------------------------------------------
     async def swap_weights(self, model_path: str, version: int) -> dict[str, SwapTimings]:
