@@ -279,8 +279,9 @@ def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
         _rate_limit_across_workers(url, store)
 
         # 2. One swap per publish, every worker sees it live.
-        _wait("both workers answered /admin/status", lambda: len(_status(url)) == 2, 30)
-        statuses = _status(url)
+        statuses: dict[str, dict] = {}
+        _wait("both workers answered /admin/status",
+              lambda: len(statuses.update(_status(url)) or statuses) == 2, 30)
         leaders = [pid for pid, s in statuses.items() if s["leader"]]
         assert len(leaders) == 1, statuses
         _publish(store, tmp_path, model_dir, 1)
