@@ -71,7 +71,14 @@ class WeightGroups:
             joined = [join(rank)]
         else:  # each member's rendezvous blocks until all ranks arrive: join in parallel
             with ThreadPoolExecutor(ranks, thread_name_prefix=f"join-{group_name}") as pool:
-                joined = list(pool.map(join, range(rank, rank + ranks)))
+                futures = [pool.submit(join, r) for r in range(rank, rank + ranks)]
+            failed = [f.exception() for f in futures if f.exception() is not None]
+            if failed:  # the ranks that did join would hold their threads and sockets
+                for future in futures:
+                    if future.exception() is None:
+                        _shut_down_later(future.result()[0], group_name)
+                raise failed[0]  # type: ignore[misc]
+            joined = [f.result() for f in futures]
         self.destroy(group_name)
         with self._lock:
             self._groups[group_name] = ([g for g, _ in joined], backend,
@@ -87,10 +94,7 @@ class WeightGroups:
         if found is None:
             return False
         for group in found[0]:
-            shutdown = getattr(group, "shutdown", None)
-            if callable(shutdown):  # ~30 ms (gloo joins its threads): off the caller's path
-                threading.Thread(target=_quiet_shutdown, args=(shutdown, group_name),
-                                 name=f"shutdown-{group_name}", daemon=True).start()
+            _shut_down_later(group, group_name)
         return True
 
     def receive(self, group_name: str, names: Sequence[str], dtypes: Sequence[str],
@@ -128,6 +132,15 @@ class WeightGroups:
             for work in works:
                 work.wait()
         return received
+
+
+def _shut_down_later(group: dist.ProcessGroup, group_name: str) -> None:
+    """Shut `group` down on a thread: ~30 ms (gloo joins its threads), off the caller's
+    path."""
+    shutdown = getattr(group, "shutdown", None)
+    if callable(shutdown):
+        threading.Thread(target=_quiet_shutdown, args=(shutdown, group_name),
+                         name=f"shutdown-{group_name}", daemon=True).start()
 
 
 def _quiet_shutdown(shutdown: Callable[[], None], group_name: str) -> None:

@@ -11,17 +11,26 @@ the trainer advances. Both counts come from the store, so a restarted gateway or
 continues the same window (AReaL#1388 grew the window past η after a resume). η = 0 is
 fully synchronous: one batch in flight per version. The window assumes a trained batch
 holds batch_sessions sessions: groups larger than `trainer.group_size` use up more.
+
+Every gateway process sharing the store (workers, replicas) checks the same window: the
+check and the reservation of the places are one store transaction that the processes
+take in turn (`areal_service/store/admissions.py`), so together they never admit past
+it. A process that dies between reserving and inserting holds its places for at most
+`ADMISSION_TTL_S`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 from collections.abc import AsyncIterator
 
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
 
 
 def window(state: GatewayState, trained_version: int) -> int:
@@ -30,13 +39,19 @@ def window(state: GatewayState, trained_version: int) -> int:
     return (trainer.max_staleness + trained_version + 1) * trainer.batch_groups * trainer.group_size
 
 
+ADMISSION_TTL_S = 60.0
+"""How long a reservation holds its places if its process never releases it (the
+inserts it covers take milliseconds; a group of 1024 sessions, about a second)."""
+
+
 @contextlib.asynccontextmanager
 async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[None]:
     """Admit `count` sessions for the body of the `async with` (which inserts them): wait
-    up to `gateway.admit_wait_s` for room, then 429 with retry-after. Admitted-but-not-
-    yet-inserted sessions are reserved so concurrent starts cannot overshoot the window;
-    the lock is held only to check and reserve, never while waiting. A no-op when the
-    gate is off."""
+    up to `gateway.admit_wait_s` for room, then 429 with retry-after. The places are
+    reserved in the store until the body ends, so concurrent starts in this process or
+    any other cannot overshoot the window; nothing is held while waiting. The process's
+    lock keeps its own starts to one store transaction at a time. A no-op when the gate
+    is off."""
     gw = state.config.gateway
     if not gw.staleness_gate:
         yield
@@ -44,17 +59,17 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[None]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + gw.admit_wait_s
     while True:
+        limit = window(state, state.live_version)
         async with state.admission_lock:
-            admitted = await asyncio.to_thread(state.store.count_admitted_sessions)
-            limit = window(state, state.live_version)
-            if admitted + state.admission_reserved + count <= limit:
-                state.admission_reserved += count
-                break
+            reservation, taken = await asyncio.to_thread(
+                state.store.reserve_admission, count, limit, ADMISSION_TTL_S)
+        if reservation is not None:
+            break
         remaining = deadline - loop.time()
         if remaining <= 0:
             retry = math.ceil(max(gw.admit_wait_s, 1))
             raise OpenAIError(
-                429, f"the staleness window is full ({admitted} sessions admitted, {limit} "
+                429, f"the staleness window is full ({taken} sessions admitted, {limit} "
                 f"allowed at trained version {state.live_version}); please try again in "
                 f"{retry}s", type="requests", code="rate_limit_exceeded",
                 headers={"retry-after": str(retry)})
@@ -62,4 +77,8 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[None]
     try:
         yield
     finally:
-        state.admission_reserved -= count
+        try:  # runs to the end in its thread even if this task is cancelled meanwhile
+            await asyncio.to_thread(state.store.release_admission, reservation)
+        except Exception:  # noqa: BLE001 - the reservation lapses at its expiry
+            log.warning("staleness gate: reservation %s not released; it lapses in %.0f s",
+                        reservation, ADMISSION_TTL_S, exc_info=True)

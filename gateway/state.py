@@ -47,8 +47,7 @@ class GatewayState:
     """Weight version every backend serves (set by the weight syncer on the leader, read
     from the store on followers)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    admission_reserved: int = 0
-    """Sessions admitted by the staleness gate but not yet inserted."""
+    """One staleness-gate store transaction at a time from this process."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)

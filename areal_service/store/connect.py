@@ -6,6 +6,8 @@ no rows.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,11 +74,11 @@ def create_store_engine(
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         # WAL: readers never block the writer; with synchronous=NORMAL a commit survives
         # a process crash (FULL also survives power loss, one fsync per commit).
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _use_wal(cursor)
         cursor.execute(f"PRAGMA synchronous={sqlite_synchronous}")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         if sqlite_max_size_mb is not None:
             # Per connection; SQLite keeps it at least the current page count. Past it a
@@ -88,6 +90,26 @@ def create_store_engine(
 
     _read_only_is_disconnect(engine)
     return engine
+
+
+def _use_wal(cursor: Any) -> None:
+    """Switch the file to WAL (kept in the file: later connections find it so). The
+    switch needs the file to itself, and SQLite refuses it at once, busy timeout or
+    not, while another connection holds a lock (several processes opening a new store
+    together), so it is retried for up to the busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                return
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 _SQLITE_READONLY = 8

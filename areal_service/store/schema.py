@@ -205,3 +205,25 @@ class LeaseRow(Base):
     name: Mapped[str] = mapped_column(String, primary_key=True)
     holder: Mapped[str] = mapped_column(String)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class AdmissionRow(Base):
+    """Places in the staleness window held while a gateway process inserts the sessions
+    it admitted (`admissions.py`); deleted once they exist, ignored after `expires_at`
+    (a process that died in between)."""
+
+    __tablename__ = "admissions"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class ConsoleRevocationRow(Base):
+    """A signed-out console cookie (its nonce), refused by every gateway process until
+    the cookie would have expired anyway (`revocations.py`)."""
+
+    __tablename__ = "console_revocations"
+
+    nonce: Mapped[str] = mapped_column(String, primary_key=True)
+    expires_at: Mapped[float] = mapped_column(Float)

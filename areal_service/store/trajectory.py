@@ -22,12 +22,14 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
 from areal_service.config import StoreConfig
+from areal_service.store.admissions import release_admission, reserve_admission
 from areal_service.store.connect import create_store_engine
 from areal_service.store.inserts import CompletionInserter, completion_row
 from areal_service.store.key_counters import exchange_key_counts, forget_key_counts
 from areal_service.store.leases import acquire_lease, lease_holder, release_lease
 from areal_service.store.linking import PrefixEntry
 from areal_service.store.migrate import upgrade_engine
+from areal_service.store.revocations import console_session_revoked, revoke_console_session
 from areal_service.store.rows import completion_from_row, paged, row_values, to_record
 from areal_service.store.schema import (
     ApiKeyRow,
@@ -466,6 +468,27 @@ class TrajectoryStore:
     def lease_holder(self, name: str) -> str | None:
         """The current holder of lease `name` (None: free or expired)."""
         return lease_holder(self._engine, name)
+
+    # Staleness-window admissions (`admissions.py`).
+
+    def reserve_admission(self, count: int, limit: int, ttl_s: float) -> tuple[str | None, int]:
+        """Hold `count` places in a window of `limit` (None: no room) and the places
+        taken before; atomic across every process on the store."""
+        return reserve_admission(self._engine, count, limit, ttl_s)
+
+    def release_admission(self, reservation: str) -> None:
+        """Give a reservation's places back."""
+        release_admission(self._engine, reservation)
+
+    # Signed-out console cookies (`revocations.py`).
+
+    def revoke_console_session(self, nonce: str, expires_at: float) -> None:
+        """Refuse the console cookie with `nonce` on every process until `expires_at`."""
+        revoke_console_session(self._engine, nonce, expires_at)
+
+    def console_session_revoked(self, nonce: str) -> bool:
+        """Whether the console cookie with `nonce` was signed out."""
+        return console_session_revoked(self._engine, nonce)
 
     # Per-key counts shared by gateway processes (`key_counters.py`).
 

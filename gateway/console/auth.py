@@ -7,12 +7,12 @@ nonce); only `admin` opens pages. CSRF token = HMAC(secret, "csrf." + nonce): bo
 one cookie, checked on every POST. Session and virtual keys never sign in: the login
 form compares against the admin key only.
 
-Sign-out revokes server-side: the cookie's nonce goes into a `RevokedSessions` set held
-by the app (in memory, per process), kept until the cookie would have expired anyway
-(`MAX_AGE_S`), so the set is bounded by the sign-outs of the last 12 hours. With several
-gateway processes behind one address a sign-out holds only on the process that served
-it (the cookie still expires after `MAX_AGE_S`; rotating the admin key signs everyone
-out everywhere).
+Sign-out revokes server-side, on every gateway process that shares the store (workers,
+replicas): the cookie's nonce goes into the store (`console_revocations`), which every
+admin page request checks (one primary-key read), and into a `RevokedSessions` set held
+by the app, so the process that served the sign-out needs no read. Both keep the nonce
+until the cookie would have expired anyway (`MAX_AGE_S`): bounded by the sign-outs of
+the last 12 hours. Rotating the admin key signs everyone out everywhere.
 
 Anything a client sends (cookie, CSRF field) is compared as bytes after an ASCII check:
 `hmac.compare_digest` raises TypeError on non-ASCII `str`, which was a 500.
@@ -20,6 +20,7 @@ Anything a client sends (cookie, CSRF field) is compared as bytes after an ASCII
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -98,6 +99,11 @@ def csrf_matches(admin_key: str, session: ConsoleSession, given: object) -> bool
     return isinstance(given, str) and _same(given, csrf_token(admin_key, session))
 
 
+def revocation_expiry(session: ConsoleSession) -> float:
+    """When a sign-out of `session` may be forgotten: its cookie is refused by then."""
+    return session.issued_at + MAX_AGE_S + 60
+
+
 class RevokedSessions:
     """Nonces of signed-out cookies, each kept until its cookie expires anyway.
 
@@ -116,7 +122,7 @@ class RevokedSessions:
         if len(self._expires) >= self._max_entries:
             keep = sorted(self._expires.items(), key=lambda item: item[1])
             self._expires = dict(keep[len(keep) - self._max_entries + 1:])
-        self._expires[session.nonce] = session.issued_at + MAX_AGE_S + 60
+        self._expires[session.nonce] = revocation_expiry(session)
 
     def __contains__(self, session: ConsoleSession) -> bool:
         return session.nonce in self._expires
@@ -170,11 +176,29 @@ def _login_redirect(request: Request) -> HTTPException:
 
 async def require_console_admin(request: Request) -> ConsoleSession:
     """The signed-in admin's session; otherwise a redirect to the login page. A bearer
-    token (admin, virtual or session key) is never accepted here: only the cookie."""
+    token (admin, virtual or session key) is never accepted here: only the cookie, and
+    not one signed out on any process."""
     session = current_session(request)
-    if session is None or session.role != "admin":
+    if session is None or session.role != "admin" or await _signed_out_elsewhere(request,
+                                                                                  session):
         raise _login_redirect(request)
     return session
+
+
+async def _signed_out_elsewhere(request: Request, session: ConsoleSession) -> bool:
+    """Whether another gateway process on the store served this cookie's sign-out."""
+    store = request.app.state.gateway.store
+    if not await asyncio.to_thread(store.console_session_revoked, session.nonce):
+        return False
+    revoked_sessions(request).revoke(session)  # no store read for it here from now on
+    return True
+
+
+async def sign_out(request: Request, session: ConsoleSession) -> None:
+    """Refuse `session`'s cookie from now on, here and on every process on the store."""
+    revoked_sessions(request).revoke(session)
+    await asyncio.to_thread(request.app.state.gateway.store.revoke_console_session,
+                            session.nonce, revocation_expiry(session))
 
 
 ConsoleAdmin = Annotated[ConsoleSession, Depends(require_console_admin)]

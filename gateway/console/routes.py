@@ -150,9 +150,9 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request, session: ConsoleAdmin, _: CheckedForm) -> Response:
-    """Revoke the session server-side (its cookie no longer opens anything here, even if
-    kept), drop the cookie and go back to the login page."""
-    auth.revoked_sessions(request).revoke(session)
+    """Revoke the session server-side (its cookie no longer opens anything on any gateway
+    process, even if kept), drop the cookie and go back to the login page."""
+    await auth.sign_out(request, session)
     response = RedirectResponse("/console/login", status_code=303)
     auth.clear_cookie(response)
     return response

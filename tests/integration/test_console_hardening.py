@@ -111,3 +111,25 @@ def test_revoked_sessions_are_bounded_and_expire():
         revoked.revoke(s, now=1000 + auth.MAX_AGE_S + 61 + 0)  # `old` has expired
     assert old not in revoked and len(revoked) == 3
     assert sessions[-1] in revoked and sessions[0] not in revoked
+
+
+def test_sign_out_on_one_process_is_refused_by_another(tmp_path, tiny_model_dir, engine_url,
+                                                       gateway_factory):
+    """Two gateway processes on one store (workers or replicas): a cookie signed out on
+    one no longer opens the other, at once."""
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as one, \
+            gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as other:
+        admin = _signed_in(one)
+        cookie = admin.cookies[auth.COOKIE_NAME]
+        elsewhere = httpx.Client(base_url=other.url, timeout=60,
+                                 cookies={auth.COOKIE_NAME: cookie})
+        page = elsewhere.get("/console/keys")
+        assert page.status_code == 200  # one admin cookie opens every process
+        out = admin.post("/console/logout", data={"csrf_token": _csrf(page.text)})
+        assert out.status_code == 303
+        refused = elsewhere.get("/console/keys")
+        assert refused.status_code == 303
+        assert refused.headers["location"].startswith("/console/login")
+        assert elsewhere.post("/console/keys", data={"csrf_token": _csrf(page.text),
+                                                     "name": "after"}).status_code == 303
+        assert not [k for k in other.state.store.list_api_keys(limit=50) if k.name == "after"]

@@ -24,7 +24,6 @@ class GateState:
     store: TrajectoryStore
     live_version: int = 0
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    admission_reserved: int = 0
 
 
 def gate(store: TrajectoryStore, *, eta: int, batch_groups: int = 1, group_size: int = 2
@@ -81,7 +80,7 @@ def test_window_boundary_is_exactly_eta_plus_version_plus_one_batches(store):
     state.live_version = 1  # one more batch: 6
     start(state, 2)
     assert refused(state)
-    assert state.admission_reserved == 0  # a refusal leaves no reservation behind
+    assert store.count_admitted_sessions() == 6  # a refusal leaves no reservation behind
 
 
 def test_many_drops_in_a_row_never_close_the_gate(store):

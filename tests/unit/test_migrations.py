@@ -15,10 +15,10 @@ from areal_service.store.migrate import migrations_dir
 from areal_service.store.schema import Base
 
 TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "train_steps",
-          "leases", "key_counters"}
+          "leases", "key_counters", "admissions", "console_revocations"}
 
 
-HEAD = "0008_key_counters"
+HEAD = "0009_shared_gates"
 """The newest revision: what an upgraded database stands at."""
 
 def _state(url: str) -> tuple[list, str | None, set[str]]:

@@ -1,0 +1,57 @@
+"""Staleness-window admissions shared by every gateway process on the store (workers on
+one host, replicas on several): the window is one count in the database, so two
+processes must never both take its last place.
+
+`reserve_admission` counts the admitted sessions plus the places other processes hold
+for sessions they are about to insert (`admissions` rows) and, when there is room, adds
+a row of its own; all in one transaction that the processes take one at a time
+(SQLite: its first statement is a write, which takes the database's write lock before
+anything is counted; PostgreSQL: a transaction-scoped advisory lock). Once the sessions
+exist they count themselves and `release_admission` deletes the row. A process that dies
+in between leaves a row that stops counting at its `expires_at` (and is deleted by the
+next reservation). While both the row and its sessions exist the places count twice:
+the gate errs on the side of admitting later, never of overshooting.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from sqlalchemy import Engine, delete, func, insert, select
+
+from areal_service.store.schema import AdmissionRow, SessionRow
+
+ADMISSION_LOCK_ID = 0x4152_4541_4C47
+"""PostgreSQL advisory lock key of the admission transaction ("AREALG")."""
+
+
+def reserve_admission(engine: Engine, count: int, limit: int, ttl_s: float,
+                      *, now: float | None = None) -> tuple[str | None, int]:
+    """Hold `count` places in a window of `limit` until `release_admission` or
+    now + `ttl_s`: (the reservation's id, or None when there is no room; the places
+    taken before this call: admitted sessions plus live reservations)."""
+    now = time.time() if now is None else now
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(select(func.pg_advisory_xact_lock(ADMISSION_LOCK_ID)))
+        # A write first: on SQLite this takes the write lock, so the counts below stay
+        # true until the commit.
+        connection.execute(delete(AdmissionRow).where(AdmissionRow.expires_at < now))
+        admitted = connection.execute(select(func.count()).select_from(SessionRow)
+                                      .where(SessionRow.status != "dropped")).scalar_one()
+        held = connection.execute(select(func.coalesce(func.sum(AdmissionRow.count), 0))
+                                  ).scalar_one()
+        taken = int(admitted) + int(held)
+        if taken + count > limit:
+            return None, taken
+        reservation = uuid.uuid4().hex
+        connection.execute(insert(AdmissionRow).values(id=reservation, count=count,
+                                                       expires_at=now + ttl_s))
+    return reservation, taken
+
+
+def release_admission(engine: Engine, reservation: str) -> None:
+    """Give the reservation's places back (its sessions, if inserted, now count)."""
+    with engine.begin() as connection:
+        connection.execute(delete(AdmissionRow).where(AdmissionRow.id == reservation))

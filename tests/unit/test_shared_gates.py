@@ -1,0 +1,86 @@
+"""Gates every gateway process on one store agrees on, on SQLite and PostgreSQL:
+staleness-window reservations (`areal_service/store/admissions.py`) that many
+processes racing for the last places never overshoot, that lapse when their holder dies,
+and console sign-outs (`areal_service/store/revocations.py`) seen by every process."""
+
+from __future__ import annotations
+
+import threading
+
+from areal_service.config import StoreConfig
+from areal_service.store import TrajectoryStore
+from areal_service.store.admissions import reserve_admission
+from areal_service.store.revocations import console_session_revoked, revoke_console_session
+from areal_service.types import SessionRecord
+
+
+def test_reservations_count_until_released_or_expired(store: TrajectoryStore) -> None:
+    engine = store.engine
+    first, taken = reserve_admission(engine, 2, 4, 10, now=100.0)
+    assert first is not None and taken == 0
+    store.add_session(SessionRecord(id="s1"))
+    assert reserve_admission(engine, 2, 4, 10, now=105.0) == (None, 3)  # 1 + 2 held
+    store.release_admission(first)
+    second, taken = reserve_admission(engine, 2, 4, 10, now=105.0)
+    assert second is not None and taken == 1
+    # Its holder died: the places come back at its expiry (115), not before.
+    assert reserve_admission(engine, 2, 4, 10, now=114.0)[0] is None
+    third, taken = reserve_admission(engine, 3, 4, 10, now=115.5)
+    assert third is not None and taken == 1
+
+
+def test_racing_processes_never_overshoot_the_window(store_url: str) -> None:
+    """Eight processes (each its own engine and connections) admit and insert sessions
+    as fast as they can into a window of 12: exactly 12 get in."""
+    limit, admitted = 12, []
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def process(name: str) -> None:
+        own = stores[name]
+        try:
+            barrier.wait(timeout=60)
+            for i in range(6):
+                reservation, _ = own.reserve_admission(1, limit, 30)
+                if reservation is None:
+                    continue
+                own.add_session(SessionRecord(id=f"{name}-{i}"))
+                admitted.append(name)
+                own.release_admission(reservation)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test below
+            errors.append(exc)
+            barrier.abort()
+
+    stores = {f"p{i}": TrajectoryStore.open(store_url, StoreConfig()) for i in range(8)}
+    threads = [threading.Thread(target=process, args=(f"p{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for own in stores.values():
+        own.close()
+    assert not errors, errors
+    assert len(admitted) == limit
+    check = TrajectoryStore.open(store_url, StoreConfig())
+    try:
+        assert check.count_admitted_sessions() == limit
+    finally:
+        check.close()
+
+
+def test_a_sign_out_is_seen_by_every_process(store_url: str) -> None:
+    one = TrajectoryStore.open(store_url, StoreConfig())
+    other = TrajectoryStore.open(store_url, StoreConfig())
+    try:
+        assert not other.console_session_revoked("n1")
+        one.revoke_console_session("n1", expires_at=2e9)
+        one.revoke_console_session("n1", expires_at=2e9)  # twice: idempotent
+        assert other.console_session_revoked("n1")
+        # Rows past their cookie's lifetime are deleted by the next sign-out.
+        revoke_console_session(one.engine, "old", expires_at=50.0, now=10.0)
+        revoke_console_session(one.engine, "n2", expires_at=500.0, now=100.0)
+        assert not console_session_revoked(other.engine, "old")
+        assert console_session_revoked(other.engine, "n1")
+    finally:
+        one.close()
+        other.close()
