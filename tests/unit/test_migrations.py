@@ -3,14 +3,19 @@ finds no diff), upgrades are repeatable, and downgrade/upgrade cycles cleanly.""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
+
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore, alembic_config, upgrade_database
+from areal_service.store.connect import create_store_engine
 from areal_service.store.migrate import migrations_dir
 from areal_service.store.schema import Base
 
@@ -101,3 +106,26 @@ def test_concurrent_upgrades_of_a_fresh_database_all_succeed(store_url: str) -> 
         t.join()
     assert errors == []
     assert _state(store_url)[:2] == ([], HEAD)
+
+
+def test_wal_switch_waits_for_another_opener(tmp_path):
+    """A new SQLite store opened while another connection holds a write lock (several
+    processes starting on a fresh file): switching to WAL, which SQLite refuses at once
+    then, waits for the lock instead of failing."""
+    path = tmp_path / "store.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    engine = create_store_engine(f"sqlite:///{path}")
+    started = time.monotonic()
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert time.monotonic() - started >= 0.2  # it did wait for the holder
+    finally:
+        release.join()
+        engine.dispose()
+        holder.close()
