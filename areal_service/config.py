@@ -182,7 +182,9 @@ class GatewayConfig(_Section):
     max_completion_tokens (bounded by the context length)."""
     sampling: Literal["client", "training"] = "training"
     """`training`: force temperature/top_p to the training values below and record
-    them; `client`: honour what the client sends."""
+    them, for every turn in a session (what may be trained on; a turn outside any
+    session, e.g. an evaluation with the admin key, samples as its client asks);
+    `client`: honour what the client sends."""
     training_temperature: float = Field(1.0, gt=0)
     """Temperature used when `sampling` is `training`."""
     capture: bool = True

@@ -200,9 +200,13 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                                                                 *prompt_args)
         else:
             prompt_ids, lineage = state.continuity.prompt(*prompt_args)
+        # Training sampling keeps behaviour logprobs what the trainer recomputes; a turn
+        # outside any session is never trained on (an evaluation through a training
+        # gateway, the admin's own calls), so it samples as its client asks.
+        mode = gw.sampling if session_id is not None else "client"
         spec = resolve_sampling(req.client_sampling(), prompt_tokens=len(prompt_ids),
                                 context_length=state.context_length,
-                                default_max_tokens=gw.default_max_tokens, mode=gw.sampling,
+                                default_max_tokens=gw.default_max_tokens, mode=mode,
                                 training_temperature=gw.training_temperature,
                                 param=adapter.prompt_param)
     except InvalidRequestError as exc:

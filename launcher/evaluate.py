@@ -12,8 +12,8 @@ under `<data_dir>/eval` (own store: evaluation episodes never reach a trainer), 
 client sampling so the temperatures above apply, and one session per episode so output
 lengths come from the recorded completions. With `--gateway URL` it uses a running
 gateway with the admin key and no sessions (nothing there is trained on); output lengths
-are then known only for the built-in single-turn agent, and the temperatures hold only
-if that gateway honours client sampling (`gateway.sampling: client`). Several backends share the load
+are then known only for the built-in single-turn agent; the temperatures hold there too
+(a training gateway forces its temperature only on turns in a session). Several backends share the load
 when `gateway.backends` lists them (the gateway balances requests across them).
 """
 

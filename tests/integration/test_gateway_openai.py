@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+from harness import ADMIN_KEY  # tests/integration/harness.py
 from tool_model import ANSWER_TEXT, CALL_ARGUMENTS, TOOL_RESULT
 
 from areal_service.types import CompletionRecord
@@ -363,3 +364,21 @@ def test_tool_call_streamed(tool_gateway: Gateway, calc_request: dict[str, Any])
                                                  tools=calc_request["tools"]))
     assert "".join(c.choices[0].delta.content or "" for c in answer) == ANSWER_TEXT
     assert answer[-1].choices[0].finish_reason == "stop"
+
+
+def test_training_sampling_binds_session_turns_only(gateway: Gateway) -> None:
+    """`gateway.sampling: training` (the default): a turn in a session samples at the
+    training temperature whatever the client asks (its logprobs are trained on); a turn
+    outside any session (the admin key: an evaluation, say) samples as asked."""
+    model = gateway.config.gateway.model_name
+    admin = openai.OpenAI(base_url=gateway.v1, api_key=ADMIN_KEY, max_retries=0)
+    started = httpx.post(f"{gateway.url}/rl/sessions", json={},
+                         headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
+    session = openai.OpenAI(base_url=gateway.v1, api_key=started.json()["api_key"],
+                            max_retries=0)
+    for client, expected in ((admin, 0.0), (session, 1.0)):
+        completion = client.chat.completions.create(model=model, messages=USER,
+                                                    temperature=0, max_tokens=4)
+        record = _record(gateway, completion.id)
+        assert record.temperature == expected
+        assert (record.session_id is None) == (client is admin)
