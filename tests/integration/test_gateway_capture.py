@@ -118,11 +118,19 @@ def _client(gw: Gateway) -> openai.OpenAI:
                          max_retries=0)
 
 
+def _session_client(gw: Gateway) -> openai.OpenAI:
+    """A client on a fresh RL session's key (turns that may be trained on)."""
+    admin = gw.config.gateway.admin_key.get_secret_value()
+    started = httpx.post(f"{gw.url}/rl/sessions", json={},
+                         headers={"Authorization": f"Bearer {admin}"}, timeout=30)
+    return openai.OpenAI(base_url=gw.v1, api_key=started.json()["api_key"], max_retries=0)
+
+
 def test_chat_record_matches_served_tokens(checker: Checker) -> None:
-    """Training mode: the client's temperature is overridden, and the recorded one
-    (1.0) is the one the logprobs were computed at."""
+    """Training mode, a turn in a session: the client's temperature is overridden, and
+    the recorded one (1.0) is the one the logprobs were computed at."""
     messages = [SYSTEM, USER]
-    completion = _client(checker.gw).chat.completions.create(
+    completion = _session_client(checker.gw).chat.completions.create(
         model=checker.gw.config.gateway.model_name, messages=messages, max_tokens=12,
         temperature=0.2)
     record = checker.check(completion.id, messages, completion.choices[0].message.content,
