@@ -42,8 +42,8 @@ async def _while_big_is_in_flight(gateway, big_chars: int) -> tuple[httpx.Respon
         while not big.done():
             start = time.perf_counter()
             live = await client.get("/health/liveness")
-            small = await _chat(client, "hi")
             waits.append(time.perf_counter() - start)
+            small = await _chat(client, "hi")  # timed by the engine too: not in `waits`
             assert live.status_code == 200 and small.status_code == 200, small.text
             await asyncio.sleep(0.05)
         return await big, waits
@@ -59,7 +59,9 @@ def test_a_large_prompt_does_not_stall_health_or_small_chats(gateway, monkeypatc
     # Far over the tiny model's context: refused, but only after the full tokenization.
     assert reply.status_code == 400 and "context" in reply.json()["error"]["message"]
     # On the event loop the large prompt would hold every other request for its whole
-    # preparation (seconds); off it, each liveness + small chat pair stays quick.
+    # preparation (seconds); off it, every liveness check stays quick (and small chats
+    # are served meanwhile: their time also counts the shared engine, which a previous
+    # test may still keep busy, so it is not what is timed).
     assert max(waits) < took / 2, (max(waits), took)
     assert len(waits) >= 3, f"the large prompt took only {took:.2f} s: too small to tell"
 
