@@ -188,7 +188,13 @@ async def require_console_admin(request: Request) -> ConsoleSession:
 async def _signed_out_elsewhere(request: Request, session: ConsoleSession) -> bool:
     """Whether another gateway process on the store served this cookie's sign-out."""
     store = request.app.state.gateway.store
-    if not await asyncio.to_thread(store.console_session_revoked, session.nonce):
+    try:
+        revoked = await asyncio.to_thread(store.console_session_revoked, session.nonce)
+    except Exception as exc:  # the store down: refuse rather than open a page unchecked
+        raise HTTPException(status_code=503, detail="the store is unreachable, so sign-outs "
+                            "cannot be checked; try again shortly",
+                            headers={"retry-after": "1"}) from exc
+    if not revoked:
         return False
     revoked_sessions(request).revoke(session)  # no store read for it here from now on
     return True

@@ -133,3 +133,19 @@ def test_sign_out_on_one_process_is_refused_by_another(tmp_path, tiny_model_dir,
         assert elsewhere.post("/console/keys", data={"csrf_token": _csrf(page.text),
                                                      "name": "after"}).status_code == 303
         assert not [k for k in other.state.store.list_api_keys(limit=50) if k.name == "after"]
+
+
+def test_an_unreachable_store_refuses_console_pages_with_503(gateway, monkeypatch):
+    """Sign-outs cannot be checked without the store: a page is refused (503, retry-after,
+    the OpenAI error shape), never opened unchecked, never a 500."""
+    admin = _signed_in(gateway)
+
+    def unreachable(nonce: str) -> bool:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(gateway.state.store, "console_session_revoked", unreachable)
+    page = admin.get("/console/keys")
+    assert page.status_code == 503 and page.headers["retry-after"] == "1"
+    assert "sign-outs cannot be checked" in page.json()["error"]["message"]
+    monkeypatch.undo()
+    assert admin.get("/console/keys").status_code == 200
