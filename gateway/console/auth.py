@@ -202,9 +202,14 @@ async def _signed_out_elsewhere(request: Request, session: ConsoleSession) -> bo
 
 async def sign_out(request: Request, session: ConsoleSession) -> None:
     """Refuse `session`'s cookie from now on, here and on every process on the store."""
+    try:  # the store first: a sign-out that failed there changed nothing, and can be retried
+        await asyncio.to_thread(request.app.state.gateway.store.revoke_console_session,
+                                session.nonce, revocation_expiry(session))
+    except Exception as exc:
+        raise HTTPException(status_code=503, detail="the store is unreachable, so the "
+                            "sign-out could not be recorded and you are still signed in; "
+                            "sign out again shortly", headers={"retry-after": "1"}) from exc
     revoked_sessions(request).revoke(session)
-    await asyncio.to_thread(request.app.state.gateway.store.revoke_console_session,
-                            session.nonce, revocation_expiry(session))
 
 
 ConsoleAdmin = Annotated[ConsoleSession, Depends(require_console_admin)]

@@ -149,3 +149,24 @@ def test_an_unreachable_store_refuses_console_pages_with_503(gateway, monkeypatc
     assert "sign-outs cannot be checked" in page.json()["error"]["message"]
     monkeypatch.undo()
     assert admin.get("/console/keys").status_code == 200
+
+
+def test_a_sign_out_the_store_cannot_record_is_503(gateway, monkeypatch):
+    """Other processes would still accept the cookie: the sign-out says it failed (503)
+    instead of pretending, changes nothing, and a retry then signs out everywhere."""
+    admin = _signed_in(gateway)
+    token = _csrf(admin.get("/console/keys").text)
+    cookie = admin.cookies[auth.COOKIE_NAME]
+
+    def unreachable(nonce: str, expires_at: float) -> None:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(gateway.state.store, "revoke_console_session", unreachable)
+    out = admin.post("/console/logout", data={"csrf_token": token})
+    assert out.status_code == 503 and "still signed in" in out.json()["error"]["message"]
+    assert admin.get("/console/keys").status_code == 200
+    monkeypatch.undo()
+    assert admin.post("/console/logout", data={"csrf_token": token}).status_code == 303
+    assert gateway.state.store.console_session_revoked(cookie.split(".")[2])
+    stale = httpx.Client(base_url=gateway.url, timeout=60, cookies={auth.COOKIE_NAME: cookie})
+    assert stale.get("/console/keys").status_code == 303
