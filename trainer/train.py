@@ -178,6 +178,12 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             save_checkpoint(
                 model, optimizer, checkpoint_dir=config.checkpoint_dir(), step=step, version=version
             )
+        if info.world_size > 1:
+            # Every rank leaves the group together (only on this normal path: after a
+            # failure the peers may never come). A rank that tore its group down while
+            # another was still finishing once died in gloo's shutdown ("terminate
+            # called without an active exception", exit -6) after a clean run.
+            dist.barrier()
     log.info("trainer stopped after step %d at policy v%d", step, version)
 
 
