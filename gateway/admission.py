@@ -69,8 +69,8 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[None]
         if remaining <= 0:
             retry = math.ceil(max(gw.admit_wait_s, 1))
             raise OpenAIError(
-                429, f"the staleness window is full ({taken} sessions admitted, {limit} "
-                f"allowed at trained version {state.live_version}); please try again in "
+                429, f"the staleness window is full ({taken} of its {limit} places taken "
+                f"at trained version {state.live_version}); please try again in "
                 f"{retry}s", type="requests", code="rate_limit_exceeded",
                 headers={"retry-after": str(retry)})
         await asyncio.sleep(min(0.05, remaining))

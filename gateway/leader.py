@@ -6,8 +6,9 @@ Why a lease in the store and not a parent process: replicas on other hosts have 
 common parent, and the store is the one thing they all share. Failover: a leader that
 dies stops renewing, and another process takes the lease within `gateway.leader_lease_s`
 (plus one renewal interval); at once when the dead leader was a process of the same host
-and pid namespace (a gateway restarted after kill -9 leads from its first request). A leader that cannot renew (the database is down) steps
-down at its own expiry, so two leaders never act at once while clocks agree.
+and pid namespace (a gateway restarted after kill -9 leads from its first request). A
+leader that cannot renew (the database is down) steps down at its own expiry, so two
+leaders never act at once while clocks agree.
 """
 
 from __future__ import annotations
