@@ -146,6 +146,10 @@ class Lineage:
     prompt_ids: list[int]
     """The turn's prompt ids (the list the turn sends; never mutated)."""
     outcome: Outcome
+    digest: str | None = None
+    """Digest of `text` and `tools`, the prompt part of the records' `continuity_key`
+    (None when nothing records keys). Made where `text` is: on the large-prompt worker
+    for a large prompt, never O(context) work on the event loop at record time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +364,7 @@ class Continuity:
             if _digest(text, _tools_text(rendered_tools)) != prompt_digest:
                 continue
             lineage = Lineage(session_id, prior, rendered_tools, text, turn.prompt_ids(),
-                              "continued")
+                              "continued", prompt_digest)
             self.cache.add(session_id, [_Entry(lineage, turn.output_ids(), assistant)])
             found = True
             break
@@ -374,9 +378,9 @@ class Continuity:
         nothing is recorded):
         `<prompt messages>:<digest of their template text and tools>:<digest of the
         reply>`, what `recall` checks a later turn against."""
-        if lineage is None or self._recent is None:  # nothing records or reads them
+        if lineage is None or lineage.digest is None:  # nothing records or reads them
             return [None] * len(choices)
-        head = f"{len(lineage.messages)}:{_digest(lineage.text, _tools_text(lineage.tools))}"
+        head = f"{len(lineage.messages)}:{lineage.digest}"
         return [f"{head}:{_reply_digest(_assistant_of(choice))}" for choice in choices]
 
     def prompt(self, session_id: str | None, messages: Sequence[Mapping[str, Any]],
@@ -409,7 +413,8 @@ class Continuity:
                  outcome: Outcome) -> Lineage:
         if self._counter is not None:
             self._counter.labels(outcome).inc()
-        return Lineage(session_id, messages, tools, text, ids, outcome)
+        digest = None if self._recent is None else _digest(text, _tools_text(tools))
+        return Lineage(session_id, messages, tools, text, ids, outcome, digest)
 
     def remember(self, lineage: Lineage | None, generations: Sequence[HasOutputIds],
                  choices: Sequence[ParsedChoice]) -> None:

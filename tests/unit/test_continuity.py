@@ -254,4 +254,6 @@ def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> N
     assert count(recalls, "none") == 2
     off = Continuity(tok, enabled=True, max_bytes=1 << 24)  # capture off: no store
     assert not off.wants_recall(SESSION, second)
-    assert off.keys(lineage, [choice]) == [None]  # nothing records them
+    _, off_lineage = off.prompt(SESSION, first, TOOLS, None)
+    assert off_lineage is not None and off_lineage.digest is None
+    assert off.keys(off_lineage, [choice]) == [None]  # nothing records them
