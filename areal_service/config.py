@@ -265,6 +265,10 @@ class GatewayConfig(_Section):
     """First lock-out after the free failures; doubles with each further failure."""
     auth_max_backoff_s: float = Field(300.0, gt=0)
     """Longest lock-out of one client address."""
+    auth_throttle_sync_s: float = Field(1.0, gt=0)
+    """With several gateway processes on one store (workers, replicas): how often each
+    publishes its changed failure counts and reads the others', so an address is locked
+    out on its failures summed over every process, everywhere within this interval."""
     health_interval_s: float = Field(2.0, gt=0)
     """How often every backend's `/health` is checked; one failed check reports the
     backend down in `/health/readiness` (routing takes it out after two)."""
@@ -286,7 +290,8 @@ class GatewayConfig(_Section):
     (`leader_lease_s`) and alone swaps weights and sweeps idle sessions. A session's
     turns may land on any worker: each finds the turn it extends in the store (token
     continuity, parent linking), and per-key limits count every worker
-    (`key_limits_sync_s`); the auth-failure throttle counts per process."""
+    (`key_limits_sync_s`), and so does the auth-failure throttle
+    (`auth_throttle_sync_s`)."""
     replicas: bool = False
     """Other gateway processes (replicas on other hosts, behind one load balancer) share
     this store: parent linking then reads each session's turns from the store instead of

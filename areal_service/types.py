@@ -114,6 +114,17 @@ class CompletionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthFailures:
+    """Failed sign-ins and unknown bearer tokens from one client address, as one gateway
+    process counted them (or summed over several): what the auth throttle locks out on
+    (`gateway/throttle.py`). Times are wall-clock seconds (`time.time()`)."""
+
+    failures: int
+    last_failure: float
+    locked_until: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class KeyCounts:
     """A key's live counts in one gateway process (or summed over several): what the
     per-key limits check (`gateway/limits.py`)."""

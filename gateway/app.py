@@ -33,7 +33,13 @@ from gateway.limits import sync_key_limits
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
-from gateway.throttle import AuthThrottle, AuthThrottleMiddleware, Scope, request_token
+from gateway.throttle import (
+    AuthThrottle,
+    AuthThrottleMiddleware,
+    Scope,
+    request_token,
+    sync_auth_failures,
+)
 from gateway.tokenizer import ChatTokenizer
 from gateway.weight_sync import run_weight_syncer
 
@@ -232,10 +238,12 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                      app.state.gateway.keys.usage, store,
                      config.gateway.key_usage_interval_s))]
         keys = app.state.gateway.keys
-        if shared:  # per-key limits count every process that shares the store
+        if shared:  # per-key limits and the auth throttle count every process
             tasks.append(asyncio.create_task(sync_key_limits(
                 keys.limits, keys.usage.unflushed_tokens, store, leadership.holder,
                 gw.key_limits_sync_s)))
+            tasks.append(asyncio.create_task(sync_auth_failures(
+                app.state.auth_throttle, store, leadership.holder, gw.auth_throttle_sync_s)))
         try:
             yield
         finally:

@@ -14,18 +14,26 @@ included, at the cost of one dict lookup per request:
   lookup. Agents on the same host with working keys keep working while one
   misconfigured (or hostile) client there is locked out.
 
-The address is the TCP peer (`scope["client"]`): `x-forwarded-for` is not trusted. In
-memory, per process; with several gateway processes each throttles on its own.
+The address is the TCP peer (`scope["client"]`): `x-forwarded-for` is not trusted.
+Counted in memory. With several gateway processes on one store (workers, replicas) each
+publishes the counts that changed and reads the others' every
+`gateway.auth_throttle_sync_s` (`sync_auth_failures`,
+`areal_service/store/auth_failures.py`): an address is locked out on its failures summed
+over every process, everywhere, within one sync interval. Until then each process locks
+it out on what it has seen itself.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from areal_service.types import AuthFailures
 from gateway.auth import token_of
 from gateway.errors import OpenAIError
 from gateway.limits import rate_limited
@@ -38,6 +46,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 KnownGood = Callable[[str], bool]
 
 LOGIN_PATH = "/console/login"
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -48,51 +57,131 @@ class _Record:
 
 
 class AuthThrottle:
-    """Failure counts and lock-outs per client address (bounded: `max_addresses`)."""
+    """Failure counts and lock-outs per client address (bounded: `max_addresses`): this
+    process's own, and the other processes' sharing the store (`apply_peers`). Times are
+    `time.monotonic()` seconds; the exchange with the store converts to wall clock."""
 
     def __init__(self, *, free_failures: int = 5, backoff_s: float = 1.0,
                  max_backoff_s: float = 300.0, max_addresses: int = 100_000) -> None:
         self.free_failures = free_failures
         self.backoff_s = backoff_s
         self.max_backoff_s = max(max_backoff_s, backoff_s)
-        self._max_addresses = max_addresses
+        self.max_addresses = max_addresses
         self._records: dict[str, _Record] = {}
+        self._peers: dict[str, _Record] = {}
+        """The other processes' counts, summed per address, as of the last exchange."""
+        self._changed: set[str] = set()
+        """Addresses whose own count changed since it was last published."""
 
     def retry_after(self, address: str, now: float | None = None) -> float:
         """Seconds `address` is still locked out (0: not locked)."""
         record = self._records.get(address)
-        if record is None:
+        peer = self._peers.get(address)
+        if record is None and peer is None:
             return 0.0
-        return max(0.0, record.locked_until - (time.monotonic() if now is None else now))
+        until = max(record.locked_until if record is not None else 0.0,
+                    peer.locked_until if peer is not None else 0.0)
+        return max(0.0, until - (time.monotonic() if now is None else now))
 
     def failed(self, address: str, now: float | None = None) -> float:
-        """Count one failure of `address`; the lock-out it now has (0: none yet)."""
+        """Count one failure of `address`; the lock-out it now has (0: none yet). The
+        free failures and the doubling count every process's failures known here."""
         now = time.monotonic() if now is None else now
-        record = self._records.get(address)
-        if record is not None and now - max(record.last_failure, record.locked_until) \
-                > self.max_backoff_s:
-            record = None  # quiet long enough: start over
+        record = self._live(self._records.get(address), now)
         if record is None:
-            if len(self._records) >= self._max_addresses:
+            if len(self._records) >= self.max_addresses:
                 self._prune(now)
             record = self._records[address] = _Record()
         record.failures += 1
         record.last_failure = now
-        over = record.failures - self.free_failures
+        self._changed.add(address)
+        peer = self._live(self._peers.get(address), now)
+        lock = self._lock(record.failures + (peer.failures if peer is not None else 0))
+        if lock:
+            record.locked_until = max(record.locked_until, now + lock)
+        return lock
+
+    def outgoing(self, offset: float | None = None) -> dict[str, AuthFailures]:
+        """This process's counts that changed since the last call, in wall-clock time
+        (`offset`: `time.time() - time.monotonic()`); `unpublished` puts them back if
+        they could not be published."""
+        offset = time.time() - time.monotonic() if offset is None else offset
+        out = {address: AuthFailures(r.failures, r.last_failure + offset,
+                                     r.locked_until + offset if r.locked_until else 0.0)
+               for address in self._changed if (r := self._records.get(address)) is not None}
+        self._changed.clear()
+        return out
+
+    def unpublished(self, addresses: Collection[str]) -> None:
+        """Publish these addresses' counts with the next exchange (this one failed)."""
+        self._changed.update(addresses)
+
+    def apply_peers(self, peers: Mapping[str, AuthFailures], offset: float | None = None
+                    ) -> None:
+        """Take the other processes' counts (wall clock; replacing the last ones). An
+        address whose failures summed with this process's pass the free ones is locked
+        out from its latest failure, as if every failure had been counted here."""
+        offset = time.time() - time.monotonic() if offset is None else offset
+        now = time.monotonic()
+        merged: dict[str, _Record] = {}
+        for address, theirs in peers.items():
+            peer = _Record(theirs.failures,
+                           theirs.locked_until - offset if theirs.locked_until else 0.0,
+                           theirs.last_failure - offset)
+            own = self._live(self._records.get(address), now)
+            lock = self._lock(peer.failures + (own.failures if own is not None else 0))
+            if lock:
+                latest = max(peer.last_failure, own.last_failure if own is not None else 0.0)
+                peer.locked_until = max(peer.locked_until, latest + lock)
+            merged[address] = peer
+        self._peers = merged
+
+    def _lock(self, failures: int) -> float:
+        """The lock-out after `failures` (0 within the free ones)."""
+        over = failures - self.free_failures
         if over <= 0:
             return 0.0
-        lock = min(self.backoff_s * 2 ** min(over - 1, 62), self.max_backoff_s)
-        record.locked_until = max(record.locked_until, now + lock)
-        return lock
+        return min(self.backoff_s * 2 ** min(over - 1, 62), self.max_backoff_s)
+
+    def _live(self, record: _Record | None, now: float) -> _Record | None:
+        """`record`, or None once it was quiet long enough to start over."""
+        if record is not None and now - max(record.last_failure, record.locked_until) \
+                > self.max_backoff_s:
+            return None
+        return record
 
     def _prune(self, now: float) -> None:
         """Forget quiet addresses; if none are, the oldest half (bounded memory)."""
-        horizon = self.max_backoff_s
         self._records = {a: r for a, r in self._records.items()
-                         if now - max(r.last_failure, r.locked_until) <= horizon}
-        if len(self._records) >= self._max_addresses:
+                         if self._live(r, now) is not None}
+        if len(self._records) >= self.max_addresses:
             by_age = sorted(self._records.items(), key=lambda item: item[1].last_failure)
             self._records = dict(by_age[len(by_age) // 2:])
+
+
+class FailuresExchange(Protocol):
+    """The store's side of `sync_auth_failures` (`TrajectoryStore`)."""
+
+    def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
+                               quiet_s: float, limit: int = ...) -> dict[str, AuthFailures]: ...
+
+
+async def sync_auth_failures(throttle: AuthThrottle, store: FailuresExchange, holder: str,
+                             interval_s: float) -> None:
+    """Every `interval_s`, forever: publish this process's changed counts and take the
+    other processes' (a read only, while nothing failed here). A failed exchange is
+    logged; its counts go out with the next one, the last known peers' stay in force."""
+    while True:
+        await asyncio.sleep(interval_s)
+        mine = throttle.outgoing()
+        try:
+            peers = await asyncio.to_thread(store.exchange_auth_failures, holder, mine,
+                                            throttle.max_backoff_s, throttle.max_addresses)
+        except Exception:  # the database may be briefly unavailable
+            throttle.unpublished(mine)
+            log.warning("sharing auth-failure counts failed", exc_info=True)
+            continue
+        throttle.apply_peers(peers)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -207,6 +207,21 @@ class LeaseRow(Base):
     expires_at: Mapped[float] = mapped_column(Float)
 
 
+class AuthFailureRow(Base):
+    """One gateway process's (`holder`'s) failed-credential count for one client address,
+    published once a sync interval when it changed, so every process sharing the store
+    locks the address out on the sum (`auth_failures.py`). Rows quiet for longer than the
+    longest lock-out count for nothing and are deleted."""
+
+    __tablename__ = "auth_failures"
+
+    address: Mapped[str] = mapped_column(String, primary_key=True)
+    holder: Mapped[str] = mapped_column(String, primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer)
+    last_failure: Mapped[float] = mapped_column(Float, index=True)
+    locked_until: Mapped[float] = mapped_column(Float)
+
+
 class AdmissionRow(Base):
     """Places in the staleness window held while a gateway process inserts the sessions
     it admitted (`admissions.py`); deleted once they exist, ignored after `expires_at`

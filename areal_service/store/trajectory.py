@@ -23,6 +23,7 @@ from sqlalchemy.sql import Select
 
 from areal_service.config import StoreConfig
 from areal_service.store.admissions import release_admission, reserve_admission
+from areal_service.store.auth_failures import exchange_auth_failures
 from areal_service.store.connect import create_store_engine
 from areal_service.store.inserts import CompletionInserter, completion_row
 from areal_service.store.key_counters import exchange_key_counts, forget_key_counts
@@ -42,6 +43,7 @@ from areal_service.store.schema import (
 )
 from areal_service.types import (
     ApiKeyRecord,
+    AuthFailures,
     CompletionRecord,
     KeyCounts,
     RecentTurn,
@@ -489,6 +491,14 @@ class TrajectoryStore:
     def console_session_revoked(self, nonce: str) -> bool:
         """Whether the console cookie with `nonce` was signed out."""
         return console_session_revoked(self._engine, nonce)
+
+    # Failed-credential counts shared by gateway processes (`auth_failures.py`).
+
+    def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
+                               quiet_s: float, limit: int = 100_000
+                               ) -> dict[str, AuthFailures]:
+        """Publish `holder`'s changed counts; the other holders' live counts per address."""
+        return exchange_auth_failures(self._engine, holder, mine, quiet_s, limit=limit)
 
     # Per-key counts shared by gateway processes (`key_counters.py`).
 

@@ -172,6 +172,33 @@ def test_bearer_and_login_failures_back_off_exponentially(tmp_path, tiny_model_d
                                                   "admin_key": "sk-wrong"}).status_code == 429
 
 
+def test_failures_on_every_process_sharing_the_store_lock_the_address_out(
+        tmp_path, tiny_model_dir, engine_url, gateway_factory):
+    """Two gateway processes on one store (workers or replicas), five free failures:
+    three guesses on each, and within one sync interval both refuse the address (429),
+    though neither saw more than its free failures. Counted per process, the next guess
+    on each would be a plain 401."""
+    settings = ("gateway.replicas=true", "gateway.auth_free_failures=5",
+                "gateway.auth_backoff_s=60", "gateway.auth_throttle_sync_s=0.2")
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url], *settings) as one, \
+            gateway_factory(tmp_path, tiny_model_dir, [engine_url], *settings) as other:
+        wrong = {"authorization": "Bearer sk-guess"}
+        clients = [httpx.Client(base_url=gw.url, timeout=30) for gw in (one, other)]
+        for http in clients:
+            assert [http.get("/v1/models", headers=wrong).status_code
+                    for _ in range(3)] == [401] * 3
+        throttles = [gw.app.state.auth_throttle for gw in (one, other)]
+        deadline = time.monotonic() + 10
+        while not all(t.retry_after("127.0.0.1") > 0 for t in throttles):
+            assert time.monotonic() < deadline, "the lock-out did not reach both processes"
+            time.sleep(0.05)
+        for http in clients:
+            refused = http.get("/v1/models", headers=wrong)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "too_many_auth_failures"
+            assert http.get("/v1/models", headers=ADMIN).status_code == 200  # known good
+
+
 def test_docs_and_metrics_need_the_admin_key_unless_public(tmp_path, tiny_model_dir,
                                                           engine_url, gateway_factory):
     paths = ("/metrics", "/docs", "/openapi.json")

@@ -20,10 +20,10 @@ from areal_service.store.migrate import migrations_dir
 from areal_service.store.schema import Base
 
 TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "train_steps",
-          "leases", "key_counters", "admissions", "console_revocations"}
+          "leases", "key_counters", "admissions", "console_revocations", "auth_failures"}
 
 
-HEAD = "0009_shared_gates"
+HEAD = "0010_auth_failures"
 """The newest revision: what an upgraded database stands at."""
 
 def _state(url: str) -> tuple[list, str | None, set[str]]:

@@ -1,17 +1,23 @@
 """Gates every gateway process on one store agrees on, on SQLite and PostgreSQL:
 staleness-window reservations (`areal_service/store/admissions.py`) that many
 processes racing for the last places never overshoot, that lapse when their holder dies,
-and console sign-outs (`areal_service/store/revocations.py`) seen by every process."""
+console sign-outs (`areal_service/store/revocations.py`) seen by every process, and
+failed-credential counts summed over the processes
+(`areal_service/store/auth_failures.py`)."""
 
 from __future__ import annotations
 
 import threading
 
+from sqlalchemy import select
+
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore
 from areal_service.store.admissions import reserve_admission
+from areal_service.store.auth_failures import exchange_auth_failures
 from areal_service.store.revocations import console_session_revoked, revoke_console_session
-from areal_service.types import SessionRecord
+from areal_service.store.schema import AuthFailureRow
+from areal_service.types import AuthFailures, SessionRecord
 
 
 def test_reservations_count_until_released_or_expired(store: TrajectoryStore) -> None:
@@ -84,3 +90,25 @@ def test_a_sign_out_is_seen_by_every_process(store_url: str) -> None:
     finally:
         one.close()
         other.close()
+
+
+def test_auth_failures_are_summed_over_the_other_processes(store: TrajectoryStore) -> None:
+    engine, t = store.engine, 1_000_000.0
+
+    def exchange(holder: str, mine: dict[str, AuthFailures], at: float, **kw: int
+                 ) -> dict[str, AuthFailures]:
+        return exchange_auth_failures(engine, holder, mine, 300, now=t + at, **kw)
+
+    assert exchange("p1", {"a": AuthFailures(3, t, 0.0)}, 0) == {}
+    assert exchange("p2", {"a": AuthFailures(2, t + 1, t + 11),
+                           "b": AuthFailures(1, t + 1, 0.0)}, 1) == {"a": AuthFailures(3, t, 0.0)}
+    assert exchange("p3", {}, 2) == {"a": AuthFailures(5, t + 1, t + 11),  # a read only
+                                     "b": AuthFailures(1, t + 1, 0.0)}
+    exchange("p1", {"a": AuthFailures(4, t + 3, t + 13)}, 3)  # p1's row is replaced
+    assert exchange("p3", {}, 3)["a"] == AuthFailures(6, t + 3, t + 13)
+    assert list(exchange("p3", {}, 3, limit=1)) == ["a"]  # the most recent first
+    # Quiet for longer than the longest lock-out: counts for nothing, then deleted.
+    assert exchange("p3", {}, 400) == {}
+    assert exchange("p3", {"c": AuthFailures(1, t + 400, 0.0)}, 400) == {}
+    with engine.connect() as connection:
+        assert connection.execute(select(AuthFailureRow.address)).scalars().all() == ["c"]

@@ -1,8 +1,13 @@
 """AuthThrottle: free failures, doubling lock-outs up to the cap, forgetting after a
-quiet spell, and a bounded table of addresses."""
+quiet spell, a bounded table of addresses, and failures counted on other processes."""
 
 from __future__ import annotations
 
+import time
+
+from pytest import approx
+
+from areal_service.types import AuthFailures
 from gateway.throttle import AuthThrottle, request_token, too_many_failures
 
 
@@ -32,3 +37,32 @@ def test_token_and_429_shape():
     error = too_many_failures(0.2)
     assert error.status == 429 and error.headers == {"retry-after": "1"}
     assert error.body()["error"]["code"] == "too_many_auth_failures"
+
+
+def test_failures_on_other_processes_count_here():
+    """Three failures on each of two processes (five free): once they have exchanged
+    counts, both lock the address out on the sum, and the next failure doubles on it."""
+    here = AuthThrottle(free_failures=5, backoff_s=10, max_backoff_s=100)
+    there = AuthThrottle(free_failures=5, backoff_s=10, max_backoff_s=100)
+    now, offset = time.monotonic(), 1_000_000.0
+    for _ in range(3):
+        assert here.failed("a", now=now) == 0 and there.failed("a", now=now) == 0
+    assert here.retry_after("a", now=now) == 0
+    sent = there.outgoing(offset)
+    assert sent == {"a": AuthFailures(3, now + offset, 0.0)}
+    assert there.outgoing(offset) == {}  # published once, until it changes again
+    here.apply_peers(sent, offset)
+    assert here.retry_after("a", now=now) == approx(10)  # six failures: one over
+    assert here.failed("a", now=now) == 20  # the seventh, counting the other process's
+    assert there.retry_after("a", now=now) == 0  # not told yet
+    there.apply_peers(here.outgoing(offset), offset)
+    assert there.retry_after("a", now=now) == approx(20)
+    assert there.retry_after("b", now=now) == 0
+
+
+def test_counts_that_could_not_be_published_go_with_the_next_exchange():
+    throttle = AuthThrottle(free_failures=5)
+    throttle.failed("a")
+    sent = throttle.outgoing(offset=0.0)
+    throttle.unpublished(sent)
+    assert throttle.outgoing(offset=0.0) == sent
