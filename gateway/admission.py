@@ -45,16 +45,17 @@ inserts it covers take milliseconds; a group of 1024 sessions, about a second)."
 
 
 @contextlib.asynccontextmanager
-async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[None]:
-    """Admit `count` sessions for the body of the `async with` (which inserts them): wait
+async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str | None]:
+    """Admit `count` sessions for the body of the `async with`, which inserts them with
+    the reservation it is given (`TrajectoryStore.add_session(record, admission)`): wait
     up to `gateway.admit_wait_s` for room, then 429 with retry-after. The places are
     reserved in the store until the body ends, so concurrent starts in this process or
     any other cannot overshoot the window; nothing is held while waiting. The process's
-    lock keeps its own starts to one store transaction at a time. A no-op when the gate
-    is off."""
+    lock keeps its own starts to one store transaction at a time. A no-op (reservation
+    None) when the gate is off."""
     gw = state.config.gateway
     if not gw.staleness_gate:
-        yield
+        yield None
         return
     loop = asyncio.get_running_loop()
     deadline = loop.time() + gw.admit_wait_s
@@ -75,7 +76,7 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[None]
                 headers={"retry-after": str(retry)})
         await asyncio.sleep(min(0.05, remaining))
     try:
-        yield
+        yield reservation
     finally:
         try:  # runs to the end in its thread even if this task is cancelled meanwhile
             await asyncio.to_thread(state.store.release_admission, reservation)

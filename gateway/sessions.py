@@ -135,8 +135,8 @@ async def client_session(state: GatewayState, principal: Principal, session_id: 
         record = SessionRecord(id=session_id, api_key_id=principal.key_id, metadata={
             "opened_by": "client_metadata", "client_session": conversation_id})
         try:
-            async with admit_sessions(state, 1):
-                session = await asyncio.to_thread(state.store.add_session, record)
+            async with admit_sessions(state, 1) as admission:
+                session = await asyncio.to_thread(state.store.add_session, record, admission)
         except Exception:  # a concurrent first turn inserted it first
             session = await asyncio.to_thread(state.store.get_session, session_id)
             if session is None:
@@ -155,8 +155,8 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
     others end by idle timeout, each a complete episode of its own."""
     session = SessionRecord(id=f"sess_{uuid.uuid4().hex}", api_key_id=key.id,
                             metadata={"opened_by": "auto_session"})
-    async with admit_sessions(state, 1):
-        session = await asyncio.to_thread(state.store.add_session, session)
+    async with admit_sessions(state, 1) as admission:
+        session = await asyncio.to_thread(state.store.add_session, session, admission)
     await asyncio.to_thread(state.store.bind_key_session, key.id, session.id)
     state.keys.forget(key.key_hash)
     remember_new_session(state, session)

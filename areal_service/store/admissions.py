@@ -6,11 +6,14 @@ processes must never both take its last place.
 for sessions they are about to insert (`admissions` rows) and, when there is room, adds
 a row of its own; all in one transaction that the processes take one at a time
 (SQLite: its first statement is a write, which takes the database's write lock before
-anything is counted; PostgreSQL: a transaction-scoped advisory lock). Once the sessions
-exist they count themselves and `release_admission` deletes the row. A process that dies
-in between leaves a row that stops counting at its `expires_at` (and is deleted by the
-next reservation). While both the row and its sessions exist the places count twice:
-the gate errs on the side of admitting later, never of overshooting.
+anything is counted; PostgreSQL: a transaction-scoped advisory lock). Each session
+inserted under the reservation takes one place from the row in the insert's own
+transaction (`take_admitted_place`), so a place is counted exactly once at every
+commit: held, then admitted. Both counts are read in one statement (one snapshot on
+PostgreSQL, where inserts do not wait for the advisory lock). `release_admission`
+deletes the row with what is left (sessions never inserted). A process that dies in
+between leaves a row that stops counting at its `expires_at` (and is deleted by the
+next reservation).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from sqlalchemy import Engine, delete, func, insert, select
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 
 from areal_service.store.schema import AdmissionRow, SessionRow
 
@@ -38,11 +41,10 @@ def reserve_admission(engine: Engine, count: int, limit: int, ttl_s: float,
         # A write first: on SQLite this takes the write lock, so the counts below stay
         # true until the commit.
         connection.execute(delete(AdmissionRow).where(AdmissionRow.expires_at < now))
-        admitted = connection.execute(select(func.count()).select_from(SessionRow)
-                                      .where(SessionRow.status != "dropped")).scalar_one()
-        held = connection.execute(select(func.coalesce(func.sum(AdmissionRow.count), 0))
-                                  ).scalar_one()
-        taken = int(admitted) + int(held)
+        admitted = (select(func.count()).select_from(SessionRow)
+                    .where(SessionRow.status != "dropped").scalar_subquery())
+        held = select(func.coalesce(func.sum(AdmissionRow.count), 0)).scalar_subquery()
+        taken = int(connection.execute(select(admitted + held)).scalar_one())
         if taken + count > limit:
             return None, taken
         reservation = uuid.uuid4().hex
@@ -51,7 +53,16 @@ def reserve_admission(engine: Engine, count: int, limit: int, ttl_s: float,
     return reservation, taken
 
 
+def take_admitted_place(connection: Connection, reservation: str) -> None:
+    """In the transaction that inserts a session admitted under `reservation`: move one
+    place from the reservation to the session."""
+    connection.execute(update(AdmissionRow)
+                       .where(AdmissionRow.id == reservation, AdmissionRow.count > 0)
+                       .values(count=AdmissionRow.count - 1))
+
+
 def release_admission(engine: Engine, reservation: str) -> None:
-    """Give the reservation's places back (its sessions, if inserted, now count)."""
+    """Give back the places its sessions did not take (all of them, if none was
+    inserted)."""
     with engine.begin() as connection:
         connection.execute(delete(AdmissionRow).where(AdmissionRow.id == reservation))

@@ -22,7 +22,11 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
 from areal_service.config import StoreConfig
-from areal_service.store.admissions import release_admission, reserve_admission
+from areal_service.store.admissions import (
+    release_admission,
+    reserve_admission,
+    take_admitted_place,
+)
 from areal_service.store.auth_failures import exchange_auth_failures
 from areal_service.store.connect import create_store_engine
 from areal_service.store.inserts import CompletionInserter, completion_row
@@ -203,9 +207,16 @@ class TrajectoryStore:
 
     # Sessions (episodes).
 
-    def add_session(self, record: SessionRecord) -> SessionRecord:
-        """Insert a session (IntegrityError when the id exists)."""
-        self._add(SessionRow(**row_values(record)))
+    def add_session(self, record: SessionRecord, admission: str | None = None
+                    ) -> SessionRecord:
+        """Insert a session (IntegrityError when the id exists). `admission`: the
+        staleness-window reservation it was admitted under, which gives the session its
+        place in the same transaction (`admissions.py`)."""
+        with self._sessions.begin() as session:
+            session.add(SessionRow(**row_values(record)))
+            if admission is not None:
+                session.flush()
+                take_admitted_place(session.connection(), admission)
         return record
 
     def get_session(self, session_id: str) -> SessionRecord | None:

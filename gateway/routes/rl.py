@@ -135,11 +135,13 @@ def new_session_id() -> str:
 
 async def open_session(state: GatewayState, *, group_id: str | None, task_id: str | None,
                        metadata: dict[str, Any], key_id: str | None,
-                       session_id: str | None = None) -> SessionRecord:
-    """Insert one open session (the staleness gate, when configured, runs before this)."""
+                       session_id: str | None = None, admission: str | None = None
+                       ) -> SessionRecord:
+    """Insert one open session (the staleness gate, when configured, runs before this
+    and gives its reservation: `admission`)."""
     record = SessionRecord(id=session_id or new_session_id(), group_id=group_id,
                            task_id=task_id, api_key_id=key_id, metadata=metadata)
-    session = await asyncio.to_thread(state.store.add_session, record)
+    session = await asyncio.to_thread(state.store.add_session, record, admission)
     remember_new_session(state, session)
     return session
 
@@ -162,14 +164,14 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
         return await _refresh(state, key.id, body)
     group_id = body.group_id or (f"grp_{uuid.uuid4().hex}" if body.group_size > 1 else None)
     sessions = []
-    async with admit_sessions(state, body.group_size):
+    async with admit_sessions(state, body.group_size) as admission:
         for _ in range(body.group_size):
             session_id = new_session_id()
             plaintext, key = new_api_key(kind="session", session_id=session_id)
             await asyncio.to_thread(state.store.add_api_key, key)
             session = await open_session(state, group_id=group_id, task_id=body.task_id,
                                          metadata=body.metadata, key_id=key.id,
-                                         session_id=session_id)
+                                         session_id=session_id, admission=admission)
             state.keys.remember(key)  # its first request needs no store lookup
             sessions.append(NewSession(**SessionView.of(session).model_dump(),
                                        api_key=plaintext))
@@ -189,11 +191,12 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
         if any(m.api_key_id != key_id for m in members):
             raise OpenAIError(403, f"group {body.group_id!r} belongs to another key",
                               type="permission_error", param="group_id", code="group_not_owned")
-    async with admit_sessions(state, 1):
+    async with admit_sessions(state, 1) as admission:
         if key.session_id is not None:
             await state.end_session(key.session_id, "refresh")
         session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
-                                     metadata=body.metadata, key_id=key_id)
+                                     metadata=body.metadata, key_id=key_id,
+                                     admission=admission)
     await asyncio.to_thread(state.store.bind_key_session, key_id, session.id)
     state.keys.forget(key.key_hash)
     return SessionRefreshed(**SessionView.of(session).model_dump(),

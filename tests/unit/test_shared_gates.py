@@ -35,6 +35,21 @@ def test_reservations_count_until_released_or_expired(store: TrajectoryStore) ->
     assert third is not None and taken == 1
 
 
+def test_a_session_takes_its_place_from_its_reservation(store: TrajectoryStore) -> None:
+    """Inserted under its reservation, a session's place is counted once: held, then
+    admitted (never both, so concurrent starts are not refused for nothing)."""
+    engine = store.engine
+    reservation, taken = reserve_admission(engine, 2, 4, 10, now=100.0)
+    assert reservation is not None and taken == 0
+    store.add_session(SessionRecord(id="s1"), reservation)
+    assert reserve_admission(engine, 3, 4, 10, now=101.0) == (None, 2)  # 1 admitted + 1 held
+    store.add_session(SessionRecord(id="s2"), reservation)
+    assert reserve_admission(engine, 3, 4, 10, now=101.0) == (None, 2)  # 2 admitted
+    store.release_admission(reservation)
+    second, taken = reserve_admission(engine, 2, 4, 10, now=102.0)
+    assert second is not None and taken == 2
+
+
 def test_racing_processes_never_overshoot_the_window(store_url: str) -> None:
     """Eight processes (each its own engine and connections) admit and insert sessions
     as fast as they can into a window of 12: exactly 12 get in."""
