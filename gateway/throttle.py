@@ -163,7 +163,7 @@ class FailuresExchange(Protocol):
     """The store's side of `sync_auth_failures` (`TrajectoryStore`)."""
 
     def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
-                               quiet_s: float, limit: int = ...) -> dict[str, AuthFailures]: ...
+                               quiet_s: float, limit: int) -> dict[str, AuthFailures]: ...
 
 
 async def sync_auth_failures(throttle: AuthThrottle, store: FailuresExchange, holder: str,

@@ -24,7 +24,7 @@ from areal_service.types import AuthFailures
 
 
 def exchange_auth_failures(engine: Engine, holder: str, mine: Mapping[str, AuthFailures],
-                           quiet_s: float, *, limit: int = 100_000, now: float | None = None
+                           quiet_s: float, *, limit: int, now: float | None = None
                            ) -> dict[str, AuthFailures]:
     """Publish `holder`'s counts (`mine`: address -> counts; addresses left out are not
     touched) and return the other holders' live counts per address: failures summed,

@@ -506,9 +506,9 @@ class TrajectoryStore:
     # Failed-credential counts shared by gateway processes (`auth_failures.py`).
 
     def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
-                               quiet_s: float, limit: int = 100_000
-                               ) -> dict[str, AuthFailures]:
-        """Publish `holder`'s changed counts; the other holders' live counts per address."""
+                               quiet_s: float, limit: int) -> dict[str, AuthFailures]:
+        """Publish `holder`'s changed counts; the other holders' live counts per address
+        (at most `limit` addresses, the most recent first)."""
         return exchange_auth_failures(self._engine, holder, mine, quiet_s, limit=limit)
 
     # Per-key counts shared by gateway processes (`key_counters.py`).

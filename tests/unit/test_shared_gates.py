@@ -110,9 +110,9 @@ def test_a_sign_out_is_seen_by_every_process(store_url: str) -> None:
 def test_auth_failures_are_summed_over_the_other_processes(store: TrajectoryStore) -> None:
     engine, t = store.engine, 1_000_000.0
 
-    def exchange(holder: str, mine: dict[str, AuthFailures], at: float, **kw: int
+    def exchange(holder: str, mine: dict[str, AuthFailures], at: float, limit: int = 100
                  ) -> dict[str, AuthFailures]:
-        return exchange_auth_failures(engine, holder, mine, 300, now=t + at, **kw)
+        return exchange_auth_failures(engine, holder, mine, 300, limit=limit, now=t + at)
 
     assert exchange("p1", {"a": AuthFailures(3, t, 0.0)}, 0) == {}
     assert exchange("p2", {"a": AuthFailures(2, t + 1, t + 11),
