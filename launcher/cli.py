@@ -86,11 +86,12 @@ def engine_cmd(
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
     backend: Annotated[str | None, typer.Option(
-        help="local (this package's engine) or sglang (SGLang servers per GPU group, "
-             "supervised; engine.sglang.*). Default: engine.backend.")] = None,
+        help="local (this package's engine), sglang (SGLang servers per GPU group, "
+             "supervised; engine.sglang.*) or vllm (vLLM servers per GPU group, or one on "
+             "the CPU; engine.vllm.*). Default: engine.backend.")] = None,
 ) -> None:
     """Serve a checkpoint with the local SGLang-protocol engine (transformers), or launch
-    and supervise SGLang servers (`--backend sglang`)."""
+    and supervise SGLang or vLLM servers (`--backend sglang|vllm`)."""
     extra = [f"engine.model={model}"] if model else []
     extra += [f"engine.port={port}"] if port is not None else []
     extra += [f"engine.host={host}"] if host else []
@@ -100,6 +101,13 @@ def engine_cmd(
         from launcher.sglang_servers import run_sglang_engines
 
         run_sglang_engines(cfg)
+        return
+    if cfg.engine.backend == "vllm":
+        from launcher.serve import ensure_model
+        from launcher.vllm_servers import run_vllm_engines
+
+        ensure_model(cfg)
+        run_vllm_engines(cfg)
         return
     from engine.server import run_engine
 

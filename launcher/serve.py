@@ -1,6 +1,6 @@
 """`areal-service serve`: the gateway, plus the local engine as a child process when no
 backend URL or router is configured (the embedded default), or SGLang servers launched or
-attached when `engine.backend` is `sglang`."""
+attached when `engine.backend` is `sglang` or `vllm`."""
 
 from __future__ import annotations
 
@@ -44,11 +44,13 @@ def serve(config: ServiceConfig) -> None:
     except DefaultAdminKeyError as exc:
         raise SystemExit(f"areal-service serve: {exc}") from None
     with exit_on_sigterm():
-        if config.engine.backend == "sglang" and not config.gateway.backends:
+        if config.engine.backend in ("sglang", "vllm") and not config.gateway.backends:
             from launcher.sglang_servers import sglang_backends
+            from launcher.vllm_servers import vllm_backends
 
             ensure_model(config)  # the tiny model when no checkpoint is configured
-            with sglang_backends(config) as with_backends:  # launched or attached
+            servers = sglang_backends if config.engine.backend == "sglang" else vllm_backends
+            with servers(config) as with_backends:  # launched or attached
                 run_gateway(with_backends)
             return
         # Backends given, or a router that knows its workers: nothing to start here.

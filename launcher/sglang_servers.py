@@ -46,7 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServerFleetConfig, ServiceConfig
 from areal_service.sglang_protocol import ROUTER_ADD_WORKER, ROUTER_WORKERS, router_worker_urls
 from launcher.processes import ChildProcess
 
@@ -64,6 +64,8 @@ class ServerSpec:
     argv: tuple[str, ...]
     url: str
     env: Mapping[str, str] = field(default_factory=dict)
+    health_path: str = HEALTH_PATH
+    """Answers 200 once the server can generate (vLLM: `/health`)."""
 
 
 def visible_gpus(configured: Sequence[str] | None) -> list[str]:
@@ -141,16 +143,17 @@ def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
     return specs
 
 
-def wait_healthy(urls: Sequence[str], timeout_s: float, *, interval_s: float = 1.0) -> None:
-    """Block until every URL answers 200 on `/health_generate` (attach), or raise
-    TimeoutError naming those that did not."""
+def wait_healthy(urls: Sequence[str], timeout_s: float, *, interval_s: float = 1.0,
+                 path: str = HEALTH_PATH) -> None:
+    """Block until every URL answers 200 on `path` (attach), or raise TimeoutError naming
+    those that did not."""
     deadline = time.monotonic() + timeout_s
     pending = [u.rstrip("/") for u in urls]
     while pending:
         still = []
         for url in pending:
             try:
-                ok = httpx.get(url + HEALTH_PATH, timeout=30.0).status_code == 200
+                ok = httpx.get(url + path, timeout=30.0).status_code == 200
             except httpx.HTTPError:
                 ok = False
             if not ok:
@@ -223,11 +226,12 @@ class Supervisor:
         self._monitor: threading.Thread | None = None
 
     @classmethod
-    def for_config(cls, config: ServiceConfig,
-                   specs: Sequence[ServerSpec] | None = None) -> Supervisor:
-        """A supervisor with `config.engine.sglang`'s timings, logging to
-        `<data_dir>/logs/<name>.log`; `specs` default to `sglang_specs(config)`."""
-        sg = config.engine.sglang
+    def for_config(cls, config: ServiceConfig, specs: Sequence[ServerSpec] | None = None,
+                   fleet: ServerFleetConfig | None = None) -> Supervisor:
+        """A supervisor with the timings of `fleet` (default `config.engine.sglang`),
+        logging to `<data_dir>/logs/<name>.log`; `specs` default to
+        `sglang_specs(config)`."""
+        sg = fleet or config.engine.sglang
         return cls(sglang_specs(config) if specs is None else specs,
                    log_dir=config.data_dir / "logs", ready_timeout_s=sg.ready_timeout_s,
                    backoff_s=sg.restart_backoff_s, max_backoff_s=sg.max_restart_backoff_s,
@@ -307,7 +311,8 @@ class Supervisor:
 
     def _wait_ready(self, server: _Server) -> None:
         assert server.child is not None
-        server.child.wait_http_ok(server.spec.url + HEALTH_PATH, self._ready_timeout_s)
+        server.child.wait_http_ok(server.spec.url + server.spec.health_path,
+                                  self._ready_timeout_s)
         log.info("%s healthy at %s", server.spec.name, server.spec.url)
 
     def _watch(self) -> None:

@@ -20,14 +20,9 @@ from areal_service.sglang_protocol import (
     parse_version,
 )
 from engine.echo_backend import EOS_ID, EchoBackendHandle, echo_token, start_echo_backend
-from gateway.backend import (
-    BackendError,
-    BackendUnavailable,
-    ErrorEvent,
-    SGLangClient,
-    _chunk_objects,
-)
+from gateway.backend import BackendError, BackendUnavailable, SGLangClient
 from gateway.routing import BackendPool
+from gateway.stream_parse import ErrorEvent, chunk_objects
 
 PROMPT = (11, 12, 13, 14)
 
@@ -100,21 +95,21 @@ def test_coalescing_keeps_the_newest_cumulative_chunk_and_every_marker() -> None
         return GenerateResponse.model_validate_json(raw)
 
     cumulative = [chunk([1]), chunk([1, 2]), chunk([1, 2, 3])]
-    assert _chunk_objects(cumulative, coalesce=True) == [parsed(cumulative[-1])]
-    assert _chunk_objects(cumulative, coalesce=False) == [parsed(c) for c in cumulative]
-    assert _chunk_objects([*cumulative, b"[DONE]"], coalesce=True) == [
+    assert chunk_objects(cumulative, coalesce=True) == [parsed(cumulative[-1])]
+    assert chunk_objects(cumulative, coalesce=False) == [parsed(c) for c in cumulative]
+    assert chunk_objects([*cumulative, b"[DONE]"], coalesce=True) == [
         parsed(cumulative[-1]), None]
     # Incremental chunks (--incremental-streaming-output) each carry new tokens.
     incremental = [chunk([1], 1), chunk([2], 2), chunk([3], 3)]
-    assert _chunk_objects(incremental, coalesce=True) == [parsed(c) for c in incremental]
+    assert chunk_objects(incremental, coalesce=True) == [parsed(c) for c in incremental]
     # An error event is never skipped, whatever follows it.
     error = b'{"error": {"message": "boom", "code": 500}}'
-    got = _chunk_objects([chunk([1]), error, chunk([1, 2])], coalesce=True)
+    got = chunk_objects([chunk([1]), error, chunk([1, 2])], coalesce=True)
     assert got[1] == ErrorEvent(500, "boom") and len(got) == 3
     # Text that mentions "error": inside a JSON string does not disable coalescing.
     text = json.dumps({"text": 'say "error": no', "output_ids": [1],
                        "meta_info": {"completion_tokens": 1}}).encode()
-    assert _chunk_objects([text, chunk([1, 2])], coalesce=True) == [parsed(chunk([1, 2]))]
+    assert chunk_objects([text, chunk([1, 2])], coalesce=True) == [parsed(chunk([1, 2]))]
 
 
 async def test_coalesced_stream_of_a_slow_reader_has_the_same_tokens(

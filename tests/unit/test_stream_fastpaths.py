@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from areal_service.sglang_protocol import FinishReason, GenerateResponse
-from gateway.backend import ErrorEvent, SuffixParser
 from gateway.chat_stream import ChatStreamAssembler, dumps
+from gateway.stream_parse import ErrorEvent, SuffixParser
 from gateway.tokenizer import ChatTokenizer, _WindowTextStream
 from gateway.toolparse import held_suffix, parse_output
 

@@ -1,0 +1,205 @@
+"""VLLMClient: the gateway's client of a vLLM server, the same interface as
+`SGLangClient` (routing, capture, token continuity, interruptible generation and the
+weight swap use either unchanged). Only the wire format differs, so only the wire hooks
+and the control calls are overridden; the routes and fields are typed in
+`areal_service/vllm_protocol.py`.
+
+- Generation: `POST /inference/v1/generate` (token in, token out), translated to and from
+  SGLang's `/generate` shapes (`vllm_protocol.request_from_sglang` / `to_sglang`). Stream
+  chunks carry only new tokens, so they reach `generate_interruptible_stream` as SGLang's
+  incremental chunks do.
+- Versions: vLLM reports `weight_versions` spans on a whole reply and on a stream's last
+  chunk only. Chunks before it are tagged with the version this client last saw the
+  server report or set (`weight_version`); the last chunk's span (the server's word) then
+  confirms it. A swap pauses in mode abort, so one request never spans two versions.
+  With several gateway processes, a follower's label can trail the leader's swap until
+  the follower sees a reply or a health check (`model_info`) that reports the new one.
+- Swap from disk: `POST /pause?mode=abort` → `POST /collective_rpc reload_weights` →
+  `POST /update_weight_version` → `POST /resume` (resume always sent; see
+  `SGLangClient.swap_weights`).
+- Aborts: vLLM keeps a request as `generate-tokens-<id>`, so aborts send that id.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from areal_service.sglang_protocol import (
+    GenerateRequest,
+    GenerateResponse,
+    InitWeightsUpdateGroupRequest,
+    ModelInfo,
+    PauseMode,
+    UpdateWeightsFromDistributedRequest,
+    parse_version,
+)
+from areal_service.vllm_protocol import (
+    ABORT_REQUESTS,
+    COLLECTIVE_RPC,
+    GENERATE,
+    MODELS,
+    PAUSE,
+    RESET_PREFIX_CACHE,
+    RESUME,
+    UPDATE_WEIGHT_VERSION,
+    WEIGHT_INFO,
+    ModelList,
+    VLLMGenerateResponse,
+    WeightInfo,
+    internal_request_id,
+    request_from_sglang,
+    to_sglang,
+)
+from gateway.backend import BackendError, SGLangClient
+from gateway.stream_parse import Chunk, parse_chunk
+
+
+class VLLMClient(SGLangClient):
+    """Client of one vLLM server (`python -m vllm.entrypoints.openai.api_server` with
+    `--enable-scale-out`, `VLLM_SERVER_DEV_MODE=1`; the launcher sets both)."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self.model = model
+        """The `model` sent with each request (None: the server's only model)."""
+        self.weight_version = "default"
+        """The server's weight label as last reported or set (vLLM starts at "default")."""
+
+    # -- wire hooks --------------------------------------------------------------------
+    def _generate_body(self, payload: GenerateRequest, *, stream: bool) -> tuple[str, bytes]:
+        request = request_from_sglang(payload, model=self.model, stream=stream)
+        return GENERATE.path, request.to_json_bytes()
+
+    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
+        reply = VLLMGenerateResponse.model_validate_json(raw)
+        if not reply.choices:
+            raise BackendError(502, "vLLM reply without choices", url=self.base_url)
+        choice = reply.choices[0]
+        ids = choice.token_ids or ()
+        self._saw_version(choice.weight_versions[-1].version if choice.weight_versions
+                          else None)
+        usage = reply.usage
+        return to_sglang(choice, prompt_tokens=usage.prompt_tokens if usage
+                         else len(payload.prompt_ids),
+                         completion_tokens=len(ids), weight_version=self.weight_version,
+                         top_logprobs_num=payload.top_logprobs_num,
+                         request_id=reply.request_id)
+
+    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> _VLLMChunks:
+        return _VLLMChunks(self, payload)
+
+    def _saw_version(self, version: str | None) -> None:
+        """Keep the newest version the server reported (a late reply of an older round
+        must not move the label back)."""
+        if version is not None and parse_version(version) >= parse_version(self.weight_version):
+            self.weight_version = version
+
+    # -- control -----------------------------------------------------------------------
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """`/pause?mode=abort` (SGLang's `retract` / `in_place` become vLLM's `keep`:
+        requests freeze and continue after resume)."""
+        vllm_mode = "abort" if mode == "abort" else "keep"
+        await self._call(PAUSE, path=f"{PAUSE.path}?mode={vllm_mode}",
+                         timeout_s=self.control_timeout_s)
+
+    async def continue_generation(self) -> None:
+        await self._call(RESUME, timeout_s=self.control_timeout_s)
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
+                                       *, flush_cache: bool = True) -> str:
+        """`reload_weights` from `model_path` (safetensors of the same architecture), then
+        label them `weight_version`. The pause before it cleared the prefix cache."""
+        await self._call(COLLECTIVE_RPC, _Json(method="reload_weights",
+                                               kwargs={"weights_path": model_path}))
+        if weight_version is not None:
+            await self._call(UPDATE_WEIGHT_VERSION, _Json(new_version=weight_version),
+                             timeout_s=self.control_timeout_s)
+            self.weight_version = weight_version
+        return f"reloaded weights from {model_path}"
+
+    async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
+        """Abort one request by the id it was sent with, or every one (`abort_all`)."""
+        body = _Json() if abort_all else _Json(request_ids=[internal_request_id(rid)])
+        await self._call(ABORT_REQUESTS, body, timeout_s=self.control_timeout_s)
+
+    async def flush_cache(self) -> None:
+        await self._call(RESET_PREFIX_CACHE, timeout_s=self.control_timeout_s)
+
+    async def model_info(self) -> ModelInfo:
+        """`/v1/models` (the checkpoint) and `/weight_info` (its label) as SGLang's
+        `/model_info`."""
+        try:
+            models = ModelList.model_validate_json(
+                await self._call(MODELS, timeout_s=self.control_timeout_s))
+            info = WeightInfo.model_validate_json(
+                await self._call(WEIGHT_INFO, timeout_s=self.control_timeout_s))
+        except ValidationError as e:
+            raise self._malformed(WEIGHT_INFO, e) from e
+        self._saw_version(info.weight_version)
+        card = models.data[0] if models.data else None
+        return ModelInfo(model_path=(card.root or card.id) if card else "",
+                         weight_version=info.weight_version)
+
+    async def server_info(self) -> dict[str, Any]:
+        """For display: the served models and the weight label (vLLM has no
+        `/server_info`)."""
+        models = json.loads(await self._call(MODELS, timeout_s=self.control_timeout_s))
+        info = json.loads(await self._call(WEIGHT_INFO, timeout_s=self.control_timeout_s))
+        return {"engine": "vllm", "models": models.get("data", []), **info}
+
+    async def init_weights_update_group(self, body: InitWeightsUpdateGroupRequest) -> str:
+        raise _no_distributed(self.base_url)
+
+    async def update_weights_from_distributed(
+            self, body: UpdateWeightsFromDistributedRequest) -> str:
+        raise _no_distributed(self.base_url)
+
+    async def destroy_weights_update_group(self, group_name: str) -> str:
+        raise _no_distributed(self.base_url)
+
+
+def _no_distributed(url: str) -> BackendError:
+    return BackendError(501, "a vLLM backend takes new weights from disk "
+                        "(trainer.weight_sync: disk); vLLM's own weight-transfer protocol "
+                        "is not wired to the trainer's broadcast yet", url=url)
+
+
+class _Json(BaseModel):
+    """A small control body, sent as given."""
+
+    model_config = {"extra": "allow"}
+
+
+class _VLLMChunks:
+    """Parses one vLLM stream's payloads into SGLang-shaped incremental chunks."""
+
+    def __init__(self, client: VLLMClient, payload: GenerateRequest) -> None:
+        self.client = client
+        self.prompt_tokens = len(payload.prompt_ids)
+        self.top_logprobs_num = payload.top_logprobs_num
+        self.count = 0
+        """Output tokens so far (each chunk holds only its new ones)."""
+
+    def chunks(self, batch: list[bytes], coalesce: bool) -> list[Chunk]:
+        out: list[Chunk] = []
+        for data in batch:
+            if data == b"[DONE]":
+                out.append(None)
+                break
+            if b'"error":' in data:
+                out.append(parse_chunk(data))
+                continue
+            reply = VLLMGenerateResponse.model_validate_json(data)
+            for choice in reply.choices[:1]:  # the usage chunk has none
+                self.count += len(choice.token_ids or ())
+                if choice.weight_versions:
+                    self.client._saw_version(choice.weight_versions[-1].version)
+                out.append(to_sglang(choice, prompt_tokens=self.prompt_tokens,
+                                     completion_tokens=self.count,
+                                     weight_version=self.client.weight_version,
+                                     top_logprobs_num=self.top_logprobs_num,
+                                     request_id=reply.request_id))
+        return out

