@@ -149,6 +149,12 @@ class EngineConfig(_Section):
     (all cores); set it when the trainer shares the CPU with the engine."""
     served_model_name: str | None = None
     """Name reported by `/model_info` and `/v1/models`. None: the model path."""
+    chat_template: str | None = None
+    """The chat template the gateway renders prompts with, in place of the checkpoint's:
+    a path to a Jinja file, or `builtin:chatml-tools` (`engine/chat_template.jinja`: ChatML
+    with `<tool_call>` JSON tool calls, for ChatML checkpoints whose own template renders
+    no tools, e.g. SmolLM2). None: the checkpoint's own (`gateway.tokenizer`'s when set).
+    What each supports: `gateway/chat_template.py`."""
     emulate_tp_size: int = Field(1, ge=1)
     """Testing aid: ranks this engine takes in a weight-update group and reports as
     `server_info.tp_size`, as an SGLang server with `--tp-size N` does (the model still

@@ -162,8 +162,11 @@ def _seed(seed: int | None) -> int | None:
 def request_from_sglang(request: GenerateRequest, *, model: str | None, stream: bool
                         ) -> VLLMGenerateRequest:
     """The vLLM request for one of the gateway's token-in requests (`rid` becomes the
-    request id; logprobs of the sampled token always, plus `top_logprobs_num`)."""
-    logprobs = request.top_logprobs_num if request.return_logprob else None
+    request id; the sampled token's logprob, plus the `top_logprobs_num` best)."""
+    # vLLM lists the sampled token first and cuts the list at `logprobs` entries, so a
+    # sampled token outside the top k would push the k-th out: ask for one more.
+    top = request.top_logprobs_num
+    logprobs = (top + 1 if top else 0) if request.return_logprob or top else None
     return VLLMGenerateRequest(
         token_ids=request.prompt_ids,
         sampling_params=sampling_from_sglang(request.sampling_params, logprobs=logprobs),
@@ -241,7 +244,7 @@ class ModelList(_Reply):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-def finish_reason_of(choice: Choice) -> FinishReason | None:
+def finish_reason_of(choice: Choice, completion_tokens: int) -> FinishReason | None:
     """vLLM's finish reason in SGLang's shape: EOS is `stop` matched on the last token,
     a stop string or id is `stop` matched on it, an abort of a pause is an abort without
     a status (resubmitted), an engine error an abort with status 500 (not resubmitted)."""
@@ -254,7 +257,7 @@ def finish_reason_of(choice: Choice) -> FinishReason | None:
             ids[-1] if ids else None)
         return FinishReason(type="stop", matched=matched)
     if reason == "length":
-        return FinishReason(type="length", length=len(ids))
+        return FinishReason(type="length", length=completion_tokens)
     if reason == "abort":
         return FinishReason(type="abort", message="aborted by the server (pause or abort)")
     return FinishReason(type="abort", message="vLLM engine error", status_code=500,
@@ -279,7 +282,7 @@ def to_sglang(choice: Choice, *, prompt_tokens: int, completion_tokens: int,
     `top_logprobs_num`, which SGLang's do not, so only ranks up to it are kept."""
     content = choice.logprobs.content if choice.logprobs and choice.logprobs.content else None
     meta: dict[str, Any] = {
-        "id": request_id, "finish_reason": finish_reason_of(choice),
+        "id": request_id, "finish_reason": finish_reason_of(choice, completion_tokens),
         "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
         "weight_version": span_version(choice.weight_versions, weight_version)}
     if content is not None:

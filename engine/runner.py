@@ -16,6 +16,7 @@ columns that no row uses any more.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,20 @@ logger = logging.getLogger(__name__)
 PREFILL_TOKEN_BUDGET = 8192
 """Most padded tokens (rows x longest row) in one prefill forward."""
 _CAPACITY_STEP = 64
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword the model's `forward` takes its KV cache by: `cache` in transformers
+    releases that renamed it (`past_key_values` is deprecated there, with a warning on
+    every call, to be removed in 5.40), `past_key_values` before that and in models not yet
+    renamed. Read from the signature (`deprecate_kwarg` keeps it): a model that takes
+    neither by name would swallow the other one in `**kwargs` and run without the cache."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise ValueError(f"{type(model).__name__}.forward takes no `cache` or `past_key_values` "
+                     "argument: the local engine needs a KV cache")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -174,6 +189,7 @@ class ModelRunner:
             raise ValueError(f"the local engine serves full-attention models only, got {sorted(layer_types)}")
         self.model = self._load_model()
         self.model.eval()
+        self._cache_kw = cache_keyword(self.model)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_token_ids = eos_token_ids(self.model_dir, self.config)
         self._bool_mask = self.model.config._attn_implementation == "sdpa"
@@ -228,8 +244,8 @@ class ModelRunner:
             mask = self._mask(allowed[:, None])
         cache = DynamicCache(config=self.model.config)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-            use_cache=True, logits_to_keep=1,
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+            logits_to_keep=1, **{self._cache_kw: cache},
         )
         self.forward_calls += 1
         self.prefill_forward_calls += 1
@@ -251,7 +267,8 @@ class ModelRunner:
         valid = torch.cat([self._valid, ones], dim=1)
         out = self.model(
             input_ids=ids, attention_mask=self._mask(valid[:, None, None, :]),
-            position_ids=self._next_pos[:, None], past_key_values=self._cache, use_cache=True,
+            position_ids=self._next_pos[:, None], use_cache=True,
+            **{self._cache_kw: self._cache},
         )
         self.forward_calls += 1
         self._valid = valid

@@ -209,7 +209,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             store, config.store, prepare=linker.link_batch if shared else None)
         writer.start()
         tokenizer_dir = Path(config.gateway.tokenizer or config.model_dir())
-        tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, tokenizer_dir)
+        tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, tokenizer_dir,
+                                            chat_template=config.engine.chat_template)
         pool = BackendPool.from_config(config)  # the backends, or a router's workers
         await pool.start()
         leadership = Leadership(store, ttl_s=gw.leader_lease_s)

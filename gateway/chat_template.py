@@ -2,6 +2,21 @@
 (`chat_template.jinja`, `additional_chat_templates/`, `tokenizer_config.json`; the sandboxed
 jinja2 environment of `apply_chat_template(..., tokenize=False)`), without importing
 transformers. Pure text: no tokens, no HTTP.
+
+`engine.chat_template` replaces the checkpoint's template(s) (`template_setting_text`): a
+path to a Jinja file, or a built-in (`BUILTIN_TEMPLATES`). What each one supports:
+
+- the checkpoint's own (the default): whatever its authors wrote. Many small chat models'
+  templates (SmolLM2's ChatML one, for instance) render no `tools`, so tool definitions
+  never reach the model (the gateway warns at start-up: `ChatTokenizer.renders_tools`), and
+  some cannot render an assistant turn that has only tool calls, or a role they do not know.
+- `builtin:chatml-tools` (`engine/chat_template.jinja`, the project's tiny model's own):
+  ChatML (`<|im_start|>role ... <|im_end|>`) with Qwen2.5/Hermes-style tools: the tool
+  list in the system turn, assistant calls as `<tool_call>{"name", "arguments"}</tool_call>`
+  (the form `gateway.toolparse` parses back), `<think>` reasoning, tool results as
+  `<tool_response>` in a user turn; system/developer, user, assistant and tool messages.
+  Fits any ChatML checkpoint whose tokenizer has `<|im_start|>`/`<|im_end|>` (Qwen2.5,
+  SmolLM2, ...); a model not trained on this tool format still has to learn it.
 """
 
 from __future__ import annotations
@@ -22,6 +37,32 @@ if TYPE_CHECKING:
     import jinja2.parser
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_TEMPLATES = {"chatml-tools": ("engine", "chat_template.jinja")}
+"""`builtin:<name>` values of `engine.chat_template`: (package, file) of the template. The
+file is package data read by path, not imported: the gateway imports no peer package, and
+`engine/` ships in the same distribution."""
+
+
+def template_setting_text(setting: str) -> str:
+    """The template text `engine.chat_template` names: `builtin:<name>`, or a path to a
+    Jinja file (`~` expanded). ValueError naming the setting when it cannot be read."""
+    if setting.startswith(BUILTIN_PREFIX):
+        name = setting[len(BUILTIN_PREFIX):]
+        if name not in BUILTIN_TEMPLATES:
+            known = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_TEMPLATES))
+            raise ValueError(f"engine.chat_template: unknown built-in template {setting!r} "
+                             f"(known: {known}; or give a path to a Jinja file)")
+        package, file = BUILTIN_TEMPLATES[name]
+        path = Path(__file__).resolve().parents[1] / package / file
+    else:
+        path = Path(setting).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"engine.chat_template: cannot read the template file {str(path)!r} "
+                         f"({exc.strerror or exc})") from exc
 
 
 def load_chat_template(path: str | Path, config: Mapping[str, Any]

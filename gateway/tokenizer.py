@@ -1,9 +1,14 @@
 """The served model's tokenizer without transformers or torch: `tokenizer.json` through the
 Rust `tokenizers` library, set up as transformers 5's `AutoTokenizer.from_pretrained(dir)`
 sets it up (added/special tokens from `tokenizer_config.json`, the Qwen classes' rebuilt
-pipeline), and the chat template from `gateway.chat_template`. `ChatTokenizer` adds the hot
-path's caches. A checkpoint this loader cannot reproduce exactly (no `tokenizer.json`,
-remote code, another model-specific class) loads through transformers, imported lazily.
+pipeline), and the chat template rendered by `gateway/chat_template.py`: the checkpoint's
+own, or the one the `engine.chat_template` setting names (a Jinja file, or
+`builtin:chatml-tools`, the project's ChatML + `<tool_call>` template; what each supports:
+`gateway/chat_template.py`). `ChatTokenizer` adds the hot path's caches, says whether the
+template renders tool definitions (`renders_tools`; a warning at load when it does not),
+and turns a template's failure to render a request into `ChatTemplateError` (a 400). A
+checkpoint this loader cannot reproduce exactly (no `tokenizer.json`, remote code, another
+model-specific class) loads through transformers, imported lazily.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from tokenizers import pre_tokenizers as pre
 
-from gateway.chat_template import ChatTemplate, load_chat_template
-from gateway.protocol import TEXT_PART_TYPES
+from gateway.chat_template import ChatTemplate, load_chat_template, template_setting_text
+from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError
 from gateway.toolparse import THINK_CLOSE
 
 if TYPE_CHECKING:
@@ -32,6 +37,19 @@ log = logging.getLogger(__name__)
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                         "cls_token", "mask_token")
 """transformers' `SPECIAL_TOKENS_ATTRIBUTES`: each set one is a chat-template variable."""
+
+PROBE_TOOL_NAME = "areal_probe_tool_4f1c"
+"""A tool name no template writes by itself: `renders_tools` looks for it in a render."""
+
+
+class ChatTemplateError(InvalidRequestError):
+    """The chat template raised on a request's conversation (an undefined field, the
+    template's own `raise_exception`, an unsupported role...): a 400 naming the cause,
+    never a 500. The template's exception is the `__cause__`."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__("the model's chat template cannot render this conversation: "
+                         f"{type(cause).__name__}: {cause}", code="chat_template_error")
 
 
 class TokenizerCore(Protocol):
@@ -102,12 +120,27 @@ class ChatTokenizer:
             self._rendered_roles() if self.chars_per_token else ())
         """Roles whose message text this chat template is seen to render (trimmed at
         most): only their text counts toward `min_prompt_tokens`."""
+        self.renders_tools: bool = self._renders_tools()
+        """Whether the chat template writes a request's tool definitions into the prompt
+        (seen in one render with a probe tool). False: `tools` never reach the model."""
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> ChatTokenizer:
+    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None
+                        ) -> ChatTokenizer:
         """Load a checkpoint directory as `AutoTokenizer.from_pretrained(path)` would,
-        without transformers where `load_tokenizer_core` can."""
-        return cls(load_tokenizer_core(path))
+        without transformers where `load_tokenizer_core` can. `chat_template`: the
+        `engine.chat_template` setting (a Jinja file or `builtin:<name>`) in place of the
+        checkpoint's template; None keeps the checkpoint's. Logs one warning when the
+        template renders no tool definitions."""
+        tokenizer = cls(load_tokenizer_core(path, chat_template=chat_template))
+        if not tokenizer.renders_tools:
+            log.warning(
+                "the chat template of %s (%s) does not render tool definitions: `tools` sent "
+                "to the gateway will not reach the model. Set engine.chat_template to a "
+                "template that renders them, e.g. builtin:chatml-tools (ChatML with "
+                "<tool_call> JSON calls) or a Jinja file", path,
+                chat_template or "the checkpoint's own")
+        return tokenizer
 
     @property
     def hf(self) -> PreTrainedTokenizerBase:
@@ -119,9 +152,13 @@ class ChatTokenizer:
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
                add_generation_prompt: bool = True) -> str:
         """The chat template's text for `messages` (normalized) plus (by default) the
-        generation prompt (token continuity renders a prefix without it)."""
-        return self.core.render(messages, tools or None,
-                                add_generation_prompt=add_generation_prompt)
+        generation prompt (token continuity renders a prefix without it). Any failure of
+        the template raises `ChatTemplateError` (a 400 on every wire API)."""
+        try:
+            return self.core.render(messages, tools or None,
+                                    add_generation_prompt=add_generation_prompt)
+        except Exception as exc:  # noqa: BLE001 - whatever the template raised: the request's
+            raise ChatTemplateError(exc) from exc
 
     def encode(self, text: str) -> list[int]:
         """Ids of rendered prompt text, without adding special tokens (no double BOS)."""
@@ -219,6 +256,17 @@ class ChatTokenizer:
                 roles.append(role)
         return tuple(roles)
 
+    def _renders_tools(self) -> bool:
+        """One render of a one-message chat with a probe tool: does its name appear?"""
+        tool = {"type": "function", "function": {
+            "name": PROBE_TOOL_NAME, "description": "Probe.",
+            "parameters": {"type": "object", "properties": {}}}}
+        try:
+            text = self.render([{"role": "user", "content": "hi"}], [tool])
+        except ChatTemplateError:
+            return False
+        return PROBE_TOOL_NAME in text
+
     def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
         with self._lock:
             for s, ids in new.items():
@@ -297,26 +345,33 @@ def _byte_level_decoder() -> dict[str, int]:
 # ---------------------------------------------------------------- loading
 
 
-def load_tokenizer_core(path: str | Path) -> TokenizerCore:
+def load_tokenizer_core(path: str | Path, *, chat_template: str | None = None
+                        ) -> TokenizerCore:
     """The tokenizer of checkpoint directory `path`, encoding, decoding and rendering as
     transformers' `AutoTokenizer.from_pretrained(path)` does: the Rust loader when the
     class transformers would pick is the generic fast tokenizer or a class whose rebuild
-    is reproduced here (`_CLASS_PIPELINES`), else transformers itself (imports torch)."""
+    is reproduced here (`_CLASS_PIPELINES`), else transformers itself (imports torch).
+    `chat_template`: the `engine.chat_template` setting, replacing the checkpoint's
+    template(s) (`template_setting_text`; ValueError when it cannot be read)."""
     path = Path(path)
+    template = None if chat_template is None else template_setting_text(chat_template)
     config = _read_json(path / "tokenizer_config.json")
     if not (path / "tokenizer.json").is_file():
-        return TransformersTokenizer.load(path, "no tokenizer.json")
+        return TransformersTokenizer.load(path, "no tokenizer.json", chat_template=template)
     auto_map = config.get("auto_map")
     if isinstance(auto_map, list) or isinstance(auto_map, dict) and "AutoTokenizer" in auto_map:
-        return TransformersTokenizer.load(path, "custom tokenizer code (auto_map)")
+        return TransformersTokenizer.load(path, "custom tokenizer code (auto_map)",
+                                          chat_template=template)
     class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
     pipeline = _CLASS_PIPELINES.get(class_name or "")
     if class_name not in _GENERIC_CLASSES and pipeline is None:
-        return TransformersTokenizer.load(path, f"tokenizer class {class_name}")
+        return TransformersTokenizer.load(path, f"tokenizer class {class_name}",
+                                          chat_template=template)
     backend = Tokenizer.from_file(str(path / "tokenizer.json"))
     if pipeline is not None and not isinstance(backend.model, models.BPE):
-        return TransformersTokenizer.load(path, f"{class_name} over a non-BPE tokenizer.json")
-    return RustTokenizer.build(backend, path, config, pipeline)
+        return TransformersTokenizer.load(path, f"{class_name} over a non-BPE tokenizer.json",
+                                          chat_template=template)
+    return RustTokenizer.build(backend, path, config, pipeline, chat_template=template)
 
 
 _GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend",
@@ -419,9 +474,11 @@ class RustTokenizer:
 
     @classmethod
     def build(cls, backend: Tokenizer, path: Path, config: Mapping[str, Any],
-              pipeline: _ClassPipeline | None) -> RustTokenizer:
+              pipeline: _ClassPipeline | None, *, chat_template: str | None = None
+              ) -> RustTokenizer:
         """Set up `backend` (loaded from `path/tokenizer.json`) as `TokenizersBackend`, or
-        the class `pipeline` stands for, does from the same files."""
+        the class `pipeline` stands for, does from the same files. `chat_template`: a
+        template text in place of the checkpoint's."""
         named, extra, added = _special_tokens(config, path, backend,
                                               pipeline.defaults if pipeline else {})
         if pipeline is not None:
@@ -433,8 +490,9 @@ class RustTokenizer:
         if pipeline is not None and pipeline.readds_special_tokens:
             every = dict.fromkeys(str(t) for t in [*named.values(), *extra])
             backend.add_tokens([AddedToken(t, special=True) for t in every])
-        template = ChatTemplate(load_chat_template(path, config),
-                                {k: str(v) for k, v in named.items()})
+        template = ChatTemplate(
+            load_chat_template(path, config) if chat_template is None else chat_template,
+            {k: str(v) for k, v in named.items()})
         # transformers skips the WordPiece-era clean-up for BPE unless forced.
         clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
             not isinstance(backend.model, models.BPE) or bool(config.get(
@@ -645,12 +703,17 @@ class TransformersTokenizer:
                                                  else backend)
 
     @classmethod
-    def load(cls, path: str | Path, reason: str) -> TransformersTokenizer:
-        """`AutoTokenizer.from_pretrained(path)`, transformers imported here."""
+    def load(cls, path: str | Path, reason: str, *, chat_template: str | None = None
+             ) -> TransformersTokenizer:
+        """`AutoTokenizer.from_pretrained(path)`, transformers imported here;
+        `chat_template` (a template text) replaces the checkpoint's."""
         from transformers import AutoTokenizer
 
         log.info("loading the tokenizer of %s with transformers: %s", path, reason)
-        return cls(AutoTokenizer.from_pretrained(str(path)))
+        hf = AutoTokenizer.from_pretrained(str(path))
+        if chat_template is not None:
+            hf.chat_template = chat_template
+        return cls(hf)
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, no special tokens added."""

@@ -35,13 +35,20 @@ def tools_enabled(tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolCh
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Messages in the form the chat template renders: developer -> system, legacy
-    function -> tool, content parts -> text, assistant `tool_calls` with arguments kept as
-    the original JSON string (rendered verbatim, so history re-renders what the model
-    produced), legacy `function_call` -> one tool call."""
+    function -> tool, content parts -> text, no content (None or absent: an assistant turn
+    with only tool calls) -> "", assistant `tool_calls` with arguments kept as the original
+    JSON string (rendered verbatim, so history re-renders what the model produced), legacy
+    `function_call` -> one tool call.
+
+    "" and not None, as vLLM renders it: transformers drops None-valued keys before
+    rendering, and a template that reads `message['content']` unguarded (SmolLM2's,
+    DeepSeek's) then fails on an undefined field; templates that test it (`if
+    message.content`, `is none`/`is string`) render "" as they render no content."""
     out: list[dict[str, Any]] = []
     for m in messages:
         role = {"developer": "system", "function": "tool"}.get(m["role"], m["role"])
-        msg: dict[str, Any] = {"role": role, "content": _content_text(m.get("content"))}
+        content = _content_text(m.get("content"))
+        msg: dict[str, Any] = {"role": role, "content": "" if content is None else content}
         if role == "assistant":
             calls = m.get("tool_calls") or (
                 [{"id": "call_legacy", "function": m["function_call"]}]

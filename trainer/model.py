@@ -11,6 +11,7 @@ state stay float32, compute runs in bf16 under mixed precision. Touches no store
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -158,6 +160,30 @@ def _untied(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str,
     return {k: v for k, v in state.items() if k not in tied}
 
 
+TIED_HEAD_FILE = "tied-head.safetensors"
+
+
+def write_tied_head(model: torch.nn.Module, state: dict[str, torch.Tensor], out: Path) -> None:
+    """The tied output head (e.g. `lm_head.weight`, the input embedding's values) as a
+    file of its own beside the checkpoint, for vLLM. vLLM's in-place `reload_weights`
+    (0.32) replaces each layer's tensors from the file; a tied head has no tensor in an
+    HF checkpoint, so its layer keeps the OLD weights ("ParallelLMHead: Failed to load
+    weights" in its log) and serves new hidden states through the old head, silently.
+    With the tensor present, it is loaded. A sharded checkpoint's index names the file
+    too (vLLM reads only indexed files); HF and SGLang tie the head again on load."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    pairs = tied.items() if isinstance(tied, dict) else ()
+    head = {dst: state[src].contiguous() for dst, src in pairs if src in state}
+    if not head:
+        return
+    save_file(head, str(out / TIED_HEAD_FILE), metadata={"format": "pt"})
+    index = out / "model.safetensors.index.json"
+    if index.exists():
+        tree = json.loads(index.read_text())
+        tree["weight_map"].update(dict.fromkeys(head, TIED_HEAD_FILE))
+        index.write_text(json.dumps(tree, indent=2))
+
+
 def save_hf_checkpoint(
     model: PreTrainedModel,
     tokenizer_dir: str | Path,
@@ -165,6 +191,7 @@ def save_hf_checkpoint(
     *,
     overwrite: bool = False,
     state: dict[str, torch.Tensor] | None = None,
+    tied_head_file: bool = False,
 ) -> Path:
     """Write model safetensors + config + generation config + tokenizer to `out_dir`
     atomically: rank 0 writes a sibling temp dir and renames it, so a reader sees either
@@ -173,16 +200,21 @@ def save_hf_checkpoint(
     An existing `out_dir` raises FileExistsError unless `overwrite` (then the old one is
     removed just before the rename: a reader may briefly see no directory). `state`: the
     full state dict already gathered by `full_state_dict` (then no gather happens here).
+    `tied_head_file`: also write a tied output head as a tensor (`write_tied_head`; for
+    vLLM backends).
     """
     out = Path(out_dir)
     if state is None:
         state = full_state_dict(model)
     if dist.get_rank() == 0:
+        full = state
         state = _untied(model, state)
         if out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists; weights directories are written once")
         with atomic_dir(out) as tmp:
             model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            if tied_head_file and getattr(model.config, "tie_word_embeddings", False):
+                write_tied_head(model, full, tmp)
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
         log.info("saved HF checkpoint to %s (%d tensors)", out, len(state))
     dist.barrier()

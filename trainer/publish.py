@@ -57,6 +57,7 @@ def publish_weights(
     keep: int = KEEP_VERSIONS,
     distributed: bool = False,
     broadcaster: WeightBroadcaster | None = None,
+    tied_head_file: bool = False,
 ) -> WeightVersionRecord:
     """Save `model` as `weights_dir/v{version}` and record the version. Collective (every
     rank calls it); `store` is used on rank 0 only (None elsewhere).
@@ -65,7 +66,8 @@ def publish_weights(
     into the row's metadata with `step`. Returns the record (also on ranks that did not
     write it). Afterwards only the newest `keep` version directories remain.
     `distributed` (every rank, from the config): distributed sync first, by rank 0's
-    `broadcaster` (None on the other ranks).
+    `broadcaster` (None on the other ranks). `tied_head_file`: write a tied output head
+    as a tensor too (vLLM backends; see `model.write_tied_head`).
     """
     path = version_dir(weights_dir, version)
     if distributed:
@@ -74,7 +76,7 @@ def publish_weights(
                                   broadcaster=broadcaster)
     # overwrite: a directory without a row is left over by a trainer that died between
     # the rename and the insert; nobody was told about it.
-    save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True)
+    save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True, tied_head_file=tied_head_file)
     record = WeightVersionRecord(
         version=version,
         path=str(path.resolve()),

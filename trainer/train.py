@@ -145,6 +145,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                 step=step,
                 episodes={g.claim_id: g.session_ids for g in groups},
                 distributed=cfg.weight_sync == "distributed",
+                tied_head_file=config.engine.backend == "vllm",
                 broadcaster=broadcaster,
             )
             publish_s = time.perf_counter() - t0

@@ -124,6 +124,10 @@ class GatewayStatus(BaseModel):
     """Whether that process holds the leader lease (swaps weights, sweeps sessions)."""
     leader_holder: str | None
     """Who holds the lease (host:pid:tag), as the store says."""
+    chat_template_renders_tools: bool
+    """Whether the chat template writes requests' `tools` into the prompt. False: tool
+    definitions never reach the model (set `engine.chat_template`, e.g.
+    `builtin:chatml-tools`)."""
 
 
 def key_view(key: ApiKeyRecord) -> dict[str, Any]:
@@ -197,7 +201,8 @@ async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
         staleness_gate=state.config.gateway.staleness_gate,
         staleness_window=window(state, state.live_version), worker_pid=os.getpid(),
         leader=state.leadership.is_leader,
-        leader_holder=await asyncio.to_thread(state.store.lease_holder, LEADER_LEASE))
+        leader_holder=await asyncio.to_thread(state.store.lease_holder, LEADER_LEASE),
+        chat_template_renders_tools=state.tokenizer.renders_tools)
 
 
 @router.get("/export")

@@ -24,6 +24,7 @@ import torch
 import torch.multiprocessing as mp
 from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
 from safetensors.torch import load_file
+from weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import TrainerConfig, load_config
 from areal_service.store import TrajectoryStore
@@ -54,7 +55,7 @@ from trainer.model import (
     init_distributed,
     load_policy,
 )
-from trainer.step import build_optimizer, forward_logprobs, train_step
+from trainer.step import build_optimizer, train_step
 from trainer.train import (
     main,
     newer_published_weights,
@@ -98,36 +99,6 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def _served_sequence(store: TrajectoryStore, completion_id: str) -> TrainSequence:
-    """A stored completion as the trainer sees it: prompt + output, the engine's
-    behaviour logprobs on the output tokens."""
-    c = store.get_completion(completion_id)
-    n_prompt, n_out = len(c.prompt_ids), len(c.output_ids)
-    return TrainSequence(
-        session_id=c.session_id or "", group_id=None, completion_ids=(c.id,),
-        input_ids=c.prompt_ids + c.output_ids, loss_mask=(0,) * n_prompt + (1,) * n_out,
-        logprobs=(0.0,) * n_prompt + c.output_logprobs,
-        versions=(-1,) * n_prompt + c.output_versions, reward=0.0, temperature=c.temperature)
-
-
-def _trainer_logprobs(model_dir: Path, sequences: list[TrainSequence]
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(trainer's logprobs, engine's logprobs) of the sequences' output tokens: the
-    trainer's own path (FSDP2 policy at world size 1, packed micro-batch,
-    forward_logprobs) on the weights in `model_dir`."""
-    destroy_distributed()
-    init_distributed("cpu")
-    try:
-        model = apply_fsdp2(load_policy(model_dir), mixed_precision=False)
-        mbs = build_micro_batches(sequences, [0.0] * len(sequences), max_tokens_per_mb=10_000)
-        assert len(mbs) == 1
-        with torch.no_grad():
-            logp, _ = forward_logprobs(model, mbs[0])
-        return logp, mbs[0].behave_logprobs
-    finally:
-        destroy_distributed()
 
 
 def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
@@ -183,17 +154,17 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
         replies = [client.chat.completions.create(
             model="areal-policy", messages=[{"role": "user", "content": f"hi {t}"}],
             max_tokens=12, temperature=t) for t in (1.0, 0.7)]
-        served = [_served_sequence(store, r.id) for r in replies]
+        served = [served_sequence(store, r.id) for r in replies]
         for seq in served:
             assert {v for v in seq.versions if v >= 0} == {2}
         assert "swap_s" in store.get_weight_version(2).metadata
 
     # The trainer's recomputation on the published v2 weights reproduces the engine's
     # logprobs (fp32 CPU); on v0 it does not, so this compares the swapped-in weights.
-    trainer_v2, engine_v2 = _trainer_logprobs(tmp_path / "weights" / "v2", served)
+    trainer_v2, engine_v2 = trainer_logprobs(tmp_path / "weights" / "v2", served)
     assert engine_v2.numel() == sum(r.usage.completion_tokens for r in replies) > 2
     assert float((trainer_v2 - engine_v2).abs().max()) <= 1e-4
-    trainer_v0, _ = _trainer_logprobs(tiny_model_dir, served)
+    trainer_v0, _ = trainer_logprobs(tiny_model_dir, served)
     assert float((trainer_v0 - engine_v2).abs().max()) > 1e-3
 
 

@@ -8,10 +8,14 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 from safetensors.torch import load_file
 
 from areal_service.store import TrajectoryStore
-from areal_service.types import WeightVersionRecord
+from areal_service.types import TrainSequence, WeightVersionRecord
+from trainer.batch import build_micro_batches
+from trainer.model import apply_fsdp2, destroy_distributed, init_distributed, load_policy
+from trainer.step import forward_logprobs
 
 PROMPT = [5, 17, 42, 9, 3, 28, 11]
 
@@ -44,3 +48,33 @@ def wait_live(store: TrajectoryStore, version: int, timeout_s: float = 60
             return row
         assert time.monotonic() < deadline, f"v{version} never went live"
         time.sleep(0.01)
+
+
+def served_sequence(store: TrajectoryStore, completion_id: str) -> TrainSequence:
+    """A stored completion as the trainer sees it: prompt + output, the engine's
+    behaviour logprobs on the output tokens."""
+    c = store.get_completion(completion_id)
+    n_prompt, n_out = len(c.prompt_ids), len(c.output_ids)
+    return TrainSequence(
+        session_id=c.session_id or "", group_id=None, completion_ids=(c.id,),
+        input_ids=c.prompt_ids + c.output_ids, loss_mask=(0,) * n_prompt + (1,) * n_out,
+        logprobs=(0.0,) * n_prompt + c.output_logprobs,
+        versions=(-1,) * n_prompt + c.output_versions, reward=0.0, temperature=c.temperature)
+
+
+def trainer_logprobs(model_dir: Path, sequences: list[TrainSequence]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(trainer's logprobs, engine's logprobs) of the sequences' output tokens: the
+    trainer's own path (FSDP2 policy at world size 1, packed micro-batch,
+    forward_logprobs) on the weights in `model_dir`."""
+    destroy_distributed()
+    init_distributed("cpu")
+    try:
+        model = apply_fsdp2(load_policy(model_dir), mixed_precision=False)
+        mbs = build_micro_batches(sequences, [0.0] * len(sequences), max_tokens_per_mb=10_000)
+        assert len(mbs) == 1
+        with torch.no_grad():
+            logp, _ = forward_logprobs(model, mbs[0])
+        return logp, mbs[0].behave_logprobs
+    finally:
+        destroy_distributed()

@@ -126,3 +126,39 @@ def test_load_weights_swaps_and_rejects_mismatches(tiny_model_dir: Path, tmp_pat
     expected = _last_logits(AutoModelForCausalLM.from_pretrained(variant), seq)
     assert not torch.allclose(after, before, atol=1e-3)
     assert torch.allclose(after, expected, atol=1e-4)
+
+
+def test_forward_passes_the_cache_without_deprecation_warnings(runner: ModelRunner) -> None:
+    """transformers 5.x renamed forward's `past_key_values` to `cache` (the old name warns
+    on every call); the runner passes whichever name the model's forward declares."""
+    import warnings
+
+    assert runner._cache_kw == "cache"  # the installed transformers' Llama/Qwen2 forward
+    runner.reset_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pre = runner.prefill(_seqs([4, 9]))
+        runner.join(pre, [0, 1])
+        runner.decode(pre.logits.argmax(-1).tolist())
+    runner.reset_batch()
+
+
+def test_cache_keyword_follows_the_forward_signature() -> None:
+    from engine.runner import cache_keyword
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs):
+            return input_ids
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None, **kwargs):
+            return input_ids
+
+    class Neither(torch.nn.Module):
+        def forward(self, input_ids, **kwargs):
+            return input_ids
+
+    assert cache_keyword(Old()) == "past_key_values"
+    assert cache_keyword(New()) == "cache"
+    with pytest.raises(ValueError, match="no `cache` or `past_key_values`"):
+        cache_keyword(Neither())

@@ -113,6 +113,29 @@ def test_train_step_changes_every_parameter_and_checkpoint_reloads(group, tiny_m
         save_hf_checkpoint(model, tiny_model_dir, out)
 
 
+def test_tied_head_file_for_vllm_holds_the_trained_embedding(group, tiny_model_dir, tmp_path):
+    """vLLM's in-place reload keeps a tied head's old weights unless the head is stored
+    as a tensor: the trainer writes it beside the checkpoint, equal to the embedding it
+    trained, and HF still loads the checkpoint as before (without that file)."""
+    from safetensors.torch import load_file
+
+    from gateway.vllm_backend import tied_head_missing
+    from trainer.model import TIED_HEAD_FILE
+
+    model = apply_fsdp2(load_policy(tiny_model_dir), mixed_precision=False)
+    train_step(model, build_optimizer(model, CFG), build_micro_batches(
+        _sequences(), ADVS, max_tokens_per_mb=10_000), CFG)
+    plain = save_hf_checkpoint(model, tiny_model_dir, tmp_path / "plain")
+    out = save_hf_checkpoint(model, tiny_model_dir, tmp_path / "v1", tied_head_file=True)
+    assert not (plain / TIED_HEAD_FILE).exists() and tied_head_missing(plain)
+    assert not tied_head_missing(out)
+    head = load_file(out / TIED_HEAD_FILE)
+    trained = full_state_dict(model)["model.embed_tokens.weight"]
+    assert set(head) == {"lm_head.weight"} and torch.equal(head["lm_head.weight"], trained)
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert torch.equal(reloaded.lm_head.weight, trained)
+
+
 def test_ppo_minibatches_take_one_step_each(group, tiny_model_dir):
     model = apply_fsdp2(load_policy(tiny_model_dir), mixed_precision=False)
     optimizer = build_optimizer(model, CFG)

@@ -20,6 +20,7 @@ from gateway.chat_template import ChatTemplate, load_chat_template
 from gateway.tokenizer import (
     _GENERIC_CLASSES,
     NAMED_SPECIAL_TOKENS,
+    ChatTemplateError,
     ChatTokenizer,
     RustTokenizer,
     TransformersTokenizer,
@@ -371,7 +372,10 @@ def test_render_and_encode_equal_transformers(pairs: dict[str, Any], name: str,
                                           tokenize=False)
     except TypeError:  # Qwen2.5's template concatenates content parts as a string
         with pytest.raises(TypeError):
+            tok.core.render(messages, tools)
+        with pytest.raises(ChatTemplateError) as failed:  # the gateway's 400
             tok.render(messages, tools)
+        assert isinstance(failed.value.__cause__, TypeError)
         return
     text = tok.render(messages, tools)
     assert text == rendered
@@ -412,8 +416,14 @@ def test_template_errors_like_transformers(pairs: dict[str, Any]) -> None:
     with pytest.raises(jinja2.exceptions.TemplateError, match="Unknown role narrator"):
         hf.apply_chat_template(bad, add_generation_prompt=True, tokenize=False)
     with pytest.raises(jinja2.exceptions.TemplateError, match="Unknown role narrator"):
-        tok.render(bad, None)
+        tok.core.render(bad, None)
     with pytest.raises(ValueError, match="empty conversation"):
+        tok.core.render([], None)
+    # Through `ChatTokenizer.render`, each is the gateway's 400 with the template's words.
+    with pytest.raises(ChatTemplateError, match="Unknown role narrator") as failed:
+        tok.render(bad, None)
+    assert isinstance(failed.value.__cause__, jinja2.exceptions.TemplateError)
+    with pytest.raises(ChatTemplateError, match="empty conversation"):
         tok.render([], None)
 
 

