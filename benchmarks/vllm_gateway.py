@@ -19,9 +19,9 @@ for C in `--concurrency` (1, 8, 32), not streaming and streaming. Both paths get
 same request body byte for byte (only the bearer token differs; vLLM ignores it): a
 short system + user chat, `max_tokens` (32), temperature 1, top_p 1 and a fixed seed.
 The seed is chosen at start-up (the first from `--seed` whose direct reply ends on
-`length`), so every request of both paths generates exactly `max_tokens` tokens: the
-gateway ignores `ignore_eos` / `min_tokens` (it samples as its RL path does), so a seed
-is what makes both do the same work. The reply of each path to the probe is compared;
+`length`), so every request of both paths generates exactly `max_tokens` tokens: vLLM's
+chat route takes `ignore_eos` / `min_tokens`, but the gateway accepts and drops them, so
+a seed is what makes both do the same work. The reply of each path to the probe is compared;
 tokens per request are reported per path. Gateway clients use RL session keys (one per
 `--turns` requests, `POST /rl/sessions`; `--session-mode`), so the gateway samples in
 training mode (temperature 1, top_p 1, no top_k: the same distribution as the direct
@@ -36,10 +36,10 @@ clients move in waves (vLLM batches them and they finish together), and a count 
 completions would jump by whole waves with the window's phase (trial: 32 clients, 4 s
 requests, 4 s window: exactly one wave either way). Latency (whole request) and TTFT
 (until the first chunk with non-empty `delta.content`, the same rule for both paths):
-the requests that complete inside the window. Per round every (mode, C) cell runs direct and gateway
-back to back, ABAB, the path that goes first alternating every round, so drift (other
-load on the machine, vLLM's caches) cancels over rounds; the table pools every round's
-samples per cell. CPU ms per request: /proc of each child's process tree (vLLM: API
+of the requests that complete inside the window. Per round every (mode, C) cell runs
+direct and gateway back to back, ABAB, the path that goes first alternating every
+round, so drift (other load on the machine, vLLM's caches) cancels over rounds; the
+table pools every round's samples per cell. CPU ms per request: /proc of each child's process tree (vLLM: API
 server and engine core; gateway: all workers) over the window, per request of req/s.
 
 Reading the table: `ratio` = gateway req/s / direct req/s (target >= 0.95), `+p50` =
@@ -80,6 +80,8 @@ import httpx
 from benchmarks.gateway_overhead import CHAT, SESSION_MODES, free_port, tree_cpu_s
 
 ADMIN_KEY = "sk-bench-vllm-admin"
+VLLM_GRACE_S = 30.0
+"""SIGTERM to SIGKILL for the vLLM server's process group (its engine core included)."""
 MODES = ("non-stream", "stream")
 PATHS = ("direct", "gateway")
 TARGETS = {"ratio": 0.95, "added_p50_ms": 5.0}
@@ -375,9 +377,8 @@ def start_vllm(args: argparse.Namespace, work: Path, port: int) -> tuple[Any, st
     child = ChildProcess("vllm", spec.argv, log_path=work / "vllm.log", env=dict(spec.env))
     try:
         child.wait_http_ok(spec.url + HEALTH_PATH, timeout_s=args.ready_timeout)
-    except BaseException:
-        print(f"vLLM did not start; its log ends:\n{_tail(work / 'vllm.log')}", flush=True)
-        child.stop(20.0)
+    except BaseException:  # the caller prints the log
+        child.stop(VLLM_GRACE_S)
         raise
     return child, spec.url
 
@@ -397,9 +398,7 @@ def start_gateway(args: argparse.Namespace, work: Path, vllm_url: str, port: int
     child = ChildProcess("gateway", argv, log_path=work / "gateway.log")
     try:
         child.wait_http_ok(url + "/health/readiness", timeout_s=180.0)
-    except BaseException:
-        print(f"the gateway did not start; its log ends:\n{_tail(work / 'gateway.log')}",
-              flush=True)
+    except BaseException:  # the caller prints the log
         child.stop()
         raise
     return child, url
@@ -550,9 +549,14 @@ def run_benchmark(args: argparse.Namespace) -> None:
                        "runs": [asdict(r) for r in runs], "targets": TARGETS}
                 Path(args.json).write_text(json.dumps(out, indent=1, default=str))
                 print(f"results saved to {args.json}")
+    except Exception:
+        for name in ("vllm", "gateway"):
+            if (work / f"{name}.log").exists():
+                print(f"-- {name} log ends:\n{_tail(work / f'{name}.log')}", flush=True)
+        raise
     finally:
         for child in reversed(children):  # the gateway first, then vLLM
-            child.stop(30.0 if child.name == "vllm" else 10.0)
+            child.stop(VLLM_GRACE_S if child.name == "vllm" else 10.0)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -595,7 +599,11 @@ def main(argv: list[str] | None = None) -> None:
     args.model = args.model.resolve()
     if min(args.concurrency) < 1 or args.rounds < 1 or args.duration <= 0:
         p.error("--concurrency, --rounds and --duration must be positive")
-    run_benchmark(args)
+    try:
+        run_benchmark(args)
+    except KeyboardInterrupt:
+        print("interrupted: the processes this benchmark started are stopped", flush=True)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
