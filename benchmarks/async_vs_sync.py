@@ -22,7 +22,8 @@ from pathlib import Path
 from areal_service.config import StoreConfig, load_config
 from areal_service.store import TrajectoryStore
 from engine.tiny_model import ensure_tiny_model
-from launcher.demo import demo_config, run_workload
+from launcher.demo import demo_config, headline, run_workload
+from launcher.demo_task import digits_task
 
 
 def run_mode(base: Path, model: Path, staleness: int, steps: int, minutes: float,
@@ -36,6 +37,9 @@ def run_mode(base: Path, model: Path, staleness: int, steps: int, minutes: float
     config = config.model_copy(update={"trainer": config.trainer.model_copy(
         update={"max_staleness": staleness})})
     summary = run_workload(config, minutes=minutes)
+    task = digits_task()
+    summary["baseline_reward"] = headline(summary["baseline"], task)
+    summary["final_reward"] = headline(summary["final"], task)
     store = TrajectoryStore.open(config.database_url(), StoreConfig())
     try:
         rows = store.list_weight_versions(limit=10_000)

