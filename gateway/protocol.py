@@ -57,6 +57,10 @@ class ClientSampling:
     presence_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias added to its logit) pairs."""
+    min_tokens: int = 0
+    """vLLM's and SGLang's extension: no EOS or stop before this many tokens."""
+    ignore_eos: bool = False
+    """vLLM's and SGLang's extension: generate through EOS (to the length limit)."""
 
 
 def check_tool_choice(choice: ToolChoice | None, name: Any, tools: list[str], param: str
@@ -159,6 +163,11 @@ class ChatCompletionRequest(_Open):
     stop: str | list[str] | None = None
     max_tokens: StrictInt | None = Field(None, ge=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    min_tokens: StrictInt | None = Field(None, ge=0)
+    """vLLM's extension (also SGLang's `min_new_tokens`), honoured so clients moving from
+    vLLM's own endpoint keep their output lengths."""
+    ignore_eos: StrictBool | None = None
+    """vLLM's and SGLang's extension: generate through EOS."""
     n: StrictInt = Field(1, ge=1, le=128)
     seed: StrictInt | None = Field(None, ge=-(2**63), le=2**63 - 1)
     """int64, as OpenAI documents; choice i samples with seed + i, which stays within
@@ -245,6 +254,7 @@ class ChatCompletionRequest(_Open):
             stop=stop, n=self.n, frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
+            min_tokens=self.min_tokens or 0, ignore_eos=bool(self.ignore_eos),
         )
 
 

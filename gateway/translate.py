@@ -139,6 +139,8 @@ class SamplingSpec:
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs: SGLang's `logit_bias` ({"id": bias})."""
+    min_new_tokens: int = 0
+    ignore_eos: bool = False
 
     def to_sampling_params(self, choice_index: int = 0) -> dict[str, Any]:
         """SGLang `/generate` `sampling_params` for one choice. `n` is not sent: the
@@ -157,6 +159,10 @@ class SamplingSpec:
             params["presence_penalty"] = self.presence_penalty
         if self.logit_bias:
             params["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
+        if self.min_new_tokens:
+            params["min_new_tokens"] = min(self.min_new_tokens, self.max_new_tokens)
+        if self.ignore_eos:
+            params["ignore_eos"] = True
         return params
 
 
@@ -168,14 +174,16 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
 
     `client`: honour the client (OpenAI defaults: temperature 1, top_p 1; top_p 0 means
     greedy). `training`: temperature = `training_temperature`, top_p 1, top_k -1, no
-    penalties and no logit_bias, so behaviour logprobs match the trainer's. Stop, seed and length are
-    honoured in both modes (agents depend on stop strings).
+    penalties and no logit_bias, so behaviour logprobs match the trainer's. Stop, seed, length,
+    `min_tokens` and `ignore_eos` are honoured in both modes (agents depend on stop
+    strings; the last two change where an output ends, not its token distribution).
     """
     if prompt_tokens >= context_length:
         raise ContextLengthExceeded(prompt_tokens, context_length, param=param)
     max_new = min(client.max_tokens or default_max_tokens, context_length - prompt_tokens)
     common = {"max_new_tokens": max_new, "seed": client.seed, "stop": client.stop,
-              "n": client.n, "mode": mode}
+              "n": client.n, "mode": mode, "min_new_tokens": client.min_tokens,
+              "ignore_eos": client.ignore_eos}
     if mode == "training":
         return SamplingSpec(temperature=training_temperature, top_p=1.0, top_k=-1, **common)
     temperature = 1.0 if client.temperature is None else client.temperature

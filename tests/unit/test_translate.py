@@ -219,6 +219,22 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
     assert spec.stop == ("END",)
 
 
+def test_vllm_length_extensions_reach_the_engine_in_both_modes() -> None:
+    """`min_tokens` and `ignore_eos` (vLLM's chat extensions) decide where an output ends;
+    a client moving from vLLM's own endpoint keeps its lengths, training or not."""
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
+                                max_tokens=12, min_tokens=30, ignore_eos=True)
+    for mode in ("client", "training"):
+        spec = resolve_sampling(req.client_sampling(), prompt_tokens=5, context_length=100,
+                                default_max_tokens=16, mode=mode)
+        params = spec.to_sampling_params()
+        assert params["ignore_eos"] is True
+        assert params["min_new_tokens"] == 12  # never above the length limit
+    plain = resolve_sampling(ClientSampling(), prompt_tokens=5, context_length=100,
+                             default_max_tokens=16, mode="client").to_sampling_params()
+    assert "ignore_eos" not in plain and "min_new_tokens" not in plain
+
+
 def test_client_mode_honours_client_values() -> None:
     client = ClientSampling(temperature=0.0, top_p=0.5, top_k=20, seed=7, stop=("\n",), n=3,
                             presence_penalty=0.5)
