@@ -171,6 +171,35 @@ def test_responses_and_anthropic_routes_are_captured(gw, vllm_url):
         _assert_vllm_made(vllm_url, record, seed=None)  # greedy: deterministic
 
 
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}]
+
+
+def test_tools_with_a_template_that_renders_them(tmp_path, smollm2_dir, vllm_url):
+    """SmolLM2's own template renders no tools; with `engine.chat_template` set to the
+    project's ChatML + `<tool_call>` template, a tool round (the assistant's call with
+    `content: null`, then the tool's result) renders, reaches vLLM, and is captured as
+    vLLM made it."""
+    with run_gateway(tmp_path, smollm2_dir, [vllm_url], "engine.backend=vllm",
+                     "engine.chat_template=builtin:chatml-tools") as gw:
+        client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'}}
+        messages = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "7"}]
+        reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                               max_tokens=12, temperature=0)
+        record = gw.state.store.get_completion(reply.id)
+        from transformers import AutoTokenizer
+
+        prompt = AutoTokenizer.from_pretrained(smollm2_dir).decode(record.prompt_ids)
+        assert '"name": "add"' in prompt and "<tool_call>" in prompt  # tools and the call
+        _assert_vllm_made(vllm_url, record, seed=None)
+
+
 def test_multi_turn_session_exports_one_sequence(gw, tmp_path):
     http = httpx.Client(base_url=gw.url, timeout=120)
     session = http.post("/rl/sessions", json={"task_id": "add"}, headers=ADMIN).json()
