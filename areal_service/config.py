@@ -147,8 +147,9 @@ class EngineConfig(_Section):
     weight_version: str = "default"
     """Initial `weight_version` reported in `meta_info` (SGLang's default)."""
     torch_threads: int | None = Field(None, ge=1)
-    """Intra-op CPU threads of the engine (torch.set_num_threads). None: torch's default
-    (all cores); set it when the trainer shares the CPU with the engine."""
+    """Intra-op CPU threads of the engine (torch.set_num_threads). None: half the cores
+    on a CPU (the gateway and often the trainer share them: on 2 cores, all of them
+    decoded 4-5x slower than one), torch's default on a GPU."""
     served_model_name: str | None = None
     """Name reported by `/model_info` and `/v1/models`. None: the model path."""
     chat_template: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 import time
 import uuid
@@ -552,10 +553,17 @@ def run_engine(config: ServiceConfig) -> None:
         from engine.tiny_model import ensure_tiny_model
 
         ensure_tiny_model(model_dir)
-    if config.engine.torch_threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(config.engine.torch_threads)
+    threads = config.engine.torch_threads
+    on_cpu = config.engine.device == "cpu" or (
+        config.engine.device == "auto" and not torch.cuda.is_available())
+    if threads is None and on_cpu:
+        # The engine shares the cores with the gateway (and the trainer): with all cores,
+        # SmolLM2-135M on 2 cores decoded 15 tokens/s at 32 concurrent, with one, 78.
+        threads = max(1, (os.cpu_count() or 2) // 2)
+    if threads:
+        torch.set_num_threads(threads)
     app = create_engine_app(config.engine, model_dir)
     sock = bind_socket(config.engine.host, config.engine.port)
     logger.info("local engine serving %s at %s", model_dir, socket_url(sock))
