@@ -362,8 +362,10 @@ async def measure(url: str, body: bytes, keys: Iterator[str], turns: int, *, pat
 
 
 # ------------------------------------------------------------------ processes
-def start_vllm(args: argparse.Namespace, work: Path, port: int) -> tuple[Any, str]:
-    """One vLLM server, the launcher's command line and environment; (child, url)."""
+def start_vllm(args: argparse.Namespace, work: Path, port: int, *extra_sets: str
+               ) -> tuple[Any, str]:
+    """One vLLM server, the launcher's command line and environment (plus config
+    overrides `extra_sets`, e.g. `engine.dtype=bfloat16`); (child, url)."""
     from areal_service.config import load_config
     from launcher.processes import ChildProcess
     from launcher.vllm_servers import HEALTH_PATH, vllm_specs
@@ -371,7 +373,7 @@ def start_vllm(args: argparse.Namespace, work: Path, port: int) -> tuple[Any, st
     config = load_config(overrides=[
         f"data_dir={work / 'vllm'}", "engine.backend=vllm", f"engine.model={args.model}",
         "engine.host=127.0.0.1", f"engine.port={port}", f"engine.vllm.python={args.vllm_python}",
-        "engine.vllm.servers=1", "log_level=warning"])
+        "engine.vllm.servers=1", "log_level=warning", *extra_sets])
     spec = vllm_specs(config)[0]
     print(f"starting vLLM: {' '.join(spec.argv)}  (env {dict(spec.env)})", flush=True)
     child = ChildProcess("vllm", spec.argv, log_path=work / "vllm.log", env=dict(spec.env))
