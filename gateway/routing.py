@@ -12,7 +12,9 @@ Fail fast: once no backend has been healthy for `fail_fast_s`, a new request get
 BackendUnavailable at once (after one probe, if one is due) instead of each waiting its
 full deadline; a request arriving within the window still waits (a restart or a brief
 blip is ridden out).
-Owns one SGLangClient per URL; imports only `gateway.backend` and the protocol types.
+Owns one engine client per URL (`SGLangClient`, or `VLLMClient` when `engine.backend` is
+vllm); imports only the clients (`gateway.backend`, `gateway.vllm_backend`) and the
+protocol types.
 
 Router mode (`router_url`, `gateway.router_url`): generation goes through SGLang's router
 (`sglang-router`), which does its own cache-aware routing, retries and worker health;
