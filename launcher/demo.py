@@ -292,14 +292,14 @@ def model_config(config: ServiceConfig, model: str | None, engine: str | None) -
 def print_table(summary: dict[str, Any], task: DemoTask) -> None:
     """The before/after evaluation table and the headline line."""
     version = summary["trained_steps"]
-    say(f"\n{'evaluation':<34} {'before (v0)':>12} {f'after (v{version})':>12}")
+    say(f"\n{'evaluation':<44} {'before (v0)':>12} {f'after (v{version})':>12}")
     for es in task.evals:
         before, after = summary["baseline"][es.name], summary["final"][es.name]
         rows = [(f"{es.name}, {es.metric}", es.metric)]
         if "pass@1" in before:
             rows.append((f"{es.name}, pass@1 (T=1, {es.sampled}/q)", "pass@1"))
         for label, key in rows:
-            say(f"{label:<34} {before[key]:>12.3f} {after[key]:>12.3f}")
+            say(f"{label:<44} {before[key]:>12.3f} {after[key]:>12.3f}")
     first = task.evals[0]
     kind = "accuracy (greedy)" if first.temperature == 0 else first.metric
     say(f"\nheld-out {kind}: before {headline(summary['baseline'], task):.3f} "
