@@ -100,6 +100,9 @@ def _gguf_to_hf(gguf_path: Path, out: Path) -> None:
     float32 safetensors: the trainer's dtype on CPU, and vLLM serves it as it is."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one line for the person watching, not 272
 
     folder, file = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
