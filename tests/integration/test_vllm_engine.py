@@ -200,6 +200,40 @@ def test_tools_with_a_template_that_renders_them(tmp_path, smollm2_dir, vllm_url
         _assert_vllm_made(vllm_url, record, seed=None)
 
 
+async def test_agents_sdk_agent_keeps_its_model_name(gw, vllm_url):
+    """The unchanged OpenAI Agents SDK, on its default Responses path and on Chat
+    Completions, with its own model name: served by vLLM, every token recorded with
+    vLLM's logprob and the version."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        RunConfig,
+        Runner,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
+    greedy = RunConfig(model_settings=ModelSettings(temperature=0, max_tokens=12))
+    try:
+        for model in (OpenAIResponsesModel(model="gpt-4.1-mini", openai_client=client),
+                      OpenAIChatCompletionsModel(model="gpt-4.1-mini", openai_client=client)):
+            agent = Agent(name="adder", instructions="Answer with the number only.",
+                          model=model)
+            result = await Runner.run(agent, "What is 3 + 4?", run_config=greedy)
+            assert isinstance(result.final_output, str) and result.final_output
+    finally:
+        await client.close()
+    records = stored_completions(gw.state.store)
+    assert len(records) == 2
+    for record in records:
+        assert record.request_json["model"] == "gpt-4.1-mini"
+        assert len(record.output_logprobs) == len(record.output_ids) > 0
+        await asyncio.to_thread(_assert_vllm_made, vllm_url, record, seed=None)
+
+
 def test_multi_turn_session_exports_one_sequence(gw, tmp_path):
     http = httpx.Client(base_url=gw.url, timeout=120)
     session = http.post("/rl/sessions", json={"task_id": "add"}, headers=ADMIN).json()
