@@ -594,6 +594,10 @@ class ServiceConfig(BaseSettings):
             raise ValueError(
                 f"engine.port and gateway.port are both {self.gateway.port}; change one"
             )
+        if self.engine.backend == "vllm" and self.gateway.router_url:
+            raise ValueError("gateway.router_url is SGLang's router (its protocol); with "
+                             "engine.backend vllm the gateway routes between the servers "
+                             "itself (gateway.backends or engine.vllm.attach)")
         if self.engine.backend == "vllm" and self.trainer.weight_sync == "distributed":
             raise ValueError("engine.backend vllm takes new weights from disk: set "
                              "trainer.weight_sync=disk (vLLM's own weight-transfer protocol "

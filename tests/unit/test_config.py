@@ -85,3 +85,12 @@ def test_workers_default_follows_where_generation_runs(monkeypatch: pytest.Monke
     assert load_config(None, ["gateway.backends=[http://10.0.0.1:30000]", "gateway.workers=3"]
                        ).gateway.worker_count() == 3
     assert load_config(None, ["gateway.workers=3"]).gateway.shares_store()
+
+
+def test_vllm_refuses_what_it_cannot_do():
+    """SGLang's router and SGLang's broadcast protocol are refused with vLLM, by name."""
+    with pytest.raises(ValueError, match="router_url"):
+        load_config(overrides=["engine.backend=vllm", "gateway.router_url=http://r:1"])
+    with pytest.raises(ValueError, match="weight_sync=disk"):
+        load_config(overrides=["engine.backend=vllm", "trainer.weight_sync=distributed"])
+    assert load_config(overrides=["engine.backend=vllm"]).engine.vllm.kv_cache_space_gib > 0
