@@ -36,7 +36,7 @@ from launcher.launch import trainer_argv
 from launcher.processes import exit_on_sigterm
 from launcher.stack import Stack, local_stack, share_cpus
 
-STOP_AT_REWARD = 0.97
+STOP_AT_REWARD = 0.98
 """Training stops early once the last 128 episodes' mean reward reaches this."""
 REGISTRY_TASKS = {"smollm2-135m-instruct": addition_task}
 """The task each registry model's demo trains on."""
