@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vllm-logprobs-") as tmp:
         for dtype in ("float32", "bfloat16"):
-            child, url = start_vllm(args, Path(tmp) / dtype, free_port(), f"engine.dtype={dtype}")
+            work = Path(tmp) / dtype
+            work.mkdir()
+            child, url = start_vllm(args, work, free_port(), f"engine.dtype={dtype}")
             try:
                 gaps = []
                 for seed, prompt in enumerate(prompts):
