@@ -216,7 +216,7 @@ async def test_agents_sdk_agent_keeps_its_model_name(gw, vllm_url):
 
     set_tracing_disabled(True)
     client = openai.AsyncOpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
-    greedy = RunConfig(model_settings=ModelSettings(temperature=0, max_tokens=12))
+    greedy = RunConfig(model_settings=ModelSettings(temperature=0, max_tokens=128))
     try:
         for model in (OpenAIResponsesModel(model="gpt-4.1-mini", openai_client=client),
                       OpenAIChatCompletionsModel(model="gpt-4.1-mini", openai_client=client)):
