@@ -7,7 +7,6 @@ template renders tools, and `engine.chat_template=builtin:chatml-tools` makes it
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from chat_templates import SMOLLM2_TEMPLATE, TOOLS, tokenizer_dir_with_template
 from harness import ADMIN_KEY, Gateway, run_gateway  # tests/integration/harness.py
 
 from engine.echo_backend import EchoBackendHandle, start_echo_backend
@@ -22,13 +22,6 @@ from engine.echo_backend import EchoBackendHandle, start_echo_backend
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MODEL = "areal-policy"
 
-SMOLLM2_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
-    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}")
-"""SmolLM2-135M-Instruct's `chat_template.jinja`, verbatim."""
 
 GEMMA2_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
@@ -41,18 +34,6 @@ GEMMA2_TEMPLATE = (
     "{{'<start_of_turn>model\n'}}{% endif %}")
 """Gemma 2 instruct's template (raises on a system message or non-alternating roles)."""
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather of a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-
-
-def _tokenizer_dir(src: Path, dst: Path, template: str) -> Path:
-    dst.mkdir(parents=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        shutil.copy(src / name, dst / name)
-    (dst / "chat_template.jinja").write_text(template)
-    return dst
-
 
 @pytest.fixture(scope="module")
 def echo() -> Iterator[EchoBackendHandle]:
@@ -63,7 +44,7 @@ def echo() -> Iterator[EchoBackendHandle]:
 def _gateway(tmp: pytest.TempPathFactory, model: Path, echo: EchoBackendHandle,
              template: str, *overrides: str) -> Any:
     root = tmp.mktemp("gw")
-    tokenizer = _tokenizer_dir(model, root / "tokenizer", template)
+    tokenizer = tokenizer_dir_with_template(model, root / "tokenizer", template)
     return run_gateway(root, model, [echo.url], f"gateway.tokenizer={tokenizer}",
                        "gateway.sampling=client", "gateway.default_max_tokens=2", *overrides)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chat_templates import SMOLLM2_TEMPLATE, TOOL_ROUND, TOOLS, tokenizer_dir_with_template
 from transformers import AutoTokenizer
 
 from areal_service.config import load_config
@@ -26,40 +27,10 @@ from gateway.tokenizer import (
 )
 from gateway.translate import normalize_messages, render_prompt_ids
 
-SMOLLM2_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
-    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}")
-"""SmolLM2-135M-Instruct's `chat_template.jinja`, verbatim."""
-
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather of a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-
-TOOL_ROUND = [
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-]
-"""A tool round as OpenAI clients send it back: the assistant turn's content is null."""
-
-
-def _tokenizer_dir(src: Path, dst: Path, template: str) -> Path:
-    """The tiny model's tokenizer files with `template` as the checkpoint's own."""
-    dst.mkdir(parents=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        shutil.copy(src / name, dst / name)
-    (dst / "chat_template.jinja").write_text(template)
-    return dst
-
 
 @pytest.fixture(scope="module")
 def smol_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _tokenizer_dir(tiny_model_dir, tmp_path_factory.mktemp("smol") / "ckpt",
+    return tokenizer_dir_with_template(tiny_model_dir, tmp_path_factory.mktemp("smol") / "ckpt",
                           SMOLLM2_TEMPLATE)
 
 
