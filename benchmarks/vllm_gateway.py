@@ -368,7 +368,7 @@ def start_vllm(args: argparse.Namespace, work: Path, port: int, *extra_sets: str
     overrides `extra_sets`, e.g. `engine.dtype=bfloat16`); (child, url)."""
     from areal_service.config import load_config
     from launcher.processes import ChildProcess
-    from launcher.vllm_servers import HEALTH_PATH, vllm_specs
+    from launcher.vllm_servers import vllm_specs
 
     config = load_config(overrides=[
         f"data_dir={work / 'vllm'}", "engine.backend=vllm", f"engine.model={args.model}",
@@ -378,7 +378,7 @@ def start_vllm(args: argparse.Namespace, work: Path, port: int, *extra_sets: str
     print(f"starting vLLM: {' '.join(spec.argv)}  (env {dict(spec.env)})", flush=True)
     child = ChildProcess("vllm", spec.argv, log_path=work / "vllm.log", env=dict(spec.env))
     try:
-        child.wait_http_ok(spec.url + HEALTH_PATH, timeout_s=args.ready_timeout)
+        child.wait_http_ok(spec.url + spec.health_path, timeout_s=args.ready_timeout)
     except BaseException:  # the caller prints the log
         child.stop(VLLM_GRACE_S)
         raise

@@ -62,16 +62,14 @@ class VLLMClient(SGLangClient):
     """Client of one vLLM server (`python -m vllm.entrypoints.openai.api_server` with
     `--enable-scale-out`, `VLLM_SERVER_DEV_MODE=1`; the launcher sets both)."""
 
-    def __init__(self, base_url: str, *, model: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, base_url: str, **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
-        self.model = model
-        """The `model` sent with each request (None: the server's only model)."""
         self.weight_version = "default"
         """The server's weight label as last reported or set (vLLM starts at "default")."""
 
     # -- wire hooks --------------------------------------------------------------------
     def _generate_body(self, payload: GenerateRequest, *, stream: bool) -> tuple[str, bytes]:
-        request = request_from_sglang(payload, model=self.model, stream=stream)
+        request = request_from_sglang(payload, stream=stream)
         return GENERATE.path, request.to_json_bytes()
 
     def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:

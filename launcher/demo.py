@@ -204,7 +204,7 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
         finished = trainer.proc.poll() == 0
         if trainer.proc.poll() is None:
             trainer.stop()  # SIGTERM: it finishes its step and publishes it
-        published = _published_version(config)
+        published = await asyncio.to_thread(_published_version, config)
         final_version = await _wait_live(agents, config, total if finished else published)
         final = await agents.evaluate(task.evals)
         return {"task": task.name, "baseline": baseline, "final": final,
@@ -221,9 +221,16 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
 
 
 def _published_version(config: ServiceConfig) -> int | None:
-    """The newest version the trainer published (`weights/v{N}`), None before any."""
-    found = [int(p.name[1:]) for p in config.weights_dir().glob("v*") if p.name[1:].isdigit()]
-    return max(found, default=None)
+    """The newest version the trainer recorded in the store (what the gateway swaps to),
+    None before any."""
+    from areal_service.store import TrajectoryStore
+
+    store = TrajectoryStore.open(config.database_url(), config.store)
+    try:
+        latest = store.latest_weight_version()
+    finally:
+        store.close()
+    return None if latest is None else latest.version
 
 
 def headline(scores: dict[str, dict[str, float]], task: DemoTask) -> float:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from areal_service.config import ServiceConfig
+from areal_service.vllm_protocol import HEALTH
 from launcher.sglang_servers import (
     ServerSpec,
     Supervisor,
@@ -36,7 +37,7 @@ from launcher.sglang_servers import (
 
 log = logging.getLogger(__name__)
 
-HEALTH_PATH = "/health"
+HEALTH_PATH = HEALTH.path
 """200 once the server serves (vLLM has no `/health_generate`)."""
 
 

