@@ -849,7 +849,8 @@ def main() -> None:
     p.add_argument("--preset", choices=["stream-pace"], default=None,
                    help="stream-pace: issue 14's delayed-token setting (see PACE)")
     p.add_argument("--baseline", default=None,
-                   help="with --preset: also measure the gateway of this source tree")
+                   help="also measure the gateway of this source tree, in the same rounds "
+                        "(implies --preset stream-pace)")
     p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="with --preset: the backend streams a chunk every N tokens after the "
@@ -866,6 +867,12 @@ def main() -> None:
         import uvloop
 
         run = uvloop.run
+    if args.baseline and args.preset is None:
+        # Only the preset measures two source trees in the same rounds; without this the
+        # flag was silently ignored and the run compared nothing.
+        print("--baseline: measuring with --preset stream-pace (the setting that compares "
+              "this tree with the baseline's in the same rounds)", flush=True)
+        args.preset = "stream-pace"
     if args.preset == "stream-pace":
         if args.requests == 1500:  # not given: the preset's count
             args.requests = 0
