@@ -321,10 +321,15 @@ class GatewayConfig(_Section):
     per call. 0.2 ms measured +7% req/s and -8 ms p50 at 64 clients."""
     workers: int = Field(0, ge=0, le=64)
     """Gateway processes serving `port` together (uvicorn's workers on one shared
-    socket), each with its own event loop, store writer and caches. 0 (default): one
-    per core up to 8 when the backends are external (SGLang servers, a router: the
-    gateway's CPU is then what limits it), 1 in front of the local engine (a CPU engine
-    that needs the cores itself). One process holds the leader lease
+    socket), each with its own event loop, store writer and caches. 0 (default): a
+    quarter of the cores (at least 1, at most 8) when the backends are external (SGLang
+    servers, a router), 1 in front of the local engine (a CPU engine that needs the cores
+    itself). Not one per core: a process beside others on the same cores (the engines'
+    own CPU threads, clients) costs more CPU per request, not less. Measured on 2 cores,
+    64 clients, zero-delay backend: 2 workers cost 0.67 ms of gateway CPU per
+    non-streamed request and 1.35 ms per streamed one against 0.54 and 0.92 ms for one
+    process, at lower throughput (`benchmarks/gateway_overhead.py --workers 1,2`). One
+    process carries about 2,000 completions/s here, far above what one engine serves. One process holds the leader lease
     (`leader_lease_s`) and alone swaps weights and sweeps idle sessions. A session's
     turns may land on any worker: each finds the turn it extends in the store (token
     continuity, parent linking), and per-key limits count every worker
@@ -339,13 +344,13 @@ class GatewayConfig(_Section):
     the leader dies, another worker or replica takes over swaps and sweeps within this."""
 
     def worker_count(self) -> int:
-        """Gateway processes to run: `workers`; for 0, one per core (up to 8) with
-        external backends, 1 in front of the local engine."""
+        """Gateway processes to run: `workers`; for 0, a quarter of the cores (1 to 8)
+        with external backends, 1 in front of the local engine."""
         if self.workers:
             return self.workers
         if not self.external_backends():
             return 1
-        return min(os.cpu_count() or 1, 8)
+        return max(1, min((os.cpu_count() or 1) // 4, 8))
 
     def external_backends(self) -> bool:
         """Whether generation is served by backends given by URL (or a router) rather

@@ -553,6 +553,18 @@ PACE = {"delay_ms": 20.0, "token_delay_ms": 5.0, "concurrency": 64, "rounds": 3,
         "requests": 400}
 """`--preset stream-pace`: issue 14's setting (20 ms to the first token, then 5 ms per
 token, 32 tokens; 64 closed-loop clients; median of 3 rounds)."""
+PRESETS = {"stream-pace": PACE,
+           "zero-delay": {**PACE, "delay_ms": 0.0, "token_delay_ms": 0.0, "requests": 1000}}
+"""`--preset zero-delay`: the same machinery against a backend that answers at once, where
+the gateway's own CPU decides throughput (the setting that shows a hot-path regression)."""
+QUICK = {"requests": 300, "rounds": 1, "warmup": 64}
+"""`--quick`: the CI form (CPU columns are what it is for: one round of few requests
+measures CPU per request to a few percent, req/s much less well)."""
+BASELINE_FILE = REPO / "benchmarks" / "baseline-commit"
+"""The commit CI compares the gateway's CPU with (`--baseline file`); move it forward when a
+cost is accepted on purpose, and say so in the commit."""
+CPU_WARN = 0.15
+"""CPU per request or per token above the baseline's by more than this prints a warning."""
 PACE_TARGETS = {"stream": 0.9, "non-stream": 0.95, "ttft_ms": 10.0, "stream_p50_ms": 15.0}
 
 
@@ -568,23 +580,28 @@ async def run_pace(args: argparse.Namespace) -> None:
     p50, TTFT p50 and gateway CPU; per streamed token the gateway CPU the stream adds
     over the same request not streamed ((stream - non-stream) / tokens)."""
     t_start = time.perf_counter()
+    preset = PRESETS[args.preset]
     work = Path(tempfile.mkdtemp(prefix="areal-gw-pace-"))
     tokenizer = build_bench_tokenizer(Path(args.tokenizer_dir))
     ids = prompt_ids(tokenizer)
-    backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
-                                 delay_ms=PACE["delay_ms"], token_delay_ms=PACE["token_delay_ms"],
-                                 stream_interval=args.stream_interval)
     trees = {("gateway" if w == 1 else f"gateway w{w}"): (REPO, w)
              for w in (int(x) for x in args.workers.split(","))}
+    baseline = None
     if args.baseline:
-        trees["baseline"] = (Path(args.baseline).resolve(), 1)
+        baseline = baseline_tree(args.baseline, work / "baseline-tree")
+        if baseline is not None:
+            trees["baseline"] = (baseline, 1)
+    backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
+                                 delay_ms=preset["delay_ms"],
+                                 token_delay_ms=preset["token_delay_ms"],
+                                 stream_interval=args.stream_interval)
     gateways = {name: Gateway.start(
         name, backend=backend.url, tokenizer=tokenizer, data_dir=work / name.replace(" ", "-"),
         capture=True, repo=tree, profiler=args.profiler, workers=workers,
         profile=Path(args.profile).resolve() / f"{name}.prof" if args.profile else None)
         for name, (tree, workers) in trees.items()}
-    n, conc = args.requests or PACE["requests"], args.concurrency
-    rounds = args.rounds or PACE["rounds"]
+    n, conc = args.requests or preset["requests"], args.concurrency
+    rounds = args.rounds or preset["rounds"]
     relay = start_relay(backend.url)
     try:
         episodes = rounds * 2 * (args.warmup + n) // args.turns + 8 * conc
@@ -592,8 +609,8 @@ async def run_pace(args: argparse.Namespace) -> None:
             for gw in gateways.values():
                 await gw.ready(session)
                 gw.keys = await gw.make_keys(session, args.session_mode, episodes)
-        print(f"stream-pace: echo backend {PACE['delay_ms']:g} ms to the first token, then "
-              f"{PACE['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens, a chunk every "
+        print(f"{args.preset}: echo backend {preset['delay_ms']:g} ms to the first token, "
+              f"then {preset['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens, a chunk every "
               f"{args.stream_interval} token(s) after the first; {conc} closed-loop "
               f"clients; {n} requests per path and round after {args.warmup} warm-up; "
               f"{rounds} rounds, order rotating; capture on; {os.cpu_count()} CPUs shared by "
@@ -620,14 +637,73 @@ async def run_pace(args: argparse.Namespace) -> None:
                     ttft = f" TTFT {r.pct(0.5, r.ttfts):.1f}" if r.ttfts else ""
                     print(f"  round {k + 1} {r.label:22} {r.rps:6.0f} req/s p50 "
                           f"{r.pct(0.5):6.1f} ms{ttft}{cpu}", flush=True)
-        print("\n".join(pace_report(results, list(gateways))))
+        print("\n".join(pace_report(results, list(gateways), targets=args.preset == "stream-pace")))
+        if "baseline" in gateways:
+            print("\n".join(baseline_report(results, args.baseline_label)))
         print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
     finally:
         relay.stop()
         for gw in gateways.values():
             gw.stop()
         backend.stop()
+        if baseline is not None and baseline.is_relative_to(work):
+            subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=REPO,
+                           capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def baseline_tree(ref: str, scratch: Path) -> Path | None:
+    """The source tree to measure as the baseline: `ref` itself when it is a directory (a
+    checkout of the old code), else a commit (`file`: the one in `BASELINE_FILE`) checked
+    out with `git worktree add` under `scratch` (removed after the run). None, with a line
+    saying why, when the commit is not in this clone (e.g. a shallow one)."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve()
+    if ref == "file":
+        ref = BASELINE_FILE.read_text().split()[0]
+    made = subprocess.run(["git", "worktree", "add", "--detach", str(scratch), ref], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        print(f"baseline {ref}: not measured: git worktree add failed: "
+              f"{made.stderr.strip()[-300:]}", flush=True)
+        return None
+    return scratch
+
+
+def baseline_report(results: dict[str, list[Result]], label: str) -> list[str]:
+    """This tree's gateway against the baseline's, measured in the same rounds: req/s and
+    CPU ratios per mode, CPU per streamed token, and a warning line when a CPU cost rose
+    more than `CPU_WARN` (noise on a busy host is a few percent; it never fails the run)."""
+    def med(name: str, mode: str, f: Callable[[Result], float | None]) -> float:
+        return _median([v for r in results[f"{name} {mode}"] if (v := f(r)) is not None])
+
+    def per_token(name: str) -> float:
+        return 1000 * (med(name, "stream", lambda r: r.cpu_ms)
+                       - med(name, "non-stream", lambda r: r.cpu_ms)) / MAX_TOKENS
+
+    out = ["", f"this tree vs baseline {label} (same rounds; ratio = this / baseline):",
+           f"{'':12} {'req/s':>15} {'CPU ms/req':>19} {'CPU us/token':>21}"]
+    rises: list[str] = []
+    for mode in ("non-stream", "stream"):
+        rps = [med(n, mode, lambda r: r.rps) for n in ("gateway", "baseline")]
+        cpu = [med(n, mode, lambda r: r.cpu_ms) for n in ("gateway", "baseline")]
+        line = (f"{mode:12} {rps[0]:5.0f}/{rps[1]:<5.0f} {rps[0] / rps[1]:4.2f}x "
+                f"{cpu[0]:5.2f}/{cpu[1]:<5.2f} {cpu[0] / cpu[1]:5.2f}x")
+        if cpu[0] > cpu[1] * (1 + CPU_WARN):
+            rises.append(f"CPU per {mode} request {cpu[0] / cpu[1] - 1:+.0%}")
+        if mode == "stream":
+            tok = [per_token(n) for n in ("gateway", "baseline")]
+            line += f" {tok[0]:6.1f}/{tok[1]:<6.1f} {tok[0] / tok[1]:5.2f}x"
+            if tok[0] > tok[1] * (1 + CPU_WARN):
+                rises.append(f"CPU per streamed token {tok[0] / tok[1] - 1:+.0%}")
+        out.append(line)
+    if rises:
+        out.append(f"WARNING: gateway CPU rose more than {CPU_WARN:.0%} against baseline "
+                   f"{label}: {'; '.join(rises)}. Profile the hot path before merging "
+                   "(README: Performance), or move the baseline on purpose.")
+    else:
+        out.append(f"gateway CPU within {CPU_WARN:.0%} of baseline {label} (or below).")
+    return out
 
 
 RELAY = "relay"
@@ -670,7 +746,8 @@ def start_relay(backend_url: str) -> Relay:
         time.sleep(0.05)
 
 
-def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]:
+def pace_report(results: dict[str, list[Result]], names: list[str], targets: bool = True
+                ) -> list[str]:
     """The preset's table (medians over rounds) and its targets."""
     def med(label: str, f: Callable[[Result], float | None]) -> float:
         return _median([v for r in results[label] if (v := f(r)) is not None])
@@ -705,7 +782,7 @@ def pace_report(results: dict[str, list[Result]], names: list[str]) -> list[str]
                "network reads of a streamed body at the client, about the server's writes: "
                "fewer when a lagging server coalesces tokens); relay: the direct load through "
                "a Python byte relay (no parsing), the floor of per-token forwarding in Python")
-    for name in names:
+    for name in names if targets else ():
         ratios = {mode: med(f"{name} {mode}", lambda r: r.rps) / med(f"direct {mode}",
                                                                      lambda r: r.rps)
                   for mode in ("non-stream", "stream")}
@@ -846,11 +923,15 @@ def main() -> None:
     p.add_argument("--no-zero-delay", action="store_true", help="skip the zero-delay setting")
     p.add_argument("--profile", default=None, help="directory for the gateways' profiles")
     p.add_argument("--profiler", choices=PROFILERS, default="cprofile")
-    p.add_argument("--preset", choices=["stream-pace"], default=None,
-                   help="stream-pace: issue 14's delayed-token setting (see PACE)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="stream-pace: issue 14's delayed-token setting (see PACE); zero-delay: "
+                        "the same against a backend that answers at once (CPU-bound)")
     p.add_argument("--baseline", default=None,
-                   help="also measure the gateway of this source tree, in the same rounds "
-                        "(implies --preset stream-pace)")
+                   help="also measure the gateway of this source tree or commit (`file`: the "
+                        "commit in benchmarks/baseline-commit) in the same rounds, and print "
+                        "the ratios (implies --preset stream-pace unless a preset is given)")
+    p.add_argument("--quick", action="store_true",
+                   help="CI's short form: one round of 300 requests per path (CPU columns)")
     p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="with --preset: the backend streams a chunk every N tokens after the "
@@ -867,13 +948,21 @@ def main() -> None:
         import uvloop
 
         run = uvloop.run
+    if args.quick:
+        args.preset = args.preset or "zero-delay"
+        args.rounds, args.warmup = args.rounds or QUICK["rounds"], QUICK["warmup"]
+        if args.requests == 1500:
+            args.requests = QUICK["requests"]
     if args.baseline and args.preset is None:
         # Only the preset measures two source trees in the same rounds; without this the
         # flag was silently ignored and the run compared nothing.
         print("--baseline: measuring with --preset stream-pace (the setting that compares "
               "this tree with the baseline's in the same rounds)", flush=True)
         args.preset = "stream-pace"
-    if args.preset == "stream-pace":
+    args.baseline_label = args.baseline
+    if args.baseline == "file":
+        args.baseline_label = BASELINE_FILE.read_text().split()[0][:12]
+    if args.preset in PRESETS:
         if args.requests == 1500:  # not given: the preset's count
             args.requests = 0
         run(run_pace(args))

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from areal_service.config import ServiceConfig, with_admin_key
 from areal_service.keys import admin_key_matches
@@ -265,8 +266,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
 
     # strict_content_type off: a JSON body without a content-type (as `curl -d` users and
     # the hot routes' clients may send) is parsed as JSON, not refused.
-    app = FastAPI(title="AReaL Service gateway", lifespan=lifespan, docs_url="/docs",
-                  redoc_url=None, strict_content_type=False)
+    app = GatewayApp(title="AReaL Service gateway", lifespan=lifespan, docs_url="/docs",
+                     redoc_url=None, strict_content_type=False)
     install_error_handlers(app)
     app.include_router(openai.router)
     app.include_router(openai.docs_router)  # schema only: HotRoutes answers these paths
@@ -277,9 +278,32 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.include_router(console.router)
     app.add_middleware(_AdminOnlyPaths)
     app.add_middleware(_RequestId)
-    app.add_middleware(HotRoutes, routes=openai.HOT_ROUTES)
-    app.add_middleware(AuthThrottleMiddleware, throttle_of=_throttle_of,
-                       known_good_of=_known_good_of)
+    outer: list[Callable[[ASGIApp], ASGIApp]] = []
     if given.gateway.workers > 1:  # outermost: even a throttled reply names it
-        app.add_middleware(_WorkerHeader)
+        outer.append(_WorkerHeader)
+    outer.append(lambda inner: AuthThrottleMiddleware(
+        inner, throttle_of=_throttle_of, known_good_of=_known_good_of))
+    outer.append(lambda inner: HotRoutes(inner, routes=openai.HOT_ROUTES))
+    app.outer_layers = outer
     return app
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with the gateway's own layers OUTSIDE the framework's middleware stack.
+
+    `add_middleware` puts a layer inside Starlette's ServerErrorMiddleware and, in recent
+    FastAPI versions, its telemetry and body-limit layers too: each costs the hot routes a
+    coroutine frame per request and a `send` wrapper per streamed write. The hot routes
+    answer their own errors (the route's shape, a logged 500 for a bug, `x-request-id`
+    on every reply), so they need none of it: `outer_layers` (outermost first) wrap the
+    built stack, and a completion never enters the framework. Every other request goes
+    on through it unchanged. Starlette sets `scope["app"]` before calling the stack, so
+    the layers still find the app's state there."""
+
+    outer_layers: list[Callable[[ASGIApp], ASGIApp]] = []
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        for wrap in reversed(self.outer_layers):
+            stack = wrap(stack)
+        return stack

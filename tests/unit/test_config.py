@@ -73,15 +73,18 @@ def test_foreign_areal_env_vars_are_ignored(monkeypatch):
 
 def test_workers_default_follows_where_generation_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """0 (the default): one gateway process in front of the local CPU engine, which needs
-    the cores; one per core, up to 8, in front of external backends or a router."""
+    the cores; a quarter of the cores, 1 to 8, in front of external backends or a router
+    (a process per core costs more CPU per request where others share the cores)."""
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert load_config(None, []).gateway.worker_count() == 1
     external = load_config(None, ["gateway.backends=[http://10.0.0.1:30000]"]).gateway
-    assert external.worker_count() == 8 and not external.shares_store()  # not yet resolved
+    assert external.worker_count() == 4 and not external.shares_store()  # not yet resolved
     assert load_config(None, ["gateway.router_url=http://10.0.0.1:30000"]
-                       ).gateway.worker_count() == 8
+                       ).gateway.worker_count() == 4
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert external.worker_count() == 8
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert external.worker_count() == 2
+    assert external.worker_count() == 1
     assert load_config(None, ["gateway.backends=[http://10.0.0.1:30000]", "gateway.workers=3"]
                        ).gateway.worker_count() == 3
     assert load_config(None, ["gateway.workers=3"]).gateway.shares_store()
