@@ -15,17 +15,22 @@ restarted on the same port between settings, the two gateways stay up. Reported:
 p50/p99, streaming TTFT p50 (direct: first SSE chunk; gateway: first content chunk),
 gateway CPU ms per request (/proc, all threads, and its event-loop thread), RSS.
 
-Preset `--preset stream-pace [--baseline DIR] [--rounds 3] [--workers 1,2]` (~1 min per
-gateway): the delayed-token
-backend (20 ms to the first token, then 5 ms a token, 32 tokens), 64 clients, direct /
-this gateway / the gateway of source tree DIR (e.g. `git worktree add DIR <old commit>`)
-and, per `--workers` value, this gateway with that many worker processes, measured in
-the same rounds in rotating order, medians of the rounds; prints req/s,
-p50/p99, TTFT p50, the ratios against direct with the targets, gateway CPU per request
-(and its kernel part) and per streamed token ((stream - non-stream) / 32), beside a
-byte relay's (`benchmarks/tcp_relay.py`: the floor of forwarding each token in Python).
-`--stream-interval N`: the backend sends a chunk every N tokens (SGLang's
-`--stream-interval`), what moves the per-token cost below that floor.
+Presets `--preset stream-pace|zero-delay [--baseline REF] [--rounds 3] [--workers
+default,1,2]` (~1 min per gateway): stream-pace's backend takes 20 ms to the first token,
+then 5 ms a token; zero-delay's answers at once, so the gateway's own CPU decides
+throughput (the setting that shows a hot-path regression). 32 tokens, 64 clients,
+capture on: direct / this gateway (the config's default worker count, what users get) /
+the gateway of REF, a source tree or a commit (`git worktree add`ed for the run and
+removed after; `file`: the commit named in `benchmarks/baseline-commit`) / per
+`--workers` value, this gateway with that many processes; measured in the same rounds in
+rotating order, medians of the rounds. Prints req/s, p50/p99, TTFT p50, the ratios
+against direct, gateway CPU per request (and its kernel part) and per streamed token
+((stream - non-stream) / 32), beside a byte relay's (`benchmarks/tcp_relay.py`: the
+floor of forwarding each token in Python), then this tree against the baseline: req/s
+and CPU ratios, and a WARNING line when a CPU cost rose more than 15%. `--quick` (CI):
+zero-delay, one round of 300 requests per path. `--stream-interval N`: the backend sends
+a chunk every N tokens (SGLang's `--stream-interval`), what moves the per-token cost
+below the relay's floor.
 
 Run: `python -m benchmarks.gateway_overhead [--requests 1500] [--stream-requests 600]
 [--concurrency 64] [--delay-ms 5] [--token-delay-ms 2] [--slow-token-delay-ms 10]
@@ -182,8 +187,9 @@ class Gateway:
     @classmethod
     def start(cls, name: str, *, backend: str, tokenizer: Path, data_dir: Path,
               capture: bool, profile: Path | None = None, profiler: str = "cprofile",
-              repo: Path = REPO, workers: int = 1) -> Gateway:
-        """Start `serve` from the source tree `repo` (another checkout for A/B runs)."""
+              repo: Path = REPO, workers: int | None = None) -> Gateway:
+        """Start `serve` from the source tree `repo` (another checkout for A/B runs) with
+        `workers` gateway processes (None: the config's default, what users get)."""
         port = free_port()
         data_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "benchmarks.gateway_overhead", "serve"]
@@ -194,8 +200,8 @@ class Gateway:
                      f"gateway.capture={str(capture).lower()}", "log_level=warning",
                      f"gateway.admin_key={ADMIN_KEY}"):
             argv += ["--set", item]
-        if workers != 1 or repo == REPO:  # (a baseline tree may predate the setting,
-            argv += ["--set", f"gateway.workers={workers}"]  # and serves one process)
+        if workers is not None:
+            argv += ["--set", f"gateway.workers={workers}"]
         log = data_dir / "gateway.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=repo, stdout=out, stderr=subprocess.STDOUT)
@@ -584,13 +590,15 @@ async def run_pace(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="areal-gw-pace-"))
     tokenizer = build_bench_tokenizer(Path(args.tokenizer_dir))
     ids = prompt_ids(tokenizer)
-    trees = {("gateway" if w == 1 else f"gateway w{w}"): (REPO, w)
-             for w in (int(x) for x in args.workers.split(","))}
+    trees: dict[str, tuple[Path, int | None]] = {
+        ("gateway" if w == "default" else f"gateway w{w}"): (REPO, None if w == "default"
+                                                             else int(w))
+        for w in args.workers.split(",")}
     baseline = None
     if args.baseline:
         baseline = baseline_tree(args.baseline, work / "baseline-tree")
         if baseline is not None:
-            trees["baseline"] = (baseline, 1)
+            trees["baseline"] = (baseline, None)
     backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
                                  delay_ms=preset["delay_ms"],
                                  token_delay_ms=preset["token_delay_ms"],
@@ -936,8 +944,9 @@ def main() -> None:
     p.add_argument("--stream-interval", type=int, default=1,
                    help="with --preset: the backend streams a chunk every N tokens after the "
                         "first (SGLang's --stream-interval)")
-    p.add_argument("--workers", default="1",
-                   help="with --preset: gateway.workers values to measure, e.g. 1,2,16")
+    p.add_argument("--workers", default="default",
+                   help="with --preset: gateway.workers values to measure, e.g. "
+                        "default,1,2 (default: the config's own, what a user gets)")
     p.add_argument("--tokenizer-dir", default=str(Path(tempfile.gettempdir()) /
                                                   "areal-bench-tokenizer-32k"))
     args = p.parse_args()
