@@ -5,6 +5,7 @@ breaks, discounted returns in closed form, and the 0002 hash backfill."""
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
 import time
 from pathlib import Path
@@ -69,6 +70,36 @@ def test_match_parent_longest_prefix_newest_on_ties():
     assert match_parent((7, 1, 2, 3), entries) is None  # not a prefix
     empty = PrefixEntry("empty", 0, token_digest(()), 5.0)
     assert match_parent((1,), [empty]) is None  # an empty completion is nobody's parent
+
+
+def test_match_parent_agrees_with_the_rule_on_random_sessions():
+    """The length index finds what the rule says (longest prefix, newest on ties) on
+    random sessions with shared prefixes, repeats and out-of-order creation times."""
+    rng = random.Random(7)
+    for _ in range(200):
+        records, entries = [], []
+        for k in range(rng.randint(0, 30)):
+            base = rng.choice(records).prompt_ids + rng.choice(records).output_ids \
+                if records and rng.random() < 0.6 else ()
+            prompt = base + tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 3)))
+            output = tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 2)))
+            records.append(completion(f"c{k}", prompt, output, at=rng.choice([1.0, 2.0, k])))
+            entries.append(entry(records[-1]))
+        prompt = tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 8)))
+        if records and rng.random() < 0.7:
+            r = rng.choice(records)
+            prompt = r.prompt_ids + r.output_ids + prompt
+        matches = [r for r in records if 0 < len(r.prompt_ids + r.output_ids) <= len(prompt)
+                   and prompt[:len(r.prompt_ids + r.output_ids)] == r.prompt_ids + r.output_ids]
+        best = max(matches, key=lambda r: (len(r.prompt_ids + r.output_ids), r.created_at),
+                   default=None)
+        found = match_parent(prompt, entries)
+        if best is None:
+            assert found is None
+        else:  # ties on (length, time) may pick either twin: same tokens, same time
+            twin = next(r for r in records if r.id == found)
+            assert (twin.prompt_ids + twin.output_ids, twin.created_at) == \
+                (best.prompt_ids + best.output_ids, best.created_at)
 
 
 def test_linker_links_remembers_and_cold_start_reads_the_store(store: TrajectoryStore):
