@@ -599,7 +599,7 @@ async def run_pace(args: argparse.Namespace) -> None:
     if args.baseline:
         baseline = baseline_tree(args.baseline, work / "baseline-tree")
         if baseline is not None:
-            trees["baseline"] = (baseline, None)
+            trees["baseline"] = (baseline, args.baseline_workers)
     backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
                                  delay_ms=preset["delay_ms"],
                                  token_delay_ms=preset["token_delay_ms"],
@@ -939,6 +939,8 @@ def main() -> None:
                    help="also measure the gateway of this source tree or commit (`file`: the "
                         "commit in benchmarks/baseline-commit) in the same rounds, and print "
                         "the ratios (implies --preset stream-pace unless a preset is given)")
+    p.add_argument("--baseline-workers", type=int, default=None,
+                   help="gateway.workers of the baseline (default: its config's own)")
     p.add_argument("--quick", action="store_true",
                    help="CI's short form: one round of 300 requests per path (CPU columns)")
     p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
