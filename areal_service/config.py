@@ -437,6 +437,18 @@ class TrainerConfig(BaseModel):
     reward_default_for_unrewarded: float | None = 0.0
     """Return of an unrewarded session under `unrewarded_policy = "default_reward"`
     (ignored by `drop_group`)."""
+    partial_group_wait_s: float | None = Field(120.0, ge=0)
+    """A group with fewer ended sessions than `group_size` (none open) settles this many
+    seconds after its last session ended and trains with its real size (>= 2 members;
+    a lone member is dropped, reason `group incomplete`). None: partial groups wait for
+    `group_size` forever (and hold their staleness places)."""
+    ungrouped_baseline: Literal["batch", "task_mean"] = "batch"
+    """Advantage of an ungrouped session (a group of one) when `advantage` is a group
+    kind: `batch` normalises the ungrouped returns of a step together, (r - mean)/(std +
+    eps); `task_mean` subtracts a running mean of earlier returns of the same `task_id`
+    (`baseline_decay`; kept by the trainer process, started from the step's own mean)."""
+    baseline_decay: float = Field(0.9, ge=0, lt=1)
+    """`task_mean`: b <- decay * b + (1 - decay) * mean of the step's returns of the task."""
 
     # ---- run -------------------------------------------------------------------------------
     checkpoint_every: int = Field(10, ge=1)

@@ -14,7 +14,14 @@ from pydantic import ValidationError
 
 from areal_service.config import TrainerConfig
 from areal_service.types import EpisodeGroup, TrainSequence
-from trainer.advantage import drgrpo, group_advantages, grpo, rloo, sequence_advantages
+from trainer.advantage import (
+    RunningBaseline,
+    drgrpo,
+    group_advantages,
+    grpo,
+    rloo,
+    sequence_advantages,
+)
 
 
 def _t(*values: float) -> torch.Tensor:
@@ -89,6 +96,33 @@ def test_sequence_advantages_follow_their_session():
     )
     assert sequence_advantages([group], "grpo", 0.0) == [[1.0, -1.0, -1.0]]
     assert sequence_advantages([group], "rloo", 0.0) == [[1.0, -1.0, -1.0]]
+
+
+def _solo(sid: str, value: float, task: str | None) -> EpisodeGroup:
+    return EpisodeGroup(group_id=sid, session_ids=(sid,), sequences=(_seq(sid, value),),
+                        session_returns=(value,), staleness=0, grouped=False, task_id=task)
+
+
+def test_groups_of_one_get_the_batch_baseline_under_group_kinds():
+    """An ungrouped session next to GRPO groups used to get A = 0 (nothing learnt)."""
+    pair = EpisodeGroup(group_id="g", session_ids=("a", "b"),
+                        sequences=(_seq("a", 1.0), _seq("b", 0.0)),
+                        session_returns=(1.0, 0.0), staleness=0)
+    solos = [_solo("x", 3.0, "t"), _solo("y", 1.0, "t")]
+    assert sequence_advantages([pair, *solos], "grpo", 0.0) == [[1.0, -1.0], [1.0], [-1.0]]
+    # One alone in its step: centred on itself, 0 (a task_mean baseline learns across steps).
+    assert sequence_advantages([solos[0]], "grpo", 1e-6) == [[0.0]]
+
+
+def test_task_mean_baseline_is_a_running_mean_per_task():
+    baseline = RunningBaseline(0.5)
+    first = [_solo("x", 1.0, "t"), _solo("y", 0.0, "t"), _solo("z", 4.0, "u")]
+    # First step of each task: the step's own mean (t: 0.5, u: 4.0).
+    assert sequence_advantages(first, "grpo", 1e-6, baseline) == [[0.5], [-0.5], [0.0]]
+    assert baseline.mean("t") == 0.5 and baseline.mean("u") == 4.0
+    second = [_solo("w", 1.0, "t")]
+    assert sequence_advantages(second, "grpo", 1e-6, baseline) == [[0.5]]
+    assert baseline.mean("t") == 0.5 * 0.5 + 0.5 * 1.0
 
 
 def test_trainer_config_defaults_and_group_rule():
