@@ -66,3 +66,11 @@ def test_walkthrough_and_auto_session_episodes_are_trained_and_audited(gateway: 
     metrics = httpx.get(gateway.url + "/metrics", headers=ADMIN, timeout=30).text
     assert 'areal_episodes{state="trained"} 2.0' in metrics
     assert "areal_episodes_unaccounted 0.0" in metrics
+    # The console overview shows the same.
+    from test_console import _admin_client
+
+    console = _admin_client(gateway)
+    tiles = console.get("/console/partials/overview").text
+    console.close()
+    assert '<div class="value" id="episodes-unaccounted">0 unaccounted</div>' in tiles
+    assert "2 trained" in tiles
