@@ -359,6 +359,7 @@ class GatewayConfig(_Section):
 
 
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]
+MismatchMask = Literal["none", "token", "sequence"]
 
 
 class TrainerConfig(BaseModel):
@@ -384,6 +385,16 @@ class TrainerConfig(BaseModel):
     behav_imp_weight_cap: float | None = Field(5.0, gt=1)
     """Tokens whose behaviour weight pi_prox/pi_behave exceeds this are masked out of the
     loss (AReaL's truncation). None: no cap."""
+    mismatch_mask: MismatchMask = "none"
+    """Train-inference mismatch masking on w = pi_prox/pi_behave (formula in
+    `trainer/loss.py`), alongside `behav_imp_weight_cap`: `token` (IcePop) masks tokens
+    whose w leaves [mismatch_low, mismatch_high]; `sequence` (MIS) masks a whole sequence
+    whose geometric-mean w leaves it; `none` only reports the mismatch (`mismatch_kl`,
+    `mismatch_masked_ratio` per step). Worth turning on with bf16 serving."""
+    mismatch_low: float = Field(0.5, gt=0, le=1)
+    """Lower bound a of the mismatch interval [a, b]."""
+    mismatch_high: float = Field(5.0, ge=1)
+    """Upper bound b of the mismatch interval [a, b]."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL(pi_theta || pi_ref) penalty per trained token. Above 0 the
     trainer holds a frozen reference model (sharded like the policy, no optimizer
@@ -399,6 +410,21 @@ class TrainerConfig(BaseModel):
     ungrouped online sessions)."""
     adv_eps: float = Field(1e-6, gt=0)
     """The eps in the std normalisation of `grpo` and `batch`."""
+
+    # ---- truncated outputs (trainer/truncation.py) ------------------------------------
+    no_eos: Literal["train", "mask", "penalty"] = "train"
+    """A truncated output (no EOS: it hit its token limit): `train` it with its full
+    reward (AReaL's behaviour; the demo's tiny model rarely stops by itself), `mask` its
+    sequence out of the loss (DAPO's overlong filtering), or add `no_eos_penalty` to its
+    session's return (`penalty`). The trainer's per-step line shows the policy and the
+    truncated share (`no_eos`)."""
+    no_eos_penalty: float = -1.0
+    """Added to a truncated session's return under `no_eos = "penalty"`."""
+    overlong_buffer: int | None = Field(None, ge=1)
+    """DAPO's soft overlong punishment: the last this-many tokens before
+    `overlong_max_tokens` cost linearly up to -1 of return (beyond: -1). None: off."""
+    overlong_max_tokens: int | None = Field(None, ge=1)
+    """L_max of the overlong punishment: the generation limit the agents use."""
 
     # ---- batching --------------------------------------------------------------------------
     group_size: int = Field(4, ge=1)
@@ -494,6 +520,12 @@ class TrainerConfig(BaseModel):
                 "trainer.unrewarded_policy='default_reward' needs a number in "
                 "trainer.reward_default_for_unrewarded (or use unrewarded_policy='drop_group')"
             )
+        if (self.overlong_buffer is None) != (self.overlong_max_tokens is None):
+            raise ValueError("trainer.overlong_buffer and trainer.overlong_max_tokens go "
+                             "together (set both, or neither)")
+        if self.overlong_buffer is not None and self.overlong_max_tokens is not None \
+                and self.overlong_buffer > self.overlong_max_tokens:
+            raise ValueError("trainer.overlong_buffer must be <= trainer.overlong_max_tokens")
         if self.advantage in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
             raise ValueError(
                 f"trainer.advantage={self.advantage!r} needs trainer.group_size >= 2 "

@@ -60,6 +60,7 @@ from trainer.model import (
 )
 from trainer.publish import publish_weights
 from trainer.step import build_optimizer, train_step
+from trainer.truncation import apply_no_eos
 from trainer.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             held = HeldClaims(claimer)
             cleanup.callback(held.release_all)  # a batch claimed but never published
             run_dir = config.data_dir / "runs" / RUN_NAME
-            writer = MetricsWriter(run_dir, total_steps=cfg.total_steps)
+            writer = MetricsWriter(run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos)
             cleanup.callback(writer.close)
             (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
             if cfg.weight_sync == "distributed":
@@ -129,8 +130,9 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             groups, dropped, wait_s = next_batch(claimer, held, cfg, version, stop, info)
             if groups is None:
                 break  # stopped while waiting; `held` releases the partial batch
-            advantages = sequence_advantages(groups, cfg.advantage, cfg.adv_eps, baseline)
-            micro_batches = shard_micro_batches(groups, advantages, cfg.max_tokens_per_mb, info)
+            shaped = apply_no_eos(groups, cfg, eos_ids)
+            advantages = sequence_advantages(shaped, cfg.advantage, cfg.adv_eps, baseline)
+            micro_batches = shard_micro_batches(shaped, advantages, cfg.max_tokens_per_mb, info)
             t0, cpu0 = time.perf_counter(), time.process_time()
             stats = train_step(model, optimizer, micro_batches, cfg, ref_model=ref_model)
             train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0

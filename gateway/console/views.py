@@ -32,6 +32,8 @@ TRAIN_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Approx. KL", ("approx_kl",)),
     ("Clip ratio", ("clip_ratio",)),
     ("Importance weight", ("importance_weight",)),
+    ("Train-inference mismatch", ("mismatch_kl", "mismatch_masked_ratio")),
+    ("Truncated (no EOS)", ("no_eos_ratio",)),
     ("Entropy", ("entropy",)),
     ("Staleness", ("staleness_mean", "staleness_max")),
     ("Avg. sequence length", ("avg_seq_len",)),
