@@ -406,8 +406,8 @@ class TrainerConfig(BaseModel):
     # ---- advantages ------------------------------------------------------------------------
     advantage: AdvantageKind = "grpo"
     """`grpo`: (r - mean_g)/(std_g + eps); `drgrpo`: r - mean_g; `rloo`: r_i minus the mean
-    of the other sessions of its group; `batch`: normalised over the whole batch (for
-    ungrouped online sessions)."""
+    of the other sessions of its group; `batch`: normalised over the whole batch. Under
+    the group kinds a group of one (an ungrouped session) gets `ungrouped_baseline`."""
     adv_eps: float = Field(1e-6, gt=0)
     """The eps in the std normalisation of `grpo` and `batch`."""
 
@@ -428,7 +428,9 @@ class TrainerConfig(BaseModel):
 
     # ---- batching --------------------------------------------------------------------------
     group_size: int = Field(4, ge=1)
-    """Sessions per GRPO group the trainer waits for (1 for ungrouped online sessions)."""
+    """Sessions per GRPO group the trainer waits for (1: take every ended group as it
+    is, for online sessions; groups of one get `ungrouped_baseline`). Ungrouped sessions
+    are claimed under any group_size, each a group of one."""
     batch_groups: int = Field(4, ge=1)
     """Groups per training step."""
     max_tokens_per_mb: int = Field(8192, ge=2)
@@ -526,11 +528,6 @@ class TrainerConfig(BaseModel):
         if self.overlong_buffer is not None and self.overlong_max_tokens is not None \
                 and self.overlong_buffer > self.overlong_max_tokens:
             raise ValueError("trainer.overlong_buffer must be <= trainer.overlong_max_tokens")
-        if self.advantage in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
-            raise ValueError(
-                f"trainer.advantage={self.advantage!r} needs trainer.group_size >= 2 "
-                "(a group of one has zero advantage); use advantage='batch' for ungrouped sessions"
-            )
         return self
 
 

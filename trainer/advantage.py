@@ -14,7 +14,8 @@ Groups of one (ungrouped sessions, `trainer.ungrouped_baseline`) have nothing to
 centred on within their group, so under the group kinds they get a baseline instead:
   batch      A_i = (r_i - mean_U) / (std_U + eps)   over the step's groups of one
   task_mean  A_i = r_i - b_task                      b_task a running mean of the task's
-             earlier returns (`RunningBaseline`; the step's own mean for a new task)
+             earlier returns (`RunningBaseline`; for a new task the running mean over
+             all tasks, at the first step the step's mean)
 """
 
 from __future__ import annotations
@@ -72,31 +73,39 @@ def group_advantages(
 
 
 class RunningBaseline:
-    """Per-`task_id` exponential running mean of returns (the `task_mean` baseline). Kept
-    by the trainer process (a restart starts it again from each task's next step)."""
+    """Per-`task_id` exponential running mean of returns (the `task_mean` baseline), with
+    a running mean over every task for a task not seen before. Kept by the trainer
+    process (a restart starts again from the step means)."""
 
     def __init__(self, decay: float) -> None:
         if not 0 <= decay < 1:
             raise ValueError(f"decay ({decay}) must be in [0, 1)")
         self._decay = decay
         self._means: dict[str | None, float] = {}
+        self._overall: float | None = None
 
     def mean(self, task_id: str | None) -> float | None:
         """The baseline of `task_id` now (None before its first step)."""
         return self._means.get(task_id)
 
+    def _update(self, old: float | None, value: float) -> float:
+        return value if old is None else self._decay * old + (1 - self._decay) * value
+
     def advantages(self, tasks: Sequence[str | None], returns: Sequence[float]) -> list[float]:
-        """r_i - b_task for this step's returns, against the baseline before the step;
-        then b_task <- decay * b_task + (1 - decay) * the step's mean of the task."""
+        """r_i - b for this step's returns, b the task's baseline before the step, else
+        the running mean over all tasks, else this step's mean; then every baseline moves
+        toward the step's means: b <- decay * b + (1 - decay) * mean."""
+        if not returns:
+            return []
         step: dict[str | None, list[float]] = {}
         for task, value in zip(tasks, returns, strict=True):
             step.setdefault(task, []).append(value)
-        step_mean = {task: sum(v) / len(v) for task, v in step.items()}
-        out = [value - self._means.get(task, step_mean[task])
+        overall = self._overall if self._overall is not None else sum(returns) / len(returns)
+        out = [value - self._means.get(task, overall)
                for task, value in zip(tasks, returns, strict=True)]
-        for task, m in step_mean.items():
-            old = self._means.get(task)
-            self._means[task] = m if old is None else self._decay * old + (1 - self._decay) * m
+        for task, values in step.items():
+            self._means[task] = self._update(self._means.get(task), sum(values) / len(values))
+        self._overall = self._update(self._overall, sum(returns) / len(returns))
         return out
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from pydantic import ValidationError
 
 from areal_service.config import TrainerConfig
 from areal_service.types import EpisodeGroup, TrainSequence
@@ -116,13 +115,14 @@ def test_groups_of_one_get_the_batch_baseline_under_group_kinds():
 
 def test_task_mean_baseline_is_a_running_mean_per_task():
     baseline = RunningBaseline(0.5)
-    first = [_solo("x", 1.0, "t"), _solo("y", 0.0, "t"), _solo("z", 4.0, "u")]
-    # First step of each task: the step's own mean (t: 0.5, u: 4.0).
-    assert sequence_advantages(first, "grpo", 1e-6, baseline) == [[0.5], [-0.5], [0.0]]
-    assert baseline.mean("t") == 0.5 and baseline.mean("u") == 4.0
-    second = [_solo("w", 1.0, "t")]
-    assert sequence_advantages(second, "grpo", 1e-6, baseline) == [[0.5]]
-    assert baseline.mean("t") == 0.5 * 0.5 + 0.5 * 1.0
+    first = [_solo("x", 1.0, "t"), _solo("y", 0.0, "t"), _solo("z", 5.0, "u")]
+    # First step: every task against the step's mean (2.0).
+    assert sequence_advantages(first, "grpo", 1e-6, baseline) == [[-1.0], [-2.0], [3.0]]
+    assert baseline.mean("t") == 0.5 and baseline.mean("u") == 5.0
+    second = [_solo("w", 1.0, "t"), _solo("v", 3.0, "new")]
+    # t against its own mean 0.5; the new task against the overall running mean 2.0.
+    assert sequence_advantages(second, "grpo", 1e-6, baseline) == [[0.5], [1.0]]
+    assert baseline.mean("t") == 0.5 * 0.5 + 0.5 * 1.0 and baseline.mean("new") == 3.0
 
 
 def test_trainer_config_defaults_and_group_rule():
@@ -130,8 +130,8 @@ def test_trainer_config_defaults_and_group_rule():
     assert cfg.advantage == "grpo" and cfg.eps_clip_higher is None and cfg.ref_model is None
     assert all(f.description for f in TrainerConfig.model_fields.values())
     assert TrainerConfig(advantage="batch", group_size=1).group_size == 1
-    with pytest.raises(ValidationError, match="trainer.group_size"):
-        TrainerConfig(advantage="grpo", group_size=1)
+    # Groups of one are no longer left with A = 0: they get the ungrouped baseline.
+    assert TrainerConfig(advantage="grpo", group_size=1).ungrouped_baseline == "batch"
 
 
 def test_trainer_config_is_torch_free():
