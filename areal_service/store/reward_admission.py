@@ -4,11 +4,11 @@ Why one transaction: a claim (`claims.py`) reads an episode's rewards once, righ
 it moved the sessions to `claimed`. A reward checked against `ended` in one statement and
 inserted in another can land after that read: it was acknowledged (201) but never
 trained, or its group was dropped as unrewarded. Here the target's session rows are
-locked first by a no-op UPDATE (PostgreSQL: row locks, which the claimer's
-`FOR UPDATE SKIP LOCKED` skips and its UPDATE waits for; SQLite: the database write
-lock, so the status read that follows sees the newest commit), then their status is read
-and the reward inserted before the locks go. Either the reward commits first and the
-claim that follows sees it, or the claim commits first and the reward is refused.
+locked first (PostgreSQL: row locks, which the claimer's `FOR UPDATE SKIP LOCKED` skips
+and its UPDATE waits for; SQLite: the database write lock, so the status read that
+follows sees the newest commit), then their status is read and the reward inserted
+before the locks go. Either the reward commits first and the claim that follows sees it,
+or the claim commits first and the reward is refused.
 
 A second reward on a target that already has one with the same `name` is refused too,
 unless the client marks it additive: rewards on one target add up (a judge's `correct`
@@ -114,12 +114,22 @@ def _check_and_insert(connection: Connection, record: RewardRecord, additive: bo
                       ) -> RewardRecord:
     sessions = _target_sessions(connection, record)
     if sessions:
-        # The lock (see the module docstring); touches no value.
-        connection.execute(
-            update(SessionRow)
-            .where(SessionRow.id.in_(sessions))
-            .values(last_activity_at=SessionRow.last_activity_at)
-        )
+        # The lock (module docstring). PostgreSQL: FOR NO KEY UPDATE in id order (two
+        # group rewards never deadlock; completion inserts' foreign-key KEY SHARE locks
+        # do not conflict). SQLite: a no-op UPDATE takes the database write lock.
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                select(SessionRow.id)
+                .where(SessionRow.id.in_(sessions))
+                .order_by(SessionRow.id)
+                .with_for_update(key_share=True)
+            )
+        else:
+            connection.execute(
+                update(SessionRow)
+                .where(SessionRow.id.in_(sessions))
+                .values(last_activity_at=SessionRow.last_activity_at)
+            )
         final = connection.execute(
             select(SessionRow.id, SessionRow.status).where(
                 SessionRow.id.in_(sessions), SessionRow.status.not_in(OPEN_TO_REWARDS)
