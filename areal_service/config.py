@@ -364,6 +364,7 @@ class GatewayConfig(_Section):
 
 
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]
+MismatchMask = Literal["none", "token", "sequence"]
 
 
 class TrainerConfig(BaseModel):
@@ -389,6 +390,16 @@ class TrainerConfig(BaseModel):
     behav_imp_weight_cap: float | None = Field(5.0, gt=1)
     """Tokens whose behaviour weight pi_prox/pi_behave exceeds this are masked out of the
     loss (AReaL's truncation). None: no cap."""
+    mismatch_mask: MismatchMask = "none"
+    """Train-inference mismatch masking on w = pi_prox/pi_behave (formula in
+    `trainer/loss.py`), alongside `behav_imp_weight_cap`: `token` (IcePop) masks tokens
+    whose w leaves [mismatch_low, mismatch_high]; `sequence` (MIS) masks a whole sequence
+    whose geometric-mean w leaves it; `none` only reports the mismatch (`mismatch_kl`,
+    `mismatch_masked_ratio` per step). Worth turning on with bf16 serving."""
+    mismatch_low: float = Field(0.5, gt=0, le=1)
+    """Lower bound a of the mismatch interval [a, b]."""
+    mismatch_high: float = Field(5.0, ge=1)
+    """Upper bound b of the mismatch interval [a, b]."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL(pi_theta || pi_ref) penalty per trained token. Above 0 the
     trainer holds a frozen reference model (sharded like the policy, no optimizer
@@ -400,14 +411,31 @@ class TrainerConfig(BaseModel):
     # ---- advantages ------------------------------------------------------------------------
     advantage: AdvantageKind = "grpo"
     """`grpo`: (r - mean_g)/(std_g + eps); `drgrpo`: r - mean_g; `rloo`: r_i minus the mean
-    of the other sessions of its group; `batch`: normalised over the whole batch (for
-    ungrouped online sessions)."""
+    of the other sessions of its group; `batch`: normalised over the whole batch. Under
+    the group kinds a group of one (an ungrouped session) gets `ungrouped_baseline`."""
     adv_eps: float = Field(1e-6, gt=0)
     """The eps in the std normalisation of `grpo` and `batch`."""
 
+    # ---- truncated outputs (trainer/truncation.py) ------------------------------------
+    no_eos: Literal["train", "mask", "penalty"] = "train"
+    """A truncated output (no EOS: it hit its token limit): `train` it with its full
+    reward (AReaL's behaviour; the demo's tiny model rarely stops by itself), `mask` its
+    sequence out of the loss (DAPO's overlong filtering), or add `no_eos_penalty` to its
+    session's return (`penalty`). The trainer's per-step line shows the policy and the
+    truncated share (`no_eos`)."""
+    no_eos_penalty: float = -1.0
+    """Added to a truncated session's return under `no_eos = "penalty"`."""
+    overlong_buffer: int | None = Field(None, ge=1)
+    """DAPO's soft overlong punishment: the last this-many tokens before
+    `overlong_max_tokens` cost linearly up to -1 of return (beyond: -1). None: off."""
+    overlong_max_tokens: int | None = Field(None, ge=1)
+    """L_max of the overlong punishment: the generation limit the agents use."""
+
     # ---- batching --------------------------------------------------------------------------
     group_size: int = Field(4, ge=1)
-    """Sessions per GRPO group the trainer waits for (1 for ungrouped online sessions)."""
+    """Sessions per GRPO group the trainer waits for (1: take every ended group as it
+    is, for online sessions; groups of one get `ungrouped_baseline`). Ungrouped sessions
+    are claimed under any group_size, each a group of one."""
     batch_groups: int = Field(4, ge=1)
     """Groups per training step."""
     max_tokens_per_mb: int = Field(8192, ge=2)
@@ -442,6 +470,18 @@ class TrainerConfig(BaseModel):
     reward_default_for_unrewarded: float | None = 0.0
     """Return of an unrewarded session under `unrewarded_policy = "default_reward"`
     (ignored by `drop_group`)."""
+    partial_group_wait_s: float | None = Field(120.0, ge=0)
+    """A group with fewer ended sessions than `group_size` (none open) settles this many
+    seconds after its last session ended and trains with its real size (>= 2 members;
+    a lone member is dropped, reason `group incomplete`). None: partial groups wait for
+    `group_size` forever (and hold their staleness places)."""
+    ungrouped_baseline: Literal["batch", "task_mean"] = "batch"
+    """Advantage of an ungrouped session (a group of one) when `advantage` is a group
+    kind: `batch` normalises the ungrouped returns of a step together, (r - mean)/(std +
+    eps); `task_mean` subtracts a running mean of earlier returns of the same `task_id`
+    (`baseline_decay`; kept by the trainer process, started from the step's own mean)."""
+    baseline_decay: float = Field(0.9, ge=0, lt=1)
+    """`task_mean`: b <- decay * b + (1 - decay) * mean of the step's returns of the task."""
 
     # ---- run -------------------------------------------------------------------------------
     checkpoint_every: int = Field(10, ge=1)
@@ -487,11 +527,12 @@ class TrainerConfig(BaseModel):
                 "trainer.unrewarded_policy='default_reward' needs a number in "
                 "trainer.reward_default_for_unrewarded (or use unrewarded_policy='drop_group')"
             )
-        if self.advantage in ("grpo", "drgrpo", "rloo") and self.group_size < 2:
-            raise ValueError(
-                f"trainer.advantage={self.advantage!r} needs trainer.group_size >= 2 "
-                "(a group of one has zero advantage); use advantage='batch' for ungrouped sessions"
-            )
+        if (self.overlong_buffer is None) != (self.overlong_max_tokens is None):
+            raise ValueError("trainer.overlong_buffer and trainer.overlong_max_tokens go "
+                             "together (set both, or neither)")
+        if self.overlong_buffer is not None and self.overlong_max_tokens is not None \
+                and self.overlong_buffer > self.overlong_max_tokens:
+            raise ValueError("trainer.overlong_buffer must be <= trainer.overlong_max_tokens")
         return self
 
 

@@ -75,6 +75,10 @@ END_NO_REWARD = "no_reward"
 """End reason of a session whose client declared that no reward will come: the trainer
 does not wait `trainer.reward_wait_s` for one (`trainer.unrewarded_policy` applies)."""
 
+END_FAILED = "failed"
+"""End reason of a session whose agent failed (it raised, or gave up): the trainer drops
+it alone (drop reason `failed: ...`) and its group trains on the rest."""
+
 
 @dataclass(frozen=True, slots=True)
 class CompletionRecord:
@@ -235,6 +239,11 @@ class EpisodeGroup:
     """current version − oldest token version in the group."""
     claim_id: str = ""
     """Token of the claim; `mark_trained` / `release_claim` take it."""
+    grouped: bool = True
+    """False for an ungrouped session (a group of one keyed by its session id): its
+    advantage comes from `trainer.ungrouped_baseline`, not from a group."""
+    task_id: str | None = None
+    """The task of the group's first session (the key of a per-task running baseline)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,14 @@ console read the sum over all workers from there.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+
+from areal_service.store.audit import EpisodeAudit
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -81,3 +85,32 @@ class GatewayMetrics:
         return out
 
 
+
+
+class _AuditCollector(Collector):
+    def __init__(self, audit: EpisodeAudit) -> None:
+        self._audit = audit
+
+    def collect(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily("areal_episodes", "Sessions per state", labels=["state"])
+        for state, n in self._audit.states.items():
+            states.add_metric([state], n)
+        yield states
+        dropped = GaugeMetricFamily("areal_episodes_dropped", "Dropped sessions by reason",
+                                    labels=["reason"])
+        for reason, n in self._audit.dropped_by_reason.items():
+            dropped.add_metric([reason], n)
+        yield dropped
+        yield GaugeMetricFamily("areal_episodes_overdue", "Ended sessions claimable past "
+                                "every settling window (no trainer takes them)",
+                                value=self._audit.overdue)
+        yield GaugeMetricFamily("areal_episodes_unaccounted", "Sessions no rule will ever "
+                                "move (must be 0)", value=self._audit.unaccounted)
+
+
+def audit_exposition(audit: EpisodeAudit) -> bytes:
+    """The episode audit (`store/audit.py`) as Prometheus gauges, read from the store per
+    scrape (the same numbers from every worker, so not kept in a worker's registry)."""
+    registry = CollectorRegistry()
+    registry.register(_AuditCollector(audit))
+    return generate_latest(registry)

@@ -4,7 +4,9 @@ Starts the engine, the gateway and the trainer (`launcher/stack.py`), then walks
 dataset: for each sample it opens a GRPO group of `rollout.group_size` sessions over
 `POST /rl/sessions`, runs the agent once per session with that session's key, posts
 each episode's reward over `POST /v1/rewards` (ending the session), and lets the trainer
-learn from the finished groups while the next ones run. Stops every child on the way
+learn from the finished groups while the next ones run. An episode whose agent raised is
+not scored: its session ends as `failed`, the trainer drops it alone and trains its group
+on the rest. Stops every child on the way
 out, Ctrl-C and SIGTERM included.
 
 Resume: `<data_dir>/driver/state.json` records the epoch, the samples whose group is
@@ -35,6 +37,7 @@ from pydantic import BaseModel, Field
 
 from areal_service.config import ServiceConfig, with_admin_key
 from areal_service.datasets import load_samples
+from areal_service.types import END_FAILED
 from launcher.agent_runner import AgentRunner, EpisodeResult
 from launcher.driver_config import DriverConfig
 from launcher.processes import ChildProcess, exit_on_sigterm
@@ -206,7 +209,8 @@ class DatasetDriver:
             for sid in session_ids:
                 r = await self.http.get(f"/rl/sessions/{sid}", headers=self.admin)
                 views.append(r.json() if r.status_code == 200 else None)
-            complete = all(v is not None and v["status"] != "open" and v["rewards"]
+            complete = all(v is not None and v["status"] != "open"
+                           and (v["rewards"] or v["end_reason"] == END_FAILED)
                            for v in views)
             if complete:
                 self.state.done.append(int(index))
@@ -244,12 +248,20 @@ class DatasetDriver:
 
     async def run_episode(self, sample: dict[str, Any], session: dict[str, Any]
                           ) -> EpisodeResult:
-        """The agent in one session, then its reward(s) posted with the session's key."""
+        """The agent in one session, then its reward(s) posted with the session's key (or,
+        if the agent raised, the session ended as failed)."""
         key = session["api_key"]
         result = await self.runner.run(sample, key, max_tokens=self.driver.rollout.max_tokens)
         auth = {"authorization": f"Bearer {key}"}
         sid = session["session_id"]
-        meta = {"error": result.error} if result.error else {}
+        if result.error:
+            # Not the policy's score: the trainer drops this session alone (end reason
+            # `failed`) and its group trains on the rest (the runner logged the error).
+            r = await self.http.post(f"/rl/sessions/{sid}/end", headers=auth,
+                                     json={"failed": True})
+            r.raise_for_status()
+            return result
+        meta: dict[str, Any] = {}
         if result.completion_rewards:
             for cid, value in result.completion_rewards.items():
                 r = await self.http.post("/v1/rewards", headers=auth, json={

@@ -40,6 +40,8 @@ METRIC_NAMES = (
     "avg_seq_len",
     "avg_prompt_len",
     "no_eos_ratio",
+    "mismatch_kl",
+    "mismatch_masked_ratio",
     "staleness_mean",
     "staleness_max",
     "tokens_per_s",
@@ -98,6 +100,8 @@ def step_metrics(stats: StepStats) -> dict[str, float]:
         "approx_kl": stats.approx_kl,
         "ref_kl": stats.ref_kl,
         "entropy": stats.entropy,
+        "mismatch_kl": stats.mismatch_kl,
+        "mismatch_masked_ratio": stats.mismatch_masked_ratio,
         "tokens_per_s": stats.tokens_per_s,
         "loss": stats.loss,
         "grad_norm": stats.grad_norm,
@@ -112,8 +116,10 @@ def _duration(seconds: float) -> str:
 class MetricsWriter:
     """TensorBoard scalars + one log line per step. Rank 0 only."""
 
-    def __init__(self, run_dir: Path, *, total_steps: int | None) -> None:
+    def __init__(self, run_dir: Path, *, total_steps: int | None, no_eos: str = "train"
+                 ) -> None:
         self._total = total_steps
+        self._no_eos = no_eos
         self._created = time.monotonic()
         self._origin: int | None = None
         """The step this process started after (the ETA counts from it and `_created`)."""
@@ -150,9 +156,10 @@ class MetricsWriter:
             f"{progress} v{version} | reward {m['task_reward']:.3f} |A| {m['advantage']:.3f} "
             f"loss {m['loss']:.4f} kl {m['approx_kl']:.4f} ref_kl {m['ref_kl']:.4f} "
             f"clip {m['clip_ratio']:.3f} "
+            f"mismatch {m.get('mismatch_kl', 0.0):.4f}/{m.get('mismatch_masked_ratio', 0.0):.3f} "
             f"ent {m['entropy']:.3f} gnorm {m['grad_norm']:.3f} | "
             f"{m['episodes']:.0f} ep ({m['dropped_episodes']:.0f} dropped) "
-            f"len {m['avg_seq_len']:.0f} no_eos {m['no_eos_ratio']:.2f} "
+            f"len {m['avg_seq_len']:.0f} no_eos {m['no_eos_ratio']:.2f} ({self._no_eos}) "
             f"stale {m['staleness_mean']:.1f}/{m['staleness_max']:.0f} | "
             f"{m['tokens_per_s']:.0f} tok/s | wait {m['time_wait_s']:.2f}s "
             f"train {m['time_train_s']:.2f}s publish {m['time_publish_s']:.2f}s{swap}{eta}"

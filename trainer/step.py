@@ -52,6 +52,11 @@ class StepStats:
     n_minibatches: int
     skipped_steps: int
     """Optimizer steps skipped because the grad norm was not finite."""
+    mismatch_kl: float = 0.0
+    """Mean k3 KL(pi_behave || pi_prox) per trained token: the train-inference mismatch
+    (plus the policy's own drift since the tokens were generated)."""
+    mismatch_masked_ratio: float = 0.0
+    """Share of trained tokens `trainer.mismatch_mask` took out."""
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.AdamW:
@@ -94,6 +99,12 @@ def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def token_sequence_ids(mb: MicroBatch) -> torch.Tensor:
+    """(K,) the packed sequence (0-based, row order) each trained token belongs to."""
+    ends = torch.tensor(mb.seq_lens, device=mb.logit_index.device).cumsum(0)
+    return torch.searchsorted(ends, mb.logit_index + 1, right=True)
+
+
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
@@ -128,6 +139,10 @@ def accumulate_gradients(
             kl_coef=cfg.kl_coef,
             entropy=entropy,
             normalizer=n_global,
+            mismatch_mask=cfg.mismatch_mask,
+            mismatch_low=cfg.mismatch_low,
+            mismatch_high=cfg.mismatch_high,
+            seq_ids=token_sequence_ids(mb) if cfg.mismatch_mask == "sequence" else None,
         )
         (loss * scale).backward()
         loss_sum += loss.detach()
@@ -213,6 +228,8 @@ def train_step(
         approx_kl=summary.approx_kl,
         ref_kl=summary.ref_kl,
         entropy=summary.entropy,
+        mismatch_kl=summary.mismatch_kl,
+        mismatch_masked_ratio=summary.mismatch_masked_ratio,
         n_tokens=summary.n_tokens,
         n_input_tokens=n_input,
         tokens_per_s=n_input / elapsed if elapsed > 0 else 0.0,

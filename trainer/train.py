@@ -40,7 +40,7 @@ from areal_service.config import ServiceConfig, TrainerConfig, load_config
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import EpisodeGroup, TrainSequence, TrainStepRecord
-from trainer.advantage import sequence_advantages
+from trainer.advantage import RunningBaseline, sequence_advantages
 from trainer.batch import MicroBatch, build_micro_batches
 from trainer.checkpoint import (
     CheckpointState,
@@ -60,6 +60,7 @@ from trainer.model import (
 )
 from trainer.publish import publish_weights
 from trainer.step import build_optimizer, train_step
+from trainer.truncation import apply_no_eos
 from trainer.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             held = HeldClaims(claimer)
             cleanup.callback(held.release_all)  # a batch claimed but never published
             run_dir = config.data_dir / "runs" / RUN_NAME
-            writer = MetricsWriter(run_dir, total_steps=cfg.total_steps)
+            writer = MetricsWriter(run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos)
             cleanup.callback(writer.close)
             (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
             if cfg.weight_sync == "distributed":
@@ -121,14 +122,17 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         if newer is not None:  # updates published after the checkpoint are kept
             load_published_weights(model, newer)
         saved_step = step  # nothing to checkpoint until this process trains
+        baseline = (RunningBaseline(cfg.baseline_decay)
+                    if cfg.ungrouped_baseline == "task_mean" else None)
         log.info("trainer starts after step %d at policy v%d", step, version)
 
         while cfg.total_steps is None or step < cfg.total_steps:
             groups, dropped, wait_s = next_batch(claimer, held, cfg, version, stop, info)
             if groups is None:
                 break  # stopped while waiting; `held` releases the partial batch
-            advantages = sequence_advantages(groups, cfg.advantage, cfg.adv_eps)
-            micro_batches = shard_micro_batches(groups, advantages, cfg.max_tokens_per_mb, info)
+            shaped = apply_no_eos(groups, cfg, eos_ids)
+            advantages = sequence_advantages(shaped, cfg.advantage, cfg.adv_eps, baseline)
+            micro_batches = shard_micro_batches(shaped, advantages, cfg.max_tokens_per_mb, info)
             t0, cpu0 = time.perf_counter(), time.process_time()
             stats = train_step(model, optimizer, micro_batches, cfg, ref_model=ref_model)
             train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0

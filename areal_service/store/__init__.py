@@ -4,8 +4,10 @@
 each: `connect.py` (engine, SQLite pragmas), `schema.py` (tables), `migrate.py`
 (Alembic glue), `rows.py` (row <-> record), `inserts.py` + `writer.py` (the gateway's
 completion capture), `linking.py` (parent linking), `episode_reads.py`,
-`session_queries.py`, `readiness.py` (ready groups, reward settling counts) and
-`claims.py` (the claim state machine with its reward settling).
+`session_queries.py`, `readiness.py` (ready groups, reward settling counts),
+`claims.py` (the claim state machine with its reward settling), `reward_admission.py`
+(a reward checked against the claim and inserted in one transaction) and `audit.py`
+(every session's state, `unaccounted`).
 Nothing outside the package imports SQLAlchemy or an ORM row.
 """
 

@@ -31,6 +31,7 @@ from areal_service.store.readiness import (
 from areal_service.store.schema import SessionRow
 from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import (
+    END_FAILED,
     ClaimResult,
     CompletionRecord,
     DroppedEpisodes,
@@ -40,6 +41,11 @@ from areal_service.types import (
 )
 
 UnrewardedPolicy = Literal["drop_group", "default_reward"]
+
+FAILED = "failed"
+"""Prefix of the `drop_reason` of a member whose agent failed (dropped alone)."""
+INCOMPLETE = "group incomplete"
+"""Prefix of the `drop_reason` of a group left with fewer than 2 trainable members."""
 
 logger = logging.getLogger(__name__)
 
@@ -52,14 +58,17 @@ def staleness_of(completions: Iterable[CompletionRecord], current_version: int) 
     return current_version - min(versions) if versions else 0
 
 
-def _group(key: str, kept: list[SessionEpisode], staleness: int, claim_id: str) -> EpisodeGroup:
+def _group(ready: ReadyGroup, kept: list[SessionEpisode], staleness: int, claim_id: str
+           ) -> EpisodeGroup:
     return EpisodeGroup(
-        group_id=key,
+        group_id=ready.key,
         session_ids=tuple(e.session_id for e in kept),
         sequences=tuple(s for e in kept for s in e.sequences),
         session_returns=tuple(e.session_return or 0.0 for e in kept),
         staleness=staleness,
         claim_id=claim_id,
+        grouped=ready.grouped,
+        task_id=ready.task_id,
     )
 
 
@@ -72,7 +81,15 @@ class EpisodeClaimer:
     session ended. A session still without a reward then follows `unrewarded_policy`:
     `drop_group` drops its whole group (reason `unrewarded: ...`), `default_reward`
     trains it with return `default_reward`. Counters of both outcomes (cumulative, this
-    process) are in `settling_metrics`."""
+    process) are in `settling_metrics`.
+
+    Partial groups: a group with fewer ended sessions than `group_size` (and none open)
+    settles `partial_group_wait_s` after its last session ended (None: never) and trains
+    with its real size. A member that failed (end reason `failed`) or has a missing part
+    is dropped alone; the rest of its group trains when at least 2 remain (GRPO needs two
+    returns to compare; the advantages are computed over the members kept), else it is
+    dropped with reason `group incomplete: ...`. Ungrouped sessions are groups of one;
+    their advantage is the trainer's (`trainer.ungrouped_baseline`)."""
 
     def __init__(
         self,
@@ -82,6 +99,7 @@ class EpisodeClaimer:
         reward_wait_s: float = 60.0,
         unrewarded_policy: UnrewardedPolicy = "drop_group",
         default_reward: float = 0.0,
+        partial_group_wait_s: float | None = None,
     ) -> None:
         if reward_wait_s < 0:
             raise ValueError(f"reward_wait_s ({reward_wait_s}) must be >= 0")
@@ -90,6 +108,7 @@ class EpisodeClaimer:
         self._reward_wait_s = reward_wait_s
         self._policy = unrewarded_policy
         self._default_reward = default_reward
+        self._partial_wait_s = partial_group_wait_s
         self._dropped_unrewarded = 0
         self._default_rewarded = 0
         self._awaiting = 0
@@ -103,6 +122,7 @@ class EpisodeClaimer:
             reward_wait_s=config.reward_wait_s,
             unrewarded_policy=config.unrewarded_policy,
             default_reward=config.reward_default_for_unrewarded or 0.0,
+            partial_group_wait_s=config.partial_group_wait_s,
         )
 
     def settling_metrics(self) -> dict[str, float]:
@@ -140,9 +160,11 @@ class EpisodeClaimer:
         dropped: list[DroppedEpisodes] = []
         seen: set[str] = set()
         awaiting = 0
+        partial_before = None if self._partial_wait_s is None else now() - self._partial_wait_s
         while len(groups) < max_groups:
             with self._store.engine.connect() as connection:
-                ready = ready_groups(connection, group_size, max_groups - len(groups), seen)
+                ready = ready_groups(connection, group_size, max_groups - len(groups), seen,
+                                     partial_before=partial_before)
             if not ready:
                 break
             seen.update(r.key for r in ready)
@@ -165,7 +187,11 @@ class EpisodeClaimer:
         if not recent:
             return ready
         rewarded = rewarded_sessions(self._store, recent)
-        waiting = {r.key for r in recent if not rewarded.union(r.declared).issuperset(r.session_ids)}
+        waiting = {
+            r.key
+            for r in recent
+            if not rewarded.union(r.declared, r.failed).issuperset(r.session_ids)
+        }
         return [r for r in ready if r.key not in waiting]
 
     def _claim(self, ready: list[ReadyGroup], claimer: str) -> list[tuple[ReadyGroup, str]]:
@@ -234,6 +260,10 @@ class EpisodeClaimer:
                 continue
             kept: list[SessionEpisode] = []
             for sid in ready.session_ids:
+                if sid in ready.failed:
+                    reason = f"{FAILED}: the agent reported a failure (end reason {END_FAILED})"
+                    dropped.append(DroppedEpisodes(ready.key, (sid,), reason, staleness))
+                    continue
                 episode = build_episode(
                     sid,
                     completions[sid],
@@ -255,10 +285,14 @@ class EpisodeClaimer:
                 continue
             if unrewarded:
                 kept = [self._with_default(e, completions, rewards, ready) for e in kept]
-            if len(kept) >= (group_size or 1):
-                built.append(_group(ready.key, kept, staleness, claim_id))
+            # A group needs two returns to compare; ungrouped sessions (and every group
+            # when the trainer runs ungrouped, group_size None) get a baseline instead.
+            least = min(2, group_size) if ready.grouped and group_size is not None else 1
+            if len(kept) >= least:
+                built.append(_group(ready, kept, staleness, claim_id))
             elif kept:
-                reason = f"group incomplete: {len(kept)} of {group_size} sessions left"
+                reason = (f"{INCOMPLETE}: {len(kept)} of {len(ready.session_ids)} sessions "
+                          "left (a group trains with >= 2)")
                 left = tuple(e.session_id for e in kept)
                 dropped.append(DroppedEpisodes(ready.key, left, reason, staleness))
         return built, dropped

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, and_, case, func, or_, select
 
 from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
 from areal_service.store.trajectory import TrajectoryStore
-from areal_service.types import END_NO_REWARD
+from areal_service.types import END_FAILED, END_NO_REWARD
 
 UNREWARDED = "unrewarded"
 """Prefix of the `drop_reason` of sessions dropped by `unrewarded_policy=drop_group`."""
@@ -30,27 +30,38 @@ class ReadyGroup:
     session_ids: tuple[str, ...]
     last_ended_at: float
     declared: frozenset[str] = frozenset()
+    failed: frozenset[str] = frozenset()
+    """Sessions whose agent failed (end reason `failed`): dropped alone, no reward awaited."""
+    task_id: str | None = None
 
 
 def ready_groups(
-    connection: Connection, group_size: int | None, limit: int, exclude: set[str]
+    connection: Connection,
+    group_size: int | None,
+    limit: int,
+    exclude: set[str],
+    *,
+    partial_before: float | None = None,
 ) -> list[ReadyGroup]:
     """Oldest-first groups whose sessions (not yet claimed/trained/dropped) are all
-    `ended`, at least `group_size` of them (ungrouped sessions only when group_size is
-    None). Two indexed queries; `exclude` keys are skipped."""
+    `ended`: at least `group_size` of them, or fewer when the group's last session ended
+    before `partial_before` (a partial group settles; None: never), and every ungrouped
+    session as a group of its own. Two indexed queries; `exclude` keys are skipped."""
     solo = case((SessionRow.group_id.is_(None), SessionRow.id), else_=None)
     n_open = func.sum(case((SessionRow.status == "open", 1), else_=0))
     n_ended = func.count() - n_open
+    last_end = func.max(SessionRow.ended_at)
+    enough = or_(n_ended >= (group_size or 1), SessionRow.group_id.is_(None))
+    if partial_before is not None:
+        enough = or_(enough, last_end < partial_before)
     statement = (
-        select(SessionRow.group_id, solo, func.max(SessionRow.ended_at))
+        select(SessionRow.group_id, solo, last_end)
         .where(SessionRow.status.in_(("open", "ended")))
         .group_by(SessionRow.group_id, solo)
-        .having(n_open == 0, n_ended >= (group_size or 1))
+        .having(n_open == 0, enough)
         .order_by(func.min(SessionRow.created_at), SessionRow.group_id, solo)
         .limit(limit + len(exclude))
     )
-    if group_size is not None:
-        statement = statement.where(SessionRow.group_id.is_not(None))
     heads = [
         (group_id or solo_id, group_id is not None, ended_at)
         for group_id, solo_id, ended_at in connection.execute(statement)
@@ -60,9 +71,11 @@ def ready_groups(
         return []
     grouped = [key for key, is_group, _ in heads if is_group]
     members: dict[str, list[str]] = {key: [] for key, _, _ in heads}
+    tasks: dict[str, str | None] = {}
     declared: set[str] = set()
+    failed: set[str] = set()
     rows = connection.execute(
-        select(SessionRow.id, SessionRow.group_id, SessionRow.end_reason)
+        select(SessionRow.id, SessionRow.group_id, SessionRow.end_reason, SessionRow.task_id)
         .where(SessionRow.status == "ended")
         .where(
             or_(
@@ -72,10 +85,13 @@ def ready_groups(
         )
         .order_by(SessionRow.created_at, SessionRow.id)
     )
-    for session_id, group_id, end_reason in rows:
+    for session_id, group_id, end_reason, task_id in rows:
         members[group_id or session_id].append(session_id)
+        tasks.setdefault(group_id or session_id, task_id)
         if end_reason == END_NO_REWARD:
             declared.add(session_id)
+        elif end_reason == END_FAILED:
+            failed.add(session_id)
     return [
         ReadyGroup(
             key,
@@ -83,6 +99,8 @@ def ready_groups(
             tuple(members[key]),
             ended_at or 0.0,
             frozenset(declared.intersection(members[key])),
+            frozenset(failed.intersection(members[key])),
+            tasks.get(key),
         )
         for key, is_group, ended_at in heads
         if members[key]
@@ -133,7 +151,10 @@ def settling_counts(store: TrajectoryStore) -> SettlingCounts:
         .select_from(SessionRow)
         .where(
             SessionRow.status == "ended",
-            or_(SessionRow.end_reason.is_(None), SessionRow.end_reason != END_NO_REWARD),
+            or_(
+                SessionRow.end_reason.is_(None),
+                SessionRow.end_reason.not_in((END_NO_REWARD, END_FAILED)),
+            ),
             ~rewarded_directly.exists(),
             ~rewarded_via_completion.exists(),
             or_(SessionRow.group_id.is_(None), ~rewarded_group.exists()),

@@ -35,6 +35,7 @@ from areal_service.store.leases import acquire_lease, lease_holder, release_leas
 from areal_service.store.linking import PrefixEntry
 from areal_service.store.migrate import upgrade_engine
 from areal_service.store.revocations import console_session_revoked, revoke_console_session
+from areal_service.store.reward_admission import AcceptedReward, accept_reward
 from areal_service.store.rows import completion_from_row, paged, row_values, to_record
 from areal_service.store.schema import (
     ApiKeyRow,
@@ -386,6 +387,12 @@ class TrajectoryStore:
                 raise
             return stored
         return record
+
+    def accept_reward(self, record: RewardRecord, *, additive: bool = False) -> AcceptedReward:
+        """The REST path: `record` stored unless its target is claimed, trained or dropped,
+        or already has a reward of that name (RewardRefused), checked and inserted in one
+        transaction (`reward_admission.py`); with the target's new total."""
+        return accept_reward(self._engine, record, additive=additive)
 
     def get_reward(self, reward_id: str, owner: str = "") -> RewardRecord | None:
         """The reward `reward_id` posted by `owner` ("": the admin), or None."""

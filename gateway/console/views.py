@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from areal_service.store import TrajectoryStore
+from areal_service.store.audit import EpisodeAudit, episode_audit
 from areal_service.store.merge_stats import MergeStats, merge_stats
 from areal_service.store.readiness import SettlingCounts, settling_counts
 from areal_service.store.session_queries import SessionQuery, SessionSummary, session_summaries
@@ -31,6 +32,8 @@ TRAIN_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Approx. KL", ("approx_kl",)),
     ("Clip ratio", ("clip_ratio",)),
     ("Importance weight", ("importance_weight",)),
+    ("Train-inference mismatch", ("mismatch_kl", "mismatch_masked_ratio")),
+    ("Truncated (no EOS)", ("no_eos_ratio",)),
     ("Entropy", ("entropy",)),
     ("Staleness", ("staleness_mean", "staleness_max")),
     ("Avg. sequence length", ("avg_seq_len",)),
@@ -69,6 +72,8 @@ class Overview:
     staleness_gate: bool
     last_step: TrainStepRecord | None
     settling: SettlingCounts
+    audit: EpisodeAudit
+    """Every session's state, the dropped by reason, unaccounted (`store/audit.py`)."""
     reward_wait_s: float
     unrewarded_policy: str
     rates: Rates
@@ -115,6 +120,7 @@ def overview(state: GatewayState, last: dict[str, float]) -> Overview:
         staleness_window=window(state, state.live_version),
         staleness_gate=state.config.gateway.staleness_gate,
         last_step=store.latest_train_step(), settling=settling_counts(store),
+        audit=episode_audit(store, trainer),
         reward_wait_s=trainer.reward_wait_s, unrewarded_policy=trainer.unrewarded_policy,
         rates=rates,
         uptime_s=time.time() - state.started_at if state.started_at else 0.0,

@@ -18,6 +18,7 @@ from starlette.concurrency import iterate_in_threadpool
 
 from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
+from areal_service.store.audit import EpisodeAudit, episode_audit
 from areal_service.types import ApiKeyRecord, KeyKind
 from gateway.admission import window
 from gateway.deps import AdminDep, StateDep
@@ -203,6 +204,36 @@ async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
         leader=state.leadership.is_leader,
         leader_holder=await asyncio.to_thread(state.store.lease_holder, LEADER_LEASE),
         chat_template_renders_tools=state.tokenizer.renders_tools)
+
+
+class EpisodeAuditView(BaseModel):
+    """`GET /admin/episodes/audit`: where every episode (session) is. `states`: sessions
+    per status (open, ended, claimed, trained, dropped); `dropped_by_reason`: the dropped
+    by reason kind (stale, unrewarded, failed, group incomplete, no completions, missing
+    parent); `overdue`: ended sessions claimable for longer than every settling window
+    (no trainer is taking them); `unaccounted`: sessions no rule will ever move (must be
+    0), with `unaccounted_why`."""
+
+    object: Literal["episode_audit"] = "episode_audit"
+    total: int
+    states: dict[str, int]
+    dropped_by_reason: dict[str, int]
+    overdue: int
+    unaccounted: int
+    unaccounted_why: dict[str, int]
+
+    @classmethod
+    def of(cls, audit: EpisodeAudit) -> EpisodeAuditView:
+        return cls(total=audit.total, states=audit.states,
+                   dropped_by_reason=audit.dropped_by_reason, overdue=audit.overdue,
+                   unaccounted=audit.unaccounted, unaccounted_why=audit.unaccounted_why)
+
+
+@router.get("/episodes/audit")
+async def episodes_audit(state: StateDep, _: AdminDep) -> EpisodeAuditView:
+    """Every session's state; `unaccounted` must be 0 (see `store/audit.py`)."""
+    audit = await asyncio.to_thread(episode_audit, state.store, state.config.trainer)
+    return EpisodeAuditView.of(audit)
 
 
 @router.get("/export")

@@ -21,8 +21,10 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from areal_service.store.audit import episode_audit
 from areal_service.store.write_probe import probe_write
 from gateway.deps import StateDep
+from gateway.metrics import audit_exposition
 from gateway.state import GatewayState
 
 router = APIRouter()
@@ -115,4 +117,5 @@ async def metrics(state: StateDep) -> Response:
     `gateway.public_metrics` is set (checked in `gateway/app.py`, with `/docs`)."""
     # In a thread: with several workers this reads every worker's metric files.
     text = await asyncio.to_thread(generate_latest, state.metrics.exposition())
-    return Response(text, media_type=CONTENT_TYPE_LATEST)
+    audit = await asyncio.to_thread(episode_audit, state.store, state.config.trainer)
+    return Response(text + audit_exposition(audit), media_type=CONTENT_TYPE_LATEST)

@@ -2,9 +2,13 @@
 
 Idempotent by a client-chosen `id`, scoped to the posting key (a retried post is a
 no-op; the same id with other values is a 409; another key's ids are invisible). 404 for
-an unknown target, 409 once the episode was claimed for training, 400 for a non-finite
-value or one beyond `gateway.reward_max_abs`. Session keys may score only their own
-session.
+an unknown target; 409 `session_trained` once the session, or any session of the scored
+group, was claimed for training (checked in the insert's transaction, so no reward is
+acknowledged and then missed by a claim); 409 `reward_exists` for a second reward of the
+same `name` on the same target unless the body says `additive: true` (rewards on one
+target add up); 400 for a non-finite value or one beyond `gateway.reward_max_abs`.
+Session keys may score only their own session. The reply's `target_total` is the sum of
+every reward now on the target.
 
 Returns stay finite by construction: a return sums at most every reward of a session and
 its group, each bounded by the cap (default 1e6), and n * cap cannot overflow a float for
@@ -23,6 +27,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from areal_service.store.reward_admission import RewardRefused
 from areal_service.types import RewardRecord, SessionRecord
 from gateway.auth import Principal
 from gateway.deps import PrincipalDep, StateDep
@@ -49,6 +54,8 @@ class RewardCreate(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     end_session: bool = False
     """End the target session with this reward (reason `reward`)."""
+    additive: bool = False
+    """Add to a reward of the same `name` already on the target instead of a 409."""
 
     @model_validator(mode="after")
     def _one_target(self) -> RewardCreate:
@@ -70,12 +77,15 @@ class Reward(BaseModel):
     group_id: str | None
     metadata: dict[str, Any]
     created_at: float
+    target_total: float
+    """Sum of every reward on this reward's target (completion, session or group) now:
+    what the target's return is built from."""
 
     @classmethod
-    def of(cls, r: RewardRecord) -> Reward:
+    def of(cls, r: RewardRecord, target_total: float) -> Reward:
         return cls(id=r.id, name=r.name, value=r.value, completion_id=r.completion_id,
                    session_id=r.session_id, group_id=r.group_id, metadata=r.metadata,
-                   created_at=r.created_at)
+                   created_at=r.created_at, target_total=target_total)
 
 
 async def _target_session(state: GatewayState, principal: Principal, body: RewardCreate
@@ -122,29 +132,45 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
     if body.id is not None:
         existing = await asyncio.to_thread(state.store.get_reward, body.id, owner)
         if existing is not None:
-            return _same_or_conflict(existing, body)
+            _same_or_conflict(existing, body)
+            return await _accepted(state, existing, body)
     session = await _target_session(state, principal, body)
-    if session is not None and session.status in _TRAINING:
-        raise OpenAIError(409, f"session {session.id!r} is already {session.status}; its "
-                          "rewards can no longer change", param="session_id",
-                          code="session_trained")
+    if session is not None and session.status in _TRAINING:  # cheap early answer
+        raise _trained(f"session {session.id!r} is already {session.status}; its rewards "
+                       "can no longer change", "session_id")
     record = RewardRecord(id=body.id or f"rwd_{uuid.uuid4().hex}", value=body.value,
                           name=body.name, completion_id=body.completion_id,
                           session_id=body.session_id, group_id=body.group_id,
                           metadata=body.metadata, owner=owner)
-    stored = await asyncio.to_thread(state.store.add_reward, record)
+    stored = await _accepted(state, record, body)
     if body.end_session and session is not None and session.status == "open":
         await state.end_session(session.id, "reward")
-    if stored != record:  # lost a race with the same id
-        return _same_or_conflict(stored, body)
-    return Reward.of(stored)
+    return stored
 
 
-def _same_or_conflict(existing: RewardRecord, body: RewardCreate) -> Reward:
+async def _accepted(state: GatewayState, record: RewardRecord, body: RewardCreate) -> Reward:
+    """Store `record` (the authoritative state check, `reward_admission.py`); an earlier
+    reward of the same id comes back as stored, or 409 if its values differ."""
+    try:
+        accepted = await asyncio.to_thread(state.store.accept_reward, record,
+                                           additive=body.additive)
+    except RewardRefused as refused:
+        if refused.code == "session_trained":
+            raise _trained(refused.message, refused.param) from None
+        raise OpenAIError(409, refused.message, param=refused.param,
+                          code=refused.code) from None
+    _same_or_conflict(accepted.record, body)  # lost a race with the same id
+    return Reward.of(accepted.record, accepted.target_total)
+
+
+def _trained(message: str, param: str) -> OpenAIError:
+    return OpenAIError(409, message, param=param, code="session_trained")
+
+
+def _same_or_conflict(existing: RewardRecord, body: RewardCreate) -> None:
     same = (existing.value == body.value and existing.name == body.name
             and existing.completion_id == body.completion_id
             and existing.session_id == body.session_id and existing.group_id == body.group_id)
     if not same:
         raise OpenAIError(409, f"reward id {existing.id!r} was already used with other values",
                           param="id", code="reward_id_conflict")
-    return Reward.of(existing)

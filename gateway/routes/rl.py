@@ -13,11 +13,11 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from areal_service.keys import hash_key, new_api_key
 from areal_service.store.episode_reads import load_rewards
-from areal_service.types import END_NO_REWARD, SessionRecord, SessionStatus
+from areal_service.types import END_FAILED, END_NO_REWARD, SessionRecord, SessionStatus
 from gateway.admission import admit_sessions
 from gateway.deps import AdminDep, PrincipalDep, StateDep
 from gateway.errors import OpenAIError, invalid_api_key
@@ -51,6 +51,15 @@ class SessionEnd(BaseModel):
     no_reward: bool = False
     """Declare that no reward will come: the trainer does not wait `trainer.reward_wait_s`
     for one, and `trainer.unrewarded_policy` applies at once (end reason `no_reward`)."""
+    failed: bool = False
+    """The agent failed (it raised, or gave up): the trainer drops this session alone
+    (drop reason `failed: ...`) and its group trains on the rest (end reason `failed`)."""
+
+    @model_validator(mode="after")
+    def _one_reason(self) -> SessionEnd:
+        if self.no_reward and self.failed:
+            raise ValueError("set at most one of no_reward and failed")
+        return self
 
 
 class SessionView(BaseModel):
@@ -214,8 +223,12 @@ async def end_session(session_id: str, state: StateDep, principal: PrincipalDep,
         raise OpenAIError(409, f"session {session_id!r} already {session.status} "
                           f"({session.end_reason})", param="session_id",
                           code="session_closed")
-    no_reward = body is not None and body.no_reward
-    ended = await state.end_session(session_id, END_NO_REWARD if no_reward else "client")
+    reason = "client"
+    if body is not None and body.no_reward:
+        reason = END_NO_REWARD
+    elif body is not None and body.failed:
+        reason = END_FAILED
+    ended = await state.end_session(session_id, reason)
     assert ended is not None
     count = len(await asyncio.to_thread(state.store.list_completions, session_id))
     return SessionEnded(**SessionView.of(ended).model_dump(), completions=count)

@@ -215,7 +215,8 @@ def test_sessions_pages_training_and_weights(gateway, tiny_model_dir):
                                         status="ended", created_at=now + i))
     for step in range(1, 4):
         store.add_train_step(TrainStepRecord(step, step, {
-            "task_reward": 0.1 * step, "loss": -0.5 / step, "time_train_s": 1.5}))
+            "task_reward": 0.1 * step, "loss": -0.5 / step, "time_train_s": 1.5,
+            "mismatch_kl": 0.01 * step, "mismatch_masked_ratio": 0.125}))
     # Version 2 points at the served checkpoint: the gateway's syncer really swaps to it
     # and replaces the stand-in swap record with its own timings.
     store.add_weight_version(WeightVersionRecord(2, str(tiny_model_dir), metadata={
@@ -248,6 +249,9 @@ def test_sessions_pages_training_and_weights(gateway, tiny_model_dir):
     assert charts["Task reward"] == [{"name": "task_reward",
                                       "values": pytest.approx([0.1, 0.2, 0.3])}]
     assert charts["Step time (s)"][0]["name"] == "time_train_s"
+    assert [series["name"] for series in charts["Train-inference mismatch"]] == [
+        "mismatch_kl", "mismatch_masked_ratio"]
+    assert "0.125" in admin.get("/console/training").text  # the steps table's Masked
     assert "Entropy" not in charts  # no step reported it
     weights = admin.get("/console/weights").text
     recorded = store.get_weight_version(2).metadata

@@ -45,7 +45,8 @@ def _view(gateway, sid: str) -> dict:
 
 def test_groups_rewards_and_agent_failures_over_rest(gateway, tmp_path):
     """A per-completion agent's rewards land on its completions and the session ends; a
-    failing agent's episodes are scored 0 with the error kept; the state records both."""
+    failing agent's episodes are not scored but ended as `failed` (the trainer drops them
+    alone); the state records both."""
     async def scenario(agent: str) -> tuple[DatasetDriver, list[str]]:
         d = _driver(gateway, tmp_path, agent=agent)
         try:
@@ -71,8 +72,9 @@ def test_groups_rewards_and_agent_failures_over_rest(gateway, tmp_path):
     assert d.errors == 2 and d.state.reward_sum == 0.0
     newest = httpx.get(f"{gateway.url}/rl/sessions", headers=ADMIN).json()["data"][:2]
     for s in newest:
-        (reward,) = _view(gateway, s["session_id"])["rewards"]
-        assert reward["value"] == 0.0  # (the error is kept in the reward's metadata)
+        view = _view(gateway, s["session_id"])
+        assert view["rewards"] == [] and view["end_reason"] == "failed"
+    assert d.state.done == [1]  # a failed group is settled, not rerun
 
 
 def test_recover_settles_groups_left_in_flight(gateway, tmp_path):

@@ -105,6 +105,8 @@ def test_curl_walkthrough(gateway):
     assert '"value":1' in lines[2]
     assert '"status":"ended"' in lines[3] and '"completions":1' in lines[3]
     assert lines[4] == '{"status":"ended","end_reason":"client","completions":1,"rewards":[1]}'
+    audit = httpx.get(f"{gateway.url}/admin/episodes/audit", headers=ADMIN).json()
+    assert audit["unaccounted"] == 0 and audit["states"]["ended"] == 1
 
 
 @pytest.mark.slow
@@ -152,3 +154,5 @@ def test_online_example_trains_while_the_agent_runs(tmp_path):
                 judging.cancel()
 
         assert asyncio.run(scenario()) >= 2  # two updates swapped in while it ran
+        audit = httpx.get(f"{stack.gateway_url}/admin/episodes/audit", headers=admin).json()
+        assert audit["unaccounted"] == 0 and audit["states"]["trained"] >= 8, audit

@@ -92,7 +92,7 @@ def test_a_reward_beyond_the_cap_is_400(gw: Any, target: str) -> None:
         assert error["param"] == "value" and error["type"] == "invalid_request_error"
         assert "reward_max_abs" in error["message"]
     assert _reward(gw, key, value=cap, **where).status_code == 201  # the cap itself is fine
-    assert _reward(gw, key, value=-cap, **where).status_code == 201
+    assert _reward(gw, key, value=-cap, additive=True, **where).status_code == 201
     stored = gw.state.store.list_rewards(**where)
     assert sorted(r.value for r in stored) == [-cap, cap]
 

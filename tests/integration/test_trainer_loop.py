@@ -28,6 +28,7 @@ from weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import TrainerConfig, load_config
 from areal_service.store import TrajectoryStore
+from areal_service.store.audit import episode_audit
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import (
     CompletionRecord,
@@ -106,7 +107,7 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
     its logprobs equal the trainer's forward_logprobs on the v2 weights."""
     overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
                  "trainer.total_steps=2", "gateway.staleness_gate=false",
-                 "trainer.kl_coef=0.05")
+                 "trainer.kl_coef=0.05", "trainer.mismatch_mask=sequence")
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
         sessions = _run_groups(gw, n_groups=4)
@@ -131,11 +132,16 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
             assert set(METRIC_NAMES) <= set(row.metrics), set(METRIC_NAMES) - set(row.metrics)
             assert row.metrics["episodes"] == 4 and row.metrics["dropped_episodes"] == 0
             assert row.metrics["advantage"] > 0 and row.metrics["tokens_per_s"] > 0
+            assert row.metrics["mismatch_masked_ratio"] == 0  # MIS on, nothing far off
         assert steps[1].metrics["staleness_max"] == 1  # batch 2 was sampled by v0
+        # Engine and trainer agree on v0's logprobs; step 2 adds v0 -> v1's drift.
+        assert 0 <= steps[0].metrics["mismatch_kl"] < 1e-3 < steps[1].metrics["mismatch_kl"]
         # The reference is v0: step 1 trains v0 itself (KL 0), step 2 trains v1 != v0.
         assert steps[0].metrics["ref_kl"] == pytest.approx(0.0, abs=1e-7)
         assert steps[1].metrics["ref_kl"] > 1e-6
         assert all(store.get_session(s).status == "trained" for s in sessions)
+        audit = episode_audit(store, gw.config.trainer)
+        assert audit.unaccounted == 0 and audit.states["trained"] == len(sessions)
 
         initial = load_file(tiny_model_dir / "model.safetensors")
         trained = load_file(tmp_path / "weights" / "v2" / "model.safetensors")

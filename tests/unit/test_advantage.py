@@ -10,11 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from pydantic import ValidationError
 
 from areal_service.config import TrainerConfig
 from areal_service.types import EpisodeGroup, TrainSequence
-from trainer.advantage import drgrpo, group_advantages, grpo, rloo, sequence_advantages
+from trainer.advantage import (
+    RunningBaseline,
+    drgrpo,
+    group_advantages,
+    grpo,
+    rloo,
+    sequence_advantages,
+)
 
 
 def _t(*values: float) -> torch.Tensor:
@@ -91,13 +97,41 @@ def test_sequence_advantages_follow_their_session():
     assert sequence_advantages([group], "rloo", 0.0) == [[1.0, -1.0, -1.0]]
 
 
+def _solo(sid: str, value: float, task: str | None) -> EpisodeGroup:
+    return EpisodeGroup(group_id=sid, session_ids=(sid,), sequences=(_seq(sid, value),),
+                        session_returns=(value,), staleness=0, grouped=False, task_id=task)
+
+
+def test_groups_of_one_get_the_batch_baseline_under_group_kinds():
+    """An ungrouped session next to GRPO groups used to get A = 0 (nothing learnt)."""
+    pair = EpisodeGroup(group_id="g", session_ids=("a", "b"),
+                        sequences=(_seq("a", 1.0), _seq("b", 0.0)),
+                        session_returns=(1.0, 0.0), staleness=0)
+    solos = [_solo("x", 3.0, "t"), _solo("y", 1.0, "t")]
+    assert sequence_advantages([pair, *solos], "grpo", 0.0) == [[1.0, -1.0], [1.0], [-1.0]]
+    # One alone in its step: centred on itself, 0 (a task_mean baseline learns across steps).
+    assert sequence_advantages([solos[0]], "grpo", 1e-6) == [[0.0]]
+
+
+def test_task_mean_baseline_is_a_running_mean_per_task():
+    baseline = RunningBaseline(0.5)
+    first = [_solo("x", 1.0, "t"), _solo("y", 0.0, "t"), _solo("z", 5.0, "u")]
+    # First step: every task against the step's mean (2.0).
+    assert sequence_advantages(first, "grpo", 1e-6, baseline) == [[-1.0], [-2.0], [3.0]]
+    assert baseline.mean("t") == 0.5 and baseline.mean("u") == 5.0
+    second = [_solo("w", 1.0, "t"), _solo("v", 3.0, "new")]
+    # t against its own mean 0.5; the new task against the overall running mean 2.0.
+    assert sequence_advantages(second, "grpo", 1e-6, baseline) == [[0.5], [1.0]]
+    assert baseline.mean("t") == 0.5 * 0.5 + 0.5 * 1.0 and baseline.mean("new") == 3.0
+
+
 def test_trainer_config_defaults_and_group_rule():
     cfg = TrainerConfig()
     assert cfg.advantage == "grpo" and cfg.eps_clip_higher is None and cfg.ref_model is None
     assert all(f.description for f in TrainerConfig.model_fields.values())
     assert TrainerConfig(advantage="batch", group_size=1).group_size == 1
-    with pytest.raises(ValidationError, match="trainer.group_size"):
-        TrainerConfig(advantage="grpo", group_size=1)
+    # Groups of one are no longer left with A = 0: they get the ungrouped baseline.
+    assert TrainerConfig(advantage="grpo", group_size=1).ungrouped_baseline == "batch"
 
 
 def test_trainer_config_is_torch_free():

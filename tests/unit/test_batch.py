@@ -127,3 +127,17 @@ def test_packed_logprobs_equal_unpacked(tiny_model_dir, sequences, impl):
         leaky_lp = torch.log_softmax(leaky[mb.logit_index] / mb.temperature[:, None], -1)
         leaky_lp = leaky_lp.gather(1, mb.targets[:, None]).squeeze(1)
         assert (leaky_lp - packed).abs().max() > 1e-3
+
+
+def test_token_sequence_ids_follow_the_packing(sequences):
+    """The sequence-level mismatch mask (MIS) groups a row's tokens by these ids."""
+    from trainer.step import token_sequence_ids
+
+    advs = [0.5, -1.0, 2.0, 0.25, 1.5]
+    trained = {a: sum(s.loss_mask[1:]) for s, a in zip(sequences, advs, strict=True)}
+    for mb in build_micro_batches(sequences, advs, max_tokens_per_mb=24):
+        ids = token_sequence_ids(mb).tolist()
+        assert ids == sorted(ids) and len(ids) == mb.n_tokens
+        for j in range(len(mb.seq_lens)):
+            mine = [a for i, a in zip(ids, mb.advantages.tolist(), strict=True) if i == j]
+            assert len(set(mine)) == 1 and len(mine) == trained[mine[0]]

@@ -17,6 +17,7 @@ from areal_service.store.episode_reads import load_rewards
 from areal_service.store.readiness import SettlingCounts, settling_counts
 from areal_service.store.schema import SessionRow
 from areal_service.types import (
+    END_FAILED,
     END_NO_REWARD,
     ClaimResult,
     CompletionRecord,
@@ -96,17 +97,19 @@ def test_oldest_first_max_groups_and_ungrouped_singletons(store: TrajectoryStore
     add_episode(store, "solo", at=20.0, turns=3, reward=2.0)
     add_episode(store, "early", group_id="a", at=10.0)
     claimer = EpisodeClaimer(store, turn_discount=0.5)
-    assert [g.group_id for g in claim(claimer, group_size=1).groups] == ["a", "b"]  # no solo
-    add_episode(store, "early2", group_id="c", at=5.0)
-    add_episode(store, "solo2", at=30.0)
-    first = claim(claimer, max_groups=2).groups
-    assert [g.group_id for g in first] == ["c", "solo"]
-    solo = first[1]
+    # group_size 2: the one-session groups wait for a second member; the ungrouped
+    # session is claimed at once, as a group of its own (its advantage is a baseline's).
+    (solo,) = claim(claimer, group_size=2).groups
+    assert solo.group_id == "solo" and not solo.grouped
     assert solo.session_ids == ("solo",) and solo.sequences[0].group_id is None
     # Three chained turns: one sequence whose reward is the first turn's return.
     assert solo.session_returns == (0.5,) and solo.sequences[0].reward == 0.5
     assert solo.sequences[0].completion_ids == ("solo-c0", "solo-c1", "solo-c2")
-    assert [g.group_id for g in claim(claimer).groups] == ["solo2"]
+    add_episode(store, "early2", group_id="c", at=5.0)
+    add_episode(store, "solo2", at=30.0)
+    first = claim(claimer, max_groups=2).groups
+    assert [(g.group_id, g.grouped) for g in first] == [("c", True), ("a", True)]
+    assert [g.group_id for g in claim(claimer).groups] == ["solo2", "b"]
 
 
 def test_stale_and_broken_episodes_are_dropped_not_claimed(store: TrajectoryStore):
@@ -140,8 +143,57 @@ def test_stale_and_broken_episodes_are_dropped_not_claimed(store: TrajectoryStor
     assert result.groups == ()
     assert {d.reason for d in result.dropped} == {
         "missing parent gone of x2-c0",
-        "group incomplete: 1 of 2 sessions left",
+        "group incomplete: 1 of 2 sessions left (a group trains with >= 2)",
     }
+
+
+def test_a_member_without_completions_is_dropped_alone_the_rest_trains(store):
+    """Three rewarded episodes used to be dropped with their empty fourth member."""
+    for i, value in enumerate((1.0, 0.0, 1.0)):
+        add_episode(store, f"m-{i}", group_id="g4", at=1.0 + i, reward=value)
+    store.add_session(SessionRecord(id="m-empty", group_id="g4", created_at=4.0))
+    store.end_session("m-empty", "client")
+    result = claim(EpisodeClaimer(store, reward_wait_s=0), group_size=4)
+    (group,) = result.groups
+    assert group.session_ids == ("m-0", "m-1", "m-2")
+    assert [(d.session_ids, d.reason) for d in result.dropped] == [
+        (("m-empty",), "no completions")]
+    assert store.get_session("m-empty").status == "dropped"
+    # The advantages are those of a group of three: centred and scaled over the kept.
+    (advantages,) = group_advantages([group.session_returns], "grpo", 1e-6)
+    assert sum(advantages) == pytest.approx(0.0, abs=1e-9)
+    assert advantages == pytest.approx([2**-0.5, -(2**0.5), 2**-0.5], rel=1e-5)
+
+
+def test_a_failed_member_settles_at_once_and_is_dropped_alone(store: TrajectoryStore):
+    add_episode(store, "f-0", group_id="f", at=1.0, reward=1.0)
+    add_episode(store, "f-1", group_id="f", at=2.0, reward=0.0)
+    add_episode(store, "f-2", group_id="f", at=3.0, reward=None, end=False)
+    store.end_session("f-2", END_FAILED)  # no reward will come: no reward_wait_s wait
+    add_episode(store, "p-0", group_id="pair", at=4.0, reward=1.0)
+    add_episode(store, "p-1", group_id="pair", at=5.0, reward=None, end=False)
+    store.end_session("p-1", END_FAILED)
+    result = claim(EpisodeClaimer(store, reward_wait_s=60, partial_group_wait_s=0), group_size=3)
+    assert [(g.group_id, g.session_ids) for g in result.groups] == [("f", ("f-0", "f-1"))]
+    reasons = {d.session_ids: d.reason for d in result.dropped}
+    assert reasons[("f-2",)].startswith("failed:") and reasons[("p-1",)].startswith("failed:")
+    assert reasons[("p-0",)] == "group incomplete: 1 of 2 sessions left (a group trains with >= 2)"
+    assert settling_counts(store).awaiting_reward == 0
+
+
+def test_a_partial_group_settles_after_the_window_with_its_real_size(store):
+    for i in range(3):
+        add_episode(store, f"q-{i}", group_id="q", at=now() - 10 + i, reward=float(i))
+    assert claim(EpisodeClaimer(store), group_size=4).groups == ()  # waits for a 4th
+    waiting = EpisodeClaimer(store, partial_group_wait_s=3600)
+    assert claim(waiting, group_size=4).groups == ()  # ended just now: inside the window
+    (group,) = claim(EpisodeClaimer(store, partial_group_wait_s=0), group_size=4).groups
+    assert group.session_ids == ("q-0", "q-1", "q-2") and group.grouped
+    add_episode(store, "lone", group_id="one", at=9.0)
+    result = claim(EpisodeClaimer(store, partial_group_wait_s=0), group_size=4)
+    assert [(d.session_ids, d.reason) for d in result.dropped] == [
+        (("lone",), "group incomplete: 1 of 1 sessions left (a group trains with >= 2)")]
+    assert result.groups == () and store.get_session("lone").status == "dropped"
 
 
 def test_staleness_boundary_is_exactly_max_staleness(store: TrajectoryStore):

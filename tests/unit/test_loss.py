@@ -174,3 +174,49 @@ def test_entropy_chunks_agree(monkeypatch):
     p = torch.softmax(z.double(), -1)
     assert torch.allclose(whole.double(), -(p * p.log()).sum(-1), atol=1e-6)
     assert torch.allclose(whole, chunked)
+
+
+# Mismatch masking, on the five tokens above (w = 1, 2, 0.5, 10, 1.5; cap 5 takes tok3).
+
+
+def test_token_mismatch_mask_closed_form():
+    """IcePop-style: tokens whose w leaves [a, b] = [0.6, 1.8] are out (tok1: 2, tok2: 0.5);
+    tok3 stays counted as capped, not masked; N stays 5."""
+    logp, prox, behave, adv = _inputs()
+    loss, stats = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0,
+                           mismatch_mask="token", mismatch_low=0.6, mismatch_high=1.8)
+    keep = [1, 0, 0, 0, 1]
+    expected = sum(k * w * pg for k, w, pg in zip(keep, W, PG, strict=True)) / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    s = stats.summary()
+    assert s.capped_ratio == pytest.approx(1 / 5)
+    assert s.mismatch_masked_ratio == pytest.approx(2 / 5)
+    assert s.importance_weight == pytest.approx((1 + 1.5) / 2, rel=1e-6)
+    k3 = [w - 1 - math.log(w) for w in W]  # exp(l) - 1 - l, l = log w
+    assert s.mismatch_kl == pytest.approx(sum(k3) / 5, rel=1e-5)
+    loss.backward()
+    expected_grad = [-1.0 / 5, 0.0, 0.0, 0.0, -1.5 * 2.0 * 0.9 / 5]
+    assert logp.grad.tolist() == pytest.approx(expected_grad, abs=1e-6)
+
+
+def test_sequence_mismatch_mask_closed_form():
+    """MIS: sequence 0 = tok0..1 (geometric mean of w: sqrt(2) = 1.41), sequence 1 =
+    tok2..4 ((0.5 * 10 * 1.5)^(1/3) = 1.96). With [a, b] = [0.5, 1.8] sequence 1 is
+    masked whole (tok3 counts as capped), sequence 0 trains."""
+    logp, prox, behave, adv = _inputs()
+    seq_ids = torch.tensor([0, 0, 1, 1, 1])
+    loss, stats = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0,
+                           mismatch_mask="sequence", mismatch_low=0.5, mismatch_high=1.8,
+                           seq_ids=seq_ids)
+    keep = [1, 1, 0, 0, 0]
+    expected = sum(k * w * pg for k, w, pg in zip(keep, W, PG, strict=True)) / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert stats.summary().mismatch_masked_ratio == pytest.approx(2 / 5)
+    # Within [0.5, 2.0] both sequences train (as with no mask).
+    wide, _ = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0,
+                       mismatch_mask="sequence", mismatch_low=0.5, mismatch_high=2.0,
+                       seq_ids=seq_ids)
+    plain, _ = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0)
+    assert wide.item() == pytest.approx(plain.item(), rel=1e-6)
+    with pytest.raises(ValueError, match="seq_ids"):
+        ppo_loss(logp, prox, behave, adv, eps_clip=0.2, mismatch_mask="sequence")
