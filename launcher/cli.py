@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -32,11 +32,18 @@ SetOpt = Annotated[
 ]
 
 
+def fail(message: str, code: int = 2) -> NoReturn:
+    """End the command with one plain line on stderr (no traceback, no usage box): the
+    cause and, where there is one, the next step."""
+    typer.echo(f"areal-service: {message}", err=True)
+    raise typer.Exit(code)
+
+
 def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
     try:
         cfg = load_config(config, overrides or [])
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise typer.BadParameter(str(exc)) from exc
+    except ValueError as exc:  # ConfigError, and pydantic's ValidationError, are ValueErrors
+        fail(str(exc))
     configure_logging(cfg)
     return cfg
 
@@ -47,8 +54,19 @@ def _echo(obj: object) -> None:
 
 @config_app.command("show")
 def config_show(config: ConfigOpt = None, set_: SetOpt = None) -> None:
-    """Print the resolved configuration (secrets masked) as JSON."""
-    _echo(_config(config, set_).model_dump(mode="json"))
+    """Print the resolved configuration (secrets masked) as JSON: a dry run that checks
+    a file, `train` and `eval` configs included, without starting anything."""
+    from launcher.driver_config import has_driver_sections
+
+    try:
+        driver_sections = has_driver_sections(config, set_)
+    except ValueError as exc:
+        fail(str(exc))
+    if not driver_sections:
+        _echo(_config(config, set_).model_dump(mode="json"))
+        return
+    driver, cfg = _driver_config(config, set_)
+    _echo({**cfg.model_dump(mode="json"), **driver.model_dump(mode="json")})
 
 
 @db_app.command("upgrade")
@@ -244,7 +262,7 @@ def _driver_config(config: Path | None, overrides: list[str] | None):  # noqa: A
     try:
         driver, cfg = load_driver_config(config, overrides)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        fail(str(exc))
     configure_logging(cfg)
     return driver, cfg
 
