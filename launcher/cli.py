@@ -8,6 +8,8 @@ them, so `areal-service config show` and `keys list` start fast.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -37,6 +39,21 @@ def fail(message: str, code: int = 2) -> NoReturn:
     cause and, where there is one, the next step."""
     typer.echo(f"areal-service: {message}", err=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def _one_line_errors(*usage: type[Exception]) -> Iterator[None]:
+    """A command that cannot start ends with one line, not a traceback: StartError (a
+    bad checkpoint folder, a busy port, a child that died before it was ready) with code
+    1, the `usage` exceptions (config and dataset mistakes) with code 2."""
+    from launcher.preflight import StartError
+
+    try:
+        yield
+    except StartError as exc:
+        fail(str(exc), 1)
+    except usage as exc:
+        fail(str(exc))
 
 
 def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
@@ -143,12 +160,16 @@ def engine_cmd(
         from launcher.serve import ensure_model
         from launcher.vllm_servers import run_vllm_engines
 
-        ensure_model(cfg)
+        with _one_line_errors():
+            ensure_model(cfg)
         run_vllm_engines(cfg)
         return
     from engine.server import run_engine
+    from launcher.serve import ensure_model
 
-    run_engine(cfg)  # builds the tiny model if needed
+    with _one_line_errors():
+        ensure_model(cfg)  # the tiny model built, or the configured folder checked
+    run_engine(cfg)
 
 
 def _open_store(cfg: ServiceConfig):  # noqa: ANN202 - keeps the store import lazy
@@ -240,7 +261,8 @@ def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Run the OpenAI-compatible gateway (and the local engine when no backend is set)."""
     from launcher.serve import serve
 
-    serve(_config(config, set_))
+    with _one_line_errors():
+        serve(_config(config, set_))
 
 
 @app.command("trainer")
@@ -252,7 +274,8 @@ def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     from trainer.train import main as train_main
 
     cfg = _config(config, set_)
-    ensure_model(cfg)
+    with _one_line_errors():
+        ensure_model(cfg)
     train_main(cfg)
 
 
@@ -275,10 +298,8 @@ def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     from launcher.dataset_driver import run_training
 
     driver, cfg = _driver_config(config, set_)
-    try:
+    with _one_line_errors(ValueError, FileNotFoundError):
         code = run_training(driver, cfg)
-    except (ValueError, FileNotFoundError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
     raise typer.Exit(code)
 
 
@@ -304,10 +325,11 @@ def eval_cmd(
     if model is not None and gateway is not None:
         raise typer.BadParameter("give --model or --gateway, not both")
     driver, cfg = _driver_config(config, set_)
-    try:
-        run_eval(driver, cfg, model=model, gateway=gateway, api_key=api_key, out_dir=out)
-    except (ValueError, FileNotFoundError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    with _one_line_errors(ValueError, FileNotFoundError):
+        try:
+            run_eval(driver, cfg, model=model, gateway=gateway, api_key=api_key, out_dir=out)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None  # run_eval said what was kept
 
 
 @app.command("demo")
@@ -327,6 +349,9 @@ def demo_cmd(
         help="Trainer steps to run at most (default 40; 80 with --model).")] = None,
     trainer_procs: Annotated[int, typer.Option(
         min=1, help="Trainer processes (FSDP2 under torch.distributed.run when > 1).")] = 1,
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="Delete the previous demo run in the data dir (store, weights, "
+        "checkpoints; the model and admin key are kept) and start over.")] = False,
 ) -> None:
     """The main job: engine, gateway and trainer, with agents learning a task through the
     gateway; ends with an evaluation table before and after training."""
@@ -334,11 +359,9 @@ def demo_cmd(
 
     if engine not in (None, "local", "vllm"):
         raise typer.BadParameter("--engine must be local or vllm")
-    try:
+    with _one_line_errors(ValueError, RuntimeError):
         code = run_demo(_config(config, set_), minutes=minutes, steps=steps,
-                        trainer_procs=trainer_procs, model=model, engine=engine)
-    except (ValueError, RuntimeError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+                        trainer_procs=trainer_procs, model=model, engine=engine, fresh=fresh)
     raise typer.Exit(code)
 
 
@@ -361,11 +384,9 @@ def launch_cmd(
 
     if scheduler not in ("local", "ray", "slurm"):
         raise typer.BadParameter("--scheduler must be local, ray or slurm")
-    try:
+    with _one_line_errors(ValueError, RuntimeError):
         code = launch(_config(config, set_), scheduler,  # type: ignore[arg-type]
                       out=out, submit=submit)
-    except (ValueError, RuntimeError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
     raise typer.Exit(code)
 
 

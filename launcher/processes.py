@@ -25,8 +25,9 @@ from types import FrameType
 import httpx
 
 from areal_service.config import save_config
+from launcher.preflight import NotReadyError, StartError
 
-__all__ = ["ChildProcess", "cli_argv", "exit_on_sigterm", "save_config"]
+__all__ = ["ChildProcess", "StartError", "cli_argv", "exit_on_sigterm", "save_config"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class ChildProcess:
     def __init__(self, name: str, argv: Sequence[str], *, log_path: Path | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.name = name
+        self.log_path = log_path
         self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - owned
         self.proc = subprocess.Popen(
             list(argv),
@@ -72,14 +74,38 @@ class ChildProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}")
+                raise self._died()
             try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
+                ok = httpx.get(url, timeout=2.0).status_code == 200
             except httpx.HTTPError:
-                pass
+                ok = False
+            if ok and self.proc.poll() is None:  # not another server answering for a dead one
+                return
+            if ok:
+                raise self._died()
             time.sleep(0.2)
-        raise TimeoutError(f"{self.name} not ready at {url} after {timeout_s:.0f} s")
+        raise NotReadyError(f"{self.name} not ready at {url} after {timeout_s:.0f} s"
+                         f"{self._see_log()}")
+
+    def _died(self) -> StartError:
+        return StartError(f"{self.name} exited with code {self.proc.returncode} before it "
+                          f"was ready{self._see_log()}")
+
+    def _see_log(self) -> str:
+        """`; last log line: ...; full log: PATH` (the log's last line usually names the
+        cause: a missing file, a busy port, out of memory)."""
+        if self.log_path is None:
+            return ""
+        if self._log:
+            self._log.flush()
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+        except OSError:
+            lines = []
+        last = next((ln for ln in reversed(lines) if ln), "")
+        return (f"; last log line: {last[:300]}" if last else "") + f"; full log: {self.log_path}"
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM, wait up to `grace_s`, then SIGKILL; only this child's process group.

@@ -14,6 +14,7 @@ from typing import Any
 
 from areal_service.config import ServiceConfig
 from engine.tiny_model import ensure_tiny_model
+from launcher.preflight import check_model_dir, check_port_free
 from launcher.processes import ChildProcess, cli_argv, save_config
 
 READY_TIMEOUT_S = 180.0
@@ -71,9 +72,16 @@ class Stack:
 def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Iterator[Stack]:
     """Engine (unless backends or a router are given), gateway and optionally the trainer, all
     stopped on the way out, whatever ends the block (Ctrl-C included)."""
+    local_engine = not config.gateway.external_backends()
+    # Before anything starts: a busy port would let the health checks below reach another
+    # server and this command report that server's success as its own.
+    check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
+    if local_engine:
+        check_port_free(config.engine.host, config.engine.port, "engine.port")
     if config.engine.model is None:
         ensure_tiny_model(config.model_dir())
-    local_engine = not config.gateway.external_backends()
+    else:
+        check_model_dir(config.model_dir())
     backends = config.backend_urls()
     cfg_path = save_config(config, run_dir / "config.yaml")
     # The gateway is pointed at the engine started here; with it, the workers default
