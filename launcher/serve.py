@@ -12,12 +12,13 @@ from launcher.preflight import check_model_dir, check_port_free
 from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm, save_config
 
 
-def ensure_model(config: ServiceConfig) -> None:
+def ensure_model(config: ServiceConfig, *, here: bool = True) -> None:
     """Build the tiny model at `config.model_dir()` when no checkpoint is configured;
-    StartError, in one sentence, when the configured one is not a checkpoint folder."""
+    StartError, in one sentence, when the configured one is not a checkpoint folder.
+    `here=False` (Slurm, Ray) skips that check: the path is read on other nodes."""
     if config.engine.model is None:
         ensure_tiny_model(config.model_dir())
-    else:
+    elif here:
         check_model_dir(config.model_dir())
 
 
