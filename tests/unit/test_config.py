@@ -158,3 +158,18 @@ def test_list_items_and_eval_limit_are_settable():
     wrong = _cli("config", "show", "--config", "examples/math/eval.yaml",
                  "--set", "eval.datasets.1.limit=3")
     assert "'1' is not an index of a list of 1 item(s)" in wrong.output
+
+
+def test_help_starts_with_what_a_newcomer_runs():
+    """`--help` says what the product is, lists demo, serve, train and eval first, shows
+    no type placeholders for options, and `--version` answers."""
+    top = _cli("--help").output
+    assert "(typer)" not in top and top.split("Commands:")[0].count("AReaL Service") == 1
+    listed = [ln.split()[0] for ln in top.split("Commands:")[1].splitlines()
+              if ln.startswith("  ") and not ln.startswith("   ")]
+    assert listed[:4] == ["demo", "serve", "train", "eval"]
+    for command in ("demo", "serve", "train", "eval", "engine", "launch"):
+        options = _cli(command, "--help").output.split("Options:")[1]
+        assert "<bool>" not in options and "<list[str]>" not in options, command
+        assert "<str>" not in options and "<int>" not in options, command
+    assert _cli("--version").output.startswith("areal-service ")
