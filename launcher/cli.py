@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -101,7 +102,7 @@ def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
 
 
 def _echo(obj: object) -> None:
-    typer.echo(json.dumps(obj, indent=2, default=str))
+    typer.echo(json.dumps(obj, indent=2, default=str, ensure_ascii=False))  # "…", not \u2026
 
 
 @config_app.command("show", short_help="Print the resolved config as JSON (a dry run).")
@@ -233,17 +234,35 @@ def keys_create(
            "note": "store this key now: only its SHA-256 is kept"})
 
 
-@keys_app.command("list", short_help="List keys, your own first.")
-def keys_list(config: ConfigOpt = None, set_: SetOpt = None) -> None:
-    """List virtual keys (hash prefix only)."""
+@keys_app.command("list", short_help="List your keys (session keys too with --all).")
+def keys_list(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    all_: Annotated[bool, typer.Option(
+        "--all", help="Also list session keys (one per session ever started).")] = False,
+    limit: Annotated[int, typer.Option(
+        metavar="N", min=1, help="Most keys to list, newest first.")] = 100,
+) -> None:
+    """List virtual keys, newest first (hash prefix only; times in UTC). Session keys,
+    one per session, are counted but not listed unless --all is given."""
     store = _open_store(_config(config, set_))
     try:
-        rows = store.list_api_keys()
+        rows = store.list_api_keys(limit=limit, kinds=None if all_ else ("user",))
+        sessions = 0 if all_ else store.count_api_keys(kinds=("session",))
     finally:
         store.close()
     _echo([{"id": k.id, "name": k.name, "display": k.display, "kind": k.kind,
-            "created_at": k.created_at, "last_used_at": k.last_used_at,
+            "created_at": _utc(k.created_at), "last_used_at": _utc(k.last_used_at),
             "revoked": k.revoked_at is not None} for k in rows])
+    if sessions:
+        typer.echo(f"({sessions:,} session keys not listed: --all lists them)", err=True)
+
+
+def _utc(epoch: float | None) -> str | None:
+    """An epoch time as ISO 8601 UTC to the second (None stays None)."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="seconds")
 
 
 @keys_app.command("revoke", short_help="Revoke a key.")

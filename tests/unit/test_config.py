@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,31 @@ def test_help_starts_with_what_a_newcomer_runs():
         assert "<bool>" not in options and "<list[str]>" not in options, command
         assert "<str>" not in options and "<int>" not in options, command
     assert _cli("--version").output.startswith("areal-service ")
+
+
+def test_keys_list_shows_own_keys_with_utc_times(tmp_path):
+    """`keys list` lists the user's keys (session keys counted on stderr, listed with
+    --all), times as ISO 8601 UTC, the display's ellipsis as itself."""
+    from areal_service.config import load_config
+    from areal_service.keys import new_api_key
+    from areal_service.store import TrajectoryStore
+
+    created = _cli("keys", "create", "--name", "mine", "--set", f"data_dir={tmp_path}")
+    assert created.exit_code == 0, created.output
+    config = load_config(overrides=[f"data_dir={tmp_path}"])
+    store = TrajectoryStore.open(config.database_url(), config.store)
+    try:
+        for _ in range(150):
+            store.add_api_key(new_api_key(kind="session", session_id="sess_x")[1])
+    finally:
+        store.close()
+    result = CliRunner().invoke(app, ["keys", "list", "--set", f"data_dir={tmp_path}"])
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.stdout)
+    assert [k["name"] for k in listed] == ["mine"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", listed[0]["created_at"])
+    assert "…" in listed[0]["display"] and "\\u2026" not in result.stdout
+    assert "(150 session keys not listed: --all lists them)" in result.stderr
+    every = json.loads(CliRunner().invoke(app, ["keys", "list", "--all", "--limit", "500",
+                                                "--set", f"data_dir={tmp_path}"]).stdout)
+    assert len(every) == 151
