@@ -113,19 +113,26 @@ class ChildProcess:
         under way, publishes and checkpoints), every other child 10 s."""
         if grace_s is None:
             grace_s = TRAINER_GRACE_S if self.name == "trainer" else 10.0
-        if self.proc.poll() is None:
+        asked = self.proc.poll() is None
+        if asked:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s of SIGTERM: killing it%s",
+                            self.name, grace_s, self._see_log())
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        code = self.proc.returncode
+        # Ending on the SIGTERM it was sent (uvicorn re-raises it; the trainer exits 143)
+        # is the orderly stop asked for: said without a code that reads as a failure.
+        orderly = code == 0 or (asked and code in (-signal.SIGTERM, 128 + signal.SIGTERM))
+        if orderly:
+            log.info("stopped %s", self.name)
+        else:
+            log.warning("%s had exited with code %s%s", self.name, code, self._see_log())
         if self._log:
             self._log.close()
-        code = self.proc.returncode
-        how = (f"by {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exit {code}")  # uvicorn ends on the signal it was sent, by design
-        log.info("stopped %s (%s)", self.name, how)
 
 
 def _die_with_parent() -> Callable[[], None] | None:

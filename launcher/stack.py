@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from areal_service.config import ServiceConfig
 from engine.tiny_model import ensure_tiny_model
 from launcher.preflight import check_model_dir, check_port_free
@@ -61,8 +63,14 @@ class Stack:
                                               str(self.run_dir / "config.yaml")))
 
     def stop(self) -> None:
-        """Stop every child, newest first. The trainer gets longer: on SIGTERM it
-        finishes the step under way, publishes and checkpoints before exiting."""
+        """Stop every child, newest first, saying so first (it can take seconds). The
+        trainer gets longer: on SIGTERM it finishes the step under way, publishes and
+        checkpoints before exiting."""
+        alive = [c.name for c in reversed(self.children) if c.proc.poll() is None]
+        if alive:
+            trainer = " (the trainer finishes its step and checkpoints first)" \
+                if "trainer" in alive else ""
+            typer.echo(f"stopping the {', '.join(alive)}{trainer} ...")
         while self.children:
             child = self.children.pop()
             child.stop()
