@@ -70,7 +70,9 @@ class Stack:
         if alive:
             trainer = " (the trainer finishes its step and checkpoints first)" \
                 if "trainer" in alive else ""
-            typer.echo(f"stopping the {', '.join(alive)}{trainer} ...")
+            names = " and the ".join([", the ".join(alive[:-1]), alive[-1]] if alive[:-1]
+                                     else alive)
+            typer.echo(f"stopping the {names}{trainer} ...")
         while self.children:
             child = self.children.pop()
             child.stop()

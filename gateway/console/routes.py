@@ -62,6 +62,8 @@ def _num(value: float | None, digits: int = 4) -> str:
         return "—"
     if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
         return f"{int(value):,}"
+    if abs(value) >= 10 ** (digits - 1):  # 1,957 tokens/s, not 1.96e+03
+        return f"{value:,.0f}"
     return f"{value:.{digits}g}"
 
 

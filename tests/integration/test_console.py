@@ -306,3 +306,17 @@ def test_own_keys_stay_listed_among_many_session_keys(gateway):
     assert f"{sessions:,} session keys (one per session) are not listed." in page
     everything = _admin_client(gateway).get("/console/keys?all=1").text
     assert "(the newest 500 keys)" in everything
+
+
+def test_console_wording_for_newcomers(gateway):
+    """The login page says where the generated admin key is; with the gate off the
+    staleness tile says "gate off" instead of a window that does not apply; large rates
+    are plain numbers (1,957 tokens/s, not 1.96e+03)."""
+    from gateway.console.routes import _num
+
+    login = httpx.get(gateway.url + "/console/login").text
+    assert "<code>data/admin_key</code>" in login
+    assert not gateway.config.gateway.staleness_gate
+    tile = _admin_client(gateway).get("/console").text.split("Staleness window", 1)[1]
+    assert '<div class="value">gate off</div>' in tile[:300]
+    assert _num(1957.3, 3) == "1,957" and _num(0.01234) == "0.01234" and _num(12.5) == "12.5"
