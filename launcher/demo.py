@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import json
 import shutil
+import signal
 import statistics
 import time
 from collections import deque
@@ -169,6 +170,7 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
                  trainer_procs: int = 1) -> dict[str, Any]:
     agents = DemoAgents(config, task)
     train_prompts = task.train
+    workers: list[asyncio.Task[None]] = []
     try:
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(task.evals)
@@ -178,8 +180,8 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
         train_started = time.monotonic()
         stop = asyncio.Event()
         group_size = config.trainer.group_size
-        workers = [asyncio.create_task(agents.work(train_prompts[i::8], group_size, stop))
-                   for i in range(8)]
+        workers += [asyncio.create_task(agents.work(train_prompts[i::8], group_size, stop))
+                    for i in range(8)]
         deadline = time.monotonic() + minutes * 60
         total = config.trainer.total_steps or 0
         version = 0
@@ -219,6 +221,12 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
                 "trained_episodes_per_s": final_version * config.trainer.batch_groups
                 * config.trainer.group_size / max(train_wall, 1e-9)}
     finally:
+        # Ctrl-C cancels this task only: the agents' tasks are stopped and collected here,
+        # before their clients close and the gateway stops under them (else each one's
+        # error would print as "Task exception was never retrieved").
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         await agents.aclose()
 
 
@@ -379,6 +387,11 @@ def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int 
     except KeyboardInterrupt:
         say("interrupted: every process this demo started was stopped")
         return 130
+    except SystemExit as stop:  # SIGTERM (`exit_on_sigterm`)
+        if stop.code != 128 + signal.SIGTERM:
+            raise
+        say("stopped by SIGTERM: every process this demo started was stopped")
+        return 128 + signal.SIGTERM
     logs = config.data_dir / "logs"
     ok = headline(summary["final"], task) >= task.target
     say(f"\n== AReaL Service demo summary ({config.model_dir().name}, task {task.name}) ==")

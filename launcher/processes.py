@@ -41,7 +41,13 @@ def exit_on_sigterm() -> Iterator[None]:
     after its own shutdown; with the default handler the process would die on the spot
     and orphan its children.)"""
 
-    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if frame is not None and frame.f_code.co_name == "__del__":
+            # An exception raised in a finalizer is printed and dropped ("Exception
+            # ignored in ... __del__"), and the command would run on as if never asked
+            # to stop: deliver the signal again a moment later instead.
+            threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+            return
         raise SystemExit(128 + signum)
 
     previous: Callable | int | None = signal.signal(signal.SIGTERM, on_sigterm)
