@@ -82,15 +82,18 @@ def test_a_child_that_dies_before_ready_names_its_log(tmp_path):
                                f"OSError: weights.safetensors not found; full log: {log}")
 
 
-@pytest.mark.parametrize("busy", ["gateway.port", "engine.port"])
-def test_demo_refuses_ports_another_server_holds(tmp_path, busy):
-    """A demo beside a running `serve` used to run against that server and exit 0."""
+@pytest.mark.parametrize(("command", "busy"), [("demo", "gateway.port"),
+                                               ("demo", "engine.port"),
+                                               ("serve", "gateway.port")])
+def test_commands_refuse_ports_another_server_holds(tmp_path, command, busy):
+    """A demo beside a running `serve` used to run against that server and exit 0; a
+    second `serve` started its engine, then died on the port with a traceback."""
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
         args = [*_ports(tmp_path), "--set", f"{busy}={port}"]
-        result = _run("demo", *args)
+        result = _run(command, *args)
     assert result.returncode == 1
     assert _one_line(result) == (
         f"areal-service: port {port} on 127.0.0.1 ({busy}) is already in use, probably by "
