@@ -59,7 +59,8 @@ def invalid_api_key(given: str | None) -> OpenAIError:
     if not given:
         return OpenAIError(
             401, "You didn't provide an API key. Send it in an Authorization header "
-            "(Authorization: Bearer YOUR_KEY): the admin key is in <data_dir>/admin_key, "
+            "(Authorization: Bearer YOUR_KEY; or x-api-key: YOUR_KEY): the admin key is in "
+            "<data_dir>/admin_key, "
             "session keys come from POST /rl/sessions, others from `areal-service keys "
             "create`.", code="invalid_api_key")
     return OpenAIError(
