@@ -139,7 +139,11 @@ def load_driver_config(path: Path | None, overrides: list[str] | None = None
     try:
         driver = DriverConfig.model_validate(mine)
     except ValidationError as exc:
-        raise config_error(exc, DriverConfig, path) from None
+        error = config_error(exc, DriverConfig, path)
+        if any(tuple(e["loc"]) == ("dataset", "path") for e in exc.errors()):
+            # `--set dataset.limit=5` on an eval file, which lists `eval.datasets` instead.
+            error = type(error)(f"{error} (to use fewer rows in `eval`, set eval.limit=N)")
+        raise error from None
     # The service sections resolve as any command's file does (file < env < --set).
     config = config_from_tree(service, service_overrides, source=path,
                               top_level=tuple(DriverConfig.model_fields))

@@ -159,6 +159,10 @@ def test_list_items_and_eval_limit_are_settable():
     wrong = _cli("config", "show", "--config", "examples/math/eval.yaml",
                  "--set", "eval.datasets.1.limit=3")
     assert "'1' is not an index of a list of 1 item(s)" in wrong.output
+    guess = _cli("config", "show", "--config", "examples/math/eval.yaml", "--set",
+                 "dataset.limit=5")
+    assert guess.output.endswith("`dataset.path` is required (to use fewer rows in `eval`, "
+                                 "set eval.limit=N)\n")
 
 
 def test_help_starts_with_what_a_newcomer_runs():
