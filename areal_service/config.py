@@ -9,6 +9,7 @@ environment variables (`AREAL_` prefix, `__` between levels, e.g.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
@@ -20,12 +21,14 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from areal_service.admin_key import DEFAULT_ADMIN_KEY, KEY_FILE, resolve_admin_key
+from areal_service.config_errors import ConfigError, config_error, yaml_error
 
 log = logging.getLogger(__name__)
 
@@ -677,24 +680,62 @@ class ServiceConfig(BaseSettings):
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `dotted` in `tree`; a numeric part indexes a list already there
+    (`eval.datasets.0.limit=5`), any other part names a section (made when missing)."""
     *parents, leaf = dotted.split(".")
-    node = tree
+    node: Any = tree
     for key in parents:
+        if isinstance(node, list):
+            node = _list_item(node, key, dotted)
+            continue
         node = node.setdefault(key, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"override {dotted!r}: {key!r} is not a section")
-    node[leaf] = value
+        if not isinstance(node, dict | list):
+            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
+    if isinstance(node, list):
+        node[_list_index(node, leaf, dotted)] = value
+    else:
+        node[leaf] = value
+
+
+def _list_index(node: list[Any], key: str, dotted: str) -> int:
+    if not key.isdigit() or int(key) >= len(node):
+        raise ConfigError(f"override {dotted!r}: {key!r} is not an index of a list of "
+                          f"{len(node)} item(s) (0 to {len(node) - 1})")
+    return int(key)
+
+
+def _list_item(node: list[Any], key: str, dotted: str) -> Any:
+    item = node[_list_index(node, key, dotted)]
+    if not isinstance(item, dict):
+        raise ConfigError(f"override {dotted!r}: item {key} is not a section")
+    return item
+
+
+def _override_value(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    try:
+        return key.strip(), yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as exc:
+        raise yaml_error(f"--set {item}", exc) from None
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """Turn `["a.b=1", "c=x"]` into a nested dict; values are parsed as YAML scalars."""
     tree: dict[str, Any] = {}
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"override {item!r} must look like section.key=value")
-        _set_path(tree, key.strip(), yaml.safe_load(raw) if raw else "")
+        _set_path(tree, *_override_value(item))
     return tree
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`tree` with `--set` overrides applied in order (a copy; `tree` is unchanged).
+    Unlike merging `parse_overrides`, a numeric part reaches into a list of the tree."""
+    out = copy.deepcopy(tree)
+    for item in overrides:
+        _set_path(out, *_override_value(item))
+    return out
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -724,13 +765,19 @@ def _env_tree() -> dict[str, Any]:
 
 
 def read_config_file(path: Path | str | None) -> dict[str, Any]:
-    """The YAML config file as a tree ({} for no file); ValueError unless it holds a
-    mapping at the top level."""
+    """The YAML config file as a tree ({} for no file); ConfigError (naming the file,
+    line and column) for a syntax error, or unless it holds a mapping at the top level."""
     if path is None:
         return {}
-    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        with open(path, encoding="utf-8") as f:  # a stream, so YAML errors name the file
+            loaded = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise yaml_error(path, exc) from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
     if not isinstance(loaded, dict):
-        raise ValueError(f"config file {path} must hold a mapping at the top level")
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return loaded
 
 
@@ -738,17 +785,25 @@ def load_config(path: Path | str | None = None, overrides: list[str] | None = No
     """Resolve the config: defaults < YAML file < environment < CLI overrides. The
     default admin key becomes the data dir's generated one only if that exists: creating
     it is for what serves (`with_admin_key`), not for every command that loads a config."""
-    return config_from_tree(read_config_file(path), overrides)
+    return config_from_tree(read_config_file(path), overrides, source=path)
 
 
-def config_from_tree(tree: dict[str, Any], overrides: list[str] | None = None) -> ServiceConfig:
+def config_from_tree(tree: dict[str, Any], overrides: list[str] | None = None, *,
+                     source: Path | str | None = None, top_level: tuple[str, ...] = ()
+                     ) -> ServiceConfig:
     """`load_config` of a tree already read (e.g. a file whose other sections belong to
-    the dataset driver)."""
+    the dataset driver); `source` names that file in errors and `top_level` lists those
+    other sections' names. Mistakes raise ConfigError: one line per setting, with the
+    closest known name for a misspelt one."""
     tree = deep_merge(tree, _env_tree())
-    tree = deep_merge(tree, parse_overrides(overrides or []))
+    tree = apply_overrides(tree, overrides or [])
     # model_validate skips the settings sources: the environment was merged above with
     # the right priority and must not be read a second time over the CLI values.
-    return with_admin_key(ServiceConfig.model_validate(tree), create=False)
+    try:
+        config = ServiceConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise config_error(exc, ServiceConfig, source, top_level=top_level) from None
+    return with_admin_key(config, create=False)
 
 
 def configure_logging(config: ServiceConfig) -> None:

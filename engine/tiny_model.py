@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -134,10 +135,25 @@ def make_tiny_model(out_dir: Path | str, spec: TinyModelSpec | None = None) -> P
     eos_id = tok.convert_tokens_to_ids("<|im_end|>")
     pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
     model = build_model(spec, len(tok), eos_id, pad_id)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out) as tmp, _no_progress_bars():
         tok.save_pretrained(tmp)
         model.save_pretrained(tmp, safe_serialization=True)
     return out
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' "Writing model shards" bar off while saving: the model is built
+    inside commands (`demo`, `serve`) whose own lines it would break up."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def ensure_tiny_model(out_dir: Path | str, spec: TinyModelSpec | None = None) -> Path:

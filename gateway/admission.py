@@ -60,6 +60,11 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
     loop = asyncio.get_running_loop()
     deadline = loop.time() + gw.admit_wait_s
     while True:
+        if state.stopping.is_set():  # answered now, not cancelled at the shutdown timeout
+            raise OpenAIError(
+                503, "the gateway is shutting down; the session was not started (retry once "
+                "a gateway is serving again)", type="server_error", code="shutting_down",
+                headers={"retry-after": "5"})
         limit = window(state, state.live_version)
         async with state.admission_lock:
             reservation, taken = await asyncio.to_thread(

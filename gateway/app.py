@@ -34,6 +34,7 @@ from gateway.limits import sync_key_limits
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
+from gateway.stopping import watch_exit_signals
 from gateway.throttle import (
     AuthThrottle,
     AuthThrottleMiddleware,
@@ -228,6 +229,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             session_cache=RefreshingCache(store.get_session, ttl_s=SESSION_TTL_S,
                                           stale_s=SESSION_STALE_S),
             started_at=time.time())
+        restore_signals = watch_exit_signals(app.state.gateway.stopping)
         log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
         if freeze_gc:
             gc.collect()
@@ -249,6 +251,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         try:
             yield
         finally:
+            restore_signals()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

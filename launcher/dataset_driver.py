@@ -358,12 +358,19 @@ class DatasetDriver:
         last_step, last_change = self.step, time.monotonic()
         interval = self.driver.rollout.progress_interval_s
         next_line = time.monotonic() + interval
+        total = self.config.trainer.total_steps
+        if trainer.proc.poll() is None:
+            # The episode lines would sit at 100% / ETA 0 while the last steps train.
+            say(f"all episodes ran; the trainer is finishing its steps ({self.step}/{total}) "
+                "...")
+        drained_at = time.monotonic()
         while trainer.proc.poll() is None:
             await asyncio.sleep(min(1.0, interval))
-            show = time.monotonic() >= next_line
-            if show:
+            await self.report(self.driver.rollout.epochs - 1, show=False)
+            if time.monotonic() >= next_line:
                 next_line += interval
-            await self.report(self.driver.rollout.epochs - 1, show=show)
+                say(f"trainer: step {self.step}/{total} "
+                    f"({time.monotonic() - drained_at:.0f} s after the last episode)")
             if self.step != last_step:
                 last_step, last_change = self.step, time.monotonic()
             elif time.monotonic() - last_change > self.driver.rollout.drain_timeout_s:

@@ -21,10 +21,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import shutil
+import signal
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -167,6 +170,7 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
                  trainer_procs: int = 1) -> dict[str, Any]:
     agents = DemoAgents(config, task)
     train_prompts = task.train
+    workers: list[asyncio.Task[None]] = []
     try:
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(task.evals)
@@ -176,8 +180,8 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
         train_started = time.monotonic()
         stop = asyncio.Event()
         group_size = config.trainer.group_size
-        workers = [asyncio.create_task(agents.work(train_prompts[i::8], group_size, stop))
-                   for i in range(8)]
+        workers += [asyncio.create_task(agents.work(train_prompts[i::8], group_size, stop))
+                    for i in range(8)]
         deadline = time.monotonic() + minutes * 60
         total = config.trainer.total_steps or 0
         version = 0
@@ -217,6 +221,12 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
                 "trained_episodes_per_s": final_version * config.trainer.batch_groups
                 * config.trainer.group_size / max(train_wall, 1e-9)}
     finally:
+        # Ctrl-C cancels this task only: the agents' tasks are stopped and collected here,
+        # before their clients close and the gateway stops under them (else each one's
+        # error would print as "Task exception was never retrieved").
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         await agents.aclose()
 
 
@@ -313,9 +323,42 @@ def print_table(summary: dict[str, Any], task: DemoTask) -> None:
         f"after {headline(summary['final'], task):.3f}")
 
 
+def previous_run(config: ServiceConfig) -> str | None:
+    """What an earlier run left in the data dir that a new demo would resume from (so it
+    would train nothing and measure trained weights as its baseline), or None."""
+    versions = [p.name for p in config.weights_dir().glob("v[0-9]*") if p.is_dir()]
+    if versions:
+        newest = max(versions, key=lambda name: int(name[1:]) if name[1:].isdigit() else -1)
+        return f"published weights up to {newest} in {config.weights_dir()}"
+    checkpoints = config.checkpoint_dir()
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        return f"a trainer checkpoint in {checkpoints}"
+    return None
+
+
+def fresh_start(config: ServiceConfig) -> list[Path]:
+    """Delete what a previous run left (`previous_run`, the SQLite store, the demo's run
+    folder); the model, the admin key, the logs and a configured `store.url` are kept.
+    Returns what was deleted."""
+    doomed = [config.weights_dir(), config.checkpoint_dir(), config.data_dir / "demo"]
+    if config.store.url is None:
+        db = config.data_dir / "areal.db"
+        doomed += [db, db.with_name("areal.db-wal"), db.with_name("areal.db-shm")]
+    gone = []
+    for path in doomed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        gone.append(path)
+    return gone
+
+
 def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int | None = None,
-             trainer_procs: int = 1, model: str | None = None, engine: str | None = None
-             ) -> int:
+             trainer_procs: int = 1, model: str | None = None, engine: str | None = None,
+             fresh: bool = False) -> int:
     """Run the demo; returns the exit code (0 when the headline target was reached).
     Defaults: 10 minutes / 40 steps on the tiny model, 30 minutes / 80 steps on a
     registry model."""
@@ -326,6 +369,17 @@ def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int 
     minutes = minutes if minutes is not None else (30.0 if real else 10.0)
     steps = steps if steps is not None else (80 if real else 40)
     config = model_config(config, model, engine)
+    if fresh:
+        for path in fresh_start(config):
+            say(f"--fresh: deleted {path}")
+    else:
+        left = previous_run(config)
+        if left is not None:
+            raise ValueError(
+                f"{config.data_dir} holds an earlier run ({left}): the demo would resume it, "
+                "train nothing and measure the trained model as its baseline. Start over "
+                "with `areal-service demo --fresh` (deletes that run, keeps the model and "
+                "the admin key), or use another folder: --set data_dir=...")
     try:
         with exit_on_sigterm():
             summary = run_workload(demo_config(config, steps, trainer_procs, task),
@@ -333,6 +387,11 @@ def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int 
     except KeyboardInterrupt:
         say("interrupted: every process this demo started was stopped")
         return 130
+    except SystemExit as stop:  # SIGTERM (`exit_on_sigterm`)
+        if stop.code != 128 + signal.SIGTERM:
+            raise
+        say("stopped by SIGTERM: every process this demo started was stopped")
+        return 128 + signal.SIGTERM
     logs = config.data_dir / "logs"
     ok = headline(summary["final"], task) >= task.target
     say(f"\n== AReaL Service demo summary ({config.model_dir().name}, task {task.name}) ==")

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from areal_service.config import (
     ServiceConfig,
+    apply_overrides,
     config_from_tree,
-    deep_merge,
-    parse_overrides,
     read_config_file,
 )
+from areal_service.config_errors import config_error
 from areal_service.datasets import DatasetConfig
 
 
@@ -68,6 +68,9 @@ class EvalConfig(_Section):
     """Also run every question once greedily (greedy_acc, greedy_length)."""
     concurrency: int = Field(16, ge=1)
     """Most episodes running at once."""
+    limit: int | None = Field(None, ge=1)
+    """Use only the first `limit` rows of every eval dataset (`--set eval.limit=5` for a
+    quick check); a dataset's own smaller `limit` still applies. None: all rows."""
     correct_at: float = 1.0
     """An episode counts as correct when its reward is at least this."""
     out_dir: Path | None = None
@@ -105,12 +108,17 @@ class DriverConfig(_Section):
     """Evaluation settings."""
 
     def eval_datasets(self) -> list[DatasetConfig]:
-        """What `eval` runs on."""
+        """What `eval` runs on (each cut to `eval.limit` rows when that is set)."""
         if self.eval.datasets:
-            return self.eval.datasets
-        if self.dataset is None:
+            datasets = self.eval.datasets
+        elif self.dataset is None:
             raise ValueError("the config names no dataset (set `dataset` or `eval.datasets`)")
-        return [self.dataset]
+        else:
+            datasets = [self.dataset]
+        cap = self.eval.limit
+        if cap is None:
+            return datasets
+        return [d.model_copy(update={"limit": min(cap, d.limit or cap)}) for d in datasets]
 
 
 DRIVER_KEYS = frozenset(DriverConfig.model_fields)
@@ -123,14 +131,28 @@ def load_driver_config(path: Path | None, overrides: list[str] | None = None
     tree = read_config_file(path)
     mine = {k: v for k, v in tree.items() if k in DRIVER_KEYS}
     service = {k: v for k, v in tree.items() if k not in DRIVER_KEYS}
-    service_overrides = []
+    driver_overrides, service_overrides = [], []
     for item in overrides or []:
-        if item.split("=", 1)[0].split(".", 1)[0].strip() in DRIVER_KEYS:
-            mine = deep_merge(mine, parse_overrides([item]))
-        else:
-            service_overrides.append(item)
-    driver = DriverConfig.model_validate(mine)
+        first = item.split("=", 1)[0].split(".", 1)[0].strip()
+        (driver_overrides if first in DRIVER_KEYS else service_overrides).append(item)
+    mine = apply_overrides(mine, driver_overrides)
+    try:
+        driver = DriverConfig.model_validate(mine)
+    except ValidationError as exc:
+        error = config_error(exc, DriverConfig, path)
+        if any(tuple(e["loc"]) == ("dataset", "path") for e in exc.errors()):
+            # `--set dataset.limit=5` on an eval file, which lists `eval.datasets` instead.
+            error = type(error)(f"{error} (to use fewer rows in `eval`, set eval.limit=N)")
+        raise error from None
     # The service sections resolve as any command's file does (file < env < --set).
-    config = config_from_tree(service, service_overrides)
+    config = config_from_tree(service, service_overrides, source=path,
+                              top_level=tuple(DriverConfig.model_fields))
     return driver, config
+
+
+def has_driver_sections(path: Path | None, overrides: list[str] | None = None) -> bool:
+    """Whether the file or the overrides use any of the driver's sections (a `train` /
+    `eval` config rather than a service one)."""
+    firsts = {item.split("=", 1)[0].split(".", 1)[0].strip() for item in overrides or []}
+    return bool((set(read_config_file(path)) | firsts) & DRIVER_KEYS)
 

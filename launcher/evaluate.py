@@ -149,13 +149,20 @@ class Evaluator:
                                                               else out)
 
         work = asyncio.gather(*(question(s) for s in samples))
-        while not work.done():
-            await asyncio.wait([work], timeout=self.cfg.progress_interval_s)
-            if not work.done():
-                elapsed = time.monotonic() - started
-                rate = self.done / max(elapsed, 1e-9)
-                eta = f"{(total - self.done) / rate:.0f} s" if rate > 0 else "?"
-                say(f"  {self.done}/{total} episodes ({rate:.1f}/s, ETA {eta})")
+        try:
+            while not work.done():
+                await asyncio.wait([work], timeout=self.cfg.progress_interval_s)
+                if not work.done():
+                    elapsed = time.monotonic() - started
+                    rate = self.done / max(elapsed, 1e-9)
+                    eta = f"{(total - self.done) / rate:.0f} s" if rate > 0 else "?"
+                    say(f"  {self.done}/{total} episodes ({rate:.1f}/s, ETA {eta})")
+        except asyncio.CancelledError:
+            # Ctrl-C: stop the episodes in flight before the clients close under them, and
+            # collect their outcome, so no "exception was never retrieved" is printed.
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise
         results = work.result()
         greedy = [g for g, _ in results if g is not None]
         return table_row(config.label(), greedy, [runs for _, runs in results], self.cfg.k)
@@ -193,9 +200,13 @@ def save_results(rows: Sequence[dict[str, Any]], out_dir: Path) -> tuple[Path, P
     return json_path, csv_path
 
 
-async def _evaluate(evaluator: Evaluator, datasets: list[DatasetConfig]) -> list[dict[str, Any]]:
+async def _evaluate(evaluator: Evaluator, datasets: list[DatasetConfig],
+                    rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Append each dataset's row to `rows` as it completes (what an interrupted run keeps)."""
     try:
-        return [await evaluator.dataset(d) for d in datasets]
+        for d in datasets:
+            rows.append(await evaluator.dataset(d))
+        return rows
     finally:
         await evaluator.aclose()
 
@@ -224,11 +235,35 @@ def run_eval(driver: DriverConfig, config: ServiceConfig, *, model: Path | None 
     """Evaluate every dataset; prints the table and saves it. Returns the rows."""
     datasets = driver.eval_datasets()
     out = out_dir or driver.eval.out_dir or config.data_dir / "eval"
+    rows: list[dict[str, Any]] = []
+    try:
+        _run(driver, config, datasets, rows, model=model, gateway=gateway, api_key=api_key)
+    except KeyboardInterrupt:
+        done = f"{len(rows)} of {len(datasets)} dataset(s) finished"
+        if rows:
+            json_path, _ = save_results(rows, out)
+            say(f"\ninterrupted ({done}); every process was stopped; the finished rows "
+                f"are saved in {json_path.parent}")
+            say(format_table(rows))
+        else:
+            say(f"\ninterrupted ({done}); every process was stopped; nothing saved")
+        raise
+    say("")
+    say(format_table(rows))
+    json_path, csv_path = save_results(rows, out)
+    say(f"\nsaved {json_path} and {csv_path}")
+    return rows
+
+
+def _run(driver: DriverConfig, config: ServiceConfig, datasets: list[DatasetConfig],
+         rows: list[dict[str, Any]], *, model: Path | None, gateway: str | None,
+         api_key: str | None) -> None:
+    """Evaluate into `rows`, through `gateway` or an engine and gateway started here."""
     name = driver.model or config.gateway.model_name
     if gateway is not None:
         key = api_key or config.gateway.admin_key.get_secret_value()
         evaluator = Evaluator(driver, gateway.rstrip("/"), key, name, use_sessions=False)
-        rows = asyncio.run(_evaluate(evaluator, datasets))
+        asyncio.run(_evaluate(evaluator, datasets, rows))
     else:
         if model is not None and config.gateway.backends:
             raise ValueError("--model serves a checkpoint on a local engine, but the config "
@@ -241,9 +276,4 @@ def run_eval(driver: DriverConfig, config: ServiceConfig, *, model: Path | None 
             evaluator = Evaluator(driver, stack.gateway_url,
                                   cfg.gateway.admin_key.get_secret_value(), name,
                                   use_sessions=True)
-            rows = asyncio.run(_evaluate(evaluator, datasets))
-    say("")
-    say(format_table(rows))
-    json_path, csv_path = save_results(rows, out)
-    say(f"\nsaved {json_path} and {csv_path}")
-    return rows
+            asyncio.run(_evaluate(evaluator, datasets, rows))

@@ -30,7 +30,9 @@ def launch(config: ServiceConfig, scheduler: Scheduler, *, out: Path | None = No
 
     run_dir = out or config.data_dir / "launch"
     config = config.model_copy(update={"data_dir": config.data_dir.resolve()})
-    ensure_model(config)  # the tiny model when no checkpoint is configured
+    # The tiny model when no checkpoint is configured; a configured folder is checked
+    # only where it is read here (the local scheduler).
+    ensure_model(config, here=scheduler == "local")
     if scheduler == "slurm":
         from launcher.slurm import submit as sbatch
         from launcher.slurm import write_sbatch

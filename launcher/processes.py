@@ -25,8 +25,9 @@ from types import FrameType
 import httpx
 
 from areal_service.config import save_config
+from launcher.preflight import NotReadyError, StartError
 
-__all__ = ["ChildProcess", "cli_argv", "exit_on_sigterm", "save_config"]
+__all__ = ["ChildProcess", "StartError", "cli_argv", "exit_on_sigterm", "save_config"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,13 @@ def exit_on_sigterm() -> Iterator[None]:
     after its own shutdown; with the default handler the process would die on the spot
     and orphan its children.)"""
 
-    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if frame is not None and frame.f_code.co_name == "__del__":
+            # An exception raised in a finalizer is printed and dropped ("Exception
+            # ignored in ... __del__"), and the command would run on as if never asked
+            # to stop: deliver the signal again a moment later instead.
+            threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+            return
         raise SystemExit(128 + signum)
 
     previous: Callable | int | None = signal.signal(signal.SIGTERM, on_sigterm)
@@ -56,6 +63,7 @@ class ChildProcess:
     def __init__(self, name: str, argv: Sequence[str], *, log_path: Path | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.name = name
+        self.log_path = log_path
         self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - owned
         self.proc = subprocess.Popen(
             list(argv),
@@ -72,14 +80,38 @@ class ChildProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}")
+                raise self._died()
             try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
+                ok = httpx.get(url, timeout=2.0).status_code == 200
             except httpx.HTTPError:
-                pass
+                ok = False
+            if ok and self.proc.poll() is None:  # not another server answering for a dead one
+                return
+            if ok:
+                raise self._died()
             time.sleep(0.2)
-        raise TimeoutError(f"{self.name} not ready at {url} after {timeout_s:.0f} s")
+        raise NotReadyError(f"{self.name} not ready at {url} after {timeout_s:.0f} s"
+                         f"{self._see_log()}")
+
+    def _died(self) -> StartError:
+        return StartError(f"{self.name} exited with code {self.proc.returncode} before it "
+                          f"was ready{self._see_log()}")
+
+    def _see_log(self) -> str:
+        """`; last log line: ...; full log: PATH` (the log's last line usually names the
+        cause: a missing file, a busy port, out of memory)."""
+        if self.log_path is None:
+            return ""
+        if self._log:
+            self._log.flush()
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+        except OSError:
+            lines = []
+        last = next((ln for ln in reversed(lines) if ln), "")
+        return (f"; last log line: {last[:300]}" if last else "") + f"; full log: {self.log_path}"
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM, wait up to `grace_s`, then SIGKILL; only this child's process group.
@@ -87,19 +119,26 @@ class ChildProcess:
         under way, publishes and checkpoints), every other child 10 s."""
         if grace_s is None:
             grace_s = TRAINER_GRACE_S if self.name == "trainer" else 10.0
-        if self.proc.poll() is None:
+        asked = self.proc.poll() is None
+        if asked:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s of SIGTERM: killing it%s",
+                            self.name, grace_s, self._see_log())
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        code = self.proc.returncode
+        # Ending on the SIGTERM it was sent (uvicorn re-raises it; the trainer exits 143)
+        # is the orderly stop asked for: said without a code that reads as a failure.
+        orderly = code == 0 or (asked and code in (-signal.SIGTERM, 128 + signal.SIGTERM))
+        if orderly:
+            log.info("stopped %s", self.name)
+        else:
+            log.warning("%s had exited with code %s%s", self.name, code, self._see_log())
         if self._log:
             self._log.close()
-        code = self.proc.returncode
-        how = (f"by {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exit {code}")  # uvicorn ends on the signal it was sent, by design
-        log.info("stopped %s (%s)", self.name, how)
 
 
 def _die_with_parent() -> Callable[[], None] | None:

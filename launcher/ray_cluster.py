@@ -178,7 +178,7 @@ class RayDeployment:
         from launcher.serve import ensure_model
 
         cfg = self.config.model_copy(update={"data_dir": self.config.data_dir.resolve()})
-        ensure_model(cfg)
+        ensure_model(cfg, here=False)  # the checkpoint is read on the cluster's nodes
         cfg_path = str(save_config(cfg, self.run_dir.resolve() / "config.yaml"))
         logs = cfg.data_dir / "logs"
         place = plan(cfg)

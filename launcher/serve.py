@@ -8,13 +8,18 @@ from areal_service.admin_key import DefaultAdminKeyError
 from areal_service.config import ServiceConfig, with_admin_key
 from engine.tiny_model import ensure_tiny_model
 from gateway.server import run_gateway
+from launcher.preflight import check_model_dir, check_port_free
 from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm, save_config
 
 
-def ensure_model(config: ServiceConfig) -> None:
-    """Build the tiny model at `config.model_dir()` when no checkpoint is configured."""
+def ensure_model(config: ServiceConfig, *, here: bool = True) -> None:
+    """Build the tiny model at `config.model_dir()` when no checkpoint is configured;
+    StartError, in one sentence, when the configured one is not a checkpoint folder.
+    `here=False` (Slurm, Ray) skips that check: the path is read on other nodes."""
     if config.engine.model is None:
         ensure_tiny_model(config.model_dir())
+    elif here:
+        check_model_dir(config.model_dir())
 
 
 def start_local_engine(config: ServiceConfig) -> ChildProcess:
@@ -54,7 +59,11 @@ def serve(config: ServiceConfig) -> None:
                 run_gateway(with_backends)
             return
         # Backends given, or a router that knows its workers: nothing to start here.
-        engine = None if config.gateway.external_backends() else start_local_engine(config)
+        local = not config.gateway.external_backends()
+        check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
+        if local:
+            check_port_free(config.engine.host, config.engine.port, "engine.port")
+        engine = start_local_engine(config) if local else None
         try:
             run_gateway(config)
         finally:

@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from areal_service.config import ServiceConfig
 from engine.tiny_model import ensure_tiny_model
+from launcher.preflight import check_model_dir, check_port_free
 from launcher.processes import ChildProcess, cli_argv, save_config
 
 READY_TIMEOUT_S = 180.0
@@ -60,8 +63,16 @@ class Stack:
                                               str(self.run_dir / "config.yaml")))
 
     def stop(self) -> None:
-        """Stop every child, newest first. The trainer gets longer: on SIGTERM it
-        finishes the step under way, publishes and checkpoints before exiting."""
+        """Stop every child, newest first, saying so first (it can take seconds). The
+        trainer gets longer: on SIGTERM it finishes the step under way, publishes and
+        checkpoints before exiting."""
+        alive = [c.name for c in reversed(self.children) if c.proc.poll() is None]
+        if alive:
+            trainer = " (the trainer finishes its step and checkpoints first)" \
+                if "trainer" in alive else ""
+            names = " and the ".join([", the ".join(alive[:-1]), alive[-1]] if alive[:-1]
+                                     else alive)
+            typer.echo(f"stopping the {names}{trainer} ...")
         while self.children:
             child = self.children.pop()
             child.stop()
@@ -71,9 +82,16 @@ class Stack:
 def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Iterator[Stack]:
     """Engine (unless backends or a router are given), gateway and optionally the trainer, all
     stopped on the way out, whatever ends the block (Ctrl-C included)."""
+    local_engine = not config.gateway.external_backends()
+    # Before anything starts: a busy port would let the health checks below reach another
+    # server and this command report that server's success as its own.
+    check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
+    if local_engine:
+        check_port_free(config.engine.host, config.engine.port, "engine.port")
     if config.engine.model is None:
         ensure_tiny_model(config.model_dir())
-    local_engine = not config.gateway.external_backends()
+    else:
+        check_model_dir(config.model_dir())
     backends = config.backend_urls()
     cfg_path = save_config(config, run_dir / "config.yaml")
     # The gateway is pointed at the engine started here; with it, the workers default

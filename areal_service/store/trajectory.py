@@ -152,13 +152,26 @@ class TrajectoryStore:
         return found[0] if found else None
 
     def list_api_keys(
-        self, *, include_revoked: bool = True, limit: int = 100, offset: int = 0
+        self, *, include_revoked: bool = True, limit: int = 100, offset: int = 0,
+        kinds: Collection[str] | None = None,
     ) -> list[ApiKeyRecord]:
-        """Keys, newest first."""
+        """Keys, newest first; only those of `kinds` when given (the user's own keys
+        are a handful among one session key per session ever started)."""
         statement = select(ApiKeyRow).order_by(ApiKeyRow.created_at.desc(), ApiKeyRow.id)
         if not include_revoked:
             statement = statement.where(ApiKeyRow.revoked_at.is_(None))
+        if kinds is not None:
+            statement = statement.where(ApiKeyRow.kind.in_(list(kinds)))
         return self._list(ApiKeyRecord, paged(statement, limit, offset))
+
+    def count_api_keys(self, *, kinds: Collection[str] | None = None) -> int:
+        """How many keys (of `kinds`, when given) exist, revoked ones included. A scan of
+        the key table (no index on kind): for pages and commands, not per request."""
+        statement = select(func.count()).select_from(ApiKeyRow)
+        if kinds is not None:
+            statement = statement.where(ApiKeyRow.kind.in_(list(kinds)))
+        with self._engine.connect() as connection:
+            return int(connection.execute(statement).scalar_one())
 
     def revoke_api_key(self, key_id: str, *, at: float | None = None) -> ApiKeyRecord | None:
         """Revoke a key (a second revoke keeps the first time). None if unknown."""

@@ -62,6 +62,8 @@ def _num(value: float | None, digits: int = 4) -> str:
         return "—"
     if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
         return f"{int(value):,}"
+    if abs(value) >= 10 ** (digits - 1):  # 1,957 tokens/s, not 1.96e+03
+        return f"{value:,.0f}"
     return f"{value:.{digits}g}"
 
 
@@ -221,14 +223,21 @@ async def session_page(request: Request, state: StateDep, session: ConsoleAdmin,
 
 # Keys.
 
+KEYS_SHOWN = 500
+"""Most keys on the keys page, newest first (the user's own keys are listed apart from
+session keys, so they are never among those cut)."""
+
 
 async def _keys_page(request: Request, state: StateDep, session: ConsoleSession, *,
                      created: dict[str, Any] | None = None, show_session_keys: bool = False,
                      status: int = 200) -> Response:
-    keys = await asyncio.to_thread(state.store.list_api_keys, limit=500)
-    shown = [k for k in keys if show_session_keys or k.kind != "session"]
-    return render(request, "keys.html", session, status=status, nav="keys", keys=shown,
-                  hidden=len(keys) - len(shown), created=created,
+    # The user's own keys are asked for by kind: among one session key per session ever
+    # started, a newest-N page of everything would push them out of sight.
+    kinds = None if show_session_keys else ("user",)
+    keys = await asyncio.to_thread(state.store.list_api_keys, limit=KEYS_SHOWN, kinds=kinds)
+    sessions = await asyncio.to_thread(state.store.count_api_keys, kinds=("session",))
+    return render(request, "keys.html", session, status=status, nav="keys", keys=keys,
+                  hidden=sessions, shown_max=KEYS_SHOWN, created=created,
                   show_session_keys=show_session_keys,
                   revoked=request.query_params.get("revoked", ""),
                   limits_set=request.query_params.get("limits", ""))

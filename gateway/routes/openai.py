@@ -44,6 +44,7 @@ class ChatAdapter(WireAdapter[ChatCompletionRequest]):
     request_model = ChatCompletionRequest
     id_prefix = "chatcmpl-"
     prompt_param = "messages"
+    refuse_over_budget = True  # `max_tokens` past the context: 400, as OpenAI answers
 
     async def conversation(self, state: GatewayState, principal: Principal,
                            request: ChatCompletionRequest) -> Conversation:

@@ -179,7 +179,10 @@ def test_training_page_draws_the_curves(page, console_gateway, recorded, screens
         return n; }""")
     assert painted > 500
     assert "12 steps" in page.inner_text("h1")
-    assert "Updated" in page.inner_text("#chart-status")
+    assert page.inner_text("#chart-status").endswith(" UTC.")  # as every console time
+    # Each legend shows the last step's values before any hover (uPlot's default: "--").
+    values = page.locator("#charts .u-legend .u-series:not(:first-child) .u-value")
+    assert values.count() > 0 and "--" not in values.all_inner_texts()
     screenshot("training", "console-training.png")
 
     page.click("nav >> text=Weights")

@@ -4,6 +4,7 @@ and a session recorded through the gateway shown token by token with its reward.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -290,3 +291,36 @@ def test_cookie_signature_expiry_and_key_rotation():
     assert auth.read_cookie("k1", f"admin.{issued}.other.{sig}", now=1000.0) is None
     assert auth.read_cookie("k1", f"anon.{issued}.{nonce}.{sig}", now=1000.0) is None
     assert auth.csrf_token("k1", session) != auth.csrf_token("k2", session)
+
+
+def test_own_keys_stay_listed_among_many_session_keys(gateway):
+    """A demo run makes over a thousand session keys; the user's own key (older than all
+    of them) is still listed, and the session keys are counted, not silently capped."""
+    from areal_service.keys import new_api_key
+
+    store = gateway.state.store
+    _, mine = new_api_key(name="my-agent")
+    store.add_api_key(dataclasses.replace(mine, created_at=1.0))  # the oldest key
+    for _ in range(520):
+        store.add_api_key(new_api_key(kind="session", session_id="sess_x")[1])
+    page = _admin_client(gateway).get("/console/keys").text
+    assert "my-agent" in page and mine.id in page
+    sessions = store.count_api_keys(kinds=("session",))
+    assert sessions >= 520
+    assert f"{sessions:,} session keys (one per session) are not listed." in page
+    everything = _admin_client(gateway).get("/console/keys?all=1").text
+    assert "(the newest 500 keys)" in everything
+
+
+def test_console_wording_for_newcomers(gateway):
+    """The login page says where the generated admin key is; with the gate off the
+    staleness tile says "gate off" instead of a window that does not apply; large rates
+    are plain numbers (1,957 tokens/s, not 1.96e+03)."""
+    from gateway.console.routes import _num
+
+    login = httpx.get(gateway.url + "/console/login").text
+    assert "<code>data/admin_key</code>" in login
+    assert not gateway.config.gateway.staleness_gate
+    tile = _admin_client(gateway).get("/console").text.split("Staleness window", 1)[1]
+    assert '<div class="value">gate off</div>' in tile[:300]
+    assert _num(1957.3, 3) == "1,957" and _num(0.01234) == "0.01234" and _num(12.5) == "12.5"

@@ -158,6 +158,10 @@ def test_math_example_trains_and_resumes_after_the_driver_is_killed(tmp_path):
     assert second.returncode == 0, out[-3000:]
     assert f"resuming at epoch 1: {len(before['done'])} samples of this epoch done" in out
     assert "episodes 16/16 (100%)" in out and "trainer at step 4/4" in out
+    # After the last episode the wait for the trainer's last steps is said as such (the
+    # episode line used to sit at 100% / ETA 0:00:00), and so is stopping the stack.
+    assert "all episodes ran; the trainer is finishing its steps (" in second.stdout
+    assert "stopping the " in second.stdout
     after = json.loads(state_path.read_text())
     assert after["finished"] and after["episodes"] == 16 and after["in_flight"] == {}
 
@@ -176,7 +180,7 @@ def test_math_example_trains_and_resumes_after_the_driver_is_killed(tmp_path):
     # a third run has nothing left to do and starts nothing
     third = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert third.returncode == 0 and "nothing to do: all 16 episodes ran" in third.stdout
-    assert "started engine" not in third.stderr
+    assert "started engine" not in third.stderr and "stopping the" not in third.stdout
 
 
 def test_eval_prints_the_table_on_the_shipped_dataset(tmp_path):

@@ -297,12 +297,55 @@ def test_prompt_too_long_is_context_length_exceeded(short_gw: Gateway) -> None:
     assert err.value.code == "context_length_exceeded" and err.value.param == "input"
 
 
-def test_reply_budget_clamped_to_context(short_gw: Gateway) -> None:
+def test_reply_budget_past_the_context_is_400_on_chat(short_gw: Gateway) -> None:
+    """OpenAI (and vLLM, SGLang) refuse a `max_tokens` that does not fit beside the
+    prompt; the gateway used to cut it silently. The gateway's own default is still cut,
+    and the Anthropic route cuts (Claude Code asks 32000 whatever the model)."""
     client = openai.OpenAI(base_url=short_gw.v1, api_key=ADMIN_KEY, max_retries=0)
-    completion = client.chat.completions.create(
-        model=MODEL, messages=_MESSAGES, max_tokens=1000, temperature=0)
-    assert completion.usage.total_tokens == 64
-    assert completion.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=_MESSAGES, max_tokens=1000)
+    prompt = err.value.body["message"].split("(", 1)[1].split(" ", 1)[0]
+    assert err.value.code == "context_length_exceeded" and err.value.param == "messages"
+    assert err.value.body["message"] == (
+        f"This model's maximum context length is 64 tokens. However, you requested "
+        f"{int(prompt) + 1000} tokens ({prompt} in the messages, 1000 in the completion). "
+        "Please reduce the length of the messages or completion.")
+    assert _error(_post(short_gw, "/v1/chat/completions", {
+        "model": MODEL, "messages": _MESSAGES, "max_tokens": 10**9}), 400)["code"] == \
+        "context_length_exceeded"
+    fits = client.chat.completions.create(model=MODEL, messages=_MESSAGES, temperature=0,
+                                          max_tokens=64 - int(prompt))
+    assert fits.usage.total_tokens == 64 and fits.choices[0].finish_reason == "length"
+    cut = httpx.post(short_gw.url + "/v1/messages", timeout=60, headers=AUTH, json={
+        "model": MODEL, "max_tokens": 32000, "messages": _MESSAGES})
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["stop_reason"] == "max_tokens"
+
+
+def test_error_texts_say_what_to_fix(gateway: Gateway) -> None:
+    """The same words for the same mistake on every route: JSON errors with line and
+    column, no pydantic "Value error," prefix, a missing key said as missing, and an
+    unknown route named."""
+    chat = _error(_post(gateway, "/v1/chat/completions", b'{"model": '), 400)["message"]
+    assert chat == ("the request body is not valid JSON: Expecting value: line 1 column 11 "
+                    "(char 10)")
+    for path in ("/v1/rewards", "/rl/sessions"):
+        assert _error(_post(gateway, path, b'{"model": '), 400)["message"] == chat, path
+    both = _error(_post(gateway, "/v1/rewards", {"value": 1}), 400)["message"]
+    assert both == "name exactly one target: completion_id, session_id or group_id (at body)"
+    missing = _error(_post(gateway, "/v1/chat/completions", {}, headers={}), 401)
+    assert missing["message"].startswith("You didn't provide an API key. Send it in an "
+                                         "Authorization header (Authorization: Bearer")
+    assert "none" not in missing["message"]
+    wrong = _error(_post(gateway, "/v1/chat/completions", {}, {"Authorization": "Bearer sk-wr"}),
+                   401)
+    assert wrong["message"].startswith("Incorrect API key provided: sk-wr…")
+    unknown = _error(httpx.get(gateway.url + "/v1/nothing-here", headers=AUTH), 404)
+    assert unknown["message"] == ("Invalid URL (GET /v1/nothing-here): this gateway has no "
+                                  "such route; the OpenAI routes are under /v1 (all of them "
+                                  "at /docs)")
+    method = _error(httpx.get(gateway.url + "/v1/rewards", headers=AUTH), 405)
+    assert method["message"] == "Invalid method (GET /v1/rewards): /v1/rewards does not take GET"
 
 
 # ------------------------------------------------------------------ backend failures

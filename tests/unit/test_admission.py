@@ -24,6 +24,7 @@ class GateState:
     store: TrajectoryStore
     live_version: int = 0
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def gate(store: TrajectoryStore, *, eta: int, batch_groups: int = 1, group_size: int = 2

@@ -116,6 +116,11 @@ def test_api_key_round_trip_revoke_touch_bind(store: TrajectoryStore):
     store.add_api_key(session_key)
     assert [k.id for k in store.list_api_keys(include_revoked=False)] == ["key-3"]
     assert {k.id for k in store.list_api_keys()} == {"key-1", "key-3"}
+    # The user's own keys by kind, whatever number of session keys is newer.
+    assert [k.id for k in store.list_api_keys(kinds=("user",), limit=1)] == ["key-1"]
+    assert [k.id for k in store.list_api_keys(kinds=("session",))] == ["key-3"]
+    assert store.count_api_keys() == 2
+    assert store.count_api_keys(kinds=("session",)) == 1
 
 
 def test_session_round_trip_end_touch_filters(store: TrajectoryStore):

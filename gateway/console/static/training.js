@@ -23,9 +23,29 @@
     return {
       title: chart.title, width: width(box), height: 220, series: series,
       cursor: { sync: { key: sync.key } },
-      scales: { x: { time: false } },
+      // A flat series (a clip ratio of 0 throughout) gets a range around its value, not
+      // uPlot's 0-100.
+      scales: { x: { time: false }, y: { range: yRange } },
       axes: [{ label: "step" }, { size: 60 }],
+      // The legend shows the last step's values until the cursor points elsewhere
+      // (uPlot's default is "--" until hover).
+      hooks: { ready: [showLast], setData: [showLast],
+               setCursor: [(u) => { if (u.cursor.idx == null) showLast(u); }] },
     };
+  }
+
+  function yRange(u, min, max) {
+    if (min == null || max == null) return [0, 1];
+    if (min === max) {
+      const pad = Math.abs(min) > 0 ? Math.abs(min) * 0.1 : 1;
+      return [min >= 0 ? Math.max(0, min - pad) : min - pad, max + pad];
+    }
+    return uPlot.rangeNum(min, max, 0.1, true);
+  }
+
+  function showLast(u) {
+    const n = u.data[0].length;
+    if (n > 0) u.setLegend({ idx: n - 1 });
   }
 
   function draw(data) {
@@ -53,7 +73,8 @@
       if (res.redirected || !res.ok) throw new Error("HTTP " + res.status);
       const data = await res.json();
       draw(data);
-      if (status) status.textContent = "Updated " + new Date().toLocaleTimeString() + ".";
+      // UTC, as every other time on the console.
+      if (status) status.textContent = "Updated " + new Date().toISOString().slice(11, 19) + " UTC.";
     } catch (err) {
       if (status) status.textContent = "Could not refresh the charts (" + err.message + ").";
     }
