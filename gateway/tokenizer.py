@@ -27,7 +27,8 @@ from tokenizers import pre_tokenizers as pre
 
 from gateway.chat_template import ChatTemplate, load_chat_template, template_setting_text
 from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError
-from gateway.toolparse import THINK_CLOSE
+from gateway.toolparse import OutputParser, default_parser
+from gateway.toolparse.registry import select_parser
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -94,7 +95,8 @@ class ChatTokenizer:
     """
 
     def __init__(self, core: TokenizerCore | PreTrainedTokenizerBase, *,
-                 cache_chars: int = 32_000_000) -> None:
+                 cache_chars: int = 32_000_000, output_parser: OutputParser | None = None
+                 ) -> None:
         # A transformers tokenizer is wrapped: tests compare the two loaders through it.
         self.core: TokenizerCore = (TransformersTokenizer(core)
                                     if hasattr(core, "apply_chat_template") else core)
@@ -109,8 +111,11 @@ class ChatTokenizer:
                           else None)
         if self._split_at and not self._segments_encode_alone():
             self._split_at = None
-        close_ids = self.core.encode(THINK_CLOSE)
-        self.think_close_id: int | None = close_ids[0] if len(close_ids) == 1 else None
+        self.output_parser: OutputParser = default_parser()
+        """This model's tool-call and reasoning format (`use_parser`)."""
+        self.think_close_id: int | None = None
+        """The one token that ends reasoning (None: none, or more than one token)."""
+        self.use_parser(output_parser or self.output_parser)
         self.chars_per_token: int | None = (
             max_chars_per_token(self.core.backend) if isinstance(self.core, RustTokenizer)
             else None)
@@ -124,15 +129,36 @@ class ChatTokenizer:
         """Whether the chat template writes a request's tool definitions into the prompt
         (seen in one render with a probe tool). False: `tools` never reach the model."""
 
+    def use_parser(self, parser: OutputParser) -> None:
+        """Parse this model's replies with `parser` (chosen once, at load)."""
+        self.output_parser = parser
+        close = parser.reasoning.close
+        close_ids = self.core.encode(close) if close else []
+        self.think_close_id = close_ids[0] if len(close_ids) == 1 else None
+
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None
+    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None,
+                        tool_parser: str | None = None, reasoning_parser: str | None = None
                         ) -> ChatTokenizer:
         """Load a checkpoint directory as `AutoTokenizer.from_pretrained(path)` would,
         without transformers where `load_tokenizer_core` can. `chat_template`: the
         `engine.chat_template` setting (a Jinja file or `builtin:<name>`) in place of the
-        checkpoint's template; None keeps the checkpoint's. Logs one warning when the
-        template renders no tool definitions."""
+        checkpoint's template; None keeps the checkpoint's. The output parser is chosen
+        from the template and `config.json` (`toolparse.registry`), `tool_parser` /
+        `reasoning_parser` overriding it. Logs one warning when the template renders no
+        tool definitions, and one when it renders tool calls in a format not parsed."""
+        path = Path(path)
         tokenizer = cls(load_tokenizer_core(path, chat_template=chat_template))
+        template = (template_setting_text(chat_template) if chat_template is not None
+                    else load_chat_template(path, _read_json(path / "tokenizer_config.json")))
+        selection = select_parser(
+            template, _read_json(path / "config.json"), renders_tools=tokenizer.renders_tools,
+            tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+            source=(f"the chat template {chat_template}" if chat_template is not None
+                    else f"the chat template of {path}"))
+        tokenizer.use_parser(selection.parser)
+        log.info("tool calls and reasoning of %s parsed as %s (%s)", path,
+                 selection.parser.name, selection.reason)
         if not tokenizer.renders_tools:
             log.warning(
                 "the chat template of %s (%s) does not render tool definitions: `tools` sent "
@@ -154,11 +180,29 @@ class ChatTokenizer:
         """The chat template's text for `messages` (normalized) plus (by default) the
         generation prompt (token continuity renders a prefix without it). Any failure of
         the template raises `ChatTemplateError` (a 400 on every wire API)."""
+        if self.output_parser.tools.arguments_as_mapping:
+            messages = self._mapping_arguments(messages)
         try:
             return self.core.render(messages, tools or None,
                                     add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # noqa: BLE001 - whatever the template raised: the request's
             raise ChatTemplateError(exc) from exc
+
+    def _mapping_arguments(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Replayed tool calls with `arguments` as this family's template reads them (a
+        mapping, not the API's JSON string); messages without calls pass as they are."""
+        to_template = self.output_parser.tools.template_arguments
+        out = []
+        for m in messages:
+            calls = m.get("tool_calls")
+            if calls:
+                m = {**m, "tool_calls": [
+                    {**c, "function": {**c["function"],
+                                       "arguments": to_template(c["function"]["arguments"])}}
+                    if isinstance(c.get("function", {}).get("arguments"), str) else c
+                    for c in calls]}
+            out.append(m)
+        return out
 
     def encode(self, text: str) -> list[int]:
         """Ids of rendered prompt text, without adding special tokens (no double BOS)."""

@@ -1,0 +1,39 @@
+"""`<think>...</think>` reasoning at the start of a reply (Qwen3, QwQ, DeepSeek-R1 style,
+and the project's ChatML template). It inverts the templates' assistant turn
+`<think>\\n{reasoning}\\n</think>\\n\\n{content}`: only a leading block counts, and the
+separators it adds are not part of reasoning or content, so a replayed reply re-renders
+to the generated text."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from gateway.toolparse.base import ReasoningFormat, held_suffix, is_proper_prefix
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_THINK_HELD = ("\n" + THINK_CLOSE, THINK_CLOSE)
+
+
+class ThinkReasoning(ReasoningFormat):
+    name: ClassVar[str] = "think"
+    open: ClassVar[str | None] = THINK_OPEN
+    close: ClassVar[str | None] = THINK_CLOSE
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str] | None:
+        if not text.startswith(THINK_OPEN):
+            if not final and is_proper_prefix(text, THINK_OPEN):
+                return None
+            return None, text
+        close = text.find(THINK_CLOSE, len(THINK_OPEN))
+        body = text[len(THINK_OPEN):] if close < 0 else text[len(THINK_OPEN):close]
+        body = body.removeprefix("\n")
+        if close < 0:
+            if not final:
+                body = body[: len(body) - held_suffix(body, _THINK_HELD)]
+            return body or None, ""
+        rest = text[close + len(THINK_CLOSE):]
+        if not final and rest in ("", "\n"):
+            rest = ""  # cannot tell yet whether the "\n\n" separator follows
+        else:
+            rest = rest.removeprefix("\n\n")
+        return body.removesuffix("\n") or None, rest
