@@ -37,3 +37,110 @@ def tokenizer_dir_with_template(src: Path, dst: Path, template: str) -> Path:
         shutil.copy(src / name, dst / name)
     (dst / "chat_template.jinja").write_text(template)
     return dst
+
+
+# Family templates, written for these tests from each family's published chat template
+# (Qwen3-Coder's and Llama 3.1's on their model cards) and reduced to what the tests use:
+# the tool list, the assistant turn with its calls, tool results. The assistant-turn parts
+# are the published text; what a template writes around them (default system prompts,
+# dates, built-in tools) is left out. No package ships these templates (vLLM's
+# `examples/` are not in its wheel), so they are written here, under the project's licence.
+
+QWEN3_CODER_TEMPLATE = """\
+{%- if tools is iterable and tools | length > 0 %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' + (tool.function | tojson) }}{%- endfor %}
+{{- '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following format with NO suffix:\\n\\n<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == "user" or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content is defined and message.content is string and message.content | trim | length > 0 %}
+            {{- '\\n' + message.content | trim + '\\n' }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls or [] %}
+            {%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+            {{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}
+            {%- if tool_call.arguments is defined %}
+                {%- for args_name, args_value in tool_call.arguments|items %}
+                    {{- '<parameter=' + args_name + '>\\n' }}
+                    {%- set args_value = args_value | tojson | safe if args_value is mapping or (args_value is sequence and args_value is not string) else args_value | string %}
+                    {{- args_value }}
+                    {{- '\\n</parameter>\\n' }}
+                {%- endfor %}
+            {%- endif %}
+            {{- '</function>\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.previtem and loop.previtem.role != "tool" %}{{- '<|im_start|>user\\n' }}{%- endif %}
+        {{- '<tool_response>\\n' + message.content + '\\n</tool_response>\\n' }}
+        {%- if not loop.last and loop.nextitem.role != "tool" %}{{- '<|im_end|>\\n' }}
+        {%- elif loop.last %}{{- '<|im_end|>\\n' }}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+"""Qwen3-Coder's template, reduced (see above): XML tool calls, arguments read as a
+mapping (`arguments|items`), scalars written with `|string`."""
+
+LLAMA31_TEMPLATE = """\
+{{- bos_token }}
+{%- for message in messages %}
+    {%- if message.role == 'user' and loop.first and tools is not none %}
+        {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' -}}
+        {{- "Given the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\\n\\n" }}
+        {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+        {{- "Do not use variables.\\n\\n" }}
+        {%- for t in tools %}{{- t | tojson(indent=4) }}{{- "\\n\\n" }}{%- endfor %}
+        {{- message.content | trim + '<|eot_id|>' }}
+    {%- elif not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n'+ message.content | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+"""Llama 3.1 Instruct's template, reduced (see above): JSON calls written as
+`{"name": ..., "parameters": ARGS|tojson}`, one call per turn."""
+
+MISTRAL_TOOLS_TEMPLATE = """\
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {%- if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif %}
+        {{- '[INST]' + message.content + '[/INST]' }}
+    {%- elif message.role == 'assistant' and message.tool_calls %}
+        {%- for tool_call in message.tool_calls %}{{- '[TOOL_CALLS]' + tool_call.function.name + '[ARGS]' + tool_call.function.arguments }}{%- endfor %}
+        {{- eos_token }}
+    {%- elif message.role == 'assistant' %}{{- message.content + eos_token }}
+    {%- endif %}
+{%- endfor %}
+"""
+"""A Mistral-style template (`[TOOL_CALLS]name[ARGS]{...}`, as Mistral's v11 tokenizer
+writes calls): a format the gateway recognizes but does not parse yet."""

@@ -1,0 +1,87 @@
+"""Model outputs per family, shared by the parser unit tests and the differential tests
+against vLLM's parsers: plain text, one call, several calls, arguments with nested JSON
+and unicode, reasoning, a reply cut off mid-call, and text that only looks like a call.
+Importable from tests/unit and tests/integration (pytest puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+def tool(name: str, **props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": f"{name} tool.",
+        "parameters": {"type": "object", "properties": props}}}
+
+
+TOOLS = [
+    tool("get_weather", city={"type": "string"}, days={"type": "integer"},
+         metric={"type": "boolean"}),
+    tool("search", query={"type": "string"}, filters={"type": "object"},
+         tags={"type": "array", "items": {"type": "string"}}, limit={"type": "number"}),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    text: str
+    """The decoded reply, as the gateway parses it."""
+    calls: int
+    """How many tool calls it holds."""
+
+
+def _xml(name: str, **params: str) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def _hermes(name: str, args: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+HERMES = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", _hermes("get_weather", '{"city": "Paris", "days": 3}'), 1),
+    Case("content_then_call", "Let me check.\n" + _hermes("get_weather", '{"city": "Köln"}'), 1),
+    Case("two_calls", _hermes("get_weather", '{"city": "Paris"}') + "\n"
+         + _hermes("search", '{"query": "rain", "filters": {"a": [1, {"b": null}]}}'), 2),
+    Case("unicode_args", _hermes("search", '{"query": "東京 ☔ \\"quoted\\""}'), 1),
+    Case("truncated", "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"argu", 0),
+    Case("think_then_call", "<think>\nNeed the weather.\n</think>\n\n"
+         + _hermes("get_weather", '{"city": "Paris"}'), 1),
+    Case("think_only", "<think>\nHmm 🤔\n</think>\n\nIt is sunny.", 0),
+]
+
+QWEN3_CODER = [
+    Case("plain", "No tool needed. Ünïcödé ☀️", 0),
+    Case("one_call", _xml("get_weather", city="Paris", days="3"), 1),
+    Case("content_then_call", "Let me check.\n\n" + _xml("get_weather", city="Köln"), 1),
+    Case("two_calls", _xml("get_weather", city="Paris", metric="true") + "\n"
+         + _xml("search", query="rain", filters='{"a": [1, {"b": null}]}',
+                tags='["x", "ü"]', limit="2.5"), 2),
+    Case("multiline_value", _xml("search", query="line one\nline two ✓"), 1),
+    Case("untyped_string_like_number", _xml("search", query="42"), 1),
+    Case("truncated", "Sure.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", 0),
+    Case("think_then_call", "<think>\nNeed the weather.\n</think>\n\n"
+         + _xml("get_weather", city="Paris"), 1),
+]
+
+LLAMA3 = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}', 1),
+    Case("arguments_key", '{"name": "get_weather", "arguments": {"city": "Paris"}}', 1),
+    Case("two_calls", '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+         '{"name": "search", "parameters": {"query": "東京", "filters": {"a": [1, {"b": null}]}}}',
+         2),
+    Case("compact_json", '{"name":"search","parameters":{"query":"☔ \\"q\\""}}', 1),
+    Case("truncated", '{"name": "get_weather", "parameters": {"city": "Pa', 0),
+    Case("json_in_prose", 'Use {"name": "get_weather", "parameters": {"city": "Paris"}} later.',
+         0),
+]
+"""`json_in_prose`: a call only for vLLM (see `DIFFERENT_BY_DESIGN`)."""
+
+FAMILIES: dict[str, list[Case]] = {
+    "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3}
+"""Tool format name (`gateway.tool_parser`) -> its corpus."""
