@@ -60,7 +60,6 @@ class ChoiceStream:
                  tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self._tok = tokenizer
         self._parser = tokenizer.output_parser
-        self._think_open = self._parser.reasoning.open
         self._tools = tools
         self._decoder = tokenizer.decode_stream()
         self._seed = id_seed(completion_id, index)
@@ -79,7 +78,7 @@ class ChoiceStream:
         """No stop string starts before this offset of `_text`."""
         self._cut: int | None = None
         """Where a stop string starts in `_text` (nothing after it is shown)."""
-        self._plain = self._think_open is None
+        self._plain = self._parser.reasoning.open is None
         """The text is past any reasoning opening: reasoning stays None."""
         self._tool_scan = 0
         """No tool call starts before this offset of the shown text (while plain; -1:
@@ -147,9 +146,7 @@ class ChoiceStream:
     def _partial(self, text: str) -> ParsedText:
         """The parser's `parse(text, final=False)`, without re-parsing plain content."""
         if not self._plain:
-            opening = self._think_open
-            assert opening is not None
-            if text.startswith(opening) or opening.startswith(text):
+            if self._parser.reasoning.pending(text):
                 return self._parser.parse(text, parse_tools=self._parse_tools,
                                           id_seed=self._seed, final=False, tools=self._tools)
             self._plain = True  # text only grows: no leading reasoning block from here on

@@ -153,6 +153,7 @@ class ChatTokenizer:
                     else load_chat_template(path, _read_json(path / "tokenizer_config.json")))
         selection = select_parser(
             template, _read_json(path / "config.json"), renders_tools=tokenizer.renders_tools,
+            generation_prompt=tokenizer._generation_prompt(),
             tool_parser=tool_parser, reasoning_parser=reasoning_parser,
             source=(f"the chat template {chat_template}" if chat_template is not None
                     else f"the chat template of {path}"))
@@ -187,6 +188,13 @@ class ChatTokenizer:
                                     add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # noqa: BLE001 - whatever the template raised: the request's
             raise ChatTemplateError(exc) from exc
+
+    def _generation_prompt(self) -> str:
+        """The end of a one-message prompt ("" when the template cannot render one)."""
+        try:
+            return self.render([{"role": "user", "content": "x"}], None)[-64:]
+        except ChatTemplateError:
+            return ""
 
     def _mapping_arguments(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Replayed tool calls with `arguments` as this family's template reads them (a

@@ -82,6 +82,21 @@ LLAMA3 = [
 ]
 """`json_in_prose`: a call only for vLLM (see `DIFFERENT_BY_DESIGN`)."""
 
+QWEN3_THINKING = [
+    Case("reasoning_then_content", "Let me think 🤔.\n</think>\n\nIt is 5.", 0),
+    Case("reasoning_then_call", "Need the weather.\n</think>\n\n"
+         + _hermes("get_weather", '{"city": "Paris"}'), 1),
+    Case("cut_in_reasoning", "Still thinking about Köln", 0),
+    Case("open_repeated", "<think>\nHmm.\n</think>\n\nOK.", 0),
+]
+"""Replies after a generation prompt that opened `<think>` (Qwen3 thinking-2507)."""
+
 FAMILIES: dict[str, list[Case]] = {
-    "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3}
-"""Tool format name (`gateway.tool_parser`) -> its corpus."""
+    "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3,
+    "qwen3_thinking": QWEN3_THINKING}
+"""Family -> its corpus."""
+FAMILY_PARSERS: dict[str, tuple[str, str]] = {
+    "hermes": ("hermes", ""), "qwen3_coder": ("qwen3_coder", ""),
+    "llama3_json": ("llama3_json", ""),
+    "qwen3_thinking": ("hermes", "<|im_start|>assistant\n<think>\n")}
+"""Family -> (`gateway.tool_parser`, the end of its template's generation prompt)."""

@@ -84,6 +84,11 @@ class ReasoningFormat:
         the start of a reasoning block (nothing can be shown yet)."""
         return None, text
 
+    def pending(self, text: str) -> bool:
+        """Whether `text` (a prefix of the reply) has, or may still get, reasoning at its
+        start: the stream parses it whole; False: the rest of the reply is content."""
+        return False
+
 
 class ToolFormat:
     """No tool calls: the text after reasoning is content. Subclasses parse calls."""

@@ -19,7 +19,7 @@ from gateway.toolparse.base import OutputParser, ReasoningFormat, ToolFormat
 from gateway.toolparse.hermes import HermesToolFormat
 from gateway.toolparse.llama3 import Llama3JsonToolFormat
 from gateway.toolparse.qwen3_coder import Qwen3CoderToolFormat
-from gateway.toolparse.think import ThinkReasoning
+from gateway.toolparse.think import THINK_OPEN, PromptOpenedThink, ThinkReasoning
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,11 @@ NOT_SUPPORTED: tuple[tuple[str, str], ...] = (
 )
 """(family, a string its template contains) of formats recognized but not parsed."""
 _ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",
-                  "Qwen3ForCausalLM": "hermes", "Qwen3MoeForCausalLM": "hermes",
-                  "LlamaForCausalLM": "llama3_json"}
-"""Fallback by `config.json` `architectures[0]` when the template names no format."""
+                  "Qwen3ForCausalLM": "hermes", "Qwen3MoeForCausalLM": "hermes"}
+"""Fallback by `config.json` `architectures[0]` when the template names no format. Only
+architectures one family uses: `LlamaForCausalLM` also serves SmolLM2, Llama 2 and
+distilled models that write other formats, so a Llama 3 checkpoint is recognized by its
+template (or set `gateway.tool_parser=llama3_json`)."""
 _NO_REASONING = {"llama3_json"}
 """Tool formats whose families write no `<think>` block (the default reasoning is
 `think` otherwise: a leading `<think>` block, as the gateway has always parsed)."""
@@ -69,14 +71,15 @@ class Selection:
 
 
 def select_parser(template: str | Mapping[str, str] | None, model_config: Mapping[str, Any],
-                  *, renders_tools: bool = True, tool_parser: str | None = None,
-                  reasoning_parser: str | None = None, source: str = "the model"
-                  ) -> Selection:
+                  *, renders_tools: bool = True, generation_prompt: str = "",
+                  tool_parser: str | None = None, reasoning_parser: str | None = None,
+                  source: str = "the model") -> Selection:
     """The parser for a model whose chat template text is `template` (named templates:
     all of them) and whose `config.json` is `model_config`. `tool_parser` /
     `reasoning_parser`: the settings' overrides (validated by the config). Logs one
     warning when the template renders tools (`renders_tools`) and its tool calls in a
-    format not parsed here, unless `tool_parser` names one."""
+    format not parsed here, unless `tool_parser` names one. `generation_prompt`: the end
+    of a rendered prompt; when it opens `<think>`, replies start inside reasoning."""
     text = "\n".join(template.values()) if isinstance(template, Mapping) else template or ""
     if tool_parser is not None:
         tool_name, reason = tool_parser, "gateway.tool_parser"
@@ -85,7 +88,10 @@ def select_parser(template: str | Mapping[str, str] | None, model_config: Mappin
     reasoning_name = "none" if tool_name in _NO_REASONING else "think"
     if reasoning_parser is not None:
         reasoning_name, reason = reasoning_parser, f"{reason}; gateway.reasoning_parser"
-    parser = OutputParser(REASONING_FORMATS[reasoning_name](), TOOL_FORMATS[tool_name]())
+    reasoning = REASONING_FORMATS[reasoning_name]()
+    if reasoning_name == "think" and generation_prompt.rstrip().endswith(THINK_OPEN):
+        reasoning = PromptOpenedThink()
+    parser = OutputParser(reasoning, TOOL_FORMATS[tool_name]())
     return Selection(parser, reason)
 
 

@@ -2,7 +2,12 @@
 and the project's ChatML template). It inverts the templates' assistant turn
 `<think>\\n{reasoning}\\n</think>\\n\\n{content}`: only a leading block counts, and the
 separators it adds are not part of reasoning or content, so a replayed reply re-renders
-to the generated text."""
+to the generated text.
+
+Templates whose generation prompt already opens the block (Qwen3 thinking-2507,
+DeepSeek-R1's later templates: `...assistant\\n<think>\\n`) get `PromptOpenedThink`: the
+reply starts inside reasoning and `</think>` ends it; a reply cut off before `</think>` is
+all reasoning (as vLLM's `qwen3` parser reads it)."""
 
 from __future__ import annotations
 
@@ -37,3 +42,20 @@ class ThinkReasoning(ReasoningFormat):
         else:
             rest = rest.removeprefix("\n\n")
         return body.removesuffix("\n") or None, rest
+
+    def pending(self, text: str) -> bool:
+        return text.startswith(THINK_OPEN) or THINK_OPEN.startswith(text)
+
+
+class PromptOpenedThink(ThinkReasoning):
+    """The generation prompt ends with `<think>`: the reply opens inside the block."""
+
+    name: ClassVar[str] = "think(opened by the prompt)"
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str] | None:
+        if not final and is_proper_prefix(text, THINK_OPEN):
+            return None  # the model may be repeating the opening: hold it
+        return super().split(THINK_OPEN + text.removeprefix(THINK_OPEN), final)
+
+    def pending(self, text: str) -> bool:
+        return True

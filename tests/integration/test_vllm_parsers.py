@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from output_corpus import FAMILIES, TOOLS, Case
+from output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS, Case
 
 from gateway.toolparse import ParsedText
 from gateway.toolparse.registry import select_parser
@@ -36,13 +36,14 @@ VLLM_PYTHON = os.environ.get("AREAL_TEST_VLLM_PYTHON")
 WORKER = Path(__file__).with_name("vllm_parsers_worker.py")
 
 VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
-                "llama3_json": "llama3_json"}
-"""Our tool format -> vLLM 0.32's tool parser of the same format."""
-VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None}
-"""Our family -> vLLM's reasoning parser, used on cases whose reply opens `<think>`.
-vLLM's `qwen3` reasoning parser reads a reply without `<think>` as all reasoning (it
-assumes the prompt opened the block); the gateway reads only a block the reply opens, so
-for those cases vLLM runs without a reasoning parser."""
+                "llama3_json": "llama3_json", "qwen3_thinking": "hermes"}
+"""Our family -> vLLM 0.32's tool parser of the same format."""
+VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None,
+                  "qwen3_thinking": "qwen3"}
+"""Our family -> vLLM's reasoning parser. vLLM's `qwen3` reasoning parser reads a reply
+without `<think>` as reasoning (it assumes the prompt opened the block); the gateway does
+so only where the model's generation prompt does open it (`qwen3_thinking`), so for the
+other families vLLM runs it only on cases whose reply opens `<think>`."""
 
 TRUNCATED_STREAM = ("vLLM streams a call's name (and part of its arguments) before the "
                     "call closes, then, whole, returns the unfinished call as text; the "
@@ -87,8 +88,8 @@ def _chunkings(text: str, seed: str) -> list[list[int]]:
 def vllm_results(vllm_python: str, tiny_model_dir: Path) -> dict[str, Any]:
     """vLLM's parse of every case of every family, from one subprocess (~15 s)."""
     jobs = [{"id": f"{family}/{case.name}", "tool_parser": VLLM_PARSERS[family],
-             "reasoning_parser": VLLM_REASONING[family] if case.text.startswith("<think>")
-             else None,
+             "reasoning_parser": VLLM_REASONING[family]
+             if case.text.startswith("<think>") or FAMILY_PARSERS[family][1] else None,
              "text": case.text, "tools": TOOLS,
              "chunkings": _chunkings(case.text, f"{family}/{case.name}")}
             for family, cases in FAMILIES.items() for case in cases]
@@ -115,7 +116,9 @@ def _json_or_text(args: str) -> Any:
 
 
 def _ours(family: str, case: Case) -> dict[str, Any]:
-    parser = select_parser(None, {}, tool_parser=family, renders_tools=False).parser
+    tool_format, generation_prompt = FAMILY_PARSERS[family]
+    parser = select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
+                           generation_prompt=generation_prompt).parser
     if VLLM_REASONING[family] is None:
         assert parser.reasoning.open is None
     out: ParsedText = parser.parse(case.text, parse_tools=True, id_seed="s", tools=TOOLS)

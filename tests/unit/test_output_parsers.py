@@ -19,7 +19,7 @@ from chat_templates import (
     SMOLLM2_TEMPLATE,
     tokenizer_dir_with_template,
 )
-from output_corpus import FAMILIES, TOOLS
+from output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS
 
 from areal_service.config import ReasoningParserName, ToolParserName
 from areal_service.sglang_protocol import FinishReason
@@ -32,12 +32,14 @@ from gateway.translate import id_seed
 SEED = id_seed("chatcmpl-t", 0)
 
 
-def parser_for(tool_format: str) -> OutputParser:
-    return select_parser(None, {}, tool_parser=tool_format, renders_tools=False).parser
+def parser_for(family: str) -> OutputParser:
+    tool_format, generation_prompt = FAMILY_PARSERS[family]
+    return select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
+                         generation_prompt=generation_prompt).parser
 
 
-def parse(tool_format: str, text: str, final: bool = True) -> ParsedText:
-    return parser_for(tool_format).parse(text, parse_tools=True, id_seed=SEED, final=final,
+def parse(family: str, text: str, final: bool = True) -> ParsedText:
+    return parser_for(family).parse(text, parse_tools=True, id_seed=SEED, final=final,
                                          tools=TOOLS)
 
 
@@ -54,9 +56,10 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     (LLAMA31_TEMPLATE, {}, "llama3_json+none"),
     ("{{ '<tool_call>' }}", {}, "hermes+think"),
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
-    (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "llama3_json+none"),
+    (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
-], ids=["qwen3_coder", "llama31", "hermes", "named_templates", "arch_llama", "arch_qwen3"])
+], ids=["qwen3_coder", "llama31", "hermes", "named_templates", "arch_llama_too_generic",
+        "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
                                                 expected: str) -> None:
     assert select_parser(template, config).parser.name == expected
@@ -148,6 +151,23 @@ def test_llama3_calls_are_the_whole_reply() -> None:
 def test_corpus_call_counts(family: str) -> None:
     for case in FAMILIES[family]:
         assert len(parse(family, case.text).tool_calls) == case.calls, case.name
+
+
+def test_prompt_opened_think_reads_the_reply_as_reasoning_first(tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    opened = QWEN3_CODER_TEMPLATE.replace("'<|im_start|>assistant\\n' }}",
+                                          "'<|im_start|>assistant\\n<think>\\n' }}")
+    assert opened != QWEN3_CODER_TEMPLATE
+    tok = ChatTokenizer.from_pretrained(
+        tokenizer_dir_with_template(tiny_model_dir, tmp_path / "t", opened))
+    assert tok.output_parser.reasoning.name == "think(opened by the prompt)"
+    case = {c.name: c for c in FAMILIES["qwen3_thinking"]}
+    assert parse("qwen3_thinking", case["reasoning_then_content"].text) == \
+        ParsedText("It is 5.", "Let me think 🤔.", ())
+    assert parse("qwen3_thinking", case["cut_in_reasoning"].text) == \
+        ParsedText("", "Still thinking about Köln", ())
+    assert parse("qwen3_thinking", case["open_repeated"].text) == ParsedText("OK.", "Hmm.", ())
+    assert parse("hermes", case["reasoning_then_content"].text).reasoning is None
 
 
 # ---------------------------------------------------------------- streaming
