@@ -13,6 +13,7 @@ model-specific class) loads through transformers, imported lazily.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -68,8 +69,9 @@ class TokenizerCore(Protocol):
         """`encode` of each text, in one call (the Rust tokenizer runs them in parallel)."""
         ...
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of ids with special tokens skipped (transformers' `skip_special_tokens`)."""
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Text of ids, special tokens skipped unless not `skip_special` (transformers'
+        `skip_special_tokens`)."""
         ...
 
     def id_to_piece(self, token_id: int) -> str | None:
@@ -107,6 +109,9 @@ class ChatTokenizer:
         self._token_info: dict[int, tuple[str, tuple[int, ...]]] = {}
         self._byte_decoder = _byte_level_decoder() if self.core.byte_level else None
         self._fast_decode = self.core.decode  # bound once: the stream decodes twice a token
+        self._skip_special = True
+        """Replies are decoded without special tokens, unless the model's parser reads
+        markers that are special tokens (`ToolFormat.special_markers`)."""
         self._split_at = ("<|im_start|>" if "<|im_start|>" in self.core.added_tokens.values()
                           else None)
         if self._split_at and not self._segments_encode_alone():
@@ -132,6 +137,9 @@ class ChatTokenizer:
     def use_parser(self, parser: OutputParser) -> None:
         """Parse this model's replies with `parser` (chosen once, at load)."""
         self.output_parser = parser
+        self._skip_special = not parser.tools.special_markers
+        self._fast_decode = (self.core.decode if self._skip_special
+                             else functools.partial(self.core.decode, skip_special=False))
         close = parser.reasoning.close
         close_ids = self.core.encode(close) if close else []
         self.think_close_id = close_ids[0] if len(close_ids) == 1 else None
@@ -241,7 +249,7 @@ class ChatTokenizer:
         tokenizer is a plain Rust one; else a window re-decode (two decodes a push)."""
         backend = getattr(self.core, "stream_backend", None)
         if backend is not None:
-            return _RustTextStream(backend)
+            return _RustTextStream(backend, skip_special=self._skip_special)
         return _WindowTextStream(self)
 
     def token_info(self, token_id: int) -> tuple[str, tuple[int, ...]]:
@@ -349,9 +357,9 @@ class _RustTextStream:
     """`tokenizers.decoders.DecodeStream`: keeps the ids since the last complete
     character and decodes only those (what vLLM's prefix/read offsets do, in Rust)."""
 
-    def __init__(self, backend: Tokenizer) -> None:
+    def __init__(self, backend: Tokenizer, *, skip_special: bool = True) -> None:
         self._backend = backend
-        self._stream = decoders.DecodeStream(skip_special_tokens=True)
+        self._stream = decoders.DecodeStream(skip_special_tokens=skip_special)
 
     def push(self, ids: Sequence[int]) -> str:
         step, backend = self._stream.step, self._backend
@@ -561,9 +569,9 @@ class RustTokenizer:
         return [e.ids for e in self._backend.encode_batch_fast(texts,
                                                                 add_special_tokens=False)]
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of ids, special tokens skipped."""
-        text = self._backend.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Text of ids, special tokens skipped (unless not `skip_special`)."""
+        text = self._backend.decode(ids, skip_special_tokens=skip_special)
         return _clean_up_tokenization(text) if self._clean_up else text
 
     def id_to_piece(self, token_id: int) -> str | None:
@@ -775,11 +783,11 @@ class TransformersTokenizer:
         """`encode` of each text in one call."""
         return self.hf(texts, add_special_tokens=False)["input_ids"]
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of ids, special tokens skipped."""
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Text of ids, special tokens skipped (unless not `skip_special`)."""
         if self._rust_decode is not None:
-            return self._rust_decode(ids, skip_special_tokens=True)
-        return self.hf.decode(ids, skip_special_tokens=True)
+            return self._rust_decode(ids, skip_special_tokens=skip_special)
+        return self.hf.decode(ids, skip_special_tokens=skip_special)
 
     def id_to_piece(self, token_id: int) -> str | None:
         """The vocabulary string of one id."""

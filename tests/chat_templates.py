@@ -131,16 +131,37 @@ LLAMA31_TEMPLATE = """\
 `{"name": ..., "parameters": ARGS|tojson}`, one call per turn."""
 
 MISTRAL_TOOLS_TEMPLATE = """\
+{%- set user_messages = messages | selectattr("role", "equalto", "user") | list %}
 {%- for message in messages %}
     {%- if message.role == 'user' %}
-        {%- if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif %}
+        {%- if tools and message == user_messages[-1] %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif %}
         {{- '[INST]' + message.content + '[/INST]' }}
-    {%- elif message.role == 'assistant' and message.tool_calls %}
-        {%- for tool_call in message.tool_calls %}{{- '[TOOL_CALLS]' + tool_call.function.name + '[ARGS]' + tool_call.function.arguments }}{%- endfor %}
+    {%- elif message.role == 'assistant' %}
+        {%- if message.content is string %}{{- message.content }}{%- endif %}
+        {%- for tool in message.tool_calls or [] %}
+            {%- set arguments = tool.function.arguments %}
+            {%- if arguments is not string %}{%- set arguments = arguments|tojson|safe %}
+            {%- elif arguments == '' %}{%- set arguments = '{}' %}{%- endif %}
+            {{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' + arguments }}
+        {%- endfor %}
         {{- eos_token }}
-    {%- elif message.role == 'assistant' %}{{- message.content + eos_token }}
+    {%- elif message.role == 'tool' %}
+        {{- '[TOOL_RESULTS]' + message.content + '[/TOOL_RESULTS]' }}
     {%- endif %}
 {%- endfor %}
 """
-"""A Mistral-style template (`[TOOL_CALLS]name[ARGS]{...}`, as Mistral's v11 tokenizer
-writes calls): a format the gateway recognizes but does not parse yet."""
+"""Mistral Small 3.x's (v11 tokenizer) template, reduced (see above): content, then
+`[TOOL_CALLS]NAME[ARGS]ARGUMENTS` per call, a string `arguments` written verbatim."""
+
+DEEPSEEK_V3_LIKE_TEMPLATE = """\
+{%- for message in messages %}
+    {%- if message.role == 'user' %}{{- '<｜User｜>' + message.content }}
+    {%- elif message.role == 'assistant' %}{{- '<｜Assistant｜>' + message.content }}
+        {%- for tool in message.tool_calls or [] %}{{- '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>' + tool.function.name + '\\n```json\\n' + tool.function.arguments + '\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>' }}{%- endfor %}
+    {%- endif %}
+{%- endfor %}
+{%- if tools %}{{- '<｜tools｜>' + (tools | tojson) }}{%- endif %}
+{%- if add_generation_prompt %}{{- '<｜Assistant｜>' }}{%- endif %}
+"""
+"""DeepSeek V3's tool-call markers in a minimal template: a format the gateway recognizes
+but does not parse yet (the start-up warning's case)."""

@@ -82,6 +82,26 @@ LLAMA3 = [
 ]
 """`json_in_prose`: a call only for vLLM (see `DIFFERENT_BY_DESIGN`)."""
 
+MISTRAL = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}', 1),
+    Case("content_then_call", 'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Köln"}', 1),
+    Case("two_calls", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]search[ARGS]'
+         '{"query": "東京 ☔", "filters": {"a": [1, {"b": null}]}}', 2),
+    Case("compact_json", '[TOOL_CALLS]search[ARGS]{"query":"\\"q\\""}', 1),
+    Case("truncated", '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', 0),
+]
+"""Mistral v11+ (`[TOOL_CALLS]NAME[ARGS]{...}`)."""
+
+MISTRAL_V3 = [
+    Case("plain", "Fine. ☀️", 0),
+    Case("one_call", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', 1),
+    Case("two_calls", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+         '{"name": "search", "arguments": {"query": "東京", "filters": {"a": [1]}}}]', 2),
+    Case("truncated", '[TOOL_CALLS][{"name": "get_weather", "argu', 0),
+]
+"""Mistral pre-v11 (`[TOOL_CALLS][{...}, ...]`, Mistral 7B v0.3, NeMo)."""
+
 QWEN3_THINKING = [
     Case("reasoning_then_content", "Let me think 🤔.\n</think>\n\nIt is 5.", 0),
     Case("reasoning_then_call", "Need the weather.\n</think>\n\n"
@@ -93,10 +113,11 @@ QWEN3_THINKING = [
 
 FAMILIES: dict[str, list[Case]] = {
     "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3,
-    "qwen3_thinking": QWEN3_THINKING}
+    "qwen3_thinking": QWEN3_THINKING, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3}
 """Family -> its corpus."""
 FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "hermes": ("hermes", ""), "qwen3_coder": ("qwen3_coder", ""),
     "llama3_json": ("llama3_json", ""),
-    "qwen3_thinking": ("hermes", "<|im_start|>assistant\n<think>\n")}
+    "qwen3_thinking": ("hermes", "<|im_start|>assistant\n<think>\n"),
+    "mistral": ("mistral", ""), "mistral_v3": ("mistral", "")}
 """Family -> (`gateway.tool_parser`, the end of its template's generation prompt)."""

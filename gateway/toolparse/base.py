@@ -96,6 +96,10 @@ class ToolFormat:
     name: ClassVar[str] = "none"
     markers: ClassVar[tuple[str, ...]] = ()
     """Held back at the end of partial plain content: a tool call may start with one."""
+    special_markers: ClassVar[bool] = False
+    """The format's markers are special tokens (Mistral's `[TOOL_CALLS]`): replies are
+    decoded keeping special tokens, as vLLM does for these parsers (the stop token that
+    ends a reply is cut off before decoding either way)."""
     arguments_as_mapping: ClassVar[bool] = False
     """The family's chat template reads a replayed call's `arguments` as a mapping
     (`arguments|items`, `arguments|tojson`), not as the JSON string the API carries."""

@@ -18,6 +18,7 @@ from typing import Any
 from gateway.toolparse.base import OutputParser, ReasoningFormat, ToolFormat
 from gateway.toolparse.hermes import HermesToolFormat
 from gateway.toolparse.llama3 import Llama3JsonToolFormat
+from gateway.toolparse.mistral import MistralToolFormat
 from gateway.toolparse.qwen3_coder import Qwen3CoderToolFormat
 from gateway.toolparse.think import THINK_OPEN, PromptOpenedThink, ThinkReasoning
 
@@ -27,6 +28,7 @@ TOOL_FORMATS: dict[str, type[ToolFormat]] = {
     "hermes": HermesToolFormat,
     "qwen3_coder": Qwen3CoderToolFormat,
     "llama3_json": Llama3JsonToolFormat,
+    "mistral": MistralToolFormat,
     "none": ToolFormat,
 }
 """`gateway.tool_parser` values (vLLM's names where vLLM has the same format)."""
@@ -41,11 +43,11 @@ _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3_coder", ("<function=", "<parameter=")),
     ("hermes", ("<tool_call>",)),
     ("llama3_json", ('"parameters": ', "<|start_header_id|>")),
+    ("mistral", ("[TOOL_CALLS]",)),
 )
 """(tool format, strings its chat template contains, all of them)."""
 NOT_SUPPORTED: tuple[tuple[str, str], ...] = (
     ("gpt-oss harmony", "<|channel|>"),
-    ("Mistral [TOOL_CALLS]", "[TOOL_CALLS]"),
     ("DeepSeek V3/V3.1", "tool▁calls▁begin"),
     ("Kimi K2", "<|tool_calls_section_begin|>"),
     ("GLM-4.5", "<arg_key>"),
@@ -58,9 +60,10 @@ _ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",
 architectures one family uses: `LlamaForCausalLM` also serves SmolLM2, Llama 2 and
 distilled models that write other formats, so a Llama 3 checkpoint is recognized by its
 template (or set `gateway.tool_parser=llama3_json`)."""
-_NO_REASONING = {"llama3_json"}
+_NO_REASONING = {"llama3_json", "mistral"}
 """Tool formats whose families write no `<think>` block (the default reasoning is
-`think` otherwise: a leading `<think>` block, as the gateway has always parsed)."""
+`think` otherwise: a leading `<think>` block, as the gateway has always parsed).
+Magistral's `[THINK]` blocks are not read yet: they stay in the content."""
 
 
 @dataclass(frozen=True, slots=True)

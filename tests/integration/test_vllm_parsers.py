@@ -36,19 +36,25 @@ VLLM_PYTHON = os.environ.get("AREAL_TEST_VLLM_PYTHON")
 WORKER = Path(__file__).with_name("vllm_parsers_worker.py")
 
 VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
-                "llama3_json": "llama3_json", "qwen3_thinking": "hermes"}
+                "llama3_json": "llama3_json", "qwen3_thinking": "hermes",
+                "mistral": "mistral", "mistral_v3": "mistral"}
 """Our family -> vLLM 0.32's tool parser of the same format."""
+EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "[ARGS]"],
+                "mistral_v3": ["[TOOL_CALLS]"]}
+"""Marker tokens the family's tokenizer has as special tokens (vLLM's parser looks them
+up; the test tokenizer lacks them). vLLM tells Mistral's generations apart by `[ARGS]`
+being in the vocabulary."""
 VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None,
-                  "qwen3_thinking": "qwen3"}
+                  "qwen3_thinking": "qwen3", "mistral": None, "mistral_v3": None}
 """Our family -> vLLM's reasoning parser. vLLM's `qwen3` reasoning parser reads a reply
 without `<think>` as reasoning (it assumes the prompt opened the block); the gateway does
 so only where the model's generation prompt does open it (`qwen3_thinking`), so for the
 other families vLLM runs it only on cases whose reply opens `<think>`."""
 
-TRUNCATED_STREAM = ("vLLM streams a call's name (and part of its arguments) before the "
-                    "call closes, then, whole, returns the unfinished call as text; the "
-                    "gateway streams nothing of a call until it closes, so its stream "
-                    "equals its whole reply (text here, as vLLM's whole parse)")
+TRUNCATED_STREAM = ("vLLM streams a call's name and part of its arguments before the call "
+                    "is complete, so a reply cut off mid-call has streamed a half call; "
+                    "the gateway streams a call only once it is complete, so its stream "
+                    "equals its whole reply, where the cut-off call stays text")
 DIFFERENT_BY_DESIGN: dict[tuple[str, str, str], str] = {
     ("hermes", "truncated", "stream"): TRUNCATED_STREAM,
     ("llama3_json", "truncated", "stream"): TRUNCATED_STREAM,
@@ -57,6 +63,14 @@ DIFFERENT_BY_DESIGN: dict[tuple[str, str, str], str] = {
         "gateway keeps it as text: running a half-written call acts on a partial command, "
         "and the Hermes and JSON formats keep it as text in vLLM too"),
     ("qwen3_coder", "truncated", "stream"): TRUNCATED_STREAM,
+    ("mistral", "truncated", "stream"): TRUNCATED_STREAM,
+    ("mistral_v3", "truncated", "stream"): TRUNCATED_STREAM,
+    ("mistral", "truncated", "whole"): (
+        "vLLM returns a call cut off by max_tokens as a call with its partial arguments "
+        "(not JSON); the gateway keeps it as text, as for Qwen3-Coder"),
+    ("mistral_v3", "truncated", "whole"): (
+        "vLLM returns the unfinished call's text without its [TOOL_CALLS] marker; the "
+        "gateway keeps the reply's text as generated, marker included"),
     ("llama3_json", "json_in_prose", "whole"): (
         "vLLM's whole parse takes a JSON object out of the middle of prose as a call and "
         "drops the prose (its own stream keeps it as text); the gateway calls only when the "
@@ -90,7 +104,8 @@ def vllm_results(vllm_python: str, tiny_model_dir: Path) -> dict[str, Any]:
     jobs = [{"id": f"{family}/{case.name}", "tool_parser": VLLM_PARSERS[family],
              "reasoning_parser": VLLM_REASONING[family]
              if case.text.startswith("<think>") or FAMILY_PARSERS[family][1] else None,
-             "text": case.text, "tools": TOOLS,
+             "text": case.text, "tools": TOOLS, "extra_tokens": EXTRA_TOKENS.get(family, []),
+             "prompt": "<|im_start|>assistant\n" + FAMILY_PARSERS[family][1],
              "chunkings": _chunkings(case.text, f"{family}/{case.name}")}
             for family, cases in FAMILIES.items() for case in cases]
     done = subprocess.run(

@@ -1,10 +1,14 @@
 """Runs vLLM's own tool-call and reasoning parsers on a corpus, in vLLM's interpreter (the
-gateway's environment has no vLLM, no torch). Reads one JSON object from stdin:
-`{"tokenizer": dir, "jobs": [{"id", "tool_parser", "reasoning_parser" (or null), "text",
-"tools", "chunkings": [[token counts...]...]}]}`, writes `{id: result}` to stdout, where a
-result holds the whole parse (`content`, `reasoning`, `calls`: [[name, arguments]]) and
-one streamed parse per chunking (the deltas summed the same way). Exceptions are
-results too (`error`), so one case cannot hide the others."""
+gateway's environment has no vLLM, no torch). vLLM's serving layer composes the two named
+parsers into one (`ParserManager.get_parser`) and calls `parse` on a whole reply and
+`parse_delta` per streamed step (`finished` on the last); this does the same.
+
+Reads one JSON object from stdin: `{"tokenizer": dir, "jobs": [{"id", "tool_parser",
+"reasoning_parser" (or null), "text", "tools", "extra_tokens", "prompt",
+"chunkings": [[token counts...]...]}]}`; writes `{id: {"whole": result, "streamed":
+[result per chunking]}}`, a result being `{"content", "reasoning", "calls": [[name,
+arguments]]}` (streamed deltas summed), or `{"error": traceback}`, so one case cannot hide
+the others."""
 
 from __future__ import annotations
 
@@ -15,85 +19,64 @@ from typing import Any
 
 from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-from vllm.reasoning import ReasoningParserManager
-from vllm.tool_parsers import ToolParserManager
-
-EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"]}
-"""Marker tokens a vLLM parser looks up in the vocabulary (the test tokenizer lacks them;
-the corpus never contains them)."""
+from vllm.parser.parser_manager import ParserManager
 
 
-def tokenizer_for(path: str, parser: str) -> Any:
+def tokenizer_for(path: str, extra_tokens: list[str]) -> Any:
+    """The test tokenizer plus the family's marker tokens, as special tokens (what the
+    vLLM parser looks up in the vocabulary; the tiny model has none of them)."""
     tok = AutoTokenizer.from_pretrained(path)
-    if parser in EXTRA_TOKENS:
-        tok.add_special_tokens({"additional_special_tokens": EXTRA_TOKENS[parser]})
+    if extra_tokens:
+        tok.add_special_tokens({"additional_special_tokens": extra_tokens})
     return tok
 
 
+def parser_for(job: dict[str, Any], tok: Any) -> Any:
+    cls = ParserManager.get_parser(tool_parser_name=job["tool_parser"],
+                                   reasoning_parser_name=job["reasoning_parser"],
+                                   enable_auto_tools=True, tokenizer=tok)
+    return cls(tok, job["tools"])
+
+
 def whole(job: dict[str, Any], tok: Any, request: Any) -> dict[str, Any]:
-    text = job["text"]
-    reasoning = None
-    if job["reasoning_parser"]:
-        rp = ReasoningParserManager.get_reasoning_parser(job["reasoning_parser"])(tok)
-        reasoning, text = rp.extract_reasoning(text, request)
-        text = text or ""
-    tp = ToolParserManager.get_tool_parser(job["tool_parser"])(tok, request.tools)
-    info = tp.extract_tool_calls(text, request)
-    return {"content": info.content, "reasoning": reasoning,
-            "calls": [[c.function.name, c.function.arguments] for c in info.tool_calls]}
+    ids = tok.encode(job["text"], add_special_tokens=False)
+    reasoning, content, calls = parser_for(job, tok).parse(
+        job["text"], request, enable_auto_tools=True, model_output_token_ids=ids)
+    return {"content": content, "reasoning": reasoning,
+            "calls": [[c.name, c.arguments] for c in calls or ()]}
 
 
 def streamed(job: dict[str, Any], tok: Any, request: Any, chunking: list[int]
              ) -> dict[str, Any]:
+    """Deltas as vLLM's detokenizer hands them on: the text the new ids complete (an
+    incomplete UTF-8 sequence waits for the next ids)."""
+    parser = parser_for(job, tok)
     ids = tok.encode(job["text"], add_special_tokens=False)
-    rp = (ReasoningParserManager.get_reasoning_parser(job["reasoning_parser"])(tok)
-          if job["reasoning_parser"] else None)
-    tp = ToolParserManager.get_tool_parser(job["tool_parser"])(tok, request.tools)
+    prompt = tok.encode(job["prompt"], add_special_tokens=False)
     content, reasoning = "", ""
-    args: dict[int, list[str]] = {}
-    prev_text, prev_ids, pos = "", [], 0
-    tool_prev_text, tool_prev_ids = "", []
-    in_reasoning = rp is not None
-    pending: list[int] = []
+    calls: dict[int, list[str]] = {}
+    sent_text, sent, pos = "", 0, 0
     for size in chunking:
-        pending += ids[pos:pos + size]
-        pos += size
-        cur_ids = prev_ids + pending
-        cur_text = tok.decode(cur_ids)
-        if cur_text.endswith("\ufffd") and pos < len(ids):
-            continue  # an incomplete UTF-8 sequence: vLLM's detokenizer holds it back too
-        delta_ids, pending = pending, []
-        delta_text = cur_text[len(prev_text):]
-        if in_reasoning:
-            msg = rp.extract_reasoning_streaming(prev_text, cur_text, delta_text, prev_ids,
-                                                 cur_ids, delta_ids)
-            prev_text, prev_ids = cur_text, cur_ids
-            if msg is not None:
-                reasoning += msg.reasoning or ""
-            if not rp.is_reasoning_end(cur_ids):
-                continue
-            # Reasoning ended in this delta: what came after it is the tool parser's
-            # first delta (as vLLM's serving layer hands it over).
-            in_reasoning = False
-            delta_text = msg.content or "" if msg is not None else ""
-            delta_ids = tok.encode(delta_text, add_special_tokens=False)
-            if not delta_text:
-                continue
-        tool_cur_text = tool_prev_text + delta_text
-        tool_cur_ids = tool_prev_ids + list(delta_ids)
-        msg = tp.extract_tool_calls_streaming(tool_prev_text, tool_cur_text, delta_text,
-                                              tool_prev_ids, tool_cur_ids, delta_ids, request)
+        pos = min(pos + size, len(ids))
+        text = tok.decode(ids[:pos])
+        finished = pos == len(ids)
+        if text.endswith("\ufffd") and not finished:
+            continue
+        msg = parser.parse_delta(text[len(sent_text):], list(ids[sent:pos]), request,
+                                 prompt_token_ids=prompt, finished=finished)
+        sent_text, sent = text, pos
         if msg is not None:
             content += msg.content or ""
+            reasoning += msg.reasoning or ""
             for call in msg.tool_calls or []:
-                entry = args.setdefault(call.index, ["", ""])
+                entry = calls.setdefault(call.index, ["", ""])
                 if call.function is not None:
                     entry[0] += call.function.name or ""
                     entry[1] += call.function.arguments or ""
-        tool_prev_text, tool_prev_ids = tool_cur_text, tool_cur_ids
-        prev_text, prev_ids = cur_text, cur_ids
+        if finished:
+            break
     return {"content": content, "reasoning": reasoning or None,
-            "calls": [args[i] for i in sorted(args)]}
+            "calls": [calls[i] for i in sorted(calls)]}
 
 
 def main() -> None:
@@ -101,12 +84,12 @@ def main() -> None:
     tokenizers: dict[str, Any] = {}
     out: dict[str, Any] = {}
     for job in spec["jobs"]:
-        tok = tokenizers.get(job["tool_parser"])
+        key = ",".join(job["extra_tokens"])
+        tok = tokenizers.get(key)
         if tok is None:
-            tok = tokenizers[job["tool_parser"]] = tokenizer_for(spec["tokenizer"],
-                                                                 job["tool_parser"])
+            tok = tokenizers[key] = tokenizer_for(spec["tokenizer"], job["extra_tokens"])
         request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
-                                        tools=job["tools"])
+                                        tools=job["tools"], tool_choice="auto")
         result: dict[str, Any] = {}
         try:
             result["whole"] = whole(job, tok, request)

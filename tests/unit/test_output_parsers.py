@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from chat_templates import (
+    DEEPSEEK_V3_LIKE_TEMPLATE,
     LLAMA31_TEMPLATE,
     MISTRAL_TOOLS_TEMPLATE,
     QWEN3_CODER_TEMPLATE,
@@ -54,11 +55,12 @@ def test_settings_list_exactly_the_registered_formats() -> None:
 @pytest.mark.parametrize(("template", "config", "expected"), [
     (QWEN3_CODER_TEMPLATE, {}, "qwen3_coder+think"),
     (LLAMA31_TEMPLATE, {}, "llama3_json+none"),
+    (MISTRAL_TOOLS_TEMPLATE, {}, "mistral+none"),
     ("{{ '<tool_call>' }}", {}, "hermes+think"),
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
-], ids=["qwen3_coder", "llama31", "hermes", "named_templates", "arch_llama_too_generic",
+], ids=["qwen3_coder", "llama31", "mistral", "hermes", "named_templates", "arch_llama_too_generic",
         "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
                                                 expected: str) -> None:
@@ -74,19 +76,20 @@ def test_settings_override_the_choice() -> None:
 
 def test_unknown_format_warns_once_at_load(tiny_model_dir: Path, tmp_path: Path,
                                            caplog: pytest.LogCaptureFixture) -> None:
-    mistral = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m", MISTRAL_TOOLS_TEMPLATE)
+    deepseek = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m",
+                                           DEEPSEEK_V3_LIKE_TEMPLATE)
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
-        tok = ChatTokenizer.from_pretrained(mistral)
+        tok = ChatTokenizer.from_pretrained(deepseek)
         assert tok.renders_tools
         for _ in range(3):  # requests parse with the parser chosen at load: no new warning
-            tok.output_parser.parse("[TOOL_CALLS]f[ARGS]{}", parse_tools=True, id_seed="s")
+            tok.output_parser.parse("<｜tool▁calls▁begin｜>", parse_tools=True, id_seed="s")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "Mistral [TOOL_CALLS]" in warnings[0]
+    assert "DeepSeek V3/V3.1" in warnings[0]
     assert "tool calls will come back as text" in warnings[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
-        ChatTokenizer.from_pretrained(mistral, tool_parser="none")  # the user decided
+        ChatTokenizer.from_pretrained(deepseek, tool_parser="none")  # the user decided
         ChatTokenizer.from_pretrained(  # renders no tools: the tokenizer's own warning
             tokenizer_dir_with_template(tiny_model_dir, tmp_path / "s", SMOLLM2_TEMPLATE))
     assert not [r for r in caplog.records if r.name == "gateway.toolparse.registry"]
@@ -210,6 +213,37 @@ def test_stream_deltas_add_up_to_the_whole_parse(tok: ChatTokenizer, family: str
             assert whole.tool_calls[:len(part.tool_calls)] == part.tool_calls, (case.name, cut)
 
 
+def test_special_token_markers_survive_the_decode(tiny_model_dir: Path, tmp_path: Path
+                                                  ) -> None:
+    """Mistral's `[TOOL_CALLS]` and `[ARGS]` are special tokens: a Mistral model's replies
+    are decoded keeping them (whole and streamed), other models' still drop specials."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tiny_model_dir)
+    hf.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]"]})
+    hf.save_pretrained(tmp_path / "mistral")
+    (tmp_path / "mistral" / "chat_template.jinja").write_text(MISTRAL_TOOLS_TEMPLATE)
+    tok = ChatTokenizer.from_pretrained(tmp_path / "mistral")
+    assert tok.output_parser.name == "mistral+none"
+    text = 'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Köln"}'
+    ids = tok.encode(text)
+    assert hf.convert_tokens_to_ids("[TOOL_CALLS]") in ids
+    assert tok.decode(ids) == text
+    rng = random.Random(0)
+    stream = ChoiceStream(tok, completion_id="chatcmpl-t", parse_tools=True, tools=TOOLS)
+    content, calls, pos = "", [], 0
+    while pos < len(ids):
+        step = rng.randint(1, 3)
+        delta = stream.push(ids[pos:pos + step], [0.0] * len(ids[pos:pos + step]),
+                            FinishReason("length", length=len(ids))
+                            if pos + step >= len(ids) else None)
+        content, calls, pos = content + delta.content, calls + list(delta.tool_calls), pos + step
+    assert content == "Let me check."
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Köln"}')]
+    hermes = ChatTokenizer.from_pretrained(tmp_path / "mistral", tool_parser="hermes")
+    assert hermes.decode(ids) == text.replace("[TOOL_CALLS]", "").replace("[ARGS]", "")
+
+
 # ---------------------------------------------------------------- reverse direction
 
 REPLAY = {
@@ -217,6 +251,9 @@ REPLAY = {
                                                         "two_calls", "multiline_value",
                                                         "untyped_string_like_number")),
     "llama3_json": (LLAMA31_TEMPLATE, "<|eot_id|>", ("one_call", "plain")),
+    "mistral": (MISTRAL_TOOLS_TEMPLATE, "<|im_end|>", ("plain", "one_call",
+                                                       "content_then_call", "two_calls",
+                                                       "compact_json")),
 }
 """Family -> (template, its end of turn, cases whose replay must render back exactly).
 Llama 3.1's template writes arguments with `tojson` (`", "`, `": "` separators) and one
