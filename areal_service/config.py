@@ -181,7 +181,8 @@ class EngineConfig(_Section):
     """Launch or attach settings used when `backend` is `vllm`."""
 
 
-ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "none"]
+ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3",
+                         "deepseek_v31", "kimi_k2", "none"]
 """`gateway.tool_parser` values: the formats `gateway/toolparse/` reads."""
 ReasoningParserName = Literal["think", "none"]
 """`gateway.reasoning_parser` values."""

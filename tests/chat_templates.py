@@ -153,15 +153,58 @@ MISTRAL_TOOLS_TEMPLATE = """\
 """Mistral Small 3.x's (v11 tokenizer) template, reduced (see above): content, then
 `[TOOL_CALLS]NAME[ARGS]ARGUMENTS` per call, a string `arguments` written verbatim."""
 
-DEEPSEEK_V3_LIKE_TEMPLATE = """\
+DEEPSEEK_V3_TEMPLATE = """\
+{{- bos_token }}
+{%- if tools %}{{- '## Tools\\n' + (tools | tojson) + '\\n\\n' }}{%- endif %}
 {%- for message in messages %}
     {%- if message.role == 'user' %}{{- '<｜User｜>' + message.content }}
-    {%- elif message.role == 'assistant' %}{{- '<｜Assistant｜>' + message.content }}
-        {%- for tool in message.tool_calls or [] %}{{- '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>' + tool.function.name + '\\n```json\\n' + tool.function.arguments + '\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>' }}{%- endfor %}
+    {%- elif message.role == 'assistant' %}
+        {{- '<｜Assistant｜>' + message.content }}
+        {%- for tool in message.tool_calls or [] %}
+            {%- if loop.first %}{{- '<｜tool▁calls▁begin｜>' }}{%- else %}{{- '\\n' }}{%- endif %}
+            {{- '<｜tool▁call▁begin｜>' + tool.type + '<｜tool▁sep｜>' + tool.function.name + '\\n```json\\n' + tool.function.arguments + '\\n```<｜tool▁call▁end｜>' }}
+            {%- if loop.last %}{{- '<｜tool▁calls▁end｜>' }}{%- endif %}
+        {%- endfor %}
+        {{- eos_token }}
+    {%- elif message.role == 'tool' %}{{- '<｜tool▁output▁begin｜>' + message.content + '<｜tool▁output▁end｜>' }}
     {%- endif %}
 {%- endfor %}
-{%- if tools %}{{- '<｜tools｜>' + (tools | tojson) }}{%- endif %}
 {%- if add_generation_prompt %}{{- '<｜Assistant｜>' }}{%- endif %}
 """
-"""DeepSeek V3's tool-call markers in a minimal template: a format the gateway recognizes
-but does not parse yet (the start-up warning's case)."""
+"""DeepSeek V3's template, reduced (see above): content, then the calls section, each
+call's string arguments written verbatim in a json fence, consecutive calls on new lines."""
+
+KIMI_K2_TEMPLATE = """\
+{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{%- endif -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>
+        {{- message['content'] }}
+        {%- if message['tool_calls'] -%}<|tool_calls_section_begin|>
+            {%- for tool_call in message['tool_calls'] -%}
+                {%- set formatted_id = tool_call['id'] -%}
+<|tool_call_begin|>{{ formatted_id }}<|tool_call_argument_begin|>{% if tool_call['function']['arguments'] is string %}{{ tool_call['function']['arguments'] }}{% else %}{{ tool_call['function']['arguments'] | tojson }}{% endif %}<|tool_call_end|>
+            {%- endfor -%}
+<|tool_calls_section_end|>
+        {%- endif -%}<|im_end|>
+    {%- elif message['role'] == 'tool' -%}<|im_system|>tool<|im_middle|>## Return of {{ message.tool_call_id }}
+{{ message['content'] }}<|im_end|>
+    {%- else -%}<|im_user|>user<|im_middle|>{{ message['content'] }}<|im_end|>
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}
+"""
+"""Kimi K2 Instruct's template, reduced (see above): content, then the calls section, each
+call's id (`functions.NAME:I`) and string arguments written verbatim."""
+
+GPT_OSS_LIKE_TEMPLATE = """\
+{%- if tools %}{{- '<|start|>developer<|message|>' + (tools | tojson) + '<|end|>' }}{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'assistant' and message.tool_calls %}
+        {{- '<|start|>assistant<|channel|>commentary to=functions.' + message.tool_calls[0].function.name + ' <|constrain|>json<|message|>' + message.tool_calls[0].function.arguments + '<|call|>' }}
+    {%- else %}{{- '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}
+"""
+"""gpt-oss's harmony channels in a minimal template: a format the gateway recognizes but
+does not parse yet (the start-up warning's case)."""

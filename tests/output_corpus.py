@@ -102,6 +102,50 @@ MISTRAL_V3 = [
 ]
 """Mistral pre-v11 (`[TOOL_CALLS][{...}, ...]`, Mistral 7B v0.3, NeMo)."""
 
+_DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
+_DS31_CALL = "<｜tool▁call▁begin｜>{}<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+_DS_BEGIN, _DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+
+DEEPSEEK_V3 = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", _DS_BEGIN + _DS_CALL.format("get_weather", '{"city": "Paris", "days": 3}')
+         + _DS_END, 1),
+    Case("content_then_call", "Let me check." + _DS_BEGIN
+         + _DS_CALL.format("get_weather", '{"city": "Köln"}') + _DS_END, 1),
+    Case("two_calls", _DS_BEGIN + _DS_CALL.format("get_weather", '{"city": "Paris"}') + "\n"
+         + _DS_CALL.format("search", '{"query": "東京 ☔", "filters": {"a": [1, {"b": null}]}}')
+         + _DS_END, 2),
+    Case("truncated", "Sure." + _DS_BEGIN + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_w", 0),
+]
+
+DEEPSEEK_V31 = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", _DS_BEGIN + _DS31_CALL.format("get_weather", '{"city": "Paris", "days": 3}')
+         + _DS_END, 1),
+    Case("content_then_call", "Let me check." + _DS_BEGIN
+         + _DS31_CALL.format("get_weather", '{"city": "Köln"}') + _DS_END, 1),
+    Case("two_calls", _DS_BEGIN + _DS31_CALL.format("get_weather", '{"city": "Paris"}')
+         + _DS31_CALL.format("search", '{"query": "東京 ☔", "filters": {"a": [1, {"b": null}]}}')
+         + _DS_END, 2),
+    Case("truncated", "Sure." + _DS_BEGIN + "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"ci", 0),
+]
+
+_KIMI_CALL = "<|tool_call_begin|>functions.{}:{}<|tool_call_argument_begin|>{}<|tool_call_end|>"
+_KIMI_BEGIN, _KIMI_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+
+KIMI_K2 = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", _KIMI_BEGIN + _KIMI_CALL.format("get_weather", 0, '{"city": "Paris"}')
+         + _KIMI_END, 1),
+    Case("content_then_call", "Let me check." + _KIMI_BEGIN
+         + _KIMI_CALL.format("get_weather", 0, '{"city": "Köln", "days": 3}') + _KIMI_END, 1),
+    Case("two_calls", _KIMI_BEGIN + _KIMI_CALL.format("get_weather", 0, '{"city": "Paris"}')
+         + _KIMI_CALL.format("search", 1, '{"query": "東京", "filters": {"a": [1, {"b": null}]}}')
+         + _KIMI_END, 2),
+    Case("truncated", "Sure." + _KIMI_BEGIN + "<|tool_call_begin|>functions.get_weather:0"
+         "<|tool_call_argument_begin|>{\"ci", 0),
+]
+
 QWEN3_THINKING = [
     Case("reasoning_then_content", "Let me think 🤔.\n</think>\n\nIt is 5.", 0),
     Case("reasoning_then_call", "Need the weather.\n</think>\n\n"
@@ -113,11 +157,14 @@ QWEN3_THINKING = [
 
 FAMILIES: dict[str, list[Case]] = {
     "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3,
-    "qwen3_thinking": QWEN3_THINKING, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3}
+    "qwen3_thinking": QWEN3_THINKING, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3,
+    "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
 """Family -> its corpus."""
 FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "hermes": ("hermes", ""), "qwen3_coder": ("qwen3_coder", ""),
     "llama3_json": ("llama3_json", ""),
     "qwen3_thinking": ("hermes", "<|im_start|>assistant\n<think>\n"),
-    "mistral": ("mistral", ""), "mistral_v3": ("mistral", "")}
+    "mistral": ("mistral", ""), "mistral_v3": ("mistral", ""),
+    "deepseek_v3": ("deepseek_v3", ""), "deepseek_v31": ("deepseek_v31", ""),
+    "kimi_k2": ("kimi_k2", "")}
 """Family -> (`gateway.tool_parser`, the end of its template's generation prompt)."""

@@ -20,6 +20,11 @@ from gateway.toolparse.hermes import HermesToolFormat
 from gateway.toolparse.llama3 import Llama3JsonToolFormat
 from gateway.toolparse.mistral import MistralToolFormat
 from gateway.toolparse.qwen3_coder import Qwen3CoderToolFormat
+from gateway.toolparse.sections import (
+    DeepSeekV3ToolFormat,
+    DeepSeekV31ToolFormat,
+    KimiK2ToolFormat,
+)
 from gateway.toolparse.think import THINK_OPEN, PromptOpenedThink, ThinkReasoning
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,9 @@ TOOL_FORMATS: dict[str, type[ToolFormat]] = {
     "qwen3_coder": Qwen3CoderToolFormat,
     "llama3_json": Llama3JsonToolFormat,
     "mistral": MistralToolFormat,
+    "deepseek_v3": DeepSeekV3ToolFormat,
+    "deepseek_v31": DeepSeekV31ToolFormat,
+    "kimi_k2": KimiK2ToolFormat,
     "none": ToolFormat,
 }
 """`gateway.tool_parser` values (vLLM's names where vLLM has the same format)."""
@@ -44,12 +52,13 @@ _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hermes", ("<tool_call>",)),
     ("llama3_json", ('"parameters": ', "<|start_header_id|>")),
     ("mistral", ("[TOOL_CALLS]",)),
+    ("deepseek_v3", ("<｜tool▁calls▁begin｜>", "```json")),
+    ("deepseek_v31", ("<｜tool▁calls▁begin｜>",)),
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
 )
 """(tool format, strings its chat template contains, all of them)."""
 NOT_SUPPORTED: tuple[tuple[str, str], ...] = (
     ("gpt-oss harmony", "<|channel|>"),
-    ("DeepSeek V3/V3.1", "tool▁calls▁begin"),
-    ("Kimi K2", "<|tool_calls_section_begin|>"),
     ("GLM-4.5", "<arg_key>"),
     ("Llama 4 pythonic", "<|python_start|>"),
 )

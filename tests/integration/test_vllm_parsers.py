@@ -37,20 +37,30 @@ WORKER = Path(__file__).with_name("vllm_parsers_worker.py")
 
 VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
                 "llama3_json": "llama3_json", "qwen3_thinking": "hermes",
-                "mistral": "mistral", "mistral_v3": "mistral"}
+                "mistral": "mistral", "mistral_v3": "mistral", "deepseek_v3": "deepseek_v3",
+                "deepseek_v31": "deepseek_v31", "kimi_k2": "kimi_k2"}
 """Our family -> vLLM 0.32's tool parser of the same format."""
 EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "[ARGS]"],
-                "mistral_v3": ["[TOOL_CALLS]"]}
+                "mistral_v3": ["[TOOL_CALLS]"],
+                **dict.fromkeys(("deepseek_v3", "deepseek_v31"), [
+                    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                    "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"]),
+                "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                            "<|tool_call_begin|>", "<|tool_call_end|>",
+                            "<|tool_call_argument_begin|>"]}
 """Marker tokens the family's tokenizer has as special tokens (vLLM's parser looks them
 up; the test tokenizer lacks them). vLLM tells Mistral's generations apart by `[ARGS]`
 being in the vocabulary."""
 VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None,
-                  "qwen3_thinking": "qwen3", "mistral": None, "mistral_v3": None}
+                  "qwen3_thinking": "qwen3", "mistral": None, "mistral_v3": None,
+                  "deepseek_v3": None, "deepseek_v31": None, "kimi_k2": None}
 """Our family -> vLLM's reasoning parser. vLLM's `qwen3` reasoning parser reads a reply
 without `<think>` as reasoning (it assumes the prompt opened the block); the gateway does
 so only where the model's generation prompt does open it (`qwen3_thinking`), so for the
 other families vLLM runs it only on cases whose reply opens `<think>`."""
 
+DROPPED_SECTION = ("vLLM drops the unfinished call section from the reply; the gateway keeps "
+                   "it as content: nothing generated is silently lost")
 TRUNCATED_STREAM = ("vLLM streams a call's name and part of its arguments before the call "
                     "is complete, so a reply cut off mid-call has streamed a half call; "
                     "the gateway streams a call only once it is complete, so its stream "
@@ -71,11 +81,30 @@ DIFFERENT_BY_DESIGN: dict[tuple[str, str, str], str] = {
     ("mistral_v3", "truncated", "whole"): (
         "vLLM returns the unfinished call's text without its [TOOL_CALLS] marker; the "
         "gateway keeps the reply's text as generated, marker included"),
+    ("deepseek_v3", "truncated", "whole"): DROPPED_SECTION,
+    ("deepseek_v3", "truncated", "stream"): DROPPED_SECTION,
+    ("deepseek_v31", "truncated", "stream"): TRUNCATED_STREAM,
+    ("kimi_k2", "truncated", "stream"): TRUNCATED_STREAM,
+    ("deepseek_v31", "truncated", "whole"): DROPPED_SECTION,
+    ("kimi_k2", "truncated", "whole"): (
+        "vLLM returns a call cut off by max_tokens as a call with its partial arguments "
+        "(not JSON); the gateway keeps it as text, as for Qwen3-Coder"),
     ("llama3_json", "json_in_prose", "whole"): (
         "vLLM's whole parse takes a JSON object out of the middle of prose as a call and "
         "drops the prose (its own stream keeps it as text); the gateway calls only when the "
         "reply is nothing but calls, which is what Llama's template renders"),
 }
+VLLM_STREAM_DEFECTS: dict[tuple[str, str], str] = {
+    ("deepseek_v3", "content_then_call"): (
+        "vLLM's deepseek_v3 stream drops the content that arrives in the same delta as "
+        "<｜tool▁calls▁begin｜> (depends on the chunking; its whole parse keeps it)"),
+    ("deepseek_v31", "one_call"): (
+        "vLLM's deepseek_v31 stream never sends the last characters of a call's arguments "
+        "(it holds them back and does not flush at the end; its whole parse has them)"),
+    ("deepseek_v31", "two_calls"): "as deepseek_v31/one_call",
+}
+"""Cases whose vLLM stream disagrees with vLLM's own whole parse (a vLLM defect): only its
+whole parse is compared, by the rules above."""
 CHUNKINGS = 3
 
 
@@ -134,8 +163,6 @@ def _ours(family: str, case: Case) -> dict[str, Any]:
     tool_format, generation_prompt = FAMILY_PARSERS[family]
     parser = select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
                            generation_prompt=generation_prompt).parser
-    if VLLM_REASONING[family] is None:
-        assert parser.reasoning.open is None
     out: ParsedText = parser.parse(case.text, parse_tools=True, id_seed="s", tools=TOOLS)
     return _normalized(out.content, out.reasoning,
                        [(c.name, c.arguments) for c in out.tool_calls])
@@ -152,7 +179,9 @@ def test_parsers_agree_with_vllm(vllm_results: dict[str, Any], family: str, case
     vLLM's whole parse and each of vLLM's streamed parses."""
     theirs = vllm_results[f"{family}/{case.name}"]
     ours = _ours(family, case)
-    views = [("whole", theirs["whole"])] + [("stream", s) for s in theirs["streamed"]]
+    views = [("whole", theirs["whole"])]
+    if (family, case.name) not in VLLM_STREAM_DEFECTS:
+        views += [("stream", s) for s in theirs["streamed"]]
     for view, result in views:
         assert "error" not in result, (view, result.get("error"))
         got = _normalized(result["content"], result["reasoning"], result["calls"])
@@ -166,3 +195,4 @@ def test_parsers_agree_with_vllm(vllm_results: dict[str, Any], family: str, case
 def test_differences_by_design_name_real_cases() -> None:
     names = {(f, c.name) for f, c in CASES}
     assert {(f, n) for f, n, _ in DIFFERENT_BY_DESIGN} <= names
+    assert set(VLLM_STREAM_DEFECTS) <= names

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 from chat_templates import (
-    DEEPSEEK_V3_LIKE_TEMPLATE,
+    DEEPSEEK_V3_TEMPLATE,
+    GPT_OSS_LIKE_TEMPLATE,
+    KIMI_K2_TEMPLATE,
     LLAMA31_TEMPLATE,
     MISTRAL_TOOLS_TEMPLATE,
     QWEN3_CODER_TEMPLATE,
@@ -56,11 +58,13 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     (QWEN3_CODER_TEMPLATE, {}, "qwen3_coder+think"),
     (LLAMA31_TEMPLATE, {}, "llama3_json+none"),
     (MISTRAL_TOOLS_TEMPLATE, {}, "mistral+none"),
+    (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
+    (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
     ("{{ '<tool_call>' }}", {}, "hermes+think"),
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
-], ids=["qwen3_coder", "llama31", "mistral", "hermes", "named_templates", "arch_llama_too_generic",
+], ids=["qwen3_coder", "llama31", "mistral", "deepseek_v3", "kimi_k2", "hermes", "named_templates", "arch_llama_too_generic",
         "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
                                                 expected: str) -> None:
@@ -76,20 +80,20 @@ def test_settings_override_the_choice() -> None:
 
 def test_unknown_format_warns_once_at_load(tiny_model_dir: Path, tmp_path: Path,
                                            caplog: pytest.LogCaptureFixture) -> None:
-    deepseek = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m",
-                                           DEEPSEEK_V3_LIKE_TEMPLATE)
+    harmony = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m",
+                                          GPT_OSS_LIKE_TEMPLATE)
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
-        tok = ChatTokenizer.from_pretrained(deepseek)
+        tok = ChatTokenizer.from_pretrained(harmony)
         assert tok.renders_tools
         for _ in range(3):  # requests parse with the parser chosen at load: no new warning
-            tok.output_parser.parse("<｜tool▁calls▁begin｜>", parse_tools=True, id_seed="s")
+            tok.output_parser.parse("<|channel|>final", parse_tools=True, id_seed="s")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "DeepSeek V3/V3.1" in warnings[0]
+    assert "gpt-oss harmony" in warnings[0]
     assert "tool calls will come back as text" in warnings[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
-        ChatTokenizer.from_pretrained(deepseek, tool_parser="none")  # the user decided
+        ChatTokenizer.from_pretrained(harmony, tool_parser="none")  # the user decided
         ChatTokenizer.from_pretrained(  # renders no tools: the tokenizer's own warning
             tokenizer_dir_with_template(tiny_model_dir, tmp_path / "s", SMOLLM2_TEMPLATE))
     assert not [r for r in caplog.records if r.name == "gateway.toolparse.registry"]
@@ -148,6 +152,26 @@ def test_llama3_calls_are_the_whole_reply() -> None:
     for name in ("truncated", "json_in_prose", "plain"):
         assert parse("llama3_json", case[name].text) == ParsedText(case[name].text, None, ())
     assert parse("llama3_json", "<think>\nx\n</think>\n\nhi").reasoning is None  # no think
+
+
+def test_section_formats() -> None:
+    """DeepSeek V3 / V3.1 and Kimi K2: content before the section, calls in order, Kimi's
+    own call ids kept (its template writes them back), a cut-off section kept as text."""
+    case = {f: {c.name: c for c in FAMILIES[f]} for f in ("deepseek_v3", "deepseek_v31",
+                                                          "kimi_k2")}
+    for family in case:
+        out = parse(family, case[family]["content_then_call"].text)
+        assert out.content == "Let me check.", family
+        two = parse(family, case[family]["two_calls"].text)
+        assert [c.name for c in two.tool_calls] == ["get_weather", "search"], family
+        assert json.loads(two.tool_calls[0].arguments) == {"city": "Paris"}
+        assert json.loads(two.tool_calls[1].arguments)["filters"] == {"a": [1, {"b": None}]}
+        assert json.loads(two.tool_calls[1].arguments)["query"].startswith("東京")
+        cut = case[family]["truncated"].text
+        assert parse(family, cut) == ParsedText(cut, None, ())
+    kimi = parse("kimi_k2", case["kimi_k2"]["two_calls"].text)
+    assert [c.id for c in kimi.tool_calls] == ["functions.get_weather:0", "functions.search:1"]
+    assert parse("deepseek_v3", case["deepseek_v31"]["one_call"].text).tool_calls == ()
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -251,6 +275,10 @@ REPLAY = {
                                                         "two_calls", "multiline_value",
                                                         "untyped_string_like_number")),
     "llama3_json": (LLAMA31_TEMPLATE, "<|eot_id|>", ("one_call", "plain")),
+    "deepseek_v3": (DEEPSEEK_V3_TEMPLATE, "<|im_end|>", ("plain", "one_call",
+                                                         "content_then_call", "two_calls")),
+    "kimi_k2": (KIMI_K2_TEMPLATE, "<|im_end|>", ("plain", "one_call", "content_then_call",
+                                                 "two_calls")),
     "mistral": (MISTRAL_TOOLS_TEMPLATE, "<|im_end|>", ("plain", "one_call",
                                                        "content_then_call", "two_calls",
                                                        "compact_json")),
