@@ -146,6 +146,17 @@ KIMI_K2 = [
          "<|tool_call_argument_begin|>{\"ci", 0),
 ]
 
+LLAMA4_PYTHONIC = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", '[get_weather(city="Paris", days=3)]', 1),
+    Case("two_calls", "[get_weather(city='Paris', metric=True), search(query=\"東京 ☔\", "
+         'filters={"a": [1, {"b": None}]}, limit=-2.5)]', 2),
+    Case("wrapped", '<|python_start|>[get_weather(city="Köln")]<|python_end|>', 1),
+    Case("json_names", '[search(query="x", filters={"on": true, "off": null})]', 1),
+    Case("truncated", '[get_weather(city="Pa', 0),
+    Case("list_in_prose", "[1, 2] are numbers", 0),
+]
+
 QWEN3_THINKING = [
     Case("reasoning_then_content", "Let me think 🤔.\n</think>\n\nIt is 5.", 0),
     Case("reasoning_then_call", "Need the weather.\n</think>\n\n"
@@ -158,7 +169,8 @@ QWEN3_THINKING = [
 FAMILIES: dict[str, list[Case]] = {
     "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3,
     "qwen3_thinking": QWEN3_THINKING, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3,
-    "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
+    "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2,
+    "llama4_pythonic": LLAMA4_PYTHONIC}
 """Family -> its corpus."""
 FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "hermes": ("hermes", ""), "qwen3_coder": ("qwen3_coder", ""),
@@ -166,5 +178,5 @@ FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "qwen3_thinking": ("hermes", "<|im_start|>assistant\n<think>\n"),
     "mistral": ("mistral", ""), "mistral_v3": ("mistral", ""),
     "deepseek_v3": ("deepseek_v3", ""), "deepseek_v31": ("deepseek_v31", ""),
-    "kimi_k2": ("kimi_k2", "")}
+    "kimi_k2": ("kimi_k2", ""), "llama4_pythonic": ("llama4_pythonic", "")}
 """Family -> (`gateway.tool_parser`, the end of its template's generation prompt)."""

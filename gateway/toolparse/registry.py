@@ -19,6 +19,7 @@ from gateway.toolparse.base import OutputParser, ReasoningFormat, ToolFormat
 from gateway.toolparse.hermes import HermesToolFormat
 from gateway.toolparse.llama3 import Llama3JsonToolFormat
 from gateway.toolparse.mistral import MistralToolFormat
+from gateway.toolparse.pythonic import PythonicToolFormat
 from gateway.toolparse.qwen3_coder import Qwen3CoderToolFormat
 from gateway.toolparse.sections import (
     DeepSeekV3ToolFormat,
@@ -37,6 +38,7 @@ TOOL_FORMATS: dict[str, type[ToolFormat]] = {
     "deepseek_v3": DeepSeekV3ToolFormat,
     "deepseek_v31": DeepSeekV31ToolFormat,
     "kimi_k2": KimiK2ToolFormat,
+    "llama4_pythonic": PythonicToolFormat,
     "none": ToolFormat,
 }
 """`gateway.tool_parser` values (vLLM's names where vLLM has the same format)."""
@@ -55,12 +57,12 @@ _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("deepseek_v3", ("<｜tool▁calls▁begin｜>", "```json")),
     ("deepseek_v31", ("<｜tool▁calls▁begin｜>",)),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("llama4_pythonic", ("<|python_start|>",)),
 )
 """(tool format, strings its chat template contains, all of them)."""
 NOT_SUPPORTED: tuple[tuple[str, str], ...] = (
     ("gpt-oss harmony", "<|channel|>"),
     ("GLM-4.5", "<arg_key>"),
-    ("Llama 4 pythonic", "<|python_start|>"),
 )
 """(family, a string its template contains) of formats recognized but not parsed."""
 _ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",
@@ -69,7 +71,7 @@ _ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",
 architectures one family uses: `LlamaForCausalLM` also serves SmolLM2, Llama 2 and
 distilled models that write other formats, so a Llama 3 checkpoint is recognized by its
 template (or set `gateway.tool_parser=llama3_json`)."""
-_NO_REASONING = {"llama3_json", "mistral"}
+_NO_REASONING = {"llama3_json", "mistral", "llama4_pythonic"}
 """Tool formats whose families write no `<think>` block (the default reasoning is
 `think` otherwise: a leading `<think>` block, as the gateway has always parsed).
 Magistral's `[THINK]` blocks are not read yet: they stay in the content."""

@@ -38,7 +38,8 @@ WORKER = Path(__file__).with_name("vllm_parsers_worker.py")
 VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
                 "llama3_json": "llama3_json", "qwen3_thinking": "hermes",
                 "mistral": "mistral", "mistral_v3": "mistral", "deepseek_v3": "deepseek_v3",
-                "deepseek_v31": "deepseek_v31", "kimi_k2": "kimi_k2"}
+                "deepseek_v31": "deepseek_v31", "kimi_k2": "kimi_k2",
+                "llama4_pythonic": "llama4_pythonic"}
 """Our family -> vLLM 0.32's tool parser of the same format."""
 EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "[ARGS]"],
                 "mistral_v3": ["[TOOL_CALLS]"],
@@ -47,13 +48,15 @@ EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "
                     "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"]),
                 "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                             "<|tool_call_begin|>", "<|tool_call_end|>",
-                            "<|tool_call_argument_begin|>"]}
+                            "<|tool_call_argument_begin|>"],
+                "llama4_pythonic": ["<|python_start|>", "<|python_end|>"]}
 """Marker tokens the family's tokenizer has as special tokens (vLLM's parser looks them
 up; the test tokenizer lacks them). vLLM tells Mistral's generations apart by `[ARGS]`
 being in the vocabulary."""
 VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None,
                   "qwen3_thinking": "qwen3", "mistral": None, "mistral_v3": None,
-                  "deepseek_v3": None, "deepseek_v31": None, "kimi_k2": None}
+                  "deepseek_v3": None, "deepseek_v31": None, "kimi_k2": None,
+                  "llama4_pythonic": None}
 """Our family -> vLLM's reasoning parser. vLLM's `qwen3` reasoning parser reads a reply
 without `<think>` as reasoning (it assumes the prompt opened the block); the gateway does
 so only where the model's generation prompt does open it (`qwen3_thinking`), so for the
@@ -85,6 +88,7 @@ DIFFERENT_BY_DESIGN: dict[tuple[str, str, str], str] = {
     ("deepseek_v3", "truncated", "stream"): DROPPED_SECTION,
     ("deepseek_v31", "truncated", "stream"): TRUNCATED_STREAM,
     ("kimi_k2", "truncated", "stream"): TRUNCATED_STREAM,
+    ("llama4_pythonic", "truncated", "stream"): TRUNCATED_STREAM,
     ("deepseek_v31", "truncated", "whole"): DROPPED_SECTION,
     ("kimi_k2", "truncated", "whole"): (
         "vLLM returns a call cut off by max_tokens as a call with its partial arguments "
@@ -102,6 +106,9 @@ VLLM_STREAM_DEFECTS: dict[tuple[str, str], str] = {
         "vLLM's deepseek_v31 stream never sends the last characters of a call's arguments "
         "(it holds them back and does not flush at the end; its whole parse has them)"),
     ("deepseek_v31", "two_calls"): "as deepseek_v31/one_call",
+    ("llama4_pythonic", "list_in_prose"): (
+        "vLLM's llama4_pythonic stream never sends a reply that starts with `[` but is not "
+        "a call list (its whole parse returns it as content)"),
 }
 """Cases whose vLLM stream disagrees with vLLM's own whole parse (a vLLM defect): only its
 whole parse is compared, by the rules above."""

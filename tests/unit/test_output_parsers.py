@@ -174,6 +174,18 @@ def test_section_formats() -> None:
     assert parse("deepseek_v3", case["deepseek_v31"]["one_call"].text).tool_calls == ()
 
 
+def test_llama4_pythonic_literals_become_json() -> None:
+    case = {c.name: c for c in FAMILIES["llama4_pythonic"]}
+    two = parse("llama4_pythonic", case["two_calls"].text)
+    assert [(c.name, json.loads(c.arguments)) for c in two.tool_calls] == [
+        ("get_weather", {"city": "Paris", "metric": True}),
+        ("search", {"query": "東京 ☔", "filters": {"a": [1, {"b": None}]}, "limit": -2.5})]
+    assert json.loads(parse("llama4_pythonic", case["json_names"].text).tool_calls[0]
+                      .arguments)["filters"] == {"on": True, "off": None}
+    for text in ("[get_weather(city=open('x'))]", "[get_weather('Paris')]", "[f(x=1)] and"):
+        assert parse("llama4_pythonic", text) == ParsedText(text, None, ())
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_corpus_call_counts(family: str) -> None:
     for case in FAMILIES[family]:
