@@ -182,7 +182,7 @@ class EngineConfig(_Section):
 
 
 ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3",
-                         "deepseek_v31", "kimi_k2", "llama4_pythonic", "none"]
+                         "deepseek_v31", "kimi_k2", "llama4_pythonic", "glm45", "none"]
 """`gateway.tool_parser` values: the formats `gateway/toolparse/` reads."""
 ReasoningParserName = Literal["think", "none"]
 """`gateway.reasoning_parser` values."""

@@ -157,6 +157,25 @@ LLAMA4_PYTHONIC = [
     Case("list_in_prose", "[1, 2] are numbers", 0),
 ]
 
+def _glm(name: str, **args: str) -> str:
+    body = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"
+                   for k, v in args.items())
+    return f"<tool_call>{name}\n{body}</tool_call>"
+
+
+GLM45 = [
+    Case("plain", "The weather is fine. Ünïcödé ☀️", 0),
+    Case("one_call", _glm("get_weather", city="Paris", days="3"), 1),
+    Case("content_then_call", "Let me check.\n" + _glm("get_weather", city="Köln"), 1),
+    Case("two_calls", _glm("get_weather", city="Paris", metric="true") + "\n"
+         + _glm("search", query="東京 ☔", filters='{"a": [1, {"b": null}]}', tags='["x"]'), 2),
+    Case("compact_47", "<tool_call>search<arg_key>query</arg_key><arg_value>rain</arg_value>"
+         "</tool_call>", 1),
+    Case("think_then_call", "<think>Need the weather.</think>\n"
+         + _glm("get_weather", city="Paris"), 1),
+    Case("truncated", "Sure.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_va", 0),
+]
+
 QWEN3_THINKING = [
     Case("reasoning_then_content", "Let me think 🤔.\n</think>\n\nIt is 5.", 0),
     Case("reasoning_then_call", "Need the weather.\n</think>\n\n"
@@ -170,7 +189,7 @@ FAMILIES: dict[str, list[Case]] = {
     "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3,
     "qwen3_thinking": QWEN3_THINKING, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3,
     "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2,
-    "llama4_pythonic": LLAMA4_PYTHONIC}
+    "llama4_pythonic": LLAMA4_PYTHONIC, "glm45": GLM45}
 """Family -> its corpus."""
 FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "hermes": ("hermes", ""), "qwen3_coder": ("qwen3_coder", ""),
@@ -178,5 +197,6 @@ FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "qwen3_thinking": ("hermes", "<|im_start|>assistant\n<think>\n"),
     "mistral": ("mistral", ""), "mistral_v3": ("mistral", ""),
     "deepseek_v3": ("deepseek_v3", ""), "deepseek_v31": ("deepseek_v31", ""),
-    "kimi_k2": ("kimi_k2", ""), "llama4_pythonic": ("llama4_pythonic", "")}
+    "kimi_k2": ("kimi_k2", ""), "llama4_pythonic": ("llama4_pythonic", ""),
+    "glm45": ("glm45", "")}
 """Family -> (`gateway.tool_parser`, the end of its template's generation prompt)."""

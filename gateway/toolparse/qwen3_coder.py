@@ -52,7 +52,7 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
             pos = param.end()
             value = param.group(2).removeprefix("\n").removesuffix("\n")
             key = param.group(1).strip()
-            args[key] = _coerce(value, _types(props.get(key)))
+            args[key] = coerce(value, schema_types(props.get(key)))
         if body[pos:].strip():
             return None
         return name, json.dumps(args, ensure_ascii=False)
@@ -65,7 +65,7 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
                 for k, v in args.items()}
 
 
-def _types(schema: Any) -> set[str]:
+def schema_types(schema: Any) -> set[str]:
     """JSON-schema types a property allows (`type`, `enum` values, any/one/allOf)."""
     if not isinstance(schema, Mapping):
         return {"string"}
@@ -79,7 +79,7 @@ def _types(schema: Any) -> set[str]:
         types.add(_json_type(value))
     for key in ("anyOf", "oneOf", "allOf"):
         for sub in schema.get(key) or ():
-            types.update(_types(sub))
+            types.update(schema_types(sub))
     return types or {"string"}
 
 
@@ -95,7 +95,7 @@ def _json_type(value: Any) -> str:
     return {dict: "object", list: "array"}.get(type(value), "string")
 
 
-def _coerce(value: str, types: set[str]) -> Any:
+def coerce(value: str, types: set[str]) -> Any:
     """`value` as the first of `types` it reads as, in vLLM's priority order."""
     for kind in _TYPE_PRIORITY:
         if kind not in types:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.toolparse.base import OutputParser, ReasoningFormat, ToolFormat
+from gateway.toolparse.glm import GlmToolFormat
 from gateway.toolparse.hermes import HermesToolFormat
 from gateway.toolparse.llama3 import Llama3JsonToolFormat
 from gateway.toolparse.mistral import MistralToolFormat
@@ -39,6 +40,7 @@ TOOL_FORMATS: dict[str, type[ToolFormat]] = {
     "deepseek_v31": DeepSeekV31ToolFormat,
     "kimi_k2": KimiK2ToolFormat,
     "llama4_pythonic": PythonicToolFormat,
+    "glm45": GlmToolFormat,
     "none": ToolFormat,
 }
 """`gateway.tool_parser` values (vLLM's names where vLLM has the same format)."""
@@ -49,8 +51,10 @@ REASONING_FORMATS: dict[str, type[ReasoningFormat]] = {
 """`gateway.reasoning_parser` values."""
 
 _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # Most specific first: Qwen3-Coder's XML sits inside the same <tool_call> as Hermes.
+    # Most specific first: Qwen3-Coder's XML and GLM's tags sit inside the same
+    # <tool_call> as Hermes.
     ("qwen3_coder", ("<function=", "<parameter=")),
+    ("glm45", ("<arg_key>",)),
     ("hermes", ("<tool_call>",)),
     ("llama3_json", ('"parameters": ', "<|start_header_id|>")),
     ("mistral", ("[TOOL_CALLS]",)),
@@ -62,7 +66,6 @@ _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """(tool format, strings its chat template contains, all of them)."""
 NOT_SUPPORTED: tuple[tuple[str, str], ...] = (
     ("gpt-oss harmony", "<|channel|>"),
-    ("GLM-4.5", "<arg_key>"),
 )
 """(family, a string its template contains) of formats recognized but not parsed."""
 _ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",

@@ -39,7 +39,7 @@ VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
                 "llama3_json": "llama3_json", "qwen3_thinking": "hermes",
                 "mistral": "mistral", "mistral_v3": "mistral", "deepseek_v3": "deepseek_v3",
                 "deepseek_v31": "deepseek_v31", "kimi_k2": "kimi_k2",
-                "llama4_pythonic": "llama4_pythonic"}
+                "llama4_pythonic": "llama4_pythonic", "glm45": "glm45"}
 """Our family -> vLLM 0.32's tool parser of the same format."""
 EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "[ARGS]"],
                 "mistral_v3": ["[TOOL_CALLS]"],
@@ -49,14 +49,15 @@ EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "
                 "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                             "<|tool_call_begin|>", "<|tool_call_end|>",
                             "<|tool_call_argument_begin|>"],
-                "llama4_pythonic": ["<|python_start|>", "<|python_end|>"]}
+                "llama4_pythonic": ["<|python_start|>", "<|python_end|>"],
+                "glm45": ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]}
 """Marker tokens the family's tokenizer has as special tokens (vLLM's parser looks them
 up; the test tokenizer lacks them). vLLM tells Mistral's generations apart by `[ARGS]`
 being in the vocabulary."""
 VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None,
                   "qwen3_thinking": "qwen3", "mistral": None, "mistral_v3": None,
                   "deepseek_v3": None, "deepseek_v31": None, "kimi_k2": None,
-                  "llama4_pythonic": None}
+                  "llama4_pythonic": None, "glm45": "glm45"}
 """Our family -> vLLM's reasoning parser. vLLM's `qwen3` reasoning parser reads a reply
 without `<think>` as reasoning (it assumes the prompt opened the block); the gateway does
 so only where the model's generation prompt does open it (`qwen3_thinking`), so for the
@@ -93,6 +94,10 @@ DIFFERENT_BY_DESIGN: dict[tuple[str, str, str], str] = {
     ("kimi_k2", "truncated", "whole"): (
         "vLLM returns a call cut off by max_tokens as a call with its partial arguments "
         "(not JSON); the gateway keeps it as text, as for Qwen3-Coder"),
+    ("glm45", "truncated", "whole"): (
+        "vLLM returns a call cut off by max_tokens as a call (empty arguments); the "
+        "gateway keeps it as text, as for Qwen3-Coder"),
+    ("glm45", "truncated", "stream"): TRUNCATED_STREAM,
     ("llama3_json", "json_in_prose", "whole"): (
         "vLLM's whole parse takes a JSON object out of the middle of prose as a call and "
         "drops the prose (its own stream keeps it as text); the gateway calls only when the "

@@ -60,11 +60,12 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     (MISTRAL_TOOLS_TEMPLATE, {}, "mistral+none"),
     (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
     (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
+    ("{{ '<tool_call>' + name + '<arg_key>' }}", {}, "glm45+think"),
     ("{{ '<tool_call>' }}", {}, "hermes+think"),
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
-], ids=["qwen3_coder", "llama31", "mistral", "deepseek_v3", "kimi_k2", "hermes", "named_templates", "arch_llama_too_generic",
+], ids=["qwen3_coder", "llama31", "mistral", "deepseek_v3", "kimi_k2", "glm45", "hermes", "named_templates", "arch_llama_too_generic",
         "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
                                                 expected: str) -> None:
@@ -172,6 +173,18 @@ def test_section_formats() -> None:
     kimi = parse("kimi_k2", case["kimi_k2"]["two_calls"].text)
     assert [c.id for c in kimi.tool_calls] == ["functions.get_weather:0", "functions.search:1"]
     assert parse("deepseek_v3", case["deepseek_v31"]["one_call"].text).tool_calls == ()
+
+
+def test_glm_values_take_their_types_from_the_schema() -> None:
+    case = {c.name: c for c in FAMILIES["glm45"]}
+    two = parse("glm45", case["two_calls"].text)
+    assert [(c.name, json.loads(c.arguments)) for c in two.tool_calls] == [
+        ("get_weather", {"city": "Paris", "metric": True}),
+        ("search", {"query": "東京 ☔", "filters": {"a": [1, {"b": None}]}, "tags": ["x"]})]
+    assert parse("glm45", case["content_then_call"].text).content == "Let me check."
+    assert parse("glm45", case["think_then_call"].text).reasoning == "Need the weather."
+    stray = "<tool_call>f\nstray<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"
+    assert parse("glm45", stray) == ParsedText(stray, None, ())
 
 
 def test_llama4_pythonic_literals_become_json() -> None:
