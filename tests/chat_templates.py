@@ -196,6 +196,20 @@ KIMI_K2_TEMPLATE = """\
 """Kimi K2 Instruct's template, reduced (see above): content, then the calls section, each
 call's id (`functions.NAME:I`) and string arguments written verbatim."""
 
+MINIMAX_LIKE_TEMPLATE = """\
+{%- if tools %}{{- ']~b]system\\n' + (tools | tojson) + '[e~[\\n' }}{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'assistant' %}{{- ']~b]ai\\n' + message.content }}
+        {%- for tool in message.tool_calls or [] %}{{- '<minimax:tool_call>\\n<invoke name="' + tool.function.name + '">' + tool.function.arguments + '</invoke>\\n</minimax:tool_call>' }}{%- endfor %}
+        {{- '[e~[\\n' }}
+    {%- else %}{{- ']~b]' + message.role + '\\n' + message.content + '[e~[\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- ']~b]ai\\n' }}{%- endif %}
+"""
+"""MiniMax M2's tool-call markers in a minimal template: a format the gateway recognizes
+but does not parse (the start-up warning's case)."""
+
 GPT_OSS_LIKE_TEMPLATE = """\
 {%- if tools %}{{- '<|start|>developer<|message|>' + (tools | tojson) + '<|end|>' }}{%- endif %}
 {%- for message in messages %}
@@ -206,5 +220,4 @@ GPT_OSS_LIKE_TEMPLATE = """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}
 """
-"""gpt-oss's harmony channels in a minimal template: a format the gateway recognizes but
-does not parse yet (the start-up warning's case)."""
+"""gpt-oss's harmony channels in a minimal template (the registry's choice)."""

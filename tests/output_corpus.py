@@ -176,6 +176,26 @@ GLM45 = [
     Case("truncated", "Sure.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_va", 0),
 ]
 
+_A = "<|channel|>analysis<|message|>{}<|end|>"
+_F = "<|start|>assistant<|channel|>final<|message|>{}<|return|>"
+_CALL = "<|start|>assistant<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>"
+
+GPT_OSS = [
+    Case("final_only", "<|channel|>final<|message|>It is sunny ☀️.<|return|>", 0),
+    Case("reasoning_then_final", _A.format("User asks weather. Ünïcödé.") + _F.format("Sunny."),
+         0),
+    Case("reasoning_then_call", _A.format("Need the weather.")
+         + _CALL.format("get_weather", '{"city": "Paris", "days": 3}'), 1),
+    Case("call_recipient_first", _A.format("Search.") + "<|start|>assistant to=functions.search"
+         '<|channel|>commentary json<|message|>{"query": "東京 ☔", "filters": {"a": [1]}}'
+         "<|call|>", 1),
+    Case("preamble_then_call", _A.format("Plan.") + "<|start|>assistant<|channel|>commentary"
+         "<|message|>Checking the weather.<|end|>"
+         + _CALL.format("get_weather", '{"city": "Köln"}'), 1),
+    Case("cut_in_reasoning", "<|channel|>analysis<|message|>Thinking about", 0),
+    Case("cut_in_final", _A.format("Ok.") + "<|start|>assistant<|channel|>final<|message|>Sun", 0),
+]
+
 QWEN3_THINKING = [
     Case("reasoning_then_content", "Let me think 🤔.\n</think>\n\nIt is 5.", 0),
     Case("reasoning_then_call", "Need the weather.\n</think>\n\n"
@@ -189,7 +209,7 @@ FAMILIES: dict[str, list[Case]] = {
     "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3,
     "qwen3_thinking": QWEN3_THINKING, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3,
     "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2,
-    "llama4_pythonic": LLAMA4_PYTHONIC, "glm45": GLM45}
+    "llama4_pythonic": LLAMA4_PYTHONIC, "glm45": GLM45, "gpt_oss": GPT_OSS}
 """Family -> its corpus."""
 FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "hermes": ("hermes", ""), "qwen3_coder": ("qwen3_coder", ""),
@@ -198,5 +218,5 @@ FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "mistral": ("mistral", ""), "mistral_v3": ("mistral", ""),
     "deepseek_v3": ("deepseek_v3", ""), "deepseek_v31": ("deepseek_v31", ""),
     "kimi_k2": ("kimi_k2", ""), "llama4_pythonic": ("llama4_pythonic", ""),
-    "glm45": ("glm45", "")}
+    "glm45": ("glm45", ""), "gpt_oss": ("gpt_oss", "")}
 """Family -> (`gateway.tool_parser`, the end of its template's generation prompt)."""

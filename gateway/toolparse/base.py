@@ -117,6 +117,11 @@ class ToolFormat:
         The stream's per-token fast path: O(new text)."""
         return text, len(text)
 
+    def content_only(self, text: str, final: bool) -> str:
+        """The content of the text after reasoning when no tools were offered: the text
+        itself, unless the format wraps content in markup of its own (harmony)."""
+        return text
+
     def template_arguments(self, arguments: str) -> Any:
         """A replayed call's `arguments` as this family's chat template renders back the
         text the model wrote: the JSON string itself, unless `arguments_as_mapping`."""
@@ -144,7 +149,7 @@ class OutputParser:
             return ParsedText("", None, ())
         reasoning, rest = split
         if not parse_tools:
-            return ParsedText(rest, reasoning, ())
+            return ParsedText(self.tools.content_only(rest, final), reasoning, ())
         content, calls = self.tools.split(rest, final, id_seed, tools)
         return ParsedText(content, reasoning, calls)
 

@@ -4,8 +4,8 @@ architecture; the `gateway.tool_parser` / `gateway.reasoning_parser` settings ov
 the choice. A template that renders tool calls in a format no parser here reads is logged
 once: its tool calls come back as text.
 
-Recognized but not parsed yet (their markers are special tokens the decode drops, or the
-format is not written yet): listed in `NOT_SUPPORTED`, so the warning can name the family.
+Formats recognized but not parsed yet are listed in `NOT_SUPPORTED`, so the warning can
+name the family.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from gateway.toolparse.base import OutputParser, ReasoningFormat, ToolFormat
 from gateway.toolparse.glm import GlmToolFormat
+from gateway.toolparse.harmony import GptOssToolFormat, HarmonyReasoning
 from gateway.toolparse.hermes import HermesToolFormat
 from gateway.toolparse.llama3 import Llama3JsonToolFormat
 from gateway.toolparse.mistral import MistralToolFormat
@@ -41,11 +42,13 @@ TOOL_FORMATS: dict[str, type[ToolFormat]] = {
     "kimi_k2": KimiK2ToolFormat,
     "llama4_pythonic": PythonicToolFormat,
     "glm45": GlmToolFormat,
+    "gpt_oss": GptOssToolFormat,
     "none": ToolFormat,
 }
 """`gateway.tool_parser` values (vLLM's names where vLLM has the same format)."""
 REASONING_FORMATS: dict[str, type[ReasoningFormat]] = {
     "think": ThinkReasoning,
+    "harmony": HarmonyReasoning,
     "none": ReasoningFormat,
 }
 """`gateway.reasoning_parser` values."""
@@ -62,10 +65,13 @@ _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("deepseek_v31", ("<｜tool▁calls▁begin｜>",)),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("llama4_pythonic", ("<|python_start|>",)),
+    ("gpt_oss", ("<|channel|>",)),
 )
 """(tool format, strings its chat template contains, all of them)."""
 NOT_SUPPORTED: tuple[tuple[str, str], ...] = (
-    ("gpt-oss harmony", "<|channel|>"),
+    ("MiniMax M2", "<minimax:tool_call>"),
+    ("Seed-OSS", "<seed:tool_call>"),
+    ("Granite", "<|tool_call|>"),
 )
 """(family, a string its template contains) of formats recognized but not parsed."""
 _ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",
@@ -74,10 +80,11 @@ _ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",
 architectures one family uses: `LlamaForCausalLM` also serves SmolLM2, Llama 2 and
 distilled models that write other formats, so a Llama 3 checkpoint is recognized by its
 template (or set `gateway.tool_parser=llama3_json`)."""
-_NO_REASONING = {"llama3_json", "mistral", "llama4_pythonic"}
-"""Tool formats whose families write no `<think>` block (the default reasoning is
-`think` otherwise: a leading `<think>` block, as the gateway has always parsed).
-Magistral's `[THINK]` blocks are not read yet: they stay in the content."""
+_FAMILY_REASONING = {"llama3_json": "none", "mistral": "none", "llama4_pythonic": "none",
+                     "gpt_oss": "harmony"}
+"""Reasoning of the families that write no `<think>` block (the default is `think`: a
+leading `<think>` block, as the gateway has always parsed). Magistral's `[THINK]` blocks
+are not read yet: they stay in the content."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +109,7 @@ def select_parser(template: str | Mapping[str, str] | None, model_config: Mappin
         tool_name, reason = tool_parser, "gateway.tool_parser"
     else:
         tool_name, reason = _tool_format(text, model_config, source, renders_tools)
-    reasoning_name = "none" if tool_name in _NO_REASONING else "think"
+    reasoning_name = _FAMILY_REASONING.get(tool_name, "think")
     if reasoning_parser is not None:
         reasoning_name, reason = reasoning_parser, f"{reason}; gateway.reasoning_parser"
     reasoning = REASONING_FORMATS[reasoning_name]()

@@ -39,7 +39,7 @@ VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
                 "llama3_json": "llama3_json", "qwen3_thinking": "hermes",
                 "mistral": "mistral", "mistral_v3": "mistral", "deepseek_v3": "deepseek_v3",
                 "deepseek_v31": "deepseek_v31", "kimi_k2": "kimi_k2",
-                "llama4_pythonic": "llama4_pythonic", "glm45": "glm45"}
+                "llama4_pythonic": "llama4_pythonic", "glm45": "glm45", "gpt_oss": "openai"}
 """Our family -> vLLM 0.32's tool parser of the same format."""
 EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "[ARGS]"],
                 "mistral_v3": ["[TOOL_CALLS]"],
@@ -57,7 +57,7 @@ being in the vocabulary."""
 VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None,
                   "qwen3_thinking": "qwen3", "mistral": None, "mistral_v3": None,
                   "deepseek_v3": None, "deepseek_v31": None, "kimi_k2": None,
-                  "llama4_pythonic": None, "glm45": "glm45"}
+                  "llama4_pythonic": None, "glm45": "glm45", "gpt_oss": "openai_gptoss"}
 """Our family -> vLLM's reasoning parser. vLLM's `qwen3` reasoning parser reads a reply
 without `<think>` as reasoning (it assumes the prompt opened the block); the gateway does
 so only where the model's generation prompt does open it (`qwen3_thinking`), so for the
@@ -144,7 +144,9 @@ def vllm_results(vllm_python: str, tiny_model_dir: Path) -> dict[str, Any]:
     """vLLM's parse of every case of every family, from one subprocess (~15 s)."""
     jobs = [{"id": f"{family}/{case.name}", "tool_parser": VLLM_PARSERS[family],
              "reasoning_parser": VLLM_REASONING[family]
-             if case.text.startswith("<think>") or FAMILY_PARSERS[family][1] else None,
+             if case.text.startswith(("<think>", "<|channel|>")) or FAMILY_PARSERS[family][1]
+             else None,
+             "harmony": family == "gpt_oss",
              "text": case.text, "tools": TOOLS, "extra_tokens": EXTRA_TOKENS.get(family, []),
              "prompt": "<|im_start|>assistant\n" + FAMILY_PARSERS[family][1],
              "chunkings": _chunkings(case.text, f"{family}/{case.name}")}

@@ -4,7 +4,7 @@ parsers into one (`ParserManager.get_parser`) and calls `parse` on a whole reply
 `parse_delta` per streamed step (`finished` on the last); this does the same.
 
 Reads one JSON object from stdin: `{"tokenizer": dir, "jobs": [{"id", "tool_parser",
-"reasoning_parser" (or null), "text", "tools", "extra_tokens", "prompt",
+"reasoning_parser" (or null), "harmony", "text", "tools", "extra_tokens", "prompt",
 "chunkings": [[token counts...]...]}]}`; writes `{id: {"whole": result, "streamed":
 [result per chunking]}}`, a result being `{"content", "reasoning", "calls": [[name,
 arguments]]}` (streamed deltas summed), or `{"error": traceback}`, so one case cannot hide
@@ -31,10 +31,30 @@ def tokenizer_for(path: str, extra_tokens: list[str]) -> Any:
     return tok
 
 
+class HarmonyTokenizer:
+    """gpt-oss's tokenizer as vLLM's harmony parser uses it: openai-harmony's encoding
+    (the o200k harmony vocabulary, special tokens as tokens)."""
+
+    def __init__(self) -> None:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        self._enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._enc.encode(text, allowed_special="all")
+
+    def decode(self, ids: list[int], **_: Any) -> str:
+        return self._enc.decode(ids)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+
 def parser_for(job: dict[str, Any], tok: Any) -> Any:
     cls = ParserManager.get_parser(tool_parser_name=job["tool_parser"],
                                    reasoning_parser_name=job["reasoning_parser"],
-                                   enable_auto_tools=True, tokenizer=tok)
+                                   enable_auto_tools=True, is_harmony=job["harmony"],
+                                   tokenizer=None if job["harmony"] else tok)
     return cls(tok, job["tools"])
 
 
@@ -84,10 +104,11 @@ def main() -> None:
     tokenizers: dict[str, Any] = {}
     out: dict[str, Any] = {}
     for job in spec["jobs"]:
-        key = ",".join(job["extra_tokens"])
+        key = "harmony" if job["harmony"] else ",".join(job["extra_tokens"])
         tok = tokenizers.get(key)
         if tok is None:
-            tok = tokenizers[key] = tokenizer_for(spec["tokenizer"], job["extra_tokens"])
+            tok = tokenizers[key] = (HarmonyTokenizer() if job["harmony"] else
+                                     tokenizer_for(spec["tokenizer"], job["extra_tokens"]))
         request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
                                         tools=job["tools"], tool_choice="auto")
         result: dict[str, Any] = {}

@@ -17,6 +17,7 @@ from chat_templates import (
     GPT_OSS_LIKE_TEMPLATE,
     KIMI_K2_TEMPLATE,
     LLAMA31_TEMPLATE,
+    MINIMAX_LIKE_TEMPLATE,
     MISTRAL_TOOLS_TEMPLATE,
     QWEN3_CODER_TEMPLATE,
     SMOLLM2_TEMPLATE,
@@ -61,11 +62,13 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
     (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
     ("{{ '<tool_call>' + name + '<arg_key>' }}", {}, "glm45+think"),
+    (GPT_OSS_LIKE_TEMPLATE, {}, "gpt_oss+harmony"),
     ("{{ '<tool_call>' }}", {}, "hermes+think"),
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
-], ids=["qwen3_coder", "llama31", "mistral", "deepseek_v3", "kimi_k2", "glm45", "hermes", "named_templates", "arch_llama_too_generic",
+], ids=["qwen3_coder", "llama31", "mistral", "deepseek_v3", "kimi_k2", "glm45", "gpt_oss",
+        "hermes", "named_templates", "arch_llama_too_generic",
         "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
                                                 expected: str) -> None:
@@ -81,20 +84,20 @@ def test_settings_override_the_choice() -> None:
 
 def test_unknown_format_warns_once_at_load(tiny_model_dir: Path, tmp_path: Path,
                                            caplog: pytest.LogCaptureFixture) -> None:
-    harmony = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m",
-                                          GPT_OSS_LIKE_TEMPLATE)
+    minimax = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m",
+                                          MINIMAX_LIKE_TEMPLATE)
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
-        tok = ChatTokenizer.from_pretrained(harmony)
+        tok = ChatTokenizer.from_pretrained(minimax)
         assert tok.renders_tools
         for _ in range(3):  # requests parse with the parser chosen at load: no new warning
-            tok.output_parser.parse("<|channel|>final", parse_tools=True, id_seed="s")
+            tok.output_parser.parse("<minimax:tool_call>", parse_tools=True, id_seed="s")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "gpt-oss harmony" in warnings[0]
+    assert "MiniMax M2" in warnings[0]
     assert "tool calls will come back as text" in warnings[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
-        ChatTokenizer.from_pretrained(harmony, tool_parser="none")  # the user decided
+        ChatTokenizer.from_pretrained(minimax, tool_parser="none")  # the user decided
         ChatTokenizer.from_pretrained(  # renders no tools: the tokenizer's own warning
             tokenizer_dir_with_template(tiny_model_dir, tmp_path / "s", SMOLLM2_TEMPLATE))
     assert not [r for r in caplog.records if r.name == "gateway.toolparse.registry"]
