@@ -19,6 +19,7 @@ import pytest
 from chat_templates import (
     DEEPSEEK_V3_TEMPLATE,
     KIMI_K2_TEMPLATE,
+    LLAMA31_TEMPLATE,
     MISTRAL_TOOLS_TEMPLATE,
     QWEN3_CODER_TEMPLATE,
     tokenizer_dir_with_template,
@@ -66,6 +67,10 @@ FAMILIES = {
                       "<|tool_calls_section_end|>", "kimi_k2+think", "functions.add:0"),
     "mistral": Family(MISTRAL_TOOLS_TEMPLATE, '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}',
                       "mistral+none"),
+    # The tiny model has no <|eot_id|>: its <|im_end|> ends Llama's turns here.
+    "llama3_json": Family(LLAMA31_TEMPLATE.replace("<|eot_id|>", IM_END),
+                          '{"name": "add", "parameters": {"a": 2, "b": 3}}',
+                          "llama3_json+none"),
 }
 
 
