@@ -60,6 +60,7 @@ class ChoiceStream:
                  tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self._tok = tokenizer
         self._parser = tokenizer.output_parser
+        self._plain_prefix = self._parser.tools.plain_prefix  # bound once: runs per token
         self._tools = tools
         self._decoder = tokenizer.decode_stream()
         self._seed = id_seed(completion_id, index)
@@ -153,7 +154,7 @@ class ChoiceStream:
         if not self._parse_tools:
             return ParsedText(text, None, ())
         if self._tool_scan >= 0:
-            plain = self._parser.tools.plain_prefix(text, self._tool_scan)
+            plain = self._plain_prefix(text, self._tool_scan)
             if plain is not None:
                 self._tool_scan = plain[1]
                 return ParsedText(plain[0], None, ())
