@@ -60,6 +60,7 @@ _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("glm45", ("<arg_key>",)),
     ("hermes", ("<tool_call>",)),
     ("llama3_json", ('"parameters": ', "<|start_header_id|>")),
+    ("llama3_json", ('"parameters": ', "<|header_start|>")),  # Llama 4's JSON calls
     ("mistral", ("[TOOL_CALLS]",)),
     ("deepseek_v3", ("<｜tool▁calls▁begin｜>", "```json")),
     ("deepseek_v31", ("<｜tool▁calls▁begin｜>",)),
