@@ -192,6 +192,9 @@ GPT_OSS = [
     Case("preamble_then_call", _A.format("Plan.") + "<|start|>assistant<|channel|>commentary"
          "<|message|>Checking the weather.<|end|>"
          + _CALL.format("get_weather", '{"city": "Köln"}'), 1),
+    Case("call_ended_by_stop_token", _A.format("Weather.") + "<|start|>assistant<|channel|>"
+         'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}', 1),
+    Case("final_ended_by_stop_token", "<|channel|>final<|message|>Sunny.", 0),
     Case("cut_in_reasoning", "<|channel|>analysis<|message|>Thinking about", 0),
     Case("cut_in_final", _A.format("Ok.") + "<|start|>assistant<|channel|>final<|message|>Sun", 0),
 ]

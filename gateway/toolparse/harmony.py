@@ -11,10 +11,14 @@ vLLM's environment): that library reads token ids of gpt-oss's own vocabulary an
 the gateway's first native dependency for one family; this module is checked against
 vLLM's harmony parser, which uses it (`tests/integration/test_vllm_parsers.py`).
 
+The reply's last marker, `<|call|>` or `<|return|>`, is the stop token the engine ends
+on, which the reply's text never holds: at the end of the reply the last message is
+complete (openai-harmony's `process_eos`, as vLLM reads it). So a reply cut off inside a
+message keeps that message's meaning too (reasoning stays reasoning, a cut-off call is a
+call whose arguments may not be JSON, as in vLLM).
+
 Streaming: a message's text streams as it is generated once its header is complete; a
-tool call comes when its message ends. A reply cut off inside a message keeps that
-message's meaning (reasoning stays reasoning); an unfinished call is dropped from the
-calls and kept, as text, in the content, so nothing generated is lost.
+tool call comes when its message ends (at the latest with the last delta).
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def messages(text: str, final: bool) -> list[Message]:
             continue
         shown = body if final else body[: len(body) - held_suffix(body, _HELD)]
         out.append(Message(channel and channel.group(1), recipient and recipient.group(1),
-                           shown, False, (START if i else "") + part))
+                           shown, final, (START if i else "") + part))
     return out
 
 
@@ -132,8 +136,8 @@ class GptOssToolFormat(ToolFormat):
             elif kind == "tool" and m.complete:
                 name = m.recipient.removeprefix("functions.")  # type: ignore[union-attr]
                 calls.append(ToolCall(tool_call_id(id_seed, len(calls)), name, m.text))
-            elif final and (kind == "tool" or (m.channel is None and m.raw.strip())):
-                content.append(m.raw)  # an unfinished call or stray text: kept as text
+            elif final and m.channel is None and m.raw.strip():
+                content.append(m.raw)  # text outside any message: kept as text
         return "\n".join(content), tuple(calls)
 
     def plain_prefix(self, text: str, scan: int) -> tuple[str, int] | None:
