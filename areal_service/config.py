@@ -185,7 +185,7 @@ ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "dee
                          "deepseek_v31", "kimi_k2", "llama4_pythonic", "glm45", "gpt_oss",
                          "none"]
 """`gateway.tool_parser` values: the formats `gateway/toolparse/` reads."""
-ReasoningParserName = Literal["think", "harmony", "none"]
+ReasoningParserName = Literal["think", "harmony", "mistral", "none"]
 """`gateway.reasoning_parser` values."""
 
 
@@ -224,8 +224,10 @@ class GatewayConfig(_Section):
     template (else `config.json`'s architecture) at start-up; README "Model families"."""
     reasoning_parser: ReasoningParserName | None = None
     """How reasoning is split from the reply: `think` (a leading `<think>` block),
-    `harmony` (gpt-oss's analysis channel) or `none`. None: the chosen family's (`think`
-    for all but `llama3_json`, `mistral`, `llama4_pythonic`: none; `gpt_oss`: harmony)."""
+    `harmony` (gpt-oss's analysis channel), `mistral` (Magistral's `[THINK]` block) or
+    `none`. None: the chosen family's (`think` for all but `llama3_json`,
+    `llama4_pythonic`: none; `mistral`: `mistral` if the template writes `[THINK]`, else
+    none; `gpt_oss`: harmony)."""
     request_timeout_s: float = Field(600.0, gt=0)
     """Longest a backend call may take."""
     backend_unavailable_deadline_s: float = Field(30.0, gt=0)

@@ -93,6 +93,14 @@ MISTRAL = [
 ]
 """Mistral v11+ (`[TOOL_CALLS]NAME[ARGS]{...}`)."""
 
+MAGISTRAL = [
+    Case("think_then_content", "[THINK]Weather? Ünïcödé.[/THINK]It is sunny.", 0),
+    Case("think_then_call", '[THINK]Need it.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+         1),
+    Case("no_think", "Sunny.", 0),
+]
+"""Magistral (`[THINK]...[/THINK]`, then Mistral v11 calls)."""
+
 MISTRAL_V3 = [
     Case("plain", "Fine. ☀️", 0),
     Case("one_call", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', 1),
@@ -212,7 +220,8 @@ FAMILIES: dict[str, list[Case]] = {
     "hermes": HERMES, "qwen3_coder": QWEN3_CODER, "llama3_json": LLAMA3,
     "qwen3_thinking": QWEN3_THINKING, "mistral": MISTRAL, "mistral_v3": MISTRAL_V3,
     "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2,
-    "llama4_pythonic": LLAMA4_PYTHONIC, "glm45": GLM45, "gpt_oss": GPT_OSS}
+    "llama4_pythonic": LLAMA4_PYTHONIC, "glm45": GLM45, "gpt_oss": GPT_OSS,
+    "magistral": MAGISTRAL}
 """Family -> its corpus."""
 FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "hermes": ("hermes", ""), "qwen3_coder": ("qwen3_coder", ""),
@@ -221,5 +230,5 @@ FAMILY_PARSERS: dict[str, tuple[str, str]] = {
     "mistral": ("mistral", ""), "mistral_v3": ("mistral", ""),
     "deepseek_v3": ("deepseek_v3", ""), "deepseek_v31": ("deepseek_v31", ""),
     "kimi_k2": ("kimi_k2", ""), "llama4_pythonic": ("llama4_pythonic", ""),
-    "glm45": ("glm45", ""), "gpt_oss": ("gpt_oss", "")}
+    "glm45": ("glm45", ""), "gpt_oss": ("gpt_oss", ""), "magistral": ("mistral", "")}
 """Family -> (`gateway.tool_parser`, the end of its template's generation prompt)."""

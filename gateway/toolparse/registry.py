@@ -28,7 +28,12 @@ from gateway.toolparse.sections import (
     DeepSeekV31ToolFormat,
     KimiK2ToolFormat,
 )
-from gateway.toolparse.think import THINK_OPEN, PromptOpenedThink, ThinkReasoning
+from gateway.toolparse.think import (
+    THINK_OPEN,
+    MistralThink,
+    PromptOpenedThink,
+    ThinkReasoning,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,7 @@ TOOL_FORMATS: dict[str, type[ToolFormat]] = {
 REASONING_FORMATS: dict[str, type[ReasoningFormat]] = {
     "think": ThinkReasoning,
     "harmony": HarmonyReasoning,
+    "mistral": MistralThink,
     "none": ReasoningFormat,
 }
 """`gateway.reasoning_parser` values."""
@@ -84,8 +90,8 @@ template (or set `gateway.tool_parser=llama3_json`)."""
 _FAMILY_REASONING = {"llama3_json": "none", "mistral": "none", "llama4_pythonic": "none",
                      "gpt_oss": "harmony"}
 """Reasoning of the families that write no `<think>` block (the default is `think`: a
-leading `<think>` block, as the gateway has always parsed). Magistral's `[THINK]` blocks
-are not read yet: they stay in the content."""
+leading `<think>` block, as the gateway has always parsed); Mistral's is `mistral`
+(Magistral's `[THINK]` block) where the template writes `[THINK]`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,8 @@ def select_parser(template: str | Mapping[str, str] | None, model_config: Mappin
     else:
         tool_name, reason = _tool_format(text, model_config, source, renders_tools)
     reasoning_name = _FAMILY_REASONING.get(tool_name, "think")
+    if tool_name == "mistral" and "[THINK]" in text:
+        reasoning_name = "mistral"
     if reasoning_parser is not None:
         reasoning_name, reason = reasoning_parser, f"{reason}; gateway.reasoning_parser"
     reasoning = REASONING_FORMATS[reasoning_name]()

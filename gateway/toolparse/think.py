@@ -16,27 +16,27 @@ from typing import ClassVar
 from gateway.toolparse.base import ReasoningFormat, held_suffix, is_proper_prefix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-_THINK_HELD = ("\n" + THINK_CLOSE, THINK_CLOSE)
 
 
 class ThinkReasoning(ReasoningFormat):
     name: ClassVar[str] = "think"
-    open: ClassVar[str | None] = THINK_OPEN
-    close: ClassVar[str | None] = THINK_CLOSE
+    open: ClassVar[str] = THINK_OPEN
+    close: ClassVar[str] = THINK_CLOSE
 
     def split(self, text: str, final: bool) -> tuple[str | None, str] | None:
-        if not text.startswith(THINK_OPEN):
-            if not final and is_proper_prefix(text, THINK_OPEN):
+        opening, closing = self.open, self.close
+        if not text.startswith(opening):
+            if not final and is_proper_prefix(text, opening):
                 return None
             return None, text
-        close = text.find(THINK_CLOSE, len(THINK_OPEN))
-        body = text[len(THINK_OPEN):] if close < 0 else text[len(THINK_OPEN):close]
+        close = text.find(closing, len(opening))
+        body = text[len(opening):] if close < 0 else text[len(opening):close]
         body = body.removeprefix("\n")
         if close < 0:
             if not final:
-                body = body[: len(body) - held_suffix(body, _THINK_HELD)]
+                body = body[: len(body) - held_suffix(body, ("\n" + closing, closing))]
             return body or None, ""
-        rest = text[close + len(THINK_CLOSE):]
+        rest = text[close + len(closing):]
         if not final and rest in ("", "\n"):
             rest = ""  # cannot tell yet whether the "\n\n" separator follows
         else:
@@ -44,7 +44,15 @@ class ThinkReasoning(ReasoningFormat):
         return body.removesuffix("\n") or None, rest
 
     def pending(self, text: str) -> bool:
-        return text.startswith(THINK_OPEN) or THINK_OPEN.startswith(text)
+        return text.startswith(self.open) or self.open.startswith(text)
+
+
+class MistralThink(ThinkReasoning):
+    """Magistral's `[THINK]...[/THINK]` block (special tokens), leading the reply."""
+
+    name: ClassVar[str] = "mistral"
+    open: ClassVar[str] = "[THINK]"
+    close: ClassVar[str] = "[/THINK]"
 
 
 class PromptOpenedThink(ThinkReasoning):
@@ -53,9 +61,9 @@ class PromptOpenedThink(ThinkReasoning):
     name: ClassVar[str] = "think(opened by the prompt)"
 
     def split(self, text: str, final: bool) -> tuple[str | None, str] | None:
-        if not final and is_proper_prefix(text, THINK_OPEN):
+        if not final and is_proper_prefix(text, self.open):
             return None  # the model may be repeating the opening: hold it
-        return super().split(THINK_OPEN + text.removeprefix(THINK_OPEN), final)
+        return super().split(self.open + text.removeprefix(self.open), final)
 
     def pending(self, text: str) -> bool:
         return True

@@ -39,7 +39,8 @@ VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
                 "llama3_json": "llama3_json", "qwen3_thinking": "hermes",
                 "mistral": "mistral", "mistral_v3": "mistral", "deepseek_v3": "deepseek_v3",
                 "deepseek_v31": "deepseek_v31", "kimi_k2": "kimi_k2",
-                "llama4_pythonic": "llama4_pythonic", "glm45": "glm45", "gpt_oss": "openai"}
+                "llama4_pythonic": "llama4_pythonic", "glm45": "glm45", "gpt_oss": "openai",
+                "magistral": "mistral"}
 """Our family -> vLLM 0.32's tool parser of the same format."""
 EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "[ARGS]"],
                 "mistral_v3": ["[TOOL_CALLS]"],
@@ -50,14 +51,16 @@ EXTRA_TOKENS = {"llama3_json": ["<|python_tag|>"], "mistral": ["[TOOL_CALLS]", "
                             "<|tool_call_begin|>", "<|tool_call_end|>",
                             "<|tool_call_argument_begin|>"],
                 "llama4_pythonic": ["<|python_start|>", "<|python_end|>"],
-                "glm45": ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]}
+                "glm45": ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"],
+                "magistral": ["[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"]}
 """Marker tokens the family's tokenizer has as special tokens (vLLM's parser looks them
 up; the test tokenizer lacks them). vLLM tells Mistral's generations apart by `[ARGS]`
 being in the vocabulary."""
 VLLM_REASONING = {"hermes": "qwen3", "qwen3_coder": "qwen3", "llama3_json": None,
                   "qwen3_thinking": "qwen3", "mistral": None, "mistral_v3": None,
                   "deepseek_v3": None, "deepseek_v31": None, "kimi_k2": None,
-                  "llama4_pythonic": None, "glm45": "glm45", "gpt_oss": "openai_gptoss"}
+                  "llama4_pythonic": None, "glm45": "glm45", "gpt_oss": "openai_gptoss",
+                  "magistral": "mistral"}
 """Our family -> vLLM's reasoning parser. vLLM's `qwen3` reasoning parser reads a reply
 without `<think>` as reasoning (it assumes the prompt opened the block); the gateway does
 so only where the model's generation prompt does open it (`qwen3_thinking`), so for the
@@ -145,6 +148,7 @@ def vllm_results(vllm_python: str, tiny_model_dir: Path) -> dict[str, Any]:
     jobs = [{"id": f"{family}/{case.name}", "tool_parser": VLLM_PARSERS[family],
              "reasoning_parser": VLLM_REASONING[family]
              if case.text.startswith(("<think>", "<|channel|>")) or FAMILY_PARSERS[family][1]
+             or family == "magistral"
              else None,
              "harmony": family == "gpt_oss",
              "text": case.text, "tools": TOOLS, "extra_tokens": EXTRA_TOKENS.get(family, []),
@@ -176,6 +180,7 @@ def _json_or_text(args: str) -> Any:
 def _ours(family: str, case: Case) -> dict[str, Any]:
     tool_format, generation_prompt = FAMILY_PARSERS[family]
     parser = select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
+                           reasoning_parser="mistral" if family == "magistral" else None,
                            generation_prompt=generation_prompt).parser
     out: ParsedText = parser.parse(case.text, parse_tools=True, id_seed="s", tools=TOOLS)
     return _normalized(out.content, out.reasoning,

@@ -39,6 +39,7 @@ SEED = id_seed("chatcmpl-t", 0)
 def parser_for(family: str) -> OutputParser:
     tool_format, generation_prompt = FAMILY_PARSERS[family]
     return select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
+                         reasoning_parser="mistral" if family == "magistral" else None,
                          generation_prompt=generation_prompt).parser
 
 
@@ -59,6 +60,7 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     (QWEN3_CODER_TEMPLATE, {}, "qwen3_coder+think"),
     (LLAMA31_TEMPLATE, {}, "llama3_json+none"),
     (MISTRAL_TOOLS_TEMPLATE, {}, "mistral+none"),
+    ("{{ '[THINK]' + '[TOOL_CALLS]' }}", {}, "mistral+mistral"),
     (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
     (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
     ("{{ '<tool_call>' + name + '<arg_key>' }}", {}, "glm45+think"),
@@ -67,7 +69,7 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
-], ids=["qwen3_coder", "llama31", "mistral", "deepseek_v3", "kimi_k2", "glm45", "gpt_oss",
+], ids=["qwen3_coder", "llama31", "mistral", "magistral", "deepseek_v3", "kimi_k2", "glm45", "gpt_oss",
         "hermes", "named_templates", "arch_llama_too_generic",
         "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
