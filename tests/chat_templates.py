@@ -40,7 +40,8 @@ def tokenizer_dir_with_template(src: Path, dst: Path, template: str) -> Path:
 
 
 # Family templates, written for these tests from each family's published chat template
-# (Qwen3-Coder's and Llama 3.1's on their model cards) and reduced to what the tests use:
+# (Qwen3-Coder's, Llama 3.1's, Mistral Small 3.x's, DeepSeek V3's and Kimi K2's, shipped
+# with their checkpoints) and reduced to what the tests use:
 # the tool list, the assistant turn with its calls, tool results. The assistant-turn parts
 # are the published text; what a template writes around them (default system prompts,
 # dates, built-in tools) is left out. No package ships these templates (vLLM's
