@@ -184,6 +184,14 @@ class EngineConfig(_Section):
     """Launch or attach settings used when `backend` is `vllm`."""
 
 
+ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3",
+                         "deepseek_v31", "kimi_k2", "llama4_pythonic", "glm45", "gpt_oss",
+                         "none"]
+"""`gateway.tool_parser` values: the formats `gateway/toolparse/` reads."""
+ReasoningParserName = Literal["think", "harmony", "mistral", "none"]
+"""`gateway.reasoning_parser` values."""
+
+
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     """Address the gateway binds to."""
@@ -214,6 +222,15 @@ class GatewayConfig(_Section):
     `/v1/models` lists `model_name` and these aliases."""
     tokenizer: str | None = None
     """Directory of the tokenizer with the chat template. None: the engine's model."""
+    tool_parser: ToolParserName | None = None
+    """How tool calls are read from the model's replies. None: chosen from the chat
+    template (else `config.json`'s architecture) at start-up; README "Model families"."""
+    reasoning_parser: ReasoningParserName | None = None
+    """How reasoning is split from the reply: `think` (a leading `<think>` block),
+    `harmony` (gpt-oss's analysis channel), `mistral` (Magistral's `[THINK]` block) or
+    `none`. None: the chosen family's (`think` for all but `llama3_json`,
+    `llama4_pythonic`: none; `mistral`: `mistral` if the template writes `[THINK]`, else
+    none; `gpt_oss`: harmony)."""
     request_timeout_s: float = Field(600.0, gt=0)
     """Longest a backend call may take."""
     backend_unavailable_deadline_s: float = Field(30.0, gt=0)

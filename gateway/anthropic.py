@@ -405,9 +405,9 @@ class MessageStreamAssembler:
 
     def __init__(self, tokenizer: ChatTokenizer, *, message_id: str, model: str,
                  sampling: SamplingSpec, prompt_tokens: int, parse_tools: bool,
-                 signer: Signer) -> None:
+                 signer: Signer, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self._stream = ChoiceStream(tokenizer, completion_id=message_id,
-                                    parse_tools=parse_tools, stop=sampling.stop)
+                                    parse_tools=parse_tools, stop=sampling.stop, tools=tools)
         self._id = message_id
         self._model = model
         self._prompt_tokens = prompt_tokens

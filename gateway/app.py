@@ -211,8 +211,10 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             store, config.store, prepare=linker.link_batch if shared else None)
         writer.start()
         tokenizer_dir = Path(config.gateway.tokenizer or config.model_dir())
-        tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, tokenizer_dir,
-                                            chat_template=config.engine.chat_template)
+        tokenizer = await asyncio.to_thread(
+            ChatTokenizer.from_pretrained, tokenizer_dir,
+            chat_template=config.engine.chat_template, tool_parser=gw.tool_parser,
+            reasoning_parser=gw.reasoning_parser)
         pool = BackendPool.from_config(config)  # the backends, or a router's workers
         await pool.start()
         leadership = Leadership(store, ttl_s=gw.leader_lease_s)

@@ -6,20 +6,13 @@ output (the last delta carries that very reply, made by `translate.finish_choice
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.tokenizer import ChatTokenizer
-from gateway.toolparse import (
-    THINK_OPEN,
-    TOOL_OPEN,
-    ParsedText,
-    ToolCall,
-    held_suffix,
-    parse_output,
-)
+from gateway.toolparse import ParsedText, ToolCall, held_suffix
 from gateway.translate import (
     GeneratedChoice,
     ParsedChoice,
@@ -36,8 +29,6 @@ dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 """Compact JSON of a chunk (the encoder `gateway.pipeline.dumps` is: the same bytes)."""
 _escape = json.encoder.encode_basestring  # type: ignore[attr-defined]
 """A str as a JSON string literal, non-ASCII kept: what `dumps` does to a string (C)."""
-_TOOL_HELD = ("\n" + TOOL_OPEN, TOOL_OPEN)
-"""What `toolparse` holds back at the end of partial text (a tool call may start)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +49,19 @@ class ChoiceStream:
     rounds).
 
     Cost per token, O(new text): the Rust decode stream gives the new text; stop strings
-    are searched only where a new one could start; plain content (no `<think>` block, no
-    `<tool_call>` so far) is advanced without re-parsing. Text with a think block or a
-    tool call is re-parsed whole each step (`parse_output`, C-level scans). The final
-    step decodes the whole output once and parses it as `parse_choice` does, so the
-    recorded reply is the non-streamed one."""
+    are searched only where a new one could start; plain content (no reasoning block, no
+    tool call so far: the model's parser's `plain_prefix`) is advanced without re-parsing.
+    Text with a reasoning block or a tool call is re-parsed whole each step (the parser,
+    chosen once per model: C-level scans). The final step decodes the whole output once
+    and parses it as `parse_choice` does, so the recorded reply is the non-streamed one."""
 
     def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, index: int = 0,
-                 parse_tools: bool, stop: Sequence[str] = (), logprobs: int | None = None
-                 ) -> None:
+                 parse_tools: bool, stop: Sequence[str] = (), logprobs: int | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self._tok = tokenizer
+        self._parser = tokenizer.output_parser
+        self._plain_prefix = self._parser.tools.plain_prefix  # bound once: runs per token
+        self._tools = tools
         self._decoder = tokenizer.decode_stream()
         self._seed = id_seed(completion_id, index)
         self.index = index
@@ -85,10 +79,11 @@ class ChoiceStream:
         """No stop string starts before this offset of `_text`."""
         self._cut: int | None = None
         """Where a stop string starts in `_text` (nothing after it is shown)."""
-        self._plain = False
-        """The text is past any `<think>` opening: reasoning stays None."""
+        self._plain = self._parser.reasoning.open is None
+        """The text is past any reasoning opening: reasoning stays None."""
         self._tool_scan = 0
-        """No `<tool_call>` starts before this offset of the shown text (while plain)."""
+        """No tool call starts before this offset of the shown text (while plain; -1:
+        one may have started, the text is parsed whole)."""
         self._sent = ParsedText("", None, ())
         self.result: ParsedChoice | None = None
 
@@ -116,8 +111,8 @@ class ChoiceStream:
         if final:
             # One whole decode at the end: the reply is exactly the non-streamed one.
             text = trim_stop(self._tok.decode(self._ids[:end]), finish)
-            parsed = parse_output(text, parse_tools=self._parse_tools, id_seed=self._seed,
-                                  final=True)
+            parsed = self._parser.parse(text, parse_tools=self._parse_tools,
+                                        id_seed=self._seed, final=True, tools=self._tools)
         else:
             parsed = self._partial(self._shown())
         reasoning = (_advance(parsed.reasoning or "", self._sent.reasoning or "")
@@ -150,19 +145,22 @@ class ChoiceStream:
         return text[:self._cut]
 
     def _partial(self, text: str) -> ParsedText:
-        """`parse_output(text, final=False)`, without re-parsing plain content."""
+        """The parser's `parse(text, final=False)`, without re-parsing plain content."""
         if not self._plain:
-            if text.startswith(THINK_OPEN) or THINK_OPEN.startswith(text):
-                return parse_output(text, parse_tools=self._parse_tools, id_seed=self._seed,
-                                    final=False)
-            self._plain = True  # text only grows: no leading think block from here on
+            if self._parser.reasoning.pending(text):
+                return self._parser.parse(text, parse_tools=self._parse_tools,
+                                          id_seed=self._seed, final=False, tools=self._tools)
+            self._plain = True  # text only grows: no leading reasoning block from here on
         if not self._parse_tools:
             return ParsedText(text, None, ())
-        if self._tool_scan >= 0 and text.find(TOOL_OPEN, self._tool_scan) < 0:
-            self._tool_scan = max(0, len(text) - len(TOOL_OPEN) + 1)
-            return ParsedText(text[: len(text) - held_suffix(text, _TOOL_HELD)], None, ())
-        self._tool_scan = -1  # a tool call started: parsed whole from now on
-        return parse_output(text, parse_tools=True, id_seed=self._seed, final=False)
+        if self._tool_scan >= 0:
+            plain = self._plain_prefix(text, self._tool_scan)
+            if plain is not None:
+                self._tool_scan = plain[1]
+                return ParsedText(plain[0], None, ())
+        self._tool_scan = -1  # a tool call may have started: parsed whole from now on
+        return self._parser.parse(text, parse_tools=True, id_seed=self._seed, final=False,
+                                  tools=self._tools)
 
     def _logprob_slice(self, start: int, end: int) -> tuple[TokenLogprob, ...]:
         assert self._logprobs is not None
@@ -190,9 +188,11 @@ class ChatStreamAssembler:
 
     def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, model: str,
                  created: int, index: int = 0, parse_tools: bool, stop: Sequence[str] = (),
-                 logprobs: int | None = None) -> None:
+                 logprobs: int | None = None, tools: Sequence[Mapping[str, Any]] | None = None
+                 ) -> None:
         self._stream = ChoiceStream(tokenizer, completion_id=completion_id, index=index,
-                                    parse_tools=parse_tools, stop=stop, logprobs=logprobs)
+                                    parse_tools=parse_tools, stop=stop, logprobs=logprobs,
+                                    tools=tools)
         self._head = {"id": completion_id, "object": "chat.completion.chunk",
                       "created": created, "model": model}
         self._index = index

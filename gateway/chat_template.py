@@ -13,7 +13,7 @@ path to a Jinja file, or a built-in (`BUILTIN_TEMPLATES`). What each one support
 - `builtin:chatml-tools` (`engine/chat_template.jinja`, the project's tiny model's own):
   ChatML (`<|im_start|>role ... <|im_end|>`) with Qwen2.5/Hermes-style tools: the tool
   list in the system turn, assistant calls as `<tool_call>{"name", "arguments"}</tool_call>`
-  (the form `gateway.toolparse` parses back), `<think>` reasoning, tool results as
+  (the form `gateway/toolparse/hermes.py` parses back), `<think>` reasoning, tool results as
   `<tool_response>` in a user turn; system/developer, user, assistant and tool messages.
   Fits any ChatML checkpoint whose tokenizer has `<|im_start|>`/`<|im_end|>` (Qwen2.5,
   SmolLM2, ...); a model not trained on this tool format still has to learn it.

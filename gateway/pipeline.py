@@ -99,6 +99,8 @@ class Turn(Generic[RequestT]):
     completion_id: str
     created: float
     parse_tools: bool
+    tools: list[dict[str, Any]] | None
+    """The tool definitions rendered (argument types, for parsers that read them)."""
     logprobs: int | None
     """None unless the client asked for logprobs, else how many top alternatives."""
     generate: list[GenerateRequest]
@@ -220,7 +222,8 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
     return Turn(state=state, principal=principal, body=body, request=req, model=model,
                 session_id=session_id, prompt_ids=prompt_ids, spec=spec,
                 completion_id=completion_id, created=time.time(),
-                parse_tools=tools_enabled(conv.tools, conv.tool_choice), logprobs=logprobs,
+                parse_tools=tools_enabled(conv.tools, conv.tool_choice), tools=conv.tools,
+                logprobs=logprobs,
                 generate=generate_requests(prompt_ids, spec, completion_id, logprobs),
                 started=started, lineage=lineage, notes=conv.notes)
 
@@ -246,7 +249,7 @@ async def reply_complete(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -
     choices = [parse_choice(turn.state.tokenizer, GeneratedChoice(
         g.output_ids, g.output_logprobs, g.finish_reason, g.output_top_logprobs),
         completion_id=turn.completion_id, index=i, parse_tools=turn.parse_tools,
-        logprobs=turn.logprobs) for i, g in enumerate(generations)]
+        logprobs=turn.logprobs, tools=turn.tools) for i, g in enumerate(generations)]
     usage = count_usage(turn, choices)
     response = adapter.reply(turn, choices, usage)
     await persist(turn.state, records(turn, generations, choices, response))

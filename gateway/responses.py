@@ -341,7 +341,8 @@ class ResponsesStreamAssembler:
     def __init__(self, request: ResponsesRequest, tokenizer: ChatTokenizer, *,
                  response_id: str, created_at: float, model: str, sampling: SamplingSpec,
                  prompt_tokens: int, parse_tools: bool, logprobs: int | None = None,
-                 signer: Signer | None = None) -> None:
+                 signer: Signer | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self._request = request
         self._signer = signer
         self._names = tool_names(request.tools)
@@ -353,7 +354,7 @@ class ResponsesStreamAssembler:
         self._prompt_tokens = prompt_tokens
         self._stream = ChoiceStream(tokenizer, completion_id=response_id,
                                     parse_tools=parse_tools, stop=sampling.stop,
-                                    logprobs=logprobs)
+                                    logprobs=logprobs, tools=tools)
         self._seq = 0
         self._output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the reasoning or message item streaming

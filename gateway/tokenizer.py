@@ -13,6 +13,7 @@ model-specific class) loads through transformers, imported lazily.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -27,7 +28,8 @@ from tokenizers import pre_tokenizers as pre
 
 from gateway.chat_template import ChatTemplate, load_chat_template, template_setting_text
 from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError
-from gateway.toolparse import THINK_CLOSE
+from gateway.toolparse import OutputParser, default_parser
+from gateway.toolparse.registry import select_parser
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,8 +69,9 @@ class TokenizerCore(Protocol):
         """`encode` of each text, in one call (the Rust tokenizer runs them in parallel)."""
         ...
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of ids with special tokens skipped (transformers' `skip_special_tokens`)."""
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Text of ids, special tokens skipped unless not `skip_special` (transformers'
+        `skip_special_tokens`)."""
         ...
 
     def id_to_piece(self, token_id: int) -> str | None:
@@ -94,7 +97,8 @@ class ChatTokenizer:
     """
 
     def __init__(self, core: TokenizerCore | PreTrainedTokenizerBase, *,
-                 cache_chars: int = 32_000_000) -> None:
+                 cache_chars: int = 32_000_000, output_parser: OutputParser | None = None
+                 ) -> None:
         # A transformers tokenizer is wrapped: tests compare the two loaders through it.
         self.core: TokenizerCore = (TransformersTokenizer(core)
                                     if hasattr(core, "apply_chat_template") else core)
@@ -105,12 +109,18 @@ class ChatTokenizer:
         self._token_info: dict[int, tuple[str, tuple[int, ...]]] = {}
         self._byte_decoder = _byte_level_decoder() if self.core.byte_level else None
         self._fast_decode = self.core.decode  # bound once: the stream decodes twice a token
+        self._skip_special = True
+        """Replies are decoded without special tokens, unless the model's parser reads
+        markers that are special tokens (`ToolFormat.special_markers`)."""
         self._split_at = ("<|im_start|>" if "<|im_start|>" in self.core.added_tokens.values()
                           else None)
         if self._split_at and not self._segments_encode_alone():
             self._split_at = None
-        close_ids = self.core.encode(THINK_CLOSE)
-        self.think_close_id: int | None = close_ids[0] if len(close_ids) == 1 else None
+        self.output_parser: OutputParser = default_parser()
+        """This model's tool-call and reasoning format (`use_parser`)."""
+        self.think_close_id: int | None = None
+        """The one token that ends reasoning (None: none, or more than one token)."""
+        self.use_parser(output_parser or self.output_parser)
         self.chars_per_token: int | None = (
             max_chars_per_token(self.core.backend) if isinstance(self.core, RustTokenizer)
             else None)
@@ -124,15 +134,40 @@ class ChatTokenizer:
         """Whether the chat template writes a request's tool definitions into the prompt
         (seen in one render with a probe tool). False: `tools` never reach the model."""
 
+    def use_parser(self, parser: OutputParser) -> None:
+        """Parse this model's replies with `parser` (chosen once, at load)."""
+        self.output_parser = parser
+        self._skip_special = not parser.tools.special_markers
+        self._fast_decode = (self.core.decode if self._skip_special
+                             else functools.partial(self.core.decode, skip_special=False))
+        close = parser.reasoning.close
+        close_ids = self.core.encode(close) if close else []
+        self.think_close_id = close_ids[0] if len(close_ids) == 1 else None
+
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None
+    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None,
+                        tool_parser: str | None = None, reasoning_parser: str | None = None
                         ) -> ChatTokenizer:
         """Load a checkpoint directory as `AutoTokenizer.from_pretrained(path)` would,
         without transformers where `load_tokenizer_core` can. `chat_template`: the
         `engine.chat_template` setting (a Jinja file or `builtin:<name>`) in place of the
-        checkpoint's template; None keeps the checkpoint's. Logs one warning when the
-        template renders no tool definitions."""
+        checkpoint's template; None keeps the checkpoint's. The output parser is chosen
+        from the template and `config.json` (`toolparse.registry`), `tool_parser` /
+        `reasoning_parser` overriding it. Logs one warning when the template renders no
+        tool definitions, and one when it renders tool calls in a format not parsed."""
+        path = Path(path)
         tokenizer = cls(load_tokenizer_core(path, chat_template=chat_template))
+        template = (template_setting_text(chat_template) if chat_template is not None
+                    else load_chat_template(path, _read_json(path / "tokenizer_config.json")))
+        selection = select_parser(
+            template, _read_json(path / "config.json"), renders_tools=tokenizer.renders_tools,
+            generation_prompt=tokenizer._generation_prompt(),
+            tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+            source=(f"the chat template {chat_template}" if chat_template is not None
+                    else f"the chat template of {path}"))
+        tokenizer.use_parser(selection.parser)
+        log.info("tool calls and reasoning of %s parsed as %s (%s)", path,
+                 selection.parser.name, selection.reason)
         if not tokenizer.renders_tools:
             log.warning(
                 "the chat template of %s (%s) does not render tool definitions: `tools` sent "
@@ -154,11 +189,36 @@ class ChatTokenizer:
         """The chat template's text for `messages` (normalized) plus (by default) the
         generation prompt (token continuity renders a prefix without it). Any failure of
         the template raises `ChatTemplateError` (a 400 on every wire API)."""
+        if self.output_parser.tools.arguments_as_mapping:
+            messages = self._mapping_arguments(messages)
         try:
             return self.core.render(messages, tools or None,
                                     add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # noqa: BLE001 - whatever the template raised: the request's
             raise ChatTemplateError(exc) from exc
+
+    def _generation_prompt(self) -> str:
+        """The end of a one-message prompt ("" when the template cannot render one)."""
+        try:
+            return self.render([{"role": "user", "content": "x"}], None)[-64:]
+        except ChatTemplateError:
+            return ""
+
+    def _mapping_arguments(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Replayed tool calls with `arguments` as this family's template reads them (a
+        mapping, not the API's JSON string); messages without calls pass as they are."""
+        to_template = self.output_parser.tools.template_arguments
+        out = []
+        for m in messages:
+            calls = m.get("tool_calls")
+            if calls:
+                m = {**m, "tool_calls": [
+                    {**c, "function": {**c["function"],
+                                       "arguments": to_template(c["function"]["arguments"])}}
+                    if isinstance(c.get("function", {}).get("arguments"), str) else c
+                    for c in calls]}
+            out.append(m)
+        return out
 
     def encode(self, text: str) -> list[int]:
         """Ids of rendered prompt text, without adding special tokens (no double BOS)."""
@@ -189,7 +249,7 @@ class ChatTokenizer:
         tokenizer is a plain Rust one; else a window re-decode (two decodes a push)."""
         backend = getattr(self.core, "stream_backend", None)
         if backend is not None:
-            return _RustTextStream(backend)
+            return _RustTextStream(backend, skip_special=self._skip_special)
         return _WindowTextStream(self)
 
     def token_info(self, token_id: int) -> tuple[str, tuple[int, ...]]:
@@ -297,9 +357,9 @@ class _RustTextStream:
     """`tokenizers.decoders.DecodeStream`: keeps the ids since the last complete
     character and decodes only those (what vLLM's prefix/read offsets do, in Rust)."""
 
-    def __init__(self, backend: Tokenizer) -> None:
+    def __init__(self, backend: Tokenizer, *, skip_special: bool = True) -> None:
         self._backend = backend
-        self._stream = decoders.DecodeStream(skip_special_tokens=True)
+        self._stream = decoders.DecodeStream(skip_special_tokens=skip_special)
 
     def push(self, ids: Sequence[int]) -> str:
         step, backend = self._stream.step, self._backend
@@ -509,9 +569,9 @@ class RustTokenizer:
         return [e.ids for e in self._backend.encode_batch_fast(texts,
                                                                 add_special_tokens=False)]
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of ids, special tokens skipped."""
-        text = self._backend.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Text of ids, special tokens skipped (unless not `skip_special`)."""
+        text = self._backend.decode(ids, skip_special_tokens=skip_special)
         return _clean_up_tokenization(text) if self._clean_up else text
 
     def id_to_piece(self, token_id: int) -> str | None:
@@ -723,11 +783,11 @@ class TransformersTokenizer:
         """`encode` of each text in one call."""
         return self.hf(texts, add_special_tokens=False)["input_ids"]
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of ids, special tokens skipped."""
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Text of ids, special tokens skipped (unless not `skip_special`)."""
         if self._rust_decode is not None:
-            return self._rust_decode(ids, skip_special_tokens=True)
-        return self.hf.decode(ids, skip_special_tokens=True)
+            return self._rust_decode(ids, skip_special_tokens=skip_special)
+        return self.hf.decode(ids, skip_special_tokens=skip_special)
 
     def id_to_piece(self, token_id: int) -> str | None:
         """The vocabulary string of one id."""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from areal_service.sglang_protocol import FinishReason
 from gateway.protocol import TEXT_PART_TYPES, ClientSampling, InvalidRequestError, ToolChoice
 from gateway.tokenizer import ChatTokenizer
-from gateway.toolparse import ParsedText, ToolCall, parse_output
+from gateway.toolparse import ParsedText, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -365,14 +365,16 @@ def finish_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, parsed: Par
 
 
 def parse_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, *, completion_id: str,
-                 index: int = 0, parse_tools: bool, logprobs: int | None = None
-                 ) -> ParsedChoice:
-    """A finished generation -> the client's view. `logprobs`: None (not requested) or
-    the number of top alternatives per token."""
+                 index: int = 0, parse_tools: bool, logprobs: int | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedChoice:
+    """A finished generation -> the client's view, parsed by the model's output parser.
+    `logprobs`: None (not requested) or the number of top alternatives per token;
+    `tools`: the request's tool definitions (argument types, for formats that need them)."""
     end = choice.visible_len()
     text = trim_stop(tokenizer.decode(choice.output_ids[:end]), choice.finish)
-    parsed = parse_output(text, parse_tools=parse_tools,
-                          id_seed=id_seed(completion_id, index), final=True)
+    parsed = tokenizer.output_parser.parse(text, parse_tools=parse_tools,
+                                           id_seed=id_seed(completion_id, index), final=True,
+                                           tools=tools)
     lps = None if logprobs is None else token_logprobs(tokenizer, choice, 0, end, logprobs)
     return finish_choice(tokenizer, choice, parsed, text, index=index, logprobs=lps)
 

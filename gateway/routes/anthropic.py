@@ -75,7 +75,8 @@ class MessagesStream(StreamEncoder):
         self._asm = MessageStreamAssembler(
             turn.state.tokenizer, message_id=turn.completion_id, model=turn.model,
             sampling=turn.spec, prompt_tokens=len(turn.prompt_ids),
-            parse_tools=turn.parse_tools, signer=reasoning_signer(turn.state))
+            parse_tools=turn.parse_tools, signer=reasoning_signer(turn.state),
+            tools=turn.tools)
 
     def start(self) -> str:
         return "".join(map(named_event, self._asm.start()))

@@ -70,7 +70,8 @@ class ChatStream(StreamEncoder):
         self._assemblers = [ChatStreamAssembler(
             turn.state.tokenizer, completion_id=turn.completion_id, model=turn.model,
             created=int(turn.created), index=i, parse_tools=turn.parse_tools,
-            stop=turn.spec.stop, logprobs=turn.logprobs) for i in range(turn.spec.n)]
+            stop=turn.spec.stop, logprobs=turn.logprobs, tools=turn.tools)
+            for i in range(turn.spec.n)]
 
     def start(self) -> str:
         return "".join(f"data: {dumps(asm.start())}\n\n" for asm in self._assemblers)
@@ -137,7 +138,7 @@ class ResponsesStream(StreamEncoder):
             turn.request, turn.state.tokenizer, response_id=turn.completion_id,
             created_at=turn.created, model=turn.model, sampling=turn.spec,
             prompt_tokens=len(turn.prompt_ids), parse_tools=turn.parse_tools,
-            logprobs=turn.logprobs, signer=reasoning_signer(turn.state))
+            logprobs=turn.logprobs, signer=reasoning_signer(turn.state), tools=turn.tools)
         self._final: list[dict[str, Any]] = []
 
     def start(self) -> str:

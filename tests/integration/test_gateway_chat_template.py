@@ -137,3 +137,16 @@ def test_template_refusal_is_an_anthropic_400(gemma_gw: Gateway, path: str) -> N
         "code": "chat_template_error"}}
     without_system = {k: v for k, v in body.items() if k != "system"}
     assert _post(gemma_gw, path, without_system).status_code == 200
+
+
+def test_parser_settings_reach_the_served_tokenizer(smol_gw: Gateway,
+                                                    tmp_path_factory: pytest.TempPathFactory,
+                                                    tiny_model_dir: Path,
+                                                    echo: EchoBackendHandle) -> None:
+    """`gateway.tool_parser` / `gateway.reasoning_parser` override the parser the
+    template would get (SmolLM2's renders no tools: the Hermes default)."""
+    assert smol_gw.state.tokenizer.output_parser.name == "hermes+think"
+    with _gateway(tmp_path_factory, tiny_model_dir, echo, SMOLLM2_TEMPLATE,
+                  "gateway.tool_parser=llama3_json", "gateway.reasoning_parser=none") as gw:
+        assert gw.state.tokenizer.output_parser.name == "llama3_json+none"
+        assert gw.state.tokenizer.think_close_id is None

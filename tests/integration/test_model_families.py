@@ -1,0 +1,162 @@
+"""Model families end to end: for each family with a template here, the tiny model is
+fine-tuned to call a tool in that family's format under that template and served by the
+real engine behind the gateway. The gateway picks the family's parser from the template
+by itself; the call comes back as `tool_calls` (arguments typed by the tool's schema
+where the format types them), whole and streamed; the call replayed in history renders
+back to the model's tokens, so the two-turn tool session exports ONE training sequence
+equal to the ids the engine was sent and produced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_templates import (
+    DEEPSEEK_V3_TEMPLATE,
+    KIMI_K2_TEMPLATE,
+    LLAMA31_TEMPLATE,
+    MISTRAL_TOOLS_TEMPLATE,
+    QWEN3_CODER_TEMPLATE,
+    tokenizer_dir_with_template,
+)
+from harness import Gateway, run_gateway
+from test_token_continuity import assert_one_exact_sequence, open_session, sequences_of
+from tool_model import ToolExample, train_tool_model
+
+from engine.testing import start_engine_in_thread
+from gateway.tokenizer import ChatTokenizer
+from gateway.translate import normalize_messages, render_prompt_ids
+
+ADD = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}}}}}]
+QUESTION = [{"role": "user", "content": "Please add 2 and 3."}]
+ANSWER = "The answer is 5."
+IM_END = "<|im_end|>"
+"""The tiny model's end-of-turn (and EOS) token: every template here ends a turn with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    template: str
+    call: str
+    """The model's reply: the `add(2, 3)` call in the family's format."""
+    parser: str
+    call_id: str | None = None
+    """The id the gateway must return (the model's own, where the format has one)."""
+
+
+FAMILIES = {
+    "qwen3_coder": Family(QWEN3_CODER_TEMPLATE,
+                          "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
+                          "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>",
+                          "qwen3_coder+think"),
+    "deepseek_v3": Family(DEEPSEEK_V3_TEMPLATE,
+                          "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n"
+                          '```json\n{"a": 2, "b": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+                          "deepseek_v3+think"),
+    "kimi_k2": Family(KIMI_K2_TEMPLATE,
+                      "<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0"
+                      '<|tool_call_argument_begin|>{"a": 2, "b": 3}<|tool_call_end|>'
+                      "<|tool_calls_section_end|>", "kimi_k2+think", "functions.add:0"),
+    "mistral": Family(MISTRAL_TOOLS_TEMPLATE, '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}',
+                      "mistral+none"),
+    # The tiny model has no <|eot_id|>: its <|im_end|> ends Llama's turns here.
+    "llama3_json": Family(LLAMA31_TEMPLATE.replace("<|eot_id|>", IM_END),
+                          '{"name": "add", "parameters": {"a": 2, "b": 3}}',
+                          "llama3_json+none"),
+}
+
+
+def _tool_round(call_id: str) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function",
+         "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": "5"}]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 tiny_model_dir: Path) -> tuple[str, Path]:
+    """The tiny model under the family's template, trained to answer QUESTION with the
+    family's call and, after the tool result, with ANSWER (the second prompt as token
+    continuity builds it: the first prompt + the call's ids + the new turn's ids)."""
+    name: str = request.param
+    family = FAMILIES[name]
+    root = tmp_path_factory.mktemp(name)
+    tok = ChatTokenizer.from_pretrained(
+        tokenizer_dir_with_template(tiny_model_dir, root / "tok", family.template))
+    assert tok.output_parser.name == family.parser
+    first = render_prompt_ids(tok, QUESTION, ADD, None)
+    call = tok.encode(family.call + IM_END)
+    turn = _tool_round(family.call_id or "call_1")
+    upto = tok.render(normalize_messages([*QUESTION, *turn[:1]]), ADD,
+                      add_generation_prompt=False)
+    full = tok.render(normalize_messages([*QUESTION, *turn]), ADD)
+    at = upto.rindex(IM_END) + len(IM_END)  # the assistant turn's end, where glue starts
+    assert full.startswith(upto[:at])
+    second = [*first, *call, *tok.encode(full[at:])]
+    examples = [ToolExample(tuple(first), tuple(call)),
+                ToolExample(tuple(second), tuple(tok.encode(ANSWER + IM_END)))]
+    out = train_tool_model(tiny_model_dir, root / "model", examples)
+    (out / "chat_template.jinja").write_text(family.template)
+    return name, out
+
+
+@pytest.fixture(scope="module")
+def family_gateway(tmp_path_factory: pytest.TempPathFactory, family_model: tuple[str, Path]
+                   ) -> Iterator[tuple[str, Gateway]]:
+    name, model_dir = family_model
+    with start_engine_in_thread(model_dir) as url, run_gateway(
+            tmp_path_factory.mktemp("gw"), model_dir, [url],
+            "gateway.sampling=client") as gw:
+        yield name, gw
+
+
+GREEDY: dict[str, Any] = {"temperature": 1.0, "extra_body": {"top_k": 1}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_tool_session_exports_one_sequence(family_gateway: tuple[str, Gateway],
+                                           stream: bool) -> None:
+    name, gw = family_gateway
+    family = FAMILIES[name]
+    assert gw.state.tokenizer.output_parser.name == family.parser
+    session_id, client = open_session(gw)
+    model = gw.config.gateway.model_name
+    messages: list[dict[str, Any]] = list(QUESTION)
+    if stream:
+        chunks = list(client.chat.completions.create(model=model, messages=messages,
+                                                     tools=ADD, stream=True, **GREEDY))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        calls = [t for d in deltas for t in d.tool_calls or ()]
+        assert "".join(d.content or "" for d in deltas) == ""
+        call_id, fn_name = calls[0].id, calls[0].function.name
+        arguments = "".join(t.function.arguments or "" for t in calls)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    else:
+        first = client.chat.completions.create(model=model, messages=messages, tools=ADD,
+                                               **GREEDY)
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert first.choices[0].message.content is None
+        (call,) = first.choices[0].message.tool_calls
+        call_id, fn_name, arguments = call.id, call.function.name, call.function.arguments
+    assert (fn_name, json.loads(arguments)) == ("add", {"a": 2, "b": 3})
+    if family.call_id is not None:
+        assert call_id == family.call_id
+    messages += [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": fn_name,
+                                                         "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": "5"}]
+    second = client.chat.completions.create(model=model, messages=messages, tools=ADD,
+                                            **GREEDY)
+    assert second.choices[0].message.content == ANSWER
+    records, sequences = sequences_of(gw, session_id)
+    assert len(records) == 2 and records[0].finish_reason == "tool_calls"
+    assert_one_exact_sequence(records, sequences)
