@@ -48,6 +48,8 @@ class GatewayState:
     from the store on followers)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One staleness-gate store transaction at a time from this process."""
+    anonymous_in_flight: int = 0
+    """Requests without an API key being served now (`gateway.max_anonymous_requests`)."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)
