@@ -136,7 +136,8 @@ class HotRoutes:
         requests without a key counted."""
         gw = state.config.gateway
         anonymous = request_token(scope) is None
-        limit = gw.anonymous_body_bytes if anonymous else gw.control_body_bytes
+        limit = min(gw.anonymous_body_bytes if anonymous else gw.control_body_bytes,
+                    gw.max_request_bytes)  # the latter bounds every route
         if _declared_length(scope) > limit:
             await send_json(send, error_reply(request_too_large(limit)))
             return
