@@ -225,7 +225,8 @@ class ChatTokenizer:
     def min_prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """A lower bound on the tokens of the prompt `messages` render to, without
         rendering or tokenizing: the characters of the text of `rendered_roles`
-        messages (their ends' whitespace left out: templates may trim) over
+        messages (their ends' whitespace left out: templates may trim; of an assistant
+        text, only what follows its last `</think>`) over
         `chars_per_token`, rounded up. 0 when there is no bound. Cost: O(messages), plus
         a copy of a text that has whitespace at its ends (~5 ms for 30 MB)."""
         if not self.chars_per_token:
@@ -236,11 +237,16 @@ class ChatTokenizer:
                 continue
             content = message.get("content")
             if isinstance(content, str):
+                if message["role"] == "assistant" and THINK_CLOSE in content:
+                    # Reasoning templates (Qwen3) drop a past turn's thinking.
+                    content = content.rpartition(THINK_CLOSE)[2]
                 chars += len(content.strip())
             elif isinstance(content, list):
                 for part in content:
                     text = part.get("text") if isinstance(part, Mapping) else None
                     if isinstance(text, str) and part.get("type") in TEXT_PART_TYPES:
+                        if message["role"] == "assistant" and THINK_CLOSE in text:
+                            text = text.rpartition(THINK_CLOSE)[2]
                         chars += len(text.strip())
         return -(-chars // self.chars_per_token)
 
