@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ValidationError
 
 from gateway.auth import Principal, bearer_token, require_admin
@@ -14,6 +14,13 @@ from gateway.protocol import InvalidRequestError
 from gateway.state import GatewayState
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_OFFSET = 1_000_000_000
+"""Largest paging offset a list route takes (400 beyond): the databases' integers are
+64-bit, and no list holds a billion rows to skip."""
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+Limit = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+"""A page size (the routes then serve at most 1000)."""
 
 
 async def get_state(request: Request) -> GatewayState:
