@@ -18,8 +18,8 @@ M = TypeVar("M", bound=BaseModel)
 MAX_OFFSET = 1_000_000_000
 """Largest paging offset a list route takes (400 beyond): the databases' integers are
 64-bit, and no list holds a billion rows to skip."""
-Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
-Limit = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+PageOffset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+PageLimit = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 """A page size (the routes then serve at most 1000)."""
 
 

@@ -20,7 +20,7 @@ from areal_service.export import ExportFilters, export_sequences, iter_export_ro
 from areal_service.keys import new_api_key
 from areal_service.types import ApiKeyRecord, KeyKind
 from gateway.admission import window
-from gateway.deps import AdminDep, Limit, Offset, StateDep
+from gateway.deps import AdminDep, PageLimit, PageOffset, StateDep
 from gateway.errors import OpenAIError
 from gateway.leader import LEADER_LEASE
 from gateway.replies import ErrorBody
@@ -165,8 +165,8 @@ async def apply_key_limits(state: GatewayState, key_id: str,
 
 
 @router.get("/keys")
-async def list_keys(state: StateDep, _: AdminDep, limit: Limit = 100,
-                    offset: Offset = 0) -> KeyList:
+async def list_keys(state: StateDep, _: AdminDep, limit: PageLimit = 100,
+                    offset: PageOffset = 0) -> KeyList:
     """Virtual keys, newest first (at most 1000 per page)."""
     keys = await asyncio.to_thread(state.store.list_api_keys, limit=min(limit, 1000),
                                    offset=offset)

@@ -19,7 +19,7 @@ from areal_service.keys import hash_key, new_api_key
 from areal_service.store.episode_reads import load_rewards
 from areal_service.types import END_NO_REWARD, SessionRecord, SessionStatus
 from gateway.admission import admit_sessions
-from gateway.deps import AdminDep, Limit, Offset, PrincipalDep, StateDep
+from gateway.deps import AdminDep, PageLimit, PageOffset, PrincipalDep, StateDep
 from gateway.errors import OpenAIError, invalid_api_key
 from gateway.replies import ErrorBody
 from gateway.sessions import check_session_access, load_session, remember_new_session
@@ -244,8 +244,8 @@ async def get_session(session_id: str, state: StateDep, principal: PrincipalDep
 @router.get("/sessions")
 async def list_sessions(state: StateDep, _: AdminDep, status: SessionStatus | None = None,
                         group_id: str | None = None, task_id: str | None = None,
-                        limit: Limit = 100,
-                        offset: Offset = 0) -> SessionList:
+                        limit: PageLimit = 100,
+                        offset: PageOffset = 0) -> SessionList:
     """Sessions, newest first, filtered (at most 1000 per page)."""
     rows = await asyncio.to_thread(state.store.list_sessions, status=status, group_id=group_id,
                                    task_id=task_id, limit=min(limit, 1000), offset=offset)
