@@ -307,7 +307,13 @@ class GatewayConfig(_Section):
     it here: the throttle then counts the address the proxy reports."""
     max_n_tokens: int = Field(65_536, ge=1)
     """Largest `n` x `max_tokens` (completion tokens one request may ask the engine for,
-    over all its choices): 400 beyond. `n` itself is capped at 128, as OpenAI does."""
+    over all its choices): 400 `too_many_tokens_requested` beyond (without `max_tokens`,
+    the default budget shrinks to fit instead). `n` itself is capped at 128, as OpenAI
+    does."""
+    max_choices_in_flight: int = Field(8, ge=1)
+    """Choices of one request generated at once; a request with a larger `n` runs the
+    rest as earlier ones finish. One request then holds at most this many of an engine's
+    batch slots, so it cannot make every other request queue behind it."""
     key_usage_interval_s: float = Field(30.0, gt=0)
     """How often the keys' `last_used_at` is written: uses are noted in memory (a dict
     store per request) and flushed in one transaction per interval, so a key's time is

@@ -208,7 +208,7 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                                 context_length=state.context_length,
                                 default_max_tokens=gw.default_max_tokens, mode=mode,
                                 training_temperature=gw.training_temperature,
-                                param=adapter.prompt_param)
+                                param=adapter.prompt_param, max_n_tokens=gw.max_n_tokens)
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     completion_id = f"{adapter.id_prefix}{uuid.uuid4().hex}"

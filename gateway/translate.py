@@ -168,9 +168,10 @@ class SamplingSpec:
 
 def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_length: int,
                      default_max_tokens: int, mode: SamplingMode,
-                     training_temperature: float = 1.0, param: str = "messages"
-                     ) -> SamplingSpec:
-    """Clamp the output budget to the context and pick temperature/top_p/top_k.
+                     training_temperature: float = 1.0, param: str = "messages",
+                     max_n_tokens: int | None = None) -> SamplingSpec:
+    """Clamp the output budget to the context (and `n` x it to `max_n_tokens`) and pick
+    temperature/top_p/top_k.
 
     `client`: honour the client (OpenAI defaults: temperature 1, top_p 1; top_p 0 means
     greedy). `training`: temperature = `training_temperature`, top_p 1, top_k -1, no
@@ -181,6 +182,17 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
     if prompt_tokens >= context_length:
         raise ContextLengthExceeded(prompt_tokens, context_length, param=param)
     max_new = min(client.max_tokens or default_max_tokens, context_length - prompt_tokens)
+    if max_n_tokens is not None and client.n * max_new > max_n_tokens:
+        # One request may not ask the engine for more than this over all its choices (a
+        # fair share; `gateway.max_n_tokens`): refused when the client named max_tokens,
+        # the default budget shrunk to fit when it did not.
+        if client.max_tokens is not None:
+            raise InvalidRequestError(
+                f"n * max_tokens = {client.n} * {max_new} = {client.n * max_new:,} completion "
+                f"tokens; this gateway allows at most {max_n_tokens:,} per request (fewer "
+                "choices or a smaller max_tokens)", param="max_tokens",
+                code="too_many_tokens_requested")
+        max_new = max(1, max_n_tokens // client.n)
     common = {"max_new_tokens": max_new, "seed": client.seed, "stop": client.stop,
               "n": client.n, "mode": mode, "min_new_tokens": client.min_tokens,
               "ignore_eos": client.ignore_eos}
