@@ -310,6 +310,13 @@ class GatewayConfig(_Section):
     over all its choices): 400 `too_many_tokens_requested` beyond (without `max_tokens`,
     the default budget shrinks to fit instead). `n` itself is capped at 128, as OpenAI
     does."""
+    max_messages: int = Field(20_000, ge=1)
+    """Most items a conversation's list may hold (chat `messages`, Responses `input`,
+    `tools`): 400 `too_many_messages` beyond, checked before they are validated."""
+    offload_messages: int = Field(1_000, ge=1)
+    """A conversation with more messages than this is rendered and tokenized on the
+    large-prompt worker thread whatever its text size (many tiny messages cost the
+    render as much as much text)."""
     max_choices_in_flight: int = Field(8, ge=1)
     """Choices of one request generated at once; a request with a larger `n` runs the
     rest as earlier ones finish. One request then holds at most this many of an engine's

@@ -97,16 +97,22 @@ def _then_trim(fn: Callable[..., T], *args: Any) -> T:
 class LargePrompts:
     """One worker thread for large prompts, with a bounded number admitted at once."""
 
-    def __init__(self, threshold_chars: int, max_prompts: int) -> None:
+    def __init__(self, threshold_chars: int, max_prompts: int,
+                 threshold_messages: int = 1_000) -> None:
         self.threshold_chars = threshold_chars
+        self.threshold_messages = threshold_messages
         self.max_prompts = max_prompts
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-prompt")
         self._admitted = 0  # touched only on the event loop
 
     def is_large(self, messages: Iterable[Any], tools: Iterable[Any] | None) -> bool:
-        """Whether this conversation's text is over the offload threshold."""
+        """Whether this conversation's text, or its message count, is over the offload
+        threshold."""
+        messages = list(messages)
+        if len(messages) > self.threshold_messages:
+            return True
         limit = self.threshold_chars
-        return text_chars([list(messages), list(tools or ())], limit) > limit
+        return text_chars([messages, list(tools or ())], limit) > limit
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the worker thread; 503 `server_busy` when the bound is reached."""

@@ -62,7 +62,8 @@ class GatewayState:
                                      counter=self.metrics.continuity,
                                      recent=self.store.recent_turns if gw.capture else None,
                                      recalls=self.metrics.continuity_recalls)
-        self.large_prompts = LargePrompts(gw.offload_prompt_chars, gw.offload_max_prompts)
+        self.large_prompts = LargePrompts(gw.offload_prompt_chars, gw.offload_max_prompts,
+                                          gw.offload_messages)
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
         """End a session in the store and forget what this process cached about it

@@ -26,7 +26,7 @@ from gateway.anthropic import (
 )
 from gateway.auth import Principal
 from gateway.backend import GenerationDelta
-from gateway.deps import parse_model, read_json
+from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.hotpath import JsonReply, Reply, Route
 from gateway.large_prompts import refuse_overlong
@@ -97,8 +97,7 @@ async def count_tokens(request: Request, state: GatewayState, principal: Princip
                        ) -> Reply:
     """`{"input_tokens": N}`: the prompt the same request would render (no session, so
     no continuity: the count of a fresh render)."""
-    body = await read_json(request)
-    req = parse_model(CountTokensRequest, body)
+    body, req = await read_request(request, CountTokensRequest)
     resolve_model(state.config.gateway, req.model)
     try:
         conv = _conversation(state, req)
