@@ -32,6 +32,7 @@ from gateway.auth import Principal
 from gateway.deps import request_too_large
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
+from gateway.strings import check_json_body, nul_refused
 from gateway.throttle import request_token
 
 log = logging.getLogger(__name__)
@@ -150,8 +151,16 @@ class HotRoutes:
                 return
             state.anonymous_in_flight += 1
         try:
-            if scope["method"] in _BODY_METHODS and not _has_length(scope):
-                bounded = await _bounded(receive, send, limit)  # chunked: counted here
+            if b"%00" in scope["query_string"] or b"%00" in scope.get("raw_path", b""):
+                await send_json(send, error_reply(nul_refused("the URL")))
+                return
+            if scope["method"] in _BODY_METHODS:
+                # Read here (bounded, counted as it arrives) so a NUL is refused before
+                # any route sees it; these bodies are small (`limit`).
+                form = any(k == b"content-type" and b"form-urlencoded" in v
+                           for k, v in scope["headers"])
+                bounded = await _bounded(receive, send, limit,
+                                         _refuse_nul_form if form else _refuse_nul_json)
                 if bounded is None:
                     return
                 receive = bounded
@@ -270,15 +279,34 @@ def _has_length(scope: Scope) -> bool:
     return any(name == b"content-length" for name, _ in scope["headers"])
 
 
-async def _bounded(receive: Receive, send: Send, limit: int) -> Receive | None:
-    """For a body sent without a length: read it whole (413 past `limit`, answered here)
-    and hand it on as a replay; None when the request was answered or the client left."""
+async def _bounded(receive: Receive, send: Send, limit: int,
+                   check: Callable[[bytes], None] | None = None) -> Receive | None:
+    """Read a body whole (413 past `limit`; `check` may refuse it: answered here) and
+    hand it on as a replay; None when the request was answered or the client left."""
     try:
         body = await read_body(receive, limit)
+        if body is not None and check is not None:
+            check(body)
     except OpenAIError as exc:
         await send_json(send, error_reply(exc))
         return None
     return None if body is None else _replay(body, receive)
+
+
+def _refuse_nul_form(body: bytes) -> None:
+    """400 for a NUL in a form body (`%00`)."""
+    if b"%00" in body:
+        raise nul_refused("the request body")
+
+
+def _refuse_nul_json(body: bytes) -> None:
+    """400 for a NUL in a JSON body (`\u0000` that decodes to one)."""
+    if b"\u0000" in body:
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            return  # not JSON: the route answers it
+        check_json_body(body, parsed)
 
 
 def _declared_length(scope: Scope) -> int:

@@ -54,3 +54,63 @@ def test_console_page_beyond_any_offset_is_an_empty_page(gw: Any) -> None:
         assert console.post("/console/login", data={
             "csrf_token": csrf, "admin_key": "sk-test-admin"}).status_code == 303
         assert console.get("/console/sessions", params={"page": 2**70}).status_code == 200
+
+
+def _chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "areal-policy", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2, **extra}
+
+
+def _nested_schema(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("depth", [100, 400])
+def test_deeply_nested_tool_schema_is_400(http: httpx.Client, depth: int) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": _nested_schema(depth)}}
+    _is_400(http.post("/v1/chat/completions", json=_chat(tools=[tool])))
+    assert http.get("/health/liveness").status_code == 200
+
+
+@pytest.mark.parametrize("extra", [{"top_k": 2**70}, {"top_k": 2**31}, {"top_k": -2},
+                                   {"seed": 2**70}, {"model": "areal-policy\u0000"},
+                                   {"model": "a" * 10_000}])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_bad_sampling_values_and_models_are_400(http: httpx.Client, extra: dict[str, Any],
+                                                path: str) -> None:
+    if "seed" in extra and path == "/v1/messages":
+        pytest.skip("Anthropic's Messages API has no seed")
+    _is_400(http.post(path, json=_chat(**extra)))
+
+
+NUL = "a\u0000b"
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/rl/sessions", {"task_id": NUL}),
+    ("POST", "/rl/sessions", {"metadata": {"k": NUL}}),
+    ("POST", "/rl/sessions", {"metadata": {NUL: 1}}),
+    ("POST", "/v1/rewards", {"session_id": NUL, "value": 1}),
+    ("POST", "/v1/rewards", {"group_id": "g", "value": 1, "id": NUL}),
+    ("POST", "/admin/keys", {"name": NUL}),
+    ("POST", "/v1/chat/completions", _chat(metadata={"session_id": NUL})),
+    ("POST", "/v1/chat/completions", {"model": "areal-policy", "max_tokens": 2,
+                                      "messages": [{"role": "user", "content": NUL}]}),
+    ("GET", "/rl/sessions?task_id=a%00b", None),
+])
+def test_nul_characters_are_400(http: httpx.Client, method: str, path: str,
+                                body: dict[str, Any] | None) -> None:
+    error = _is_400(http.request(method, path, json=body))
+    assert "NUL" in error["message"]
+    assert http.get("/rl/sessions").status_code == 200
+
+
+def test_a_literal_backslash_u0000_is_not_a_nul(http: httpx.Client) -> None:
+    text = "printf('\\u0000')"  # the six characters, as code an agent might quote
+    response = http.post("/v1/chat/completions", json={
+        "model": "areal-policy", "max_tokens": 2,
+        "messages": [{"role": "user", "content": text}]})
+    assert response.status_code == 200, response.text
