@@ -15,7 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from areal_service.store.write_probe import StoreFull
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,16 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return OpenAIError(exc.status_code, str(exc.detail), type=kind, code=code,
                            headers=dict(exc.headers or {})).response()
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(StoreFull)
+    async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The database refused a write (disk or quota full, locked, read-only, gone):
+        # the client can retry, as on the capture path, never a 500.
+        log.warning("store error on %s %s: %s", request.method, request.url.path, exc)
+        return OpenAIError(503, f"the store cannot take writes right now "
+                           f"({type(exc).__name__}); retry the request", type="server_error",
+                           code="store_unavailable", headers={"retry-after": "1"}).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
