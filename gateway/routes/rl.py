@@ -162,6 +162,8 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
         if key is None or key.revoked_at is not None or key.kind != "user":
             raise invalid_api_key(body.api_key)
         return await _refresh(state, key.id, body)
+    if body.group_id is not None:
+        await _refuse_user_group(state, body.group_id)
     group_id = body.group_id or (f"grp_{uuid.uuid4().hex}" if body.group_size > 1 else None)
     sessions = []
     async with admit_sessions(state, body.group_size) as admission:
@@ -177,6 +179,20 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
                                        api_key=plaintext))
     return SessionsStarted(group_id=group_id, session_id=sessions[0].session_id,
                            api_key=sessions[0].api_key, sessions=sessions)
+
+
+async def _refuse_user_group(state: GatewayState, group_id: str) -> None:
+    """409 `group_in_use` when a user key's session already holds `group_id`: a user key
+    may name a new group for itself, so the admin's sessions must not land in one a user
+    named first (its rewards would enter their advantages)."""
+    members = await asyncio.to_thread(state.store.list_sessions, group_id=group_id,
+                                      limit=10_000)
+    for key_id in {m.api_key_id for m in members if m.api_key_id is not None}:
+        key = await asyncio.to_thread(state.store.get_api_key, key_id)
+        if key is not None and key.kind == "user":
+            raise OpenAIError(409, f"group {group_id!r} is already used by a user key's "
+                              "sessions; choose another group id", param="group_id",
+                              code="group_in_use")
 
 
 async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> SessionRefreshed:

@@ -42,3 +42,22 @@ def test_another_key_cannot_write_into_the_admins_agent_session(
         # The same conversation id under the user's key: its own session.
         assert _chat(gw, {**as_user, **conversation}).status_code == 200
         assert len(store.list_completions(admin_session)) == 1
+
+
+def test_a_group_a_user_key_named_first_is_not_the_admins(
+        serve: Callable[..., AbstractContextManager[Any]]) -> None:
+    with serve() as gw:
+        http = httpx.Client(base_url=gw.url, timeout=30)
+        user = http.post("/admin/keys", headers=ADMIN, json={"name": "u"}).json()
+        as_user = {"authorization": f"Bearer {user['api_key']}"}
+        squat = http.post("/rl/sessions", headers=as_user, json={"group_id": "grp-eval-1"})
+        assert squat.status_code in (200, 201), squat.text
+        admin = http.post("/rl/sessions", headers=ADMIN,
+                          json={"group_id": "grp-eval-1", "group_size": 2})
+        assert admin.status_code == 409, admin.text
+        assert admin.json()["error"]["code"] == "group_in_use"
+        # A fresh group id, or one only the admin's sessions hold, is fine.
+        for _ in range(2):
+            ok = http.post("/rl/sessions", headers=ADMIN,
+                           json={"group_id": "grp-eval-2", "group_size": 2})
+            assert ok.status_code == 201, ok.text
