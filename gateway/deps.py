@@ -12,7 +12,7 @@ from gateway.auth import Principal, bearer_token, require_admin
 from gateway.errors import OpenAIError, bad_request, validation_param
 from gateway.protocol import InvalidRequestError
 from gateway.state import GatewayState
-from gateway.strings import MAX_DEPTH, check_json_body, depth_over
+from gateway.strings import check_json_body
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -102,9 +102,6 @@ def _parse_request(raw: bytes, model: type[M], max_items: int) -> tuple[dict[str
                               f"{max_items:,} (gateway.max_messages)", param,
                               "too_many_messages")
     check_json_body(raw, body)
-    for field in ("tools", "metadata"):  # small: walked whole, unlike the messages
-        if depth_over(body.get(field)):
-            raise bad_request(f"{field} is nested more than {MAX_DEPTH} levels deep", field)
     return body, parse_model(model, body)
 
 

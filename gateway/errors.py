@@ -130,6 +130,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return OpenAIError(exc.status_code, str(exc.detail), type=kind, code=code,
                            headers=dict(exc.headers or {})).response()
 
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_: Request, exc: RecursionError) -> JSONResponse:
+        # A value nested too deeply for a converter or the store's encoder: the
+        # request's fault (the hot routes map it the same way).
+        return bad_request("the request body is nested too deeply").response()
+
     @app.exception_handler(OperationalError)
     @app.exception_handler(StoreFull)
     async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import Principal
-from gateway.deps import request_too_large
+from gateway.deps import request_too_large, too_deep
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
 from gateway.strings import check_json_body, nul_refused
@@ -188,6 +188,10 @@ class HotRoutes:
                 reply = await handler(request, state, principal)
             except OpenAIError as exc:
                 reply = error_reply(exc, shape)
+            except RecursionError:  # a structure (a tool's JSON schema) nested too deeply
+                # for a renderer or converter: the request's fault, found at no cost to
+                # the requests that are not nested so (no depth walk up front)
+                reply = error_reply(too_deep(), shape)
             except Exception as exc:  # the route's shape even for a bug, and a log line
                 log.exception("unhandled error on POST %s", scope["path"])
                 reply = error_reply(OpenAIError(500, f"internal error: {type(exc).__name__}",

@@ -1,5 +1,5 @@
-"""Strings no store column takes, and JSON nesting no renderer follows: refused at the
-edge with 400, the same on SQLite and PostgreSQL.
+"""Strings no store column takes: refused at the edge with 400, the same on SQLite and
+PostgreSQL.
 
 PostgreSQL's text type cannot hold a NUL character (psycopg refuses it: a 500 where
 SQLite stored it), so a NUL anywhere in a request (a JSON string or key, a query
@@ -15,10 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import OpenAIError, bad_request
-
-MAX_DEPTH = 64
-"""Nesting of tool definitions and metadata the gateway takes (400 beyond): rendering a
-tool's JSON schema into the prompt and storing metadata recurse once per level."""
 
 
 def nul_refused(where: str) -> OpenAIError:
@@ -47,16 +43,3 @@ def check_json_body(raw: bytes, body: Any) -> None:
     """400 when the parsed JSON `body` (read from `raw`) holds a NUL character."""
     if b"\\u0000" in raw and has_nul(body):
         raise nul_refused("the request body")
-
-
-def depth_over(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether `value` nests dicts/lists more than `limit` levels deep (walks at most
-    those levels)."""
-    level = [value]
-    for _ in range(limit + 1):
-        level = [child for item in level
-                 for child in (item.values() if isinstance(item, Mapping)
-                               else item if isinstance(item, list) else ())]
-        if not level:
-            return False
-    return True

@@ -71,17 +71,29 @@ def _chat(**extra: Any) -> dict[str, Any]:
             "max_tokens": 2, **extra}
 
 
-def _nested_schema(depth: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"x": schema}}
-    return schema
+def _nested_tool_body(path: str, depth: int) -> str:
+    """A body for `path` whose one tool has a JSON schema `depth` objects deep (built as
+    text: the client's own encoder would give up first)."""
+    schema = '{"type": "object", "properties": {"x": ' * depth + '{"type": "string"}' + \
+        "}}" * depth
+    hi = '[{"role": "user", "content": "hi"}]'
+    if path == "/v1/chat/completions":
+        return (f'{{"model": "m", "max_tokens": 2, "messages": {hi}, "tools": [{{"type": '
+                f'"function", "function": {{"name": "f", "parameters": {schema}}}}}]}}')
+    if path == "/v1/responses":
+        return (f'{{"model": "m", "max_output_tokens": 16, "input": "hi", "tools": [{{"type":'
+                f' "function", "name": "f", "parameters": {schema}}}]}}')
+    return (f'{{"model": "m", "max_tokens": 2, "messages": {hi}, "tools": [{{"name": "f", '
+            f'"input_schema": {schema}}}]}}')
 
 
-@pytest.mark.parametrize("depth", [100, 400])
-def test_deeply_nested_tool_schema_is_400(http: httpx.Client, depth: int) -> None:
-    tool = {"type": "function", "function": {"name": "f", "parameters": _nested_schema(depth)}}
-    _is_400(http.post("/v1/chat/completions", json=_chat(tools=[tool])))
+@pytest.mark.parametrize("depth", [400, 480])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+def test_deeply_nested_tool_schema_is_never_a_500(http: httpx.Client, path: str,
+                                                  depth: int) -> None:
+    response = http.post(path, content=_nested_tool_body(path, depth),
+                         headers={"content-type": "application/json"})
+    assert response.status_code < 500, response.text
     assert http.get("/health/liveness").status_code == 200
 
 
