@@ -15,10 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from areal_service.store.write_probe import StoreFull
+from areal_service.store.write_probe import WRITE_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +135,6 @@ def install_error_handlers(app: FastAPI) -> None:
         # request's fault (the hot routes map it the same way).
         return bad_request("the request body is nested too deeply").response()
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(StoreFull)
     async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
         # The database refused a write (disk or quota full, locked, read-only, gone):
         # the client can retry, as on the capture path, never a 500.
@@ -145,6 +142,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return OpenAIError(503, f"the store cannot take writes right now "
                            f"({type(exc).__name__}); retry the request", type="server_error",
                            code="store_unavailable", headers={"retry-after": "1"}).response()
+
+    for refused in WRITE_REFUSED:
+        app.add_exception_handler(refused, _store_unavailable)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
