@@ -129,6 +129,13 @@ class _Guard:
             if cycle is not None and not cycle.response_started:
                 self.transport.write(_TIMEOUT_408)
         else:
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                # A pipelined request's first bytes while the previous reply is still
+                # being sent (a long stream): the client is not slow; wait on.
+                self._timer = self.loop.call_at(now + self._limits.header_timeout_s,
+                                                self._expired)
+                return
             log.info("closed a connection whose request headers were not complete %.0f s "
                      "after its first byte", self._limits.header_timeout_s)
             self.transport.write(_TIMEOUT_408)
