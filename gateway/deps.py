@@ -79,6 +79,9 @@ OFFLOAD_BODY_BYTES = 1 << 20
 thread, not the event loop (parsing 30 MB of JSON into 600k messages and validating them
 took seconds); a smaller one stays on the loop, where a thread hop costs more."""
 _LISTS = (("messages", "messages"), ("input", "input"), ("tools", "tools"))
+CONVERSATION_FIELDS = frozenset({"messages", "input", "tools", "system", "instructions",
+                                 "functions", "prompt"})
+"""A generation request's conversation text: may hold a NUL (`gateway/strings.py`)."""
 
 
 async def read_request(request: Request, model: type[M]) -> tuple[dict[str, Any], M]:
@@ -101,7 +104,7 @@ def _parse_request(raw: bytes, model: type[M], max_items: int) -> tuple[dict[str
             raise bad_request(f"{field} has {len(items):,} items; this gateway takes at most "
                               f"{max_items:,} (gateway.max_messages)", param,
                               "too_many_messages")
-    check_json_body(raw, body)
+    check_json_body(raw, body, text_fields=CONVERSATION_FIELDS)
     return body, parse_model(model, body)
 
 

@@ -119,8 +119,8 @@ NUL = "a\u0000b"
     ("POST", "/v1/rewards", {"group_id": "g", "value": 1, "id": NUL}),
     ("POST", "/admin/keys", {"name": NUL}),
     ("POST", "/v1/chat/completions", _chat(metadata={"session_id": NUL})),
-    ("POST", "/v1/chat/completions", {"model": "areal-policy", "max_tokens": 2,
-                                      "messages": [{"role": "user", "content": NUL}]}),
+    ("POST", "/v1/chat/completions", {**_chat(), "model": NUL}),
+    ("POST", "/v1/responses", {"model": "m", "input": "hi", "previous_response_id": NUL}),
     ("GET", "/rl/sessions?task_id=a%00b", None),
 ])
 def test_nul_characters_are_400(http: httpx.Client, method: str, path: str,
@@ -128,6 +128,19 @@ def test_nul_characters_are_400(http: httpx.Client, method: str, path: str,
     error = _is_400(http.request(method, path, json=body))
     assert "NUL" in error["message"]
     assert http.get("/rl/sessions").status_code == 200
+
+
+def test_a_nul_in_the_conversation_is_served_and_stored(http: httpx.Client, gw: Any
+                                                       ) -> None:
+    """Models emit NUL bytes and agents send their output back: a conversation's text
+    may hold one, on every backend (stored as JSON)."""
+    response = http.post("/v1/chat/completions", json={
+        "model": "areal-policy", "max_tokens": 2, "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": NUL},
+            {"role": "user", "content": NUL}]})
+    assert response.status_code == 200, response.text
+    stored = gw.state.store.get_completion(response.json()["id"])
+    assert stored is not None and stored.request_json["messages"][1]["content"] == NUL
 
 
 def test_a_literal_backslash_u0000_is_not_a_nul(http: httpx.Client) -> None:
