@@ -297,6 +297,50 @@ class GatewayConfig(_Section):
     max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 `request_too_large` beyond): a 128k-token chat
     is ~0.5 MB of JSON; images as base64 parts are what needs the headroom."""
+    control_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    """Largest request body of the routes that generate nothing (rewards, sessions, keys,
+    the console): 413 beyond, counted as bytes arrive."""
+    anonymous_body_bytes: int = Field(64 * 1024, ge=1024)
+    """Largest request body of a request that carries no API key (the console's sign-in
+    form is the only such route that takes a body): what a client without a key can make
+    the gateway hold in memory per request. Requests with a key are authenticated before
+    their body is read, so a wrong key never gets its body buffered either."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """A request's line and headers must arrive within this of its first byte; after it
+    the connection gets 408 and is closed (slow or stalled clients hold no connection
+    open)."""
+    body_timeout_s: float = Field(60.0, gt=0)
+    """A request's body must arrive within this of its headers; after it the connection
+    is closed (the request handler sees a disconnect). Applies to bodies still arriving,
+    never to a reply being generated or streamed."""
+    max_connections: int = Field(4096, ge=1)
+    """Open connections one gateway process accepts; beyond, a new connection gets 503 and
+    is closed."""
+    max_anonymous_requests: int = Field(256, ge=1)
+    """Requests without an API key that send a body (the console's sign-in form) being
+    served at once; beyond, 503 with retry-after. Health checks and page loads are not
+    counted."""
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
+    """Addresses (or CIDR networks, or `*`) of reverse proxies whose `X-Forwarded-For` /
+    `X-Forwarded-Proto` are trusted. Empty (default): no proxy header is trusted, so the
+    client address the auth throttle counts is always the TCP peer. Behind a proxy, name
+    it here: the throttle then counts the address the proxy reports."""
+    max_n_tokens: int = Field(65_536, ge=1)
+    """Largest `n` x `max_tokens` (completion tokens one request may ask the engine for,
+    over all its choices): 400 `too_many_tokens_requested` beyond (without `max_tokens`,
+    the default budget shrinks to fit instead). `n` itself is capped at 128, as OpenAI
+    does."""
+    max_messages: int = Field(20_000, ge=1)
+    """Most items a conversation's list may hold (chat `messages`, Responses `input`,
+    `tools`): 400 `too_many_messages` beyond, checked before they are validated."""
+    offload_messages: int = Field(1_000, ge=1)
+    """A conversation with more messages than this is rendered and tokenized on the
+    large-prompt worker thread whatever its text size (many tiny messages cost the
+    render as much as much text)."""
+    max_choices_in_flight: int = Field(8, ge=1)
+    """Choices of one request generated at once; a request with a larger `n` runs the
+    rest as earlier ones finish. One request then holds at most this many of an engine's
+    batch slots, so it cannot make every other request queue behind it."""
     key_usage_interval_s: float = Field(30.0, gt=0)
     """How often the keys' `last_used_at` is written: uses are noted in memory (a dict
     store per request) and flushed in one transaction per interval, so a key's time is

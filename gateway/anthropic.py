@@ -111,7 +111,7 @@ class MessagesRequest(_Open):
     stop_sequences: list[str] | None = None
     temperature: StrictFloat | None = Field(None, ge=0, le=2)
     top_p: StrictFloat | None = Field(None, ge=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=-1)
+    top_k: StrictInt | None = Field(None, ge=-1, le=2**31 - 1)
     stream: StrictBool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None

@@ -5,15 +5,23 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ValidationError
 
 from gateway.auth import Principal, bearer_token, require_admin
 from gateway.errors import OpenAIError, bad_request, validation_param
 from gateway.protocol import InvalidRequestError
 from gateway.state import GatewayState
+from gateway.strings import check_json_body
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_OFFSET = 1_000_000_000
+"""Largest paging offset a list route takes (400 beyond): the databases' integers are
+64-bit, and no list holds a billion rows to skip."""
+PageOffset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+PageLimit = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+"""A page size (the routes then serve at most 1000)."""
 
 
 async def get_state(request: Request) -> GatewayState:
@@ -48,7 +56,11 @@ async def read_json(request: Request) -> dict[str, Any]:
     theirs); 400 (never 422 or 500) when it is missing, malformed or nested too deeply,
     413 `request_too_large` past `gateway.max_request_bytes` (counted as it arrives)."""
     state: GatewayState = request.app.state.gateway
-    raw = await _read_bounded(request, state.config.gateway.max_request_bytes)
+    return _json_object(await _read_bounded(request, state.config.gateway.max_request_bytes))
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """The JSON object `raw` holds; 400 otherwise (see `read_json`)."""
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
@@ -60,6 +72,40 @@ async def read_json(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
+
+
+OFFLOAD_BODY_BYTES = 1 << 20
+"""A hot route's body larger than this is parsed and validated on the large-prompt worker
+thread, not the event loop (parsing 30 MB of JSON into 600k messages and validating them
+took seconds); a smaller one stays on the loop, where a thread hop costs more."""
+_LISTS = (("messages", "messages"), ("input", "input"), ("tools", "tools"))
+CONVERSATION_FIELDS = frozenset({"messages", "input", "tools", "system", "instructions",
+                                 "functions", "prompt"})
+"""A generation request's conversation text: may hold a NUL (`gateway/strings.py`)."""
+
+
+async def read_request(request: Request, model: type[M]) -> tuple[dict[str, Any], M]:
+    """`read_json` then `parse_model`, with the conversation's lists capped at
+    `gateway.max_messages` items (400 `too_many_messages`, before any validation) and a
+    large body handled off the event loop (`OFFLOAD_BODY_BYTES`)."""
+    state: GatewayState = request.app.state.gateway
+    gw = state.config.gateway
+    raw = await _read_bounded(request, gw.max_request_bytes)
+    if len(raw) <= OFFLOAD_BODY_BYTES:
+        return _parse_request(raw, model, gw.max_messages)
+    return await state.large_prompts.run(_parse_request, raw, model, gw.max_messages)
+
+
+def _parse_request(raw: bytes, model: type[M], max_items: int) -> tuple[dict[str, Any], M]:
+    body = _json_object(raw)
+    for field, param in _LISTS:
+        items = body.get(field)
+        if isinstance(items, list) and len(items) > max_items:
+            raise bad_request(f"{field} has {len(items):,} items; this gateway takes at most "
+                              f"{max_items:,} (gateway.max_messages)", param,
+                              "too_many_messages")
+    check_json_body(raw, body, text_fields=CONVERSATION_FIELDS)
+    return body, parse_model(model, body)
 
 
 def parse_model(model: type[M], body: dict[str, Any]) -> M:

@@ -18,6 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from areal_service.store.write_probe import WRITE_REFUSED
+
 log = logging.getLogger(__name__)
 
 
@@ -156,6 +158,23 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"Invalid method ({where}): {request.url.path} does not take {request.method}"
         return OpenAIError(exc.status_code, message, type=kind, code=code,
                            headers=dict(exc.headers or {})).response()
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_: Request, exc: RecursionError) -> JSONResponse:
+        # A value nested too deeply for a converter or the store's encoder: the
+        # request's fault (the hot routes map it the same way).
+        return bad_request("the request body is nested too deeply").response()
+
+    async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The database refused a write (disk or quota full, locked, read-only, gone):
+        # the client can retry, as on the capture path, never a 500.
+        log.warning("store error on %s %s: %s", request.method, request.url.path, exc)
+        return OpenAIError(503, f"the store cannot take writes right now "
+                           f"({type(exc).__name__}); retry the request", type="server_error",
+                           code="store_unavailable", headers={"retry-after": "1"}).response()
+
+    for refused in WRITE_REFUSED:
+        app.add_exception_handler(refused, _store_unavailable)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

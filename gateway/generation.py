@@ -47,14 +47,26 @@ def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_
         raise OpenAIError(400, f"the backend rejected the request: {message}") from exc
 
 
+def _choice_slots(state: GatewayState, choices: int) -> asyncio.Semaphore | None:
+    """A request's choices run at most `gateway.max_choices_in_flight` at once (None: it
+    has no more than that, the usual case, at no cost)."""
+    limit = state.config.gateway.max_choices_in_flight
+    return asyncio.Semaphore(limit) if choices > limit else None
+
+
 async def generate_all(state: GatewayState, requests: Sequence[GenerateRequest],
                        session_id: str | None) -> list[Generation]:
     """Every choice, generated concurrently (interruptible: swaps are ridden out)."""
     deadline = state.config.gateway.backend_unavailable_deadline_s
+    slots = _choice_slots(state, len(requests))
+
+    async def one(request: GenerateRequest) -> Generation:
+        async with slots or contextlib.nullcontext():
+            return await state.backends.generate_interruptible(
+                request, session_id=session_id, deadline_s=deadline)
+
     try:
-        generations = list(await asyncio.gather(*(
-            state.backends.generate_interruptible(r, session_id=session_id, deadline_s=deadline)
-            for r in requests)))
+        generations = list(await asyncio.gather(*(one(r) for r in requests)))
     except BackendError as exc:
         raise backend_error(exc) from exc
     state.metrics.resubmissions.inc(sum(g.resubmissions for g in generations))
@@ -106,7 +118,7 @@ async def stream_all(state: GatewayState, requests: Sequence[GenerateRequest],
                     _count_resubmissions(state, delta)
                     yield 0, delta
             return
-        async for item in _interleave(streams):
+        async for item in _interleave(streams, _choice_slots(state, len(streams))):
             _count_resubmissions(state, item[1])
             yield item
     except BackendError as exc:
@@ -118,15 +130,17 @@ def _count_resubmissions(state: GatewayState, delta: GenerationDelta) -> None:
         state.metrics.resubmissions.inc(delta.resubmissions)
 
 
-async def _interleave(streams: Sequence[AsyncIterator[GenerationDelta]]
+async def _interleave(streams: Sequence[AsyncIterator[GenerationDelta]],
+                      slots: asyncio.Semaphore | None = None
                       ) -> AsyncIterator[tuple[int, GenerationDelta]]:
     queue: asyncio.Queue[tuple[int, GenerationDelta | None, BaseException | None]] = (
         asyncio.Queue())
 
     async def pump(index: int, stream: AsyncIterator[GenerationDelta]) -> None:
         try:
-            async for delta in stream:
-                await queue.put((index, delta, None))
+            async with slots or contextlib.nullcontext():  # the stream starts when iterated
+                async for delta in stream:
+                    await queue.put((index, delta, None))
             await queue.put((index, None, None))
         except Exception as exc:  # handed to the consumer, which re-raises it
             await queue.put((index, None, exc))

@@ -28,10 +28,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import Principal, bearer_token
-from gateway.deps import request_too_large
+from gateway.auth import Principal
+from gateway.deps import request_too_large, too_deep
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
+from gateway.strings import check_json_body, nul_refused
+from gateway.throttle import request_token
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +89,14 @@ class HotRoutes:
     POST, else `app`.
 
     The gateway state comes from `scope["app"]` (Starlette sets it before any
-    middleware runs). Every route gets one check here: a body declared larger than
-    `gateway.max_request_bytes` is answered 413 at once; bodies without a length are
-    counted as they arrive (`read_body`), on every route, before FastAPI parses them."""
+    middleware runs). Request bodies are bounded before anything reads them, by route
+    (413 `request_too_large` for a declared length beyond, bodies without a length
+    counted as they arrive): the hot routes by `gateway.max_request_bytes`, and their
+    caller is authenticated before a byte of the body is read (a wrong or missing key
+    never has its body buffered); other routes by `gateway.control_body_bytes`, or, for a
+    request without a key, `gateway.anonymous_body_bytes`, and at most
+    `gateway.max_anonymous_requests` of those that send a body are served at once (503
+    beyond; health checks and page loads are never refused)."""
 
     def __init__(self, app: ASGIApp, routes: Mapping[str, Route]) -> None:
         self.app = app
@@ -100,21 +107,16 @@ class HotRoutes:
             await self.app(scope, receive, send)
             return
         state: GatewayState = scope["app"].state.gateway
-        limit = state.config.gateway.max_request_bytes
         route = self.routes.get(scope["path"])
-        if _declared_length(scope) > limit:  # any route: refused before a byte is read
-            shape = route[2] if route is not None and len(route) > 2 else None
-            await send_json(send, error_reply(request_too_large(limit), shape))
-            return
         if route is None:
-            if scope["method"] in _BODY_METHODS and not _has_length(scope):
-                receive = await _bounded(receive, send, limit)  # chunked: counted here
-                if receive is None:
-                    return
-            await self.app(scope, receive, send)
+            await self._other(scope, receive, send, state)
             return
         label, handler, *shaped = route
         shape = shaped[0] if shaped else None
+        limit = state.config.gateway.max_request_bytes
+        if _declared_length(scope) > limit:  # refused before a byte is read
+            await send_json(send, error_reply(request_too_large(limit), shape))
+            return
         if scope["method"] != "POST":
             await send_json(send, error_reply(OpenAIError(
                 405, f"{scope['method']} is not allowed on {scope['path']}; use POST",
@@ -129,11 +131,52 @@ class HotRoutes:
             metrics.in_flight.dec()
             metrics.latency.labels(label).observe(time.perf_counter() - started)
 
+    async def _other(self, scope: Scope, receive: Receive, send: Send,
+                     state: GatewayState) -> None:
+        """A route FastAPI serves: its body bounded (by whether it carries a key), and
+        requests without a key counted."""
+        gw = state.config.gateway
+        anonymous = request_token(scope) is None
+        limit = min(gw.anonymous_body_bytes if anonymous else gw.control_body_bytes,
+                    gw.max_request_bytes)  # the latter bounds every route
+        if _declared_length(scope) > limit:
+            await send_json(send, error_reply(request_too_large(limit)))
+            return
+        counted = anonymous and scope["method"] in _BODY_METHODS  # what holds memory
+        if counted:
+            if state.anonymous_in_flight >= gw.max_anonymous_requests:
+                await send_json(send, error_reply(OpenAIError(
+                    503, "too many requests without an API key in progress; retry later",
+                    type="server_error", code="server_busy", headers={"retry-after": "1"})))
+                return
+            state.anonymous_in_flight += 1
+        try:
+            if b"%00" in scope["query_string"] or b"%00" in scope.get("raw_path", b""):
+                await send_json(send, error_reply(nul_refused("the URL")))
+                return
+            if scope["method"] in _BODY_METHODS:
+                # Read here (bounded, counted as it arrives) so a NUL is refused before
+                # any route sees it; these bodies are small (`limit`).
+                form = any(k == b"content-type" and b"form-urlencoded" in v
+                           for k, v in scope["headers"])
+                bounded = await _bounded(receive, send, limit,
+                                         _refuse_nul_form if form else _refuse_nul_json)
+                if bounded is None:
+                    return
+                receive = bounded
+            await self.app(scope, receive, send)
+        finally:
+            if counted:
+                state.anonymous_in_flight -= 1
+
     async def _serve(self, scope: Scope, receive: Receive, send: Send, state: GatewayState,
                      label: str, handler: Handler, shape: ErrorBody | None) -> None:
         try:
+            # Authenticated first: an unknown key is answered without its body read.
+            principal = await state.keys.resolve(request_token(scope))
             body = await read_body(receive, state.config.gateway.max_request_bytes)
         except OpenAIError as exc:
+            state.metrics.requests.labels(label, str(exc.status)).inc()
             await send_json(send, error_reply(exc, shape))
             return
         if body is None:
@@ -142,10 +185,13 @@ class HotRoutes:
         watch = ClientWatch(receive)
         try:
             try:
-                principal = await state.keys.resolve(bearer_token(request))
                 reply = await handler(request, state, principal)
             except OpenAIError as exc:
                 reply = error_reply(exc, shape)
+            except RecursionError:  # a structure (a tool's JSON schema) nested too deeply
+                # for a renderer or converter: the request's fault, found at no cost to
+                # the requests that are not nested so (no depth walk up front)
+                reply = error_reply(too_deep(), shape)
             except Exception as exc:  # the route's shape even for a bug, and a log line
                 log.exception("unhandled error on POST %s", scope["path"])
                 reply = error_reply(OpenAIError(500, f"internal error: {type(exc).__name__}",
@@ -237,15 +283,34 @@ def _has_length(scope: Scope) -> bool:
     return any(name == b"content-length" for name, _ in scope["headers"])
 
 
-async def _bounded(receive: Receive, send: Send, limit: int) -> Receive | None:
-    """For a body sent without a length: read it whole (413 past `limit`, answered here)
-    and hand it on as a replay; None when the request was answered or the client left."""
+async def _bounded(receive: Receive, send: Send, limit: int,
+                   check: Callable[[bytes], None] | None = None) -> Receive | None:
+    """Read a body whole (413 past `limit`; `check` may refuse it: answered here) and
+    hand it on as a replay; None when the request was answered or the client left."""
     try:
         body = await read_body(receive, limit)
+        if body is not None and check is not None:
+            check(body)
     except OpenAIError as exc:
         await send_json(send, error_reply(exc))
         return None
     return None if body is None else _replay(body, receive)
+
+
+def _refuse_nul_form(body: bytes) -> None:
+    """400 for a NUL in a form body (`%00`)."""
+    if b"%00" in body:
+        raise nul_refused("the request body")
+
+
+def _refuse_nul_json(body: bytes) -> None:
+    """400 for a NUL in a JSON body (`\u0000` that decodes to one)."""
+    if b"\u0000" in body:
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            return  # not JSON: the route answers it
+        check_json_body(body, parsed)
 
 
 def _declared_length(scope: Scope) -> int:

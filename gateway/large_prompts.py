@@ -20,6 +20,7 @@ and no tokenization at all.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -71,19 +72,47 @@ def server_busy(retry_after_s: int = 1) -> OpenAIError:
                        headers={"retry-after": str(retry_after_s)})
 
 
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's `malloc_trim(0)` (None elsewhere)."""
+    try:
+        return functools.partial(ctypes.CDLL("libc.so.6").malloc_trim, 0)
+    except (OSError, AttributeError):
+        return None
+
+
+def _then_trim(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, then hand the C heap's free memory back to the system. A large
+    prompt's transient buffers (its rendered text, the tokenizer's threads' work, the
+    id lists: hundreds of MB for 10 MB of text) are freed into malloc arenas that glibc
+    keeps otherwise, so each large request would leave the process that much bigger.
+    Costs a few ms, once per large prompt, on the worker thread."""
+    try:
+        return fn(*args)
+    finally:
+        trim = _malloc_trim()
+        if trim is not None:
+            trim()
+
+
 class LargePrompts:
     """One worker thread for large prompts, with a bounded number admitted at once."""
 
-    def __init__(self, threshold_chars: int, max_prompts: int) -> None:
+    def __init__(self, threshold_chars: int, max_prompts: int,
+                 threshold_messages: int = 1_000) -> None:
         self.threshold_chars = threshold_chars
+        self.threshold_messages = threshold_messages
         self.max_prompts = max_prompts
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-prompt")
         self._admitted = 0  # touched only on the event loop
 
     def is_large(self, messages: Iterable[Any], tools: Iterable[Any] | None) -> bool:
-        """Whether this conversation's text is over the offload threshold."""
+        """Whether this conversation's text, or its message count, is over the offload
+        threshold."""
+        messages = list(messages)
+        if len(messages) > self.threshold_messages:
+            return True
         limit = self.threshold_chars
-        return text_chars([list(messages), list(tools or ())], limit) > limit
+        return text_chars([messages, list(tools or ())], limit) > limit
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the worker thread; 503 `server_busy` when the bound is reached."""
@@ -92,7 +121,8 @@ class LargePrompts:
         self._admitted += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+            return await loop.run_in_executor(self._pool, functools.partial(
+                _then_trim, fn, *args))
         finally:
             self._admitted -= 1
 

@@ -7,14 +7,20 @@ policy's `model_name` and those aliases are served, any other is 404 `model_not_
 from __future__ import annotations
 
 from areal_service.config import GatewayConfig
-from gateway.errors import OpenAIError
+from gateway.errors import OpenAIError, bad_request
 from gateway.replies import Model
 from gateway.state import GatewayState
+
+MAX_MODEL_NAME = 256
+"""Longest `model` a request may name (any name within it is served as the policy)."""
 
 
 def resolve_model(gw: GatewayConfig, requested: str) -> str:
     """The name to echo in the reply (the one sent); 404 `model_not_found` for a name
-    outside the strict list, when one is configured."""
+    outside the strict list, when one is configured; 400 for a name no model has (too
+    long to store as one)."""
+    if len(requested) > MAX_MODEL_NAME:
+        raise bad_request(f"model names are at most {MAX_MODEL_NAME} characters", "model")
     if gw.model_names is not None and requested != gw.model_name and \
             requested not in gw.model_names:
         raise model_not_found(gw, requested)

@@ -30,7 +30,7 @@ from gateway.auth import Principal
 from gateway.backend import Generation, GenerationDelta
 from gateway.capture import build_records, persist
 from gateway.continuity import Lineage
-from gateway.deps import parse_model, read_json
+from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
 from gateway.hotpath import EventStream, JsonReply, LastEvent, Reply
@@ -186,8 +186,7 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                 principal: Principal) -> Turn[RequestT]:
     """Parse, check the model, find the session, render the prompt, pick the sampling."""
     started = time.perf_counter()
-    body = await read_json(request)
-    req = parse_model(adapter.request_model, body)
+    body, req = await read_request(request, adapter.request_model)
     model = resolve_model(state.config.gateway, req.model)
     session_id = await session_for_request(state, principal, request, body)
     gw = state.config.gateway
@@ -214,7 +213,8 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                                 default_max_tokens=gw.default_max_tokens, mode=mode,
                                 training_temperature=gw.training_temperature,
                                 param=adapter.prompt_param,
-                                refuse_over_budget=adapter.refuse_over_budget)
+                                refuse_over_budget=adapter.refuse_over_budget,
+                                max_n_tokens=gw.max_n_tokens)
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     completion_id = f"{adapter.id_prefix}{uuid.uuid4().hex}"

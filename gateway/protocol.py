@@ -174,7 +174,7 @@ class ChatCompletionRequest(_Open):
     what torch generators accept (larger values crash the local engine's scheduler)."""
     temperature: StrictFloat | None = Field(None, ge=0, le=2)
     top_p: StrictFloat | None = Field(None, ge=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=-1)
+    top_k: StrictInt | None = Field(None, ge=-1, le=2**31 - 1)
     """Extension (vLLM/SGLang `extra_body`): -1 or 0 (disabled) or >= 1."""
     frequency_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
     presence_penalty: StrictFloat | None = Field(None, ge=-2, le=2)

@@ -25,6 +25,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from areal_service.config import ServiceConfig, configure_logging, load_config, save_config
 from gateway.app import create_app
+from gateway.connections import ConnectionLimits, HttpImpl, protocol_factory
 from gateway.metrics import MULTIPROC_ENV
 
 log = logging.getLogger(__name__)
@@ -36,13 +37,26 @@ SUPERVISOR_ENV = "AREAL_GATEWAY_SUPERVISOR_PID"
 _PR_SET_PDEATHSIG = 1
 
 
-def _uvicorn_options(config: ServiceConfig) -> dict[str, object]:
+def uvicorn_options(config: ServiceConfig, http: HttpImpl = "httptools"
+                    ) -> dict[str, object]:
+    """Every uvicorn option the gateway runs with (the one place they are set; tests
+    serve through it too, with either HTTP implementation)."""
+    gw = config.gateway
     return {
-        "host": config.gateway.host, "port": config.gateway.port,
+        "host": gw.host, "port": gw.port,
         "log_level": config.log_level, "access_log": False,
         # uvloop + httptools (uvicorn[standard]): what "auto" picks when installed; named
         # so a missing one fails at start instead of silently serving on the slow pair.
-        "loop": "uvloop", "http": "httptools",
+        "loop": "uvloop",
+        # uvicorn's HTTP/1.1 protocol with header/body timeouts and a connection cap
+        # (`gateway/connections.py`).
+        "http": protocol_factory(http, ConnectionLimits(
+            header_timeout_s=gw.header_timeout_s, body_timeout_s=gw.body_timeout_s,
+            max_connections=gw.max_connections)),
+        # X-Forwarded-* only from the proxies named (uvicorn's default trusts loopback,
+        # which let any local client pick the address the auth throttle counts).
+        "proxy_headers": bool(gw.forwarded_allow_ips),
+        "forwarded_allow_ips": list(gw.forwarded_allow_ips),
         # Requests still waiting (e.g. on the staleness gate) are cancelled after this,
         # so SIGTERM never needs a SIGKILL behind it.
         "timeout_graceful_shutdown": 3,
@@ -59,7 +73,7 @@ def run_gateway(config: ServiceConfig) -> None:
              config.gateway.port, workers, "" if workers == 1 else "s")
     if workers == 1:
         sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
-        uvicorn.run(create_app(config, freeze_gc=True), **_uvicorn_options(config))
+        uvicorn.run(create_app(config, freeze_gc=True), **uvicorn_options(config))
         return
     run_dir = config.data_dir / "gateway"
     metrics_dir = run_dir / "metrics"
@@ -71,7 +85,7 @@ def run_gateway(config: ServiceConfig) -> None:
     os.environ[CONFIG_ENV] = str(save_config(config, run_dir / "config.yaml"))
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     uvicorn.run("gateway.server:worker_app", factory=True, workers=workers,
-                **_uvicorn_options(config))
+                **uvicorn_options(config))
 
 
 def worker_app() -> FastAPI:

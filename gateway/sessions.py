@@ -2,7 +2,8 @@
 
 Sources, in the order `gateway.session_from` lists them: `key` (a session-scoped key);
 `header` (`x-session-id`); `metadata` (`metadata.session_id` in the body): a session so
-named must exist and belong to the caller's key (admin may name any). `client_metadata`:
+named must exist and belong to the caller's key (admin may name any; a session with no
+key is the admin's, e.g. its coding agent's, and no user key may name it). `client_metadata`:
 a coding agent's own conversation id (Codex's `client_metadata.thread_id` /
 `session_id` or `thread-id` / `session-id` headers; Claude Code's
 `x-claude-code-session-id` header or the `session_id` inside `metadata.user_id`), mapped
@@ -113,7 +114,9 @@ async def session_for_request(state: GatewayState, principal: Principal, request
     if session is None:
         raise OpenAIError(404, f"session {session_id!r} does not exist", param="session_id",
                           code="session_not_found")
-    if not principal.is_admin and session.api_key_id not in (None, principal.key_id):
+    # A session without a key is the admin's (its coding agent's conversations): no
+    # user key may write into it, as into no other key's.
+    if not principal.is_admin and session.api_key_id != principal.key_id:
         raise OpenAIError(403, f"session {session_id!r} belongs to another key",
                           type="permission_error", param="session_id", code="session_forbidden")
     if session.status != "open" and principal.key is not None and principal.key.kind == "user" \

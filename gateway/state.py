@@ -51,6 +51,8 @@ class GatewayState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server begins to stop (`gateway/stopping.py`): what only waits (the
     staleness gate) answers 503 at once rather than being cancelled."""
+    anonymous_in_flight: int = 0
+    """Requests without an API key being served now (`gateway.max_anonymous_requests`)."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)
@@ -63,7 +65,8 @@ class GatewayState:
                                      counter=self.metrics.continuity,
                                      recent=self.store.recent_turns if gw.capture else None,
                                      recalls=self.metrics.continuity_recalls)
-        self.large_prompts = LargePrompts(gw.offload_prompt_chars, gw.offload_max_prompts)
+        self.large_prompts = LargePrompts(gw.offload_prompt_chars, gw.offload_max_prompts,
+                                          gw.offload_messages)
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
         """End a session in the store and forget what this process cached about it

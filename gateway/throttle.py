@@ -8,13 +8,18 @@ included, at the cost of one dict lookup per request:
 
 - a failure is a 401 answered to a request that carried a token (`authorization` or
   `x-api-key`), or a 401 from `POST /console/login` (a wrong admin key);
-- while an address is locked out, its console login posts and its requests carrying a
-  token that is not already known good (the admin key, or a key the resolver holds
-  cached as valid) get 429 in the OpenAI shape with `retry-after`, without a store
-  lookup. Agents on the same host with working keys keep working while one
-  misconfigured (or hostile) client there is locked out.
+- while an address is locked out, a console login post or a request carrying a token
+  that is not already known good (the admin key, or a key the resolver holds cached as
+  valid: these pass without a look) is still checked, and a wrong one is answered 429
+  in the OpenAI shape with `retry-after` instead of 401. The lock-out never refuses a
+  right key: the admin signing in, or an agent whose valid key this process has not
+  seen yet, is served even from a locked-out address. Agents on the same host keep
+  working while one misconfigured (or hostile) client there is locked out. (Generated
+  keys are random 192-bit secrets: set a long random admin key too.)
 
-The address is the TCP peer (`scope["client"]`): `x-forwarded-for` is not trusted.
+The address is the TCP peer (`scope["client"]`): `x-forwarded-for` is trusted only from
+the proxies named in `gateway.forwarded_allow_ips` (none by default; uvicorn's proxy
+middleware rewrites the peer only for those).
 Counted in memory. With several gateway processes on one store (workers, replicas) each
 publishes the counts that changed and reads the others' every
 `gateway.auth_throttle_sync_s` (`sync_auth_failures`,
@@ -232,7 +237,9 @@ class AuthThrottleMiddleware:
         if wait > 0:
             known_good = self._known_good_of(scope)
             if is_login or token is None or known_good is None or not known_good(token):
-                await too_many_failures(wait).response()(scope, receive, send)
+                # Checked, not refused: a right key (the admin's at sign-in, a key this
+                # process has not seen yet) is served; a wrong one gets the 429.
+                await self.app(scope, receive, _refusing_401(send, scope, receive, wait))
                 return
 
         async def counting_send(message: Message) -> None:
@@ -241,3 +248,21 @@ class AuthThrottleMiddleware:
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+def _refusing_401(send: Send, scope: Scope, receive: Receive, wait: float) -> Send:
+    """`send` for a request from a locked-out address: its 401 (a wrong key, a failed
+    sign-in) goes out as the lock-out's 429 instead (not counted again: the address is
+    already locked out); any other reply unchanged."""
+    replaced = False
+
+    async def refusing_send(message: Message) -> None:
+        nonlocal replaced
+        if message["type"] == "http.response.start" and message["status"] == 401:
+            replaced = True
+            await too_many_failures(wait).response()(scope, receive, send)
+            return
+        if not replaced:
+            await send(message)
+
+    return refusing_send

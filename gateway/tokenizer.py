@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from tokenizers import pre_tokenizers as pre
 
 from gateway.chat_template import ChatTemplate, load_chat_template, template_setting_text
 from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError
-from gateway.toolparse import OutputParser, default_parser
+from gateway.toolparse import THINK_CLOSE, OutputParser, default_parser
 from gateway.toolparse.registry import select_parser
 
 if TYPE_CHECKING:
@@ -97,14 +99,18 @@ class ChatTokenizer:
     """
 
     def __init__(self, core: TokenizerCore | PreTrainedTokenizerBase, *,
-                 cache_chars: int = 32_000_000, output_parser: OutputParser | None = None
+                 cache_bytes: int = 64 * 2**20, output_parser: OutputParser | None = None
                  ) -> None:
         # A transformers tokenizer is wrapped: tests compare the two loaders through it.
         self.core: TokenizerCore = (TransformersTokenizer(core)
                                     if hasattr(core, "apply_chat_template") else core)
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._cache_chars = 0
-        self._cache_limit = cache_chars
+        # Segment text -> its ids as 4-byte unsigned ints (a tuple of Python ints costs
+        # ~10x that: 8 bytes a slot plus a 32-byte object per id above 256). Bounded by
+        # the bytes held, text and ids (`_entry_bytes`); a segment over an eighth of the
+        # bound is never kept (one huge prompt would evict every agent's history).
+        self._cache: OrderedDict[str, array[int]] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
         self._lock = threading.Lock()
         self._token_info: dict[int, tuple[str, tuple[int, ...]]] = {}
         self._byte_decoder = _byte_level_decoder() if self.core.byte_level else None
@@ -234,10 +240,17 @@ class ChatTokenizer:
         missing = list(dict.fromkeys(s for s in segments if s not in found))
         if missing:  # one batched call: the Rust tokenizer encodes the misses in parallel
             encoded = self.core.encode_batch(missing)
-            new = {s: tuple(ids) for s, ids in zip(missing, encoded, strict=True)}
+            new = dict(zip(missing, encoded, strict=True))
             found.update(new)
             self._remember(new)
+        if len(segments) == 1:
+            return list(found[segments[0]])
         return [i for s in segments for i in found[s]]
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the segment cache holds now (text and ids)."""
+        return self._cache_bytes
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated ids; special tokens (`<|im_end|>`) dropped, markers kept."""
@@ -272,7 +285,8 @@ class ChatTokenizer:
     def min_prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """A lower bound on the tokens of the prompt `messages` render to, without
         rendering or tokenizing: the characters of the text of `rendered_roles`
-        messages (their ends' whitespace left out: templates may trim) over
+        messages (their ends' whitespace left out: templates may trim; of an assistant
+        text, only what follows its last `</think>`) over
         `chars_per_token`, rounded up. 0 when there is no bound. Cost: O(messages), plus
         a copy of a text that has whitespace at its ends (~5 ms for 30 MB)."""
         if not self.chars_per_token:
@@ -283,25 +297,37 @@ class ChatTokenizer:
                 continue
             content = message.get("content")
             if isinstance(content, str):
+                if message["role"] == "assistant" and THINK_CLOSE in content:
+                    # Reasoning templates (Qwen3) drop a past turn's thinking.
+                    content = content.rpartition(THINK_CLOSE)[2]
                 chars += len(content.strip())
             elif isinstance(content, list):
                 for part in content:
                     text = part.get("text") if isinstance(part, Mapping) else None
                     if isinstance(text, str) and part.get("type") in TEXT_PART_TYPES:
+                        if message["role"] == "assistant" and THINK_CLOSE in text:
+                            text = text.rpartition(THINK_CLOSE)[2]
                         chars += len(text.strip())
         return -(-chars // self.chars_per_token)
 
     def _rendered_roles(self) -> tuple[str, ...]:
-        """Which of user and tool messages the template renders verbatim: one render of
-        a short conversation with marked texts (a template that drops or rewrites one,
-        or cannot render a tool turn, leaves that role out)."""
+        """Which of the system, user, assistant and tool messages the template renders
+        verbatim: one render of a short conversation with marked texts per role (a
+        template that drops or rewrites one, or cannot render it, leaves that role
+        out)."""
         call = {"id": "call_0", "type": "function",
                 "function": {"name": "probe", "arguments": {}}}
-        marks = {"user": "\u27e6user-text\u27e7", "tool": "\u27e6tool-text\u27e7"}
+        marks = {role: f"\u27e6{role}-text\u27e7"
+                 for role in ("system", "user", "assistant", "tool")}
         conversations = {
+            "system": [{"role": "system", "content": f" {marks['system']} "},
+                       {"role": "user", "content": "hi"}],
             "user": [{"role": "user", "content": f" {marks['user']} "},
                      {"role": "assistant", "content": "ok"},
                      {"role": "user", "content": f" {marks['user']} "}],
+            "assistant": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": f" {marks['assistant']} "},
+                          {"role": "user", "content": "go on"}],
             "tool": [{"role": "user", "content": "go"},
                      {"role": "assistant", "content": "", "tool_calls": [call]},
                      {"role": "tool", "tool_call_id": "call_0", "content": marks["tool"]}],
@@ -327,15 +353,18 @@ class ChatTokenizer:
             return False
         return PROBE_TOOL_NAME in text
 
-    def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
+    def _remember(self, new: Mapping[str, Sequence[int]]) -> None:
+        largest = self._cache_limit // 8
+        kept = {s: array("I", ids) for s, ids in new.items()
+                if _entry_bytes(s, len(ids)) <= largest}
         with self._lock:
-            for s, ids in new.items():
+            for s, ids in kept.items():
                 if s not in self._cache:
                     self._cache[s] = ids
-                    self._cache_chars += len(s)
-            while self._cache_chars > self._cache_limit and self._cache:
-                old, _ = self._cache.popitem(last=False)
-                self._cache_chars -= len(old)
+                    self._cache_bytes += _entry_bytes(s, len(ids))
+            while self._cache_bytes > self._cache_limit and self._cache:
+                old, ids = self._cache.popitem(last=False)
+                self._cache_bytes -= _entry_bytes(old, len(ids))
 
     def _segments_encode_alone(self) -> bool:
         probe = ("<|im_start|>system\nBe brief. <|im_end|>\n<|im_start|>user\n"
@@ -343,6 +372,12 @@ class ChatTokenizer:
         parts = ["<|im_start|>" + p for p in probe.split("<|im_start|>") if p]
         whole = self.core.encode(probe)
         return whole == [i for p in parts for i in self.core.encode(p)]
+
+
+def _entry_bytes(text: str, n_ids: int) -> int:
+    """What one cache entry holds: the text object, its ids at 4 bytes each, and the
+    array and dict-slot overhead (~150 bytes)."""
+    return sys.getsizeof(text) + 4 * n_ids + 150
 
 
 class TextStream(Protocol):

@@ -169,8 +169,10 @@ class SamplingSpec:
 def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_length: int,
                      default_max_tokens: int, mode: SamplingMode,
                      training_temperature: float = 1.0, param: str = "messages",
-                     refuse_over_budget: bool = False) -> SamplingSpec:
-    """Fit the output budget to the context and pick temperature/top_p/top_k.
+                     refuse_over_budget: bool = False,
+                     max_n_tokens: int | None = None) -> SamplingSpec:
+    """Fit the output budget to the context (and `n` x it to `max_n_tokens`) and pick
+    temperature/top_p/top_k.
 
     A client's `max_tokens` that does not fit beside the prompt is refused with 400
     `context_length_exceeded` when `refuse_over_budget` (OpenAI's chat API, and vLLM and
@@ -193,6 +195,17 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
             f"{asked} in the completion). Please reduce the length of the {param} or "
             "completion.", param=param, code="context_length_exceeded")
     max_new = min(asked or default_max_tokens, context_length - prompt_tokens)
+    if max_n_tokens is not None and client.n * max_new > max_n_tokens:
+        # One request may not ask the engine for more than this over all its choices (a
+        # fair share; `gateway.max_n_tokens`): refused when the client named max_tokens,
+        # the default budget shrunk to fit when it did not.
+        if asked is not None:
+            raise InvalidRequestError(
+                f"n * max_tokens = {client.n} * {max_new} = {client.n * max_new:,} completion "
+                f"tokens; this gateway allows at most {max_n_tokens:,} per request (fewer "
+                "choices or a smaller max_tokens)", param="max_tokens",
+                code="too_many_tokens_requested")
+        max_new = max(1, max_n_tokens // client.n)
     common = {"max_new_tokens": max_new, "seed": client.seed, "stop": client.stop,
               "n": client.n, "mode": mode, "min_new_tokens": client.min_tokens,
               "ignore_eos": client.ignore_eos}

@@ -3,7 +3,8 @@ nodes, written next to the resolved config, and submitted with `--submit`.
 
 Inside the job (see `launcher/placement.py` for who goes where):
 1. one `areal-service engine` per rollout node (`srun`), which launches and supervises
-   that node's SGLang servers (or the local engine);
+   that node's SGLang servers (or the local engine), bound to that node's address (not
+   0.0.0.0: the engine API has no authentication);
 2. the script waits until every backend answers `/health_generate`;
 3. the gateway on node 0, bound to all interfaces, routing to every backend;
 4. the trainer under torchrun on the trainer nodes, rendezvous on the first of them
@@ -49,7 +50,10 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
     n_roll, n_train = len(place.rollout_nodes), len(place.trainer_nodes)
     trainer_start = place.trainer_nodes[0]
     gpus = ",".join(str(g) for g in place.engine_gpus)
-    engine_sets = ["--set engine.host=0.0.0.0"]
+    # Engines have no authentication: each binds to the one address the gateway (and
+    # the trainer) reach it at (its node's name as resolved here), never to every
+    # interface. Firewall the engine ports to the job's nodes on a shared network.
+    engine_sets = ['--set "engine.host=$ENGINE_IP"']
     if config.engine.backend == "sglang":
         engine_sets.append(f"--set {_q(f'engine.sglang.gpus=[{gpus}]')}")
     else:
@@ -122,8 +126,12 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
         "  done",
         "}",
         "",
-        "# 1. engines: one supervisor per rollout node (restarts a server that dies)",
+        "# 1. engines: one supervisor per rollout node (restarts a server that dies),",
+        "#    bound to the node's address as the gateway resolves it (engines have no",
+        "#    authentication: not to every interface)",
         'for node in "${ROLLOUT_NODES[@]}"; do',
+        '  ENGINE_IP="$(getent ahostsv4 "$node" | awk \'NR==1 {print $1}\')"',
+        '  if [[ -z "$ENGINE_IP" ]]; then echo "cannot resolve $node" >&2; exit 1; fi',
         f'  srun --nodes=1 --ntasks=1 --nodelist="$node" --overlap{gpu_step} \\',
         f'    "$PY" -m launcher engine --config "$CONFIG" {" ".join(engine_sets)} \\',
         '    > "$LOGS/engines-$node.log" 2>&1 &',

@@ -6,6 +6,7 @@ no rows.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 import uuid
@@ -66,6 +67,7 @@ def create_store_engine(
         raise ValueError(f"store url {url!r}: use a SQLite file, not an in-memory database")
     if sqlite_synchronous not in ("OFF", "NORMAL", "FULL"):
         raise ValueError(f"store.sqlite_synchronous={sqlite_synchronous!r}")
+    _create_private(parsed.database)
     # Connections are made on demand; 10 kept covers the gateway's default thread pool
     # (cpu + 4 workers) and the sweeper, so none is closed on return and reopened (with
     # the pragmas below) under load, as overflow connections past SQLAlchemy's 5 were.
@@ -90,6 +92,19 @@ def create_store_engine(
 
     _read_only_is_disconnect(engine)
     return engine
+
+
+def _create_private(database: str) -> None:
+    """Create a missing SQLite file readable by its owner only (0600; it holds every
+    prompt, reply and key hash). SQLite gives its `-wal` and `-shm` files the database
+    file's permissions. An existing file keeps the mode its operator gave it. A `file:`
+    URI is left to SQLite."""
+    if database.startswith("file:"):
+        return
+    try:
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:  # exists, or cannot be made (no such folder): SQLite says so later
+        pass
 
 
 def _use_wal(cursor: Any) -> None:

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
 HEADROOM_BYTES = 1 << 20
 """Below this much room (filesystem free space, or pages left under `max_page_count`),
@@ -28,6 +29,11 @@ the store counts as full: a capture batch or the next WAL checkpoint would not f
 
 class StoreFull(OSError):
     """The store has less than `HEADROOM_BYTES` of room left (message says where)."""
+
+
+WRITE_REFUSED: tuple[type[Exception], ...] = (OperationalError, StoreFull)
+"""What a store call raises when the database cannot take a write now (full, locked,
+read-only, unreachable): the caller may retry later (the gateway answers 503)."""
 
 
 def probe_write(engine: Engine, *, check_room: bool = True) -> None:

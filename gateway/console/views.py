@@ -167,6 +167,10 @@ class SessionPage:
     pages: int = field(default=1)
 
 
+MAX_PAGE = 10_000_000
+"""Pages beyond are the last one asked for (empty): an offset stays a 64-bit integer."""
+
+
 def utc_day_start(day: str) -> float:
     """Epoch seconds of 00:00 UTC on `day` (YYYY-MM-DD); ValueError if malformed."""
     return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
@@ -184,7 +188,7 @@ def _query(filters: SessionFilters) -> SessionQuery:
 
 def sessions_page(store: TrajectoryStore, filters: SessionFilters) -> SessionPage:
     """Newest first, PAGE_SIZE a page; turn counts and rewards in one query each."""
-    offset = (max(filters.page, 1) - 1) * PAGE_SIZE
+    offset = (min(max(filters.page, 1), MAX_PAGE) - 1) * PAGE_SIZE  # 64-bit in SQL
     total, rows = session_summaries(store, _query(filters), limit=PAGE_SIZE, offset=offset)
     return SessionPage(rows, total, filters, pages=max(math.ceil(total / PAGE_SIZE), 1))
 

@@ -10,7 +10,7 @@ import os
 import tempfile
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
@@ -21,7 +21,7 @@ from areal_service.keys import new_api_key
 from areal_service.store.audit import EpisodeAudit, episode_audit
 from areal_service.types import ApiKeyRecord, KeyKind
 from gateway.admission import window
-from gateway.deps import AdminDep, StateDep
+from gateway.deps import AdminDep, PageLimit, PageOffset, StateDep
 from gateway.errors import OpenAIError
 from gateway.leader import LEADER_LEASE
 from gateway.replies import ErrorBody
@@ -166,8 +166,8 @@ async def apply_key_limits(state: GatewayState, key_id: str,
 
 
 @router.get("/keys")
-async def list_keys(state: StateDep, _: AdminDep, limit: Annotated[int, Query(ge=0)] = 100,
-                    offset: Annotated[int, Query(ge=0)] = 0) -> KeyList:
+async def list_keys(state: StateDep, _: AdminDep, limit: PageLimit = 100,
+                    offset: PageOffset = 0) -> KeyList:
     """Virtual keys, newest first (at most 1000 per page)."""
     keys = await asyncio.to_thread(state.store.list_api_keys, limit=min(limit, 1000),
                                    offset=offset)

@@ -26,9 +26,10 @@ from gateway.anthropic import (
 )
 from gateway.auth import Principal
 from gateway.backend import GenerationDelta
-from gateway.deps import parse_model, read_json
+from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.hotpath import JsonReply, Reply, Route
+from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
 from gateway.protocol import InvalidRequestError
@@ -97,15 +98,19 @@ async def count_tokens(request: Request, state: GatewayState, principal: Princip
                        ) -> Reply:
     """`{"input_tokens": N}`: the prompt the same request would render (no session, so
     no continuity: the count of a fresh render)."""
-    body = await read_json(request)
-    req = parse_model(CountTokensRequest, body)
+    body, req = await read_request(request, CountTokensRequest)
     resolve_model(state.config.gateway, req.model)
     try:
         conv = _conversation(state, req)
         args = (state.tokenizer, conv.messages, conv.tools, conv.tool_choice)
-        ids = (await state.large_prompts.run(render_prompt_ids, *args)
-               if state.large_prompts.is_large(conv.messages, conv.tools)
-               else render_prompt_ids(*args))  # a large history: off the event loop
+        if state.large_prompts.is_large(conv.messages, conv.tools):
+            # As on the generation routes: surely over the context, refused from its
+            # character count; else counted off the event loop.
+            refuse_overlong(state.tokenizer, conv.messages, state.context_length,
+                            param="messages")
+            ids = await state.large_prompts.run(render_prompt_ids, *args)
+        else:
+            ids = render_prompt_ids(*args)
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     return JsonReply(dumps({"input_tokens": len(ids)}).encode(), f"req_{uuid.uuid4().hex}")

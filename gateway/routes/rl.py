@@ -12,14 +12,14 @@ import asyncio
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from areal_service.keys import hash_key, new_api_key
 from areal_service.store.episode_reads import load_rewards
 from areal_service.types import END_FAILED, END_NO_REWARD, SessionRecord, SessionStatus
 from gateway.admission import admit_sessions
-from gateway.deps import AdminDep, PrincipalDep, StateDep
+from gateway.deps import AdminDep, PageLimit, PageOffset, PrincipalDep, StateDep
 from gateway.errors import OpenAIError, invalid_api_key
 from gateway.replies import ErrorBody
 from gateway.sessions import check_session_access, load_session, remember_new_session
@@ -171,6 +171,8 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
         if key is None or key.revoked_at is not None or key.kind != "user":
             raise invalid_api_key(body.api_key)
         return await _refresh(state, key.id, body)
+    if body.group_id is not None:
+        await _refuse_user_group(state, body.group_id)
     group_id = body.group_id or (f"grp_{uuid.uuid4().hex}" if body.group_size > 1 else None)
     sessions = []
     async with admit_sessions(state, body.group_size) as admission:
@@ -186,6 +188,20 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
                                        api_key=plaintext))
     return SessionsStarted(group_id=group_id, session_id=sessions[0].session_id,
                            api_key=sessions[0].api_key, sessions=sessions)
+
+
+async def _refuse_user_group(state: GatewayState, group_id: str) -> None:
+    """409 `group_in_use` when a user key's session already holds `group_id`: a user key
+    may name a new group for itself, so the admin's sessions must not land in one a user
+    named first (its rewards would enter their advantages)."""
+    members = await asyncio.to_thread(state.store.list_sessions, group_id=group_id,
+                                      limit=10_000)
+    for key_id in {m.api_key_id for m in members if m.api_key_id is not None}:
+        key = await asyncio.to_thread(state.store.get_api_key, key_id)
+        if key is not None and key.kind == "user":
+            raise OpenAIError(409, f"group {group_id!r} is already used by a user key's "
+                              "sessions; choose another group id", param="group_id",
+                              code="group_in_use")
 
 
 async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> SessionRefreshed:
@@ -257,8 +273,8 @@ async def get_session(session_id: str, state: StateDep, principal: PrincipalDep
 @router.get("/sessions")
 async def list_sessions(state: StateDep, _: AdminDep, status: SessionStatus | None = None,
                         group_id: str | None = None, task_id: str | None = None,
-                        limit: Annotated[int, Query(ge=0)] = 100,
-                        offset: Annotated[int, Query(ge=0)] = 0) -> SessionList:
+                        limit: PageLimit = 100,
+                        offset: PageOffset = 0) -> SessionList:
     """Sessions, newest first, filtered (at most 1000 per page)."""
     rows = await asyncio.to_thread(state.store.list_sessions, status=status, group_id=group_id,
                                    task_id=task_id, limit=min(limit, 1000), offset=offset)

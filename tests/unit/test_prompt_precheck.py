@@ -30,7 +30,7 @@ def test_tiny_tokenizer_has_a_bound_from_its_vocabulary(tok: ChatTokenizer):
     longest_piece = max(map(len, backend.get_vocab(with_added_tokens=False)))
     longest_added = max(len(t.encode()) for t in tok.core.added_tokens.values())
     assert tok.chars_per_token == 3 * max(longest_piece, longest_added)  # NFC: x3
-    assert tok.rendered_roles == ("user", "tool")
+    assert tok.rendered_roles == ("system", "user", "assistant", "tool")
 
 
 def test_bound_holds_on_texts_built_to_beat_it(tok: ChatTokenizer):
@@ -58,8 +58,8 @@ def test_min_prompt_tokens_is_below_the_rendered_prompt(tok: ChatTokenizer):
                 {"role": "user", "content": [{"type": "text", "text": "x y " * 400},
                                              {"type": "image_url", "image_url": {"url": "u"}}]}]
     least = tok.min_prompt_tokens(messages)
-    user_chars = len(("  hello world  " * 300).strip()) + len(("x y " * 400).strip())
-    assert least == -(-user_chars // tok.chars_per_token)  # system/assistant not counted
+    chars = 500 + len(("  hello world  " * 300).strip()) + len(("x y " * 400).strip()) + 1
+    assert least == -(-chars // tok.chars_per_token)  # of an assistant text: after </think>
     assert 0 < least <= len(tok.encode(tok.render(messages, None)))
 
 
@@ -96,6 +96,6 @@ def test_roles_a_template_drops_do_not_count(tiny_model_dir: Path):
     drops_tools = ("{% for m in messages %}{% if m.role != 'tool' %}<|im_start|>{{ m.role }}\n"
                    "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>assistant\n")
     tok = ChatTokenizer(RustTokenizer(_backend(tiny_model_dir), ChatTemplate(drops_tools, {})))
-    assert tok.rendered_roles == ("user",)
+    assert tok.rendered_roles == ("system", "user", "assistant")
     tool_only = [{"role": "tool", "tool_call_id": "c", "content": "t" * 10_000}]
     assert tok.min_prompt_tokens(tool_only) == 0

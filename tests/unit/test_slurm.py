@@ -85,6 +85,8 @@ printf "srun %s\\n" "$*" >> {calls}
 """)
     _stub(bin_dir, "curl", f'printf "curl %s\\n" "$*" >> {calls}\n')
     _stub(bin_dir, "module", "true\n")
+    _stub(bin_dir, "getent", 'case "$2" in gpu-a) n=1;; gpu-b) n=2;; *) n=3;; esac\n'
+          'printf "10.0.0.%s STREAM %s\\n10.0.0.%s DGRAM\\n" "$n" "$2" "$n"\n')
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "SLURM_JOB_NODELIST": "gpu-[a-c]", "SLURM_JOB_ID": "4242"}
     text = script.read_text().replace("module load cuda/12.4", "module load cuda/12.4 || true")
@@ -104,6 +106,10 @@ printf "srun %s\\n" "$*" >> {calls}
     assert sruns[-1] == trainer  # the foreground step, after the gateway answered
     assert {s.split("--nodelist=")[1].split()[0] for s in engines} == {"gpu-a", "gpu-b"}
     assert all("--gpus-per-node=8" in s for s in engines)
+    # The unauthenticated engine API binds to its node's address, never to all of them.
+    assert {s.split("engine.host=")[1].split()[0] for s in engines} == {"10.0.0.1",
+                                                                         "10.0.0.2"}
+    assert not any("0.0.0.0" in s for s in engines)
     assert "--nodelist=gpu-a" in gateway
     assert f"gateway.backends={json.dumps(backends, separators=(',', ':'))}" in gateway
     assert "--nodelist=gpu-c" in trainer and "--rdzv-endpoint=gpu-c:29500" in trainer

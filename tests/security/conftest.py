@@ -1,0 +1,39 @@
+"""The security suite: the cases an outside audit attacked, against a real gateway served
+exactly as `areal-service serve` serves it (`gateway.server.uvicorn_options`: the
+connection bounds, the proxy-header policy), over loopback, on SQLite, in front of the
+local engine with the tiny model."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+
+from engine.testing import start_engine_in_thread
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))  # harness
+sys.path.insert(0, str(Path(__file__).parent))  # sec_harness
+from harness import Gateway  # noqa: E402
+from sec_harness import serve_gateway  # noqa: E402
+
+from gateway.connections import HttpImpl  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sec_engine_url(tiny_model_dir: Path) -> Iterator[str]:
+    """The local engine serving the tiny model for the suite."""
+    with start_engine_in_thread(tiny_model_dir) as url:
+        yield url
+
+
+@pytest.fixture()
+def serve(tmp_path: Path, tiny_model_dir: Path, sec_engine_url: str
+          ) -> Callable[..., AbstractContextManager[Gateway]]:
+    """`serve(*overrides, http=...)`: a fresh gateway in front of the suite's engine."""
+    def start(*overrides: str, http: HttpImpl = "httptools") -> AbstractContextManager[Gateway]:
+        sub = tmp_path / f"gw{len(list(tmp_path.iterdir()))}"
+        return serve_gateway(sub, tiny_model_dir, [sec_engine_url], *overrides, http=http)
+    return start
