@@ -305,7 +305,7 @@ def _refuse_nul_form(body: bytes) -> None:
 
 def _refuse_nul_json(body: bytes) -> None:
     """400 for a NUL in a JSON body (`\u0000` that decodes to one)."""
-    if b"\u0000" in body:
+    if rb"\u0000" in body:
         try:
             parsed = json.loads(body)
         except (ValueError, RecursionError):

@@ -33,7 +33,9 @@ def test_a_full_store_is_503_on_every_write_route(
         _fill(gw.config.data_dir / "areal.db", 2)
         writes = [("/rl/sessions", {"group_size": 4, "metadata": {"x": "y" * 3000}}),
                   ("/admin/keys", {"name": "k" * 200, "metadata": {"x": "y" * 3000}}),
-                  ("/v1/rewards", {"session_id": group["session_id"], "value": 1.0}),
+                  # additive: each try adds (a repeated reward of one name is refused)
+                  ("/v1/rewards", {"session_id": group["session_id"], "value": 1.0,
+                                   "additive": True}),
                   (f"/rl/sessions/{group['session_id']}/end", {})]
         codes = {}
         for path, body in writes:
