@@ -451,7 +451,17 @@ app.registered_commands.sort(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. A part of the install that is missing (torch on a
+    `[gateway]` install) ends the command with one line naming the extra, not a traceback."""
+    from launcher.extras import missing_extra
+
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        typer.echo(f"areal-service: {message}", err=True)
+        raise SystemExit(2) from None
 
 

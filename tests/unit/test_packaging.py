@@ -3,6 +3,7 @@ sets (the base install is torch-free; the torch-needing parts are the `train` ex
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -29,3 +30,36 @@ def test_no_unused_settings_dependency():
     for package in ("areal_service", "engine", "gateway", "trainer", "launcher"):
         for path in (ROOT / package).rglob("*.py"):
             assert "pydantic_settings" not in path.read_text(), path
+
+
+TORCH_SIDE = {"torch", "transformers", "safetensors", "tensorboard", "gguf", "accelerate"}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_base_and_gateway_installs_are_torch_free():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert not _names(PYPROJECT["project"]["dependencies"]) & TORCH_SIDE
+    assert not _names(extras["gateway"]) & TORCH_SIDE
+    assert TORCH_SIDE <= _names(extras["train"])
+
+
+def test_full_and_dev_installs_keep_everything():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert "areal-service[gateway,train,postgres]" in extras["full"]
+    assert "areal-service[full]" in extras["dev"]
+    assert "areal-service[gateway]" in extras["train"]
+
+
+def test_each_extras_module_is_in_its_extra():
+    # launcher/extras.py names the extra to install for a missing import; it must name the
+    # extra that really brings that package.
+    from launcher.extras import EXTRA_OF_MODULE
+
+    package_of = {"prometheus_client": "prometheus-client", "agents": "openai-agents",
+                  "math_verify": "math-verify", "starlette": "fastapi"}
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for module, extra in EXTRA_OF_MODULE.items():
+        assert package_of.get(module, module) in _names(extras[extra]), (module, extra)
