@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
-from harness import ADMIN_KEY, run_gateway  # tests/integration/harness.py
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from support.harness import ADMIN_KEY, run_gateway
 
 from engine.echo_backend import start_echo_backend
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopback import free_port
+from support.loopback import free_port
 
 from engine.echo_backend import start_echo_backend
 

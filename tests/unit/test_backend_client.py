@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loopback import free_port
+from support.loopback import free_port
 
 from areal_service.sglang_protocol import (
     FinishReason,

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from loopback import free_port
+from support.loopback import free_port
 from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM
 

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from loopback import free_port, pid_alive
+from support.loopback import free_port, pid_alive
 
 from areal_service.config import load_config
 from launcher.processes import cli_argv

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from faults import chattr
 from sqlalchemy.exc import OperationalError
+from support.faults import chattr
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore, connect

@@ -1,5 +1,4 @@
-"""Helpers for tests that start servers and processes on this machine (importable from
-tests/unit and tests/integration alike: pytest puts tests/ on sys.path for its conftest)."""
+"""Helpers for tests that start servers and processes on this machine."""
 
 from __future__ import annotations
 
