@@ -389,6 +389,7 @@ async def test_a_down_backend_is_probed_with_backoff_and_readmitted() -> None:
         await pool.aclose()
 
 
+@pytest.mark.processes
 async def test_echo_backend_subprocess_mode() -> None:
     handle = start_echo_backend(subprocess_mode=True, tokens=3)
     try:

@@ -4,8 +4,11 @@ sets (the base install is torch-free; the torch-needing parts are the `train` ex
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -63,3 +66,15 @@ def test_each_extras_module_is_in_its_extra():
     extras = PYPROJECT["project"]["optional-dependencies"]
     for module, extra in EXTRA_OF_MODULE.items():
         assert package_of.get(module, module) in _names(extras[extra]), (module, extra)
+
+
+def test_runs_print_their_slowest_tests_and_wall_time():
+    assert "--durations=20" in PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"]
+
+
+def test_a_fast_test_cannot_start_a_process(request):
+    # tests/conftest.py marks this test `fast` (tests/unit, no `processes` mark) and then
+    # refuses processes in it: the `fast` subset cannot silently grow slow.
+    assert request.node.get_closest_marker("fast") is not None
+    with pytest.raises(AssertionError, match="marked fast"):
+        subprocess.run(["true"], check=False)
