@@ -55,7 +55,7 @@ def test_gateway_install_has_no_torch(gateway_venv: Path):
     assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr
     found = subprocess.run(
         [str(gateway_venv / "python"), "-c",
-         "import gateway.app, launcher.cli, areal_service.store, gateway.console; "
+         "import gateway.app, gateway.console, launcher.cli, launcher.serve, engine.echo_backend; "
          "import sys; print(sorted({'torch', 'transformers'} & set(sys.modules)))"],
         capture_output=True, text=True, env=_clean_env(), timeout=60)
     assert found.returncode == 0, found.stderr
