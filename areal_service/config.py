@@ -1,4 +1,4 @@
-"""The one configuration tree of the service (pydantic-settings).
+"""The one configuration tree of the service (pydantic models).
 
 Sources, lowest to highest priority: field defaults, a YAML file (`--config`),
 environment variables (`AREAL_` prefix, `__` between levels, e.g.
@@ -25,7 +25,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from areal_service.admin_key import DEFAULT_ADMIN_KEY, KEY_FILE, resolve_admin_key
 from areal_service.config_errors import ConfigError, config_error, yaml_error
@@ -673,15 +672,12 @@ class ClusterConfig(_Section):
         return self
 
 
-class ServiceConfig(BaseSettings):
-    """Root of the configuration tree."""
+class ServiceConfig(BaseModel):
+    """Root of the configuration tree. A plain model: `config_from_tree` merges the file,
+    the environment and the overrides itself (list indexes, YAML-typed values, the
+    `AREAL_` variables that are not config), so constructing one reads no environment."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="AREAL_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        use_attribute_docstrings=True,
-    )
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     data_dir: Path = Path("./data")
     """Where the embedded default keeps its SQLite file, tiny model, weights and runs."""
@@ -858,8 +854,6 @@ def config_from_tree(tree: dict[str, Any], overrides: list[str] | None = None, *
     closest known name for a misspelt one."""
     tree = deep_merge(tree, _env_tree())
     tree = apply_overrides(tree, overrides or [])
-    # model_validate skips the settings sources: the environment was merged above with
-    # the right priority and must not be read a second time over the CLI values.
     try:
         config = ServiceConfig.model_validate(tree)
     except ValidationError as exc:

@@ -229,7 +229,7 @@ class Job:
         while True:
             try:
                 await asyncio.wait_for(self.event.wait(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if http is not None and await http.is_disconnected():
                     self.engine.scheduler.abort(self.rid, exact=True)
                 continue
@@ -425,7 +425,7 @@ async def health(engine: EngineDep) -> Response:
     await job.submit()
     try:
         await asyncio.wait_for(job.final(), HEALTH_CHECK_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Response(status_code=503)
     finally:
         job.release()

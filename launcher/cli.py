@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -262,7 +262,7 @@ def _utc(epoch: float | None) -> str | None:
     """An epoch time as ISO 8601 UTC to the second (None stays None)."""
     if epoch is None:
         return None
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(epoch, tz=UTC).isoformat(timespec="seconds")
 
 
 @keys_app.command("revoke", short_help="Revoke a key.")
@@ -451,7 +451,17 @@ app.registered_commands.sort(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. A part of the install that is missing (torch on a
+    `[gateway]` install) ends the command with one line naming the extra, not a traceback."""
+    from launcher.extras import missing_extra
+
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        typer.echo(f"areal-service: {message}", err=True)
+        raise SystemExit(2) from None
 
 

@@ -1,36 +1,4 @@
-"""Helpers for tests that start servers and processes on this machine (importable from
-tests/unit and tests/integration alike: pytest puts tests/ on sys.path for its conftest)."""
+"""Compatibility alias for tests written before tests/support/ (tests/security imports
+`loopback`): new tests import `support.loopback`; delete this once none imports `loopback`."""
 
-from __future__ import annotations
-
-import os
-import socket
-import time
-from pathlib import Path
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie counts as dead: only its reaping is left)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
-
-
-def wait_gone(pid: int, timeout_s: float) -> bool:
-    """True once `pid` is gone, False if it still runs after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
+from support.loopback import *  # noqa: F403

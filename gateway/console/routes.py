@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ SECURITY_HEADERS = {
 def _ts(value: float | None) -> str:
     if value is None:
         return "—"
-    return datetime.fromtimestamp(value, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(value, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _num(value: float | None, digits: int = 4) -> str:

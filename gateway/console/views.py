@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -173,7 +173,7 @@ MAX_PAGE = 10_000_000
 
 def utc_day_start(day: str) -> float:
     """Epoch seconds of 00:00 UTC on `day` (YYYY-MM-DD); ValueError if malformed."""
-    return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
 
 
 def _query(filters: SessionFilters) -> SessionQuery:

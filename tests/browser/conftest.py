@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.harness import Gateway, run_gateway
 
 from engine.testing import start_engine_in_thread
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from harness import Gateway, run_gateway  # noqa: E402
 
 # Read once and removed: ServiceConfig reads AREAL_* variables and rejects unknown ones.
 SAVE_SCREENSHOTS = os.environ.pop("AREAL_SAVE_SCREENSHOTS", "") == "1"

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from harness import ADMIN_KEY  # tests/integration/harness.py (path set by conftest)
+from support.harness import ADMIN_KEY
 
 from areal_service.types import TrainStepRecord, WeightVersionRecord
 

@@ -4,21 +4,18 @@ gateway, each in a background thread of this process, stopped by handle."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
+from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions  # noqa: F401
+from support.postgres_db import fresh_postgres_database
+from support.tool_model import record_agent_requests, round_trip_examples, train_tool_model
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord
 from engine.testing import start_engine_in_thread
-
-sys.path.insert(0, str(Path(__file__).parent))  # test helper modules (tool_model)
-from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions  # noqa: E402,F401
-from postgres_db import fresh_postgres_database  # noqa: E402
-from tool_model import record_agent_requests, round_trip_examples, train_tool_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
-from tool_model import ToolExample, reply_ids, train_tool_model
+from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
+from support.tool_model import ToolExample, reply_ids, train_tool_model
 
 from engine.testing import start_engine_in_thread
 

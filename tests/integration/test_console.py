@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from fastapi.routing import APIRoute
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.harness import ADMIN_KEY
 
 from areal_service.types import (
     SessionRecord,

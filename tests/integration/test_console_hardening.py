@@ -8,7 +8,7 @@ import re
 import socket
 
 import httpx
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.harness import ADMIN_KEY
 
 from gateway.console import auth
 

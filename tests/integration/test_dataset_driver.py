@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopback import free_port
+from support.loopback import free_port
 
 from areal_service.datasets import DatasetConfig, load_samples
 from launcher.dataset_driver import DatasetDriver, DriverState
@@ -55,7 +55,7 @@ def test_groups_rewards_and_agent_failures_over_rest(gateway, tmp_path):
         finally:
             await d.aclose()
 
-    d, left = asyncio.run(scenario("driver_agents:per_completion"))
+    d, left = asyncio.run(scenario("support.driver_agents:per_completion"))
     assert left == [] and d.state.done == [1] and d.state.episodes == 2
     assert d.state.reward_sum == pytest.approx(2 * 0.75)
     groups = httpx.get(f"{gateway.url}/rl/sessions", headers=ADMIN).json()["data"]
@@ -68,7 +68,7 @@ def test_groups_rewards_and_agent_failures_over_rest(gateway, tmp_path):
         assert {r["completion_id"] for r in view["rewards"]} == {
             c["id"] for c in view["completions"]}
 
-    d, _ = asyncio.run(scenario("driver_agents:broken"))
+    d, _ = asyncio.run(scenario("support.driver_agents:broken"))
     assert d.errors == 2 and d.state.reward_sum == 0.0
     newest = httpx.get(f"{gateway.url}/rl/sessions", headers=ADMIN).json()["data"][:2]
     for s in newest:

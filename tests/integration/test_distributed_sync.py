@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
-from weight_checks import greedy, variant_state, wait_live
+from support.harness import ADMIN_KEY, run_gateway
+from support.weight_checks import greedy, variant_state, wait_live
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord

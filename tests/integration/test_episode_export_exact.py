@@ -9,8 +9,8 @@ import json
 import httpx
 import openai
 import torch
-from harness import ADMIN_KEY
-from tool_model import ANSWER_TEXT, TOOL_RESULT
+from support.harness import ADMIN_KEY
+from support.tool_model import ANSWER_TEXT, TOOL_RESULT
 from transformers import AutoModelForCausalLM
 
 from areal_service.export import export_sequences

@@ -9,7 +9,7 @@ import threading
 
 import httpx
 import openai
-from harness import ADMIN_KEY  # tests/integration/conftest.py
+from support.harness import ADMIN_KEY
 
 from areal_service.store.claims import EpisodeClaimer
 

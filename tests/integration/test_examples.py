@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopback import free_port
+from support.loopback import free_port
 
 from areal_service.datasets import DatasetConfig, load_samples
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from faults import chattr
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.faults import chattr
+from support.harness import ADMIN_KEY
 
 from gateway.routes import health
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from loopback import free_port
+from support.loopback import free_port
 
 from launcher.processes import ChildProcess, StartError, cli_argv
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
-from harness import ADMIN_KEY, run_gateway  # tests/integration/harness.py
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from postgres_db import fresh_postgres_database
 from schemathesis import GenerationMode
+from support.harness import ADMIN_KEY, run_gateway
 
 from engine.echo_backend import start_echo_backend
 

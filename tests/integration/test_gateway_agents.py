@@ -19,13 +19,13 @@ from agents import (
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
-from tool_model import AGENT_INPUT, ANSWER_TEXT, calculator_agent
+from support.tool_model import AGENT_INPUT, ANSWER_TEXT, calculator_agent
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord
 
 if TYPE_CHECKING:
-    from conftest import Gateway
+    from support.harness import Gateway
 
 Completions = Callable[[TrajectoryStore], list[CompletionRecord]]
 

@@ -12,8 +12,8 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
-from tool_model import (
+from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
+from support.tool_model import (
     AGENT_INPUT,
     AGENT_INSTRUCTIONS,
     ANSWER_TEXT,

@@ -25,7 +25,7 @@ from areal_service.store import TrajectoryStore, create_store_engine
 from areal_service.types import CompletionRecord
 
 if TYPE_CHECKING:
-    from conftest import Gateway
+    from support.harness import Gateway
 
 Factory = Callable[..., AbstractContextManager["Gateway"]]
 SYSTEM = {"role": "system", "content": "You are terse."}

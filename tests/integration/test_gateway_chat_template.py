@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from chat_templates import SMOLLM2_TEMPLATE, TOOLS, tokenizer_dir_with_template
-from harness import ADMIN_KEY, Gateway, run_gateway  # tests/integration/harness.py
+from support.chat_templates import SMOLLM2_TEMPLATE, TOOLS, tokenizer_dir_with_template
+from support.harness import ADMIN_KEY, Gateway, run_gateway
 
 from engine.echo_backend import EchoBackendHandle, start_echo_backend
 

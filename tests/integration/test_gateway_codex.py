@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
+from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
 
 from gateway.sessions import client_session_id
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import ADMIN_KEY, run_gateway, stored_completions
+from support.harness import ADMIN_KEY, run_gateway, stored_completions
 
 from engine.echo_backend import EchoBackendHandle, start_echo_backend
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import Gateway
+    from support.harness import Gateway
 
 MODEL = "areal-policy"
 ADMIN_KEY = "sk-test-admin"

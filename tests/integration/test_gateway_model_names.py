@@ -28,7 +28,7 @@ USER = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
        engine_url: str) -> Iterator[Any]:
-    from harness import run_gateway
+    from support.harness import run_gateway
 
     with run_gateway(tmp_path_factory.mktemp("names"), tiny_model_dir, [engine_url]) as gateway:
         yield gateway

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
-from harness import ADMIN_KEY  # tests/integration/harness.py
-from tool_model import ANSWER_TEXT, CALL_ARGUMENTS, TOOL_RESULT
+from support.harness import ADMIN_KEY
+from support.tool_model import ANSWER_TEXT, CALL_ARGUMENTS, TOOL_RESULT
 
 from areal_service.types import CompletionRecord
 
 if TYPE_CHECKING:
-    from conftest import Gateway
+    from support.harness import Gateway
 
 USER = [{"role": "user", "content": "Hello there"}]
 

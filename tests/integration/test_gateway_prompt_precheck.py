@@ -6,7 +6,7 @@ still reaches the exact check after tokenization (same error, exact count)."""
 from __future__ import annotations
 
 import httpx
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.harness import ADMIN_KEY
 
 from engine.echo_backend import start_echo_backend
 

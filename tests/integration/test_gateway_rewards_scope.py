@@ -22,7 +22,7 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
        engine_url: str) -> Iterator[Any]:
-    from harness import run_gateway
+    from support.harness import run_gateway
 
     with run_gateway(tmp_path_factory.mktemp("rewards"), tiny_model_dir,
                      [engine_url]) as gateway:

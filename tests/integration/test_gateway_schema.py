@@ -95,7 +95,7 @@ RESPONSES_BODIES: list[Any] = [
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
        engine_url: str) -> Iterator[Any]:
-    from harness import run_gateway
+    from support.harness import run_gateway
 
     with run_gateway(tmp_path_factory.mktemp("schema"), tiny_model_dir, [engine_url],
                      "gateway.default_max_tokens=2", "gateway.sampling=client") as gateway:

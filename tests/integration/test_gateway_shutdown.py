@@ -12,7 +12,7 @@ import threading
 import time
 
 import httpx
-from loopback import free_port
+from support.loopback import free_port
 
 from engine.echo_backend import start_echo_backend
 from launcher.processes import cli_argv

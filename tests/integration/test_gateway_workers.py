@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopback import free_port, wait_gone
 from sqlalchemy import select
+from support.loopback import free_port, wait_gone
 
 from areal_service.config import StoreConfig
 from areal_service.episodes import build_sequences

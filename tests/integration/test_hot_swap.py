@@ -9,7 +9,7 @@ import time
 
 import httpx
 import openai
-from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
+from support.harness import ADMIN_KEY, run_gateway
 
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import ADMIN_KEY, run_gateway  # tests/integration/harness.py
+from support.harness import ADMIN_KEY, run_gateway
 
 from engine.echo_backend import start_echo_backend
 

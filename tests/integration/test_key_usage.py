@@ -7,7 +7,7 @@ import re
 import time
 
 import httpx
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.harness import ADMIN_KEY
 
 from areal_service.store import TrajectoryStore
 from gateway.auth import KeyUsage, write_key_usage

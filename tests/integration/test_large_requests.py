@@ -10,7 +10,7 @@ import random
 import time
 
 import httpx
-from harness import ADMIN_KEY
+from support.harness import ADMIN_KEY
 
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

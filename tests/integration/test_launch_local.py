@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from loopback import free_port, pid_alive
+from support.loopback import free_port, pid_alive
 
 from launcher.processes import cli_argv
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loopback import free_port, pid_alive, wait_gone
+from support.loopback import free_port, pid_alive, wait_gone
 
 from launcher.processes import cli_argv
 

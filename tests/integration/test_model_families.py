@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_templates import (
+from support.chat_templates import (
     DEEPSEEK_V3_TEMPLATE,
     KIMI_K2_TEMPLATE,
     LLAMA31_TEMPLATE,
@@ -24,9 +24,9 @@ from chat_templates import (
     QWEN3_CODER_TEMPLATE,
     tokenizer_dir_with_template,
 )
-from harness import Gateway, run_gateway
+from support.harness import Gateway, run_gateway
+from support.tool_model import ToolExample, train_tool_model
 from test_token_continuity import assert_one_exact_sequence, open_session, sequences_of
-from tool_model import ToolExample, train_tool_model
 
 from engine.testing import start_engine_in_thread
 from gateway.tokenizer import ChatTokenizer

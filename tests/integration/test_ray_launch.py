@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from loopback import free_port, pid_alive
+from support.loopback import free_port, pid_alive
 
 from areal_service.config import load_config
 

@@ -10,8 +10,8 @@ import sqlite3
 import time
 
 import httpx
-from harness import ADMIN_KEY  # tests/integration/harness.py
-from loopback import free_port
+from support.harness import ADMIN_KEY
+from support.loopback import free_port
 
 from areal_service.store import connect
 from engine.echo_backend import start_echo_backend

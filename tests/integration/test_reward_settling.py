@@ -9,7 +9,7 @@ import time
 
 import httpx
 import openai
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.harness import ADMIN_KEY
 
 from areal_service.config import TrainerConfig
 from areal_service.store.claims import EpisodeClaimer

@@ -27,8 +27,8 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def gw(request: pytest.FixtureRequest, tmp_path: Path, tiny_model_dir: Path,
        engine_url: str) -> Iterator[Any]:
-    from harness import run_gateway
-    from postgres_db import fresh_postgres_database
+    from support.harness import run_gateway
+    from support.postgres_db import fresh_postgres_database
 
     overrides: list[str] = []
     if request.param == "postgres":

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.harness import ADMIN_KEY
 from typer.testing import CliRunner
 
 from areal_service.admin_key import DEFAULT_ADMIN_KEY, DefaultAdminKeyError

@@ -7,7 +7,7 @@ import time
 import httpx
 import openai
 import pytest
-from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
+from support.harness import ADMIN_KEY, run_gateway
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from loopback import free_port
+from support.loopback import free_port
 
 from areal_service.config import load_config
 from areal_service.store import TrajectoryStore

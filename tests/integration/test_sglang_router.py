@@ -21,8 +21,8 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from loopback import free_port
-from weight_checks import PROMPT, variant_state
+from support.loopback import free_port
+from support.weight_checks import PROMPT, variant_state
 
 from areal_service.config import load_config
 from areal_service.sglang_protocol import GenerateRequest

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from harness import ADMIN_KEY  # tests/integration/harness.py
+from support.harness import ADMIN_KEY
 
 WINDOW = 8
 """(max_staleness 0 + version 0 + 1) x batch_groups 2 x group_size 4."""

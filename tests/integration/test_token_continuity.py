@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
-from tool_model import TOOL_RESULT
+from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
+from support.tool_model import TOOL_RESULT
 
 from areal_service.episodes import build_sequences
 from areal_service.store.merge_stats import merge_stats

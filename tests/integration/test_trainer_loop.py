@@ -22,9 +22,9 @@ import openai
 import pytest
 import torch
 import torch.multiprocessing as mp
-from harness import ADMIN_KEY, run_gateway  # tests/integration/conftest.py
 from safetensors.torch import load_file
-from weight_checks import served_sequence, trainer_logprobs
+from support.harness import ADMIN_KEY, run_gateway
+from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import TrainerConfig, load_config
 from areal_service.store import TrajectoryStore

@@ -27,9 +27,9 @@ import anthropic
 import httpx
 import openai
 import pytest
-from harness import ADMIN_KEY, run_gateway, stored_completions
-from loopback import free_port
-from weight_checks import served_sequence, trainer_logprobs
+from support.harness import ADMIN_KEY, run_gateway, stored_completions
+from support.loopback import free_port
+from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import load_config
 from areal_service.export import export_sequences

@@ -1,5 +1,5 @@
 """Differential tests: the gateway's tool-call and reasoning parsers against vLLM's own
-(`vllm/tool_parsers`, `vllm/reasoning`), on each family's corpus (`tests/output_corpus.py`),
+(`vllm/tool_parsers`, `vllm/reasoning`), on each family's corpus (`tests/support/output_corpus.py`),
 whole and streamed in random token chunkings, field by field.
 
 vLLM imports torch, which the gateway's environment must not, so vLLM's parsers run in
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS, Case
+from support.output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS, Case
 
 from gateway.toolparse import ParsedText
 from gateway.toolparse.registry import select_parser

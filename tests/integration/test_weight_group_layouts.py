@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import run_gateway
-from weight_checks import greedy, variant_state, wait_live
+from support.harness import run_gateway
+from support.weight_checks import greedy, variant_state, wait_live
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord

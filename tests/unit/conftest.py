@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from postgres_db import fresh_postgres_database
-from tokenizer_reference import set_reference
+from support.postgres_db import fresh_postgres_database
+from support.tokenizer_reference import set_reference
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore

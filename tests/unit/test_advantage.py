@@ -134,6 +134,7 @@ def test_trainer_config_defaults_and_group_rule():
     assert TrainerConfig(advantage="grpo", group_size=1).ungrouped_baseline == "batch"
 
 
+@pytest.mark.processes
 def test_trainer_config_is_torch_free():
     code = "import sys, areal_service.config; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

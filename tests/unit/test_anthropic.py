@@ -7,7 +7,7 @@ import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
-from tokenizer_reference import hf
+from support.tokenizer_reference import hf
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.anthropic import (

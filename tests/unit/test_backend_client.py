@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loopback import free_port
+from support.loopback import free_port
 
 from areal_service.sglang_protocol import (
     FinishReason,
@@ -389,6 +389,7 @@ async def test_a_down_backend_is_probed_with_backoff_and_readmitted() -> None:
         await pool.aclose()
 
 
+@pytest.mark.processes
 async def test_echo_backend_subprocess_mode() -> None:
     handle = start_echo_backend(subprocess_mode=True, tokens=3)
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_templates import SMOLLM2_TEMPLATE, TOOL_ROUND, TOOLS, tokenizer_dir_with_template
+from support.chat_templates import SMOLLM2_TEMPLATE, TOOL_ROUND, TOOLS, tokenizer_dir_with_template
 from transformers import AutoTokenizer
 
 from areal_service.config import load_config

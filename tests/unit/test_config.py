@@ -209,3 +209,14 @@ def test_keys_list_shows_own_keys_with_utc_times(tmp_path):
     every = json.loads(CliRunner().invoke(app, ["keys", "list", "--all", "--limit", "500",
                                                 "--set", f"data_dir={tmp_path}"]).stdout)
     assert len(every) == 151
+
+
+def test_constructing_the_model_reads_no_environment(monkeypatch):
+    # Only config_from_tree merges the environment (with its priority over the file and
+    # under the overrides); a ServiceConfig built in code is exactly what it was given.
+    monkeypatch.setenv("AREAL_GATEWAY__PORT", "8201")
+    monkeypatch.setenv("AREAL_DATA_DIR", "/elsewhere")
+    cfg = ServiceConfig()
+    assert cfg.gateway.port == ServiceConfig.model_fields["gateway"].default_factory().port
+    assert cfg.data_dir == Path("./data")
+    assert load_config().gateway.port == 8201

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from loopback import free_port
+from support.loopback import free_port
 from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM
 
@@ -284,6 +284,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str, cfg: TrainerC
 
 
 @pytest.mark.parametrize("sync_every_mb", [True, False], ids=["sync-every-mb", "sync-at-end"])
+@pytest.mark.processes
 def test_two_ranks_match_one_process(group, tiny_model_dir, tmp_path, sync_every_mb):
     """Half the batch on each of two ranks gives the single process's gradient (the
     token mean over the whole batch: a wrong cross-rank scale fails here) and, where

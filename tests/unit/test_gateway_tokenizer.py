@@ -308,6 +308,7 @@ def test_tables_match_installed_transformers() -> None:
     assert list(NAMED_SPECIAL_TOKENS) == PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES
 
 
+@pytest.mark.processes
 def test_module_imports_neither_torch_nor_transformers(tiny_model_dir: Path) -> None:
     code = (
         "import sys, gateway.tokenizer as g\n"

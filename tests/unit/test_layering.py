@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("areal_service", "engine", "gateway", "trainer", "launcher")
 # Which packages each package may import (besides itself).
@@ -126,6 +128,7 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+@pytest.mark.processes
 def test_the_core_loads_no_torch_transformers_or_peer():
     code = (
         "import importlib, pkgutil, sys, areal_service, areal_service.store\n"

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from areal_service.store import TrajectoryStore
 from gateway.leader import LEADER_LEASE, Leadership, _pid_namespace, dead_here
 
@@ -19,6 +21,7 @@ def _dead_pid() -> int:
     return gone.pid
 
 
+@pytest.mark.processes
 def test_dead_here_only_for_a_gone_process_of_this_host_and_namespace() -> None:
     host, ns = socket.gethostname(), _pid_namespace()
     assert dead_here(f"{host}:{ns}:{_dead_pid()}:abcd")
@@ -28,6 +31,7 @@ def test_dead_here_only_for_a_gone_process_of_this_host_and_namespace() -> None:
     assert not dead_here("garbage")
 
 
+@pytest.mark.processes
 async def test_one_leader_and_takeover(store: TrajectoryStore) -> None:
     first, second = (Leadership(store, ttl_s=30) for _ in range(2))
     assert await first.renew() and first.is_leader

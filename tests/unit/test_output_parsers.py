@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
-from chat_templates import (
+from support.chat_templates import (
     DEEPSEEK_V3_TEMPLATE,
     GPT_OSS_LIKE_TEMPLATE,
     KIMI_K2_TEMPLATE,
@@ -23,7 +23,7 @@ from chat_templates import (
     SMOLLM2_TEMPLATE,
     tokenizer_dir_with_template,
 )
-from output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS
+from support.output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS
 
 from areal_service.config import ReasoningParserName, ToolParserName
 from areal_service.sglang_protocol import FinishReason

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
-from tokenizer_reference import hf
+from support.tokenizer_reference import hf
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.protocol import InvalidRequestError, ResponsesRequest

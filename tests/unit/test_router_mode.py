@@ -1,6 +1,6 @@
 """Router mode (`gateway.router_url`): generation goes through SGLang's router, every
 weight-control call goes to each worker the router lists, once. Against a stand-in
-router (`tests/router_standin.py`; the real one runs in
+router (`tests/support/router_standin.py`; the real one runs in
 tests/integration/test_sglang_router.py when the `sglang-router` wheel is installed)
 and echo backends as workers. Also SGLang's weight-group rank rule for tp/dp/pp."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from router_standin import run_standin_router
+from support.router_standin import run_standin_router
 
 from areal_service.config import load_config
 from areal_service.sglang_protocol import (

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from loopback import free_port, pid_alive
+from support.loopback import free_port, pid_alive
 
 from areal_service.config import load_config
 from launcher.processes import cli_argv
@@ -93,6 +93,7 @@ def _wait(predicate, timeout_s: float) -> bool:
     return False
 
 
+@pytest.mark.processes
 def test_supervisor_runs_local_engine_restarts_it_on_death_and_stops_it(tmp_path, tiny_model_dir):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -139,6 +140,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
+@pytest.mark.processes
 def test_supervisor_gives_up_after_max_consecutive_deaths(tmp_path):
     port = free_port()
     spec = ServerSpec("flaky", (PY, "-c", _FLAKY, str(port), str(tmp_path / "started")),
@@ -156,6 +158,7 @@ def test_supervisor_gives_up_after_max_consecutive_deaths(tmp_path):
         sup.stop()
 
 
+@pytest.mark.processes
 def test_start_failure_stops_the_servers_already_started(tmp_path):
     good_port = free_port()
     good = ServerSpec("good", (PY, "-c", _FLAKY, str(good_port), str(tmp_path / "m")),
@@ -193,6 +196,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.processes
 def test_a_restarted_server_dies_with_a_supervisor_killed_outright(tmp_path):
     """Restarts fork from the monitor thread; the child is still tied to the launcher's
     life (PR_SET_PDEATHSIG on that thread), so SIGKILL of the launcher leaves no server."""

@@ -38,6 +38,7 @@ def test_three_node_placement():
     assert p.n_servers == 8 and p.trainer_procs_per_node == 8
 
 
+@pytest.mark.processes
 def test_three_node_script_content_and_syntax(tmp_path):
     script = write_sbatch(_three_nodes(tmp_path), tmp_path / "launch")
     text = script.read_text()
@@ -68,6 +69,7 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.processes
 def test_script_runs_each_step_on_the_right_nodes(tmp_path):
     """Executed with stand-ins: scontrol names three nodes, srun and curl log and
     succeed. The steps, their nodes and the backends JSON are what a real job gets."""
@@ -123,6 +125,7 @@ printf "srun %s\\n" "$*" >> {calls}
     assert cfg.gateway.backends == backends
 
 
+@pytest.mark.processes
 def test_one_node_splits_its_gpus_between_engines_and_trainer(tmp_path):
     cfg = load_config(None, ["engine.backend=sglang", "cluster.n_nodes=1",
                              "cluster.trainer_gpus=2", f"data_dir={tmp_path}"])
@@ -155,6 +158,7 @@ def test_sqlite_on_several_nodes_is_flagged_and_bad_layouts_are_errors(tmp_path)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "three_nodes.yaml"
 
 
+@pytest.mark.processes
 def test_launch_command_writes_and_submits_the_example(tmp_path, monkeypatch):
     """`areal-service launch --scheduler slurm --submit` on the README's example: the
     script lands in --out and sbatch (a stand-in on PATH) is called with it."""

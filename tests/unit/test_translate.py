@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from tokenizer_reference import hf
+from support.tokenizer_reference import hf
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gateway.server import _forget_dead_workers
 
 
+@pytest.mark.processes
 def test_dead_workers_live_gauges_are_dropped_counters_kept(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

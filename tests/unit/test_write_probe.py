@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from faults import chattr
 from sqlalchemy.exc import OperationalError
+from support.faults import chattr
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore, connect
@@ -94,6 +94,7 @@ def test_quota_holds_and_a_full_store_is_reported_until_space_is_freed(tmp_path:
     store.close()
 
 
+@pytest.mark.processes
 def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
     """An immutable file stands for a read-only mount: existing connections' writes fail,
     and SQLite opens new connections read-only without a word. After the fault those
@@ -121,6 +122,7 @@ def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
     store.close()
 
 
+@pytest.mark.processes
 def test_full_disk_is_reported_even_when_a_page_write_still_fits(tmp_path: Path):
     """The reason for the room check: after a checkpoint SQLite rewrites its WAL in place,
     so on a full disk the probe's one-page commit succeeds while growth fails."""

@@ -1,7 +1,7 @@
 """Model outputs per family, shared by the parser unit tests and the differential tests
 against vLLM's parsers: plain text, one call, several calls, arguments with nested JSON
 and unicode, reasoning, a reply cut off mid-call, and text that only looks like a call.
-Importable from tests/unit and tests/integration (pytest puts tests/ on sys.path)."""
+"""
 
 from __future__ import annotations
 

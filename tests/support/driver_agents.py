@@ -1,5 +1,5 @@
-"""Agents the dataset-driver tests load by import path (`driver_agents:...`; the
-integration conftest puts this folder on sys.path)."""
+"""Agents the dataset-driver tests load by import path (`support.driver_agents:...`;
+tests/ is on sys.path through pytest's `pythonpath` option)."""
 
 from __future__ import annotations
 

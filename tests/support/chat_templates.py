@@ -1,6 +1,5 @@
 """Real checkpoints' chat templates and a tool round, shared by the chat-template tests
-(importable from tests/unit and tests/integration alike: pytest puts tests/ on sys.path
-for its conftest)."""
+(`support.chat_templates`)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
-from loopback import free_port
+
+from support.loopback import free_port
 
 
 @dataclass
