@@ -20,9 +20,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from postgres_db import fresh_postgres_database
 from schemathesis import GenerationMode
 from support.harness import ADMIN_KEY, run_gateway
+from support.postgres_db import fresh_postgres_database
 
 from engine.echo_backend import start_echo_backend
 

@@ -5,21 +5,16 @@ local engine with the tiny model."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
+from support.harness import Gateway
+from support.security_harness import serve_gateway
 
 from engine.testing import start_engine_in_thread
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))  # harness
-sys.path.insert(0, str(Path(__file__).parent))  # sec_harness
-from harness import Gateway  # noqa: E402
-from sec_harness import serve_gateway  # noqa: E402
-
-from gateway.connections import HttpImpl  # noqa: E402
+from gateway.connections import HttpImpl
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from postgres_db import fresh_postgres_database
-from sec_harness import serve_gateway
+from support.postgres_db import fresh_postgres_database
+from support.security_harness import serve_gateway
 
 ADMIN = {"authorization": "Bearer sk-test-admin"}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sec_harness import serve_gateway
+from support.security_harness import serve_gateway
 
 from engine.testing import start_engine_in_thread
 

@@ -10,13 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import uvicorn
-from harness import ADMIN_KEY, Gateway
-from loopback import free_port
 
 from areal_service.config import load_config
 from gateway.app import create_app
 from gateway.connections import HttpImpl
 from gateway.server import uvicorn_options
+from support.harness import ADMIN_KEY, Gateway
+from support.loopback import free_port
 
 
 @contextmanager
