@@ -223,7 +223,7 @@ class GatewayConfig(_Section):
     """Directory of the tokenizer with the chat template. None: the engine's model."""
     tool_parser: ToolParserName | None = None
     """How tool calls are read from the model's replies. None: chosen from the chat
-    template (else `config.json`'s architecture) at start-up; README "Model families"."""
+    template (else `config.json`'s architecture) at start-up; docs/model-families.md."""
     reasoning_parser: ReasoningParserName | None = None
     """How reasoning is split from the reply: `think` (a leading `<think>` block),
     `harmony` (gpt-oss's analysis channel), `mistral` (Magistral's `[THINK]` block) or

@@ -709,7 +709,7 @@ def baseline_report(results: dict[str, list[Result]], label: str) -> list[str]:
     if rises:
         out.append(f"WARNING: gateway CPU rose more than {CPU_WARN:.0%} against baseline "
                    f"{label}: {'; '.join(rises)}. Profile the hot path before merging "
-                   "(README: Performance), or move the baseline on purpose.")
+                   "(docs/benchmarks/gateway-performance.md), or move the baseline on purpose.")
     else:
         out.append(f"gateway CPU within {CPU_WARN:.0%} of baseline {label} (or below).")
     return out

@@ -109,7 +109,7 @@ def render() -> str:
 
 def main() -> int:
     PAGE.write_text(render())
-    print(f"wrote {PAGE}")
+    sys.stdout.write(f"wrote {PAGE}\n")
     return 0
 
 

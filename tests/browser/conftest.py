@@ -84,7 +84,7 @@ def console_gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
 @pytest.fixture()
 def screenshot(tmp_path: Path, page: object):
     """`screenshot(name, docs_name=None)`: a full-page PNG under the test's tmp dir; with
-    AREAL_SAVE_SCREENSHOTS=1 also copied to docs/<docs_name> for the README."""
+    AREAL_SAVE_SCREENSHOTS=1 also copied to docs/<docs_name> for docs/console.md."""
 
     def take(name: str, docs_name: str | None = None) -> Path:
         path = tmp_path / f"{name}.png"

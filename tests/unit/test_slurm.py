@@ -160,7 +160,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "three_
 
 @pytest.mark.processes
 def test_launch_command_writes_and_submits_the_example(tmp_path, monkeypatch):
-    """`areal-service launch --scheduler slurm --submit` on the README's example: the
+    """`areal-service launch --scheduler slurm --submit` on examples/cluster's example: the
     script lands in --out and sbatch (a stand-in on PATH) is called with it."""
     from typer.testing import CliRunner
 
