@@ -389,10 +389,11 @@ class GatewayConfig(_Section):
     servers, a router), 1 in front of the local engine (a CPU engine that needs the cores
     itself). Not one per core: a process beside others on the same cores (the engines'
     own CPU threads, clients) costs more CPU per request, not less. Measured on 2 cores,
-    64 clients, zero-delay backend: 2 workers cost 0.67 ms of gateway CPU per
-    non-streamed request and 1.35 ms per streamed one against 0.54 and 0.92 ms for one
-    process, at lower throughput (`benchmarks/gateway_overhead.py --workers 1,2`). One
-    process carries about 2,000 completions/s here, far above what one engine serves. One process holds the leader lease
+    64 clients, zero-delay backend: 2 workers cost 1.20 ms of gateway CPU per streamed
+    request against 0.77 ms for one process (0.53 against 0.51 ms not streamed), at
+    lower throughput (`benchmarks/gateway_overhead.py --workers default,2`). One process
+    carries about 2,000 completions/s here, far above what one engine serves. One
+    process holds the leader lease
     (`leader_lease_s`) and alone swaps weights and sweeps idle sessions. A session's
     turns may land on any worker: each finds the turn it extends in the store (token
     continuity, parent linking), and per-key limits count every worker
