@@ -50,10 +50,17 @@ def run_gateway(tmp_dir: Path, model_dir: Path, backends: list[str],
         f"data_dir={tmp_dir}", f"engine.model={model_dir}", f"gateway.port={port}",
         f"gateway.backends={backends}", f"gateway.admin_key={ADMIN_KEY}",
         "gateway.backend_unavailable_deadline_s=2", *overrides])
+    with serve_app(cfg, {"host": "127.0.0.1", "port": port, "log_level": "warning"}) as gw:
+        yield gw
+
+
+@contextmanager
+def serve_app(cfg: ServiceConfig, options: dict[str, object],
+              thread_name: str = "gateway-uvicorn") -> Iterator[Gateway]:
+    """`create_app(cfg)` under uvicorn with `options` in a thread, until the block ends."""
     app = create_app(cfg)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True, name="gateway-uvicorn")
+    server = uvicorn.Server(uvicorn.Config(app, **{"lifespan": "on", **options}))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True, name=thread_name)
     thread.start()
     deadline = time.monotonic() + 60
     while not server.started:
@@ -61,7 +68,7 @@ def run_gateway(tmp_dir: Path, model_dir: Path, backends: list[str],
             raise RuntimeError("gateway did not start")
         time.sleep(0.02)
     try:
-        yield Gateway(f"http://127.0.0.1:{port}", app, cfg)
+        yield Gateway(f"http://127.0.0.1:{cfg.gateway.port}", app, cfg)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -3,19 +3,14 @@ the suite's conftest and tests import)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import uvicorn
-
 from areal_service.config import load_config
-from gateway.app import create_app
 from gateway.connections import HttpImpl
 from gateway.server import uvicorn_options
-from support.harness import ADMIN_KEY, Gateway
+from support.harness import ADMIN_KEY, Gateway, serve_app
 from support.loopback import free_port
 
 
@@ -29,18 +24,6 @@ def serve_gateway(tmp_dir: Path, model_dir: Path, backends: list[str], *override
         f"data_dir={tmp_dir}", f"engine.model={model_dir}", f"gateway.port={port}",
         f"gateway.backends={backends}", f"gateway.admin_key={ADMIN_KEY}",
         "gateway.backend_unavailable_deadline_s=2", "log_level=warning", *overrides])
-    app = create_app(cfg)
-    options = uvicorn_options(cfg, http) | {"loop": "asyncio", "lifespan": "on"}
-    server = uvicorn.Server(uvicorn.Config(app, **options))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, daemon=True, name="sec-gateway")
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("gateway did not start")
-        time.sleep(0.02)
-    try:
-        yield Gateway(f"http://127.0.0.1:{port}", app, cfg)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    options = uvicorn_options(cfg, http) | {"loop": "asyncio"}
+    with serve_app(cfg, options, thread_name="sec-gateway") as gw:
+        yield gw
