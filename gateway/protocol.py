@@ -201,6 +201,16 @@ class ChatCompletionRequest(_Open):
                                  '"function": {"name", "description", "parameters"}}')
         return tools
 
+    @field_validator("functions")
+    @classmethod
+    def _named_functions(cls, functions: list[dict[str, Any]] | None
+                         ) -> list[dict[str, Any]] | None:
+        for fn in functions or ():
+            if not isinstance(fn.get("name"), str):
+                raise ValueError('each of functions needs a name: {"name", "description", '
+                                 '"parameters"}')
+        return functions
+
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
 
     @field_validator("logit_bias")

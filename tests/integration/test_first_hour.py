@@ -161,12 +161,19 @@ def test_ctrl_c_during_eval_is_one_clean_line(tmp_path):
     proc = subprocess.Popen(
         cli_argv("eval", "--config", "examples/math/eval.yaml", "--gateway", url,
                  "--api-key", "sk-x", "--set", f"data_dir={tmp_path}"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # SIGABRT then dumps every thread
     try:
         assert accepted.wait(60), "eval never reached the gateway"
         time.sleep(0.5)
         os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # say where it hangs, not only that it does
+            os.kill(proc.pid, signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"eval still ran 60 s after Ctrl-C; where its threads were:\n"
+                        f"{err[-8000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()

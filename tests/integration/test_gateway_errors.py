@@ -144,6 +144,8 @@ CHAT_CASES: list[tuple[Any, str | None]] = [
     ({"model": MODEL, "messages": _MESSAGES, "temperature": "hot"}, "temperature"),
     ({"model": MODEL, "messages": _MESSAGES, "temperature": 3}, "temperature"),
     ({"model": MODEL, "messages": _MESSAGES, "n": 0}, "n"),
+    ({"model": MODEL, "messages": _MESSAGES, "functions": [{"description": "x"}]},
+     "functions"),
     ({"model": MODEL, "messages": _MESSAGES, "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "messages": _MESSAGES, "max_completion_tokens": -3},
      "max_completion_tokens"),
