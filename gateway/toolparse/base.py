@@ -124,8 +124,12 @@ class ToolFormat:
 
     def template_arguments(self, arguments: str) -> Any:
         """A replayed call's `arguments` as this family's chat template renders back the
-        text the model wrote: the JSON string itself, unless `arguments_as_mapping`."""
-        return arguments
+        text the model wrote: the JSON string itself, unless `arguments_as_mapping` (then
+        the object it encodes; a string that is not one stays as is)."""
+        if not self.arguments_as_mapping:
+            return arguments
+        args = json_object_or_none(arguments)
+        return arguments if args is None else args
 
 
 class OutputParser:

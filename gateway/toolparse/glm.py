@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import json_object_or_none, tool_properties
+from gateway.toolparse.base import tool_properties
 from gateway.toolparse.hermes import TaggedToolFormat
 from gateway.toolparse.qwen3_coder import coerce, schema_types
 
@@ -49,7 +49,3 @@ class GlmToolFormat(TaggedToolFormat):
         if block[pos:].strip():
             return None
         return name, json.dumps(args, ensure_ascii=False)
-
-    def template_arguments(self, arguments: str) -> Any:
-        args = json_object_or_none(arguments)
-        return arguments if args is None else args

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import ToolCall, ToolFormat, json_object_or_none, tool_call_id
+from gateway.toolparse.base import ToolCall, ToolFormat, tool_call_id
 
 _DECODER = json.JSONDecoder()
 _WS = re.compile(r"\s*")
@@ -46,10 +46,6 @@ class Llama3JsonToolFormat(ToolFormat):
         if head.startswith("{"):
             return None
         return text, 1
-
-    def template_arguments(self, arguments: str) -> Any:
-        args = json_object_or_none(arguments)
-        return arguments if args is None else args
 
 
 def _calls(text: str, id_seed: str) -> tuple[ToolCall, ...]:

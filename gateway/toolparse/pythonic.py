@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import ToolCall, ToolFormat, json_object_or_none, tool_call_id
+from gateway.toolparse.base import ToolCall, ToolFormat, tool_call_id
 
 PY_START, PY_END = "<|python_start|>", "<|python_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
@@ -46,10 +46,6 @@ class PythonicToolFormat(ToolFormat):
         if head.startswith(("[", PY_START)):
             return None
         return text, 1
-
-    def template_arguments(self, arguments: str) -> Any:
-        args = json_object_or_none(arguments)
-        return arguments if args is None else args
 
 
 def _calls(text: str, id_seed: str) -> tuple[ToolCall, ...]:
