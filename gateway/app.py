@@ -289,7 +289,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     outer.append(lambda inner: AuthThrottleMiddleware(
         inner, throttle_of=_throttle_of, known_good_of=_known_good_of))
     outer.append(lambda inner: HotRoutes(inner, routes=openai.HOT_ROUTES))
-    app.outer_layers = outer
+    app.outer_layers = tuple(outer)
     return app
 
 
@@ -305,7 +305,7 @@ class GatewayApp(FastAPI):
     on through it unchanged. Starlette sets `scope["app"]` before calling the stack, so
     the layers still find the app's state there."""
 
-    outer_layers: list[Callable[[ASGIApp], ASGIApp]] = []
+    outer_layers: tuple[Callable[[ASGIApp], ASGIApp], ...] = ()
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
