@@ -450,23 +450,41 @@ def load_tokenizer_core(path: str | Path, *, chat_template: str | None = None
     template(s) (`template_setting_text`; ValueError when it cannot be read)."""
     path = Path(path)
     template = None if chat_template is None else template_setting_text(chat_template)
+    reason = transformers_reason(path)
+    if reason is not None:
+        return TransformersTokenizer.load(path, reason, chat_template=template)
+    config = _read_json(path / "tokenizer_config.json")
+    class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
+    backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return RustTokenizer.build(backend, path, config, _CLASS_PIPELINES.get(class_name or ""),
+                               chat_template=template)
+
+
+def transformers_reason(path: Path) -> str | None:
+    """Why checkpoint `path`'s tokenizer must be loaded by transformers (which imports
+    torch), or None when the Rust loader reproduces it. Cheap: reads JSON files only, so
+    start-up checks call it before any process starts."""
     config = _read_json(path / "tokenizer_config.json")
     if not (path / "tokenizer.json").is_file():
-        return TransformersTokenizer.load(path, "no tokenizer.json", chat_template=template)
+        return "no tokenizer.json"
     auto_map = config.get("auto_map")
     if isinstance(auto_map, list) or isinstance(auto_map, dict) and "AutoTokenizer" in auto_map:
-        return TransformersTokenizer.load(path, "custom tokenizer code (auto_map)",
-                                          chat_template=template)
+        return "custom tokenizer code (auto_map)"
     class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
     pipeline = _CLASS_PIPELINES.get(class_name or "")
     if class_name not in _GENERIC_CLASSES and pipeline is None:
-        return TransformersTokenizer.load(path, f"tokenizer class {class_name}",
-                                          chat_template=template)
-    backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    if pipeline is not None and not isinstance(backend.model, models.BPE):
-        return TransformersTokenizer.load(path, f"{class_name} over a non-BPE tokenizer.json",
-                                          chat_template=template)
-    return RustTokenizer.build(backend, path, config, pipeline, chat_template=template)
+        return f"tokenizer class {class_name}"
+    if pipeline is not None and not _tokenizer_json_is_bpe(path):
+        return f"{class_name} over a non-BPE tokenizer.json"
+    return None
+
+
+def _tokenizer_json_is_bpe(path: Path) -> bool:
+    """Whether tokenizer.json's model is BPE (the class pipelines rebuild BPE only)."""
+    model = _read_json(path / "tokenizer.json").get("model")
+    if not isinstance(model, Mapping):
+        return False
+    return model.get("type", "BPE" if "merges" in model else None) == "BPE"
 
 
 _GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend",
@@ -802,7 +820,13 @@ class TransformersTokenizer:
              ) -> TransformersTokenizer:
         """`AutoTokenizer.from_pretrained(path)`, transformers imported here;
         `chat_template` (a template text) replaces the checkpoint's."""
-        from transformers import AutoTokenizer
+        try:
+            from transformers import AutoTokenizer
+        except ModuleNotFoundError as exc:  # a `[gateway]` install: say what to add, once
+            raise RuntimeError(
+                f"the tokenizer of {path} needs transformers ({reason}), which is not "
+                f"installed: install areal-service[train] (pip install "
+                f"\"areal-service[train]\")") from exc
 
         log.info("loading the tokenizer of %s with transformers: %s", path, reason)
         hf = AutoTokenizer.from_pretrained(str(path))

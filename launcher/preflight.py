@@ -39,6 +39,24 @@ def check_model_dir(path: Path | str) -> None:
                          "`save_pretrained`, such as <data_dir>/weights/vN")
 
 
+def check_tokenizer_loadable(path: Path | str) -> None:
+    """StartError when checkpoint `path`'s tokenizer needs transformers (a class the
+    torch-free loader does not rebuild, custom code, no tokenizer.json) and this install
+    has none (`areal-service[gateway]`)."""
+    import importlib.util
+
+    from gateway.tokenizer import transformers_reason
+
+    path = Path(path)
+    if not path.is_dir():
+        return  # no checkpoint here (yet): check_model_dir or the loader says so
+    reason = transformers_reason(path)
+    if reason is not None and importlib.util.find_spec("transformers") is None:
+        raise StartError(f"the tokenizer of {path} needs transformers ({reason}), which is "
+                         "not installed: install areal-service[train] "
+                         "(pip install \"areal-service[train]\")")
+
+
 def check_port_free(host: str, port: int, setting: str) -> None:
     """StartError if something already listens on `host:port` (0 picks a free port and
     is never busy). SO_REUSEADDR as uvicorn sets it: a port left in TIME_WAIT by a

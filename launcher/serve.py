@@ -8,7 +8,7 @@ from areal_service.admin_key import DefaultAdminKeyError
 from areal_service.config import ServiceConfig, with_admin_key
 from engine.tiny_model import ensure_tiny_model
 from gateway.server import run_gateway
-from launcher.preflight import check_model_dir, check_port_free
+from launcher.preflight import check_model_dir, check_port_free, check_tokenizer_loadable
 from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm, save_config
 
 
@@ -55,6 +55,7 @@ def serve(config: ServiceConfig) -> None:
 
             ensure_model(config)  # the tiny model when no checkpoint is configured
             servers = sglang_backends if config.engine.backend == "sglang" else vllm_backends
+            check_tokenizer_loadable(config.gateway.tokenizer or config.model_dir())
             with servers(config) as with_backends:  # launched or attached
                 run_gateway(with_backends)
             return
@@ -63,6 +64,8 @@ def serve(config: ServiceConfig) -> None:
         check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
         if local:
             check_port_free(config.engine.host, config.engine.port, "engine.port")
+        if not local:  # a torch-free install serves external backends: its tokenizer too?
+            check_tokenizer_loadable(config.gateway.tokenizer or config.model_dir())
         engine = start_local_engine(config) if local else None
         try:
             run_gateway(config)

@@ -5,6 +5,7 @@ find-links), as a user's would; no package is fetched by hand."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -72,6 +73,32 @@ def test_command_needing_torch_names_the_extra(gateway_venv: Path, tmp_path: Pat
     assert line.startswith("areal-service: this command needs "), line
     assert line.endswith(", which is not installed: install areal-service[train] "
                          "(pip install \"areal-service[train]\")"), line
+
+
+def test_serve_names_the_extra_for_a_transformers_tokenizer(gateway_venv: Path,
+                                                          tiny_model_dir: Path,
+                                                          tmp_path: Path):
+    """A checkpoint whose tokenizer class only transformers builds, served from the
+    torch-free install: one line naming the extra, before any process starts."""
+    model = tmp_path / "gpt2-class"
+    shutil.copytree(tiny_model_dir, model)
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    tokenizer_config["tokenizer_class"] = "GPT2Tokenizer"
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    model_config = json.loads((model / "config.json").read_text())
+    model_config["model_type"] = "gpt2"  # else qwen2's registered class wins
+    (model / "config.json").write_text(json.dumps(model_config))
+    run = subprocess.run(
+        [str(gateway_venv / "areal-service"), "serve", "--set", f"data_dir={tmp_path / 'd'}",
+         "--set", f"engine.model={model}", "--set", "gateway.backends=[http://127.0.0.1:9]",
+         "--set", f"gateway.port={free_port()}", "--set", "gateway.admin_key=sk-install-test"],
+        capture_output=True, text=True, env=_clean_env(), cwd=tmp_path, timeout=60)
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr  # one line, no traceback
+    [line] = lines
+    assert "needs transformers (tokenizer class GPT2Tokenizer)" in line, line
+    assert "install areal-service[train]" in line, line
 
 
 @pytest.fixture()

@@ -25,6 +25,7 @@ from gateway.tokenizer import (
     RustTokenizer,
     TransformersTokenizer,
     auto_tokenizer_class,
+    transformers_reason,
 )
 
 REPO = Path(__file__).parents[2]
@@ -351,6 +352,17 @@ def test_model_specific_class_falls_back_to_transformers(tiny_model_dir: Path,
     tok = ChatTokenizer.from_pretrained(tmp_path / "gpt2")
     assert isinstance(tok.core, TransformersTokenizer)
     assert type(tok.hf).__name__ == "GPT2Tokenizer"
+
+
+def test_transformers_reason_names_why(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The start-up check's reading of a checkpoint matches the loader's choice."""
+    assert transformers_reason(tiny_model_dir) is None
+    gpt2 = _copy_tokenizer_files(tiny_model_dir, tmp_path / "gpt2")
+    _edit_json(gpt2 / "tokenizer_config.json", tokenizer_class="GPT2Tokenizer")
+    _edit_json(gpt2 / "config.json", model_type="gpt2")
+    assert transformers_reason(gpt2) == "tokenizer class GPT2Tokenizer"
+    (gpt2 / "tokenizer.json").unlink()
+    assert transformers_reason(gpt2) == "no tokenizer.json"
 
 
 def test_rust_tokenizer_has_no_hf(pairs: dict[str, Any]) -> None:
