@@ -81,7 +81,8 @@ class _Guard:
         """When the current request's headers were complete (None: still arriving)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]  # a mixin: the protocol's
+        # ignore: a mixin; uvicorn's protocol class after it in the MRO defines this.
+        super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self._limits.max_connections:
             log.warning("refused a connection: %d open (gateway.max_connections)",
                         len(self.connections) - 1)
