@@ -190,6 +190,14 @@ ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "dee
 ReasoningParserName = Literal["think", "harmony", "mistral", "none"]
 """`gateway.reasoning_parser` values."""
 
+SessionSource = Literal["key", "header", "metadata", "client_metadata"]
+"""Where `gateway.session_from` may look for a request's session."""
+
+
+def _every_session_source() -> list[SessionSource]:
+    # A typed factory: mypy infers a lambda's list literal as list[str].
+    return ["key", "header", "metadata", "client_metadata"]
+
 
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
@@ -265,8 +273,7 @@ class GatewayConfig(_Section):
     auto_session: bool = True
     """A virtual (user) key calling without an open session opens one and binds it, so
     agents that only change base_url/api_key still produce episodes."""
-    session_from: list[Literal["key", "header", "metadata", "client_metadata"]] = Field(
-        default_factory=lambda: ["key", "header", "metadata", "client_metadata"])
+    session_from: list[SessionSource] = Field(default_factory=_every_session_source)
     """Where a request's session comes from, tried in this order: `key` (a session-scoped
     key), `header` (`x-session-id`), `metadata` (`metadata.session_id` in the body): these
     name a session that must exist; `client_metadata`: the agent's own conversation id

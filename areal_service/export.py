@@ -37,24 +37,24 @@ def parquet_schema() -> pa.Schema:
     not at module import: ~40 MB the gateway needs only when someone exports."""
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("session_id", pa.string()),
-            ("group_id", pa.string()),
-            ("task_id", pa.string()),
-            ("status", pa.string()),
-            ("advantage_group", pa.string()),
-            ("sequence_index", pa.int32()),
-            ("completion_ids", pa.list_(pa.string())),
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("logprobs", pa.list_(pa.float32())),
-            ("versions", pa.list_(pa.int32())),
-            ("reward", pa.float64()),
-            ("session_return", pa.float64()),
-            ("temperature", pa.float64()),
-            ("messages", pa.string()),
-        ])
+    columns: list[tuple[str, pa.DataType]] = [
+        ("session_id", pa.string()),
+        ("group_id", pa.string()),
+        ("task_id", pa.string()),
+        ("status", pa.string()),
+        ("advantage_group", pa.string()),
+        ("sequence_index", pa.int32()),
+        ("completion_ids", pa.list_(pa.string())),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("versions", pa.list_(pa.int32())),
+        ("reward", pa.float64()),
+        ("session_return", pa.float64()),
+        ("temperature", pa.float64()),
+        ("messages", pa.string()),
+    ]
+    return pa.schema(columns)
 
 
 @dataclass(frozen=True, slots=True)

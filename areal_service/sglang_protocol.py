@@ -313,7 +313,7 @@ class GenerateRequest(_Body):
         """`input_ids` of a single-prompt request."""
         ids = self.input_ids or []
         assert not ids or isinstance(ids[0], int), "batched input_ids"
-        return ids  # type: ignore[return-value]
+        return ids
 
     def to_json_bytes(self, *, stream: bool) -> bytes:
         """The wire body: the fields that were set, plus `stream`."""

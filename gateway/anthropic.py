@@ -39,7 +39,8 @@ from gateway.chat_stream import ChoiceStream
 from gateway.errors import OpenAIError
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
 from gateway.signing import Signer
-from gateway.translate import ChatTokenizer, ParsedChoice, SamplingSpec, Usage
+from gateway.tokenizer import ChatTokenizer
+from gateway.translate import ParsedChoice, SamplingSpec, Usage
 
 HostedToolRule = Literal["drop", "reject"]
 
@@ -276,8 +277,8 @@ def arguments_text(value: Any) -> str:
     models write (`{"a": 2}`): a call replayed renders the generated text again, and its
     arguments match the reply's for token continuity. A `_raw` input (arguments that were
     not a JSON object) is replayed as sent."""
-    if isinstance(value, Mapping) and set(value) == {_RAW} and isinstance(value[_RAW], str):
-        return value[_RAW]
+    if isinstance(value, Mapping) and set(value) == {_RAW} and isinstance(raw := value[_RAW], str):
+        return raw
     return json.dumps(value if value is not None else {}, ensure_ascii=False)
 
 
@@ -425,9 +426,9 @@ class MessageStreamAssembler:
     def start(self) -> list[dict[str, Any]]:
         usage = {"input_tokens": self._prompt_tokens, "output_tokens": 0,
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-        message = {"id": self._id, "type": "message", "role": "assistant",
-                   "model": self._model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": usage}
+        message: dict[str, Any] = {"id": self._id, "type": "message", "role": "assistant",
+                                   "model": self._model, "content": [], "stop_reason": None,
+                                   "stop_sequence": None, "usage": usage}
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 
     def push(self, new_ids: Sequence[int], finish: FinishReason | None

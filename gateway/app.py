@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Send
 
 from areal_service.config import ServiceConfig, with_admin_key
 from areal_service.keys import admin_key_matches
@@ -73,43 +73,43 @@ class _RequestId:
     """ASGI middleware: every response carries `x-request-id` (routes that name a stored
     completion set it themselves; others get a fresh id). Pure ASGI, no per-request task."""
 
-    def __init__(self, app: object) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # noqa: ANN001
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)  # type: ignore[operator]
+            await self.app(scope, receive, send)
             return
 
-        async def send_with_id(message: dict) -> None:
+        async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = message.setdefault("headers", [])
                 if not any(k == b"x-request-id" for k, _ in headers):
                     headers.append((b"x-request-id", f"req_{uuid.uuid4().hex}".encode()))
-            await send(message)  # type: ignore[operator]
+            await send(message)
 
-        await self.app(scope, receive, send_with_id)  # type: ignore[operator]
+        await self.app(scope, receive, send_with_id)
 
 
 class _WorkerHeader:
     """ASGI middleware, with several workers only: `x-areal-worker: <pid>` on every
     response names the process that answered (operators and tests tell workers apart)."""
 
-    def __init__(self, app: object) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.header = (b"x-areal-worker", str(os.getpid()).encode())  # built in the worker
 
-    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # noqa: ANN001
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)  # type: ignore[operator]
+            await self.app(scope, receive, send)
             return
 
-        async def send_with_worker(message: dict) -> None:
+        async def send_with_worker(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", []).append(self.header)
-            await send(message)  # type: ignore[operator]
+            await send(message)
 
-        await self.app(scope, receive, send_with_worker)  # type: ignore[operator]
+        await self.app(scope, receive, send_with_worker)
 
 
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json"})
@@ -121,10 +121,10 @@ class _AdminOnlyPaths:
     bearer token unless `gateway.public_docs` / `gateway.public_metrics` is set. Any
     other token is 401 (counted by the auth throttle: no guessing the admin key here)."""
 
-    def __init__(self, app: object) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: object, send: object) -> None:  # noqa: ANN001
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         state: GatewayState | None = getattr(scope["app"].state, "gateway", None) \
             if path in DOCS_PATHS or path == METRICS_PATH else None
@@ -138,9 +138,9 @@ class _AdminOnlyPaths:
                     401, f"{path} needs the admin key as a bearer token (or set "
                     f"gateway.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
                     code="admin_required")
-                await error.response()(scope, receive, send)  # type: ignore[arg-type]
+                await error.response()(scope, receive, send)
                 return
-        await self.app(scope, receive, send)  # type: ignore[operator]
+        await self.app(scope, receive, send)
 
 
 def _throttle_of(scope: Scope) -> AuthThrottle | None:

@@ -36,7 +36,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,9 +76,13 @@ from areal_service.sglang_protocol import (
     router_worker_urls,
 )
 from gateway import interruptible
-from gateway.backend_errors import BackendError, BackendUnavailable
+
+# `X as X`: re-exported (callers import them from here), which strict mypy wants explicit.
+from gateway.backend_errors import BackendError as BackendError
+from gateway.backend_errors import BackendUnavailable as BackendUnavailable
 from gateway.http1 import ConnectFailed, Http1Pool
-from gateway.interruptible import Generation, GenerationDelta
+from gateway.interruptible import Generation as Generation
+from gateway.interruptible import GenerationDelta as GenerationDelta
 from gateway.stream_parse import ErrorEvent, StreamParser, SuffixParser, WholeChunks
 
 log = logging.getLogger(__name__)
@@ -246,7 +250,7 @@ class SGLangClient:
 
     async def generate_stream(self, payload: GenerateRequest, *, coalesce: bool = False,
                               new_only: bool = False, routing_key: str | None = None
-                              ) -> AsyncIterator[GenerateResponse]:
+                              ) -> AsyncGenerator[GenerateResponse, None]:
         """Streaming `POST /generate`: one result per SSE `data:` chunk, through the
         finish chunk and `[DONE]`. A `data: {"error":…}` event raises BackendError.
         Closing the iterator early (client gone) or cancelling aborts the request.
@@ -421,7 +425,7 @@ class SGLangClient:
 
     def generate_interruptible_stream(
             self, request: GenerateRequest, *,
-            routing_key: str | None = None) -> AsyncIterator[GenerationDelta]:
+            routing_key: str | None = None) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming `generate_interruptible`: only NEW tokens per delta, across
         resubmissions (`gateway.interruptible.generate_interruptible_stream`)."""
         return interruptible.generate_interruptible_stream(self, request,

@@ -27,7 +27,7 @@ from gateway.translate import (
 
 dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 """Compact JSON of a chunk (the encoder `gateway.pipeline.dumps` is: the same bytes)."""
-_escape = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_escape = json.encoder.encode_basestring
 """A str as a JSON string literal, non-ASCII kept: what `dumps` does to a string (C)."""
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from pydantic import ValidationError
 
@@ -19,6 +20,12 @@ from gateway.backend import BackendError, BackendUnavailable, Generation, Genera
 from gateway.errors import OpenAIError, backend_unavailable
 from gateway.state import GatewayState
 from gateway.translate import SamplingSpec
+
+
+class _TopLogprobs(TypedDict, total=False):
+    """`GenerateRequest.for_tokens` keywords set only when the client asks for them."""
+
+    top_logprobs_num: int
 
 
 def backend_error(exc: BackendError) -> OpenAIError:
@@ -37,7 +44,7 @@ def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_
     aborts by rid prefix and `x-1` would also match `x-10`. Top-k alternatives are
     asked for only when the client wants them (they cost the backend a top-k per token).
     Sampling values SGLang would reject with 400 are rejected here with its message."""
-    extra = {"top_logprobs_num": top_logprobs} if top_logprobs else {}
+    extra: _TopLogprobs = {"top_logprobs_num": top_logprobs} if top_logprobs else {}
     try:
         return [GenerateRequest.for_tokens(prompt_ids, spec.to_sampling_params(i),
                                            rid=f"{completion_id}-{i:03d}", **extra)
@@ -104,7 +111,7 @@ class StreamedChoice:
 
 
 async def stream_all(state: GatewayState, requests: Sequence[GenerateRequest],
-                     session_id: str | None) -> AsyncIterator[tuple[int, GenerationDelta]]:
+                     session_id: str | None) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
     """(choice index, delta) from every choice's stream, interleaved as they arrive.
     Backend failures surface as `OpenAIError` (503/400/502)."""
     deadline = state.config.gateway.backend_unavailable_deadline_s

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth import Principal
 from gateway.deps import request_too_large, too_deep
 from gateway.errors import OpenAIError
+from gateway.limits import Events
 from gateway.state import GatewayState
 from gateway.strings import check_json_body, nul_refused
 from gateway.throttle import request_token
@@ -53,7 +54,7 @@ class EventStream:
     """A `text/event-stream` response; `events` yields ready-to-send SSE text and turns
     its own mid-stream failures into error events."""
 
-    events: AsyncIterator[str]
+    events: Events
     request_id: str
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,7 +43,7 @@ class InterruptibleClient(Protocol):
 
     def generate_stream(self, payload: GenerateRequest, *, coalesce: bool = False,
                         new_only: bool = False, routing_key: str | None = None
-                        ) -> AsyncIterator[GenerateResponse]: ...
+                        ) -> AsyncGenerator[GenerateResponse, None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ async def generate_interruptible(client: InterruptibleClient, request: GenerateR
 
 async def generate_interruptible_stream(
         client: InterruptibleClient, request: GenerateRequest, *,
-        routing_key: str | None = None) -> AsyncIterator[GenerationDelta]:
+        routing_key: str | None = None) -> AsyncGenerator[GenerationDelta, None]:
     """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
     resubmissions, so the caller sees one uninterrupted stream; the last delta
     carries the finish reason. Each chunk's tokens get that chunk's version, except

@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,7 +37,21 @@ from gateway.errors import OpenAIError
 log = logging.getLogger(__name__)
 
 WINDOW_S = 60.0
-Keep = Callable[[AsyncIterator[str]], AsyncIterator[str]]
+
+
+class Events(Protocol):
+    """A streamed reply's SSE texts, closable early: an async generator, or what `keep`
+    wraps one in (it releases the request's slot). Spelled out: on Python 3.11 a
+    Protocol cannot subclass `collections.abc.AsyncIterator`."""
+
+    def __aiter__(self) -> AsyncIterator[str]: ...
+
+    def __anext__(self) -> Awaitable[str]: ...
+
+    def aclose(self) -> Awaitable[object]: ...
+
+
+Keep = Callable[[Events], Events]
 
 
 @dataclass(slots=True)
@@ -187,7 +201,7 @@ class KeyLimits:
         counted = self.admit(key)
         handed_on = False
 
-        def keep(events: AsyncIterator[str]) -> AsyncIterator[str]:
+        def keep(events: Events) -> Events:
             nonlocal handed_on
             if not counted:
                 return events
@@ -233,7 +247,7 @@ class _ReleasedAfter:
     byte) when dropped."""
 
     def __init__(self, limits: KeyLimits, key: ApiKeyRecord | None,
-                 events: AsyncIterator[str]) -> None:
+                 events: Events) -> None:
         self._limits = limits
         self._key = key
         self._events = events

@@ -67,7 +67,8 @@ class GatewayMetrics:
         if not directory:
             return self.registry
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=directory)
+        # ignore: prometheus_client leaves this constructor unannotated.
+        MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
         return registry
 
     def totals(self, *names: str) -> dict[str, dict[tuple[str, ...], float]]:

@@ -18,9 +18,9 @@ import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from starlette.requests import Request
 
@@ -186,7 +186,10 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                 principal: Principal) -> Turn[RequestT]:
     """Parse, check the model, find the session, render the prompt, pick the sampling."""
     started = time.perf_counter()
-    body, req = await read_request(request, adapter.request_model)
+    # cast: read_request takes a pydantic model class, which every request_model is; mypy
+    # has no intersection type to bound RequestT by both BaseModel and WireRequest.
+    req: RequestT  # (an annotation only)
+    body, req = await read_request(request, cast("type[Any]", adapter.request_model))
     model = resolve_model(state.config.gateway, req.model)
     session_id = await session_for_request(state, principal, request, body)
     gw = state.config.gateway
@@ -274,8 +277,8 @@ async def reply_stream(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> 
 
 async def stream_events(turn: Turn[Any], encoder: StreamEncoder,
                         first: tuple[int, GenerationDelta] | None,
-                        deltas: AsyncIterator[tuple[int, GenerationDelta]]
-                        ) -> AsyncIterator[str]:
+                        deltas: AsyncGenerator[tuple[int, GenerationDelta], None]
+                        ) -> AsyncGenerator[str, None]:
     """The streamed reply: one write per backend delta (a socket send per chunk was the
     largest streaming cost under load); the opening events go out with the first delta
     (already here: nothing waits for them) and the last event with the end of the body.
@@ -284,7 +287,8 @@ async def stream_events(turn: Turn[Any], encoder: StreamEncoder,
     backend writes gets fewer, larger writes: while a write waits on the socket nothing
     pulls from the backend, so its chunks pile up and are read, parsed and sent as one."""
     try:
-        acc = [StreamedChoice(r.rid) for r in turn.generate]
+        # cast: generate_requests gives each request one rid (the wire field also takes lists).
+        acc = [StreamedChoice(cast(str, r.rid)) for r in turn.generate]
         head = encoder.start()
         item = first
         while item is not None:

@@ -23,8 +23,8 @@ from areal_service.sglang_protocol import FinishReason
 from gateway.chat_stream import ChoiceStream, StreamDelta
 from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError, ResponsesRequest, ToolChoice
 from gateway.signing import Signer
+from gateway.tokenizer import ChatTokenizer
 from gateway.translate import (
-    ChatTokenizer,
     GeneratedChoice,
     ParsedChoice,
     SamplingSpec,
@@ -406,7 +406,7 @@ class ResponsesStreamAssembler:
             events += self._open_item(kind)
         self._text += text
         suffix = "reasoning_text" if kind == "reasoning" else "output_text"
-        extra = {"logprobs": []} if kind == "message" else {}
+        extra: dict[str, list[Any]] = {"logprobs": []} if kind == "message" else {}
         events.append(self._event(f"response.{suffix}.delta", **self._where(), delta=text,
                                   **extra))
         return events
@@ -414,7 +414,7 @@ class ResponsesStreamAssembler:
     def _open_item(self, kind: str) -> list[dict[str, Any]]:
         if kind == "reasoning":
             item = _reasoning_item(self._rid, "", "in_progress")
-            part = {"type": "reasoning_text", "text": ""}
+            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
         else:
             item = _message_item(self._rid, None, "in_progress")
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}

@@ -37,7 +37,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
@@ -282,7 +282,7 @@ class BackendPool:
 
     async def generate_interruptible_stream(
             self, request: GenerateRequest, *, session_id: str | None = None,
-            deadline_s: float = 30.0) -> AsyncIterator[GenerationDelta]:
+            deadline_s: float = 30.0) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming variant; failover only before the first delta was yielded."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s

@@ -11,6 +11,7 @@ worker through prometheus_client's multiprocess mode.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
@@ -18,6 +19,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import TypedDict, cast
 
 import uvicorn
 from fastapi import FastAPI
@@ -37,8 +39,22 @@ SUPERVISOR_ENV = "AREAL_GATEWAY_SUPERVISOR_PID"
 _PR_SET_PDEATHSIG = 1
 
 
+class UvicornOptions(TypedDict):
+    """`uvicorn.run`'s keywords as the gateway sets them (`uvicorn_options`)."""
+
+    host: str
+    port: int
+    log_level: str
+    access_log: bool
+    loop: str
+    http: type[asyncio.Protocol]
+    proxy_headers: bool
+    forwarded_allow_ips: list[str]
+    timeout_graceful_shutdown: int
+
+
 def uvicorn_options(config: ServiceConfig, http: HttpImpl = "httptools"
-                    ) -> dict[str, object]:
+                    ) -> UvicornOptions:
     """Every uvicorn option the gateway runs with (the one place they are set; tests
     serve through it too, with either HTTP implementation)."""
     gw = config.gateway
@@ -50,9 +66,11 @@ def uvicorn_options(config: ServiceConfig, http: HttpImpl = "httptools"
         "loop": "uvloop",
         # uvicorn's HTTP/1.1 protocol with header/body timeouts and a connection cap
         # (`gateway/connections.py`).
-        "http": protocol_factory(http, ConnectionLimits(
+        # cast: uvicorn types `http` as a protocol class, but only calls what it is given
+        # (once per connection), so a factory works.
+        "http": cast("type[asyncio.Protocol]", protocol_factory(http, ConnectionLimits(
             header_timeout_s=gw.header_timeout_s, body_timeout_s=gw.body_timeout_s,
-            max_connections=gw.max_connections)),
+            max_connections=gw.max_connections))),
         # X-Forwarded-* only from the proxies named (uvicorn's default trusts loopback,
         # which let any local client pick the address the auth throttle counts).
         "proxy_headers": bool(gw.forwarded_allow_ips),
@@ -107,7 +125,8 @@ def _forget_dead_workers(metrics_dir: Path) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            mark_process_dead(pid, str(metrics_dir))
+            # ignore: prometheus_client leaves this function unannotated.
+            mark_process_dead(pid, str(metrics_dir))  # type: ignore[no-untyped-call]
         except PermissionError:  # alive, another user's
             pass
 

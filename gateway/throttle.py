@@ -146,7 +146,7 @@ class AuthThrottle:
         over = failures - self.free_failures
         if over <= 0:
             return 0.0
-        return min(self.backoff_s * 2 ** min(over - 1, 62), self.max_backoff_s)
+        return min(self.backoff_s * 2.0 ** min(over - 1, 62), self.max_backoff_s)
 
     def _live(self, record: _Record | None, now: float) -> _Record | None:
         """`record`, or None once it was quiet long enough to start over."""
@@ -190,6 +190,7 @@ async def sync_auth_failures(throttle: AuthThrottle, store: FailuresExchange, ho
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
+    value: bytes  # the ASGI scope is untyped (annotation only: no run-time cost)
     for key, value in scope.get("headers", ()):
         if key == name:
             return value.decode("latin-1")

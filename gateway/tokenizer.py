@@ -20,10 +20,10 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from tokenizers import pre_tokenizers as pre
@@ -35,6 +35,7 @@ from gateway.toolparse.registry import select_parser
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+    from typing_extensions import TypeIs
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,12 @@ class TokenizerCore(Protocol):
         ...
 
 
+def _is_transformers(core: TokenizerCore | PreTrainedTokenizerBase
+                     ) -> TypeIs[PreTrainedTokenizerBase]:
+    """A transformers tokenizer (a `TokenizerCore` has no `apply_chat_template`)."""
+    return hasattr(core, "apply_chat_template")
+
+
 class ChatTokenizer:
     """The served model's tokenizer plus the caches the hot path needs.
 
@@ -103,7 +110,7 @@ class ChatTokenizer:
                  ) -> None:
         # A transformers tokenizer is wrapped: tests compare the two loaders through it.
         self.core: TokenizerCore = (TransformersTokenizer(core)
-                                    if hasattr(core, "apply_chat_template") else core)
+                                    if _is_transformers(core) else core)
         # Segment text -> its ids as 4-byte unsigned ints (a tuple of Python ints costs
         # ~10x that: 8 bytes a slot plus a 32-byte object per id above 256). Bounded by
         # the bytes held, text and ids (`_entry_bytes`); a segment over an eighth of the
@@ -234,7 +241,8 @@ class ChatTokenizer:
         segments = [marker + s if i else s for i, s in enumerate(text.split(marker))]
         segments = [s for s in segments if s]
         with self._lock:
-            found = {s: self._cache[s] for s in segments if s in self._cache}
+            found: dict[str, Sequence[int]] = {s: self._cache[s] for s in segments
+                                               if s in self._cache}
             for s in found:
                 self._cache.move_to_end(s)
         missing = list(dict.fromkeys(s for s in segments if s not in found))
@@ -319,7 +327,7 @@ class ChatTokenizer:
                 "function": {"name": "probe", "arguments": {}}}
         marks = {role: f"\u27e6{role}-text\u27e7"
                  for role in ("system", "user", "assistant", "tool")}
-        conversations = {
+        conversations: dict[str, list[dict[str, Any]]] = {
             "system": [{"role": "system", "content": f" {marks['system']} "},
                        {"role": "user", "content": "hi"}],
             "user": [{"role": "user", "content": f" {marks['user']} "},
@@ -515,8 +523,8 @@ def auto_tokenizer_class(path: Path, config: Mapping[str, Any],
     """The class (name less "Fast") `AutoTokenizer.from_pretrained(path)` instantiates,
     by transformers 5's rules as far as they separate "tokenizer.json as saved" from a
     model-specific class; None where only transformers' own tables can tell."""
-    hub = config.get("tokenizer_class") or model_config.get("tokenizer_class")
-    model_type = model_config.get("model_type")
+    hub: str | None = config.get("tokenizer_class") or model_config.get("tokenizer_class")
+    model_type: str = model_config.get("model_type") or ""  # "": matches no table
     if model_type in _MISTRAL_TYPES:
         return None
     if hub is None:  # transformers maps the model type; known here for the overrides only
@@ -676,7 +684,7 @@ def _normalizer_shrink(normalizer: Any) -> int | None:
         return 1
     shrink = 1
     for step in _flatten(json.loads(normalizer.__getstate__()), "normalizers"):
-        factor = NORMALIZER_SHRINK.get(step.get("type"))
+        factor = NORMALIZER_SHRINK.get(step.get("type", ""))
         if factor is None:
             return None
         shrink *= factor
@@ -705,7 +713,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _as_token(value: Any) -> str | AddedToken:
+def _as_token(value: str | AddedToken | dict[str, Any]) -> str | AddedToken:
     """A token as tokenizer_config.json writes it: a string or an AddedToken dict."""
     if isinstance(value, dict):
         return AddedToken(**{k: v for k, v in value.items() if k != "__type"})
@@ -810,7 +818,7 @@ class TransformersTokenizer:
         self.byte_level = backend is not None and isinstance(backend.decoder, decoders.ByteLevel)
         # The Rust decoder directly: transformers' wrapper costs ~5x the decode itself.
         # Same text unless clean-up is on.
-        self._rust_decode = None if backend is None or getattr(
+        self._rust_decode: Callable[..., str] | None = None if backend is None or getattr(
             hf, "clean_up_tokenization_spaces", False) else backend.decode
         self.stream_backend: Tokenizer | None = (None if self._rust_decode is None
                                                  else backend)
@@ -834,29 +842,34 @@ class TransformersTokenizer:
             hf.chat_template = chat_template
         return cls(hf)
 
+    # The casts below: transformers types its results for every input shape at once
+    # (Any, or str | list[str]); for the one shape passed here they are as annotated.
+
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, no special tokens added."""
-        return self.hf.encode(text, add_special_tokens=False)
+        return cast("list[int]", self.hf.encode(text, add_special_tokens=False))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """`encode` of each text in one call."""
-        return self.hf(texts, add_special_tokens=False)["input_ids"]
+        return cast("list[list[int]]", self.hf(texts, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         """Text of ids, special tokens skipped (unless not `skip_special`)."""
         if self._rust_decode is not None:
             return self._rust_decode(ids, skip_special_tokens=skip_special)
-        return self.hf.decode(ids, skip_special_tokens=skip_special)
+        return cast(str, self.hf.decode(ids, skip_special_tokens=skip_special))
 
     def id_to_piece(self, token_id: int) -> str | None:
         """The vocabulary string of one id."""
-        return self.hf.convert_ids_to_tokens(token_id)
+        return cast("str | None", self.hf.convert_ids_to_tokens(token_id))
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                *, add_generation_prompt: bool = True) -> str:
         """`apply_chat_template(..., tokenize=False)`, by default with the generation
         prompt."""
-        text = self.hf.apply_chat_template(messages, tools=tools,
+        # ignore: transformers types `tools` as an invariant list of dict | Callable; a
+        # list of dicts is what it reads.
+        text = self.hf.apply_chat_template(messages, tools=tools,  # type: ignore[arg-type]
                                            add_generation_prompt=add_generation_prompt,
                                            tokenize=False)
         assert isinstance(text, str)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.protocol import TEXT_PART_TYPES, ClientSampling, InvalidRequestError, ToolChoice
@@ -122,6 +122,18 @@ class ContextLengthExceeded(InvalidRequestError):
         self.limit = limit
 
 
+class _SharedSampling(TypedDict):
+    """The `SamplingSpec` fields both modes take alike (a plain dict at run time)."""
+
+    max_new_tokens: int
+    seed: int | None
+    stop: tuple[str, ...]
+    n: int
+    mode: SamplingMode
+    min_new_tokens: int
+    ignore_eos: bool
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingSpec:
     """Sampling actually used for one request (recorded with the completion: the trainer
@@ -206,9 +218,10 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
                 "choices or a smaller max_tokens)", param="max_tokens",
                 code="too_many_tokens_requested")
         max_new = max(1, max_n_tokens // client.n)
-    common = {"max_new_tokens": max_new, "seed": client.seed, "stop": client.stop,
-              "n": client.n, "mode": mode, "min_new_tokens": client.min_tokens,
-              "ignore_eos": client.ignore_eos}
+    common: _SharedSampling = {"max_new_tokens": max_new, "seed": client.seed,
+                               "stop": client.stop, "n": client.n, "mode": mode,
+                               "min_new_tokens": client.min_tokens,
+                               "ignore_eos": client.ignore_eos}
     if mode == "training":
         return SamplingSpec(temperature=training_temperature, top_p=1.0, top_k=-1, **common)
     temperature = 1.0 if client.temperature is None else client.temperature

@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +142,10 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
     try:
         # The trainer joins (or reuses the group) when it reads the answer; joining
         # touches no weights, so the row write, the pause and the join all overlap.
-        steps = [asyncio.to_thread(state.store.update_weight_version_metadata, record.version,
-                                   {"sync_world_size": world, "sync_group": group}),
-                 _each(healthy, lambda c: c.pause_generation("abort"))]
+        steps: list[Awaitable[object]] = [
+            asyncio.to_thread(state.store.update_weight_version_metadata, record.version,
+                              {"sync_world_size": world, "sync_group": group}),
+            _each(healthy, lambda c: c.pause_generation("abort"))]
         if not reuse:
             steps.append(asyncio.gather(*(
                 b.client.init_weights_update_group(InitWeightsUpdateGroupRequest(
@@ -162,7 +164,7 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
                 names=bucket["names"], dtypes=bucket["dtypes"], shapes=bucket["shapes"],
                 group_name=group, flush_cache=last,
                 **({"weight_version": str(record.version)} if last else {}))
-            await _each(healthy, lambda c, body=body: c.update_weights_from_distributed(body))
+            await _each(healthy, methodcaller("update_weights_from_distributed", body))
         t2 = time.perf_counter()
         ok = True
     finally:

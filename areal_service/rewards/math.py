@@ -43,8 +43,8 @@ def math_equal(prediction: str, reference: str) -> bool:
     gold_text = gsm8k_answer(reference) or reference
     pred_text = gsm8k_answer(prediction) or prediction
     try:
-        gold = parse(gold_text, parsing_timeout=timeout)  # type: ignore[arg-type]
-        pred = parse(pred_text, parsing_timeout=timeout)  # type: ignore[arg-type]
+        gold = parse(gold_text, parsing_timeout=timeout)
+        pred = parse(pred_text, parsing_timeout=timeout)
         if not gold or not pred:
             return False
         return bool(verify(gold, pred, timeout_seconds=timeout))

@@ -12,12 +12,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 
 from areal_service.store.migrate import upgrade_engine
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine.interfaces import DBAPIModule
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process's write lock before failing."""
@@ -140,13 +143,14 @@ def _read_only_is_disconnect(engine: Engine) -> None:
     dialect = engine.dialect
     base = dialect.is_disconnect
 
-    def is_disconnect(error: Exception, connection: Any, cursor: Any) -> bool:
+    def is_disconnect(error: DBAPIModule.Error, connection: Any, cursor: Any) -> bool:
         code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
         read_only = (code is not None and code & 0xFF == _SQLITE_READONLY) or (
             "readonly database" in str(error))
         return read_only or base(error, connection, cursor)
 
-    dialect.is_disconnect = is_disconnect  # type: ignore[method-assign]
+    # A plain function over the bound method, on this dialect instance only (on purpose).
+    dialect.is_disconnect = is_disconnect  # type: ignore[method-assign,assignment]
 
 
 def upgrade_database(url: str, revision: str = "head") -> None:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, bindparam, insert, update
 from sqlalchemy.engine import Dialect
@@ -24,6 +24,9 @@ from areal_service.store.linking import packed_digest
 from areal_service.store.pg_copy import BinaryCopy, copy_supported
 from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import CompletionRecord
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine.interfaces import DBAPIModule
 
 __all__ = ["CompletionInserter", "completion_row"]
 
@@ -129,7 +132,7 @@ class CompletionInserter:
     def __init__(self, engine: Engine, *, copy: bool = True) -> None:
         dialect = engine.dialect
         self._engine = engine
-        self._dbapi_error: type[Exception] = dialect.loaded_dbapi.Error
+        self._dbapi_error: type[DBAPIModule.Error] = dialect.loaded_dbapi.Error
         # An INSERT without values binds every column, in table order.
         self._insert, names = _driver_sql(insert(CompletionRow.__table__), dialect)
         if names != _COMPLETION_COLUMNS:
@@ -219,7 +222,7 @@ class CompletionInserter:
             self._cursor = self._connection.cursor()
         return self._cursor
 
-    def _gone(self, error: Exception) -> bool:
+    def _gone(self, error: DBAPIModule.Error) -> bool:
         return bool(self._engine.dialect.is_disconnect(error, self._connection, self._cursor))
 
     def _abort(self, *, discard: bool) -> None:

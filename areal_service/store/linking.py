@@ -215,12 +215,12 @@ class ParentLinker:
         without a session are returned as is. Cost on a cache hit: CPU only, packing and
         one hash pass over prompt+output (~0.03 ms per 1k tokens); on a miss, plus one
         store query."""
-        if record.session_id is None:
+        session_id = record.session_id
+        if session_id is None:
             return record
-        record, entry = _linked(record, *self._index_of(record.session_id,
-                                                        len(record.prompt_ids)))
+        record, entry = _linked(record, *self._index_of(session_id, len(record.prompt_ids)))
         with self._lock:
-            cached = self._entries.get(record.session_id)
+            cached = self._entries.get(session_id)
             if cached is not None:
                 cached.add(entry)
         return record

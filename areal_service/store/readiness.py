@@ -8,7 +8,9 @@ session whose client declared that no reward will come ends with reason `no_rewa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from sqlalchemy import Connection, and_, case, func, or_, select
 
@@ -121,8 +123,9 @@ def rewarded_sessions(store: TrajectoryStore, ready: list[ReadyGroup]) -> set[st
     )
     of_group = select(RewardRow.group_id).where(RewardRow.group_id.in_(list(groups)))
     with store.engine.connect() as connection:
-        found = set(connection.execute(direct.union(via_completion)).scalars())
-        for group_id in connection.execute(of_group).scalars():
+        # IN drops NULL ids: the nullable columns' Optional does not apply to these rows.
+        found = cast("set[str]", set(connection.execute(direct.union(via_completion)).scalars()))
+        for group_id in cast("Iterable[str]", connection.execute(of_group).scalars()):
             found.update(groups[group_id])
     return found
 

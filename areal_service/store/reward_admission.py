@@ -96,10 +96,10 @@ def accept_reward(engine: Engine, record: RewardRecord, *, additive: bool = Fals
     except IntegrityError:
         # A concurrent post of the same id won (return its row), or a foreign key failed.
         with engine.connect() as connection:
-            stored = _stored(connection, record)
-            if stored is None:
+            winner = _stored(connection, record)
+            if winner is None:
                 raise
-            return AcceptedReward(stored, _total(connection, stored))
+            return AcceptedReward(winner, _total(connection, winner))
 
 
 def _stored(connection: Connection, record: RewardRecord) -> RewardRecord | None:

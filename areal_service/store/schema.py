@@ -8,7 +8,7 @@ Timestamps are float epoch seconds; token arrays are packed blobs (`packing.py`)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -19,6 +19,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -34,6 +35,10 @@ NAMING_CONVENTION = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    if TYPE_CHECKING:
+        # DeclarativeBase types it FromClause (it may be any selectable); every class
+        # here declares columns, so it is a Table (what insert/update/COPY take).
+        __table__: ClassVar[Table]
 
 
 # `metadata` is reserved on declarative classes: the JSON column keeps its SQL name

@@ -13,8 +13,8 @@ a thread). Dialect-neutral SQL: a SQLite file (WAL) or PostgreSQL (`postgresql+p
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Engine, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -366,7 +366,9 @@ class TrajectoryStore:
             .limit(limit)
         )  # fmt: skip
         with self._engine.connect() as connection:
-            return [RecentTurn(*row) for row in connection.execute(statement)]
+            # The WHERE drops NULL keys: the column's Optional does not apply to these rows.
+            rows = cast("Iterable[tuple[str, str, bytes, bytes]]", connection.execute(statement))
+            return [RecentTurn(*row) for row in rows]
 
     def prefix_entries_of(self, session_ids: Collection[str]) -> dict[str, list[PrefixEntry]]:
         """`prefix_entries` of several sessions in one query (every id is a key)."""
@@ -377,8 +379,11 @@ class TrajectoryStore:
                            CompletionRow.full_hash, CompletionRow.created_at).where(
             CompletionRow.session_id.in_(list(out)), CompletionRow.full_hash.is_not(None))
         with self._engine.connect() as connection:
-            for session_id, *entry in connection.execute(statement):
-                out[session_id].append(PrefixEntry(*entry))
+            # IN and the WHERE drop NULL sessions and hashes (the columns' Optional).
+            rows = cast("Iterable[tuple[str, str, int, str, float]]",
+                        connection.execute(statement))
+            for session_id, completion_id, length, digest, created_at in rows:
+                out[session_id].append(PrefixEntry(completion_id, length, digest, created_at))
         return out
 
     # Rewards.

@@ -30,6 +30,7 @@ from typing import Annotated, Literal
 from urllib.parse import quote
 
 from fastapi import Depends, HTTPException, Request, Response
+from pydantic import SecretStr
 from starlette.datastructures import FormData
 
 COOKIE_NAME = "areal_console"
@@ -144,7 +145,8 @@ def clear_cookie(response: Response) -> None:
 
 def admin_key_of(request: Request) -> str:
     """The configured admin key (the cookie secret's root)."""
-    return request.app.state.gateway.config.gateway.admin_key.get_secret_value()
+    key: SecretStr = request.app.state.gateway.config.gateway.admin_key  # app.state: untyped
+    return key.get_secret_value()
 
 
 def revoked_sessions(request: Request) -> RevokedSessions:

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict, cast
 
 from fastapi import APIRouter, Body, Response
 from fastapi.responses import FileResponse, StreamingResponse
@@ -33,6 +33,22 @@ router = APIRouter(prefix="/admin", responses={
 
 LimitValue = Annotated[int | None, Field(ge=1, le=2**53)]
 LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "max_concurrent", "token_budget")
+
+
+class KeyLimits(TypedDict, total=False):
+    """Some of a key's limits by `LIMIT_FIELDS` name, as `ApiKeyRecord` types them."""
+
+    rpm_limit: int | None
+    tpm_limit: int | None
+    max_concurrent: int | None
+    token_budget: int | None
+
+
+class _ExportOptions(TypedDict):
+    """The trainer's settings an export applies (`iter_export_rows` keywords)."""
+
+    turn_discount: float
+    default_reward: float | None
 
 
 class KeyLimitsBody(BaseModel):
@@ -142,7 +158,9 @@ async def create_key(state: StateDep, _: AdminDep,
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
     body = body or KeyCreate()
     plaintext, record = new_api_key(name=body.name)
-    record = dataclasses.replace(record, metadata=body.metadata, **body.given())
+    # cast: given() holds only LIMIT_FIELDS keys, which a comprehension cannot show.
+    limits = cast(KeyLimits, body.given())
+    record = dataclasses.replace(record, metadata=body.metadata, **limits)
     await asyncio.to_thread(state.store.add_api_key, record)
     state.keys.remember(record)  # first use needs no lookup (and passes the auth throttle)
     return KeyCreated(**KeyView.of(record).model_dump(), api_key=plaintext)
@@ -243,8 +261,8 @@ async def export(state: StateDep, _: AdminDep, format: str = "jsonl",  # noqa: A
     temporary file in a thread, then sent)."""
     filters = ExportFilters(group_id=group_id, task_id=task_id)
     trainer = state.config.trainer
-    options = {"turn_discount": trainer.turn_discount,
-               "default_reward": trainer.unrewarded_return()}
+    options: _ExportOptions = {"turn_discount": trainer.turn_discount,
+                               "default_reward": trainer.unrewarded_return()}
     if format == "jsonl":
         rows = iter_export_rows(state.store, filters, **options)
         lines = (json.dumps(row, separators=(",", ":")) + "\n" for row in rows)

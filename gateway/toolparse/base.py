@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, cast
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,19 @@ def held_suffix(text: str, markers: Sequence[str]) -> int:
                 break
             pos = text.find(marker[0], pos + 1)
     return best
+
+
+
+class WhitespaceRun(Protocol):
+    """A compiled pattern that matches the empty string, so `match` never returns None."""
+
+    def match(self, string: str, pos: int = 0, /) -> re.Match[str]: ...
+
+
+def whitespace_run(pattern: str) -> WhitespaceRun:
+    """`re.compile(pattern)` for a pattern like `\\s*`, typed so `.match(s, pos).end()`
+    needs no None check (once, at import: the compiled pattern itself is returned)."""
+    return cast(WhitespaceRun, re.compile(pattern))
 
 
 def is_proper_prefix(text: str, marker: str) -> bool:

@@ -9,16 +9,21 @@ stay in the content verbatim.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import ToolCall, ToolFormat, held_suffix, tool_call_id
+from gateway.toolparse.base import (
+    ToolCall,
+    ToolFormat,
+    held_suffix,
+    tool_call_id,
+    whitespace_run,
+)
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_HELD = ("\n" + TOOL_OPEN, TOOL_OPEN)
 
-_WS = re.compile(r"[ \t\n\r]*")
+_WS = whitespace_run(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 

@@ -17,10 +17,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import ToolCall, ToolFormat, tool_call_id
+from gateway.toolparse.base import ToolCall, ToolFormat, tool_call_id, whitespace_run
 
 _DECODER = json.JSONDecoder()
-_WS = re.compile(r"\s*")
+_WS = whitespace_run(r"\s*")
 _SEPARATOR = re.compile(r"\s*;\s*")
 
 

@@ -16,15 +16,20 @@ when the reply ends (streamed: content as it comes, the calls with the last delt
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import ToolCall, ToolFormat, held_suffix, tool_call_id
+from gateway.toolparse.base import (
+    ToolCall,
+    ToolFormat,
+    held_suffix,
+    tool_call_id,
+    whitespace_run,
+)
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _DECODER = json.JSONDecoder()
-_WS = re.compile(r"\s*")
+_WS = whitespace_run(r"\s*")
 
 
 class MistralToolFormat(ToolFormat):

@@ -61,7 +61,7 @@ def _calls(text: str, id_seed: str) -> tuple[ToolCall, ...]:
         return ()
     if not isinstance(tree, ast.List) or not tree.elts:
         return ()
-    calls = []
+    calls: list[ToolCall] = []
     for node in tree.elts:
         if not isinstance(node, ast.Call) or node.args:
             return ()

@@ -92,7 +92,8 @@ def _json_type(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "number"
-    return {dict: "object", list: "array"}.get(type(value), "string")
+    containers: dict[type, str] = {dict: "object", list: "array"}
+    return containers.get(type(value), "string")
 
 
 def coerce(value: str, types: set[str]) -> Any:

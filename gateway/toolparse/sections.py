@@ -24,10 +24,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import ToolCall, ToolFormat, held_suffix, tool_call_id
+from gateway.toolparse.base import (
+    ToolCall,
+    ToolFormat,
+    held_suffix,
+    tool_call_id,
+    whitespace_run,
+)
 
 _DECODER = json.JSONDecoder()
-_WS = re.compile(r"\s*")
+_WS = whitespace_run(r"\s*")
 
 
 class SectionToolFormat(ToolFormat):
