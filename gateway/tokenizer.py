@@ -492,7 +492,7 @@ def _tokenizer_json_is_bpe(path: Path) -> bool:
     model = _read_json(path / "tokenizer.json").get("model")
     if not isinstance(model, Mapping):
         return False
-    return model.get("type", "BPE" if "merges" in model else None) == "BPE"
+    return bool(model.get("type", "BPE" if "merges" in model else None) == "BPE")
 
 
 _GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend",
