@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from areal_service.episodes import build_episode
 from areal_service.store import TrajectoryStore
-from areal_service.store.episode_reads import load_completions, load_rewards
-from areal_service.store.session_queries import SessionQuery, sessions_after
+from areal_service.store.session_queries import SessionQuery
 from areal_service.types import CompletionRecord, SessionRecord, SessionStatus
 
 if TYPE_CHECKING:
@@ -105,8 +104,8 @@ def _page_rows(
     default_reward: float | None,
 ) -> Iterator[dict[str, Any]]:
     ids = [row.id for row in sessions]
-    completions = load_completions(store, ids)
-    rewards = load_rewards(store, ids, {row.group_id for row in sessions if row.group_id})
+    completions = store.load_completions(ids)
+    rewards = store.load_rewards(ids, {row.group_id for row in sessions if row.group_id})
     for row in sessions:
         by_id = {c.id: c for c in completions[row.id]}
         episode = build_episode(
@@ -151,7 +150,7 @@ def iter_export_pages(
     filters = filters or ExportFilters()
     after: tuple[float, str] | None = None
     while True:
-        sessions = sessions_after(store, filters.query(), after, page_size)
+        sessions = store.sessions_after(filters.query(), after, page_size)
         if not sessions:
             return
         yield list(_page_rows(store, sessions, turn_discount, default_reward))

@@ -68,7 +68,7 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
         limit = window(state, state.live_version)
         async with state.admission_lock:
             reservation, taken = await asyncio.to_thread(
-                state.store.reserve_admission, count, limit, ADMISSION_TTL_S)
+                state.store.coordination.reserve_admission, count, limit, ADMISSION_TTL_S)
         if reservation is not None:
             break
         remaining = deadline - loop.time()
@@ -84,7 +84,7 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
         yield reservation
     finally:
         try:  # runs to the end in its thread even if this task is cancelled meanwhile
-            await asyncio.to_thread(state.store.release_admission, reservation)
+            await asyncio.to_thread(state.store.coordination.release_admission, reservation)
         except Exception:  # noqa: BLE001 - the reservation lapses at its expiry
             log.warning("staleness gate: reservation %s not released; it lapses in %.0f s",
                         reservation, ADMISSION_TTL_S, exc_info=True)

@@ -246,10 +246,11 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         keys = app.state.gateway.keys
         if shared:  # per-key limits and the auth throttle count every process
             tasks.append(asyncio.create_task(sync_key_limits(
-                keys.limits, keys.usage.unflushed_tokens, store, leadership.holder,
+                keys.limits, keys.usage.unflushed_tokens, store.coordination, leadership.holder,
                 gw.key_limits_sync_s)))
             tasks.append(asyncio.create_task(sync_auth_failures(
-                app.state.auth_throttle, store, leadership.holder, gw.auth_throttle_sync_s)))
+                app.state.auth_throttle, store.coordination, leadership.holder,
+                gw.auth_throttle_sync_s)))
         try:
             yield
         finally:
@@ -261,7 +262,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             await write_key_usage(keys.usage, store)
             if shared:
                 try:
-                    await asyncio.to_thread(store.forget_key_counts, leadership.holder)
+                    await asyncio.to_thread(store.coordination.forget_key_counts, leadership.holder)
                 except Exception as e:  # noqa: BLE001 - they age out in five intervals
                     log.warning("could not delete this process's key counts: %s", e)
             app.state.gateway.large_prompts.close()

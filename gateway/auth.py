@@ -120,7 +120,7 @@ class KeyResolver:
         across the cache's `forget` on a session rebind)."""
         """Per-key rate, concurrency and budget limits (`gateway/limits.py`)."""
         self._keys: RefreshingCache[str, ApiKeyRecord] = RefreshingCache(
-            store.find_api_key_by_hash, ttl_s=ttl_s, stale_s=stale_s)
+            store.keys.find_api_key_by_hash, ttl_s=ttl_s, stale_s=stale_s)
 
     async def resolve(self, token: str | None) -> Principal:
         """The caller behind `token`; raises 401 `invalid_api_key` when unknown or revoked."""
@@ -182,14 +182,14 @@ async def write_key_usage(usage: KeyUsage, store: TrajectoryStore) -> None:
     pending = usage.take()
     if pending:
         try:
-            await asyncio.to_thread(store.touch_api_keys, pending)
+            await asyncio.to_thread(store.keys.touch_api_keys, pending)
         except Exception:  # the database may be briefly unavailable; keep the times
             log.exception("writing last_used_at of %d keys failed", len(pending))
             usage.restore(pending)
     tokens = usage.take_tokens()
     if tokens:
         try:
-            await asyncio.to_thread(store.add_api_key_tokens, tokens)
+            await asyncio.to_thread(store.keys.add_api_key_tokens, tokens)
         except Exception:  # kept for the next flush: counts add up
             log.exception("writing tokens_used of %d keys failed", len(tokens))
             for key_id, n in tokens.items():

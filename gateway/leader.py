@@ -97,13 +97,13 @@ class Leadership:
         return held
 
     def _acquire(self) -> bool:
-        held = self.store.acquire_lease(LEADER_LEASE, self.holder, self.ttl_s)
+        held = self.store.coordination.acquire_lease(LEADER_LEASE, self.holder, self.ttl_s)
         if not held:
-            holder = self.store.lease_holder(LEADER_LEASE)
+            holder = self.store.coordination.lease_holder(LEADER_LEASE)
             if holder is not None and dead_here(holder):  # e.g. the last gateway, kill -9
                 log.info("leader %s is gone; taking its lease now", holder)
-                self.store.release_lease(LEADER_LEASE, holder)
-                held = self.store.acquire_lease(LEADER_LEASE, self.holder, self.ttl_s)
+                self.store.coordination.release_lease(LEADER_LEASE, holder)
+                held = self.store.coordination.acquire_lease(LEADER_LEASE, self.holder, self.ttl_s)
         return held
 
     async def run(self) -> None:
@@ -119,6 +119,6 @@ class Leadership:
             return
         self._held_until = 0.0
         try:
-            await asyncio.to_thread(self.store.release_lease, LEADER_LEASE, self.holder)
+            await asyncio.to_thread(self.store.coordination.release_lease, LEADER_LEASE, self.holder)
         except Exception as e:  # noqa: BLE001 - it expires on its own
             log.warning("could not release the leader lease: %s", e)

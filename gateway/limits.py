@@ -216,7 +216,7 @@ class KeyLimits:
 
 
 class CountsExchange(Protocol):
-    """The store's side of `sync_key_limits` (`TrajectoryStore`)."""
+    """The store's side of `sync_key_limits` (`store.coordination`)."""
 
     def exchange_key_counts(self, holder: str, counts: Mapping[str, KeyCounts],
                             fresh_s: float) -> tuple[dict[str, KeyCounts], dict[str, int]]: ...

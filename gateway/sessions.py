@@ -160,7 +160,7 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
                             metadata={"opened_by": "auto_session"})
     async with admit_sessions(state, 1) as admission:
         session = await asyncio.to_thread(state.store.add_session, session, admission)
-    await asyncio.to_thread(state.store.bind_key_session, key.id, session.id)
+    await asyncio.to_thread(state.store.keys.bind_key_session, key.id, session.id)
     state.keys.forget(key.key_hash)
     remember_new_session(state, session)
     return session.id

@@ -165,7 +165,7 @@ class AuthThrottle:
 
 
 class FailuresExchange(Protocol):
-    """The store's side of `sync_auth_failures` (`TrajectoryStore`)."""
+    """The store's side of `sync_auth_failures` (`store.coordination`)."""
 
     def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
                                quiet_s: float, limit: int) -> dict[str, AuthFailures]: ...

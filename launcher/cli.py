@@ -227,7 +227,7 @@ def keys_create(
     store = _open_store(_config(config, set_))
     try:
         plaintext, record = new_api_key(name=name)
-        store.add_api_key(record)
+        store.keys.add_api_key(record)
     finally:
         store.close()
     _echo({"id": record.id, "name": record.name, "api_key": plaintext,
@@ -247,8 +247,8 @@ def keys_list(
     one per session, are counted but not listed unless --all is given."""
     store = _open_store(_config(config, set_))
     try:
-        rows = store.list_api_keys(limit=limit, kinds=None if all_ else ("user",))
-        sessions = 0 if all_ else store.count_api_keys(kinds=("session",))
+        rows = store.keys.list_api_keys(limit=limit, kinds=None if all_ else ("user",))
+        sessions = 0 if all_ else store.keys.count_api_keys(kinds=("session",))
     finally:
         store.close()
     _echo([{"id": k.id, "name": k.name, "display": k.display, "kind": k.kind,
@@ -274,10 +274,10 @@ def keys_revoke(
     """Revoke a virtual key: later requests with it get 401."""
     store = _open_store(_config(config, set_))
     try:
-        existing = store.get_api_key(key_id)
+        existing = store.keys.get_api_key(key_id)
         if existing is None or existing.revoked_at is not None:
             raise typer.BadParameter(f"no active key with id {key_id!r}")
-        store.revoke_api_key(key_id)
+        store.keys.revoke_api_key(key_id)
     finally:
         store.close()
     typer.echo(f"revoked {key_id}")

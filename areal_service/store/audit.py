@@ -12,18 +12,17 @@ is taking them: a stopped run's leftovers, or a gateway without a trainer).
 
 Cost: a GROUP BY over the indexed status, one over the dropped sessions' reasons, and
 one over the `ended` sessions' groups (few: the trainer claims them). Admin and scrape
-paths only, never the request path.
+paths only, never the request path; called through `TrajectoryStore.episode_audit`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import Engine, case, func, or_, select
 
 from areal_service.config import TrainerConfig
 from areal_service.store.schema import SessionRow
-from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import now
 
 STATES = ("open", "ended", "claimed", "trained", "dropped")
@@ -52,12 +51,12 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0].strip()
 
 
-def episode_audit(store: TrajectoryStore, trainer: TrainerConfig,
+def episode_audit(engine: Engine, trainer: TrainerConfig,
                   *, at: float | None = None) -> EpisodeAudit:
     """The audit of every session in `store` under the trainer settings `trainer`."""
     at = now() if at is None else at
     why: dict[str, int] = {}
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         by_status = dict(
             connection.execute(
                 select(SessionRow.status, func.count()).group_by(SessionRow.status)
@@ -101,7 +100,7 @@ def episode_audit(store: TrajectoryStore, trainer: TrainerConfig,
         n_open = int(n_open or 0)
         n_ended = int(members) - n_open
         if group_id is None:  # ungrouped: one row for all of them, each claimable alone
-            overdue += 0 if last_end is None else _ungrouped_overdue(store, at - settle_s)
+            overdue += 0 if last_end is None else _ungrouped_overdue(engine, at - settle_s)
             continue
         if n_open:
             continue  # waits for its open sessions (they end, at the latest, when idle)
@@ -113,8 +112,8 @@ def episode_audit(store: TrajectoryStore, trainer: TrainerConfig,
     return EpisodeAudit(states, dropped, overdue, sum(why.values()), why)
 
 
-def _ungrouped_overdue(store: TrajectoryStore, before: float) -> int:
+def _ungrouped_overdue(engine: Engine, before: float) -> int:
     statement = select(func.count()).select_from(SessionRow).where(
         SessionRow.status == "ended", SessionRow.group_id.is_(None), SessionRow.ended_at < before)
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         return int(connection.execute(statement).scalar_one())

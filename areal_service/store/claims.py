@@ -5,8 +5,8 @@ Owns the session states after `ended`: ended -> claimed -> trained, claimed -> e
 UPDATE (`WHERE status = 'ended'`) checked row by row inside one transaction, so two
 trainers on two connections never hold the same session; PostgreSQL also takes row
 locks with SKIP LOCKED first, so concurrent claimers never wait on or deadlock with
-each other. Sequences and returns come from `episodes.py`; completions are only read
-(`episode_reads.py`).
+each other. Sequences and returns come from `episodes.py`; completions are only read (through the
+store's `load_completions`). An object over the store's engine, like the store's own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from sqlalchemy.sql import ColumnElement
 
 from areal_service.config import TrainerConfig
 from areal_service.episodes import SessionEpisode, build_episode
-from areal_service.store.episode_reads import load_completions, load_rewards
 from areal_service.store.readiness import (
     UNREWARDED,
     ReadyGroup,
@@ -104,6 +103,7 @@ class EpisodeClaimer:
         if reward_wait_s < 0:
             raise ValueError(f"reward_wait_s ({reward_wait_s}) must be >= 0")
         self._store = store
+        self._engine = store.engine
         self._gamma = turn_discount
         self._reward_wait_s = reward_wait_s
         self._policy = unrewarded_policy
@@ -162,7 +162,7 @@ class EpisodeClaimer:
         awaiting = 0
         partial_before = None if self._partial_wait_s is None else now() - self._partial_wait_s
         while len(groups) < max_groups:
-            with self._store.engine.connect() as connection:
+            with self._engine.connect() as connection:
                 ready = ready_groups(connection, group_size, max_groups - len(groups), seen,
                                      partial_before=partial_before)
             if not ready:
@@ -186,7 +186,7 @@ class EpisodeClaimer:
         recent = [r for r in ready if r.last_ended_at > cutoff]
         if not recent:
             return ready
-        rewarded = rewarded_sessions(self._store, recent)
+        rewarded = rewarded_sessions(self._engine, recent)
         waiting = {
             r.key
             for r in recent
@@ -202,7 +202,7 @@ class EpisodeClaimer:
         claims = {r.key: uuid.uuid4().hex for r in ready}
         ids = [sid for r in ready for sid in r.session_ids]
         at = now()
-        with self._store.engine.begin() as connection:
+        with self._engine.begin() as connection:
             if connection.dialect.name == "postgresql":
                 locked = set(
                     connection.execute(
@@ -246,8 +246,8 @@ class EpisodeClaimer:
         """Sequences and returns of claimed groups; what must not be trained goes to the
         second list (still `claimed` in the store until `_drop`)."""
         ids = [sid for ready, _ in claimed for sid in ready.session_ids]
-        completions = load_completions(self._store, ids, with_json=False)
-        rewards = load_rewards(self._store, ids, [r.key for r, _ in claimed if r.grouped])
+        completions = self._store.load_completions(ids, with_json=False)
+        rewards = self._store.load_rewards(ids, [r.key for r, _ in claimed if r.grouped])
         built: list[EpisodeGroup] = []
         dropped: list[DroppedEpisodes] = []
         for ready, claim_id in claimed:
@@ -333,7 +333,7 @@ class EpisodeClaimer:
 
     def _drop(self, dropped: list[DroppedEpisodes]) -> None:
         params = [{"sid": sid, "why": d.reason} for d in dropped for sid in d.session_ids]
-        with self._store.engine.begin() as connection:
+        with self._engine.begin() as connection:
             connection.execute(
                 update(SessionRow)
                 .where(SessionRow.id == bindparam("sid"), SessionRow.status == "claimed")
@@ -366,7 +366,7 @@ class EpisodeClaimer:
         return self._transition(SessionRow.claimed_at < at - older_than_s, **_RELEASED)
 
     def _transition(self, condition: ColumnElement[bool], **values: object) -> int:
-        with self._store.engine.begin() as connection:
+        with self._engine.begin() as connection:
             result = connection.execute(
                 update(SessionRow).where(condition, SessionRow.status == "claimed").values(**values)
             )

@@ -1,22 +1,22 @@
 """Episode reads: the completions and rewards of many sessions, one query each whatever
-their number. Shared by claiming (`claims.py`), export (`export.py`), the console's
-session page and the gateway's session status; read-only.
+their number; read-only. Called through `TrajectoryStore.load_completions` and
+`load_rewards` (claiming, export, the console's session page, the gateway's session
+status).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import or_, select
+from sqlalchemy import Engine, or_, select
 
 from areal_service.store.rows import completion_from_row, record_from_row
 from areal_service.store.schema import CompletionRow, RewardRow
-from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import CompletionRecord, RewardRecord
 
 
 def load_completions(
-    store: TrajectoryStore, session_ids: Sequence[str], *, with_json: bool = True
+    engine: Engine, session_ids: Sequence[str], *, with_json: bool = True
 ) -> dict[str, list[CompletionRecord]]:
     """The completions of each session, oldest first (every given id is a key).
     `with_json=False` leaves request_json/response_json empty: the trainer needs only
@@ -31,14 +31,14 @@ def load_completions(
         .where(CompletionRow.session_id.in_(list(found)))
         .order_by(CompletionRow.created_at, CompletionRow.id)
     )
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         for row in connection.execute(statement):
             found[row.session_id].append(completion_from_row(row, **skipped))
     return found
 
 
 def load_rewards(
-    store: TrajectoryStore, session_ids: Sequence[str], group_ids: Iterable[str] = ()
+    engine: Engine, session_ids: Sequence[str], group_ids: Iterable[str] = ()
 ) -> list[RewardRecord]:
     """Every reward on these sessions, on their completions or on these groups, oldest
     first; `episodes.compute_returns` attributes each to its session."""
@@ -57,5 +57,5 @@ def load_rewards(
         )
         .order_by(RewardRow.created_at, RewardRow.id)
     )
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         return [record_from_row(RewardRecord, row) for row in connection.execute(statement)]

@@ -4,18 +4,18 @@ A session's completions form a tree through `parent_id` (exact-prefix links, see
 `linking.py`); each leaf ends one training sequence of length prompt + output
 (`episodes.build_sequences`). One sequence per session and trained ≈ context tokens is
 the goal: a session split into one sequence per turn trains O(T²) tokens (see the
-gateway's token continuity). Read-only; one aggregate query over recent completions.
+gateway's token continuity). Read-only; one aggregate query over recent completions,
+called through `TrajectoryStore.merge_stats`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import case, exists, func, select
+from sqlalchemy import Engine, case, exists, func, select
 from sqlalchemy.orm import aliased
 
 from areal_service.store.schema import CompletionRow
-from areal_service.store.trajectory import TrajectoryStore
 
 RECENT_COMPLETIONS = 5000
 """Completions the figure covers, newest first (bounds the query on a large store)."""
@@ -42,7 +42,7 @@ class MergeStats:
         return self.tokens_trained / self.tokens_generated if self.tokens_generated else None
 
 
-def merge_stats(store: TrajectoryStore, recent: int = RECENT_COMPLETIONS) -> MergeStats:
+def merge_stats(engine: Engine, recent: int = RECENT_COMPLETIONS) -> MergeStats:
     """`MergeStats` of the newest `recent` session completions. Parent links are taken as
     recorded (not re-verified as `build_sequences` does), and a completion whose child
     falls outside the window counts as a leaf: a close estimate, not the export."""
@@ -64,7 +64,7 @@ def merge_stats(store: TrajectoryStore, recent: int = RECENT_COMPLETIONS) -> Mer
         func.coalesce(func.sum(case((leaf, rows.c.prompt_tokens + rows.c.completion_tokens),
                                     else_=0)), 0),
     )
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         sessions, completions, sequences, generated, trained = connection.execute(
             statement).one()
     return MergeStats(int(sessions), int(completions), int(sequences), int(generated),

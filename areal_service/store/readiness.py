@@ -1,7 +1,8 @@
 """Which ended episodes are ready to claim, and which are still settling their reward.
 
 Read-only queries for `claims.py` (ready groups, rewarded sessions) and the figures the
-console and the trainer's metrics show about reward settling (`settling_counts`). A
+console and the trainer's metrics show about reward settling (`settling_counts`, through
+`TrajectoryStore.settling_counts`). A
 session whose client declared that no reward will come ends with reason `no_reward`
 (`types.END_NO_REWARD`): it never waits for one.
 """
@@ -12,10 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
-from sqlalchemy import Connection, and_, case, func, or_, select
+from sqlalchemy import Connection, Engine, and_, case, func, or_, select
 
 from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
-from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import END_FAILED, END_NO_REWARD
 
 UNREWARDED = "unrewarded"
@@ -109,7 +109,7 @@ def ready_groups(
     ]
 
 
-def rewarded_sessions(store: TrajectoryStore, ready: list[ReadyGroup]) -> set[str]:
+def rewarded_sessions(engine: Engine, ready: list[ReadyGroup]) -> set[str]:
     """Which sessions of `ready` some reward targets (session, completion or group)."""
     ids = [sid for r in ready for sid in r.session_ids]
     if not ids:
@@ -122,7 +122,7 @@ def rewarded_sessions(store: TrajectoryStore, ready: list[ReadyGroup]) -> set[st
         .where(CompletionRow.session_id.in_(ids))
     )
     of_group = select(RewardRow.group_id).where(RewardRow.group_id.in_(list(groups)))
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         # IN drops NULL ids: the nullable columns' Optional does not apply to these rows.
         found = cast("set[str]", set(connection.execute(direct.union(via_completion)).scalars()))
         for group_id in cast("Iterable[str]", connection.execute(of_group).scalars()):
@@ -140,7 +140,7 @@ class SettlingCounts:
     """Sessions dropped because their group had an unrewarded session (`drop_group`)."""
 
 
-def settling_counts(store: TrajectoryStore) -> SettlingCounts:
+def settling_counts(engine: Engine) -> SettlingCounts:
     """Two COUNTs; the first visits only `ended` sessions (few: the trainer claims them),
     each with indexed lookups of its rewards (correlated NOT EXISTS: the rewards table,
     which only grows, is never scanned whole)."""
@@ -168,7 +168,7 @@ def settling_counts(store: TrajectoryStore) -> SettlingCounts:
         .select_from(SessionRow)
         .where(and_(SessionRow.status == "dropped", SessionRow.drop_reason.startswith(UNREWARDED)))
     )
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         return SettlingCounts(
             int(connection.execute(awaiting).scalar_one()),
             int(connection.execute(dropped).scalar_one()),

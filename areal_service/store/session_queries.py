@@ -1,6 +1,7 @@
 """Session listings for the pages that read many sessions at once: the export's keyset
 pages (oldest first, no OFFSET scan) and the console's sessions table (newest first,
-with turn, token and reward figures in one query each). Read-only.
+with turn, token and reward figures in one query each). Read-only; called through
+`TrajectoryStore.sessions_after` and `session_summaries`.
 """
 
 from __future__ import annotations
@@ -8,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.sql import Select
 
 from areal_service.store.rows import paged, record_from_row
 from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
-from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import SessionRecord, SessionStatus
 
 
@@ -49,7 +49,7 @@ class SessionQuery:
 
 
 def sessions_after(
-    store: TrajectoryStore, query: SessionQuery, after: tuple[float, str] | None, limit: int
+    engine: Engine, query: SessionQuery, after: tuple[float, str] | None, limit: int
 ) -> list[SessionRecord]:
     """The next `limit` sessions after the (created_at, id) key `after`, oldest first
     (keyset paging: the cost of a page does not grow with its position)."""
@@ -58,7 +58,7 @@ def sessions_after(
         at, last_id = after
         tie = and_(SessionRow.created_at == at, SessionRow.id > last_id)
         statement = statement.where(or_(SessionRow.created_at > at, tie))
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         rows = connection.execute(statement.limit(limit))
         return [record_from_row(SessionRecord, row) for row in rows]
 
@@ -78,7 +78,7 @@ class SessionSummary:
 
 
 def session_summaries(
-    store: TrajectoryStore, query: SessionQuery, *, limit: int, offset: int
+    engine: Engine, query: SessionQuery, *, limit: int, offset: int
 ) -> tuple[int, list[SessionSummary]]:
     """(how many sessions match, one page of them newest first with their figures)."""
     listing = paged(
@@ -87,7 +87,7 @@ def session_summaries(
         offset,
     )
     counting = query.where(select(func.count()).select_from(SessionRow))
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         total = int(connection.execute(counting).scalar_one())
         rows = list(connection.execute(listing))
     sessions = [record_from_row(SessionRecord, row) for row in rows]
@@ -107,7 +107,7 @@ def session_summaries(
         .where(RewardRow.session_id.in_(ids) | RewardRow.completion_id.in_(of_completions))
     )
     rewards: dict[str, float] = {}
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         turns = {sid: (n, int(tokens or 0)) for sid, n, tokens in connection.execute(per_session)}
         for sid, value in connection.execute(reward_rows):
             rewards[sid] = rewards.get(sid, 0.0) + value

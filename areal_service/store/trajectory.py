@@ -1,11 +1,15 @@
-"""TrajectoryStore: typed reads and writes of the frozen records of `types.py`.
+"""TrajectoryStore: the trajectories (sessions, completions, rewards, weight versions,
+train steps) and what reads them, as typed records of `types.py`; the entry point of the
+store package.
 
-Owns the engine and the single-table queries (keys, sessions, completions, rewards,
-weight versions, train steps). Engine creation is `connect.py`'s, row <-> record
-conversion `rows.py`'s, the driver-level completion insert `inserts.py`'s and its
-batching `writer.py`'s; multi-table reads live in `episode_reads.py` (claims, export,
-console detail), `session_queries.py` (export and console pages), `readiness.py` and
-`claims.py` (claiming and reward settling).
+It owns the engine and builds the package's other objects over it: `keys`
+(`KeyStore`, `api_keys.py`) and `coordination` (`Coordination`, `coordination.py`:
+leases, admissions, shared counters, console sign-outs). Single-table queries are
+here; engine creation is `connect.py`'s, row <-> record conversion `rows.py`'s, the
+driver-level completion insert `inserts.py`'s and its batching `writer.py`'s; the
+multi-table reads are in `episode_reads.py`, `session_queries.py`, `readiness.py`,
+`audit.py` and `merge_stats.py`, each called through a method here (claiming is
+`claims.py`'s `EpisodeClaimer`). Nothing outside the package holds the engine.
 Methods are synchronous, thread-safe, one transaction each (async callers: the writer or
 a thread). Dialect-neutral SQL: a SQLite file (WAL) or PostgreSQL (`postgresql+psycopg://`).
 """
@@ -14,43 +18,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
-from sqlalchemy import Engine, bindparam, func, or_, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import sessionmaker
 from sqlalchemy.sql import Select
 
-from areal_service.config import StoreConfig
-from areal_service.store.admissions import (
-    release_admission,
-    reserve_admission,
-    take_admitted_place,
-)
-from areal_service.store.auth_failures import exchange_auth_failures
+from areal_service.config import StoreConfig, TrainerConfig
+from areal_service.store import audit, episode_reads, merge_stats, readiness, session_queries
+from areal_service.store.access import RowAccess
+from areal_service.store.admissions import take_admitted_place
+from areal_service.store.api_keys import KeyStore
+from areal_service.store.audit import EpisodeAudit
 from areal_service.store.connect import create_store_engine
+from areal_service.store.coordination import Coordination
 from areal_service.store.inserts import CompletionInserter, completion_row
-from areal_service.store.key_counters import exchange_key_counts, forget_key_counts
-from areal_service.store.leases import acquire_lease, lease_holder, release_lease
 from areal_service.store.linking import PrefixEntry
+from areal_service.store.merge_stats import RECENT_COMPLETIONS, MergeStats
 from areal_service.store.migrate import upgrade_engine
-from areal_service.store.revocations import console_session_revoked, revoke_console_session
+from areal_service.store.readiness import SettlingCounts
 from areal_service.store.reward_admission import AcceptedReward, accept_reward
 from areal_service.store.rows import completion_from_row, paged, row_values, to_record
 from areal_service.store.schema import (
-    ApiKeyRow,
-    Base,
     CompletionRow,
     RewardRow,
     SessionRow,
     TrainStepRow,
     WeightVersionRow,
 )
+from areal_service.store.session_queries import SessionQuery, SessionSummary
+from areal_service.store.write_probe import probe_write
 from areal_service.types import (
-    ApiKeyRecord,
-    AuthFailures,
     CompletionRecord,
-    KeyCounts,
     RecentTurn,
     RewardRecord,
     SessionRecord,
@@ -61,8 +60,6 @@ from areal_service.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-_R = TypeVar("_R")
 
 
 def _filter_sessions(
@@ -80,17 +77,24 @@ def _filter_sessions(
     return statement
 
 
-class TrajectoryStore:
-    """Keys, sessions, completions, rewards, weight versions and train steps.
+class TrajectoryStore(RowAccess):
+    """Sessions, completions, rewards, weight versions and train steps; `keys` and
+    `coordination` are the other domains, over the same engine.
 
     List methods page with `limit`/`offset` and never load a whole table. Logprobs are
     stored as float32: a value comes back as the nearest float32 (exact for logprobs
     that a backend computed in float32 or lower precision)."""
 
+    keys: KeyStore
+    """The API keys (`api_keys.py`)."""
+    coordination: Coordination
+    """What gateway processes sharing the store agree on (`coordination.py`)."""
+
     def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        super().__init__(engine)
         self._completions = CompletionInserter(engine)
+        self.keys = KeyStore(engine)
+        self.coordination = Coordination(engine)
 
     @classmethod
     def open(cls, url: str, config: StoreConfig) -> TrajectoryStore:
@@ -104,8 +108,8 @@ class TrajectoryStore:
 
     @property
     def engine(self) -> Engine:
-        """The SQLAlchemy engine, for the store package's query modules (and tests); code
-        outside `areal_service.store` calls named methods and functions instead."""
+        """The SQLAlchemy engine, for the store package's own objects (and tests); code
+        outside `areal_service.store` calls named methods instead."""
         return self._engine
 
     def ping(self) -> None:
@@ -113,111 +117,15 @@ class TrajectoryStore:
         with self._engine.connect() as connection:
             connection.execute(select(1))
 
+    def probe_write(self, *, check_room: bool = True) -> None:
+        """One committed write, then (`check_room`, SQLite) the room check; raises what
+        keeps writes from working (`write_probe.py`). Blocking: run it in a thread."""
+        probe_write(self._engine, check_room=check_room)
+
     def close(self) -> None:
         """Close every connection (pooled, and the completion writer's own)."""
         self._completions.close()
         self._engine.dispose()
-
-    def _add(self, row: Base) -> None:
-        with self._sessions.begin() as session:
-            session.add(row)
-
-    def _get(self, cls: type[_R], row_type: type[Base], key: object) -> _R | None:
-        with self._sessions() as session:
-            row = session.get(row_type, key)
-            return None if row is None else to_record(cls, row)
-
-    def _list(self, cls: type[_R], statement: Select[Any]) -> list[_R]:
-        with self._sessions() as session:
-            return [to_record(cls, row) for row in session.scalars(statement)]
-
-    def _update(self, statement: Any) -> int:
-        with self._engine.begin() as connection:
-            return int(connection.execute(statement).rowcount)
-
-    # API keys.
-
-    def add_api_key(self, record: ApiKeyRecord) -> ApiKeyRecord:
-        """Insert a key (IntegrityError when the id or hash exists)."""
-        self._add(ApiKeyRow(**row_values(record)))
-        return record
-
-    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
-        """The key with id `key_id`, revoked or not."""
-        return self._get(ApiKeyRecord, ApiKeyRow, key_id)
-
-    def find_api_key_by_hash(self, key_hash: str) -> ApiKeyRecord | None:
-        """The key whose SHA-256 hex is `key_hash` (revoked keys too: check `revoked_at`)."""
-        found = self._list(ApiKeyRecord, select(ApiKeyRow).where(ApiKeyRow.key_hash == key_hash))
-        return found[0] if found else None
-
-    def list_api_keys(
-        self, *, include_revoked: bool = True, limit: int = 100, offset: int = 0,
-        kinds: Collection[str] | None = None,
-    ) -> list[ApiKeyRecord]:
-        """Keys, newest first; only those of `kinds` when given (the user's own keys
-        are a handful among one session key per session ever started)."""
-        statement = select(ApiKeyRow).order_by(ApiKeyRow.created_at.desc(), ApiKeyRow.id)
-        if not include_revoked:
-            statement = statement.where(ApiKeyRow.revoked_at.is_(None))
-        if kinds is not None:
-            statement = statement.where(ApiKeyRow.kind.in_(list(kinds)))
-        return self._list(ApiKeyRecord, paged(statement, limit, offset))
-
-    def count_api_keys(self, *, kinds: Collection[str] | None = None) -> int:
-        """How many keys (of `kinds`, when given) exist, revoked ones included. A scan of
-        the key table (no index on kind): for pages and commands, not per request."""
-        statement = select(func.count()).select_from(ApiKeyRow)
-        if kinds is not None:
-            statement = statement.where(ApiKeyRow.kind.in_(list(kinds)))
-        with self._engine.connect() as connection:
-            return int(connection.execute(statement).scalar_one())
-
-    def revoke_api_key(self, key_id: str, *, at: float | None = None) -> ApiKeyRecord | None:
-        """Revoke a key (a second revoke keeps the first time). None if unknown."""
-        self._update(
-            update(ApiKeyRow)
-            .where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))
-            .values(revoked_at=now() if at is None else at)
-        )
-        return self.get_api_key(key_id)
-
-    def touch_api_keys(self, used_at: Mapping[str, float]) -> None:
-        """Set `last_used_at` of many keys in one transaction (key id → time); a row
-        keeps a later time another replica already wrote."""
-        if not used_at:
-            return
-        statement = (update(ApiKeyRow)
-                     .where(ApiKeyRow.id == bindparam("key_id"),
-                            or_(ApiKeyRow.last_used_at.is_(None),
-                                ApiKeyRow.last_used_at < bindparam("at")))
-                     .values(last_used_at=bindparam("at")))
-        with self._engine.begin() as connection:
-            connection.execute(statement, [{"key_id": k, "at": t} for k, t in used_at.items()])
-
-    def add_api_key_tokens(self, tokens: Mapping[str, int]) -> None:
-        """Add to `tokens_used` of many keys in one transaction (key id → tokens)."""
-        if not tokens:
-            return
-        statement = (update(ApiKeyRow).where(ApiKeyRow.id == bindparam("key_id"))
-                     .values(tokens_used=ApiKeyRow.tokens_used + bindparam("n")))
-        with self._engine.begin() as connection:
-            connection.execute(statement, [{"key_id": k, "n": n} for k, n in tokens.items()])
-
-    def set_api_key_limits(self, key_id: str, limits: Mapping[str, int | None]
-                           ) -> ApiKeyRecord | None:
-        """Set some of a key's limits (`rpm_limit`, `tpm_limit`, `max_concurrent`,
-        `token_budget`; None: unlimited). The key, or None if unknown."""
-        allowed = {"rpm_limit", "tpm_limit", "max_concurrent", "token_budget"}
-        if set(limits) - allowed:
-            raise ValueError(f"unknown limits {sorted(set(limits) - allowed)}")
-        if limits:
-            self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(**limits))
-        return self.get_api_key(key_id)
-
-    def bind_key_session(self, key_id: str, session_id: str | None) -> None:
-        """Point a key at its current session (None unbinds)."""
-        self._update(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(session_id=session_id))
 
     # Sessions (episodes).
 
@@ -262,16 +170,14 @@ class TrajectoryStore:
         statement = _filter_sessions(
             select(func.count()).select_from(SessionRow), status, group_id, task_id
         )
-        with self._engine.connect() as connection:
-            return int(connection.execute(statement).scalar_one())
+        return self._count(statement)
 
     def count_admitted_sessions(self) -> int:
         """Sessions that hold a place in the staleness window: accepted or running
         (open, ended, claimed, trained), not dropped (AReaL's accepted + running)."""
         statement = select(func.count()).select_from(SessionRow)
         statement = statement.where(SessionRow.status != "dropped")
-        with self._engine.connect() as connection:
-            return int(connection.execute(statement).scalar_one())
+        return self._count(statement)
 
     def end_session(
         self, session_id: str, reason: str, *, at: float | None = None
@@ -493,61 +399,6 @@ class TrajectoryStore:
                 return record
         return None
 
-    # Leases (`leases.py`).
-
-    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
-        """Take or renew lease `name` for `holder`; True when it is held afterwards."""
-        return acquire_lease(self._engine, name, holder, ttl_s)
-
-    def release_lease(self, name: str, holder: str) -> None:
-        """Give lease `name` up if `holder` has it."""
-        release_lease(self._engine, name, holder)
-
-    def lease_holder(self, name: str) -> str | None:
-        """The current holder of lease `name` (None: free or expired)."""
-        return lease_holder(self._engine, name)
-
-    # Staleness-window admissions (`admissions.py`).
-
-    def reserve_admission(self, count: int, limit: int, ttl_s: float) -> tuple[str | None, int]:
-        """Hold `count` places in a window of `limit` (None: no room) and the places
-        taken before; atomic across every process on the store."""
-        return reserve_admission(self._engine, count, limit, ttl_s)
-
-    def release_admission(self, reservation: str) -> None:
-        """Give a reservation's places back."""
-        release_admission(self._engine, reservation)
-
-    # Signed-out console cookies (`revocations.py`).
-
-    def revoke_console_session(self, nonce: str, expires_at: float) -> None:
-        """Refuse the console cookie with `nonce` on every process until `expires_at`."""
-        revoke_console_session(self._engine, nonce, expires_at)
-
-    def console_session_revoked(self, nonce: str) -> bool:
-        """Whether the console cookie with `nonce` was signed out."""
-        return console_session_revoked(self._engine, nonce)
-
-    # Failed-credential counts shared by gateway processes (`auth_failures.py`).
-
-    def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
-                               quiet_s: float, limit: int) -> dict[str, AuthFailures]:
-        """Publish `holder`'s changed counts; the other holders' live counts per address
-        (at most `limit` addresses, the most recent first)."""
-        return exchange_auth_failures(self._engine, holder, mine, quiet_s, limit=limit)
-
-    # Per-key counts shared by gateway processes (`key_counters.py`).
-
-    def exchange_key_counts(self, holder: str, counts: Mapping[str, KeyCounts], fresh_s: float
-                            ) -> tuple[dict[str, KeyCounts], dict[str, int]]:
-        """Publish `holder`'s counts; the other holders' fresh counts and the stored
-        `tokens_used` of the same keys."""
-        return exchange_key_counts(self._engine, holder, counts, fresh_s)
-
-    def forget_key_counts(self, holder: str) -> None:
-        """Delete `holder`'s published counts (a clean shutdown)."""
-        forget_key_counts(self._engine, holder)
-
     # Train steps.
 
     def add_train_step(self, record: TrainStepRecord) -> TrainStepRecord:
@@ -569,3 +420,45 @@ class TrajectoryStore:
         if after_step is not None:
             statement = statement.where(TrainStepRow.step > after_step)
         return self._list(TrainStepRecord, paged(statement, limit, offset))
+
+    # Episode reads: many sessions at once (`episode_reads.py`, `session_queries.py`).
+
+    def load_completions(self, session_ids: Sequence[str], *, with_json: bool = True
+                         ) -> dict[str, list[CompletionRecord]]:
+        """The completions of each session, oldest first (every given id is a key);
+        `with_json=False` leaves request_json/response_json empty (one query)."""
+        return episode_reads.load_completions(self._engine, session_ids, with_json=with_json)
+
+    def load_rewards(self, session_ids: Sequence[str], group_ids: Iterable[str] = ()
+                     ) -> list[RewardRecord]:
+        """Every reward on these sessions, on their completions or on these groups, oldest
+        first (one query)."""
+        return episode_reads.load_rewards(self._engine, session_ids, group_ids)
+
+    def sessions_after(self, query: SessionQuery, after: tuple[float, str] | None, limit: int
+                       ) -> list[SessionRecord]:
+        """The next `limit` sessions of `query` after the (created_at, id) key `after`,
+        oldest first (keyset paging, the export's)."""
+        return session_queries.sessions_after(self._engine, query, after, limit)
+
+    def session_summaries(self, query: SessionQuery, *, limit: int, offset: int
+                          ) -> tuple[int, list[SessionSummary]]:
+        """(how many sessions match `query`, one page of them newest first with their
+        turns, tokens and reward): the console's sessions table."""
+        return session_queries.session_summaries(self._engine, query, limit=limit, offset=offset)
+
+    # Figures for the console, metrics and probes (admin paths, never per request).
+
+    def settling_counts(self) -> SettlingCounts:
+        """Ended sessions awaiting a reward, and sessions dropped unrewarded (`readiness.py`)."""
+        return readiness.settling_counts(self._engine)
+
+    def episode_audit(self, trainer: TrainerConfig, *, at: float | None = None) -> EpisodeAudit:
+        """Every session's state under the trainer settings `trainer`, with `unaccounted`
+        (which must stay 0) and `overdue` (`audit.py`)."""
+        return audit.episode_audit(self._engine, trainer, at=at)
+
+    def merge_stats(self, recent: int = RECENT_COMPLETIONS) -> MergeStats:
+        """How the newest `recent` session completions merge into training sequences
+        (`merge_stats.py`)."""
+        return merge_stats.merge_stats(self._engine, recent)

@@ -191,7 +191,7 @@ async def _signed_out_elsewhere(request: Request, session: ConsoleSession) -> bo
     """Whether another gateway process on the store served this cookie's sign-out."""
     store = request.app.state.gateway.store
     try:
-        revoked = await asyncio.to_thread(store.console_session_revoked, session.nonce)
+        revoked = await asyncio.to_thread(store.coordination.console_session_revoked, session.nonce)
     except Exception as exc:  # the store down: refuse rather than open a page unchecked
         raise HTTPException(status_code=503, detail="the store is unreachable, so sign-outs "
                             "cannot be checked; try again shortly",
@@ -205,7 +205,7 @@ async def _signed_out_elsewhere(request: Request, session: ConsoleSession) -> bo
 async def sign_out(request: Request, session: ConsoleSession) -> None:
     """Refuse `session`'s cookie from now on, here and on every process on the store."""
     try:  # the store first: a sign-out that failed there changed nothing, and can be retried
-        await asyncio.to_thread(request.app.state.gateway.store.revoke_console_session,
+        await asyncio.to_thread(request.app.state.gateway.store.coordination.revoke_console_session,
                                 session.nonce, revocation_expiry(session))
     except Exception as exc:
         raise HTTPException(status_code=503, detail="the store is unreachable, so the "

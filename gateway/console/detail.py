@@ -15,7 +15,6 @@ from typing import Any
 
 from areal_service.episodes import build_sequences, compute_returns
 from areal_service.export import transcript
-from areal_service.store.episode_reads import load_rewards
 from areal_service.types import CompletionRecord, RewardRecord, SessionRecord, TrainSequence
 from gateway.state import GatewayState
 from gateway.tokenizer import ChatTokenizer
@@ -216,7 +215,7 @@ def session_detail(state: GatewayState, session_id: str) -> SessionDetail | None
         return None
     completions = store.list_completions(session_id)
     groups = [session.group_id] if session.group_id else []
-    rewards = [r for r in load_rewards(store, [session_id], groups)
+    rewards = [r for r in store.load_rewards([session_id], groups)
                if r.session_id in (None, session_id)]
     returns = compute_returns(completions, rewards, group_id=session.group_id,
                               gamma=trainer.turn_discount,

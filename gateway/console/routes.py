@@ -234,8 +234,8 @@ async def _keys_page(request: Request, state: StateDep, session: ConsoleSession,
     # The user's own keys are asked for by kind: among one session key per session ever
     # started, a newest-N page of everything would push them out of sight.
     kinds = None if show_session_keys else ("user",)
-    keys = await asyncio.to_thread(state.store.list_api_keys, limit=KEYS_SHOWN, kinds=kinds)
-    sessions = await asyncio.to_thread(state.store.count_api_keys, kinds=("session",))
+    keys = await asyncio.to_thread(state.store.keys.list_api_keys, limit=KEYS_SHOWN, kinds=kinds)
+    sessions = await asyncio.to_thread(state.store.keys.count_api_keys, kinds=("session",))
     return render(request, "keys.html", session, status=status, nav="keys", keys=keys,
                   hidden=sessions, shown_max=KEYS_SHOWN, created=created,
                   show_session_keys=show_session_keys,
@@ -256,7 +256,7 @@ async def create_key(request: Request, state: StateDep, session: ConsoleAdmin,
     """Create a user key; the response is the only time its plaintext is shown."""
     name = str(form.get("name") or "").strip()[:200]
     plaintext, record = new_api_key(name=name)
-    await asyncio.to_thread(state.store.add_api_key, record)
+    await asyncio.to_thread(state.store.keys.add_api_key, record)
     created = {**admin_routes.key_view(record), "api_key": plaintext}
     return await _keys_page(request, state, session, created=created, status=201)
 
@@ -264,10 +264,10 @@ async def create_key(request: Request, state: StateDep, session: ConsoleAdmin,
 @router.post("/keys/{key_id}/revoke")
 async def revoke_key(state: StateDep, _: CheckedForm, key_id: str) -> Response:
     """Revoke a key (effective at once on this replica), then back to the list."""
-    key = await asyncio.to_thread(state.store.get_api_key, key_id)
+    key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
     if key is None:
         raise HTTPException(404, f"no key with id {key_id!r}")
-    await asyncio.to_thread(state.store.revoke_api_key, key_id)
+    await asyncio.to_thread(state.store.keys.revoke_api_key, key_id)
     state.keys.forget(key.key_hash)
     return RedirectResponse(f"/console/keys?revoked={key_id}", status_code=303)
 

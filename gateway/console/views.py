@@ -14,10 +14,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 from areal_service.store import TrajectoryStore
-from areal_service.store.audit import EpisodeAudit, episode_audit
-from areal_service.store.merge_stats import MergeStats, merge_stats
-from areal_service.store.readiness import SettlingCounts, settling_counts
-from areal_service.store.session_queries import SessionQuery, SessionSummary, session_summaries
+from areal_service.store.audit import EpisodeAudit
+from areal_service.store.merge_stats import MergeStats
+from areal_service.store.readiness import SettlingCounts
+from areal_service.store.session_queries import SessionQuery, SessionSummary
 from areal_service.types import SessionStatus, TrainStepRecord
 from gateway.admission import window
 from gateway.routing import BackendStatus
@@ -119,12 +119,12 @@ def overview(state: GatewayState, last: dict[str, float]) -> Overview:
         admitted_sessions=store.count_admitted_sessions(),
         staleness_window=window(state, state.live_version),
         staleness_gate=state.config.gateway.staleness_gate,
-        last_step=store.latest_train_step(), settling=settling_counts(store),
-        audit=episode_audit(store, trainer),
+        last_step=store.latest_train_step(), settling=store.settling_counts(),
+        audit=store.episode_audit(trainer),
         reward_wait_s=trainer.reward_wait_s, unrewarded_policy=trainer.unrewarded_policy,
         rates=rates,
         uptime_s=time.time() - state.started_at if state.started_at else 0.0,
-        merge=merge_stats(store), continuity={
+        merge=store.merge_stats(), continuity={
             labels[0]: n for labels, n in totals["areal_token_continuity"].items()})
 
 
@@ -189,7 +189,7 @@ def _query(filters: SessionFilters) -> SessionQuery:
 def sessions_page(store: TrajectoryStore, filters: SessionFilters) -> SessionPage:
     """Newest first, PAGE_SIZE a page; turn counts and rewards in one query each."""
     offset = (min(max(filters.page, 1), MAX_PAGE) - 1) * PAGE_SIZE  # 64-bit in SQL
-    total, rows = session_summaries(store, _query(filters), limit=PAGE_SIZE, offset=offset)
+    total, rows = store.session_summaries(_query(filters), limit=PAGE_SIZE, offset=offset)
     return SessionPage(rows, total, filters, pages=max(math.ceil(total / PAGE_SIZE), 1))
 
 

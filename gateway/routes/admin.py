@@ -18,7 +18,7 @@ from starlette.concurrency import iterate_in_threadpool
 
 from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
-from areal_service.store.audit import EpisodeAudit, episode_audit
+from areal_service.store.audit import EpisodeAudit
 from areal_service.types import ApiKeyRecord, KeyKind
 from gateway.admission import window
 from gateway.deps import AdminDep, PageLimit, PageOffset, StateDep
@@ -161,7 +161,7 @@ async def create_key(state: StateDep, _: AdminDep,
     # cast: given() holds only LIMIT_FIELDS keys, which a comprehension cannot show.
     limits = cast(KeyLimits, body.given())
     record = dataclasses.replace(record, metadata=body.metadata, **limits)
-    await asyncio.to_thread(state.store.add_api_key, record)
+    await asyncio.to_thread(state.store.keys.add_api_key, record)
     state.keys.remember(record)  # first use needs no lookup (and passes the auth throttle)
     return KeyCreated(**KeyView.of(record).model_dump(), api_key=plaintext)
 
@@ -176,7 +176,7 @@ async def set_key_limits(key_id: str, body: KeyLimitsBody, state: StateDep, _: A
 async def apply_key_limits(state: GatewayState, key_id: str,
                            limits: dict[str, int | None]) -> ApiKeyRecord:
     """Store `limits` on the key and drop its cached record (404 if unknown)."""
-    key = await asyncio.to_thread(state.store.set_api_key_limits, key_id, limits)
+    key = await asyncio.to_thread(state.store.keys.set_api_key_limits, key_id, limits)
     if key is None:
         raise OpenAIError(404, f"no key with id {key_id!r}", param="key_id", code="key_not_found")
     state.keys.forget(key.key_hash)
@@ -187,7 +187,7 @@ async def apply_key_limits(state: GatewayState, key_id: str,
 async def list_keys(state: StateDep, _: AdminDep, limit: PageLimit = 100,
                     offset: PageOffset = 0) -> KeyList:
     """Virtual keys, newest first (at most 1000 per page)."""
-    keys = await asyncio.to_thread(state.store.list_api_keys, limit=min(limit, 1000),
+    keys = await asyncio.to_thread(state.store.keys.list_api_keys, limit=min(limit, 1000),
                                    offset=offset)
     return KeyList(data=[KeyView.of(k) for k in keys])
 
@@ -196,10 +196,10 @@ async def list_keys(state: StateDep, _: AdminDep, limit: PageLimit = 100,
 @router.delete("/keys/{key_id}")
 async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> KeyView:
     """Revoke a key: later requests with it get 401 (at once on this replica)."""
-    key = await asyncio.to_thread(state.store.get_api_key, key_id)
+    key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
     if key is None:
         raise OpenAIError(404, f"no key with id {key_id!r}", param="key_id", code="key_not_found")
-    revoked = await asyncio.to_thread(state.store.revoke_api_key, key_id)
+    revoked = await asyncio.to_thread(state.store.keys.revoke_api_key, key_id)
     state.keys.forget(key.key_hash)
     assert revoked is not None
     return KeyView.of(revoked)
@@ -220,7 +220,7 @@ async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
         staleness_gate=state.config.gateway.staleness_gate,
         staleness_window=window(state, state.live_version), worker_pid=os.getpid(),
         leader=state.leadership.is_leader,
-        leader_holder=await asyncio.to_thread(state.store.lease_holder, LEADER_LEASE),
+        leader_holder=await asyncio.to_thread(state.store.coordination.lease_holder, LEADER_LEASE),
         chat_template_renders_tools=state.tokenizer.renders_tools)
 
 
@@ -250,7 +250,7 @@ class EpisodeAuditView(BaseModel):
 @router.get("/episodes/audit")
 async def episodes_audit(state: StateDep, _: AdminDep) -> EpisodeAuditView:
     """Every session's state; `unaccounted` must be 0 (see `store/audit.py`)."""
-    audit = await asyncio.to_thread(episode_audit, state.store, state.config.trainer)
+    audit = await asyncio.to_thread(state.store.episode_audit, state.config.trainer)
     return EpisodeAuditView.of(audit)
 
 

@@ -21,8 +21,6 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from areal_service.store.audit import episode_audit
-from areal_service.store.write_probe import probe_write
 from gateway.deps import StateDep
 from gateway.metrics import audit_exposition
 from gateway.state import GatewayState
@@ -98,7 +96,7 @@ async def _db_status(request: Request, state: GatewayState) -> str:
         return "ok"
     if probe is None or probe.done():  # stale: a new one
         probe = app.write_probe = asyncio.ensure_future(
-            asyncio.to_thread(probe_write, state.store.engine, check_room=failed is not None))
+            asyncio.to_thread(state.store.probe_write, check_room=failed is not None))
         app.write_probe_at = time.monotonic()
         probe.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
     try:
@@ -117,5 +115,5 @@ async def metrics(state: StateDep) -> Response:
     `gateway.public_metrics` is set (checked in `gateway/app.py`, with `/docs`)."""
     # In a thread: with several workers this reads every worker's metric files.
     text = await asyncio.to_thread(generate_latest, state.metrics.exposition())
-    audit = await asyncio.to_thread(episode_audit, state.store, state.config.trainer)
+    audit = await asyncio.to_thread(state.store.episode_audit, state.config.trainer)
     return Response(text + audit_exposition(audit), media_type=CONTENT_TYPE_LATEST)

@@ -16,7 +16,6 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from areal_service.keys import hash_key, new_api_key
-from areal_service.store.episode_reads import load_rewards
 from areal_service.types import END_FAILED, END_NO_REWARD, SessionRecord, SessionStatus
 from gateway.admission import admit_sessions
 from gateway.deps import AdminDep, PageLimit, PageOffset, PrincipalDep, StateDep
@@ -167,7 +166,7 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
                               type="permission_error", code="admin_required")
         return await _refresh(state, principal.key.id, body)
     if body.api_key is not None:
-        key = await asyncio.to_thread(state.store.find_api_key_by_hash, hash_key(body.api_key))
+        key = await asyncio.to_thread(state.store.keys.find_api_key_by_hash, hash_key(body.api_key))
         if key is None or key.revoked_at is not None or key.kind != "user":
             raise invalid_api_key(body.api_key)
         return await _refresh(state, key.id, body)
@@ -179,7 +178,7 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
         for _ in range(body.group_size):
             session_id = new_session_id()
             plaintext, key = new_api_key(kind="session", session_id=session_id)
-            await asyncio.to_thread(state.store.add_api_key, key)
+            await asyncio.to_thread(state.store.keys.add_api_key, key)
             session = await open_session(state, group_id=group_id, task_id=body.task_id,
                                          metadata=body.metadata, key_id=key.id,
                                          session_id=session_id, admission=admission)
@@ -197,7 +196,7 @@ async def _refuse_user_group(state: GatewayState, group_id: str) -> None:
     members = await asyncio.to_thread(state.store.list_sessions, group_id=group_id,
                                       limit=10_000)
     for key_id in {m.api_key_id for m in members if m.api_key_id is not None}:
-        key = await asyncio.to_thread(state.store.get_api_key, key_id)
+        key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
         if key is not None and key.kind == "user":
             raise OpenAIError(409, f"group {group_id!r} is already used by a user key's "
                               "sessions; choose another group id", param="group_id",
@@ -208,7 +207,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
     """End the key's current session (reason `refresh`) and bind it to a new one."""
     if body.group_size != 1:
         raise OpenAIError(400, "a refresh opens exactly one session", param="group_size")
-    key = await asyncio.to_thread(state.store.get_api_key, key_id)
+    key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
     assert key is not None
     if body.group_id is not None:  # a group is joined only by its own keys (or the admin)
         members = await asyncio.to_thread(state.store.list_sessions, group_id=body.group_id,
@@ -222,7 +221,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
         session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
                                      metadata=body.metadata, key_id=key_id,
                                      admission=admission)
-    await asyncio.to_thread(state.store.bind_key_session, key_id, session.id)
+    await asyncio.to_thread(state.store.keys.bind_key_session, key_id, session.id)
     state.keys.forget(key.key_hash)
     return SessionRefreshed(**SessionView.of(session).model_dump(),
                             previous_session_id=key.session_id)
@@ -258,7 +257,7 @@ async def get_session(session_id: str, state: StateDep, principal: PrincipalDep
     check_session_access(principal, session)
     completions = await asyncio.to_thread(state.store.list_completions, session_id)
     group = [session.group_id] if session.group_id else []
-    rewards = await asyncio.to_thread(load_rewards, state.store, [session_id], group)
+    rewards = await asyncio.to_thread(state.store.load_rewards, [session_id], group)
     return SessionDetail(
         **SessionView.of(session).model_dump(),
         completions=[CompletionSummary(

@@ -114,7 +114,7 @@ def test_only_the_admin_key_signs_in_and_no_route_opens_without_it(gateway):
     for method, url in calls:
         assert anon.request(method, url).status_code == 303, url
     # Nothing was revoked by all those posts.
-    assert gateway.state.store.get_api_key(virtual["id"]).revoked_at is None
+    assert gateway.state.store.keys.get_api_key(virtual["id"]).revoked_at is None
     # The signed-in admin opens every page, partial and download.
     admin = _admin_client(gateway)
     for method, url in calls:
@@ -134,8 +134,8 @@ def test_forms_without_the_csrf_token_are_refused(gateway):
         revoke = admin.post(f"/console/keys/{virtual['id']}/revoke", data=data)
         assert revoke.status_code == 403
         assert admin.post("/console/logout", data=data).status_code == 403
-    assert gateway.state.store.get_api_key(virtual["id"]).revoked_at is None
-    assert [k.name for k in gateway.state.store.list_api_keys()] == ["keep"]
+    assert gateway.state.store.keys.get_api_key(virtual["id"]).revoked_at is None
+    assert [k.name for k in gateway.state.store.keys.list_api_keys()] == ["keep"]
     # The login form needs its pre-login token too.
     bare = httpx.Client(base_url=gateway.url, timeout=60)
     bare.get("/console/login")
@@ -156,7 +156,7 @@ def test_keys_create_shows_plaintext_once_and_revoke_takes_effect(gateway):
 
     listing = admin.get("/console/keys").text
     assert plaintext not in listing and "runner-1" in listing
-    record = gateway.state.store.get_api_key(key_id)
+    record = gateway.state.store.keys.get_api_key(key_id)
     assert record.key_hash[:12] in listing and record.display in listing
 
     revoked = admin.post(f"/console/keys/{key_id}/revoke", data={"csrf_token": token})
@@ -300,12 +300,12 @@ def test_own_keys_stay_listed_among_many_session_keys(gateway):
 
     store = gateway.state.store
     _, mine = new_api_key(name="my-agent")
-    store.add_api_key(dataclasses.replace(mine, created_at=1.0))  # the oldest key
+    store.keys.add_api_key(dataclasses.replace(mine, created_at=1.0))  # the oldest key
     for _ in range(520):
-        store.add_api_key(new_api_key(kind="session", session_id="sess_x")[1])
+        store.keys.add_api_key(new_api_key(kind="session", session_id="sess_x")[1])
     page = _admin_client(gateway).get("/console/keys").text
     assert "my-agent" in page and mine.id in page
-    sessions = store.count_api_keys(kinds=("session",))
+    sessions = store.keys.count_api_keys(kinds=("session",))
     assert sessions >= 520
     assert f"{sessions:,} session keys (one per session) are not listed." in page
     everything = _admin_client(gateway).get("/console/keys?all=1").text

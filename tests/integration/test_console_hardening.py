@@ -95,7 +95,7 @@ def test_sign_out_revokes_the_cookie_server_side(gateway):
     assert stale.get("/console/keys").headers["location"].startswith("/console/login")
     created = stale.post("/console/keys", data={"csrf_token": token, "name": "after-logout"})
     assert created.status_code == 303 and "after-logout" not in created.text
-    assert not [k for k in gateway.state.store.list_api_keys(limit=50)
+    assert not [k for k in gateway.state.store.keys.list_api_keys(limit=50)
                 if k.name == "after-logout"]
     # A fresh sign-in works as before.
     assert _signed_in(gateway).get("/console").status_code == 200
@@ -132,7 +132,7 @@ def test_sign_out_on_one_process_is_refused_by_another(tmp_path, tiny_model_dir,
         assert refused.headers["location"].startswith("/console/login")
         assert elsewhere.post("/console/keys", data={"csrf_token": _csrf(page.text),
                                                      "name": "after"}).status_code == 303
-        assert not [k for k in other.state.store.list_api_keys(limit=50) if k.name == "after"]
+        assert not [k for k in other.state.store.keys.list_api_keys(limit=50) if k.name == "after"]
 
 
 def test_an_unreachable_store_refuses_console_pages_with_503(gateway, monkeypatch):
@@ -143,7 +143,7 @@ def test_an_unreachable_store_refuses_console_pages_with_503(gateway, monkeypatc
     def unreachable(nonce: str) -> bool:
         raise OSError("connection refused")
 
-    monkeypatch.setattr(gateway.state.store, "console_session_revoked", unreachable)
+    monkeypatch.setattr(gateway.state.store.coordination, "console_session_revoked", unreachable)
     page = admin.get("/console/keys")
     assert page.status_code == 503 and page.headers["retry-after"] == "1"
     assert "sign-outs cannot be checked" in page.json()["error"]["message"]
@@ -161,12 +161,12 @@ def test_a_sign_out_the_store_cannot_record_is_503(gateway, monkeypatch):
     def unreachable(nonce: str, expires_at: float) -> None:
         raise OSError("connection refused")
 
-    monkeypatch.setattr(gateway.state.store, "revoke_console_session", unreachable)
+    monkeypatch.setattr(gateway.state.store.coordination, "revoke_console_session", unreachable)
     out = admin.post("/console/logout", data={"csrf_token": token})
     assert out.status_code == 503 and "still signed in" in out.json()["error"]["message"]
     assert admin.get("/console/keys").status_code == 200
     monkeypatch.undo()
     assert admin.post("/console/logout", data={"csrf_token": token}).status_code == 303
-    assert gateway.state.store.console_session_revoked(cookie.split(".")[2])
+    assert gateway.state.store.coordination.console_session_revoked(cookie.split(".")[2])
     stale = httpx.Client(base_url=gateway.url, timeout=60, cookies={auth.COOKIE_NAME: cookie})
     assert stale.get("/console/keys").status_code == 303

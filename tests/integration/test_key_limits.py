@@ -154,7 +154,7 @@ def test_console_shows_and_edits_limits(tmp_path: Path, tiny_model_dir: Path) ->
             "csrf_token": token, "rpm_limit": "", "tpm_limit": "1,000",
             "max_concurrent": "2", "token_budget": "50000"})
         assert saved.status_code == 303, saved.text
-        key = gw.state.store.get_api_key(key_id)
+        key = gw.state.store.keys.get_api_key(key_id)
         assert (key.rpm_limit, key.tpm_limit, key.max_concurrent, key.token_budget) == (
             None, 1000, 2, 50000)
         row = re.search(rf'<tr id="key-{key_id}".*?</tr>',

@@ -35,11 +35,11 @@ def test_last_used_at_is_written_and_shown(tmp_path, tiny_model_dir, engine_url,
         store = gw.state.store
 
         def used_at() -> float | None:
-            return store.get_api_key(created["id"]).last_used_at
+            return store.keys.get_api_key(created["id"]).last_used_at
 
         _wait_for(lambda: used_at() is not None)
         assert before - 1 <= used_at() <= time.time()
-        assert store.get_api_key(unused["id"]).last_used_at is None
+        assert store.keys.get_api_key(unused["id"]).last_used_at is None
         listed = {k["id"]: k for k in http.get("/admin/keys", headers=ADMIN).json()["data"]}
         assert listed[created["id"]]["last_used_at"] == used_at()
         # The console's keys page shows the time (UTC) instead of a dash.
@@ -74,21 +74,21 @@ async def test_flush_writes_one_batch_and_keeps_times_on_failure(tmp_path, monke
     store = TrajectoryStore.open(f"sqlite:///{tmp_path}/k.db", StoreConfig())
     keys = [new_api_key(name=f"k{i}")[1] for i in range(3)]
     for record in keys:
-        store.add_api_key(record)
+        store.keys.add_api_key(record)
     usage = KeyUsage(min_interval_s=0)
     usage.note(keys[0].id, now=50.0)
     usage.note(keys[1].id, now=60.0)
     await write_key_usage(usage, store)
-    assert [store.get_api_key(k.id).last_used_at for k in keys] == [50.0, 60.0, None]
-    store.touch_api_keys({keys[0].id: 40.0})  # an older time never moves it back
-    assert store.get_api_key(keys[0].id).last_used_at == 50.0
+    assert [store.keys.get_api_key(k.id).last_used_at for k in keys] == [50.0, 60.0, None]
+    store.keys.touch_api_keys({keys[0].id: 40.0})  # an older time never moves it back
+    assert store.keys.get_api_key(keys[0].id).last_used_at == 50.0
     usage.note(keys[2].id, now=70.0)
 
 
     def locked(_: object) -> None:
         raise RuntimeError("database is locked")
 
-    monkeypatch.setattr(store, "touch_api_keys", locked)  # the write fails: times kept
+    monkeypatch.setattr(store.keys, "touch_api_keys", locked)  # the write fails: times kept
     await write_key_usage(usage, store)
     assert usage.take() == {keys[2].id: 70.0}
     store.close()

@@ -17,7 +17,6 @@ from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions
 from support.tool_model import TOOL_RESULT
 
 from areal_service.episodes import build_sequences
-from areal_service.store.merge_stats import merge_stats
 from areal_service.types import CompletionRecord, TrainSequence
 from gateway.translate import normalize_messages
 
@@ -92,7 +91,7 @@ def test_eight_turns_at_t1_export_one_sequence(tmp_path: Path, tiny_model_dir: P
         records, sequences = sequences_of(gw, session_id)
         assert [r.id for r in records] == [r.id for r in replies]
         assert [len(r.prompt_ids) for r in records] == [r.usage.prompt_tokens for r in replies]
-        stats = merge_stats(gw.state.store)  # the console's figure agrees with the export
+        stats = gw.state.store.merge_stats()  # the console's figure agrees with the export
         assert (stats.sessions, stats.completions, stats.sequences) == (1, 8, len(sequences))
         assert stats.tokens_trained == sum(len(s.input_ids) for s in sequences)
         assert stats.tokens_generated == sum(len(r.output_ids) for r in records)

@@ -28,7 +28,6 @@ from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import TrainerConfig, load_config
 from areal_service.store import TrajectoryStore
-from areal_service.store.audit import episode_audit
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import (
     CompletionRecord,
@@ -140,7 +139,7 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
         assert steps[0].metrics["ref_kl"] == pytest.approx(0.0, abs=1e-7)
         assert steps[1].metrics["ref_kl"] > 1e-6
         assert all(store.get_session(s).status == "trained" for s in sessions)
-        audit = episode_audit(store, gw.config.trainer)
+        audit = store.episode_audit(gw.config.trainer)
         assert audit.unaccounted == 0 and audit.states["trained"] == len(sessions)
 
         initial = load_file(tiny_model_dir / "model.safetensors")

@@ -51,7 +51,7 @@ def test_a_lock_out_never_refuses_a_right_key(
     with serve(*THROTTLE) as gw:
         # A valid key created elsewhere (another replica, the CLI): never seen here.
         plaintext, record = new_api_key(name="elsewhere")
-        gw.state.store.add_api_key(record)
+        gw.state.store.keys.add_api_key(record)
         http = httpx.Client(base_url=gw.url, timeout=10)
         wrong = {"authorization": "Bearer sk-guess"}
         assert [http.get("/v1/models", headers=wrong).status_code for _ in range(5)] == \

@@ -13,8 +13,7 @@ from areal_service.config import StoreConfig, TrainerConfig
 from areal_service.store import TrajectoryStore
 from areal_service.store import claims as claims_module
 from areal_service.store.claims import EpisodeClaimer
-from areal_service.store.episode_reads import load_rewards
-from areal_service.store.readiness import SettlingCounts, settling_counts
+from areal_service.store.readiness import SettlingCounts
 from areal_service.store.schema import SessionRow
 from areal_service.types import (
     END_FAILED,
@@ -178,7 +177,7 @@ def test_a_failed_member_settles_at_once_and_is_dropped_alone(store: TrajectoryS
     reasons = {d.session_ids: d.reason for d in result.dropped}
     assert reasons[("f-2",)].startswith("failed:") and reasons[("p-1",)].startswith("failed:")
     assert reasons[("p-0",)] == "group incomplete: 1 of 2 sessions left (a group trains with >= 2)"
-    assert settling_counts(store).awaiting_reward == 0
+    assert store.settling_counts().awaiting_reward == 0
 
 
 def test_a_partial_group_settles_after_the_window_with_its_real_size(store):
@@ -218,7 +217,7 @@ def test_late_reward_within_the_window_is_trained_with_its_value(store: Trajecto
     store.add_reward(RewardRecord(id="ra", value=1.0, session_id="a"))
     assert claim(claimer, group_size=2) == ClaimResult(groups=(), dropped=())
     assert claimer.settling_metrics()["groups_awaiting_reward"] == 1.0
-    assert settling_counts(store).awaiting_reward == 1
+    assert store.settling_counts().awaiting_reward == 1
     store.add_reward(RewardRecord(id="rb", value=1.0, completion_id="b-c0"))  # 1 s late
     (group,) = claim(claimer, group_size=2).groups
     assert group.session_returns == (1.0, 1.0)
@@ -243,7 +242,7 @@ def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore,
     store.end_session("b", "client")
     first = claim(claimer)
     assert [g.group_id for g in first.groups] == ["h"] and first.dropped == ()
-    assert settling_counts(store).awaiting_reward == 1  # b
+    assert store.settling_counts().awaiting_reward == 1  # b
     assert claim(claimer).dropped == ()  # still inside the window
     _claims_clock_ahead(monkeypatch, 31)
     result = claim(claimer)
@@ -252,7 +251,7 @@ def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore,
     assert dropped.session_ids == ("a", "b")  # the whole group, the rewarded one too
     assert dropped.reason == "unrewarded: 1 of 2 sessions (1 got none within reward_wait_s=30s)"
     assert {store.get_session(s).status for s in ("a", "b")} == {"dropped"}
-    assert settling_counts(store) == SettlingCounts(awaiting_reward=0, dropped_unrewarded=2)
+    assert store.settling_counts() == SettlingCounts(awaiting_reward=0, dropped_unrewarded=2)
     assert claimer.settling_metrics()["sessions_dropped_unrewarded_total"] == 2.0
 
 
@@ -278,7 +277,7 @@ def test_default_reward_policy_trains_the_unrewarded_with_the_default(
     add_episode(store, "c", group_id="team", at=4.0, reward=None)
     add_episode(store, "d", group_id="team", at=5.0, reward=None)
     store.add_reward(RewardRecord(id="team-r", value=2.0, group_id="team"))
-    assert len(load_rewards(store, ["c"], ["team"])) == 1
+    assert len(store.load_rewards(["c"], ["team"])) == 1
     (group,) = claim(claimer, group_size=2).groups
     assert group.session_returns == (2.0, 2.0)
 
@@ -290,7 +289,7 @@ def test_declared_no_reward_settles_at_once(store: TrajectoryStore, policy: str)
     add_episode(store, "skipped", group_id="g", at=2.0, reward=None, end=False)
     store.end_session("judged", "client")
     store.end_session("skipped", END_NO_REWARD)
-    assert settling_counts(store).awaiting_reward == 0
+    assert store.settling_counts().awaiting_reward == 0
     result = claim(claimer)
     if policy == "drop_group":
         assert result.groups == ()
@@ -409,4 +408,4 @@ def test_settling_counts_every_way_a_session_is_rewarded(store: TrajectoryStore)
     store.add_reward(RewardRecord(id="r2", value=1.0, completion_id="via-completion-c0"))
     store.add_reward(RewardRecord(id="r3", value=1.0, group_id="g-via-group"))
     store.add_reward(RewardRecord(id="r4", value=1.0, group_id="g-open"))
-    assert settling_counts(store).awaiting_reward == 2  # waiting, alone
+    assert store.settling_counts().awaiting_reward == 2  # waiting, alone

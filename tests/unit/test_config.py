@@ -196,7 +196,7 @@ def test_keys_list_shows_own_keys_with_utc_times(tmp_path):
     store = TrajectoryStore.open(config.database_url(), config.store)
     try:
         for _ in range(150):
-            store.add_api_key(new_api_key(kind="session", session_id="sess_x")[1])
+            store.keys.add_api_key(new_api_key(kind="session", session_id="sess_x")[1])
     finally:
         store.close()
     result = CliRunner().invoke(app, ["keys", "list", "--set", f"data_dir={tmp_path}"])

@@ -9,7 +9,7 @@ from test_claims import add_episode, claim
 
 from areal_service.config import TrainerConfig
 from areal_service.store import TrajectoryStore
-from areal_service.store.audit import OVERDUE_GRACE_S, episode_audit
+from areal_service.store.audit import OVERDUE_GRACE_S
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.store.schema import SessionRow
 from areal_service.types import END_FAILED, SessionRecord, now
@@ -31,20 +31,20 @@ def test_every_session_is_counted_once_and_unaccounted_ones_are_named(store: Tra
     EpisodeClaimer(store).mark_trained([g.claim_id for g in result.groups])
 
     never = TrainerConfig(group_size=2, partial_group_wait_s=None)
-    audit = episode_audit(store, never)
+    audit = store.episode_audit(never)
     assert audit.total == 9
     assert audit.states == {"open": 1, "ended": 1, "claimed": 0, "trained": 3, "dropped": 4}
     assert audit.dropped_by_reason == {"stale": 2, "failed": 1, "group incomplete": 1}
     assert audit.unaccounted == 1
     assert audit.unaccounted_why == {"partial group that never settles": 1}
     # Partial groups that settle after a window are in flight, not lost.
-    assert episode_audit(store, TrainerConfig(group_size=2)).unaccounted == 0
+    assert store.episode_audit(TrainerConfig(group_size=2)).unaccounted == 0
     late = now() + 120 + 60 + OVERDUE_GRACE_S + 1
-    assert episode_audit(store, TrainerConfig(group_size=2), at=late).overdue == 1
+    assert store.episode_audit(TrainerConfig(group_size=2), at=late).overdue == 1
     # A drop without a reason is a lost episode too.
     with store.engine.begin() as connection:
         connection.execute(update(SessionRow).where(SessionRow.id == "old")
                            .values(drop_reason=None))
-    audit = episode_audit(store, TrainerConfig(group_size=2))
+    audit = store.episode_audit(TrainerConfig(group_size=2))
     assert audit.unaccounted_why == {"dropped without a reason": 1}
     assert audit.dropped_by_reason == {"stale": 1, "failed": 1, "group incomplete": 1}

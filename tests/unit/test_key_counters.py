@@ -9,33 +9,33 @@ import asyncio
 import pytest
 
 from areal_service.store import TrajectoryStore
-from areal_service.store.key_counters import FORGET_AFTER_S, exchange_key_counts
+from areal_service.store.key_counters import FORGET_AFTER_S
 from areal_service.types import ApiKeyRecord, KeyCounts
 from gateway.errors import OpenAIError
 from gateway.limits import KeyLimits, sync_key_limits
 
 
 def _key(store: TrajectoryStore, key_id: str = "k1", **limits: int) -> ApiKeyRecord:
-    return store.add_api_key(ApiKeyRecord(id=key_id, key_hash=f"hash-{key_id}",
+    return store.keys.add_api_key(ApiKeyRecord(id=key_id, key_hash=f"hash-{key_id}",
                                           display="sk-…", **limits))
 
 
 def test_exchange_sums_the_other_fresh_holders(store: TrajectoryStore) -> None:
     engine = store.engine
     _key(store)
-    store.add_api_key_tokens({"k1": 500})
+    store.keys.add_api_key_tokens({"k1": 500})
     mine = {"k1": KeyCounts(3, 30, 1, 7)}
-    assert exchange_key_counts(engine, "a", mine, 5, now=100.0) == ({}, {"k1": 500})
-    exchange_key_counts(engine, "b", {"k1": KeyCounts(2, 20, 2, 4)}, 5, now=101.0)
-    exchange_key_counts(engine, "c", {"k1": KeyCounts(1, 10, 0, 0)}, 5, now=90.0)  # stale
-    peers, used = exchange_key_counts(engine, "a", mine, 5, now=102.0)
+    assert store.coordination.exchange_key_counts("a", mine, 5, now=100.0) == ({}, {"k1": 500})
+    store.coordination.exchange_key_counts("b", {"k1": KeyCounts(2, 20, 2, 4)}, 5, now=101.0)
+    store.coordination.exchange_key_counts("c", {"k1": KeyCounts(1, 10, 0, 0)}, 5, now=90.0)  # stale
+    peers, used = store.coordination.exchange_key_counts("a", mine, 5, now=102.0)
     assert peers == {"k1": KeyCounts(2, 20, 2, 4)} and used == {"k1": 500}
-    peers, _ = exchange_key_counts(engine, "b", {"k1": KeyCounts()}, 5, now=103.0)
+    peers, _ = store.coordination.exchange_key_counts("b", {"k1": KeyCounts()}, 5, now=103.0)
     assert peers == {"k1": KeyCounts(3, 30, 1, 7)}  # a's latest row, c's too old
-    store.forget_key_counts("a")
-    assert exchange_key_counts(engine, "b", {"k1": KeyCounts()}, 5, now=104.0)[0] == {}
+    store.coordination.forget_key_counts("a")
+    assert store.coordination.exchange_key_counts("b", {"k1": KeyCounts()}, 5, now=104.0)[0] == {}
     # an hour-old row is deleted by the next exchange
-    exchange_key_counts(engine, "z", {"k1": KeyCounts()}, 5, now=104.0 + FORGET_AFTER_S + 1)
+    store.coordination.exchange_key_counts("z", {"k1": KeyCounts()}, 5, now=104.0 + FORGET_AFTER_S + 1)
     with engine.connect() as connection:
         holders = connection.exec_driver_sql("SELECT holder FROM key_counters").scalars().all()
     assert sorted(holders) == ["z"]
@@ -79,7 +79,7 @@ def test_two_processes_share_a_rate_limit(store: TrajectoryStore) -> None:
 
     async def run() -> list[bool]:
         a, b = KeyLimits(), KeyLimits()
-        tasks = [asyncio.create_task(sync_key_limits(limits, dict, store, name, 0.05))
+        tasks = [asyncio.create_task(sync_key_limits(limits, dict, store.coordination, name, 0.05))
                  for limits, name in ((a, "a"), (b, "b"))]
         try:
             admitted = [a.admit(key), a.admit(key), b.admit(key)]

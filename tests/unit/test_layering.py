@@ -1,16 +1,21 @@
 """The package walls hold: the core (`areal_service`) imports none of its peers, the peers
 (`engine`, `gateway`, `trainer`) import only the core, `launcher` sits on top, and no two
 modules import each other in a circle. Imports inside functions count too: a lazy import
-is still an arrow."""
+is still an arrow. Inside the core, SQL stays in the store package, whose domains
+(trajectories, keys, coordination) are reached through their objects only."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from areal_service.store import Coordination, KeyStore, TrajectoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("areal_service", "engine", "gateway", "trainer", "launcher")
@@ -158,4 +163,104 @@ def test_sql_lives_in_the_store():
                 continue
             wrong += [f"{name}: {m}" for m in used
                       if m.split(".")[0] == "sqlalchemy" or m.startswith("areal_service.store.schema")]
+    assert not wrong, "\n".join(wrong)
+
+
+# The store's domains: `TrajectoryStore` (trajectories and their reads), `store.keys`
+# (`KeyStore`) and `store.coordination` (`Coordination`). Callers outside the package use
+# these objects' methods; the modules whose functions take the engine are theirs alone.
+
+def _outside_the_store() -> dict[str, Path]:
+    return {name: path for name, path in _modules().items()
+            if name != "areal_service.store" and not name.startswith("areal_service.store.")}
+
+
+def _public_methods(cls: type) -> set[str]:
+    return {name for name, _ in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_")}
+
+
+def _takes_the_engine(function: object) -> bool:
+    """A function with an `Engine` or `Connection` parameter: the store's internal style."""
+    if not inspect.isfunction(function):
+        return False
+    annotations = inspect.signature(function).parameters.values()
+    return any(str(p.annotation).split(".")[-1] in ("Engine", "Connection") for p in annotations)
+
+
+def test_the_store_domains_do_not_overlap():
+    trajectories = _public_methods(TrajectoryStore)
+    keys, coordination = _public_methods(KeyStore), _public_methods(Coordination)
+    assert keys and coordination
+    assert not trajectories & (keys | coordination), "a domain's method on TrajectoryStore"
+    assert not keys & coordination
+
+
+def test_no_function_that_takes_the_engine_is_imported_outside_the_store():
+    """Outside the store, store modules give types and objects, never a free function
+    over the engine (those are called by their owning object)."""
+    wrong = []
+    for name, path in _outside_the_store().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "areal_service.store"):
+                module = importlib.import_module(node.module or "")
+                for alias in node.names:
+                    found = getattr(module, alias.name, None)
+                    members = ([v for _, v in inspect.getmembers(found, inspect.isfunction)
+                                if v.__module__ == found.__name__]
+                               if inspect.ismodule(found) else [found])
+                    wrong += [f"{name}: {node.module}.{alias.name}"
+                              for f in members if _takes_the_engine(f)][:1]
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("areal_service.store."):
+                        module = importlib.import_module(alias.name)
+                        if any(_takes_the_engine(f) and f.__module__ == alias.name
+                               for _, f in inspect.getmembers(module, inspect.isfunction)):
+                            wrong.append(f"{name}: import {alias.name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _store_like(node: ast.expr) -> bool:
+    """`store`, `_store`, `x.store` or `x._store`."""
+    return (isinstance(node, ast.Name) and node.id in ("store", "_store")) or (
+        isinstance(node, ast.Attribute) and node.attr in ("store", "_store"))
+
+
+def test_nothing_outside_the_store_holds_its_engine():
+    wrong = [f"{name}:{node.lineno}"
+             for name, path in _outside_the_store().items()
+             for node in ast.walk(ast.parse(path.read_text(), str(path)))
+             if isinstance(node, ast.Attribute) and node.attr == "engine"
+             and _store_like(node.value)]
+    assert not wrong, "store.engine outside the store:\n" + "\n".join(wrong)
+
+
+def _protocol_methods(tree: ast.Module) -> set[str]:
+    """Methods of the module's own `Protocol` classes (a module may ask for just the one
+    method it calls, which the app fills with the domain's object)."""
+    return {item.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any(getattr(base, "id", getattr(base, "attr", None)) == "Protocol"
+                    for base in node.bases)
+            for item in node.body if isinstance(item, ast.FunctionDef)}
+
+
+def test_keys_and_coordination_are_reached_through_their_objects():
+    """`store.keys.add_api_key(...)`, `store.coordination.acquire_lease(...)`: a call of a
+    domain's method on anything else (the store itself, above all) is refused."""
+    domains = {"keys": _public_methods(KeyStore), "coordination": _public_methods(Coordination)}
+    wrong = []
+    for name, path in _outside_the_store().items():
+        tree = ast.parse(path.read_text(), str(path))
+        own = _protocol_methods(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or node.attr in own:
+                continue
+            for domain, methods in domains.items():
+                via = node.value
+                through = (isinstance(via, ast.Attribute) and via.attr == domain) or (
+                    isinstance(via, ast.Name) and via.id == domain)
+                if node.attr in methods and not through:
+                    wrong.append(f"{name}:{node.lineno}: .{node.attr} not via .{domain}")
     assert not wrong, "\n".join(wrong)

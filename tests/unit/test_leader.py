@@ -38,17 +38,17 @@ async def test_one_leader_and_takeover(store: TrajectoryStore) -> None:
     assert not await second.renew() and not second.is_leader  # first is alive
     assert await first.renew()  # renewal by the holder
     # A leader on another host stops renewing: nobody takes over before its expiry.
-    store.release_lease(LEADER_LEASE, first.holder)
-    assert store.acquire_lease(LEADER_LEASE, "other-host:1:2:x", 30)
+    store.coordination.release_lease(LEADER_LEASE, first.holder)
+    assert store.coordination.acquire_lease(LEADER_LEASE, "other-host:1:2:x", 30)
     assert not await second.renew()
     # A leader of this host killed outright: its lease is taken at once.
-    store.release_lease(LEADER_LEASE, "other-host:1:2:x")
+    store.coordination.release_lease(LEADER_LEASE, "other-host:1:2:x")
     ghost = f"{socket.gethostname()}:{_pid_namespace()}:{_dead_pid()}:dead"
-    assert store.acquire_lease(LEADER_LEASE, ghost, 30)
+    assert store.coordination.acquire_lease(LEADER_LEASE, ghost, 30)
     assert await second.renew() and second.is_leader
-    assert store.lease_holder(LEADER_LEASE) == second.holder
+    assert store.coordination.lease_holder(LEADER_LEASE) == second.holder
     await second.release()
-    assert store.lease_holder(LEADER_LEASE) is None
+    assert store.coordination.lease_holder(LEADER_LEASE) is None
 
 
 async def test_a_failed_renewal_keeps_the_lease_until_its_expiry(
@@ -61,7 +61,7 @@ async def test_a_failed_renewal_keeps_the_lease_until_its_expiry(
     def down(*_: object) -> bool:
         raise OSError("database is down")
 
-    monkeypatch.setattr(store, "acquire_lease", down)
+    monkeypatch.setattr(store.coordination, "acquire_lease", down)
     assert await leader.renew() and leader.is_leader
     assert not await follower.renew() and not follower.is_leader
     leader._held_until = 0.0  # its last known expiry passed

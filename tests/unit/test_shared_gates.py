@@ -13,40 +13,35 @@ from sqlalchemy import select
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore
-from areal_service.store.admissions import reserve_admission
-from areal_service.store.auth_failures import exchange_auth_failures
-from areal_service.store.revocations import console_session_revoked, revoke_console_session
 from areal_service.store.schema import AuthFailureRow
 from areal_service.types import AuthFailures, SessionRecord
 
 
 def test_reservations_count_until_released_or_expired(store: TrajectoryStore) -> None:
-    engine = store.engine
-    first, taken = reserve_admission(engine, 2, 4, 10, now=100.0)
+    first, taken = store.coordination.reserve_admission(2, 4, 10, now=100.0)
     assert first is not None and taken == 0
     store.add_session(SessionRecord(id="s1"))
-    assert reserve_admission(engine, 2, 4, 10, now=105.0) == (None, 3)  # 1 + 2 held
-    store.release_admission(first)
-    second, taken = reserve_admission(engine, 2, 4, 10, now=105.0)
+    assert store.coordination.reserve_admission(2, 4, 10, now=105.0) == (None, 3)  # 1 + 2 held
+    store.coordination.release_admission(first)
+    second, taken = store.coordination.reserve_admission(2, 4, 10, now=105.0)
     assert second is not None and taken == 1
     # Its holder died: the places come back at its expiry (115), not before.
-    assert reserve_admission(engine, 2, 4, 10, now=114.0)[0] is None
-    third, taken = reserve_admission(engine, 3, 4, 10, now=115.5)
+    assert store.coordination.reserve_admission(2, 4, 10, now=114.0)[0] is None
+    third, taken = store.coordination.reserve_admission(3, 4, 10, now=115.5)
     assert third is not None and taken == 1
 
 
 def test_a_session_takes_its_place_from_its_reservation(store: TrajectoryStore) -> None:
     """Inserted under its reservation, a session's place is counted once: held, then
     admitted (never both, so concurrent starts are not refused for nothing)."""
-    engine = store.engine
-    reservation, taken = reserve_admission(engine, 2, 4, 10, now=100.0)
+    reservation, taken = store.coordination.reserve_admission(2, 4, 10, now=100.0)
     assert reservation is not None and taken == 0
     store.add_session(SessionRecord(id="s1"), reservation)
-    assert reserve_admission(engine, 3, 4, 10, now=101.0) == (None, 2)  # 1 admitted + 1 held
+    assert store.coordination.reserve_admission(3, 4, 10, now=101.0) == (None, 2)  # 1 admitted + 1 held
     store.add_session(SessionRecord(id="s2"), reservation)
-    assert reserve_admission(engine, 3, 4, 10, now=101.0) == (None, 2)  # 2 admitted
-    store.release_admission(reservation)
-    second, taken = reserve_admission(engine, 2, 4, 10, now=102.0)
+    assert store.coordination.reserve_admission(3, 4, 10, now=101.0) == (None, 2)  # 2 admitted
+    store.coordination.release_admission(reservation)
+    second, taken = store.coordination.reserve_admission(2, 4, 10, now=102.0)
     assert second is not None and taken == 2
 
 
@@ -62,12 +57,12 @@ def test_racing_processes_never_overshoot_the_window(store_url: str) -> None:
         try:
             barrier.wait(timeout=60)
             for i in range(6):
-                reservation, _ = own.reserve_admission(1, limit, 30)
+                reservation, _ = own.coordination.reserve_admission(1, limit, 30)
                 if reservation is None:
                     continue
                 own.add_session(SessionRecord(id=f"{name}-{i}"))
                 admitted.append(name)
-                own.release_admission(reservation)
+                own.coordination.release_admission(reservation)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test below
             errors.append(exc)
             barrier.abort()
@@ -93,15 +88,15 @@ def test_a_sign_out_is_seen_by_every_process(store_url: str) -> None:
     one = TrajectoryStore.open(store_url, StoreConfig())
     other = TrajectoryStore.open(store_url, StoreConfig())
     try:
-        assert not other.console_session_revoked("n1")
-        one.revoke_console_session("n1", expires_at=2e9)
-        one.revoke_console_session("n1", expires_at=2e9)  # twice: idempotent
-        assert other.console_session_revoked("n1")
+        assert not other.coordination.console_session_revoked("n1")
+        one.coordination.revoke_console_session("n1", expires_at=2e9)
+        one.coordination.revoke_console_session("n1", expires_at=2e9)  # twice: idempotent
+        assert other.coordination.console_session_revoked("n1")
         # Rows past their cookie's lifetime are deleted by the next sign-out.
-        revoke_console_session(one.engine, "old", expires_at=50.0, now=10.0)
-        revoke_console_session(one.engine, "n2", expires_at=500.0, now=100.0)
-        assert not console_session_revoked(other.engine, "old")
-        assert console_session_revoked(other.engine, "n1")
+        one.coordination.revoke_console_session("old", expires_at=50.0, now=10.0)
+        one.coordination.revoke_console_session("n2", expires_at=500.0, now=100.0)
+        assert not other.coordination.console_session_revoked("old")
+        assert other.coordination.console_session_revoked("n1")
     finally:
         one.close()
         other.close()
@@ -112,7 +107,7 @@ def test_auth_failures_are_summed_over_the_other_processes(store: TrajectoryStor
 
     def exchange(holder: str, mine: dict[str, AuthFailures], at: float, limit: int = 100
                  ) -> dict[str, AuthFailures]:
-        return exchange_auth_failures(engine, holder, mine, 300, limit=limit, now=t + at)
+        return store.coordination.exchange_auth_failures(holder, mine, 300, limit, now=t + at)
 
     assert exchange("p1", {"a": AuthFailures(3, t, 0.0)}, 0) == {}
     assert exchange("p2", {"a": AuthFailures(2, t + 1, t + 11),

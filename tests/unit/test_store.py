@@ -93,34 +93,34 @@ def test_api_key_round_trip_revoke_touch_bind(store: TrajectoryStore):
         metadata={"team": "rl", "tags": ["a", "b"], "ü": 1.5},
         created_at=1_700_000_000.123456,
     )
-    assert store.add_api_key(key) == key
-    assert store.get_api_key("key-1") == key
-    assert store.find_api_key_by_hash("ab" * 32) == key
-    assert store.find_api_key_by_hash("cd" * 32) is None
+    assert store.keys.add_api_key(key) == key
+    assert store.keys.get_api_key("key-1") == key
+    assert store.keys.find_api_key_by_hash("ab" * 32) == key
+    assert store.keys.find_api_key_by_hash("cd" * 32) is None
     with pytest.raises(IntegrityError):  # the hash is unique
-        store.add_api_key(ApiKeyRecord(id="key-2", key_hash="ab" * 32, display="x"))
+        store.keys.add_api_key(ApiKeyRecord(id="key-2", key_hash="ab" * 32, display="x"))
 
-    store.touch_api_keys({"key-1": 1_700_000_100.5})
-    store.bind_key_session("key-1", "sess-9")
-    got = store.get_api_key("key-1")
+    store.keys.touch_api_keys({"key-1": 1_700_000_100.5})
+    store.keys.bind_key_session("key-1", "sess-9")
+    got = store.keys.get_api_key("key-1")
     assert got is not None and got.last_used_at == 1_700_000_100.5 and got.session_id == "sess-9"
-    store.bind_key_session("key-1", None)
-    assert store.get_api_key("key-1").session_id is None
+    store.keys.bind_key_session("key-1", None)
+    assert store.keys.get_api_key("key-1").session_id is None
 
-    revoked = store.revoke_api_key("key-1", at=1_700_000_200.0)
+    revoked = store.keys.revoke_api_key("key-1", at=1_700_000_200.0)
     assert revoked is not None and revoked.revoked_at == 1_700_000_200.0
-    again = store.revoke_api_key("key-1", at=1_700_000_300.0)
+    again = store.keys.revoke_api_key("key-1", at=1_700_000_300.0)
     assert again.revoked_at == 1_700_000_200.0  # the first revocation time stays
-    assert store.revoke_api_key("nope") is None
+    assert store.keys.revoke_api_key("nope") is None
     session_key = ApiKeyRecord(id="key-3", key_hash="ef" * 32, display="y", kind="session")
-    store.add_api_key(session_key)
-    assert [k.id for k in store.list_api_keys(include_revoked=False)] == ["key-3"]
-    assert {k.id for k in store.list_api_keys()} == {"key-1", "key-3"}
+    store.keys.add_api_key(session_key)
+    assert [k.id for k in store.keys.list_api_keys(include_revoked=False)] == ["key-3"]
+    assert {k.id for k in store.keys.list_api_keys()} == {"key-1", "key-3"}
     # The user's own keys by kind, whatever number of session keys is newer.
-    assert [k.id for k in store.list_api_keys(kinds=("user",), limit=1)] == ["key-1"]
-    assert [k.id for k in store.list_api_keys(kinds=("session",))] == ["key-3"]
-    assert store.count_api_keys() == 2
-    assert store.count_api_keys(kinds=("session",)) == 1
+    assert [k.id for k in store.keys.list_api_keys(kinds=("user",), limit=1)] == ["key-1"]
+    assert [k.id for k in store.keys.list_api_keys(kinds=("session",))] == ["key-3"]
+    assert store.keys.count_api_keys() == 2
+    assert store.keys.count_api_keys(kinds=("session",)) == 1
 
 
 def test_session_round_trip_end_touch_filters(store: TrajectoryStore):

@@ -16,7 +16,7 @@ from support.faults import chattr
 
 from areal_service.config import StoreConfig
 from areal_service.store import TrajectoryStore, connect
-from areal_service.store.write_probe import HEADROOM_BYTES, StoreFull, probe_write
+from areal_service.store.write_probe import HEADROOM_BYTES, StoreFull
 from areal_service.types import CompletionRecord
 
 MIB = 1 << 20
@@ -47,7 +47,7 @@ def test_probe_write_reaches_the_wal_and_changes_nothing(tmp_path: Path):
     db = tmp_path / "store.db"
     store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig())
     before = _wal_size(db)
-    probe_write(store.engine)
+    store.probe_write()
     assert _wal_size(db) > before  # a page frame appended and committed
     with store.engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA user_version").scalar_one() == 0
@@ -61,17 +61,17 @@ def test_probe_fails_while_another_process_holds_the_write_lock(tmp_path: Path, 
     lock = sqlite3.connect(db, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     with pytest.raises(OperationalError, match="locked"):
-        probe_write(store.engine)
+        store.probe_write()
     lock.execute("ROLLBACK")
     lock.close()
-    probe_write(store.engine)
+    store.probe_write()
     store.close()
 
 
 def test_quota_holds_and_a_full_store_is_reported_until_space_is_freed(tmp_path: Path):
     db = tmp_path / "store.db"
     store = TrajectoryStore.open(f"sqlite:///{db}", StoreConfig(sqlite_max_size_mb=2))
-    probe_write(store.engine)  # room left: the quota is not reached
+    store.probe_write()  # room left: the quota is not reached
     _fill(db, leave_bytes=HEADROOM_BYTES // 4, limit_bytes=2 * MIB)
     # The store's own writes fill the last pages, then fail as on a full disk.
     with pytest.raises(OperationalError, match="database or disk is full"):
@@ -82,13 +82,13 @@ def test_quota_holds_and_a_full_store_is_reported_until_space_is_freed(tmp_path:
         page = connection.exec_driver_sql("PRAGMA page_size").scalar_one()
     # The quota held (pages not yet checkpointed into the file count too).
     assert 2 * MIB - 64 * 1024 < pages * page <= 2 * MIB
-    probe_write(store.engine, check_room=False)  # a one-page write still fits...
+    store.probe_write(check_room=False)  # a one-page write still fits...
     with pytest.raises(StoreFull, match="store quota reached"):
-        probe_write(store.engine)  # ...but the room check tells the truth
+        store.probe_write()  # ...but the room check tells the truth
     raw = sqlite3.connect(db, isolation_level=None)
     raw.execute("DROP TABLE filler")  # its pages go to the freelist, reused in place
     raw.close()
-    probe_write(store.engine)
+    store.probe_write()
     store.add_completion(_record("after"))
     assert store.get_completion("after") is not None
     store.close()
@@ -106,16 +106,16 @@ def test_connection_opened_read_only_during_a_fault_is_not_kept(tmp_path: Path):
         pytest.skip("chattr +i is not permitted here (needs root and ext4/xfs/btrfs)")
     try:
         with pytest.raises(OperationalError):
-            probe_write(store.engine)  # a pooled connection: the write fails (EPERM)
+            store.probe_write()  # a pooled connection: the write fails (EPERM)
         store.engine.dispose()
         store.close()  # the completion writer's connection too: both reopen read-only
         with pytest.raises(OperationalError, match="readonly"):
-            probe_write(store.engine)
+            store.probe_write()
         with pytest.raises(OperationalError, match="readonly|disk I/O"):
             store.add_completion(_record("during"))
     finally:
         assert chattr("-i", *files)
-    probe_write(store.engine)
+    store.probe_write()
     store.add_completion(_record("after"))
     assert store.get_completion("after") is not None
     assert store.get_completion("during") is None
@@ -148,11 +148,11 @@ def test_full_disk_is_reported_even_when_a_page_write_still_fits(tmp_path: Path)
         with pytest.raises(OperationalError, match="database or disk is full"):
             for i in range(100):
                 store.add_completion(_record(f"full{i}", n=20000))
-        probe_write(store.engine, check_room=False)  # fits in the WAL's old space
+        store.probe_write(check_room=False)  # fits in the WAL's old space
         with pytest.raises(StoreFull, match="disk full"):
-            probe_write(store.engine)
+            store.probe_write()
         filler.unlink()
-        probe_write(store.engine)
+        store.probe_write()
         store.add_completion(_record("after", n=20000))
         store.close()
     finally:
@@ -161,4 +161,4 @@ def test_full_disk_is_reported_even_when_a_page_write_still_fits(tmp_path: Path)
 
 
 def test_probe_write_on_each_dialect(store: TrajectoryStore):
-    probe_write(store.engine)  # PostgreSQL: a committed UPDATE of Alembic's version row
+    store.probe_write()  # PostgreSQL: a committed UPDATE of Alembic's version row
