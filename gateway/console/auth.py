@@ -144,7 +144,7 @@ def clear_cookie(response: Response) -> None:
 
 def admin_key_of(request: Request) -> str:
     """The configured admin key (the cookie secret's root)."""
-    return request.app.state.gateway.config.gateway.admin_key.get_secret_value()
+    return request.app.state.gateway.config.gateway.auth.admin_key.get_secret_value()
 
 
 def revoked_sessions(request: Request) -> RevokedSessions:

@@ -1,5 +1,5 @@
 """Several gateway processes sharing one store, started the way users start them:
-`areal-service serve --set gateway.workers=2` (two uvicorn workers on one port, the
+`areal-service serve --set gateway.scale.workers=2` (two uvicorn workers on one port, the
 local engine behind them), on SQLite and on PostgreSQL (two replicas on one PostgreSQL
 behind one URL).
 
@@ -41,7 +41,7 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 KEY_BOUND_S = 5.0 + 3.0  # KeyResolver's ttl_s, plus a reload and a loaded machine's slack
 SESSION_BOUND_S = 1.0 + 3.0  # the session cache's ttl_s, likewise
 LEASE_S = 2.0
-SYNC_S = 0.2  # gateway.key_limits_sync_s
+SYNC_S = 0.2  # gateway.limits.key_limits_sync_s
 
 
 def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.Popen, str]:
@@ -50,11 +50,11 @@ def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.
         proc = subprocess.Popen(
             cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
                      "--set", f"gateway.port={port}", "--set", f"engine.port={free_port()}",
-                     "--set", "gateway.admin_key=sk-test-admin", "--set", "gateway.workers=2",
-                     "--set", f"gateway.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
-                     "--set", f"gateway.key_limits_sync_s={SYNC_S}",
+                     "--set", "gateway.auth.admin_key=sk-test-admin", "--set", "gateway.scale.workers=2",
+                     "--set", f"gateway.scale.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
+                     "--set", f"gateway.limits.key_limits_sync_s={SYNC_S}",
                      # the revocation checks below send many refused keys from one address
-                     "--set", "gateway.auth_free_failures=10000"),
+                     "--set", "gateway.auth.free_failures=10000"),
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
