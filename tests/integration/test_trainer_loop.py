@@ -56,14 +56,9 @@ from trainer.model import (
     init_distributed,
     load_policy,
 )
+from trainer.resume import newer_published_weights, recover_claims, resume_point
 from trainer.step import build_optimizer, train_step
-from trainer.train import (
-    main,
-    newer_published_weights,
-    recover_claims,
-    resume_point,
-    shard_micro_batches,
-)
+from trainer.train import main, shard_micro_batches
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ROOT = Path(__file__).resolve().parents[2]
