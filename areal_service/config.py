@@ -4,7 +4,9 @@ Sources, lowest to highest priority: field defaults, a YAML file (`--config`),
 environment variables (`AREAL_` prefix, `__` between levels, e.g.
 `AREAL_GATEWAY__PORT=9000`; `DATABASE_URL` for the store), then CLI overrides
 (`--set gateway.port=9000`). Nothing here is instantiated at import time; call
-`load_config`. Torch-free on purpose: the gateway and CLI import it cheaply.
+`load_config`. Torch-free on purpose: the gateway and CLI import it cheaply. The
+previous release's flat `gateway` keys are still read, with a warning
+(`config_renames.py`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,12 @@ from pydantic import (
 
 from areal_service.admin_key import DEFAULT_ADMIN_KEY, KEY_FILE, resolve_admin_key
 from areal_service.config_errors import ConfigError, config_error, yaml_error
+from areal_service.config_renames import (
+    move_flat_gateway_keys,
+    move_flat_in_tree,
+    move_flat_override,
+    warn_moved,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,59 +189,6 @@ class EngineConfig(_Section):
     """Launch or attach settings used when `backend` is `sglang`."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     """Launch or attach settings used when `backend` is `vllm`."""
-
-
-GATEWAY_MOVED: dict[str, str] = {
-    "admin_key": "auth.admin_key",
-    "public_docs": "auth.public_docs",
-    "public_metrics": "auth.public_metrics",
-    "forwarded_allow_ips": "auth.forwarded_allow_ips",
-    "auth_free_failures": "auth.free_failures",
-    "auth_backoff_s": "auth.backoff_s",
-    "auth_max_backoff_s": "auth.max_backoff_s",
-    "auth_throttle_sync_s": "auth.throttle_sync_s",
-    "key_usage_interval_s": "auth.key_usage_interval_s",
-    "max_request_bytes": "limits.max_request_bytes",
-    "control_body_bytes": "limits.control_body_bytes",
-    "anonymous_body_bytes": "limits.anonymous_body_bytes",
-    "header_timeout_s": "limits.header_timeout_s",
-    "body_timeout_s": "limits.body_timeout_s",
-    "max_connections": "limits.max_connections",
-    "max_anonymous_requests": "limits.max_anonymous_requests",
-    "max_n_tokens": "limits.max_n_tokens",
-    "max_messages": "limits.max_messages",
-    "max_choices_in_flight": "limits.max_choices_in_flight",
-    "offload_prompt_chars": "limits.offload_prompt_chars",
-    "offload_messages": "limits.offload_messages",
-    "offload_max_prompts": "limits.offload_max_prompts",
-    "reward_max_abs": "limits.reward_max_abs",
-    "key_limits_sync_s": "limits.key_limits_sync_s",
-    "auto_session": "sessions.auto_open",
-    "session_from": "sessions.sources",
-    "session_idle_timeout_s": "sessions.idle_timeout_s",
-    "session_sweep_interval_s": "sessions.sweep_interval_s",
-    "staleness_gate": "sessions.staleness_gate",
-    "admit_wait_s": "sessions.admit_wait_s",
-    "token_continuity": "continuity.enabled",
-    "token_continuity_cache_mb": "continuity.cache_mb",
-    "sampling": "sampling.mode",
-    "training_temperature": "sampling.training_temperature",
-    "default_max_tokens": "sampling.default_max_tokens",
-    "backends": "router.backends",
-    "router_url": "router.url",
-    "request_timeout_s": "router.request_timeout_s",
-    "backend_unavailable_deadline_s": "router.backend_unavailable_deadline_s",
-    "health_interval_s": "router.health_interval_s",
-    "no_backend_fail_fast_s": "router.no_backend_fail_fast_s",
-    "weight_poll_interval_s": "router.weight_poll_interval_s",
-    "workers": "scale.workers",
-    "replicas": "scale.replicas",
-    "leader_lease_s": "scale.leader_lease_s",
-    "gil_switch_interval_ms": "scale.gil_switch_interval_ms",
-}
-"""Flat `gateway` keys of the previous release and where each now lives (relative to
-`gateway`). They are still accepted, with one deprecation warning per key; remove this
-(and `move_flat_gateway_keys`) one release after the nesting."""
 
 
 ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3",
@@ -856,69 +810,6 @@ class ServiceConfig(BaseModel):
         return [f"http://{self.engine.host}:{self.engine.port}"]
 
 
-class ConfigDeprecationWarning(FutureWarning):
-    """A setting of the previous release, still accepted; the message names its new path.
-    A FutureWarning (shown by default): it is meant for the person writing the config."""
-
-
-def _warn_moved(moved: set[str]) -> None:
-    # Python shows a given warning once per place it is raised, so a key is named once
-    # per process however often configs are loaded (gateway workers each load one).
-    for old in sorted(moved):
-        warnings.warn(f"gateway.{old} is deprecated: use gateway.{GATEWAY_MOVED[old]}",
-                      ConfigDeprecationWarning, stacklevel=3)
-
-
-def _is_flat(key: str, value: Any) -> bool:
-    """Whether `gateway.<key>` = `value` is a flat key of the previous release. `sampling`
-    is both the old mode (a string) and the new section (a mapping)."""
-    return key in GATEWAY_MOVED and not (key == "sampling" and isinstance(value, dict))
-
-
-def move_flat_gateway_keys(gateway: dict[str, Any], *, warn: bool = False,
-                           moved: set[str] | None = None) -> dict[str, Any]:
-    """One source's `gateway` section with the previous release's flat keys moved into
-    their sections (a copy; `gateway` is unchanged). Each key moved is added to `moved`,
-    and warned about when `warn`. A flat key and its new path in one source: ConfigError,
-    as nothing says which was meant."""
-    out = copy.deepcopy(gateway)
-    found = {key for key, value in gateway.items() if _is_flat(key, value)}
-    for old in sorted(found):
-        section, leaf = GATEWAY_MOVED[old].split(".")
-        value = out.pop(old)  # first: `sampling` is both the old key and its section
-        node = out.setdefault(section, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"gateway.{section} must be a section (it holds "
-                              f"gateway.{GATEWAY_MOVED[old]} and its neighbours)")
-        if leaf in node:
-            raise ConfigError(f"gateway.{old} and gateway.{GATEWAY_MOVED[old]} are both set; "
-                              f"keep gateway.{GATEWAY_MOVED[old]}")
-        node[leaf] = value
-    if moved is not None:
-        moved |= found
-    if warn:
-        _warn_moved(found)
-    return out
-
-
-def _move_flat_in_tree(tree: dict[str, Any], moved: set[str]) -> dict[str, Any]:
-    gateway = tree.get("gateway")
-    if not isinstance(gateway, dict):
-        return tree
-    return {**tree, "gateway": move_flat_gateway_keys(gateway, moved=moved)}
-
-
-def _move_flat_override(item: str, moved: set[str]) -> str:
-    """`--set gateway.<old>...=v` as `gateway.<section>.<leaf>...=v`."""
-    key, sep, raw = item.partition("=")
-    parts = key.strip().split(".")
-    if len(parts) < 2 or parts[0] != "gateway" or parts[1] not in GATEWAY_MOVED \
-            or (parts[1] == "sampling" and len(parts) > 2):
-        return item
-    moved.add(parts[1])
-    return ".".join(["gateway", *GATEWAY_MOVED[parts[1]].split("."), *parts[2:]]) + sep + raw
-
-
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     """Set `dotted` in `tree`; a numeric part indexes a list already there
     (`eval.datasets.0.limit=5`), any other part names a section (made when missing)."""
@@ -1038,9 +929,9 @@ def config_from_tree(tree: dict[str, Any], overrides: list[str] | None = None, *
     # The previous release's flat gateway keys move per source, before the sources merge,
     # so an old key in one source and its new path in another keep their priorities.
     moved: set[str] = set()
-    tree = deep_merge(_move_flat_in_tree(tree, moved), _move_flat_in_tree(_env_tree(), moved))
-    tree = apply_overrides(tree, [_move_flat_override(o, moved) for o in overrides or []])
-    _warn_moved(moved)
+    tree = deep_merge(move_flat_in_tree(tree, moved), move_flat_in_tree(_env_tree(), moved))
+    tree = apply_overrides(tree, [move_flat_override(o, moved) for o in overrides or []])
+    warn_moved(moved)
     try:
         config = ServiceConfig.model_validate(tree)
     except ValidationError as exc:

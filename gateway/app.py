@@ -136,7 +136,7 @@ class _AdminOnlyPaths:
                     token, gw.auth.admin_key.get_secret_value())):
                 error = invalid_api_key(token) if token else OpenAIError(
                     401, f"{path} needs the admin key as a bearer token (or set "
-                    f"gateway.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
+                    f"gateway.auth.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
                     code="admin_required")
                 await error.response()(scope, receive, send)  # type: ignore[arg-type]
                 return

@@ -25,12 +25,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from areal_service.config import (
-    ConfigDeprecationWarning,
-    ServiceConfig,
-    configure_logging,
-    load_config,
-)
+from areal_service.config import ServiceConfig, configure_logging, load_config
+from areal_service.config_renames import ConfigDeprecationWarning
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="\n\n".join(__doc__.split("\n\n")[:2]))

@@ -211,6 +211,8 @@ def test_docs_and_metrics_need_the_admin_key_unless_public(tmp_path, tiny_model_
         for path in paths:
             bare = http.get(path)
             assert bare.status_code == 401 and bare.json()["error"]["code"] == "admin_required"
+            setting = "public_metrics" if path == "/metrics" else "public_docs"
+            assert f"gateway.auth.{setting}" in bare.json()["error"]["message"]  # where to set it
             assert http.get(path, headers={"authorization": f"Bearer {user}"}
                             ).status_code == 401
             assert http.get(path, headers=ADMIN).status_code == 200

@@ -11,14 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from areal_service.config import (
-    GATEWAY_MOVED,
-    ConfigDeprecationWarning,
-    GatewayConfig,
-    load_config,
-    save_config,
-)
+from areal_service.config import GatewayConfig, load_config, save_config
 from areal_service.config_errors import ConfigError
+from areal_service.config_renames import GATEWAY_MOVED, ConfigDeprecationWarning
 from launcher.cli import app
 
 FLAT_YAML = """\
