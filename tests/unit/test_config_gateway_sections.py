@@ -120,6 +120,8 @@ def test_an_unknown_nested_key_gets_a_suggestion() -> None:
         load_config(None, ["gateway.limits.max_request_byte=4096"])
     with pytest.raises(ConfigError, match="did you mean `gateway.scale`"):
         load_config(None, ["gateway.scael.workers=2"])
+    with pytest.raises(ConfigError, match="did you mean `gateway.limits.max_messages`"):
+        load_config(None, ["gateway.max_message=2"])  # a setting one level too high
 
 
 def test_a_flat_key_and_its_new_path_in_one_source_is_an_error(tmp_path: Path) -> None:
