@@ -200,7 +200,8 @@ ReasoningParserName = Literal["think", "harmony", "mistral", "none"]
 
 
 class AuthConfig(_Section):
-    """`gateway.auth`: who may call the gateway, and how failed credentials are throttled."""
+    """`gateway.auth`: the admin key, the routes open to anyone, the proxies trusted to
+    report client addresses, and the throttle on failed credentials."""
 
     admin_key: SecretStr = SecretStr(DEFAULT_ADMIN_KEY)
     """The admin API key: manages keys, sessions, rewards and the console. Left at the
@@ -235,8 +236,10 @@ class AuthConfig(_Section):
 
 
 class LimitsConfig(_Section):
-    """`gateway.limits`: what one request, connection or client may make the gateway
-    hold or do."""
+    """`gateway.limits`: what one request, connection or client may make the gateway hold
+    or do: body sizes and timeouts, connections, tokens, messages and choices per request,
+    large prompts moved off the event loop, reward magnitudes; and how often per-key
+    limits are shared between processes."""
 
     max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 `request_too_large` beyond): a 128k-token chat
@@ -300,8 +303,8 @@ class LimitsConfig(_Section):
 
 
 class SessionsConfig(_Section):
-    """`gateway.sessions`: how a request finds its session (episode), and when sessions
-    open and end."""
+    """`gateway.sessions`: where a request's session (episode) comes from, when idle
+    sessions end, and the staleness gate that admits new ones."""
 
     auto_open: bool = True
     """A virtual (user) key calling without an open session opens one and binds it, so
@@ -330,8 +333,7 @@ class SessionsConfig(_Section):
 
 
 class ContinuityConfig(_Section):
-    """`gateway.continuity`: token continuity, which merges a multi-turn session into one
-    training sequence."""
+    """`gateway.continuity`: a multi-turn session merged into one training sequence."""
 
     enabled: bool = True
     """A turn that extends an earlier completion of its session (its messages plus the
@@ -345,7 +347,8 @@ class ContinuityConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    """`gateway.sampling`: the sampling parameters a generation runs with."""
+    """`gateway.sampling`: training or client sampling, and the output budget of a
+    request that names none."""
 
     mode: Literal["client", "training"] = "training"
     """`training`: force temperature/top_p to the training values below and record
@@ -360,8 +363,8 @@ class SamplingConfig(_Section):
 
 
 class RouterConfig(_Section):
-    """`gateway.router`: the backends generation is routed to, and how their health and
-    weights are watched."""
+    """`gateway.router`: where generation goes (backends by URL, or an SGLang router),
+    backend timeouts and health checks, and how often new weights are looked for."""
 
     backends: list[str] = Field(default_factory=list)
     """Base URLs of SGLang-protocol backends. Empty: the local engine at
@@ -389,7 +392,8 @@ class RouterConfig(_Section):
 
 class ScaleConfig(_Section):
     """`gateway.scale`: several gateway processes on one store (workers on one host,
-    replicas on others)."""
+    replicas on others), and the leader lease that gives one of them the weight swaps and
+    the idle-session sweeps."""
 
     workers: int = Field(0, ge=0, le=64)
     """Gateway processes serving `gateway.port` together (uvicorn's workers on one shared
@@ -457,19 +461,19 @@ class GatewayConfig(_Section):
     `drop` leaves them out of the prompt and lists them in the completion record
     (`response_json.gateway.dropped_tools`); `reject` answers 400 naming the tool."""
     auth: AuthConfig = Field(default_factory=AuthConfig)
-    """The admin key, public routes, trusted proxies and the failed-credential throttle."""
+    """Access."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    """Body sizes, timeouts, connection and token caps, large-prompt offloading."""
+    """Bounds."""
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
-    """Where a request's session comes from; idle sessions; the staleness gate."""
+    """Sessions."""
     continuity: ContinuityConfig = Field(default_factory=ContinuityConfig)
-    """Token continuity across a session's turns."""
+    """Token continuity."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    """Training or client sampling, and the default output budget."""
+    """Sampling."""
     router: RouterConfig = Field(default_factory=RouterConfig)
-    """Backends or an SGLang router, backend timeouts and health, weight polling."""
+    """Backends."""
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
-    """Workers, replicas and the leader lease."""
+    """Several processes."""
 
     @model_validator(mode="before")
     @classmethod
