@@ -1,6 +1,6 @@
 """The admin key actually in force: never the shipped default on a reachable address.
 
-`gateway.admin_key` defaults to `sk-areal-admin` so a first local run needs no setup;
+`gateway.auth.admin_key` defaults to `sk-areal-admin` so a first local run needs no setup;
 that value is public, so:
 
 - bound to a non-loopback address with the default, the gateway refuses to start
@@ -13,7 +13,7 @@ that value is public, so:
   typing it, and a command that serves nothing (`keys`, `config show`, `export`) neither
   writes the file nor logs a key.
 
-A key set explicitly (config file, `--set`, `AREAL_GATEWAY__ADMIN_KEY`) is used as is.
+A key set explicitly (config file, `--set`, `AREAL_GATEWAY__AUTH__ADMIN_KEY`) is used as is.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def resolve_admin_key(key: str, host: str, data_dir: Path, *, binding: bool = Fa
             raise DefaultAdminKeyError(
                 f"refusing to serve on {host} with the default admin key "
                 f"{DEFAULT_ADMIN_KEY!r}, which anyone can read in the docs: set "
-                "gateway.admin_key (AREAL_GATEWAY__ADMIN_KEY, or --set "
-                "gateway.admin_key=...) to a secret, or bind gateway.host to 127.0.0.1")
+                "gateway.auth.admin_key (AREAL_GATEWAY__AUTH__ADMIN_KEY, or --set "
+                "gateway.auth.admin_key=...) to a secret, or bind gateway.host to 127.0.0.1")
         return key, False
     if not create:
         return _read(data_dir / KEY_FILE) or key, False

@@ -4,7 +4,9 @@ Sources, lowest to highest priority: field defaults, a YAML file (`--config`),
 environment variables (`AREAL_` prefix, `__` between levels, e.g.
 `AREAL_GATEWAY__PORT=9000`; `DATABASE_URL` for the store), then CLI overrides
 (`--set gateway.port=9000`). Nothing here is instantiated at import time; call
-`load_config`. Torch-free on purpose: the gateway and CLI import it cheaply.
+`load_config`. Torch-free on purpose: the gateway and CLI import it cheaply. The
+previous release's flat `gateway` keys are still read, with a warning
+(`config_renames.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ from pydantic import (
 
 from areal_service.admin_key import DEFAULT_ADMIN_KEY, KEY_FILE, resolve_admin_key
 from areal_service.config_errors import ConfigError, config_error, yaml_error
+from areal_service.config_renames import (
+    move_flat_gateway_keys,
+    move_flat_in_tree,
+    move_flat_override,
+    warn_moved,
+)
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +199,7 @@ ReasoningParserName = Literal["think", "harmony", "mistral", "none"]
 """`gateway.reasoning_parser` values."""
 
 SessionSource = Literal["key", "header", "metadata", "client_metadata"]
-"""Where `gateway.session_from` may look for a request's session."""
+"""Where `gateway.sessions.sources` may look for a request's session."""
 
 
 def _every_session_source() -> list[SessionSource]:
@@ -199,107 +207,48 @@ def _every_session_source() -> list[SessionSource]:
     return ["key", "header", "metadata", "client_metadata"]
 
 
-class GatewayConfig(_Section):
-    host: str = "127.0.0.1"
-    """Address the gateway binds to."""
-    port: int = Field(8000, ge=0, le=65535)
-    """Port of the OpenAI-compatible gateway."""
+class AuthConfig(_Section):
+    """`gateway.auth`: the admin key, the routes open to anyone, the proxies trusted to
+    report client addresses, and the throttle on failed credentials."""
+
     admin_key: SecretStr = SecretStr(DEFAULT_ADMIN_KEY)
     """The admin API key: manages keys, sessions, rewards and the console. Left at the
     default, `load_config` replaces it with a random key kept in `<data_dir>/admin_key`
-    (loopback only: on any other `host` the gateway refuses to start with the default).
-    Set it (`AREAL_GATEWAY__ADMIN_KEY`) for anything but local use."""
-    backends: list[str] = Field(default_factory=list)
-    """Base URLs of SGLang-protocol backends. Empty: the local engine at
-    `engine.host:engine.port`."""
-    router_url: str | None = None
-    """Base URL of an SGLang router (`python -m sglang_router.launch_router`) in front
-    of the backends: generation goes through it (its own cache-aware routing and
-    failover; the session as `X-SMG-Routing-Key`, sticky with `--policy manual`), and
-    every weight-control call goes to each worker it lists (`GET /workers`), so swaps
-    stay paired and versioned. `backends` is then unused. None: the gateway routes."""
-    model_name: str = "areal-policy"
-    """The served policy's model id (`/v1/models` lists it first; recorded as each
-    completion's `model`)."""
-    model_names: list[str] | None = None
-    """None (default): every model name a client sends is served by the policy and
-    echoed in the reply, so an agent written for another provider keeps its own
-    (`gpt-4o-mini`, `default`, ...). A list turns on strict checking: only `model_name`
-    and these aliases are served, any other name is 404 `model_not_found`.
-    `/v1/models` lists `model_name` and these aliases."""
-    tokenizer: str | None = None
-    """Directory of the tokenizer with the chat template. None: the engine's model."""
-    tool_parser: ToolParserName | None = None
-    """How tool calls are read from the model's replies. None: chosen from the chat
-    template (else `config.json`'s architecture) at start-up; docs/model-families.md."""
-    reasoning_parser: ReasoningParserName | None = None
-    """How reasoning is split from the reply: `think` (a leading `<think>` block),
-    `harmony` (gpt-oss's analysis channel), `mistral` (Magistral's `[THINK]` block) or
-    `none`. None: the chosen family's (`think` for all but `llama3_json`,
-    `llama4_pythonic`: none; `mistral`: `mistral` if the template writes `[THINK]`, else
-    none; `gpt_oss`: harmony)."""
-    request_timeout_s: float = Field(600.0, gt=0)
-    """Longest a backend call may take."""
-    backend_unavailable_deadline_s: float = Field(30.0, gt=0)
-    """How long a request waits for a paused or unreachable backend before a 503."""
-    default_max_tokens: int = Field(512, ge=1)
-    """`max_new_tokens` when the client sends neither max_tokens nor
-    max_completion_tokens (bounded by the context length)."""
-    sampling: Literal["client", "training"] = "training"
-    """`training`: force temperature/top_p to the training values below and record
-    them, for every turn in a session (what may be trained on; a turn outside any
-    session, e.g. an evaluation with the admin key, samples as its client asks);
-    `client`: honour what the client sends."""
-    training_temperature: float = Field(1.0, gt=0)
-    """Temperature used when `sampling` is `training`."""
-    capture: bool = True
-    """Record every completion in the store before acknowledging it."""
-    token_continuity: bool = True
-    """A turn that extends an earlier completion of its session (its messages plus the
-    assistant message returned) is prompted with that completion's exact prompt + output
-    ids and the tokens of the new messages only, so multi-turn sessions merge into one
-    training sequence (re-tokenizing sampled text does not give back the sampled ids).
-    Falls back to a full render where the chat template is not prefix-stable."""
-    token_continuity_cache_mb: int = Field(256, ge=0)
-    """Memory bound of the per-gateway cache of recent sessions' last completions that
-    continuity needs (LRU by session; a miss only costs a full render)."""
-    offload_prompt_chars: int = Field(262_144, ge=0)
-    """A conversation with more characters of text than this is rendered and tokenized on
-    a worker thread, so one large request never stalls the event loop (tokenizing 10 MB
-    takes seconds); smaller ones stay on the loop, where a thread hop would cost more."""
-    offload_max_prompts: int = Field(4, ge=1)
-    """Large prompts rendering or waiting at once (one worker thread); beyond this a new
-    large request gets 503 `server_busy` with retry-after instead of queueing unbounded."""
-    auto_session: bool = True
-    """A virtual (user) key calling without an open session opens one and binds it, so
-    agents that only change base_url/api_key still produce episodes."""
-    session_from: list[SessionSource] = Field(default_factory=_every_session_source)
-    """Where a request's session comes from, tried in this order: `key` (a session-scoped
-    key), `header` (`x-session-id`), `metadata` (`metadata.session_id` in the body): these
-    name a session that must exist; `client_metadata`: the agent's own conversation id
-    (Codex: `client_metadata.thread_id`/`session_id` of a Responses body or its
-    `session_id` header; Claude Code: its `x-claude-code-session-id` header or the session
-    in `metadata.user_id`), mapped per key to a session opened on first use, so one
-    Codex thread or Claude Code session is one episode without client changes. Without
-    any: the key's bound (or auto-opened) session."""
-    hosted_tools: Literal["drop", "reject"] = "drop"
-    """Tools that run on the provider's side, which the policy cannot do (Responses
-    `web_search`, `file_search`, `code_interpreter`, ...; Anthropic `web_search_*`, ...):
-    `drop` leaves them out of the prompt and lists them in the completion record
-    (`response_json.gateway.dropped_tools`); `reject` answers 400 naming the tool."""
-    session_idle_timeout_s: float = Field(900.0, gt=0)
-    """An open session with no activity for this long is ended (reason `idle_timeout`)."""
-    session_sweep_interval_s: float = Field(5.0, gt=0)
-    """How often the gateway looks for idle sessions."""
-    staleness_gate: bool = False
-    """Admit new sessions only inside the staleness window
-    `(trainer.max_staleness + trained_version + 1) * batch sessions` (AReaL's capacity
-    rule). Turn on when a trainer consumes the sessions (the demo does); off, online
-    agents are never refused."""
-    admit_wait_s: float = Field(10.0, ge=0)
-    """How long a session start waits for the window to open before a 429."""
-    weight_poll_interval_s: float = Field(0.1, gt=0)
-    """How often the weight syncer looks for a newly published version."""
+    (loopback only: on any other `gateway.host` the gateway refuses to start with the default).
+    Set it (`AREAL_GATEWAY__AUTH__ADMIN_KEY`) for anything but local use."""
+    public_docs: bool = False
+    """Serve `/docs` and `/openapi.json` to anyone; off, they need the admin key."""
+    public_metrics: bool = False
+    """Serve `/metrics` to anyone (a scraper without credentials); off, it needs the
+    admin key as a bearer token."""
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
+    """Addresses (or CIDR networks, or `*`) of reverse proxies whose `X-Forwarded-For` /
+    `X-Forwarded-Proto` are trusted. Empty (default): no proxy header is trusted, so the
+    client address the auth throttle counts is always the TCP peer. Behind a proxy, name
+    it here: the throttle then counts the address the proxy reports."""
+    free_failures: int = Field(5, ge=0)
+    """Failed logins or unknown bearer tokens a client address may send before it is
+    throttled (429 with retry-after)."""
+    backoff_s: float = Field(1.0, gt=0)
+    """First lock-out after the free failures; doubles with each further failure."""
+    max_backoff_s: float = Field(300.0, gt=0)
+    """Longest lock-out of one client address."""
+    throttle_sync_s: float = Field(1.0, gt=0)
+    """With several gateway processes on one store (workers, replicas): how often each
+    publishes its changed failure counts and reads the others', so an address is locked
+    out on its failures summed over every process, everywhere within this interval."""
+    key_usage_interval_s: float = Field(30.0, gt=0)
+    """How often the keys' `last_used_at` is written: uses are noted in memory (a dict
+    store per request) and flushed in one transaction per interval, so a key's time is
+    written at most once per interval and never on a request's path."""
+
+
+class LimitsConfig(_Section):
+    """`gateway.limits`: what one request, connection or client may make the gateway hold
+    or do: body sizes and timeouts, connections, tokens, messages and choices per request,
+    large prompts moved off the event loop, reward magnitudes; and how often per-key
+    limits are shared between processes."""
+
     max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 `request_too_large` beyond): a 128k-token chat
     is ~0.5 MB of JSON; images as base64 parts are what needs the headroom."""
@@ -326,11 +275,6 @@ class GatewayConfig(_Section):
     """Requests without an API key that send a body (the console's sign-in form) being
     served at once; beyond, 503 with retry-after. Health checks and page loads are not
     counted."""
-    forwarded_allow_ips: list[str] = Field(default_factory=list)
-    """Addresses (or CIDR networks, or `*`) of reverse proxies whose `X-Forwarded-For` /
-    `X-Forwarded-Proto` are trusted. Empty (default): no proxy header is trusted, so the
-    client address the auth throttle counts is always the TCP peer. Behind a proxy, name
-    it here: the throttle then counts the address the proxy reports."""
     max_n_tokens: int = Field(65_536, ge=1)
     """Largest `n` x `max_tokens` (completion tokens one request may ask the engine for,
     over all its choices): 400 `too_many_tokens_requested` beyond (without `max_tokens`,
@@ -339,44 +283,109 @@ class GatewayConfig(_Section):
     max_messages: int = Field(20_000, ge=1)
     """Most items a conversation's list may hold (chat `messages`, Responses `input`,
     `tools`): 400 `too_many_messages` beyond, checked before they are validated."""
-    offload_messages: int = Field(1_000, ge=1)
-    """A conversation with more messages than this is rendered and tokenized on the
-    large-prompt worker thread whatever its text size (many tiny messages cost the
-    render as much as much text)."""
     max_choices_in_flight: int = Field(8, ge=1)
     """Choices of one request generated at once; a request with a larger `n` runs the
     rest as earlier ones finish. One request then holds at most this many of an engine's
     batch slots, so it cannot make every other request queue behind it."""
-    key_usage_interval_s: float = Field(30.0, gt=0)
-    """How often the keys' `last_used_at` is written: uses are noted in memory (a dict
-    store per request) and flushed in one transaction per interval, so a key's time is
-    written at most once per interval and never on a request's path."""
-    key_limits_sync_s: float = Field(1.0, gt=0)
-    """With several gateway processes on one store: how often each publishes its counts
-    of the keys with limits it served lately and reads the others' (one short
-    transaction), so per-key limits count every process; together they can pass a limit
-    by at most what they admit within this interval."""
+    offload_prompt_chars: int = Field(262_144, ge=0)
+    """A conversation with more characters of text than this is rendered and tokenized on
+    a worker thread, so one large request never stalls the event loop (tokenizing 10 MB
+    takes seconds); smaller ones stay on the loop, where a thread hop would cost more."""
+    offload_messages: int = Field(1_000, ge=1)
+    """A conversation with more messages than this is rendered and tokenized on the
+    large-prompt worker thread whatever its text size (many tiny messages cost the
+    render as much as much text)."""
+    offload_max_prompts: int = Field(4, ge=1)
+    """Large prompts rendering or waiting at once (one worker thread); beyond this a new
+    large request gets 503 `server_busy` with retry-after instead of queueing unbounded."""
     reward_max_abs: float = Field(1e6, gt=0, le=1e300)
     """Largest |value| a posted reward may have (400 beyond). A return sums at most every
     reward of its session and group, so with each one bounded the sum stays finite for
     any realistic count (n * 1e6 overflows only past 1e302 rewards); raise it when a
     judge's scale needs it."""
-    public_docs: bool = False
-    """Serve `/docs` and `/openapi.json` to anyone; off, they need the admin key."""
-    public_metrics: bool = False
-    """Serve `/metrics` to anyone (a scraper without credentials); off, it needs the
-    admin key as a bearer token."""
-    auth_free_failures: int = Field(5, ge=0)
-    """Failed logins or unknown bearer tokens a client address may send before it is
-    throttled (429 with retry-after)."""
-    auth_backoff_s: float = Field(1.0, gt=0)
-    """First lock-out after the free failures; doubles with each further failure."""
-    auth_max_backoff_s: float = Field(300.0, gt=0)
-    """Longest lock-out of one client address."""
-    auth_throttle_sync_s: float = Field(1.0, gt=0)
-    """With several gateway processes on one store (workers, replicas): how often each
-    publishes its changed failure counts and reads the others', so an address is locked
-    out on its failures summed over every process, everywhere within this interval."""
+    key_limits_sync_s: float = Field(1.0, gt=0)
+    """With several gateway processes on one store: how often each publishes its counts
+    of the keys with limits it served lately and reads the others' (one short
+    transaction), so per-key limits count every process; together they can pass a limit
+    by at most what they admit within this interval."""
+
+
+class SessionsConfig(_Section):
+    """`gateway.sessions`: where a request's session (episode) comes from, when idle
+    sessions end, and the staleness gate that admits new ones."""
+
+    auto_open: bool = True
+    """A virtual (user) key calling without an open session opens one and binds it, so
+    agents that only change base_url/api_key still produce episodes."""
+    sources: list[SessionSource] = Field(default_factory=_every_session_source)
+    """Where a request's session comes from, tried in this order: `key` (a session-scoped
+    key), `header` (`x-session-id`), `metadata` (`metadata.session_id` in the body): these
+    name a session that must exist; `client_metadata`: the agent's own conversation id
+    (Codex: `client_metadata.thread_id`/`session_id` of a Responses body or its
+    `session_id` header; Claude Code: its `x-claude-code-session-id` header or the session
+    in `metadata.user_id`), mapped per key to a session opened on first use, so one
+    Codex thread or Claude Code session is one episode without client changes. Without
+    any: the key's bound (or auto-opened) session."""
+    idle_timeout_s: float = Field(900.0, gt=0)
+    """An open session with no activity for this long is ended (reason `idle_timeout`)."""
+    sweep_interval_s: float = Field(5.0, gt=0)
+    """How often the gateway looks for idle sessions."""
+    staleness_gate: bool = False
+    """Admit new sessions only inside the staleness window
+    `(trainer.max_staleness + trained_version + 1) * batch sessions` (AReaL's capacity
+    rule). Turn on when a trainer consumes the sessions (the demo does); off, online
+    agents are never refused."""
+    admit_wait_s: float = Field(10.0, ge=0)
+    """How long a session start waits for the window to open before a 429."""
+
+
+class ContinuityConfig(_Section):
+    """`gateway.continuity`: a multi-turn session merged into one training sequence."""
+
+    enabled: bool = True
+    """A turn that extends an earlier completion of its session (its messages plus the
+    assistant message returned) is prompted with that completion's exact prompt + output
+    ids and the tokens of the new messages only, so multi-turn sessions merge into one
+    training sequence (re-tokenizing sampled text does not give back the sampled ids).
+    Falls back to a full render where the chat template is not prefix-stable."""
+    cache_mb: int = Field(256, ge=0)
+    """Memory bound of the per-gateway cache of recent sessions' last completions that
+    continuity needs (LRU by session; a miss only costs a full render)."""
+
+
+class SamplingConfig(_Section):
+    """`gateway.sampling`: training or client sampling, and the output budget of a
+    request that names none."""
+
+    mode: Literal["client", "training"] = "training"
+    """`training`: force temperature/top_p to the training values below and record
+    them, for every turn in a session (what may be trained on; a turn outside any
+    session, e.g. an evaluation with the admin key, samples as its client asks);
+    `client`: honour what the client sends."""
+    training_temperature: float = Field(1.0, gt=0)
+    """Temperature used when `mode` is `training`."""
+    default_max_tokens: int = Field(512, ge=1)
+    """`max_new_tokens` when the client sends neither max_tokens nor
+    max_completion_tokens (bounded by the context length)."""
+
+
+class RouterConfig(_Section):
+    """`gateway.router`: where generation goes (backends by URL, or an SGLang router),
+    backend timeouts and health checks, and how often new weights are looked for."""
+
+    backends: list[str] = Field(default_factory=list)
+    """Base URLs of SGLang-protocol backends. Empty: the local engine at
+    `engine.host:engine.port`."""
+    url: str | None = None
+    """Base URL of an SGLang router (`python -m sglang_router.launch_router`) in front
+    of the backends: generation goes through it (its own cache-aware routing and
+    failover; the session as `X-SMG-Routing-Key`, sticky with `--policy manual`), and
+    every weight-control call goes to each worker it lists (`GET /workers`), so swaps
+    stay paired and versioned. `backends` is then unused. None: the gateway routes."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """Longest a backend call may take."""
+    backend_unavailable_deadline_s: float = Field(30.0, gt=0)
+    """How long a request waits for a paused or unreachable backend before a 503."""
     health_interval_s: float = Field(2.0, gt=0)
     """How often every backend's `/health` is checked; one failed check reports the
     backend down in `/health/readiness` (routing takes it out after two)."""
@@ -384,13 +393,17 @@ class GatewayConfig(_Section):
     """When no backend has been healthy for this long, new requests get 503 with
     retry-after at once instead of each waiting `backend_unavailable_deadline_s`
     (0: always wait)."""
-    gil_switch_interval_ms: float = Field(0.2, gt=0)
-    """`sys.setswitchinterval` of the served gateway. The event loop and the threads
-    (capture writer, store lookups) share one GIL; at CPython's 5 ms a thread that
-    released the GIL for a SQLite call waits up to 5 ms to get it back from a busy loop,
-    per call. 0.2 ms measured +7% req/s and -8 ms p50 at 64 clients."""
+    weight_poll_interval_s: float = Field(0.1, gt=0)
+    """How often the weight syncer looks for a newly published version."""
+
+
+class ScaleConfig(_Section):
+    """`gateway.scale`: several gateway processes on one store (workers on one host,
+    replicas on others), and the leader lease that gives one of them the weight swaps and
+    the idle-session sweeps."""
+
     workers: int = Field(0, ge=0, le=64)
-    """Gateway processes serving `port` together (uvicorn's workers on one shared
+    """Gateway processes serving `gateway.port` together (uvicorn's workers on one shared
     socket), each with its own event loop, store writer and caches. 0 (default): a
     quarter of the cores (at least 1, at most 8) when the backends are external (SGLang
     servers, a router), 1 in front of the local engine (a CPU engine that needs the cores
@@ -404,8 +417,8 @@ class GatewayConfig(_Section):
     (`leader_lease_s`) and alone swaps weights and sweeps idle sessions. A session's
     turns may land on any worker: each finds the turn it extends in the store (token
     continuity, parent linking), and per-key limits count every worker
-    (`key_limits_sync_s`), and so does the auth-failure throttle
-    (`auth_throttle_sync_s`)."""
+    (`gateway.limits.key_limits_sync_s`), and so does the auth-failure throttle
+    (`gateway.auth.throttle_sync_s`)."""
     replicas: bool = False
     """Other gateway processes (replicas on other hosts, behind one load balancer) share
     this store: parent linking then reads each session's turns from the store instead of
@@ -413,12 +426,76 @@ class GatewayConfig(_Section):
     leader_lease_s: float = Field(10.0, gt=0)
     """Time to live of the leader lease in the store, renewed every third of it: when
     the leader dies, another worker or replica takes over swaps and sweeps within this."""
+    gil_switch_interval_ms: float = Field(0.2, gt=0)
+    """`sys.setswitchinterval` of the served gateway. The event loop and the threads
+    (capture writer, store lookups) share one GIL; at CPython's 5 ms a thread that
+    released the GIL for a SQLite call waits up to 5 ms to get it back from a busy loop,
+    per call. 0.2 ms measured +7% req/s and -8 ms p50 at 64 clients."""
+
+
+class GatewayConfig(_Section):
+    """What the gateway serves is set here; how it behaves, in its sections."""
+
+    host: str = "127.0.0.1"
+    """Address the gateway binds to."""
+    port: int = Field(8000, ge=0, le=65535)
+    """Port of the OpenAI-compatible gateway."""
+    model_name: str = "areal-policy"
+    """The served policy's model id (`/v1/models` lists it first; recorded as each
+    completion's `model`)."""
+    model_names: list[str] | None = None
+    """None (default): every model name a client sends is served by the policy and
+    echoed in the reply, so an agent written for another provider keeps its own
+    (`gpt-4o-mini`, `default`, ...). A list turns on strict checking: only `model_name`
+    and these aliases are served, any other name is 404 `model_not_found`.
+    `/v1/models` lists `model_name` and these aliases."""
+    tokenizer: str | None = None
+    """Directory of the tokenizer with the chat template. None: the engine's model."""
+    tool_parser: ToolParserName | None = None
+    """How tool calls are read from the model's replies. None: chosen from the chat
+    template (else `config.json`'s architecture) at start-up; docs/model-families.md."""
+    reasoning_parser: ReasoningParserName | None = None
+    """How reasoning is split from the reply: `think` (a leading `<think>` block),
+    `harmony` (gpt-oss's analysis channel), `mistral` (Magistral's `[THINK]` block) or
+    `none`. None: the chosen family's (`think` for all but `llama3_json`,
+    `llama4_pythonic`: none; `mistral`: `mistral` if the template writes `[THINK]`, else
+    none; `gpt_oss`: harmony)."""
+    capture: bool = True
+    """Record every completion in the store before acknowledging it."""
+    hosted_tools: Literal["drop", "reject"] = "drop"
+    """Tools that run on the provider's side, which the policy cannot do (Responses
+    `web_search`, `file_search`, `code_interpreter`, ...; Anthropic `web_search_*`, ...):
+    `drop` leaves them out of the prompt and lists them in the completion record
+    (`response_json.gateway.dropped_tools`); `reject` answers 400 naming the tool."""
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    """Access."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Bounds."""
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    """Sessions."""
+    continuity: ContinuityConfig = Field(default_factory=ContinuityConfig)
+    """Token continuity."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling."""
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    """Backends."""
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    """Several processes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_flat_keys(cls, data: Any) -> Any:
+        # The previous release's flat keys, for a tree built outside `config_from_tree`
+        # (which moves them per source, so priorities hold, and warns once per key).
+        if isinstance(data, dict):
+            return move_flat_gateway_keys(data, warn=True)
+        return data
 
     def worker_count(self) -> int:
-        """Gateway processes to run: `workers`; for 0, a quarter of the cores (1 to 8)
+        """Gateway processes to run: `scale.workers`; for 0, a quarter of the cores (1 to 8)
         with external backends, 1 in front of the local engine."""
-        if self.workers:
-            return self.workers
+        if self.scale.workers:
+            return self.scale.workers
         if not self.external_backends():
             return 1
         return max(1, min((os.cpu_count() or 1) // 4, 8))
@@ -426,12 +503,12 @@ class GatewayConfig(_Section):
     def external_backends(self) -> bool:
         """Whether generation is served by backends given by URL (or a router) rather
         than the local engine a command starts beside the gateway."""
-        return bool(self.backends or self.router_url)
+        return bool(self.router.backends or self.router.url)
 
     def shares_store(self) -> bool:
         """Whether other gateway processes write the same store: replicas, or a worker
         count (resolved by `gateway/server.py` before the app is built) above 1."""
-        return self.replicas or self.workers > 1
+        return self.scale.replicas or self.scale.workers > 1
 
 
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]
@@ -708,10 +785,10 @@ class ServiceConfig(BaseModel):
             raise ValueError(
                 f"engine.port and gateway.port are both {self.gateway.port}; change one"
             )
-        if self.engine.backend == "vllm" and self.gateway.router_url:
-            raise ValueError("gateway.router_url is SGLang's router (its protocol); with "
+        if self.engine.backend == "vllm" and self.gateway.router.url:
+            raise ValueError("gateway.router.url is SGLang's router (its protocol); with "
                              "engine.backend vllm the gateway routes between the servers "
-                             "itself (gateway.backends or engine.vllm.attach)")
+                             "itself (gateway.router.backends or engine.vllm.attach)")
         if self.engine.backend == "vllm" and self.trainer.weight_sync == "distributed":
             raise ValueError("engine.backend vllm takes new weights from disk: set "
                              "trainer.weight_sync=disk (vLLM's own weight-transfer protocol "
@@ -739,8 +816,8 @@ class ServiceConfig(BaseModel):
 
     def backend_urls(self) -> list[str]:
         """Backends the gateway routes to (the local engine when none is configured)."""
-        if self.gateway.backends:
-            return [u.rstrip("/") for u in self.gateway.backends]
+        if self.gateway.router.backends:
+            return [u.rstrip("/") for u in self.gateway.router.backends]
         return [f"http://{self.engine.host}:{self.engine.port}"]
 
 
@@ -860,8 +937,12 @@ def config_from_tree(tree: dict[str, Any], overrides: list[str] | None = None, *
     the dataset driver); `source` names that file in errors and `top_level` lists those
     other sections' names. Mistakes raise ConfigError: one line per setting, with the
     closest known name for a misspelt one."""
-    tree = deep_merge(tree, _env_tree())
-    tree = apply_overrides(tree, overrides or [])
+    # The previous release's flat gateway keys move per source, before the sources merge,
+    # so an old key in one source and its new path in another keep their priorities.
+    moved: set[str] = set()
+    tree = deep_merge(move_flat_in_tree(tree, moved), move_flat_in_tree(_env_tree(), moved))
+    tree = apply_overrides(tree, [move_flat_override(o, moved) for o in overrides or []])
+    warn_moved(moved)
     try:
         config = ServiceConfig.model_validate(tree)
     except ValidationError as exc:
@@ -883,7 +964,7 @@ def save_config(config: ServiceConfig, path: Path) -> Path:
     """The resolved config as YAML (secrets included, file mode 0600), for the processes
     a command starts (engine, trainer, gateway workers) to `load_config`."""
     tree = config.model_dump(mode="json")
-    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
+    tree["gateway"]["auth"]["admin_key"] = config.gateway.auth.admin_key.get_secret_value()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
     path.chmod(0o600)  # before the secrets are written
@@ -898,13 +979,20 @@ def with_admin_key(config: ServiceConfig, *, binding: bool = False, create: bool
     once when new; `create=False` only reads an existing one); `binding` refuses the
     default on any other address. Call it (creating) where a gateway is served or started:
     the gateway itself, `serve`, and the demo / driver / eval configs."""
-    key, created = resolve_admin_key(config.gateway.admin_key.get_secret_value(),
+    key, created = resolve_admin_key(config.gateway.auth.admin_key.get_secret_value(),
                                      config.gateway.host, config.data_dir, binding=binding,
                                      create=create)
     if created:
         log.warning("generated an admin key for local use: %s (kept in %s, mode 0600; set "
-                    "gateway.admin_key to use your own)", key, config.data_dir / KEY_FILE)
-    if key == config.gateway.admin_key.get_secret_value():
+                    "gateway.auth.admin_key to use your own)", key, config.data_dir / KEY_FILE)
+    if key == config.gateway.auth.admin_key.get_secret_value():
         return config
-    gateway = config.gateway.model_copy(update={"admin_key": SecretStr(key)})
+    return with_gateway_section(config, "auth", admin_key=SecretStr(key))
+
+
+def with_gateway_section(config: ServiceConfig, section: str, **values: Any) -> ServiceConfig:
+    """`config` with `gateway.<section>.<name>` = value for each of `values` (copies of the
+    three models on the way; like `model_copy`, nothing is validated again)."""
+    old = getattr(config.gateway, section)
+    gateway = config.gateway.model_copy(update={section: old.model_copy(update=values)})
     return config.model_copy(update={"gateway": gateway})

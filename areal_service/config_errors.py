@@ -63,6 +63,16 @@ def _as_model(annotation: object) -> type[BaseModel] | None:
     return None
 
 
+def _section_names(model: type[BaseModel] | None) -> list[str]:
+    """`section.name` for the settings of `model`'s sections: a setting written one level
+    too high (`gateway.max_request_bytes`, from before `gateway.limits`) is suggested
+    where it lives."""
+    if model is None:
+        return []
+    return [f"{name}.{leaf}" for name, field in model.model_fields.items()
+            if (sub := _as_model(field.annotation)) is not None for leaf in sub.model_fields]
+
+
 def _dotted(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
@@ -80,7 +90,8 @@ def describe(exc: ValidationError, root: type[BaseModel], *, prefix: tuple[str, 
             known = list(parent.model_fields) if parent is not None else []
             if len(loc) == 1:
                 known += top_level
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(loc[-1]), known + _section_names(parent),
+                                              n=1, cutoff=0.6)
             hint = f"; did you mean `{_dotted(prefix + loc[:-1] + (close[0],))}`?" if close \
                 else (f"; known here: {', '.join(known)}" if known else "")
             lines.append(f"`{name}` is not a setting{hint}")

@@ -47,7 +47,7 @@ What the gateway relies on, and nothing more (`ENDPOINTS` below is the same list
   With dp > 1 the `/update_weights_from_disk` reply's `success`/`num_paused_requests`
   are per-replica lists (`UpdateWeightsResponse` folds them).
 
-SGLang's router (`sglang-router`, the "SGLang Model Gateway"; `gateway.router_url`):
+SGLang's router (`sglang-router`, the "SGLang Model Gateway"; `gateway.router.url`):
 generation goes through it, every weight-control call goes to each worker it lists.
 Run against sglang-router 0.3.2 (the PyPI wheel, `python -m sglang_router.launch_router`
 in front of two local engines, `tests/integration/test_sglang_router.py`) and read in

@@ -196,12 +196,12 @@ class Gateway:
         if profile is not None:
             argv += ["--profile", str(profile), "--profiler", profiler]
         for item in (f"data_dir={data_dir}", f"engine.model={tokenizer}",
-                     f"gateway.backends=[{backend}]", f"gateway.port={port}",
+                     f"gateway.router.backends=[{backend}]", f"gateway.port={port}",
                      f"gateway.capture={str(capture).lower()}", "log_level=warning",
-                     f"gateway.admin_key={ADMIN_KEY}"):
+                     f"gateway.auth.admin_key={ADMIN_KEY}"):
             argv += ["--set", item]
         if workers is not None:
-            argv += ["--set", f"gateway.workers={workers}"]
+            argv += ["--set", f"gateway.scale.workers={workers}"]
         log = data_dir / "gateway.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=repo, stdout=out, stderr=subprocess.STDOUT)
@@ -940,7 +940,7 @@ def main() -> None:
                         "commit in benchmarks/baseline-commit) in the same rounds, and print "
                         "the ratios (implies --preset stream-pace unless a preset is given)")
     p.add_argument("--baseline-workers", type=int, default=None,
-                   help="gateway.workers of the baseline (default: its config's own)")
+                   help="gateway.scale.workers of the baseline (default: its config's own)")
     p.add_argument("--quick", action="store_true",
                    help="CI's short form: one round of 300 requests per path (CPU columns)")
     p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
@@ -948,7 +948,7 @@ def main() -> None:
                    help="with --preset: the backend streams a chunk every N tokens after the "
                         "first (SGLang's --stream-interval)")
     p.add_argument("--workers", default="default",
-                   help="with --preset: gateway.workers values to measure, e.g. "
+                   help="with --preset: gateway.scale.workers values to measure, e.g. "
                         "default,1,2 (default: the config's own, what a user gets)")
     p.add_argument("--tokenizer-dir", default=str(Path(tempfile.gettempdir()) /
                                                   "areal-bench-tokenizer-32k"))

@@ -4,7 +4,7 @@ training tokens per generated token and gateway CPU per turn against context len
 One agent conversation grows turn by turn (a user/tool message of ~`--user-tokens`
 tokens, then `--output-tokens` generated) until its context passes `--max-context`
 (64k by default). The same conversation is sent to two gateway child processes (the
-`gateway_overhead serve` entry), `gateway.token_continuity=false` and `=true`, in front
+`gateway_overhead serve` entry), `gateway.continuity.enabled=false` and `=true`, in front
 of one echo backend (`engine/echo_backend.py`, a child process): its outputs are
 arbitrary ids, which re-tokenize differently from what was sampled, as a sampled policy's
 do. The bench tokenizer is `gateway_overhead`'s 32k byte-level BPE with the project's
@@ -88,10 +88,10 @@ def start_gateway(name: str, *, backend: str, tokenizer: Path, data_dir: Path,
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "benchmarks.gateway_overhead", "serve"]
     for item in (f"data_dir={data_dir}", f"engine.model={tokenizer}",
-                 f"gateway.backends=[{backend}]", f"gateway.port={port}",
+                 f"gateway.router.backends=[{backend}]", f"gateway.port={port}",
                  "engine.context_length=200000", "log_level=warning",
-                 f"gateway.admin_key={ADMIN_KEY}", "gateway.sampling=client",
-                 f"gateway.token_continuity={str(continuity).lower()}"):
+                 f"gateway.auth.admin_key={ADMIN_KEY}", "gateway.sampling.mode=client",
+                 f"gateway.continuity.enabled={str(continuity).lower()}"):
         argv += ["--set", item]
     log = open(data_dir / "gateway.log", "wb")  # noqa: SIM115 - lives with the process
     proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

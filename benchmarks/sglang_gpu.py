@@ -92,7 +92,7 @@ def _wait_swapped(store, version: int, timeout_s: float = 900.0) -> float:  # no
 
 def serve_and_measure(args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
     """Phases 1-3: SGLang + gateway, chat load, disk swaps."""
-    from areal_service.config import load_config
+    from areal_service.config import load_config, with_gateway_section
     from areal_service.store import TrajectoryStore
     from areal_service.types import WeightVersionRecord
     from launcher.processes import ChildProcess, cli_argv, save_config
@@ -102,17 +102,16 @@ def serve_and_measure(args: argparse.Namespace, model_dir: Path, work: Path) -> 
     cfg = load_config(None, [
         f"data_dir={work}", "engine.backend=sglang", f"engine.model={model_dir}",
         f"engine.port={_free_port()}", f"gateway.port={_free_port()}",
-        f"gateway.admin_key={key}", f"engine.sglang.gpus=[{args.gpus}]",
+        f"gateway.auth.admin_key={key}", f"engine.sglang.gpus=[{args.gpus}]",
         f"engine.sglang.tp_size={args.tp}", "engine.sglang.servers=1",
         f"engine.sglang.python={args.sglang_python}", "engine.sglang.mem_fraction_static=0.8",
-        "gateway.weight_poll_interval_s=0.05", "log_level=warning"])
+        "gateway.router.weight_poll_interval_s=0.05", "log_level=warning"])
     results: dict = {}
     t0 = time.perf_counter()
     with Supervisor.for_config(cfg) as sglang:
         results["sglang_start_s"] = time.perf_counter() - t0
         [backend] = sglang.urls
-        gw_cfg = cfg.model_copy(update={"gateway": cfg.gateway.model_copy(
-            update={"backends": [backend]})})
+        gw_cfg = with_gateway_section(cfg, "router", backends=[backend])
         gateway = ChildProcess("gateway", cli_argv("serve", "--config", str(save_config(
             gw_cfg, work / "gateway.yaml"))), log_path=work / "gateway.log")
         store = None

@@ -10,7 +10,7 @@ exit, Ctrl-C, SIGTERM or an error; nothing is killed by name):
   `VLLM_CPU_KVCACHE_SPACE`), serving `--model DIR` with the interpreter `--vllm-python`;
 - the gateway, `areal-service serve` with `engine.backend=vllm`,
   `engine.vllm.attach=[that server]`, a fresh temporary data_dir and capture on (the
-  default: every completion durable in SQLite before its reply), gateway.workers as
+  default: every completion durable in SQLite before its reply), gateway.scale.workers as
   configured by default (`--gateway-workers` overrides). It reaches vLLM through the
   token-in/token-out `/inference/v1/generate` and renders the chat template itself.
 
@@ -392,9 +392,9 @@ def start_gateway(args: argparse.Namespace, work: Path, vllm_url: str, port: int
 
     sets = [f"data_dir={work / 'gateway'}", "engine.backend=vllm", f"engine.model={args.model}",
             f"engine.vllm.attach={json.dumps([vllm_url])}", "gateway.host=127.0.0.1",
-            f"gateway.port={port}", f"gateway.admin_key={ADMIN_KEY}", "log_level=warning"]
+            f"gateway.port={port}", f"gateway.auth.admin_key={ADMIN_KEY}", "log_level=warning"]
     if args.gateway_workers is not None:
-        sets.append(f"gateway.workers={args.gateway_workers}")
+        sets.append(f"gateway.scale.workers={args.gateway_workers}")
     argv = cli_argv("serve", *itertools.chain.from_iterable(("--set", s) for s in sets))
     url = f"http://127.0.0.1:{port}"
     child = ChildProcess("gateway", argv, log_path=work / "gateway.log")
@@ -590,7 +590,7 @@ def main(argv: list[str] | None = None) -> None:
                         "sampling), key (one user key), admin (no session)")
     p.add_argument("--turns", type=int, default=8, help="requests per session key")
     p.add_argument("--gateway-workers", type=int, default=None,
-                   help="gateway.workers (default: the gateway's own default)")
+                   help="gateway.scale.workers (default: the gateway's own default)")
     p.add_argument("--ready-timeout", type=float, default=600.0,
                    help="seconds vLLM may take to become healthy")
     p.add_argument("--json", default=None, help="save the results to this file")

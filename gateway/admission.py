@@ -48,17 +48,17 @@ inserts it covers take milliseconds; a group of 1024 sessions, about a second)."
 async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str | None]:
     """Admit `count` sessions for the body of the `async with`, which inserts them with
     the reservation it is given (`TrajectoryStore.add_session(record, admission)`): wait
-    up to `gateway.admit_wait_s` for room, then 429 with retry-after. The places are
+    up to `gateway.sessions.admit_wait_s` for room, then 429 with retry-after. The places are
     reserved in the store until the body ends, so concurrent starts in this process or
     any other cannot overshoot the window; nothing is held while waiting. The process's
     lock keeps its own starts to one store transaction at a time. A no-op (reservation
     None) when the gate is off."""
     gw = state.config.gateway
-    if not gw.staleness_gate:
+    if not gw.sessions.staleness_gate:
         yield None
         return
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + gw.admit_wait_s
+    deadline = loop.time() + gw.sessions.admit_wait_s
     while True:
         if state.stopping.is_set():  # answered now, not cancelled at the shutdown timeout
             raise OpenAIError(
@@ -73,7 +73,7 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
             break
         remaining = deadline - loop.time()
         if remaining <= 0:
-            retry = math.ceil(max(gw.admit_wait_s, 1))
+            retry = math.ceil(max(gw.sessions.admit_wait_s, 1))
             raise OpenAIError(
                 429, f"the staleness window is full ({taken} of its {limit} places taken "
                 f"at trained version {state.live_version}); please try again in "

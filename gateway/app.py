@@ -118,7 +118,7 @@ METRICS_PATH = "/metrics"
 
 class _AdminOnlyPaths:
     """ASGI middleware: `/docs`, `/openapi.json` and `/metrics` need the admin key as a
-    bearer token unless `gateway.public_docs` / `gateway.public_metrics` is set. Any
+    bearer token unless `gateway.auth.public_docs` / `gateway.auth.public_metrics` is set. Any
     other token is 401 (counted by the auth throttle: no guessing the admin key here)."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -130,13 +130,13 @@ class _AdminOnlyPaths:
             if path in DOCS_PATHS or path == METRICS_PATH else None
         if state is not None:
             gw = state.config.gateway
-            public = gw.public_docs if path in DOCS_PATHS else gw.public_metrics
+            public = gw.auth.public_docs if path in DOCS_PATHS else gw.auth.public_metrics
             token = request_token(scope)
             if not public and not (token and admin_key_matches(
-                    token, gw.admin_key.get_secret_value())):
+                    token, gw.auth.admin_key.get_secret_value())):
                 error = invalid_api_key(token) if token else OpenAIError(
                     401, f"{path} needs the admin key as a bearer token (or set "
-                    f"gateway.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
+                    f"gateway.auth.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
                     code="admin_required")
                 await error.response()(scope, receive, send)
                 return
@@ -154,17 +154,17 @@ def _known_good_of(scope: Scope) -> Callable[[str], bool] | None:
 
 
 async def sweep_idle_sessions(state: GatewayState) -> None:
-    """End sessions idle past `gateway.session_idle_timeout_s`, forever (cancelled at
+    """End sessions idle past `gateway.sessions.idle_timeout_s`, forever (cancelled at
     shutdown), while this process is the leader. A failed sweep is logged and retried at
     the next interval."""
     gw = state.config.gateway
     while True:
-        await asyncio.sleep(gw.session_sweep_interval_s)
+        await asyncio.sleep(gw.sessions.sweep_interval_s)
         if not state.leadership.is_leader:
             continue  # the leader sweeps; this process's caches see its ends in ttl_s
         try:
             ended = await asyncio.to_thread(state.store.end_idle_sessions,
-                                            gw.session_idle_timeout_s)
+                                            gw.sessions.idle_timeout_s)
         except Exception:  # the database may be briefly unavailable; try again later
             log.exception("idle-session sweep failed")
             continue
@@ -199,8 +199,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         gw = config.gateway
         app.state.auth_throttle = AuthThrottle(
-            free_failures=gw.auth_free_failures, backoff_s=gw.auth_backoff_s,
-            max_backoff_s=gw.auth_max_backoff_s)
+            free_failures=gw.auth.free_failures, backoff_s=gw.auth.backoff_s,
+            max_backoff_s=gw.auth.max_backoff_s)
         store = await asyncio.to_thread(TrajectoryStore.open, config.database_url(),
                                         config.store)
         # Other processes write this store's sessions too (workers, replicas): parent
@@ -217,13 +217,13 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             reasoning_parser=gw.reasoning_parser)
         pool = BackendPool.from_config(config)  # the backends, or a router's workers
         await pool.start()
-        leadership = Leadership(store, ttl_s=gw.leader_lease_s)
+        leadership = Leadership(store, ttl_s=gw.scale.leader_lease_s)
         await leadership.renew()  # a lone gateway leads from its first request on
         pool.may_swap = lambda: leadership.is_leader
         app.state.gateway = GatewayState(
             config=config, store=store, writer=writer,
-            keys=KeyResolver(store, config.gateway.admin_key.get_secret_value(),
-                             usage_interval_s=config.gateway.key_usage_interval_s),
+            keys=KeyResolver(store, config.gateway.auth.admin_key.get_secret_value(),
+                             usage_interval_s=config.gateway.auth.key_usage_interval_s),
             backends=pool, tokenizer=tokenizer,
             context_length=context_length_of(config, tokenizer_dir),
             linker=linker,
@@ -242,15 +242,15 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                  asyncio.create_task(run_weight_syncer(app.state.gateway)),
                  asyncio.create_task(flush_key_usage(
                      app.state.gateway.keys.usage, store,
-                     config.gateway.key_usage_interval_s))]
+                     config.gateway.auth.key_usage_interval_s))]
         keys = app.state.gateway.keys
         if shared:  # per-key limits and the auth throttle count every process
             tasks.append(asyncio.create_task(sync_key_limits(
                 keys.limits, keys.usage.unflushed_tokens, store.coordination, leadership.holder,
-                gw.key_limits_sync_s)))
+                gw.limits.key_limits_sync_s)))
             tasks.append(asyncio.create_task(sync_auth_failures(
                 app.state.auth_throttle, store.coordination, leadership.holder,
-                gw.auth_throttle_sync_s)))
+                gw.auth.throttle_sync_s)))
         try:
             yield
         finally:
@@ -285,7 +285,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.add_middleware(_AdminOnlyPaths)
     app.add_middleware(_RequestId)
     outer: list[Callable[[ASGIApp], ASGIApp]] = []
-    if given.gateway.workers > 1:  # outermost: even a throttled reply names it
+    if given.gateway.scale.workers > 1:  # outermost: even a throttled reply names it
         outer.append(_WorkerHeader)
     outer.append(lambda inner: AuthThrottleMiddleware(
         inner, throttle_of=_throttle_of, known_good_of=_known_good_of))

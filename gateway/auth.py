@@ -7,7 +7,7 @@ A revoke through this process takes effect at once, through another replica with
 
 `last_used_at` is kept off the request path: `KeyUsage.note` is a dict store, and
 `flush_key_usage` (a task of the app) writes what was noted in one transaction per
-`gateway.key_usage_interval_s`, so a key's row is written at most once per interval.
+`gateway.auth.key_usage_interval_s`, so a key's row is written at most once per interval.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and the weight swap. Imports nothing from the store, the routes or the trainer.
 The swap sequence and how `generate_interruptible*` resubmit the requests it aborts:
 `gateway/interruptible.py`. Every endpoint and field used, the wire models and the
 SGLang versions they were checked against: `areal_service/sglang_protocol.py`.
-`RouterClient` is the same client pointed at SGLang's router (`gateway.router_url`):
+`RouterClient` is the same client pointed at SGLang's router (`gateway.router.url`):
 `/generate` through it (the session as `X-SMG-Routing-Key`), aborts to every worker.
 
 HTTP client, chosen by measurement (`python -m benchmarks.http_client_choice`): 2-core

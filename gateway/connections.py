@@ -84,7 +84,7 @@ class _Guard:
         # ignore: a mixin; uvicorn's protocol class after it in the MRO defines this.
         super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self._limits.max_connections:
-            log.warning("refused a connection: %d open (gateway.max_connections)",
+            log.warning("refused a connection: %d open (gateway.limits.max_connections)",
                         len(self.connections) - 1)
             transport.write(_BUSY_503)
             transport.close()

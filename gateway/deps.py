@@ -54,9 +54,9 @@ AdminDep = Annotated[Principal, Depends(get_admin)]
 async def read_json(request: Request) -> dict[str, Any]:
     """The JSON object body of a hot route (`gateway.pipeline`; FastAPI routes declare
     theirs); 400 (never 422 or 500) when it is missing, malformed or nested too deeply,
-    413 `request_too_large` past `gateway.max_request_bytes` (counted as it arrives)."""
+    413 `request_too_large` past `gateway.limits.max_request_bytes` (counted as it arrives)."""
     state: GatewayState = request.app.state.gateway
-    return _json_object(await _read_bounded(request, state.config.gateway.max_request_bytes))
+    return _json_object(await _read_bounded(request, state.config.gateway.limits.max_request_bytes))
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -86,14 +86,14 @@ CONVERSATION_FIELDS = frozenset({"messages", "input", "tools", "system", "instru
 
 async def read_request(request: Request, model: type[M]) -> tuple[dict[str, Any], M]:
     """`read_json` then `parse_model`, with the conversation's lists capped at
-    `gateway.max_messages` items (400 `too_many_messages`, before any validation) and a
+    `gateway.limits.max_messages` items (400 `too_many_messages`, before any validation) and a
     large body handled off the event loop (`OFFLOAD_BODY_BYTES`)."""
     state: GatewayState = request.app.state.gateway
     gw = state.config.gateway
-    raw = await _read_bounded(request, gw.max_request_bytes)
+    raw = await _read_bounded(request, gw.limits.max_request_bytes)
     if len(raw) <= OFFLOAD_BODY_BYTES:
-        return _parse_request(raw, model, gw.max_messages)
-    return await state.large_prompts.run(_parse_request, raw, model, gw.max_messages)
+        return _parse_request(raw, model, gw.limits.max_messages)
+    return await state.large_prompts.run(_parse_request, raw, model, gw.limits.max_messages)
 
 
 def _parse_request(raw: bytes, model: type[M], max_items: int) -> tuple[dict[str, Any], M]:
@@ -102,7 +102,7 @@ def _parse_request(raw: bytes, model: type[M], max_items: int) -> tuple[dict[str
         items = body.get(field)
         if isinstance(items, list) and len(items) > max_items:
             raise bad_request(f"{field} has {len(items):,} items; this gateway takes at most "
-                              f"{max_items:,} (gateway.max_messages)", param,
+                              f"{max_items:,} (gateway.limits.max_messages)", param,
                               "too_many_messages")
     check_json_body(raw, body, text_fields=CONVERSATION_FIELDS)
     return body, parse_model(model, body)
@@ -127,7 +127,7 @@ def too_deep() -> OpenAIError:
 def request_too_large(max_bytes: int) -> OpenAIError:
     """413 for a body over the gateway's `max_request_bytes`."""
     return OpenAIError(413, f"the request body exceeds this gateway's limit of {max_bytes} "
-                       "bytes (gateway.max_request_bytes)", code="request_too_large")
+                       "bytes (gateway.limits.max_request_bytes)", code="request_too_large")
 
 
 async def _read_bounded(request: Request, max_bytes: int) -> bytes:

@@ -55,16 +55,16 @@ def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_
 
 
 def _choice_slots(state: GatewayState, choices: int) -> asyncio.Semaphore | None:
-    """A request's choices run at most `gateway.max_choices_in_flight` at once (None: it
+    """A request's choices run at most `gateway.limits.max_choices_in_flight` at once (None: it
     has no more than that, the usual case, at no cost)."""
-    limit = state.config.gateway.max_choices_in_flight
+    limit = state.config.gateway.limits.max_choices_in_flight
     return asyncio.Semaphore(limit) if choices > limit else None
 
 
 async def generate_all(state: GatewayState, requests: Sequence[GenerateRequest],
                        session_id: str | None) -> list[Generation]:
     """Every choice, generated concurrently (interruptible: swaps are ridden out)."""
-    deadline = state.config.gateway.backend_unavailable_deadline_s
+    deadline = state.config.gateway.router.backend_unavailable_deadline_s
     slots = _choice_slots(state, len(requests))
 
     async def one(request: GenerateRequest) -> Generation:
@@ -114,7 +114,7 @@ async def stream_all(state: GatewayState, requests: Sequence[GenerateRequest],
                      session_id: str | None) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
     """(choice index, delta) from every choice's stream, interleaved as they arrive.
     Backend failures surface as `OpenAIError` (503/400/502)."""
-    deadline = state.config.gateway.backend_unavailable_deadline_s
+    deadline = state.config.gateway.router.backend_unavailable_deadline_s
     streams = [state.backends.generate_interruptible_stream(r, session_id=session_id,
                                                             deadline_s=deadline)
                for r in requests]

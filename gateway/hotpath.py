@@ -92,11 +92,11 @@ class HotRoutes:
     The gateway state comes from `scope["app"]` (Starlette sets it before any
     middleware runs). Request bodies are bounded before anything reads them, by route
     (413 `request_too_large` for a declared length beyond, bodies without a length
-    counted as they arrive): the hot routes by `gateway.max_request_bytes`, and their
+    counted as they arrive): the hot routes by `gateway.limits.max_request_bytes`, and their
     caller is authenticated before a byte of the body is read (a wrong or missing key
-    never has its body buffered); other routes by `gateway.control_body_bytes`, or, for a
-    request without a key, `gateway.anonymous_body_bytes`, and at most
-    `gateway.max_anonymous_requests` of those that send a body are served at once (503
+    never has its body buffered); other routes by `gateway.limits.control_body_bytes`, or, for a
+    request without a key, `gateway.limits.anonymous_body_bytes`, and at most
+    `gateway.limits.max_anonymous_requests` of those that send a body are served at once (503
     beyond; health checks and page loads are never refused)."""
 
     def __init__(self, app: ASGIApp, routes: Mapping[str, Route]) -> None:
@@ -114,7 +114,7 @@ class HotRoutes:
             return
         label, handler, *shaped = route
         shape = shaped[0] if shaped else None
-        limit = state.config.gateway.max_request_bytes
+        limit = state.config.gateway.limits.max_request_bytes
         if _declared_length(scope) > limit:  # refused before a byte is read
             await send_json(send, error_reply(request_too_large(limit), shape))
             return
@@ -138,14 +138,14 @@ class HotRoutes:
         requests without a key counted."""
         gw = state.config.gateway
         anonymous = request_token(scope) is None
-        limit = min(gw.anonymous_body_bytes if anonymous else gw.control_body_bytes,
-                    gw.max_request_bytes)  # the latter bounds every route
+        limit = min(gw.limits.anonymous_body_bytes if anonymous else gw.limits.control_body_bytes,
+                    gw.limits.max_request_bytes)  # the latter bounds every route
         if _declared_length(scope) > limit:
             await send_json(send, error_reply(request_too_large(limit)))
             return
         counted = anonymous and scope["method"] in _BODY_METHODS  # what holds memory
         if counted:
-            if state.anonymous_in_flight >= gw.max_anonymous_requests:
+            if state.anonymous_in_flight >= gw.limits.max_anonymous_requests:
                 await send_json(send, error_reply(OpenAIError(
                     503, "too many requests without an API key in progress; retry later",
                     type="server_error", code="server_busy", headers={"retry-after": "1"})))
@@ -175,7 +175,7 @@ class HotRoutes:
         try:
             # Authenticated first: an unknown key is answered without its body read.
             principal = await state.keys.resolve(request_token(scope))
-            body = await read_body(receive, state.config.gateway.max_request_bytes)
+            body = await read_body(receive, state.config.gateway.limits.max_request_bytes)
         except OpenAIError as exc:
             state.metrics.requests.labels(label, str(exc.status)).inc()
             await send_json(send, error_reply(exc, shape))

@@ -3,10 +3,10 @@
 Rendering the chat template and tokenizing cost O(text) CPU, about 0.6 s per MB of text
 on this project's machine: on the event loop, a 30 MB request would stall every other
 request (health checks included) for ~20 s. A conversation with more text than
-`gateway.offload_prompt_chars` is prepared on one worker thread instead. The GIL still
+`gateway.limits.offload_prompt_chars` is prepared on one worker thread instead. The GIL still
 serialises Python work, but the interpreter switches threads every
 `gil_switch_interval_ms`, so the loop keeps answering (measured: at most ~60 ms of loop
-lag while a 10 MB prompt was tokenized). At most `gateway.offload_max_prompts` large
+lag while a 10 MB prompt was tokenized). At most `gateway.limits.offload_max_prompts` large
 prompts are admitted at once; one more gets 503 `server_busy` with retry-after rather
 than an unbounded backlog of multi-MB bodies in memory. Small prompts stay on the loop:
 a thread hop would cost them more than it saves.

@@ -4,7 +4,7 @@ weights and sweeps idle sessions; the others follow the live version from the st
 
 Why a lease in the store and not a parent process: replicas on other hosts have no
 common parent, and the store is the one thing they all share. Failover: a leader that
-dies stops renewing, and another process takes the lease within `gateway.leader_lease_s`
+dies stops renewing, and another process takes the lease within `gateway.scale.leader_lease_s`
 (plus one renewal interval); at once when the dead leader was a process of the same host
 and pid namespace (a gateway restarted after kill -9 leads from its first request). A
 leader that cannot renew (the database is down) steps down at its own expiry, so two

@@ -8,7 +8,7 @@ in-flight count, and the key's running token total, which starts from the stored
 `tokens_used` when the process first sees the key and whose increments the key-usage
 flush writes back (`gateway/auth.py`). With several gateway processes on one store
 (workers, replicas) each publishes its counts of the keys it served lately and reads the
-others' every `gateway.key_limits_sync_s` (`sync_key_limits`,
+others' every `gateway.limits.key_limits_sync_s` (`sync_key_limits`,
 `areal_service/store/key_counters.py`); a limit then counts every process, and N
 processes together can pass it by at most what they admit within one sync interval.
 Tokens are known when a reply is complete, so the token checks refuse the request after

@@ -210,14 +210,14 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
         # Training sampling keeps behaviour logprobs what the trainer recomputes; a turn
         # outside any session is never trained on (an evaluation through a training
         # gateway, the admin's own calls), so it samples as its client asks.
-        mode = gw.sampling if session_id is not None else "client"
+        mode = gw.sampling.mode if session_id is not None else "client"
         spec = resolve_sampling(req.client_sampling(), prompt_tokens=len(prompt_ids),
                                 context_length=state.context_length,
-                                default_max_tokens=gw.default_max_tokens, mode=mode,
-                                training_temperature=gw.training_temperature,
+                                default_max_tokens=gw.sampling.default_max_tokens, mode=mode,
+                                training_temperature=gw.sampling.training_temperature,
                                 param=adapter.prompt_param,
                                 refuse_over_budget=adapter.refuse_over_budget,
-                                max_n_tokens=gw.max_n_tokens)
+                                max_n_tokens=gw.limits.max_n_tokens)
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     completion_id = f"{adapter.id_prefix}{uuid.uuid4().hex}"

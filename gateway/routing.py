@@ -16,7 +16,7 @@ Owns one engine client per URL (`SGLangClient`, or `VLLMClient` when `engine.bac
 vllm); imports only the clients (`gateway.backend`, `gateway.vllm_backend`) and the
 protocol types.
 
-Router mode (`router_url`, `gateway.router_url`): generation goes through SGLang's router
+Router mode (`router_url`, `gateway.router.url`): generation goes through SGLang's router
 (`sglang-router`), which does its own cache-aware routing, retries and worker health;
 the session id goes along as `X-SMG-Routing-Key` (sticky under the router's `--policy
 manual`). The pool's backends are then the router's WORKERS, re-listed (`GET /workers`)
@@ -98,7 +98,7 @@ class BackendPool:
                  client_factory: Callable[[str], SGLangClient] | None = None,
                  router_url: str | None = None) -> None:
         if not urls and not router_url:
-            raise ValueError("BackendPool needs at least one backend URL (gateway.backends)")
+            raise ValueError("BackendPool needs at least one backend URL (gateway.router.backends)")
         make = client_factory or (lambda url: SGLangClient(url, timeout_s=timeout_s))
         self._make = make
         self._backends = ([] if router_url else
@@ -134,16 +134,17 @@ class BackendPool:
 
     @classmethod
     def from_config(cls, config: ServiceConfig) -> BackendPool:
-        """The pool `config` asks for: `gateway.backends` (or the local engine), or the
-        workers of `gateway.router_url` behind that router."""
+        """The pool `config` asks for: `gateway.router.backends` (or the local engine), or the
+        workers of `gateway.router.url` behind that router."""
         gw = config.gateway
         make: Callable[[str], SGLangClient] | None = None
         if config.engine.backend == "vllm":  # vLLM's own protocol, the same interface
             def make(url: str) -> SGLangClient:
-                return VLLMClient(url, timeout_s=gw.request_timeout_s)
-        return cls([] if gw.router_url else config.backend_urls(),
-                   timeout_s=gw.request_timeout_s, health_interval_s=gw.health_interval_s,
-                   fail_fast_s=gw.no_backend_fail_fast_s, router_url=gw.router_url,
+                return VLLMClient(url, timeout_s=gw.router.request_timeout_s)
+        return cls([] if gw.router.url else config.backend_urls(),
+                   timeout_s=gw.router.request_timeout_s,
+                   health_interval_s=gw.router.health_interval_s,
+                   fail_fast_s=gw.router.no_backend_fail_fast_s, router_url=gw.router.url,
                    client_factory=make)
 
     # -- state -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The gateway under uvicorn (blocking). Starting a local engine beside it is the
 launcher's job (`launcher/serve.py`): the gateway only speaks to backends by URL.
 
-With `gateway.workers` > 1, uvicorn's own supervisor runs that many processes on one
+With `gateway.scale.workers` > 1, uvicorn's own supervisor runs that many processes on one
 listening socket (the kernel hands each new connection to one of them) and restarts a
 worker that dies; each worker builds its app with `worker_app`, from the resolved config
 saved for it. What must happen once per deployment (weight swaps, idle sweeps) is done by
@@ -25,7 +25,13 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client.multiprocess import mark_process_dead
 
-from areal_service.config import ServiceConfig, configure_logging, load_config, save_config
+from areal_service.config import (
+    ServiceConfig,
+    configure_logging,
+    load_config,
+    save_config,
+    with_gateway_section,
+)
 from gateway.app import create_app
 from gateway.connections import ConnectionLimits, HttpImpl, protocol_factory
 from gateway.metrics import MULTIPROC_ENV
@@ -69,12 +75,12 @@ def uvicorn_options(config: ServiceConfig, http: HttpImpl = "httptools"
         # cast: uvicorn types `http` as a protocol class, but only calls what it is given
         # (once per connection), so a factory works.
         "http": cast("type[asyncio.Protocol]", protocol_factory(http, ConnectionLimits(
-            header_timeout_s=gw.header_timeout_s, body_timeout_s=gw.body_timeout_s,
-            max_connections=gw.max_connections))),
+            header_timeout_s=gw.limits.header_timeout_s, body_timeout_s=gw.limits.body_timeout_s,
+            max_connections=gw.limits.max_connections))),
         # X-Forwarded-* only from the proxies named (uvicorn's default trusts loopback,
         # which let any local client pick the address the auth throttle counts).
-        "proxy_headers": bool(gw.forwarded_allow_ips),
-        "forwarded_allow_ips": list(gw.forwarded_allow_ips),
+        "proxy_headers": bool(gw.auth.forwarded_allow_ips),
+        "forwarded_allow_ips": list(gw.auth.forwarded_allow_ips),
         # Requests still waiting (e.g. on the staleness gate) are cancelled after this,
         # so SIGTERM never needs a SIGKILL behind it.
         "timeout_graceful_shutdown": 3,
@@ -85,12 +91,11 @@ def run_gateway(config: ServiceConfig) -> None:
     """Serve the gateway (blocking) on `gateway.host:gateway.port` with
     `gateway.worker_count()` processes."""
     workers = config.gateway.worker_count()
-    config = config.model_copy(update={
-        "gateway": config.gateway.model_copy(update={"workers": workers})})  # resolved
+    config = with_gateway_section(config, "scale", workers=workers)  # resolved
     log.info("gateway on http://%s:%d/v1 (%d worker%s)", config.gateway.host,
              config.gateway.port, workers, "" if workers == 1 else "s")
     if workers == 1:
-        sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
+        sys.setswitchinterval(config.gateway.scale.gil_switch_interval_ms / 1000.0)
         uvicorn.run(create_app(config, freeze_gc=True), **uvicorn_options(config))
         return
     run_dir = config.data_dir / "gateway"
@@ -110,7 +115,7 @@ def worker_app() -> FastAPI:
     """One worker's app (uvicorn's factory, called in the worker process)."""
     config = load_config(os.environ[CONFIG_ENV])
     configure_logging(config)  # a spawned interpreter: the parent's setup is not inherited
-    sys.setswitchinterval(config.gateway.gil_switch_interval_ms / 1000.0)
+    sys.setswitchinterval(config.gateway.scale.gil_switch_interval_ms / 1000.0)
     _die_with_parent()
     _forget_dead_workers(Path(os.environ[MULTIPROC_ENV]))
     return create_app(config, freeze_gc=True)

@@ -1,6 +1,6 @@
 """Which session (episode) a request belongs to, without client code changes.
 
-Sources, in the order `gateway.session_from` lists them: `key` (a session-scoped key);
+Sources, in the order `gateway.sessions.sources` lists them: `key` (a session-scoped key);
 `header` (`x-session-id`); `metadata` (`metadata.session_id` in the body): a session so
 named must exist and belong to the caller's key (admin may name any; a session with no
 key is the admin's, e.g. its coding agent's, and no user key may name it). `client_metadata`:
@@ -102,12 +102,12 @@ def requested_session(principal: Principal, request: Request, body: dict[str, An
 async def session_for_request(state: GatewayState, principal: Principal, request: Request,
                               body: dict[str, Any]) -> str | None:
     """The open session this completion is recorded under, checked against the caller."""
-    found = requested_session(principal, request, body, state.config.gateway.session_from)
+    found = requested_session(principal, request, body, state.config.gateway.sessions.sources)
     if isinstance(found, tuple):
         return await client_session(state, principal, *found)
     session_id = found
     if session_id is None:
-        if principal.key is None or not state.config.gateway.auto_session:
+        if principal.key is None or not state.config.gateway.sessions.auto_open:
             return None
         return await open_key_session(state, principal.key)
     session = await cached_session(state, session_id)
@@ -120,7 +120,7 @@ async def session_for_request(state: GatewayState, principal: Principal, request
         raise OpenAIError(403, f"session {session_id!r} belongs to another key",
                           type="permission_error", param="session_id", code="session_forbidden")
     if session.status != "open" and principal.key is not None and principal.key.kind == "user" \
-            and principal.key.session_id == session_id and state.config.gateway.auto_session:
+            and principal.key.session_id == session_id and state.config.gateway.sessions.auto_open:
         return await open_key_session(state, principal.key)  # the bound one timed out
     if session.status != "open":
         raise OpenAIError(409, f"session {session_id!r} is {session.status}; start a new one",

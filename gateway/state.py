@@ -52,7 +52,7 @@ class GatewayState:
     """Set when the server begins to stop (`gateway/stopping.py`): what only waits (the
     staleness gate) answers 503 at once rather than being cancelled."""
     anonymous_in_flight: int = 0
-    """Requests without an API key being served now (`gateway.max_anonymous_requests`)."""
+    """Requests without an API key being served now (`gateway.limits.max_anonymous_requests`)."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)
@@ -60,13 +60,14 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         gw = self.config.gateway
-        self.continuity = Continuity(self.tokenizer, enabled=gw.token_continuity,
-                                     max_bytes=gw.token_continuity_cache_mb * 2**20,
+        self.continuity = Continuity(self.tokenizer, enabled=gw.continuity.enabled,
+                                     max_bytes=gw.continuity.cache_mb * 2**20,
                                      counter=self.metrics.continuity,
                                      recent=self.store.recent_turns if gw.capture else None,
                                      recalls=self.metrics.continuity_recalls)
-        self.large_prompts = LargePrompts(gw.offload_prompt_chars, gw.offload_max_prompts,
-                                          gw.offload_messages)
+        self.large_prompts = LargePrompts(gw.limits.offload_prompt_chars,
+                                          gw.limits.offload_max_prompts,
+                                          gw.limits.offload_messages)
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
         """End a session in the store and forget what this process cached about it

@@ -18,11 +18,11 @@ included, at the cost of one dict lookup per request:
   keys are random 192-bit secrets: set a long random admin key too.)
 
 The address is the TCP peer (`scope["client"]`): `x-forwarded-for` is trusted only from
-the proxies named in `gateway.forwarded_allow_ips` (none by default; uvicorn's proxy
+the proxies named in `gateway.auth.forwarded_allow_ips` (none by default; uvicorn's proxy
 middleware rewrites the peer only for those).
 Counted in memory. With several gateway processes on one store (workers, replicas) each
 publishes the counts that changed and reads the others' every
-`gateway.auth_throttle_sync_s` (`sync_auth_failures`,
+`gateway.auth.throttle_sync_s` (`sync_auth_failures`,
 `areal_service/store/auth_failures.py`): an address is locked out on its failures summed
 over every process, everywhere, within one sync interval. Until then each process locks
 it out on what it has seen itself.

@@ -209,7 +209,7 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
     max_new = min(asked or default_max_tokens, context_length - prompt_tokens)
     if max_n_tokens is not None and client.n * max_new > max_n_tokens:
         # One request may not ask the engine for more than this over all its choices (a
-        # fair share; `gateway.max_n_tokens`): refused when the client named max_tokens,
+        # fair share; `gateway.limits.max_n_tokens`): refused when the client named max_tokens,
         # the default budget shrunk to fit when it did not.
         if asked is not None:
             raise InvalidRequestError(

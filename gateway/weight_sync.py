@@ -252,4 +252,4 @@ async def run_weight_syncer(state: GatewayState) -> None:
                 await follow_live_version(state)
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
-        await asyncio.sleep(state.config.gateway.weight_poll_interval_s)
+        await asyncio.sleep(state.config.gateway.router.weight_poll_interval_s)

@@ -15,6 +15,7 @@ placeholders, paragraphs wrapped to the terminal); each command's first line is 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from areal_service.config import ServiceConfig, configure_logging, load_config
+from areal_service.config_renames import ConfigDeprecationWarning
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="\n\n".join(__doc__.split("\n\n")[:2]))
@@ -94,9 +96,16 @@ def _one_line_errors(*usage: type[Exception]) -> Iterator[None]:
 
 def _config(config: Path | None, overrides: list[str] | None) -> ServiceConfig:
     try:
-        cfg = load_config(config, overrides or [])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigDeprecationWarning)
+            cfg = load_config(config, overrides or [])
     except ValueError as exc:  # ConfigError, and pydantic's ValidationError, are ValueErrors
         fail(str(exc))
+    for w in caught:  # a renamed setting: one plain line each, not Python's warning format
+        if issubclass(w.category, ConfigDeprecationWarning):
+            typer.echo(f"areal-service: warning: {w.message}", err=True)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     configure_logging(cfg)
     return cfg
 
@@ -367,7 +376,7 @@ def eval_cmd(
     gateway: Annotated[str | None, typer.Option(metavar="URL",
         help="Evaluate through a running gateway at this URL instead.")] = None,
     api_key: Annotated[str | None, typer.Option(metavar="KEY",
-        help="Key for --gateway (default: gateway.admin_key).")] = None,
+        help="Key for --gateway (default: gateway.auth.admin_key).")] = None,
     out: Annotated[Path | None, typer.Option(metavar="DIR",
         help="Folder for results.json / results.csv (default: eval.out_dir or "
              "data_dir/eval).")] = None,

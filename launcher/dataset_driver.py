@@ -113,8 +113,8 @@ def training_config(driver: DriverConfig, config: ServiceConfig, num_samples: in
     roll = driver.rollout
     config = with_admin_key(config)
     tree = config.model_dump(mode="python")
-    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
-    tree["gateway"]["staleness_gate"] = True
+    tree["gateway"]["auth"]["admin_key"] = config.gateway.auth.admin_key.get_secret_value()
+    tree["gateway"]["sessions"]["staleness_gate"] = True
     trainer = tree["trainer"]
     trainer.update(group_size=roll.group_size, batch_groups=roll.batch_size,
                    total_steps=roll.epochs * num_samples // roll.batch_size)
@@ -177,7 +177,7 @@ class DatasetDriver:
         self.stack = stack
         self.state = state
         self.state_path = state_path
-        admin = config.gateway.admin_key.get_secret_value()
+        admin = config.gateway.auth.admin_key.get_secret_value()
         self.admin = {"authorization": f"Bearer {admin}"}
         self.http = httpx.AsyncClient(base_url=stack.gateway_url, timeout=600)
         self.runner = AgentRunner(f"{stack.gateway_url}/v1", agent=driver.agent,

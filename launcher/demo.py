@@ -59,8 +59,9 @@ def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1,
     task = task or digits_task()
     config = with_admin_key(config)
     tree = config.model_dump(mode="python")
-    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
-    tree["gateway"].update(staleness_gate=True, sampling="training", admit_wait_s=30.0)
+    tree["gateway"]["auth"]["admin_key"] = config.gateway.auth.admin_key.get_secret_value()
+    tree["gateway"]["sessions"].update(staleness_gate=True, admit_wait_s=30.0)
+    tree["gateway"]["sampling"]["mode"] = "training"
     tree["trainer"].update(max_staleness=2, total_steps=steps, checkpoint_every=10,
                            advantage="grpo", **task.trainer)
     share_cpus(tree, trainer_procs)
@@ -90,7 +91,7 @@ class DemoAgents:
         self.config = config
         self.task = task
         self.base = f"http://{config.gateway.host}:{config.gateway.port}"
-        self.admin = config.gateway.admin_key.get_secret_value()
+        self.admin = config.gateway.auth.admin_key.get_secret_value()
         self.client = openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key=self.admin,
                                          max_retries=5, timeout=120)
         self.http = httpx.AsyncClient(base_url=self.base, timeout=120)

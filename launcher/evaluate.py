@@ -14,7 +14,7 @@ lengths come from the recorded completions. With `--gateway URL` it uses a runni
 gateway with the admin key and no sessions (nothing there is trained on); output lengths
 are then known only for the built-in single-turn agent; the temperatures hold there too
 (a training gateway forces its temperature only on turns in a session). Several backends share the load
-when `gateway.backends` lists them (the gateway balances requests across them).
+when `gateway.router.backends` lists them (the gateway balances requests across them).
 """
 
 from __future__ import annotations
@@ -217,8 +217,9 @@ def eval_config(config: ServiceConfig, model: Path | None) -> ServiceConfig:
     the data dir's admin key is created here when needed."""
     config = with_admin_key(config)
     tree = config.model_dump(mode="python")
-    tree["gateway"]["admin_key"] = config.gateway.admin_key.get_secret_value()
-    tree["gateway"].update(sampling="client", staleness_gate=False)
+    tree["gateway"]["auth"]["admin_key"] = config.gateway.auth.admin_key.get_secret_value()
+    tree["gateway"]["sampling"]["mode"] = "client"
+    tree["gateway"]["sessions"]["staleness_gate"] = False
     if model is not None:
         tree["engine"]["model"] = str(model)
     elif tree["engine"]["model"] is None:
@@ -261,19 +262,19 @@ def _run(driver: DriverConfig, config: ServiceConfig, datasets: list[DatasetConf
     """Evaluate into `rows`, through `gateway` or an engine and gateway started here."""
     name = driver.model or config.gateway.model_name
     if gateway is not None:
-        key = api_key or config.gateway.admin_key.get_secret_value()
+        key = api_key or config.gateway.auth.admin_key.get_secret_value()
         evaluator = Evaluator(driver, gateway.rstrip("/"), key, name, use_sessions=False)
         asyncio.run(_evaluate(evaluator, datasets, rows))
     else:
-        if model is not None and config.gateway.backends:
+        if model is not None and config.gateway.router.backends:
             raise ValueError("--model serves a checkpoint on a local engine, but the config "
-                             "lists gateway.backends: evaluate through them without --model")
+                             "lists gateway.router.backends: evaluate through them without --model")
         if model is None:
             ensure_model(config)  # the tiny model, only when no checkpoint is configured
         cfg = eval_config(config, model)
         with local_stack(cfg, cfg.data_dir / "run", trainer=False) as stack:
             say(f"evaluating {cfg.engine.model} behind {stack.gateway_url}/v1")
             evaluator = Evaluator(driver, stack.gateway_url,
-                                  cfg.gateway.admin_key.get_secret_value(), name,
+                                  cfg.gateway.auth.admin_key.get_secret_value(), name,
                                   use_sessions=True)
             asyncio.run(_evaluate(evaluator, datasets, rows))

@@ -212,7 +212,7 @@ class RayDeployment:
             self.engines.append(Role(f"engine-{i}", a, node, f"http://{node['ip']}:{port}", pid))
         ray.get([r.actor.wait_http_ok.remote(f"{r.url}/health_generate", READY_TIMEOUT_S)
                  for r in self.engines])
-        backends = "gateway.backends=[" + ",".join(f'"{u}"' for u in self.backends) + "]"
+        backends = "gateway.router.backends=[" + ",".join(f'"{u}"' for u in self.backends) + "]"
 
         a = actor("gateway", serve_pg, n, 0)
         node = ray.get(a.node.remote())

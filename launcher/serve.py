@@ -49,7 +49,7 @@ def serve(config: ServiceConfig) -> None:
     except DefaultAdminKeyError as exc:
         raise SystemExit(f"areal-service serve: {exc}") from None
     with exit_on_sigterm():
-        if config.engine.backend in ("sglang", "vllm") and not config.gateway.backends:
+        if config.engine.backend in ("sglang", "vllm") and not config.gateway.router.backends:
             from launcher.sglang_servers import sglang_backends
             from launcher.vllm_servers import vllm_backends
 

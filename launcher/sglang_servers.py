@@ -11,7 +11,7 @@ each, and because SGLang refuses distributed weight sync (`init_weights_update_g
 on a dp > 1 server without dp attention: such a server is swapped from disk only
 (`sglang_protocol.weight_group_ranks`).
 
-With `gateway.router_url` (a running `sglang-router`), the launched or attached servers
+With `gateway.router.url` (a running `sglang-router`), the launched or attached servers
 are also added to that router (`register_with_router`), and the gateway generates
 through the router and swaps each worker it lists.
 
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from areal_service.config import ServerFleetConfig, ServiceConfig
+from areal_service.config import ServerFleetConfig, ServiceConfig, with_gateway_section
 from areal_service.sglang_protocol import ROUTER_ADD_WORKER, ROUTER_WORKERS, router_worker_urls
 from launcher.processes import ChildProcess
 
@@ -239,7 +239,7 @@ class Supervisor:
 
     @property
     def urls(self) -> list[str]:
-        """Base URLs of the servers, in spec order (what `gateway.backends` gets)."""
+        """Base URLs of the servers, in spec order (what `gateway.router.backends` gets)."""
         return [s.spec.url for s in self._servers]
 
     @property
@@ -367,7 +367,7 @@ def _kill_group(pgid: int) -> None:
 
 def register_with_router(router_url: str, urls: Sequence[str], *,
                          timeout_s: float = 60.0) -> None:
-    """Add `urls` to a running SGLang router (`gateway.router_url`) and wait until it
+    """Add `urls` to a running SGLang router (`gateway.router.url`) and wait until it
     lists them all: `POST /workers {"url"}` (queued, idempotent), `POST /add_worker?url=`
     on older routers. TimeoutError naming those it never listed."""
     base = router_url.rstrip("/")
@@ -398,24 +398,22 @@ def register_with_router(router_url: str, urls: Sequence[str], *,
 
 @contextmanager
 def sglang_backends(config: ServiceConfig) -> Iterator[ServiceConfig]:
-    """`config` with `gateway.backends` set to the SGLang servers, launched and
+    """`config` with `gateway.router.backends` set to the SGLang servers, launched and
     supervised for the block (or attached: health-checked, left running after). With
-    `gateway.router_url`, the servers are also added to that router (the gateway then
+    `gateway.router.url`, the servers are also added to that router (the gateway then
     generates through it and swaps each worker it lists)."""
     sg = config.engine.sglang
     if sg.attach:
         wait_healthy(sg.attach, sg.ready_timeout_s)
         urls = [u.rstrip("/") for u in sg.attach]
-        if config.gateway.router_url:
-            register_with_router(config.gateway.router_url, urls)
-        yield config.model_copy(update={"gateway": config.gateway.model_copy(
-            update={"backends": urls})})
+        if config.gateway.router.url:
+            register_with_router(config.gateway.router.url, urls)
+        yield with_gateway_section(config, "router", backends=urls)
         return
     with Supervisor.for_config(config) as sup:
-        if config.gateway.router_url:
-            register_with_router(config.gateway.router_url, sup.urls)
-        yield config.model_copy(update={"gateway": config.gateway.model_copy(
-            update={"backends": sup.urls})})
+        if config.gateway.router.url:
+            register_with_router(config.gateway.router.url, sup.urls)
+        yield with_gateway_section(config, "router", backends=sup.urls)
 
 
 def run_sglang_engines(config: ServiceConfig) -> None:
@@ -425,11 +423,11 @@ def run_sglang_engines(config: ServiceConfig) -> None:
     if sg.attach:
         wait_healthy(sg.attach, sg.ready_timeout_s)
         log.info("SGLang servers healthy (attached): %s", " ".join(sg.attach))
-        if config.gateway.router_url:
-            register_with_router(config.gateway.router_url, sg.attach)
+        if config.gateway.router.url:
+            register_with_router(config.gateway.router.url, sg.attach)
         return
     with Supervisor.for_config(config) as sup:
-        log.info("SGLang servers healthy: %s (gateway.backends)", " ".join(sup.urls))
-        if config.gateway.router_url:
-            register_with_router(config.gateway.router_url, sup.urls)
+        log.info("SGLang servers healthy: %s (gateway.router.backends)", " ".join(sup.urls))
+        if config.gateway.router.url:
+            register_with_router(config.gateway.router.url, sup.urls)
         sup.wait()

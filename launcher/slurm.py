@@ -143,7 +143,7 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
         "# 2. the gateway on node 0, routing to every backend",
         'srun --nodes=1 --ntasks=1 --nodelist="$HEAD_NODE" --overlap \\',
         '  "$PY" -m launcher serve --config "$CONFIG" --set gateway.host=0.0.0.0 \\',
-        '  --set "gateway.backends=$BACKENDS_JSON" > "$LOGS/gateway.log" 2>&1 &',
+        '  --set "gateway.router.backends=$BACKENDS_JSON" > "$LOGS/gateway.log" 2>&1 &',
         "STEPS+=($!)",
         f'wait_healthy "http://$HEAD_NODE:{gw_port}/health/liveness" 300',
         f'echo "gateway: http://$HEAD_NODE:{gw_port}/v1"',
@@ -155,7 +155,7 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
         f"--nproc-per-node={place.trainer_procs_per_node} \\",
         f'  --rdzv-backend=c10d --rdzv-endpoint="$TRAINER_HEAD:{sl.rdzv_port}" '
         '--rdzv-id="$SLURM_JOB_ID" \\',
-        '  -m trainer.train --config "$CONFIG" --set "gateway.backends=$BACKENDS_JSON" \\',
+        '  -m trainer.train --config "$CONFIG" --set "gateway.router.backends=$BACKENDS_JSON" \\',
         '  > "$LOGS/trainer.log" 2>&1',
     ]
     return "\n".join([*head, "", *body]) + "\n"

@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServiceConfig, with_gateway_section
 from engine.tiny_model import ensure_tiny_model
 from launcher.preflight import check_model_dir, check_port_free
 from launcher.processes import ChildProcess, cli_argv, save_config
@@ -96,11 +96,11 @@ def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Itera
     cfg_path = save_config(config, run_dir / "config.yaml")
     # The gateway is pointed at the engine started here; with it, the workers default
     # stays one process (the CPU engine needs the cores), as `serve` alone would choose.
-    gateway = config.gateway.model_copy(update={
-        "backends": backends if local_engine else config.gateway.backends,
-        "workers": config.gateway.workers or (1 if local_engine else 0)})
-    gateway_cfg = save_config(config.model_copy(update={"gateway": gateway}),
-                              run_dir / "gateway.yaml")
+    served = with_gateway_section(
+        config, "router", backends=backends if local_engine else config.gateway.router.backends)
+    served = with_gateway_section(
+        served, "scale", workers=config.gateway.scale.workers or (1 if local_engine else 0))
+    gateway_cfg = save_config(served, run_dir / "gateway.yaml")
     stack = Stack(config, run_dir)
     try:
         if local_engine:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from areal_service.config import ServiceConfig
+from areal_service.config import ServiceConfig, with_gateway_section
 from areal_service.vllm_protocol import HEALTH
 from launcher.sglang_servers import (
     ServerSpec,
@@ -115,18 +115,16 @@ def _supervisor(config: ServiceConfig) -> Supervisor:
 
 @contextmanager
 def vllm_backends(config: ServiceConfig) -> Iterator[ServiceConfig]:
-    """`config` with `gateway.backends` set to the vLLM servers, launched and supervised
+    """`config` with `gateway.router.backends` set to the vLLM servers, launched and supervised
     for the block (or attached: health-checked, left running after)."""
     vl = config.engine.vllm
     if vl.attach:
         wait_healthy(vl.attach, vl.ready_timeout_s, path=HEALTH_PATH)
         urls = [u.rstrip("/") for u in vl.attach]
-        yield config.model_copy(update={"gateway": config.gateway.model_copy(
-            update={"backends": urls})})
+        yield with_gateway_section(config, "router", backends=urls)
         return
     with _supervisor(config) as sup:
-        yield config.model_copy(update={"gateway": config.gateway.model_copy(
-            update={"backends": sup.urls})})
+        yield with_gateway_section(config, "router", backends=sup.urls)
 
 
 def run_vllm_engines(config: ServiceConfig) -> None:
@@ -138,5 +136,5 @@ def run_vllm_engines(config: ServiceConfig) -> None:
         log.info("vLLM servers healthy (attached): %s", " ".join(vl.attach))
         return
     with _supervisor(config) as sup:
-        log.info("vLLM servers healthy: %s (gateway.backends)", " ".join(sup.urls))
+        log.info("vLLM servers healthy: %s (gateway.router.backends)", " ".join(sup.urls))
         sup.wait()

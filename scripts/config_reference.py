@@ -32,6 +32,11 @@ variables `AREAL_SECTION__KEY` (and `DATABASE_URL` for `store.url`) work too. Pr
 CLI > environment > YAML > defaults. `areal-service config show` prints the resolved
 tree. The dataset driver's own sections (`dataset`, `agent`, `reward`, `rollout`,
 `eval`) are described in [the dataset driver](dataset-driver.md).
+
+The `gateway` settings live in sections (`gateway.auth`, `gateway.limits`, ...). The
+previous release's flat keys (`gateway.max_request_bytes`, `gateway.workers`, ...) are
+still read, with one deprecation warning per key naming its new place; they go in the
+next release.
 """
 
 

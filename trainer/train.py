@@ -5,14 +5,15 @@ record metrics, checkpoint. Talks only to the store and the weights directory; t
 gateway's weight syncer swaps the backends when it sees the new version row.
 
 Versions: the initial model is v0 (what the backends start with). Every step publishes
-exactly one version, always above every version the store has seen, so a restart from
-an older checkpoint never reuses a version number (the AReaL#1388 failure mode).
+exactly one version, always above every version the store has seen (`trainer/resume.py`).
 Exactly-once training: a step commits when its version row (which lists the step's
 claims) is written; sessions are marked trained right after. On start, claims listed
 in recent version rows are marked trained and every other claim is released, which
 assumes ONE trainer per store (a second trainer's live claims would be released too).
-Distributed: rank 0 alone talks to the store; it broadcasts the batch, every rank
-trains the same number of micro-batches, and rank 0's stop decision is broadcast.
+Distributed: rank 0 alone talks to the store (`trainer/rank_zero.py`); it broadcasts the
+batch, every rank trains the same number of micro-batches, and rank 0's stop decision is
+broadcast. Set-up: `trainer/process.py` (process group, signals, seeds),
+`trainer/policy.py` (model, optimizer, reference), `trainer/resume.py`.
 """
 
 from __future__ import annotations
@@ -23,45 +24,27 @@ import dataclasses
 import json
 import logging
 import os
-import random
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import torch
 import torch.distributed as dist
-from transformers.utils import logging as hf_logging
 
 from areal_service.config import ServiceConfig, TrainerConfig, load_config
-from areal_service.store import TrajectoryStore
-from areal_service.store.claims import EpisodeClaimer
-from areal_service.types import EpisodeGroup, TrainSequence, TrainStepRecord
+from areal_service.types import EpisodeGroup, TrainSequence
 from trainer.advantage import RunningBaseline, sequence_advantages
 from trainer.batch import MicroBatch, build_micro_batches
-from trainer.checkpoint import (
-    CheckpointState,
-    load_published_weights,
-    restore_checkpoint,
-    save_checkpoint,
-)
-from trainer.metrics import MetricsWriter, batch_metrics, step_metrics
-from trainer.model import (
-    DistInfo,
-    apply_fsdp2,
-    destroy_distributed,
-    init_distributed,
-    load_policy,
-    load_reference,
-    resolve_dtype,
-)
+from trainer.checkpoint import restore_checkpoint, save_checkpoint
+from trainer.model import DistInfo
+from trainer.policy import build_policy
+from trainer.process import broadcast_from_rank0, start_process
 from trainer.publish import publish_weights
-from trainer.step import build_optimizer, train_step
+from trainer.rank_zero import RankZero
+from trainer.resume import resume
+from trainer.step import train_step
 from trainer.truncation import apply_no_eos
-from trainer.weight_broadcast import WeightBroadcaster
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +53,6 @@ POLL_INTERVAL_S = 0.05
 HEARTBEAT_S = 60.0
 """Longest the other ranks wait in one broadcast while rank 0 waits for episodes (well
 under the NCCL/gloo collective timeouts, so an idle online trainer never times out)."""
-RECOVER_VERSIONS = 8
-"""Newest version rows whose recorded claims are re-marked trained at start."""
-RUN_NAME = "train"
-"""`data_dir/runs/<RUN_NAME>`: TensorBoard events and the resolved config. Fixed, so a
-resumed run appends to the same curves."""
 
 
 def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
@@ -82,107 +60,61 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
     cfg = config.trainer
     stop = stop or threading.Event()
     with contextlib.ExitStack() as cleanup:  # unwinds in reverse: claims before the store
-        if not dist.is_initialized():
-            cleanup.callback(destroy_distributed)
-        info = init_distributed()
-        cleanup.callback(_install_signal_handlers(stop))
-        hf_logging.disable_progress_bar()  # per-load/save tqdm bars only clutter the log
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
-        random.seed(cfg.seed + info.rank)
-        torch.manual_seed(cfg.seed + info.rank)
-        model_dir = _prepare_model_dir(config, info)
-        model = load_policy(model_dir)
-        eos_ids = eos_token_ids(model)
-        bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
-        model = apply_fsdp2(model, mixed_precision=bf16)
-        ref_model = reference_model(cfg, model_dir, mixed_precision=bf16)
-        optimizer = build_optimizer(model, cfg)
-        ckpt = restore_checkpoint(model, optimizer, config.checkpoint_dir())
-        store = claimer = held = writer = broadcaster = None
-        if info.rank == 0:
-            store = TrajectoryStore.open(config.database_url(), config.store)
-            cleanup.callback(store.close)
-            claimer = EpisodeClaimer.from_config(store, cfg)
-            recover_claims(store, claimer)
-            held = HeldClaims(claimer)
-            cleanup.callback(held.release_all)  # a batch claimed but never published
-            run_dir = config.data_dir / "runs" / RUN_NAME
-            writer = MetricsWriter(run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos)
-            cleanup.callback(writer.close)
-            (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
-            if cfg.weight_sync == "distributed":
-                broadcaster = WeightBroadcaster(
-                    store, backend="nccl" if info.device.type == "cuda" else "gloo",
-                    bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
-                    timeout_s=cfg.weight_sync_timeout_s, address=cfg.weight_sync_address)
-                cleanup.callback(broadcaster.close)
-        step, version = _broadcast(resume_point(store, ckpt) if info.rank == 0 else None)
-        newer = _broadcast(newer_published_weights(store, ckpt) if info.rank == 0 else None)
-        if newer is not None:  # updates published after the checkpoint are kept
-            load_published_weights(model, newer)
+        info = start_process(cfg, stop, cleanup)
+        policy = build_policy(config, info)
+        ckpt = restore_checkpoint(policy.model, policy.optimizer, config.checkpoint_dir())
+        rank0 = RankZero.open(config, info, cleanup) if info.rank == 0 else None
+        step, version = resume(policy.model, rank0.store if rank0 else None, ckpt)
         saved_step = step  # nothing to checkpoint until this process trains
         baseline = (RunningBaseline(cfg.baseline_decay)
                     if cfg.ungrouped_baseline == "task_mean" else None)
         log.info("trainer starts after step %d at policy v%d", step, version)
 
         while cfg.total_steps is None or step < cfg.total_steps:
-            groups, dropped, wait_s = next_batch(claimer, held, cfg, version, stop, info)
+            groups, dropped, wait_s = next_batch(rank0, cfg, version, stop, info)
             if groups is None:
-                break  # stopped while waiting; `held` releases the partial batch
-            shaped = apply_no_eos(groups, cfg, eos_ids)
+                break  # stopped while waiting; rank 0's held claims release the partial batch
+            shaped = apply_no_eos(groups, cfg, policy.eos_ids)
             advantages = sequence_advantages(shaped, cfg.advantage, cfg.adv_eps, baseline)
             micro_batches = shard_micro_batches(shaped, advantages, cfg.max_tokens_per_mb, info)
             t0, cpu0 = time.perf_counter(), time.process_time()
-            stats = train_step(model, optimizer, micro_batches, cfg, ref_model=ref_model)
+            stats = train_step(policy.model, policy.optimizer, micro_batches, cfg,
+                               ref_model=policy.reference)
             train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
             # A stop signal during training lets the step finish: publishing keeps its
             # work, and the next batch wait sees `stop` and ends the loop.
             step, version = step + 1, version + 1
             t0 = time.perf_counter()
             publish_weights(
-                model,
+                policy.model,
                 version=version,
                 weights_dir=config.weights_dir(),
-                tokenizer_dir=Path(config.gateway.tokenizer or model_dir),
-                store=store,
+                tokenizer_dir=Path(config.gateway.tokenizer or policy.model_dir),
+                store=rank0.store if rank0 else None,
                 step=step,
                 episodes={g.claim_id: g.session_ids for g in groups},
                 distributed=cfg.weight_sync == "distributed",
                 tied_head_file=config.engine.backend == "vllm",
-                broadcaster=broadcaster,
+                broadcaster=rank0.broadcaster if rank0 else None,
             )
             publish_s = time.perf_counter() - t0
-            if info.rank == 0:
-                held.mark_trained(groups)
-                metrics = {
-                    **batch_metrics(groups, advantages, eos_ids=eos_ids, version=version - 1),
-                    **step_metrics(stats),
-                    "dropped_episodes": float(dropped),
-                    **claimer.settling_metrics(),
-                    "time_wait_s": wait_s,
-                    "time_train_s": train_s,
-                    # rank 0's CPU time (all its threads): compute, not waits in
-                    # collectives or for a core on a shared host
-                    "time_train_cpu_s": train_cpu_s,
-                    "time_publish_s": publish_s,
-                    **_previous_swap(store, version),
-                }
-                store.add_train_step(TrainStepRecord(step=step, version=version, metrics=metrics))
-                writer.write(step, version, metrics)
+            if rank0 is not None:
+                rank0.record_step(step, version, groups, advantages, stats,
+                                  eos_ids=policy.eos_ids, dropped=dropped, times={
+                                      "time_wait_s": wait_s,
+                                      "time_train_s": train_s,
+                                      # rank 0's CPU time (all its threads): compute, not
+                                      # waits in collectives or for a core on a shared host
+                                      "time_train_cpu_s": train_cpu_s,
+                                      "time_publish_s": publish_s})
             if step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
-                save_checkpoint(
-                    model,
-                    optimizer,
-                    checkpoint_dir=config.checkpoint_dir(),
-                    step=step,
-                    version=version,
-                )
+                save_checkpoint(policy.model, policy.optimizer,
+                                checkpoint_dir=config.checkpoint_dir(), step=step,
+                                version=version)
                 saved_step = step
         if step > saved_step:  # a stopped online run keeps every published update
-            save_checkpoint(
-                model, optimizer, checkpoint_dir=config.checkpoint_dir(), step=step, version=version
-            )
+            save_checkpoint(policy.model, policy.optimizer,
+                            checkpoint_dir=config.checkpoint_dir(), step=step, version=version)
         if info.world_size > 1:
             # Every rank leaves the group together (only on this normal path: after a
             # failure the peers may never come). A rank that tore its group down while
@@ -192,34 +124,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
     log.info("trainer stopped after step %d at policy v%d", step, version)
 
 
-# ---- start-up -------------------------------------------------------------------------
-
-
-def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
-    """SIGTERM/SIGINT set `stop`: a batch being collected is abandoned (claims released),
-    a step being trained is finished and published, then the loop ends; a
-    second signal gets the default behaviour. Returns a function restoring the old
-    handlers. Signals can only be handled in the main thread: elsewhere, `stop` only."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.warning("%s: stopping after the current hop", signal.Signals(signum).name)
-        stop.set()
-        for sig in previous:  # the next one is not caught
-            signal.signal(
-                sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-            )
-
-    for sig in previous:
-        signal.signal(sig, on_signal)
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
+# ---- per step -------------------------------------------------------------------------
 
 
 def claim_group_size(cfg: TrainerConfig) -> int | None:
@@ -229,143 +134,12 @@ def claim_group_size(cfg: TrainerConfig) -> int | None:
     return None if cfg.group_size == 1 else cfg.group_size
 
 
-def _prepare_model_dir(config: ServiceConfig, info: DistInfo) -> Path:
-    """The initial checkpoint (v0): the engine's model. The launcher builds the tiny model
-    before starting the trainer when none is configured; the trainer only loads."""
-    model_dir = config.model_dir()
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(
-            f"no checkpoint at {model_dir}: set engine.model, or build the tiny model there "
-            f"first (`areal-service make-tiny-model {model_dir}`; `areal-service trainer` "
-            "and `areal-service demo --trainer-procs N` do it for you)")
-    dist.barrier()
-    return model_dir
-
-
-def reference_model(
-    cfg: TrainerConfig, model_dir: Path, *, mixed_precision: bool
-) -> torch.nn.Module | None:
-    """pi_ref for the KL penalty: `trainer.ref_model`, else the initial checkpoint
-    `model_dir` (v0; also after a resume, so the penalty anchors to where training
-    started, not to the last checkpoint). None, and nothing loaded, when kl_coef is 0."""
-    if cfg.kl_coef == 0:
-        return None
-    path = Path(cfg.ref_model) if cfg.ref_model else model_dir
-    log.info("KL penalty %g: reference model from %s", cfg.kl_coef, path)
-    return load_reference(path, mixed_precision=mixed_precision)
-
-
-def eos_token_ids(model: torch.nn.Module) -> frozenset[int]:
-    """EOS ids of the model's generation config and model config (int or list each)."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "eos_token_id", None)
-        if value is not None:
-            ids.update([value] if isinstance(value, int) else value)
-    return frozenset(ids)
-
-
-def recover_claims(store: TrajectoryStore, claimer: EpisodeClaimer) -> tuple[int, int]:
-    """Finish what a killed trainer left: claims recorded in a published version row are
-    marked trained (their update is live); every other claim is released so its episodes
-    are trained once, by us. Returns (sessions marked trained, sessions released)."""
-    marked = 0
-    for record in store.list_weight_versions(limit=RECOVER_VERSIONS):
-        for claim_id in record.metadata.get("episodes", {}):
-            marked += claimer.mark_trained(claim_id)
-    released = claimer.release_stale_claims(0)
-    if marked or released:
-        log.warning(
-            "recovered claims of a previous trainer: %d session(s) marked trained "
-            "(already published), %d released for training",
-            marked,
-            released,
-        )
-    return marked, released
-
-
-def resume_point(store: TrajectoryStore, ckpt: CheckpointState | None) -> tuple[int, int]:
-    """(last completed step, last published version) to continue from: the larger of the
-    checkpoint's and the store's, so steps and versions only ever increase."""
-    latest = store.latest_weight_version()
-    version = max(ckpt.version if ckpt else 0, latest.version if latest else 0)
-    step = max(
-        ckpt.step if ckpt else 0,
-        int(latest.metadata.get("step", 0)) if latest else 0,
-        _last_train_step(store),
-    )
-    return step, version
-
-
-def newer_published_weights(store: TrajectoryStore, ckpt: CheckpointState | None
-                            ) -> Path | None:
-    """The published weights to continue from when the store is ahead of the checkpoint
-    (the trainer died after publishing, before checkpointing): the model resumes from
-    them, the optimizer from the checkpoint (its moments a few steps old). None when the
-    checkpoint is current. If that directory is gone, the updates in between are lost
-    to the model (their episodes stay trained, never retrained) and a warning says so."""
-    latest = store.latest_weight_version()
-    held = ckpt.version if ckpt else 0
-    if latest is None or latest.version <= held:
-        return None
-    path = Path(latest.path)
-    if (path / "config.json").is_file():
-        log.info("store has published v%d past the checkpoint's v%d: resuming from %s",
-                 latest.version, held, path)
-        return path
-    log.warning("store has published v%d but the checkpoint holds v%d and %s is gone: the "
-                "updates in between are lost to the model (their episodes are not "
-                "retrained)", latest.version, held, path)
-    return None
-
-
-def _last_train_step(store: TrajectoryStore) -> int:
-    last, page = 0, 1000
-    while rows := store.list_train_steps(after_step=last, limit=page):
-        last = rows[-1].step
-    return last
-
-
-# ---- per step -------------------------------------------------------------------------
-
-
-class HeldClaims:
-    """Claims rank 0 holds: each is either marked trained or released on the way out."""
-
-    def __init__(self, claimer: EpisodeClaimer) -> None:
-        self._claimer = claimer
-        self._ids: set[str] = set()
-
-    def add(self, groups: Sequence[EpisodeGroup]) -> None:
-        self._ids.update(g.claim_id for g in groups)
-
-    def mark_trained(self, groups: Sequence[EpisodeGroup]) -> None:
-        for group in groups:
-            self._claimer.mark_trained(group.claim_id)
-            self._ids.discard(group.claim_id)
-
-    def release_all(self) -> None:
-        for claim_id in sorted(self._ids):
-            self._claimer.release_claim(claim_id)
-        if self._ids:
-            log.info("released %d unfinished claim(s)", len(self._ids))
-        self._ids.clear()
-
-
-def _broadcast(obj: Any) -> Any:
-    """Rank 0's `obj` on every rank (a no-op copy at world size 1)."""
-    holder = [obj]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
-
-
 def _claimer_name() -> str:
     return f"trainer@{socket.gethostname()}:{os.getpid()}"
 
 
 def wait_for_groups(
-    claimer: EpisodeClaimer,
-    held: HeldClaims,
+    rank0: RankZero,
     cfg: TrainerConfig,
     version: int,
     pending: list[EpisodeGroup],
@@ -377,14 +151,14 @@ def wait_for_groups(
     dropped = 0
     deadline = time.monotonic() + timeout_s
     while len(pending) < cfg.batch_groups and not stop.is_set():
-        result = claimer.claim_groups(
+        result = rank0.claimer.claim_groups(
             group_size=claim_group_size(cfg),
             max_groups=cfg.batch_groups - len(pending),
             current_version=version,
             max_staleness=cfg.max_staleness,
             claimer=_claimer_name(),
         )
-        held.add(result.groups)
+        rank0.held.add(result.groups)
         pending.extend(result.groups)
         dropped += sum(len(d.session_ids) for d in result.dropped)
         if len(pending) >= cfg.batch_groups or time.monotonic() >= deadline:
@@ -395,8 +169,7 @@ def wait_for_groups(
 
 
 def next_batch(
-    claimer: EpisodeClaimer | None,
-    held: HeldClaims | None,
+    rank0: RankZero | None,
     cfg: TrainerConfig,
     version: int,
     stop: threading.Event,
@@ -411,8 +184,8 @@ def next_batch(
     while True:
         message: tuple[str, list[EpisodeGroup] | None] | None = None
         if info.rank == 0:
-            assert claimer is not None and held is not None
-            dropped += wait_for_groups(claimer, held, cfg, version, pending, stop, HEARTBEAT_S)
+            assert rank0 is not None
+            dropped += wait_for_groups(rank0, cfg, version, pending, stop, HEARTBEAT_S)
             if stop.is_set():
                 message = ("stop", None)
             elif len(pending) >= cfg.batch_groups:
@@ -420,7 +193,7 @@ def next_batch(
             else:
                 message = ("wait", None)
                 log.info("waiting for episodes: %d/%d groups", len(pending), cfg.batch_groups)
-        kind, groups = _broadcast(message)
+        kind, groups = broadcast_from_rank0(message)
         if kind != "wait":
             return groups, dropped, time.perf_counter() - start
 
@@ -464,13 +237,6 @@ def shard_micro_batches(
         filler = build_micro_batches([_padding_sequence(sequences)], [0.0], max_tokens_per_mb)
         mine += filler * (per_rank - len(mine))
     return [mb.to(info.device) for mb in mine]
-
-
-def _previous_swap(store: TrajectoryStore, version: int) -> dict[str, float]:
-    """`time_swap_s` of version - 1, once the gateway's syncer recorded it."""
-    previous = store.get_weight_version(version - 1)
-    swap_s = previous.metadata.get("swap_s") if previous else None
-    return {} if swap_s is None else {"time_swap_s": float(swap_s)}
 
 
 def _cli(argv: Sequence[str] | None = None) -> None:

@@ -2,7 +2,7 @@
 (`gateway/throttle.py`) locks a client address out on every process's failures, not on
 each process's own. Each process (`holder`) publishes its counts of the addresses whose
 count changed since its last publish, and reads the others' sums, once every
-`gateway.auth_throttle_sync_s`. One row per (address, holder).
+`gateway.auth.throttle_sync_s`. One row per (address, holder).
 
 Why not one shared row per address written on every failure: that would hand the
 store's write lock to whoever sends bad keys. Here a process writes at most once per

@@ -1,6 +1,6 @@
 """Per-key counts shared by gateway processes: each process (`holder`) publishes its own
 counts of the keys with limits it served lately and reads the others' in the same
-transaction, every `gateway.key_limits_sync_s` (`gateway/limits.py`). One row per
+transaction, every `gateway.limits.key_limits_sync_s` (`gateway/limits.py`). One row per
 (key, holder); rows not updated within `fresh_s` belong to gone processes: they count
 for nothing and are deleted once an hour old.
 

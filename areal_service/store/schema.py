@@ -183,7 +183,7 @@ class TrainStepRow(Base):
 
 class KeyCounterRow(Base):
     """One gateway process's (`holder`'s) live counts for one key with limits, published
-    every `gateway.key_limits_sync_s` so the other processes sharing the store count them
+    every `gateway.limits.key_limits_sync_s` so the other processes sharing the store count them
     too (`key_counters.py`). A row not updated recently belongs to a gone process and is
     ignored (and deleted later)."""
 

@@ -4,7 +4,7 @@
 #   areal-service serve &        # then:
 #   examples/curl/walkthrough.sh
 # ADMIN defaults to the key the gateway generated in ./data (on loopback, when no
-# gateway.admin_key is set); BASE to the default address.
+# gateway.auth.admin_key is set); BASE to the default address.
 set -euo pipefail
 BASE=${BASE:-http://127.0.0.1:8000}
 ADMIN=${ADMIN:-$(cat data/admin_key)}

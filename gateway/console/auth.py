@@ -145,7 +145,7 @@ def clear_cookie(response: Response) -> None:
 
 def admin_key_of(request: Request) -> str:
     """The configured admin key (the cookie secret's root)."""
-    key: SecretStr = request.app.state.gateway.config.gateway.admin_key  # app.state: untyped
+    key: SecretStr = request.app.state.gateway.config.gateway.auth.admin_key  # app.state: untyped
     return key.get_secret_value()
 
 

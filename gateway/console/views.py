@@ -118,7 +118,7 @@ def overview(state: GatewayState, last: dict[str, float]) -> Overview:
         started_sessions=store.count_sessions(),
         admitted_sessions=store.count_admitted_sessions(),
         staleness_window=window(state, state.live_version),
-        staleness_gate=state.config.gateway.staleness_gate,
+        staleness_gate=state.config.gateway.sessions.staleness_gate,
         last_step=store.latest_train_step(), settling=store.settling_counts(),
         audit=store.episode_audit(trainer),
         reward_wait_s=trainer.reward_wait_s, unrewarded_policy=trainer.unrewarded_policy,

@@ -95,7 +95,7 @@ class KeyView(BaseModel):
     max_concurrent: int | None = None
     token_budget: int | None = None
     tokens_used: int = 0
-    """As last flushed (`gateway.key_usage_interval_s`)."""
+    """As last flushed (`gateway.auth.key_usage_interval_s`)."""
 
     @classmethod
     def of(cls, key: ApiKeyRecord) -> KeyView:
@@ -136,7 +136,7 @@ class GatewayStatus(BaseModel):
     staleness_window: int
     """How many admitted sessions the staleness gate allows by now."""
     worker_pid: int
-    """The gateway process that answered (one of `gateway.workers`)."""
+    """The gateway process that answered (one of `gateway.scale.workers`)."""
     leader: bool
     """Whether that process holds the leader lease (swaps weights, sweeps sessions)."""
     leader_holder: str | None
@@ -217,7 +217,7 @@ async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
         backends=[BackendView(url=s.url, healthy=s.healthy, in_flight=s.in_flight,
                                 last_error=s.last_error) for s in state.backends.status()],
         open_sessions=open_sessions, started_sessions=started, admitted_sessions=admitted,
-        staleness_gate=state.config.gateway.staleness_gate,
+        staleness_gate=state.config.gateway.sessions.staleness_gate,
         staleness_window=window(state, state.live_version), worker_pid=os.getpid(),
         leader=state.leadership.is_leader,
         leader_holder=await asyncio.to_thread(state.store.coordination.lease_holder, LEADER_LEASE),

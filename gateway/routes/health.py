@@ -112,7 +112,7 @@ async def _db_status(request: Request, state: GatewayState) -> str:
 @router.get("/metrics")
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format. Needs the admin key as a bearer token unless
-    `gateway.public_metrics` is set (checked in `gateway/app.py`, with `/docs`)."""
+    `gateway.auth.public_metrics` is set (checked in `gateway/app.py`, with `/docs`)."""
     # In a thread: with several workers this reads every worker's metric files.
     text = await asyncio.to_thread(generate_latest, state.metrics.exposition())
     audit = await asyncio.to_thread(state.store.episode_audit, state.config.trainer)

@@ -186,7 +186,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text} for code, text in (
         (400, "invalid request (names the `param`)"), (401, "unknown or revoked key"),
         (404, "unknown model, session or previous response"),
-        (409, "the session has ended"), (413, "body over gateway.max_request_bytes"),
+        (409, "the session has ended"), (413, "body over gateway.limits.max_request_bytes"),
         (503, "no backend available (retry-after) or the record could not be stored"))}
 _STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 docs_router.include_router(anthropic.docs_router)

@@ -6,7 +6,7 @@ an unknown target; 409 `session_trained` once the session, or any session of the
 group, was claimed for training (checked in the insert's transaction, so no reward is
 acknowledged and then missed by a claim); 409 `reward_exists` for a second reward of the
 same `name` on the same target unless the body says `additive: true` (rewards on one
-target add up); 400 for a non-finite value or one beyond `gateway.reward_max_abs`.
+target add up); 400 for a non-finite value or one beyond `gateway.limits.reward_max_abs`.
 Session keys may score only their own session. The reply's `target_total` is the sum of
 every reward now on the target.
 
@@ -124,9 +124,9 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
     """Record a reward (see the module docstring for the rules)."""
     if not math.isfinite(body.value):
         raise bad_request(f"value must be a finite number, got {body.value}", "value")
-    cap = state.config.gateway.reward_max_abs
+    cap = state.config.gateway.limits.reward_max_abs
     if abs(body.value) > cap:
-        raise bad_request(f"|value| must be at most {cap:g} (gateway.reward_max_abs), got "
+        raise bad_request(f"|value| must be at most {cap:g} (gateway.limits.reward_max_abs), got "
                           f"{body.value:g}", "value")
     owner = "" if principal.is_admin else (principal.key_id or "")
     if body.id is not None:

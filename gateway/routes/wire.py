@@ -15,7 +15,7 @@ def reasoning_signer(state: GatewayState) -> Signer:
     `include: ["reasoning.encrypted_content"]` for Codex, Anthropic thinking signatures),
     keyed by the admin key so only this deployment's gateways accept it back. Cached per
     secret by `signer_for`, so calling it per request costs a dict lookup."""
-    return signer_for(state.config.gateway.admin_key.get_secret_value())
+    return signer_for(state.config.gateway.auth.admin_key.get_secret_value())
 
 
 def named_event(event: dict[str, Any]) -> str:

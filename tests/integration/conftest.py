@@ -53,7 +53,7 @@ def agent_requests(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pat
     """The calculator agent's first turn as the Agents SDK sends it, recorded by a gateway
     in front of the untrained model: {"chat": record, "responses": record}."""
     with run_gateway(tmp_path_factory.mktemp("agent-record"), tiny_model_dir, [engine_url],
-                     "gateway.sampling=client") as gw:
+                     "gateway.sampling.mode=client") as gw:
         asyncio.run(record_agent_requests(gw.v1, ADMIN_KEY, gw.config.gateway.model_name))
         records = stored_completions(gw.state.store)
     by_kind = {("chat" if "messages" in r.request_json else "responses"): r for r in records}
@@ -88,7 +88,7 @@ def tool_gateway(tmp_path: Path, tool_model_dir: Path, tool_engine_url: str
     """A fresh gateway in front of the tool model's engine, honouring client sampling
     (tests ask for temperature 0: greedy, deterministic)."""
     with run_gateway(tmp_path, tool_model_dir, [tool_engine_url],
-                     "gateway.sampling=client") as gw:
+                     "gateway.sampling.mode=client") as gw:
         yield gw
 
 

@@ -134,7 +134,7 @@ def agent_model(tmp_path_factory: pytest.TempPathFactory, agent_bin: Path) -> Pa
     root = tmp_path_factory.mktemp("agent-record")
     base = make_tiny_model(root / "tiny16k", TinyModelSpec(max_position_embeddings=16384))
     with start_engine_in_thread(base) as url, run_gateway(
-            root / "gw", base, [url], "gateway.default_max_tokens=4") as gw:
+            root / "gw", base, [url], "gateway.sampling.default_max_tokens=4") as gw:
         Codex(agent_bin, root, gw.v1)("say hi", check=False)
         Claude(agent_bin, root, gw.url)("say hi", check=False)
         prompts = {r.prompt_ids for r in stored_completions(gw.state.store)}
@@ -147,7 +147,7 @@ def agent_model(tmp_path_factory: pytest.TempPathFactory, agent_bin: Path) -> Pa
 @pytest.fixture()
 def agent_gateway(tmp_path: Path, agent_model: Path) -> Iterator[Gateway]:
     with start_engine_in_thread(agent_model) as url, run_gateway(
-            tmp_path / "gw", agent_model, [url], "gateway.default_max_tokens=24") as gw:
+            tmp_path / "gw", agent_model, [url], "gateway.sampling.default_max_tokens=24") as gw:
         yield gw
 
 

@@ -320,7 +320,7 @@ def test_console_wording_for_newcomers(gateway):
 
     login = httpx.get(gateway.url + "/console/login").text
     assert "<code>data/admin_key</code>" in login
-    assert not gateway.config.gateway.staleness_gate
+    assert not gateway.config.gateway.sessions.staleness_gate
     tile = _admin_client(gateway).get("/console").text.split("Staleness window", 1)[1]
     assert '<div class="value">gate off</div>' in tile[:300]
     assert _num(1957.3, 3) == "1,957" and _num(0.01234) == "0.01234" and _num(12.5) == "12.5"

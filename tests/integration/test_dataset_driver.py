@@ -117,7 +117,7 @@ def _train_argv(data_dir: Path, engine_port: int, gateway_port: int) -> list[str
         "--set", f"data_dir={data_dir}", "--set", f"engine.port={engine_port}",
         "--set", f"gateway.port={gateway_port}", "--set", "dataset.limit=8",
         "--set", "rollout.group_size=2", "--set", "rollout.batch_size=2",
-        "--set", "rollout.progress_interval_s=1", "--set", "gateway.default_max_tokens=8",
+        "--set", "rollout.progress_interval_s=1", "--set", "gateway.sampling.default_max_tokens=8",
         "--set", "trainer.checkpoint_every=2", "--set", "trainer.lr=1e-4")
 
 
@@ -218,7 +218,7 @@ def test_eval_through_a_running_gateway(gateway_factory, tiny_model_dir, engine_
         "reward": "math", "eval": {"datasets": [dataset], "n_samples": 2, "k": [1, 2],
                                    "max_tokens": 6, "out_dir": tmp_path / "eval"}})
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.sampling=client") as gateway:
+                         "gateway.sampling.mode=client") as gateway:
         (row,) = run_eval(driver, gateway.config, gateway=gateway.url,
                           api_key="sk-test-admin")
         assert row["num_questions"] == 3 and row["greedy_length"] == 6.0

@@ -54,7 +54,7 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
                 for i in range(ROUNDS)]
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
-                        "gateway.weight_poll_interval_s=0.01") as gw:
+                        "gateway.router.weight_poll_interval_s=0.01") as gw:
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)  # the trainer's own
         sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=DEFAULT_BUCKET,
                                    timeout_s=60, address="127.0.0.1")
@@ -102,7 +102,7 @@ def test_expired_offer_falls_back_to_disk(tmp_path, tiny_model_dir):
     variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=7)
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
-                        "gateway.weight_poll_interval_s=0.01") as gw:
+                        "gateway.router.weight_poll_interval_s=0.01") as gw:
         store = gw.state.store
         store.add_weight_version(WeightVersionRecord(version=1, path=str(variant), metadata={
             "sync": {"mode": "distributed", "master_address": "127.0.0.1", "master_port": 1,
@@ -159,9 +159,9 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
     from trainer.train import main
 
     overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
-                 "trainer.total_steps=2", "gateway.staleness_gate=false",
+                 "trainer.total_steps=2", "gateway.sessions.staleness_gate=false",
                  "trainer.weight_sync=distributed", "trainer.weight_sync_address=127.0.0.1",
-                 "gateway.weight_poll_interval_s=0.01")
+                 "gateway.router.weight_poll_interval_s=0.01")
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
         _episodes(gw, n_groups=4)
@@ -196,7 +196,7 @@ def test_two_backends_join_as_ranks_1_and_2(tmp_path, tiny_model_dir):
     variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=11)
     with start_engine_in_thread(tiny_model_dir) as a, start_engine_in_thread(tiny_model_dir) as b, \
             run_gateway(tmp_path / "gw", tiny_model_dir, [a, b],
-                        "gateway.weight_poll_interval_s=0.01") as gw:
+                        "gateway.router.weight_poll_interval_s=0.01") as gw:
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)
         sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=256 * 1024,
                                    timeout_s=60, address="127.0.0.1")

@@ -123,13 +123,13 @@ def test_online_example_trains_while_the_agent_runs(tmp_path):
 
     _, config = load_driver_config(ROOT / "examples/online/online.yaml", [
         f"data_dir={tmp_path / 'data'}", f"engine.port={free_port()}",
-        f"gateway.port={free_port()}", "gateway.default_max_tokens=8",
-        "trainer.batch_groups=4", "gateway.admin_key=sk-test-admin"])
+        f"gateway.port={free_port()}", "gateway.sampling.default_max_tokens=8",
+        "trainer.batch_groups=4", "gateway.auth.admin_key=sk-test-admin"])
     samples = load_samples(DatasetConfig(path=ROOT / "examples/math/data/train.jsonl",
                                          limit=8))
     queue = tmp_path / "queue.jsonl"
     with local_stack(config, tmp_path / "run", trainer=True) as stack:
-        admin = {"authorization": f"Bearer {config.gateway.admin_key.get_secret_value()}"}
+        admin = {"authorization": f"Bearer {config.gateway.auth.admin_key.get_secret_value()}"}
         made = httpx.post(f"{stack.gateway_url}/admin/keys", headers=admin,
                           json={"name": "online"})
         # One gateway process in front of the local CPU engine (the workers default).
@@ -139,7 +139,7 @@ def test_online_example_trains_while_the_agent_runs(tmp_path):
 
         async def scenario() -> int:
             judging = asyncio.create_task(judge(
-                stack.gateway_url, config.gateway.admin_key.get_secret_value(),
+                stack.gateway_url, config.gateway.auth.admin_key.get_secret_value(),
                 {s["id"]: s for s in samples}, queue, poll_s=0.05))
             try:
                 deadline = asyncio.get_running_loop().time() + 180

@@ -53,10 +53,10 @@ def test_kill_9_under_load_loses_no_acknowledged_completion(tmp_path, tiny_model
     port = free_port()
     proc = subprocess.Popen(
         cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={tiny_model_dir}",
-                 "--set", f"gateway.port={port}", "--set", f"gateway.backends=[{echo.url}]",
-                 "--set", f"gateway.admin_key={ADMIN_KEY}",
+                 "--set", f"gateway.port={port}", "--set", f"gateway.router.backends=[{echo.url}]",
+                 "--set", f"gateway.auth.admin_key={ADMIN_KEY}",
                  # one process: the one killed is the one that acknowledges and writes
-                 "--set", "gateway.workers=1"),
+                 "--set", "gateway.scale.workers=1"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     stop, acked = threading.Event(), []

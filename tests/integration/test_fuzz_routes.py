@@ -44,7 +44,7 @@ def fuzzed_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         echo = stack.enter_context(start_echo_backend(tokens=4))
         gw = stack.enter_context(run_gateway(
             tmp_path_factory.mktemp("fuzz"), tiny_model_dir, [echo.url],
-            "gateway.default_max_tokens=4", *store))
+            "gateway.sampling.default_max_tokens=4", *store))
         yield gw.url
 
 

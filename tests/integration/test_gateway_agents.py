@@ -33,7 +33,7 @@ GREEDY = RunConfig(model_settings=ModelSettings(temperature=0))
 
 
 def _client(gw: Gateway) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=gw.v1, api_key=gw.config.gateway.admin_key.get_secret_value(),
+    return AsyncOpenAI(base_url=gw.v1, api_key=gw.config.gateway.auth.admin_key.get_secret_value(),
                        max_retries=0)
 
 

@@ -145,7 +145,7 @@ def anthropic_tool_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_di
 @pytest.fixture()
 def tool_gw(tmp_path: Path, anthropic_tool_model: Path) -> Iterator[Gateway]:
     with start_engine_in_thread(anthropic_tool_model) as url, run_gateway(
-            tmp_path, anthropic_tool_model, [url], "gateway.sampling=client") as gw:
+            tmp_path, anthropic_tool_model, [url], "gateway.sampling.mode=client") as gw:
         yield gw
 
 

@@ -47,7 +47,7 @@ def hf_tokenizer(tiny_model_dir: Path) -> Any:
 def client_gw(tmp_path: Path, tiny_model_dir: Path, engine_url: str,
               gateway_factory: Factory) -> Iterator[Gateway]:
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.sampling=client") as gw:
+                         "gateway.sampling.mode=client") as gw:
         yield gw
 
 
@@ -114,13 +114,13 @@ def client_checker(client_gw: Gateway, reference: Any, hf_tokenizer: Any
 
 
 def _client(gw: Gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.v1, api_key=gw.config.gateway.admin_key.get_secret_value(),
+    return openai.OpenAI(base_url=gw.v1, api_key=gw.config.gateway.auth.admin_key.get_secret_value(),
                          max_retries=0)
 
 
 def _session_client(gw: Gateway) -> openai.OpenAI:
     """A client on a fresh RL session's key (turns that may be trained on)."""
-    admin = gw.config.gateway.admin_key.get_secret_value()
+    admin = gw.config.gateway.auth.admin_key.get_secret_value()
     started = httpx.post(f"{gw.url}/rl/sessions", json={},
                          headers={"Authorization": f"Bearer {admin}"}, timeout=30)
     return openai.OpenAI(base_url=gw.v1, api_key=started.json()["api_key"], max_retries=0)
@@ -178,7 +178,7 @@ def test_stream_is_durable_before_done(checker: Checker) -> None:
     gw = checker.gw
     body = {"model": gw.config.gateway.model_name, "messages": [USER], "max_tokens": 10,
             "stream": True}
-    headers = {"Authorization": f"Bearer {gw.config.gateway.admin_key.get_secret_value()}"}
+    headers = {"Authorization": f"Bearer {gw.config.gateway.auth.admin_key.get_secret_value()}"}
     texts, completion_id, record = [], "", None
     with httpx.stream("POST", gw.v1 + "/chat/completions", json=body, headers=headers,
                       timeout=60) as response:
@@ -244,7 +244,7 @@ async def test_concurrent_requests_record_their_own_tokens(checker: Checker) -> 
     record holds its own prompt and output, logprobs as a lone forward computes them."""
     gw = checker.gw
     client = openai.AsyncOpenAI(base_url=gw.v1, max_retries=0,
-                                api_key=gw.config.gateway.admin_key.get_secret_value())
+                                api_key=gw.config.gateway.auth.admin_key.get_secret_value())
     prompts = [[{"role": "user", "content": f"What is {i} + {i * 7}?" + " please" * i}]
                for i in range(8)]
 

@@ -46,7 +46,7 @@ def _gateway(tmp: pytest.TempPathFactory, model: Path, echo: EchoBackendHandle,
     root = tmp.mktemp("gw")
     tokenizer = tokenizer_dir_with_template(model, root / "tokenizer", template)
     return run_gateway(root, model, [echo.url], f"gateway.tokenizer={tokenizer}",
-                       "gateway.sampling=client", "gateway.default_max_tokens=2", *overrides)
+                       "gateway.sampling.mode=client", "gateway.sampling.default_max_tokens=2", *overrides)
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def test_client_timing_out_on_a_plain_request_aborts_the_generation(
         assert run is not None and run.aborted and run.produced < 500
         assert stored_completions(gw.state.store) == []
         metrics = httpx.get(gw.url + "/metrics", timeout=10, headers={
-            "authorization": f"Bearer {gw.config.gateway.admin_key.get_secret_value()}"}).text
+            "authorization": f"Bearer {gw.config.gateway.auth.admin_key.get_secret_value()}"}).text
         assert 'areal_requests_total{route="chat",status="499"} 1.0' in metrics
 
 

@@ -31,7 +31,7 @@ Factory = Callable[..., AbstractContextManager["Gateway"]]
 
 
 def _admin(gw: Gateway) -> Gateway:
-    assert gw.config.gateway.admin_key.get_secret_value() == ADMIN_KEY
+    assert gw.config.gateway.auth.admin_key.get_secret_value() == ADMIN_KEY
     return gw
 
 
@@ -40,7 +40,7 @@ def short_gw(tmp_path: Path, tiny_model_dir: Path, engine_url: str,
              gateway_factory: Factory) -> Iterator[Gateway]:
     """A gateway with a 64-token context and 2-token default replies (fuzzing is fast)."""
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url], "engine.context_length=64",
-                         "gateway.default_max_tokens=2", "gateway.sampling=client") as gw:
+                         "gateway.sampling.default_max_tokens=2", "gateway.sampling.mode=client") as gw:
         yield _admin(gw)
 
 
@@ -362,7 +362,7 @@ def _closed_port() -> int:
 def test_backend_down_is_503_with_retry_after(tmp_path: Path, tiny_model_dir: Path,
                                               gateway_factory: Factory) -> None:
     with gateway_factory(tmp_path, tiny_model_dir, [f"http://127.0.0.1:{_closed_port()}"],
-                         "gateway.backend_unavailable_deadline_s=0.5") as gw:
+                         "gateway.router.backend_unavailable_deadline_s=0.5") as gw:
         _admin(gw)
         body = {"model": MODEL, "messages": _MESSAGES, "max_tokens": 2}
         for path, extra in (("/v1/chat/completions", {}),
@@ -389,7 +389,7 @@ def test_paused_backend_holds_request_until_continue(tmp_path: Path, tiny_model_
     `backend_unavailable_deadline_s` (which bounds waiting for an unreachable backend)
     and completes once generation continues."""
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.backend_unavailable_deadline_s=0.3") as gw:
+                         "gateway.router.backend_unavailable_deadline_s=0.3") as gw:
         _admin(gw)
         client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
         result: dict[str, Any] = {}
@@ -416,7 +416,7 @@ def test_backend_paused_past_request_timeout_is_503(tmp_path: Path, tiny_model_d
                                                     engine_url: str,
                                                     gateway_factory: Factory) -> None:
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.request_timeout_s=1.0") as gw:
+                         "gateway.router.request_timeout_s=1.0") as gw:
         _admin(gw)
         _engine_call(engine_url, "/pause_generation", {"mode": "abort"})
         try:
@@ -435,7 +435,7 @@ def test_oversized_bodies_are_413_before_they_are_read_whole(
     """Declared (content-length) and undeclared (chunked) bodies past the limit both get
     413 `request_too_large` in the OpenAI shape, on the hot routes and the others."""
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.max_request_bytes=4096") as gw:
+                         "gateway.limits.max_request_bytes=4096") as gw:
         gw = _admin(gw)
         big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
         for path in ("/v1/chat/completions", "/v1/responses", "/v1/rewards"):

@@ -23,7 +23,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
     from support.harness import run_gateway
 
     with run_gateway(tmp_path_factory.mktemp("hardening"), tiny_model_dir, [engine_url],
-                     "gateway.default_max_tokens=2") as gateway:
+                     "gateway.sampling.default_max_tokens=2") as gateway:
         yield gateway
 
 
@@ -131,7 +131,7 @@ def test_logit_bias_changes_what_is_sampled_in_client_mode(
         completions_of: Any) -> None:
     """Through the gateway to the engine: +100 on one token id makes every sampled token
     that id, and the recorded output ids say so."""
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url], "gateway.sampling=client") as g:
+    with gateway_factory(tmp_path, tiny_model_dir, [engine_url], "gateway.sampling.mode=client") as g:
         reply = _chat(g, logit_bias={"42": 100}, max_tokens=3, temperature=1.0)
         assert reply.status_code == 200, reply.text
         (record,) = [r for r in completions_of(g.state.store) if r.id == reply.json()["id"]]

@@ -110,8 +110,8 @@ def served(gateway_venv: Path, tiny_model_dir: Path, tmp_path: Path) -> Iterator
         proc = subprocess.Popen(
             [str(gateway_venv / "areal-service"), "serve",
              "--set", f"data_dir={tmp_path / 'data'}", "--set", f"engine.model={tiny_model_dir}",
-             "--set", f"gateway.backends=[{echo.url}]", "--set", f"gateway.port={port}",
-             "--set", "gateway.admin_key=sk-install-test"],
+             "--set", f"gateway.router.backends=[{echo.url}]", "--set", f"gateway.port={port}",
+             "--set", "gateway.auth.admin_key=sk-install-test"],
             stdout=log, stderr=subprocess.STDOUT, env=_clean_env(), cwd=tmp_path)
         url = f"http://127.0.0.1:{port}"
         try:

@@ -29,12 +29,12 @@ def gw(tmp_path: Path, tiny_model_dir: Path, engine_url: str,
        gateway_factory: Callable[..., Any]) -> Iterator[Gateway]:
     """A fresh gateway honouring the client's sampling fields."""
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.sampling=client") as g:
+                         "gateway.sampling.mode=client") as g:
         yield g
 
 
 def _key(gw: Gateway) -> str:
-    return gw.config.gateway.admin_key.get_secret_value()
+    return gw.config.gateway.auth.admin_key.get_secret_value()
 
 
 def _client(gw: Gateway, base_url: str | None = None) -> openai.OpenAI:
@@ -367,7 +367,7 @@ def test_tool_call_streamed(tool_gateway: Gateway, calc_request: dict[str, Any])
 
 
 def test_training_sampling_binds_session_turns_only(gateway: Gateway) -> None:
-    """`gateway.sampling: training` (the default): a turn in a session samples at the
+    """`gateway.sampling.mode: training` (the default): a turn in a session samples at the
     training temperature whatever the client asks (its logprobs are trained on); a turn
     outside any session (the admin key: an evaluation, say) samples as asked."""
     model = gateway.config.gateway.model_name

@@ -1,6 +1,6 @@
 """Reward ids belong to the key that posted them: another key posting the same id
 neither reads the first reward (its metadata) nor squats the id; and a reward beyond
-`gateway.reward_max_abs` is refused at the source (400), so no return can overflow to a
+`gateway.limits.reward_max_abs` is refused at the source (400), so no return can overflow to a
 non-finite number that the export or the trainer would see."""
 
 from __future__ import annotations
@@ -76,14 +76,14 @@ def test_squatting_an_id_does_not_block_another_key(gw: Any) -> None:
 
 @pytest.mark.parametrize("target", ["session", "group"])
 def test_a_reward_beyond_the_cap_is_400(gw: Any, target: str) -> None:
-    """Every reward is bounded by `gateway.reward_max_abs` (1e6 by default), so no sum of
+    """Every reward is bounded by `gateway.limits.reward_max_abs` (1e6 by default), so no sum of
     them can overflow: two rewards of 1e308 (a return of inf) are never both stored."""
     started = _session(gw, group_size=2)
     session = started["sessions"][0]
     where = ({"session_id": session["session_id"]} if target == "session"
              else {"group_id": started["group_id"]})
     key = session["api_key"] if target == "session" else "sk-test-admin"
-    cap = gw.state.config.gateway.reward_max_abs
+    cap = gw.state.config.gateway.limits.reward_max_abs
     assert cap == 1e6
     for value in (1e308, -1e308, cap * 1.000001, -cap - 1):
         refused = _reward(gw, key, value=value, **where)

@@ -98,14 +98,14 @@ def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
     from support.harness import run_gateway
 
     with run_gateway(tmp_path_factory.mktemp("schema"), tiny_model_dir, [engine_url],
-                     "gateway.default_max_tokens=2", "gateway.sampling=client") as gateway:
+                     "gateway.sampling.default_max_tokens=2", "gateway.sampling.mode=client") as gateway:
         yield gateway
 
 
 @pytest.fixture(scope="module")
 def openapi(gw: Any) -> dict[str, Any]:
     response = httpx.get(gw.url + "/openapi.json", headers={
-        "authorization": f"Bearer {gw.config.gateway.admin_key.get_secret_value()}"})
+        "authorization": f"Bearer {gw.config.gateway.auth.admin_key.get_secret_value()}"})
     assert response.status_code == 200
     return response.json()
 

@@ -27,9 +27,9 @@ def test_sigterm_answers_sessions_waiting_for_admission(tmp_path, tiny_model_dir
     proc = subprocess.Popen(
         cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set",
                  f"engine.model={tiny_model_dir}", "--set", f"gateway.port={port}",
-                 "--set", f"gateway.backends=[{echo.url}]", "--set",
-                 "gateway.admin_key=sk-test-admin", "--set", "gateway.workers=1",
-                 "--set", "gateway.staleness_gate=true", "--set", "gateway.admit_wait_s=60",
+                 "--set", f"gateway.router.backends=[{echo.url}]", "--set",
+                 "gateway.auth.admin_key=sk-test-admin", "--set", "gateway.scale.workers=1",
+                 "--set", "gateway.sessions.staleness_gate=true", "--set", "gateway.sessions.admit_wait_s=60",
                  "--set", "trainer.max_staleness=0", "--set", "trainer.batch_groups=1",
                  "--set", "trainer.group_size=1", "--set", "trainer.advantage=batch"),
         stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115

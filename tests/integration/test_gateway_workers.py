@@ -1,15 +1,18 @@
 """Several gateway processes sharing one store, started the way users start them:
-`areal-service serve --set gateway.workers=2` (two uvicorn workers on one port, the
+`areal-service serve --set gateway.scale.workers=2` (two uvicorn workers on one port, the
 local engine behind them), on SQLite and on PostgreSQL (two replicas on one PostgreSQL
 behind one URL).
 
-Checked: every acknowledged completion is stored exactly once under concurrent load
-spread over both workers (fresh connections, streamed and not); a published version is
-swapped once (the leader's), and every worker reports it live; a revoked key and an
-ended session are refused by every worker within their cache bounds; `/metrics` sums
-both workers; when the leader dies, the other worker takes the lease and swaps the
-next version, again once; `serve` killed with SIGKILL takes its workers and engine
-along."""
+One server per store (`served`, module-scoped) and one load over it (`load`), each test
+checking one thing against them: every acknowledged completion is stored exactly once
+under concurrent load spread over both workers (fresh connections, streamed and not);
+`/metrics` sums both workers; a session hopping between workers is one sequence; a
+per-key limit counts both; a published version is swapped once (the leader's), and every
+worker reports it live; a revoked key and an ended session are refused by every worker
+within their cache bounds; when the leader dies, the other worker takes the lease and
+swaps the next version, again once; `serve` killed with SIGKILL takes its workers and
+engine along. The last two change the shared server, so they come last in the file
+(pytest runs a module's tests in file order)."""
 
 from __future__ import annotations
 
@@ -22,12 +25,15 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import select
 from support.loopback import free_port, wait_gone
+from support.postgres_db import fresh_postgres_database
 
 from areal_service.config import StoreConfig
 from areal_service.episodes import build_sequences
@@ -41,7 +47,9 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 KEY_BOUND_S = 5.0 + 3.0  # KeyResolver's ttl_s, plus a reload and a loaded machine's slack
 SESSION_BOUND_S = 1.0 + 3.0  # the session cache's ttl_s, likewise
 LEASE_S = 2.0
-SYNC_S = 0.2  # gateway.key_limits_sync_s
+SYNC_S = 0.2  # gateway.limits.key_limits_sync_s
+AGENTS, TURNS = 8, 6
+"""The load: AGENTS threads of TURNS chats each, alternating streamed and not."""
 
 
 def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.Popen, str]:
@@ -50,11 +58,11 @@ def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.
         proc = subprocess.Popen(
             cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
                      "--set", f"gateway.port={port}", "--set", f"engine.port={free_port()}",
-                     "--set", "gateway.admin_key=sk-test-admin", "--set", "gateway.workers=2",
-                     "--set", f"gateway.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
-                     "--set", f"gateway.key_limits_sync_s={SYNC_S}",
+                     "--set", "gateway.auth.admin_key=sk-test-admin", "--set", "gateway.scale.workers=2",
+                     "--set", f"gateway.scale.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
+                     "--set", f"gateway.limits.key_limits_sync_s={SYNC_S}",
                      # the revocation checks below send many refused keys from one address
-                     "--set", "gateway.auth_free_failures=10000"),
+                     "--set", "gateway.auth.free_failures=10000"),
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -233,121 +241,18 @@ def _rate_limit_across_workers(url: str, store: TrajectoryStore) -> None:
             c.close()
 
 
-def _run_scenario(tmp_path: Path, model_dir: Path, store_url: str) -> None:
-    proc, url = _serve(tmp_path, model_dir, store_url)
-    store = TrajectoryStore.open(store_url, StoreConfig())
-    try:
-        key = httpx.post(f"{url}/admin/keys", json={"name": "agents"}, headers=ADMIN).json()
-
-        # 1. Load over both workers: each acknowledged completion stored exactly once.
-        acked: list[str] = []
-        served: Counter[str] = Counter()
-        failures: list[str] = []
-
-        def agent(i: int) -> None:
-            with _fresh(url) as http:
-                for turn in range(6):
-                    cid, worker = _chat(http, key["api_key"], stream=(i + turn) % 2 == 0)
-                    served[worker] += 1
-                    (acked.append(cid) if cid else failures.append(f"agent {i} turn {turn}"))
-
-        threads = [threading.Thread(target=agent, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not failures, failures
-        assert len(served) == 2, f"one worker served everything: {served}"
-        with store.engine.connect() as db:
-            stored = db.execute(select(CompletionRow.id, CompletionRow.api_key_id)).all()
-        assert sorted(cid for cid, _ in stored) == sorted(acked)  # none lost, none twice
-        assert {key_id for _, key_id in stored} == {key["id"]}
-
-        # /metrics sums both workers (each scrape answered by either one).
-        with _fresh(url) as http:
-            for _ in range(4):
-                text = http.get("/metrics", headers=ADMIN).text
-                total = sum(float(v) for v in re.findall(
-                    r'^areal_requests_total\{route="chat",status="200"\} (\S+)$', text, re.M))
-                assert total == len(acked), text[:2000]
-
-        # A multi-turn session whose turns hop between the workers merges into ONE
-        # training sequence: each worker continues the other's turn from the store.
-        _one_sequence_across_workers(url, store)
-
-        # A per-key rate limit counts both workers' requests, not each worker's own.
-        _rate_limit_across_workers(url, store)
-
-        # 2. One swap per publish, every worker sees it live.
-        statuses: dict[str, dict] = {}
-        _wait("both workers answered /admin/status",
-              lambda: len(statuses.update(_status(url)) or statuses) == 2, 30)
-        leaders = [pid for pid, s in statuses.items() if s["leader"]]
-        assert len(leaders) == 1, statuses
-        _publish(store, tmp_path, model_dir, 1)
-        _wait("v1 live on both workers",
-              lambda: {s["live_version"] for s in _status(url).values()} == {1}, 60)
-        time.sleep(1.0)  # a second swap would come within a poll interval
-        assert _loaded_weights(tmp_path, 1) == 1
-
-        # 3. A revoked key is refused by every worker within the key cache's bound.
-        assert {tuple(set(v)) for v in _workers(
-            url, "/v1/models", {"Authorization": f"Bearer {key['api_key']}"},
-            tries=10).values()} == {(200,)}
-        revoked_at = time.monotonic()
-        assert httpx.post(f"{url}/admin/keys/{key['id']}/revoke",
-                          headers=ADMIN).status_code == 200
-        took = _wait("the revoked key refused on both workers", lambda: _refused_by_both(
-            url, "/v1/models", {"Authorization": f"Bearer {key['api_key']}"}), KEY_BOUND_S)
-        assert time.monotonic() - revoked_at <= KEY_BOUND_S, took
-
-        # 4. An ended session is refused by every worker within the session bound.
-        started = httpx.post(f"{url}/rl/sessions", json={}, headers=ADMIN).json()
-        session_key = {"Authorization": f"Bearer {started['api_key']}"}
-        chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
-        assert {tuple(set(v)) for v in _workers(url, "/v1/chat/completions", session_key,
-                                                tries=6, method="POST", json=chat).values()
-                } == {(200,)}
-        ended = httpx.post(f"{url}/rl/sessions/{started['session_id']}/end", headers=ADMIN)
-        assert ended.status_code == 200, ended.text
-        _wait("the ended session refused on both workers", lambda: _refused_by_both(
-            url, "/v1/chat/completions", session_key, method="POST", json=chat),
-            SESSION_BOUND_S)
-
-        # 5. The leader dies: uvicorn restarts a worker, the lease moves (or comes back),
-        # and the next version is again swapped exactly once.
-        os.kill(int(leaders[0]), signal.SIGKILL)
-        _wait("a new leader", lambda: _one_leader_among_two(url, gone=leaders[0]),
-              LEASE_S * 3 + 30)
-        _publish(store, tmp_path, model_dir, 2)
-        _wait("v2 live on both workers",
-              lambda: {s["live_version"] for s in _status(url).values()} == {2}, 60)
-        time.sleep(1.0)
-        assert _loaded_weights(tmp_path, 2) == 1
-
-        # 6. `serve` killed outright: its workers and its engine go with it (an orphaned
-        # worker would keep answering on the port).
-        children = [int(pid) for pid in _status(url)]
-        engine = re.search(r"started engine \(pid (\d+)\)",
-                           (tmp_path / "serve.log").read_text())
-        assert engine, (tmp_path / "serve.log").read_text()
-        children.append(int(engine.group(1)))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        assert all(wait_gone(pid, 20) for pid in children), children
-    finally:
-        store.close()
-        if proc.poll() is None:
-            _stop(proc)
-        else:  # after the kill above, or a failure: nothing of its group may linger
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _refused_by_both(url: str, path: str, headers: dict[str, str], *, method: str = "GET",
                      json: object = None) -> bool:
     seen = _workers(url, path, headers, tries=10, method=method, json=json)
     return len(seen) == 2 and all(s >= 400 for statuses in seen.values() for s in statuses)
+
+
+def _leaders(url: str) -> list[str]:
+    """Pids of the workers that hold the leader lease, once both answered /admin/status."""
+    statuses: dict[str, dict] = {}
+    _wait("both workers answered /admin/status",
+          lambda: len(statuses.update(_status(url)) or statuses) == 2, 30)
+    return [pid for pid, s in statuses.items() if s["leader"]]
 
 
 def _one_leader_among_two(url: str, gone: str) -> bool:
@@ -356,10 +261,200 @@ def _one_leader_among_two(url: str, gone: str) -> bool:
             and sum(s["leader"] for s in statuses.values()) == 1)
 
 
-def test_two_workers_on_sqlite(tmp_path: Path, tiny_model_dir: Path) -> None:
-    _run_scenario(tmp_path, tiny_model_dir, f"sqlite:///{tmp_path / 'areal.db'}")
 
 
-@pytest.mark.postgres
-def test_two_replicas_on_postgres(tmp_path: Path, tiny_model_dir: Path, postgres_url: str) -> None:
-    _run_scenario(tmp_path, tiny_model_dir, postgres_url)
+# ---- the shared server and load -----------------------------------------------------
+
+
+@dataclass
+class Served:
+    """`serve` with two workers, its store, and where it keeps its logs."""
+
+    proc: subprocess.Popen
+    url: str
+    store: TrajectoryStore
+    data_dir: Path
+    model_dir: Path
+    versions: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    """The next weight version to publish (the tests publish in turn)."""
+
+    def publish(self) -> int:
+        version = next(self.versions)
+        _publish(self.store, self.data_dir, self.model_dir, version)
+        return version
+
+
+@pytest.fixture(scope="module",
+                params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           tiny_model_dir: Path) -> Iterator[Served]:
+    """Two workers on one port and one store (a fresh PostgreSQL database, or SQLite)."""
+    data_dir = tmp_path_factory.mktemp(f"workers-{request.param}")
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            store_url = f"sqlite:///{data_dir / 'areal.db'}"
+        else:
+            store_url = stack.enter_context(
+                contextlib.contextmanager(fresh_postgres_database)())
+        proc, url = _serve(data_dir, tiny_model_dir, store_url)
+        store = TrajectoryStore.open(store_url, StoreConfig())
+        try:
+            yield Served(proc, url, store, data_dir, tiny_model_dir)
+        finally:
+            store.close()
+            if proc.poll() is None:
+                _stop(proc)
+            else:  # killed by a test, or a failure: nothing of its group may linger
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
+@dataclass
+class Load:
+    """What the load left, read right after it (later tests add completions)."""
+
+    key: dict
+    acked: list[str]
+    """Completion ids acknowledged to the agents."""
+    failures: list[str]
+    served_by: Counter[str]
+    """Chats per answering worker."""
+    stored: list[tuple[str, str]]
+    """(completion id, key id) of every completion in the store."""
+    metrics: list[str]
+    """Four `/metrics` scrapes, each answered by either worker."""
+
+
+@pytest.fixture(scope="module")
+def load(served: Served) -> Load:
+    """AGENTS agents of TURNS chats each, on fresh connections spread over both workers."""
+    url = served.url
+    key = httpx.post(f"{url}/admin/keys", json={"name": "agents"}, headers=ADMIN).json()
+    acked: list[str] = []
+    by_worker: Counter[str] = Counter()
+    failures: list[str] = []
+
+    def agent(i: int) -> None:
+        with _fresh(url) as http:
+            for turn in range(TURNS):
+                cid, worker = _chat(http, key["api_key"], stream=(i + turn) % 2 == 0)
+                by_worker[worker] += 1
+                (acked.append(cid) if cid else failures.append(f"agent {i} turn {turn}"))
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(AGENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    with served.store.engine.connect() as db:
+        stored = [tuple(row) for row in
+                  db.execute(select(CompletionRow.id, CompletionRow.api_key_id)).all()]
+    with _fresh(url) as http:
+        metrics = [http.get("/metrics", headers=ADMIN).text for _ in range(4)]
+    return Load(key, acked, failures, by_worker, stored, metrics)
+
+
+# ---- the tests: one thing each ------------------------------------------------------
+
+
+def test_every_chat_of_the_load_is_acknowledged(load: Load) -> None:
+    assert not load.failures, load.failures
+
+
+def test_the_load_spreads_over_both_workers(load: Load) -> None:
+    assert len(load.served_by) == 2, f"one worker served everything: {load.served_by}"
+
+
+def test_every_acknowledged_completion_is_stored_exactly_once(load: Load) -> None:
+    assert sorted(cid for cid, _ in load.stored) == sorted(load.acked)  # none lost, none twice
+
+
+def test_completions_are_stored_under_the_calling_key(load: Load) -> None:
+    assert {key_id for _, key_id in load.stored} == {load.key["id"]}
+
+
+def test_metrics_sum_both_workers(load: Load) -> None:
+    for text in load.metrics:
+        total = sum(float(v) for v in re.findall(
+            r'^areal_requests_total\{route="chat",status="200"\} (\S+)$', text, re.M))
+        assert total == len(load.acked), text[:2000]
+
+
+def test_a_session_hopping_between_workers_is_one_sequence(served: Served) -> None:
+    """Each worker continues the other's turn from the store."""
+    _one_sequence_across_workers(served.url, served.store)
+
+
+def test_a_per_key_rate_limit_counts_both_workers(served: Served) -> None:
+    _rate_limit_across_workers(served.url, served.store)
+
+
+def test_one_worker_holds_the_leader_lease(served: Served) -> None:
+    assert len(_leaders(served.url)) == 1
+
+
+def test_a_published_version_is_swapped_once_and_live_on_every_worker(served: Served
+                                                                      ) -> None:
+    version = served.publish()
+    _wait(f"v{version} live on both workers",
+          lambda: {s["live_version"] for s in _status(served.url).values()} == {version}, 60)
+    time.sleep(1.0)  # a second swap would come within a poll interval
+    assert _loaded_weights(served.data_dir, version) == 1
+
+
+def test_a_revoked_key_is_refused_by_every_worker_within_the_cache_bound(served: Served
+                                                                        ) -> None:
+    url = served.url
+    key = httpx.post(f"{url}/admin/keys", json={"name": "revoked"}, headers=ADMIN).json()
+    bearer = {"Authorization": f"Bearer {key['api_key']}"}
+    assert {tuple(set(v)) for v in _workers(url, "/v1/models", bearer, tries=10).values()
+            } == {(200,)}
+    revoked_at = time.monotonic()
+    assert httpx.post(f"{url}/admin/keys/{key['id']}/revoke", headers=ADMIN).status_code == 200
+    took = _wait("the revoked key refused on both workers",
+                 lambda: _refused_by_both(url, "/v1/models", bearer), KEY_BOUND_S)
+    assert time.monotonic() - revoked_at <= KEY_BOUND_S, took
+
+
+def test_an_ended_session_is_refused_by_every_worker_within_the_cache_bound(
+        served: Served) -> None:
+    url = served.url
+    started = httpx.post(f"{url}/rl/sessions", json={}, headers=ADMIN).json()
+    session_key = {"Authorization": f"Bearer {started['api_key']}"}
+    chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    assert {tuple(set(v)) for v in _workers(url, "/v1/chat/completions", session_key,
+                                            tries=6, method="POST", json=chat).values()
+            } == {(200,)}
+    ended = httpx.post(f"{url}/rl/sessions/{started['session_id']}/end", headers=ADMIN)
+    assert ended.status_code == 200, ended.text
+    _wait("the ended session refused on both workers", lambda: _refused_by_both(
+        url, "/v1/chat/completions", session_key, method="POST", json=chat), SESSION_BOUND_S)
+
+
+# These two change the shared server: they stay last.
+
+
+def test_when_the_leader_dies_another_takes_over_and_swaps_once(served: Served) -> None:
+    """uvicorn restarts the killed worker; the lease moves (or comes back), and the next
+    version is again swapped exactly once."""
+    [leader] = _leaders(served.url)
+    os.kill(int(leader), signal.SIGKILL)
+    _wait("a new leader", lambda: _one_leader_among_two(served.url, gone=leader),
+          LEASE_S * 3 + 30)
+    version = served.publish()
+    _wait(f"v{version} live on both workers",
+          lambda: {s["live_version"] for s in _status(served.url).values()} == {version}, 60)
+    time.sleep(1.0)
+    assert _loaded_weights(served.data_dir, version) == 1
+
+
+def test_serve_killed_takes_its_workers_and_engine_along(served: Served) -> None:
+    """An orphaned worker would keep answering on the port."""
+    children = [int(pid) for pid in _status(served.url)]
+    serve_log = (served.data_dir / "serve.log").read_text()
+    engine = re.search(r"started engine \(pid (\d+)\)", serve_log)
+    assert engine, serve_log
+    children.append(int(engine.group(1)))
+    os.kill(served.proc.pid, signal.SIGKILL)
+    served.proc.wait(10)
+    assert all(wait_gone(pid, 20) for pid in children), children

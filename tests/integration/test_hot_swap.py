@@ -74,7 +74,7 @@ def test_five_swaps_under_load(tmp_path, tiny_model_dir):
                 for i in range(1, SWAPS + 1)]
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
-                        "gateway.weight_poll_interval_s=0.02") as gw:
+                        "gateway.router.weight_poll_interval_s=0.02") as gw:
 
         async def drive():
             failures: list[str] = []

@@ -117,7 +117,7 @@ def test_concurrent_requests_streams_included(tmp_path: Path, tiny_model_dir: Pa
 def test_token_budget_survives_a_restart(tmp_path: Path, tiny_model_dir: Path) -> None:
     with start_echo_backend(tokens=4) as echo:
         with run_gateway(tmp_path, tiny_model_dir, [echo.url],
-                         "gateway.key_usage_interval_s=0.2") as gw:
+                         "gateway.auth.key_usage_interval_s=0.2") as gw:
             http = httpx.Client(base_url=gw.url, timeout=30)
             key_id, key = _key(http, token_budget=20)
             used = 0

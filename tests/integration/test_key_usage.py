@@ -1,5 +1,5 @@
 """`last_used_at` of keys: noted in memory per request, written off the request path at
-most once per `gateway.key_usage_interval_s`, shown by the admin API and the console."""
+most once per `gateway.auth.key_usage_interval_s`, shown by the admin API and the console."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _wait_for(predicate, timeout_s: float = 10.0) -> None:
 def test_last_used_at_is_written_and_shown(tmp_path, tiny_model_dir, engine_url,
                                            gateway_factory):
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.key_usage_interval_s=0.3") as gw:
+                         "gateway.auth.key_usage_interval_s=0.3") as gw:
         http = httpx.Client(base_url=gw.url, timeout=30)
         created = http.post("/admin/keys", json={"name": "used"}, headers=ADMIN).json()
         unused = http.post("/admin/keys", json={"name": "unused"}, headers=ADMIN).json()

@@ -76,8 +76,8 @@ def test_large_prompts_over_the_bound_are_503_server_busy(gateway_factory, tmp_p
     # engine.context_length: past the character pre-check (400k chars need at least ~8k
     # tokens), under the prompts' real length (~250k tokens).
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.offload_prompt_chars=100000", "engine.context_length=40000",
-                         "gateway.offload_max_prompts=1") as gw:
+                         "gateway.limits.offload_prompt_chars=100000", "engine.context_length=40000",
+                         "gateway.limits.offload_max_prompts=1") as gw:
         replies = asyncio.run(run(gw))
     busy = [r for r in replies if r.status_code == 503]
     assert busy and all(r.json()["error"]["code"] == "server_busy" for r in busy)

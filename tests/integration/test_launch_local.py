@@ -43,7 +43,7 @@ def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
     proc = subprocess.Popen(cli_argv(
         "launch", "--scheduler", "local", "--set", f"data_dir={tmp_path}",
         "--set", f"engine.model={tiny_model_dir}", "--set", f"engine.port={free_port()}",
-        "--set", f"gateway.port={gw_port}", "--set", "gateway.admin_key=sk-launch",
+        "--set", f"gateway.port={gw_port}", "--set", "gateway.auth.admin_key=sk-launch",
         "--set", "engine.torch_threads=1", "--set", "trainer.torch_threads=1"),
         stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
         start_new_session=True)

@@ -26,7 +26,7 @@ def _start_serve(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen, int
     proc = subprocess.Popen(
         cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
                  "--set", f"gateway.port={gw_port}", "--set", f"engine.port={engine_port}",
-                 "--set", "gateway.admin_key=sk-test-admin"),
+                 "--set", "gateway.auth.admin_key=sk-test-admin"),
         stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"),  # noqa: SIM115
         start_new_session=True)
     deadline = time.monotonic() + 120

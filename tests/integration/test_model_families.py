@@ -115,7 +115,7 @@ def family_gateway(tmp_path_factory: pytest.TempPathFactory, family_model: tuple
     name, model_dir = family_model
     with start_engine_in_thread(model_dir) as url, run_gateway(
             tmp_path_factory.mktemp("gw"), model_dir, [url],
-            "gateway.sampling=client") as gw:
+            "gateway.sampling.mode=client") as gw:
         yield name, gw
 
 

@@ -26,7 +26,7 @@ def test_ray_places_engine_gateway_and_trainer(tmp_path, tiny_model_dir):
     cfg = load_config(None, [
         f"data_dir={tmp_path}", f"engine.model={tiny_model_dir}",
         f"engine.port={free_port()}", f"gateway.port={free_port()}",
-        "gateway.admin_key=sk-ray-admin", "engine.torch_threads=1",
+        "gateway.auth.admin_key=sk-ray-admin", "engine.torch_threads=1",
         "trainer.torch_threads=1", "cluster.n_nodes=1", "cluster.n_gpus_per_node=0"])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     deployment = RayDeployment(cfg, tmp_path / "launch")

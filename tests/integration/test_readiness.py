@@ -1,7 +1,7 @@
 """Readiness that tells the truth and requests that fail fast, through a real gateway:
 a locked database (writes fail, reads work) is `db: error` until it is released; a dead
 backend is reported down within one health interval; once no backend has been healthy
-for `gateway.no_backend_fail_fast_s`, chats get 503 with retry-after at once, and
+for `gateway.router.no_backend_fail_fast_s`, chats get 503 with retry-after at once, and
 recover when the backend is back."""
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def test_dead_backend_reported_then_fail_fast_then_recovery(tmp_path, tiny_model
                                                              gateway_factory):
     port = free_port()
     echo = start_echo_backend(port, tokens=3)
-    with gateway_factory(tmp_path, tiny_model_dir, [echo.url], "gateway.health_interval_s=0.3",
-                         "gateway.no_backend_fail_fast_s=1",
-                         "gateway.backend_unavailable_deadline_s=30") as gw:
+    with gateway_factory(tmp_path, tiny_model_dir, [echo.url], "gateway.router.health_interval_s=0.3",
+                         "gateway.router.no_backend_fail_fast_s=1",
+                         "gateway.router.backend_unavailable_deadline_s=30") as gw:
         http = httpx.Client(base_url=gw.url, timeout=60, headers=ADMIN)
         assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
         assert http.get("/health/readiness").status_code == 200

@@ -32,21 +32,21 @@ def test_default_admin_key_is_generated_per_data_dir(tmp_path, caplog):
     path = tmp_path / "admin_key"
     loaded = load_config(overrides=[f"data_dir={tmp_path}"])
     # Loading a config creates nothing: only what serves generates the key.
-    assert loaded.gateway.admin_key.get_secret_value() == DEFAULT_ADMIN_KEY
+    assert loaded.gateway.auth.admin_key.get_secret_value() == DEFAULT_ADMIN_KEY
     assert not path.exists() and "generated an admin key" not in caplog.text
-    first = with_admin_key(loaded).gateway.admin_key
+    first = with_admin_key(loaded).gateway.auth.admin_key
     key = first.get_secret_value()
     assert key != DEFAULT_ADMIN_KEY and len(key) > 30
     assert path.read_text().strip() == key and (path.stat().st_mode & 0o777) == 0o600
     assert caplog.text.count("generated an admin key") == 1
-    again = load_config(overrides=[f"data_dir={tmp_path}", "gateway.admin_key=sk-areal-admin"])
-    assert again.gateway.admin_key.get_secret_value() == key  # same dir, same key (read)
-    assert with_admin_key(again).gateway.admin_key.get_secret_value() == key
+    again = load_config(overrides=[f"data_dir={tmp_path}", "gateway.auth.admin_key=sk-areal-admin"])
+    assert again.gateway.auth.admin_key.get_secret_value() == key  # same dir, same key (read)
+    assert with_admin_key(again).gateway.auth.admin_key.get_secret_value() == key
     assert caplog.text.count("generated an admin key") == 1  # logged once, when created
     other = with_admin_key(load_config(overrides=[f"data_dir={tmp_path / 'other'}"]))
-    assert other.gateway.admin_key.get_secret_value() not in (key, DEFAULT_ADMIN_KEY)
-    mine = load_config(overrides=[f"data_dir={tmp_path}", "gateway.admin_key=sk-mine"])
-    assert mine.gateway.admin_key.get_secret_value() == "sk-mine"
+    assert other.gateway.auth.admin_key.get_secret_value() not in (key, DEFAULT_ADMIN_KEY)
+    mine = load_config(overrides=[f"data_dir={tmp_path}", "gateway.auth.admin_key=sk-mine"])
+    assert mine.gateway.auth.admin_key.get_secret_value() == "sk-mine"
 
 
 def test_only_serving_commands_create_the_admin_key(tmp_path):
@@ -66,26 +66,26 @@ def test_only_serving_commands_create_the_admin_key(tmp_path):
     config = load_config(overrides=[f"data_dir={data}"])
     demo = demo_config(config, steps=1)
     key = (data / "admin_key").read_text().strip()
-    assert demo.gateway.admin_key.get_secret_value() == key != DEFAULT_ADMIN_KEY
-    assert eval_config(config, None).gateway.admin_key.get_secret_value() == key
+    assert demo.gateway.auth.admin_key.get_secret_value() == key != DEFAULT_ADMIN_KEY
+    assert eval_config(config, None).gateway.auth.admin_key.get_secret_value() == key
 
 
 def test_default_admin_key_on_a_reachable_address_refuses_to_start(tmp_path):
     for host in ("0.0.0.0", "'::'", "10.1.2.3", "gateway.example"):
         cfg = load_config(overrides=[f"data_dir={tmp_path}", f"gateway.host={host}"])
-        assert cfg.gateway.admin_key.get_secret_value() == DEFAULT_ADMIN_KEY
-        with pytest.raises(DefaultAdminKeyError, match="gateway.admin_key"):
+        assert cfg.gateway.auth.admin_key.get_secret_value() == DEFAULT_ADMIN_KEY
+        with pytest.raises(DefaultAdminKeyError, match="gateway.auth.admin_key"):
             with_admin_key(cfg, binding=True)
         with pytest.raises(DefaultAdminKeyError), TestClient(create_app(cfg)):
             pass  # the lifespan refuses before anything is built
     explicit = load_config(overrides=[f"data_dir={tmp_path}", "gateway.host=0.0.0.0",
-                                      "gateway.admin_key=sk-long-secret"])
+                                      "gateway.auth.admin_key=sk-long-secret"])
     assert with_admin_key(explicit, binding=True) is explicit
     # The CLI says so and exits before starting anything (no engine, no port).
     run = subprocess.run(
         [sys.executable, "-m", "launcher", "serve", "--set", f"data_dir={tmp_path / 'cli'}",
          "--set", "gateway.host=0.0.0.0"], capture_output=True, text=True, timeout=120,
-        env={k: v for k, v in os.environ.items() if k != "AREAL_GATEWAY__ADMIN_KEY"})
+        env={k: v for k, v in os.environ.items() if k != "AREAL_GATEWAY__AUTH__ADMIN_KEY"})
     assert run.returncode != 0
     assert "refusing to serve on 0.0.0.0 with the default admin key" in run.stderr
     assert not (tmp_path / "cli" / "logs").exists()
@@ -94,9 +94,9 @@ def test_default_admin_key_on_a_reachable_address_refuses_to_start(tmp_path):
 def test_gateway_with_the_default_key_uses_the_generated_one(tmp_path, tiny_model_dir,
                                                              engine_url, gateway_factory):
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         f"gateway.admin_key={DEFAULT_ADMIN_KEY}") as gw:
+                         f"gateway.auth.admin_key={DEFAULT_ADMIN_KEY}") as gw:
         key = (tmp_path / "admin_key").read_text().strip()
-        assert gw.state.config.gateway.admin_key.get_secret_value() == key
+        assert gw.state.config.gateway.auth.admin_key.get_secret_value() == key
         http = httpx.Client(base_url=gw.url, timeout=30)
         assert http.get("/admin/status", headers={
             "authorization": f"Bearer {DEFAULT_ADMIN_KEY}"}).status_code == 401
@@ -116,8 +116,8 @@ room enough on a loaded machine; the test waits it out once."""
 def test_bearer_and_login_failures_back_off_exponentially(tmp_path, tiny_model_dir,
                                                            engine_url, gateway_factory):
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.auth_free_failures=3", f"gateway.auth_backoff_s={BACKOFF_S}",
-                         "gateway.auth_max_backoff_s=60") as gw:
+                         "gateway.auth.free_failures=3", f"gateway.auth.backoff_s={BACKOFF_S}",
+                         "gateway.auth.max_backoff_s=60") as gw:
         http = httpx.Client(base_url=gw.url, timeout=30)
         user = http.post("/admin/keys", json={"name": "agent"}, headers=ADMIN).json()
         agent = {"authorization": f"Bearer {user['api_key']}"}
@@ -181,8 +181,8 @@ def test_failures_on_every_process_sharing_the_store_lock_the_address_out(
     three guesses on each, and within one sync interval both refuse the address (429),
     though neither saw more than its free failures. Counted per process, the next guess
     on each would be a plain 401."""
-    settings = ("gateway.replicas=true", "gateway.auth_free_failures=5",
-                "gateway.auth_backoff_s=60", "gateway.auth_throttle_sync_s=0.2")
+    settings = ("gateway.scale.replicas=true", "gateway.auth.free_failures=5",
+                "gateway.auth.backoff_s=60", "gateway.auth.throttle_sync_s=0.2")
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url], *settings) as one, \
             gateway_factory(tmp_path, tiny_model_dir, [engine_url], *settings) as other:
         wrong = {"authorization": "Bearer sk-guess"}
@@ -211,11 +211,13 @@ def test_docs_and_metrics_need_the_admin_key_unless_public(tmp_path, tiny_model_
         for path in paths:
             bare = http.get(path)
             assert bare.status_code == 401 and bare.json()["error"]["code"] == "admin_required"
+            setting = "public_metrics" if path == "/metrics" else "public_docs"
+            assert f"gateway.auth.{setting}" in bare.json()["error"]["message"]  # where to set it
             assert http.get(path, headers={"authorization": f"Bearer {user}"}
                             ).status_code == 401
             assert http.get(path, headers=ADMIN).status_code == 200
     with gateway_factory(tmp_path / "b", tiny_model_dir, [engine_url],
-                         "gateway.public_docs=true", "gateway.public_metrics=true") as gw:
+                         "gateway.auth.public_docs=true", "gateway.auth.public_metrics=true") as gw:
         for path in paths:
             assert httpx.get(gw.url + path, timeout=30).status_code == 200
 

@@ -108,8 +108,8 @@ def test_user_key_auto_session_refresh_and_header(gateway):
 
 def test_idle_sessions_time_out(tmp_path, tiny_model_dir, engine_url):
     with run_gateway(tmp_path, tiny_model_dir, [engine_url],
-                     "gateway.session_idle_timeout_s=0.3",
-                     "gateway.session_sweep_interval_s=0.1") as gw:
+                     "gateway.sessions.idle_timeout_s=0.3",
+                     "gateway.sessions.sweep_interval_s=0.1") as gw:
         opened = httpx.post(f"{gw.url}/rl/sessions", json={}, headers=ADMIN).json()
         deadline = time.monotonic() + 10
         while gw.state.store.get_session(opened["session_id"]).status == "open":

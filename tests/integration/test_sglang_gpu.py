@@ -56,10 +56,10 @@ def chat_capture_swap(tmp_path: Path, model_dir: Path, python: str, env: dict[st
     backend = f"http://127.0.0.1:{engine_port}"
     cfg = load_config(None, [
         f"data_dir={tmp_path}", "engine.backend=sglang", f"engine.model={model_dir}",
-        f"engine.port={engine_port}", f"gateway.port={gw_port}", f"gateway.admin_key={KEY}",
+        f"engine.port={engine_port}", f"gateway.port={gw_port}", f"gateway.auth.admin_key={KEY}",
         "engine.sglang.gpus=[0]", "engine.sglang.servers=1", f"engine.sglang.python={python}",
         "engine.sglang.mem_fraction_static=0.6", f"engine.sglang.ready_timeout_s={ready_s}",
-        "gateway.weight_poll_interval_s=0.05"])
+        "gateway.router.weight_poll_interval_s=0.05"])
     log = tmp_path / "serve.log"
     serve = subprocess.Popen(
         cli_argv("serve", "--config", str(save_config(cfg, tmp_path / "cfg.yaml"))),

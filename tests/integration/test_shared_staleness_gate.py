@@ -15,7 +15,7 @@ WINDOW = 8
 
 def test_two_processes_admit_exactly_the_window(tmp_path, tiny_model_dir, engine_url,
                                                 gateway_factory):
-    gate = ["gateway.staleness_gate=true", "gateway.admit_wait_s=0", "trainer.max_staleness=0",
+    gate = ["gateway.sessions.staleness_gate=true", "gateway.sessions.admit_wait_s=0", "trainer.max_staleness=0",
             "trainer.batch_groups=2", "trainer.group_size=4"]
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url], *gate) as one, \
             gateway_factory(tmp_path, tiny_model_dir, [engine_url], *gate) as other:

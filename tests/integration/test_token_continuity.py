@@ -85,7 +85,7 @@ def chat_conversation(client: openai.OpenAI, model: str, turns: list[str]
 def test_eight_turns_at_t1_export_one_sequence(tmp_path: Path, tiny_model_dir: Path,
                                                engine_url: str, continuity: bool) -> None:
     with run_gateway(tmp_path, tiny_model_dir, [engine_url],
-                     f"gateway.token_continuity={str(continuity).lower()}") as gw:
+                     f"gateway.continuity.enabled={str(continuity).lower()}") as gw:
         session_id, client = open_session(gw)
         replies = chat_conversation(client, gw.config.gateway.model_name, USER_TURNS)
         records, sequences = sequences_of(gw, session_id)
@@ -213,8 +213,8 @@ def test_turns_hopping_between_gateway_processes_merge(tmp_path: Path, tiny_mode
     """Two gateway processes on one store (workers or replicas): each turn goes to the
     other one, which did not serve the turn it extends. It finds that turn in the store
     (`Continuity.recall`), so the session still exports ONE exact sequence."""
-    with run_gateway(tmp_path, tiny_model_dir, [engine_url], "gateway.replicas=true") as a, \
-            run_gateway(tmp_path, tiny_model_dir, [engine_url], "gateway.replicas=true") as b:
+    with run_gateway(tmp_path, tiny_model_dir, [engine_url], "gateway.scale.replicas=true") as a, \
+            run_gateway(tmp_path, tiny_model_dir, [engine_url], "gateway.scale.replicas=true") as b:
         session_id, client_a = open_session(a)
         client_b = openai.OpenAI(base_url=b.v1, api_key=client_a.api_key, max_retries=0)
         model = a.config.gateway.model_name

@@ -55,14 +55,9 @@ from trainer.model import (
     init_distributed,
     load_policy,
 )
+from trainer.resume import newer_published_weights, recover_claims, resume_point
 from trainer.step import build_optimizer, train_step
-from trainer.train import (
-    main,
-    newer_published_weights,
-    recover_claims,
-    resume_point,
-    shard_micro_batches,
-)
+from trainer.train import main, shard_micro_batches
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +100,7 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
     """Two steps with a KL penalty against the initial model; the engine swaps to v2 and
     its logprobs equal the trainer's forward_logprobs on the v2 weights."""
     overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
-                 "trainer.total_steps=2", "gateway.staleness_gate=false",
+                 "trainer.total_steps=2", "gateway.sessions.staleness_gate=false",
                  "trainer.kl_coef=0.05", "trainer.mismatch_mask=sequence")
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:

@@ -83,7 +83,7 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_python: str,
 @pytest.fixture()
 def gw(tmp_path: Path, smollm2_dir: Path, vllm_url: str):
     with run_gateway(tmp_path, smollm2_dir, [vllm_url], "engine.backend=vllm",
-                     "gateway.weight_poll_interval_s=0.05") as gateway:
+                     "gateway.router.weight_poll_interval_s=0.05") as gateway:
         yield gateway
 
 

@@ -45,7 +45,7 @@ def test_multi_rank_servers_join_at_their_offsets(tmp_path, tiny_model_dir):
                                 emulate_dp_attention=True) as a, \
             start_engine_in_thread(tiny_model_dir) as b, \
             run_gateway(tmp_path / "gw", tiny_model_dir, [a, b],
-                        "gateway.weight_poll_interval_s=0.01") as gw:
+                        "gateway.router.weight_poll_interval_s=0.01") as gw:
         info = httpx.get(f"{a}/server_info").json()
         assert (info["tp_size"], info["dp_size"], info["enable_dp_attention"]) == (2, 2, True)
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)
@@ -66,7 +66,7 @@ def test_a_dp_server_without_dp_attention_is_swapped_from_disk(tmp_path, tiny_mo
     variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=22)
     with start_engine_in_thread(tiny_model_dir, emulate_dp_size=2) as engine, \
             run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
-                        "gateway.weight_poll_interval_s=0.01") as gw:
+                        "gateway.router.weight_poll_interval_s=0.01") as gw:
         refused = httpx.post(f"{engine}/init_weights_update_group", json={
             "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
             "world_size": 2, "group_name": "g", "backend": "gloo"})

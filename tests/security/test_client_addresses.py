@@ -1,7 +1,7 @@
 """M1/M2: the address the auth throttle counts, and what a lock-out refuses.
 
 - `X-Forwarded-For` moves the counted address only when the peer is a configured proxy
-  (`gateway.forwarded_allow_ips`, empty by default): 200 wrong keys each "from" another
+  (`gateway.auth.forwarded_allow_ips`, empty by default): 200 wrong keys each "from" another
   address were all answered 401 before (uvicorn trusts loopback by default).
 - A lock-out refuses wrong keys, never a right one: the admin signing in to the console,
   or a valid key this process has not seen yet."""
@@ -18,7 +18,7 @@ import httpx
 from areal_service.keys import new_api_key
 
 ADMIN_KEY = "sk-test-admin"
-THROTTLE = ("gateway.auth_free_failures=3", "gateway.auth_backoff_s=30")
+THROTTLE = ("gateway.auth.free_failures=3", "gateway.auth.backoff_s=30")
 
 
 def _guesses(gw: Any, n: int) -> list[int]:
@@ -36,7 +36,7 @@ def test_forwarded_for_is_not_trusted_by_default(
 
 def test_forwarded_for_is_trusted_from_a_configured_proxy(
         serve: Callable[..., AbstractContextManager[Any]]) -> None:
-    with serve(*THROTTLE, "gateway.forwarded_allow_ips=[\"127.0.0.1\"]") as gw:
+    with serve(*THROTTLE, "gateway.auth.forwarded_allow_ips=[\"127.0.0.1\"]") as gw:
         assert _guesses(gw, 20) == [401] * 20  # each from its own (proxied) address
 
 

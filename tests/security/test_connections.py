@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 ADMIN = "sk-test-admin"
-FAST = ("gateway.header_timeout_s=1", "gateway.body_timeout_s=1")
+FAST = ("gateway.limits.header_timeout_s=1", "gateway.limits.body_timeout_s=1")
 
 
 def _connect(url: str) -> socket.socket:
@@ -45,8 +45,8 @@ def _read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, floa
 @pytest.fixture(params=["httptools", "h11"])
 def fast_gw(request: pytest.FixtureRequest, serve: Callable[..., AbstractContextManager[Any]]
             ) -> Iterator[Any]:
-    with serve(*FAST, "gateway.max_connections=8",
-               "gateway.max_anonymous_requests=1", http=request.param) as gw:
+    with serve(*FAST, "gateway.limits.max_connections=8",
+               "gateway.limits.max_anonymous_requests=1", http=request.param) as gw:
         yield gw
 
 
@@ -135,7 +135,7 @@ def test_body_limits_by_route_and_key(fast_gw: Any) -> None:
     r = httpx.post(fast_gw.url + "/rl/sessions", content=b"{" + b" " * 100_000 + b"}",
                    headers={"content-type": "application/json"}, timeout=10)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
-    # A key, on a route that generates nothing: gateway.control_body_bytes (4 MiB).
+    # A key, on a route that generates nothing: gateway.limits.control_body_bytes (4 MiB).
     r = httpx.post(fast_gw.url + "/v1/rewards", content=b"{" + b" " * 5_000_000 + b"}",
                    headers={"authorization": f"Bearer {ADMIN}",
                             "content-type": "application/json"}, timeout=10)
@@ -147,7 +147,7 @@ def test_body_limits_by_route_and_key(fast_gw: Any) -> None:
 
 
 def test_requests_without_a_key_are_capped(fast_gw: Any) -> None:
-    """gateway.max_anonymous_requests=1: one stalled sign-in holds the only slot; another
+    """gateway.limits.max_anonymous_requests=1: one stalled sign-in holds the only slot; another
     keyless post gets 503, liveness is still answered, a keyed request still served."""
     with _connect(fast_gw.url) as sock:
         sock.sendall(b"POST /console/login HTTP/1.1\r\nhost: x\r\ncontent-type: "

@@ -29,7 +29,7 @@ def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
             stack.callback(databases.close)
         yield stack.enter_context(serve_gateway(
             tmp_path_factory.mktemp("edges"), tiny_model_dir, [sec_engine_url],
-            "gateway.default_max_tokens=2", *store))
+            "gateway.sampling.default_max_tokens=2", *store))
 
 
 @pytest.fixture()

@@ -1,5 +1,5 @@
 """M4: a conversation of very many small messages neither stalls the event loop nor is
-accepted without bound: past `gateway.max_messages` it is 400 before validation, and a
+accepted without bound: past `gateway.limits.max_messages` it is 400 before validation, and a
 large body is parsed, validated and rendered off the loop. Liveness is polled meanwhile."""
 
 from __future__ import annotations

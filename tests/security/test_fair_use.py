@@ -1,6 +1,6 @@
 """M3: one request cannot monopolise the engine. `n` x `max_tokens` is capped per
 request (400 beyond), and a request's choices hold at most
-`gateway.max_choices_in_flight` of the engine's batch slots, so a small request is not
+`gateway.limits.max_choices_in_flight` of the engine's batch slots, so a small request is not
 queued behind a greedy one."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def narrow_engine(tiny_model_dir: Path) -> Iterator[str]:
 def test_n_times_max_tokens_is_capped(tmp_path: Path, tiny_model_dir: Path,
                                       narrow_engine: str) -> None:
     with serve_gateway(tmp_path, tiny_model_dir, [narrow_engine],
-                       "gateway.max_n_tokens=1000") as gw:
+                       "gateway.limits.max_n_tokens=1000") as gw:
         url = gw.url + "/v1/chat/completions"
         r = httpx.post(url, headers=ADMIN, json=_chat(n=128, max_tokens=4000), timeout=30)
         assert r.status_code == 400, r.text
@@ -50,8 +50,8 @@ def test_n_times_max_tokens_is_capped(tmp_path: Path, tiny_model_dir: Path,
 
 def test_a_small_request_is_not_queued_behind_a_greedy_one(
         tmp_path: Path, tiny_model_dir: Path, narrow_engine: str) -> None:
-    with serve_gateway(tmp_path, tiny_model_dir, [narrow_engine], "gateway.sampling=client",
-                       "gateway.max_choices_in_flight=1") as gw:
+    with serve_gateway(tmp_path, tiny_model_dir, [narrow_engine], "gateway.sampling.mode=client",
+                       "gateway.limits.max_choices_in_flight=1") as gw:
         url = gw.url + "/v1/chat/completions"
         greedy_done = threading.Event()
 

@@ -48,8 +48,8 @@ def run_gateway(tmp_dir: Path, model_dir: Path, backends: list[str],
     port = free_port()
     cfg = load_config(overrides=[
         f"data_dir={tmp_dir}", f"engine.model={model_dir}", f"gateway.port={port}",
-        f"gateway.backends={backends}", f"gateway.admin_key={ADMIN_KEY}",
-        "gateway.backend_unavailable_deadline_s=2", *overrides])
+        f"gateway.router.backends={backends}", f"gateway.auth.admin_key={ADMIN_KEY}",
+        "gateway.router.backend_unavailable_deadline_s=2", *overrides])
     with serve_app(cfg, {"host": "127.0.0.1", "port": port, "log_level": "warning"}) as gw:
         yield gw
 

@@ -22,8 +22,8 @@ def serve_gateway(tmp_dir: Path, model_dir: Path, backends: list[str], *override
     port = free_port()
     cfg = load_config(overrides=[
         f"data_dir={tmp_dir}", f"engine.model={model_dir}", f"gateway.port={port}",
-        f"gateway.backends={backends}", f"gateway.admin_key={ADMIN_KEY}",
-        "gateway.backend_unavailable_deadline_s=2", "log_level=warning", *overrides])
+        f"gateway.router.backends={backends}", f"gateway.auth.admin_key={ADMIN_KEY}",
+        "gateway.router.backend_unavailable_deadline_s=2", "log_level=warning", *overrides])
     options = uvicorn_options(cfg, http) | {"loop": "asyncio"}
     with serve_app(cfg, options, thread_name="sec-gateway") as gw:
         yield gw

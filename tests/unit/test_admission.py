@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass, field
 
-from areal_service.config import GatewayConfig, ServiceConfig, TrainerConfig
+from areal_service.config import GatewayConfig, ServiceConfig, SessionsConfig, TrainerConfig
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import CompletionRecord, RewardRecord, SessionRecord
@@ -30,7 +30,7 @@ class GateState:
 def gate(store: TrajectoryStore, *, eta: int, batch_groups: int = 1, group_size: int = 2
          ) -> GateState:
     trainer = TrainerConfig(max_staleness=eta, batch_groups=batch_groups, group_size=group_size)
-    gateway = GatewayConfig(staleness_gate=True, admit_wait_s=0.0)
+    gateway = GatewayConfig(sessions=SessionsConfig(staleness_gate=True, admit_wait_s=0.0))
     return GateState(ServiceConfig(trainer=trainer, gateway=gateway), store)
 
 

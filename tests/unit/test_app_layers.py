@@ -28,7 +28,7 @@ def test_hot_routes_are_outside_the_framework_stack(tmp_path: Path) -> None:
 
 
 def test_worker_header_is_outermost_with_several_workers(tmp_path: Path) -> None:
-    config = load_config(overrides=[f"data_dir={tmp_path}", "gateway.workers=2"])
+    config = load_config(overrides=[f"data_dir={tmp_path}", "gateway.scale.workers=2"])
     chain = _chain(create_app(config).build_middleware_stack())
     assert chain[0].__name__ == "_WorkerHeader"
     assert chain[1:3] == [AuthThrottleMiddleware, HotRoutes], chain

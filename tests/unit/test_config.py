@@ -56,7 +56,7 @@ def test_config_show_cli_masks_secret():
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
     assert shown["gateway"]["port"] == 8123
-    assert shown["gateway"]["admin_key"] == "**********"
+    assert shown["gateway"]["auth"]["admin_key"] == "**********"
 
 
 def test_cli_flags_ratchet():
@@ -79,23 +79,23 @@ def test_workers_default_follows_where_generation_runs(monkeypatch: pytest.Monke
     (a process per core costs more CPU per request where others share the cores)."""
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert load_config(None, []).gateway.worker_count() == 1
-    external = load_config(None, ["gateway.backends=[http://10.0.0.1:30000]"]).gateway
+    external = load_config(None, ["gateway.router.backends=[http://10.0.0.1:30000]"]).gateway
     assert external.worker_count() == 4 and not external.shares_store()  # not yet resolved
-    assert load_config(None, ["gateway.router_url=http://10.0.0.1:30000"]
+    assert load_config(None, ["gateway.router.url=http://10.0.0.1:30000"]
                        ).gateway.worker_count() == 4
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     assert external.worker_count() == 8
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert external.worker_count() == 1
-    assert load_config(None, ["gateway.backends=[http://10.0.0.1:30000]", "gateway.workers=3"]
-                       ).gateway.worker_count() == 3
-    assert load_config(None, ["gateway.workers=3"]).gateway.shares_store()
+    assert load_config(None, ["gateway.router.backends=[http://10.0.0.1:30000]",
+                              "gateway.scale.workers=3"]).gateway.worker_count() == 3
+    assert load_config(None, ["gateway.scale.workers=3"]).gateway.shares_store()
 
 
 def test_vllm_refuses_what_it_cannot_do():
     """SGLang's router and SGLang's broadcast protocol are refused with vLLM, by name."""
-    with pytest.raises(ValueError, match="router_url"):
-        load_config(overrides=["engine.backend=vllm", "gateway.router_url=http://r:1"])
+    with pytest.raises(ValueError, match="gateway.router.url"):
+        load_config(overrides=["engine.backend=vllm", "gateway.router.url=http://r:1"])
     with pytest.raises(ValueError, match="weight_sync=disk"):
         load_config(overrides=["engine.backend=vllm", "trainer.weight_sync=distributed"])
     assert load_config(overrides=["engine.backend=vllm"]).engine.vllm.kv_cache_space_gib > 0

@@ -31,7 +31,7 @@ def test_sections_split_and_overrides_reach_both(tmp_path):
     trained = training_config(driver, config, num_samples=10)
     assert trained.trainer.group_size == 2 and trained.trainer.batch_groups == 3
     assert trained.trainer.total_steps == 3 * 10 // 3
-    assert trained.gateway.staleness_gate
+    assert trained.gateway.sessions.staleness_gate
 
 
 def test_config_errors(tmp_path):

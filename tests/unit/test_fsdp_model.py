@@ -33,6 +33,7 @@ from trainer.model import (
     resolve_dtype,
     save_hf_checkpoint,
 )
+from trainer.policy import reference_model
 from trainer.step import (
     accumulate_gradients,
     build_optimizer,
@@ -40,7 +41,6 @@ from trainer.step import (
     forward_logprobs,
     train_step,
 )
-from trainer.train import reference_model
 
 CFG = TrainerConfig(lr=1e-3, weight_decay=0.0, grad_clip=1.0, max_tokens_per_mb=10_000)
 

@@ -1,4 +1,4 @@
-"""Router mode (`gateway.router_url`): generation goes through SGLang's router, every
+"""Router mode (`gateway.router.url`): generation goes through SGLang's router, every
 weight-control call goes to each worker the router lists, once. Against a stand-in
 router (`tests/support/router_standin.py`; the real one runs in
 tests/integration/test_sglang_router.py when the `sglang-router` wheel is installed)
@@ -125,12 +125,12 @@ async def test_aborts_fan_out_to_every_worker_and_old_routers_list_urls() -> Non
 
 
 def test_from_config_builds_router_mode() -> None:
-    cfg = load_config(overrides=["gateway.router_url=http://127.0.0.1:39999/"])
+    cfg = load_config(overrides=["gateway.router.url=http://127.0.0.1:39999/"])
     pool = BackendPool.from_config(cfg)
     assert pool.router is not None and pool.router.url == "http://127.0.0.1:39999"
     assert pool.backends == []
     direct = BackendPool.from_config(load_config(overrides=[
-        "gateway.backends=[http://127.0.0.1:1, http://127.0.0.1:2]"]))
+        "gateway.router.backends=[http://127.0.0.1:1, http://127.0.0.1:2]"]))
     assert direct.router is None and len(direct.backends) == 2
 
 

@@ -110,7 +110,7 @@ def test_supervisor_runs_local_engine_restarts_it_on_death_and_stops_it(tmp_path
         cfg = load_config(None, [f"data_dir={tmp_path}", "engine.backend=sglang",
                                  f"engine.sglang.attach=['{url}/']"])
         with sglang_backends(cfg) as attached:
-            assert attached.gateway.backends == [url]
+            assert attached.gateway.router.backends == [url]
         [first] = sup.pids()
         os.kill(first, signal.SIGKILL)  # a server dies
         assert _wait(lambda: sup.pids()[0] not in (None, first), 10), "not restarted"

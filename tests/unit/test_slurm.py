@@ -113,16 +113,16 @@ printf "srun %s\\n" "$*" >> {calls}
                                                                          "10.0.0.2"}
     assert not any("0.0.0.0" in s for s in engines)
     assert "--nodelist=gpu-a" in gateway
-    assert f"gateway.backends={json.dumps(backends, separators=(',', ':'))}" in gateway
+    assert f"gateway.router.backends={json.dumps(backends, separators=(',', ':'))}" in gateway
     assert "--nodelist=gpu-c" in trainer and "--rdzv-endpoint=gpu-c:29500" in trainer
     assert "--rdzv-id=4242" in trainer
-    assert f"gateway.backends={json.dumps(backends, separators=(',', ':'))}" in trainer
+    assert f"gateway.router.backends={json.dumps(backends, separators=(',', ':'))}" in trainer
     health = [line for line in lines if line.startswith("curl")]
     assert [h.split()[-1] for h in health] == [
         *[f"{b}/health_generate" for b in backends], "http://gpu-a:8000/health/liveness"]
-    # the bash-built JSON is what the config loader reads as gateway.backends
-    cfg = load_config(None, [f"gateway.backends={json.dumps(backends, separators=(',', ':'))}"])
-    assert cfg.gateway.backends == backends
+    # the bash-built JSON is what the config loader reads as gateway.router.backends
+    cfg = load_config(None, [f"gateway.router.backends={json.dumps(backends, separators=(',', ':'))}"])
+    assert cfg.gateway.router.backends == backends
 
 
 @pytest.mark.processes

@@ -1,0 +1,111 @@
+"""What rank 0 alone holds: the store, the episode claimer and the claims it holds, the
+metrics writer, and the weight broadcaster (`trainer.weight_sync: distributed`). The
+other ranks get what they need from it by broadcast (`trainer/process.py`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from areal_service.config import ServiceConfig
+from areal_service.store import TrajectoryStore
+from areal_service.store.claims import EpisodeClaimer
+from areal_service.types import EpisodeGroup, TrainStepRecord
+from trainer.metrics import MetricsWriter, batch_metrics, step_metrics
+from trainer.model import DistInfo
+from trainer.resume import recover_claims
+from trainer.step import StepStats
+from trainer.weight_broadcast import WeightBroadcaster
+
+log = logging.getLogger(__name__)
+
+RUN_NAME = "train"
+"""`data_dir/runs/<RUN_NAME>`: TensorBoard events and the resolved config. Fixed, so a
+resumed run appends to the same curves."""
+
+
+class HeldClaims:
+    """Claims rank 0 holds: each is either marked trained or released on the way out."""
+
+    def __init__(self, claimer: EpisodeClaimer) -> None:
+        self._claimer = claimer
+        self._ids: set[str] = set()
+
+    def add(self, groups: Sequence[EpisodeGroup]) -> None:
+        self._ids.update(g.claim_id for g in groups)
+
+    def mark_trained(self, groups: Sequence[EpisodeGroup]) -> None:
+        for group in groups:
+            self._claimer.mark_trained(group.claim_id)
+            self._ids.discard(group.claim_id)
+
+    def release_all(self) -> None:
+        for claim_id in sorted(self._ids):
+            self._claimer.release_claim(claim_id)
+        if self._ids:
+            log.info("released %d unfinished claim(s)", len(self._ids))
+        self._ids.clear()
+
+
+class RankZero:
+    """Rank 0's side of the run; `open` it on rank 0 only."""
+
+    def __init__(self, store: TrajectoryStore, claimer: EpisodeClaimer, held: HeldClaims,
+                 writer: MetricsWriter, broadcaster: WeightBroadcaster | None) -> None:
+        self.store = store
+        self.claimer = claimer
+        self.held = held
+        self.writer = writer
+        self.broadcaster = broadcaster
+
+    @classmethod
+    def open(cls, config: ServiceConfig, info: DistInfo,
+             cleanup: contextlib.ExitStack) -> RankZero:
+        """Open the store, finish what a killed trainer left (`recover_claims`), start the
+        metrics run (and save the resolved config beside it), and the broadcaster when
+        weights go by broadcast. `cleanup` unwinds in reverse: the broadcaster and writer
+        close, held claims are released, then the store closes."""
+        cfg = config.trainer
+        store = TrajectoryStore.open(config.database_url(), config.store)
+        cleanup.callback(store.close)
+        claimer = EpisodeClaimer.from_config(store, cfg)
+        recover_claims(store, claimer)
+        held = HeldClaims(claimer)
+        cleanup.callback(held.release_all)  # a batch claimed but never published
+        run_dir = config.data_dir / "runs" / RUN_NAME
+        writer = MetricsWriter(run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos)
+        cleanup.callback(writer.close)
+        (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+        broadcaster = None
+        if cfg.weight_sync == "distributed":
+            broadcaster = WeightBroadcaster(
+                store, backend="nccl" if info.device.type == "cuda" else "gloo",
+                bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
+                timeout_s=cfg.weight_sync_timeout_s, address=cfg.weight_sync_address)
+            cleanup.callback(broadcaster.close)
+        return cls(store, claimer, held, writer, broadcaster)
+
+    def record_step(self, step: int, version: int, groups: Sequence[EpisodeGroup],
+                    advantages: Sequence[Sequence[float]], stats: StepStats, *,
+                    eos_ids: frozenset[int], dropped: int, times: dict[str, float]) -> None:
+        """After `version` is published: its episodes are marked trained, and the step's
+        metrics (`times`: the `time_*_s` of the step) go to the store and the writer."""
+        self.held.mark_trained(groups)
+        metrics = {
+            **batch_metrics(groups, advantages, eos_ids=eos_ids, version=version - 1),
+            **step_metrics(stats),
+            "dropped_episodes": float(dropped),
+            **self.claimer.settling_metrics(),
+            **times,
+            **_previous_swap(self.store, version),
+        }
+        self.store.add_train_step(TrainStepRecord(step=step, version=version, metrics=metrics))
+        self.writer.write(step, version, metrics)
+
+
+def _previous_swap(store: TrajectoryStore, version: int) -> dict[str, float]:
+    """`time_swap_s` of version - 1, once the gateway's syncer recorded it."""
+    previous = store.get_weight_version(version - 1)
+    swap_s = previous.metadata.get("swap_s") if previous else None
+    return {} if swap_s is None else {"time_swap_s": float(swap_s)}
