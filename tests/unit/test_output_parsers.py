@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from support.chat_templates import (
     DEEPSEEK_V3_TEMPLATE,
-    GPT_OSS_LIKE_TEMPLATE,
+    GLM45_TEMPLATE,
+    GPT_OSS_TEMPLATE,
     KIMI_K2_TEMPLATE,
+    LLAMA4_PYTHONIC_TEMPLATE,
     LLAMA31_TEMPLATE,
     MINIMAX_LIKE_TEMPLATE,
     MISTRAL_TOOLS_TEMPLATE,
@@ -63,14 +65,15 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     ("{{ '[THINK]' + '[TOOL_CALLS]' }}", {}, "mistral+mistral"),
     (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
     (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
-    ("{{ '<tool_call>' + name + '<arg_key>' }}", {}, "glm45+think"),
-    (GPT_OSS_LIKE_TEMPLATE, {}, "gpt_oss+harmony"),
+    (GLM45_TEMPLATE, {}, "glm45+glm"),
+    (GPT_OSS_TEMPLATE, {}, "gpt_oss+harmony"),
+    (LLAMA4_PYTHONIC_TEMPLATE, {}, "llama4_pythonic+none"),
     ("{{ '<tool_call>' }}", {}, "hermes+think"),
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
 ], ids=["qwen3_coder", "llama31", "mistral", "magistral", "deepseek_v3", "kimi_k2", "glm45", "gpt_oss",
-        "hermes", "named_templates", "arch_llama_too_generic",
+        "llama4_pythonic", "hermes", "named_templates", "arch_llama_too_generic",
         "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
                                                 expected: str) -> None:
