@@ -29,7 +29,12 @@ from support.chat_templates import (
 )
 from support.harness import Gateway, run_gateway
 from support.tool_model import ToolExample, train_tool_model
-from test_token_continuity import assert_one_exact_sequence, open_session, sequences_of
+from test_token_continuity import (
+    assert_one_exact_sequence,
+    open_session,
+    outcome_count,
+    sequences_of,
+)
 
 from engine.testing import start_engine_in_thread
 from gateway.tokenizer import ChatTokenizer
@@ -59,6 +64,9 @@ class Family:
     """The reasoning the call's reply holds (sent back with the call, as `reasoning_content`)."""
     answer: str = ANSWER
     """The model's reply after the tool result (its content is ANSWER)."""
+    answer_breaks: str | None = None
+    """Why a user turn after the answer cannot continue the sequence, where the family's
+    template re-renders the answer differently by design (None: it continues)."""
 
 
 FAMILIES = {
@@ -75,7 +83,9 @@ FAMILIES = {
                       '<|tool_call_argument_begin|>{"a": 2, "b": 3}<|tool_call_end|>'
                       "<|tool_calls_section_end|>", "kimi_k2+think", "functions.add:0"),
     "mistral": Family(MISTRAL_TOOLS_TEMPLATE, '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}',
-                      "mistral+none"),
+                      "mistral+none",
+                      answer_breaks="Mistral's template writes the tool list before the "
+                      "last user message, so a new user message moves it"),
     # The tiny model has no <|eot_id|>: its <|im_end|> ends Llama's turns here.
     "llama3_json": Family(LLAMA31_TEMPLATE.replace("<|eot_id|>", IM_END),
                           '{"name": "add", "parameters": {"a": 2, "b": 3}}',
@@ -98,7 +108,9 @@ FAMILIES = {
                       "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant "
                       "to=functions.add<|channel|>commentary json<|message|>"
                       '{"a": 2, "b": 3}', "gpt_oss+harmony", reasoning="Add them.",
-                      answer="<|channel|>final<|message|>" + ANSWER),
+                      answer="<|channel|>final<|message|>" + ANSWER,
+                      answer_breaks="harmony ends a final answer with <|return|>, which "
+                      "history renders as <|end|>, and drops the answer's analysis"),
 }
 
 
@@ -192,3 +204,25 @@ def test_tool_session_exports_one_sequence(family_gateway: tuple[str, Gateway],
     records, sequences = sequences_of(gw, session_id)
     assert len(records) == 2 and records[0].finish_reason == "tool_calls"
     assert_one_exact_sequence(records, sequences)
+    if stream:
+        return
+    # A user turn after the answer: it continues the sequence, except where the
+    # family's template rewrites the answer in history (then a new sequence, counted).
+    messages += [{"role": "assistant", "content": ANSWER},
+                 {"role": "user", "content": "Thanks."}]
+    fallbacks = _fallbacks(gw)
+    client.chat.completions.create(model=model, messages=messages, tools=ADD, max_tokens=1,
+                                   **GREEDY)
+    records, sequences = sequences_of(gw, session_id)
+    if family.answer_breaks is None:
+        assert_one_exact_sequence(records, sequences)
+    else:
+        assert len(sequences) == 2, family.answer_breaks
+        assert _fallbacks(gw) == fallbacks + 1
+
+
+def _fallbacks(gw: Gateway) -> float:
+    """Turns whose prompt fell back to a full render because the template rewrote the
+    history (`areal_token_continuity_total`)."""
+    return sum(outcome_count(gw, o) for o in ("prefix_changed", "not_prefix_stable",
+                                              "no_end_of_turn"))

@@ -270,6 +270,72 @@ def test_stream_deltas_add_up_to_the_whole_parse(tok: ChatTokenizer, family: str
             assert whole.tool_calls[:len(part.tool_calls)] == part.tool_calls, (case.name, cut)
 
 
+def stream_call_fragments(tok: ChatTokenizer, text: str, steps: list[int]
+                          ) -> tuple[str, list[tuple[str, str, str]], list[int]]:
+    """`text`'s tokens through a chat stream (`call_fragments`) in steps of `steps`:
+    (content, [(id, name, arguments)] per call index as the fragments add up, how many
+    argument fragments each call had)."""
+    ids = tok.core.encode(text)
+    stream = ChoiceStream(tok, completion_id="chatcmpl-t", parse_tools=True, tools=TOOLS,
+                          call_fragments=True)
+    content, calls, pieces, pos = "", [], [], 0
+    for step in steps:
+        last = pos + step >= len(ids)
+        delta = stream.push(ids[pos:pos + step], [0.0] * len(ids[pos:pos + step]),
+                            FinishReason("length", length=len(ids)) if last else None)
+        content += delta.content
+        for frag in delta.call_fragments:
+            if frag.head is not None:
+                assert frag.index == len(calls)  # heads in order, before their arguments
+                calls.append([frag.head.id, frag.head.name, ""])
+                pieces.append(0)
+            else:
+                calls[frag.index][2] += frag.arguments
+                pieces[frag.index] += 1
+        pos += step
+        if last:
+            break
+    return content, [tuple(c) for c in calls], pieces
+
+
+STREAMED_ARGUMENTS = {"hermes", "qwen3_thinking", "mistral", "magistral", "deepseek_v3",
+                      "deepseek_v31", "kimi_k2"}
+"""Families whose arguments stream as they are generated (the model's JSON text); the
+others' calls come whole when they close (or with the last delta)."""
+PARTIAL_CALL_STREAMED = {("hermes", "truncated"), ("mistral", "truncated"),
+                         ("deepseek_v31", "truncated"), ("kimi_k2", "truncated")}
+"""Cut-off calls whose name and first arguments were streamed before the cut: the whole
+reply keeps their text as content (so does the stream's last delta)."""
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_call_fragments_add_up_to_the_whole_calls(tok: ChatTokenizer, family: str) -> None:
+    """The chat stream's call fragments, in random chunkings: each call's head first,
+    its argument fragments concatenating byte for byte to the whole parse's arguments,
+    the content equal to the whole parse's; JSON-argument formats stream the arguments
+    in several pieces when tokens come one at a time."""
+    tok = ChatTokenizer(tok.core, output_parser=parser_for(family))
+    rng = random.Random(family)
+    for case in FAMILIES[family]:
+        whole = tok.output_parser.parse(case.text, parse_tools=True, id_seed=SEED,
+                                        tools=TOOLS)
+        expected = [(c.id, c.name, c.arguments) for c in whole.tool_calls]
+        budget = 4 * len(case.text) + 8
+        for steps in [[1] * budget] + [[rng.randint(1, 7) for _ in range(budget)]
+                                       for _ in range(6)]:
+            content, calls, pieces = stream_call_fragments(tok, case.text, steps)
+            assert content == whole.content, case.name
+            if (family, case.name) in PARTIAL_CALL_STREAMED:
+                # (none when the cut comes in the step that starts the arguments)
+                assert len(calls) <= 1, case.name
+                assert not expected and all(c[2].startswith("{") and c[2] in case.text
+                                            for c in calls), case.name
+                continue
+            assert calls == expected, case.name
+            if steps[0] == 1 and family in STREAMED_ARGUMENTS and expected:
+                assert min(pieces) > 1, (case.name, pieces)
+
+
 def test_special_token_markers_survive_the_decode(tiny_model_dir: Path, tmp_path: Path
                                                   ) -> None:
     """Mistral's `[TOOL_CALLS]` and `[ARGS]` are special tokens: a Mistral model's replies
