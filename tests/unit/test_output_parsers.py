@@ -26,6 +26,7 @@ from support.chat_templates import (
     tokenizer_dir_with_template,
 )
 from support.output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS
+from support.streaming import stream_call_fragments
 
 from areal_service.config import ReasoningParserName, ToolParserName
 from areal_service.sglang_protocol import FinishReason
@@ -270,34 +271,6 @@ def test_stream_deltas_add_up_to_the_whole_parse(tok: ChatTokenizer, family: str
             assert whole.tool_calls[:len(part.tool_calls)] == part.tool_calls, (case.name, cut)
 
 
-def stream_call_fragments(tok: ChatTokenizer, text: str, steps: list[int]
-                          ) -> tuple[str, list[tuple[str, str, str]], list[int]]:
-    """`text`'s tokens through a chat stream (`call_fragments`) in steps of `steps`:
-    (content, [(id, name, arguments)] per call index as the fragments add up, how many
-    argument fragments each call had)."""
-    ids = tok.core.encode(text)
-    stream = ChoiceStream(tok, completion_id="chatcmpl-t", parse_tools=True, tools=TOOLS,
-                          call_fragments=True)
-    content, calls, pieces, pos = "", [], [], 0
-    for step in steps:
-        last = pos + step >= len(ids)
-        delta = stream.push(ids[pos:pos + step], [0.0] * len(ids[pos:pos + step]),
-                            FinishReason("length", length=len(ids)) if last else None)
-        content += delta.content
-        for frag in delta.call_fragments:
-            if frag.head is not None:
-                assert frag.index == len(calls)  # heads in order, before their arguments
-                calls.append([frag.head.id, frag.head.name, ""])
-                pieces.append(0)
-            else:
-                calls[frag.index][2] += frag.arguments
-                pieces[frag.index] += 1
-        pos += step
-        if last:
-            break
-    return content, [tuple(c) for c in calls], pieces
-
-
 STREAMED_ARGUMENTS = {"hermes", "qwen3_thinking", "mistral", "magistral", "deepseek_v3",
                       "deepseek_v31", "kimi_k2"}
 """Families whose arguments stream as they are generated (the model's JSON text); the
@@ -323,7 +296,7 @@ def test_call_fragments_add_up_to_the_whole_calls(tok: ChatTokenizer, family: st
         budget = 4 * len(case.text) + 8
         for steps in [[1] * budget] + [[rng.randint(1, 7) for _ in range(budget)]
                                        for _ in range(6)]:
-            content, calls, pieces = stream_call_fragments(tok, case.text, steps)
+            content, _, calls, pieces = stream_call_fragments(tok, case.text, steps)
             assert content == whole.content, case.name
             if (family, case.name) in PARTIAL_CALL_STREAMED:
                 # (none when the cut comes in the step that starts the arguments)
