@@ -162,7 +162,8 @@ class ChoiceStream:
                      if parsed.reasoning is not None or self._sent.reasoning else "")
         content = _advance(parsed.content, self._sent.content)
         calls = parsed.tool_calls[len(self._sent.tool_calls):]
-        fragments = self._call_fragments(parsed, final) if self._fragments else ()
+        fragments = (self._call_fragments(parsed, final) if self._fragments and (
+            parsed.tool_calls or self._found is not None or self._args is not None) else ())
         self._sent = parsed
         if final:
             assert finish is not None
