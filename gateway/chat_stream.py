@@ -59,11 +59,16 @@ class StreamDelta:
 
 @dataclass(slots=True)
 class _StreamedCall:
-    """A call whose head was sent: its arguments were sent up to `sent` of the text."""
+    """A call whose head was sent: its arguments were sent up to `sent` of the text, or,
+    for arguments the format builds, `built` was sent."""
 
     head: ToolCall
     args_start: int
     sent: int
+    built: str | None = None
+
+    def sent_arguments(self, text: str) -> str:
+        return self.built if self.built is not None else text[self.args_start:self.sent]
 
 
 class ChoiceStream:
@@ -184,7 +189,7 @@ class ChoiceStream:
             call = parsed.tool_calls[i]
             if i < len(self._streamed):
                 done = self._streamed[i]
-                sent = text[done.args_start:done.sent]
+                sent = done.sent_arguments(text)
                 # A call that reads differently once complete keeps what was sent (the
                 # content holds its text if it is no call at all).
                 if call.arguments.startswith(sent) and len(call.arguments) > len(sent):
@@ -201,10 +206,19 @@ class ChoiceStream:
             return tuple(out)
         if found is not None and found.index == len(self._streamed):
             head = ToolCall(found.id or tool_call_id(self._seed, found.index), found.name, "")
-            self._streamed.append(_StreamedCall(head, found.args_start, found.args_start))
+            self._streamed.append(_StreamedCall(head, found.args_start, found.args_start,
+                                                None if found.arguments is None else ""))
             out.append(CallFragment(found.index, "", head))
-            self._args = JsonEnd(found.args_start)
-            self._args.feed(text)
+            if found.arguments is None:
+                self._args = JsonEnd(found.args_start)
+                self._args.feed(text)
+        if (found is not None and found.arguments is not None
+                and found.index == len(self._streamed) - 1):
+            last = self._streamed[-1]
+            built = last.built or ""
+            if len(found.arguments) > len(built) and found.arguments.startswith(built):
+                out.append(CallFragment(found.index, found.arguments[len(built):]))
+                last.built = found.arguments
         if self._args is not None:
             last = self._streamed[-1]
             if self._args.pos > last.sent:

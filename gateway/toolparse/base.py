@@ -60,6 +60,10 @@ class OpenCall:
     id: str | None
     name: str
     args_start: int
+    arguments: str | None = None
+    """For formats that build the arguments from typed values (not the model's JSON
+    text; `args_start` then unused): the call's arguments so far, a prefix of its final
+    ones (the values read so far, without the closing brace)."""
 
 
 _JSON_MARK = re.compile(r'[{}\[\]"]')
@@ -194,9 +198,11 @@ class ToolFormat:
         The stream's per-token fast path: O(new text)."""
         return text, len(text)
 
-    def open_call(self, text: str, done: int) -> OpenCall | None:
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
         """The call being generated at the end of `text` (a partial reply after
-        reasoning, whose partial parse completed `done` calls), once its name is known
+        reasoning, whose partial parse completed `done` calls; `tools`: the request's
+        definitions, as for `split`), once its name is known
         and its arguments (the model's JSON object text, which the final parse returns
         verbatim) have started; None otherwise, and for formats whose calls stream
         whole. Called only between calls' arguments: O(len(text))."""
@@ -243,9 +249,11 @@ class OutputParser:
         base = len(text) - len(rest)
         if not text.endswith(rest):
             return parsed, None  # the reasoning format rewrote the rest (harmony)
-        found = self.tools.open_call(rest, len(calls))
+        found = self.tools.open_call(rest, len(calls), tools)
         if found is None:
             return parsed, None
+        if found.arguments is not None:
+            return parsed, found
         return parsed, OpenCall(found.index, found.id, found.name, base + found.args_start)
 
     def parse(self, text: str, *, parse_tools: bool, id_seed: str, final: bool = True,
@@ -260,6 +268,12 @@ class OutputParser:
             return ParsedText(self.tools.content_only(rest, final), reasoning, ())
         content, calls = self.tools.split(rest, final, id_seed, tools)
         return ParsedText(content, reasoning, calls)
+
+
+def arguments_prefix(args: Mapping[str, Any]) -> str:
+    """The JSON text of `args` without its closing brace: with `json.dumps` (as the final
+    arguments are written) a prefix of the text of any dict extending `args`."""
+    return json.dumps(args, ensure_ascii=False)[:-1]
 
 
 def tool_properties(tools: Sequence[Mapping[str, Any]] | None, name: str

@@ -50,7 +50,8 @@ class TaggedToolFormat(ToolFormat):
 class HermesToolFormat(TaggedToolFormat):
     name: ClassVar[str] = "hermes"
 
-    def open_call(self, text: str, done: int) -> OpenCall | None:
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
         start = text.rfind(TOOL_OPEN)
         if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
             return None

@@ -42,7 +42,8 @@ class MistralToolFormat(ToolFormat):
         calls = _calls(text, start, id_seed)
         return (text[:start], calls) if calls else (text, ())
 
-    def open_call(self, text: str, done: int) -> OpenCall | None:
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
         # v11's `NAME[ARGS]{...}` (the form the templates write): each call has its own
         # marker, so the last one is the call being generated, and the markers before it
         # count the calls before it (the partial parse completes none: a call has no end).

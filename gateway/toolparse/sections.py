@@ -80,7 +80,8 @@ class SectionToolFormat(ToolFormat):
         None when malformed."""
         raise NotImplementedError
 
-    def open_call(self, text: str, done: int) -> OpenCall | None:
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
         section = text.find(self.section_open)
         start = text.rfind(self.call_open)
         if section < 0 or start < section or text.find(self.call_close, start) >= 0:

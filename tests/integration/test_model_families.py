@@ -163,8 +163,9 @@ def family_gateway(tmp_path_factory: pytest.TempPathFactory, family_model: tuple
         yield name, gw
 
 
-STREAMED_ARGUMENTS = {"deepseek_v3", "kimi_k2", "mistral"}
-"""Families whose calls' arguments stream as they are generated (their JSON text)."""
+STREAMED_ARGUMENTS = {"deepseek_v3", "glm45", "kimi_k2", "mistral", "qwen3_coder"}
+"""Families whose calls' arguments stream as they are generated (their JSON text, or a
+typed value at a time)."""
 GREEDY: dict[str, Any] = {"temperature": 1.0, "extra_body": {"top_k": 1}}
 
 
