@@ -131,6 +131,9 @@ class ChoiceStream:
         """Reads the arguments of the last streamed call until that call completes."""
         self._found: OpenCall | None = None
         """The call being generated, as the last whole parse found it."""
+        self._value_scan = -1
+        """While that call's arguments are built from values: no value ends before this
+        offset of the text (-1: not such a call)."""
         self._shown_text = ""
         """The text the streamed calls' offsets refer to (the last partial step's)."""
 
@@ -239,8 +242,15 @@ class ChoiceStream:
             args.feed(text)
             if args.end is None:
                 return self._sent
-        parsed, self._found = self._parser.parse_open(text, id_seed=self._seed,
-                                                      tools=self._tools)
+        ends = self._parser.tools.value_ends
+        if self._value_scan >= 0:  # an open call with built arguments: a value must end
+            if not any(text.find(end, self._value_scan) >= 0 for end in ends):
+                self._value_scan = max(0, len(text) - max(map(len, ends)) + 1)
+                return self._sent
+        parsed, found = self._parser.parse_open(text, id_seed=self._seed, tools=self._tools)
+        self._found = found
+        self._value_scan = (max(0, len(text) - max(map(len, ends)) + 1)
+                            if found is not None and found.arguments is not None else -1)
         return parsed
 
     def _shown(self) -> str:

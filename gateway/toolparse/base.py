@@ -198,6 +198,11 @@ class ToolFormat:
         The stream's per-token fast path: O(new text)."""
         return text, len(text)
 
+    value_ends: ClassVar[tuple[str, ...]] = ()
+    """Formats that build the arguments (`OpenCall.arguments`): the markers after which
+    an open call's arguments may grow or the call close; a stream re-parses only when
+    one arrives."""
+
     def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
                   ) -> OpenCall | None:
         """The call being generated at the end of `text` (a partial reply after

@@ -29,6 +29,7 @@ _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*",
 class GlmToolFormat(TaggedToolFormat):
     name: ClassVar[str] = "glm45"
     arguments_as_mapping: ClassVar[bool] = True
+    value_ends: ClassVar[tuple[str, ...]] = ("</arg_value>", TOOL_CLOSE)
 
     def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
                   ) -> OpenCall | None:

@@ -42,6 +42,7 @@ _FUNCTION_HEAD = re.compile(r"\s*<function=([^>\n]+)>\n?")
 class Qwen3CoderToolFormat(TaggedToolFormat):
     name: ClassVar[str] = "qwen3_coder"
     arguments_as_mapping: ClassVar[bool] = True
+    value_ends: ClassVar[tuple[str, ...]] = ("</parameter>", TOOL_CLOSE)
 
     def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
                     ) -> tuple[str, str] | None:
