@@ -195,7 +195,7 @@ ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "dee
                          "deepseek_v31", "kimi_k2", "llama4_pythonic", "glm45", "gpt_oss",
                          "none"]
 """`gateway.tool_parser` values: the formats `gateway/toolparse/` reads."""
-ReasoningParserName = Literal["think", "harmony", "mistral", "none"]
+ReasoningParserName = Literal["think", "harmony", "mistral", "glm", "none"]
 """`gateway.reasoning_parser` values."""
 
 SessionSource = Literal["key", "header", "metadata", "client_metadata"]

@@ -12,7 +12,8 @@ from typing import Any
 
 from areal_service.sglang_protocol import FinishReason
 from gateway.tokenizer import ChatTokenizer
-from gateway.toolparse import ParsedText, ToolCall, held_suffix
+from gateway.toolparse import ParsedText, ToolCall, held_suffix, tool_call_id
+from gateway.toolparse.base import JsonEnd, OpenCall
 from gateway.translate import (
     GeneratedChoice,
     ParsedChoice,
@@ -32,14 +33,42 @@ _escape = json.encoder.encode_basestring
 
 
 @dataclass(frozen=True, slots=True)
+class CallFragment:
+    """Part of a tool call as the chat stream sends it: the call's first fragment has
+    its `head` (id and name; its `arguments` field unused), the rest add `arguments`
+    text. A call's fragments concatenate to its final arguments."""
+
+    index: int
+    arguments: str
+    head: ToolCall | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StreamDelta:
-    """What one stream update adds; `finished` is set on the last one."""
+    """What one stream update adds; `finished` is set on the last one. `tool_calls`:
+    the calls completed by this update; `call_fragments` (with `call_fragments=True`):
+    the same calls as they are generated, name first, then argument text."""
 
     reasoning: str = ""
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     finished: ParsedChoice | None = None
+    call_fragments: tuple[CallFragment, ...] = ()
+
+
+@dataclass(slots=True)
+class _StreamedCall:
+    """A call whose head was sent: its arguments were sent up to `sent` of the text, or,
+    for arguments the format builds, `built` was sent."""
+
+    head: ToolCall
+    args_start: int
+    sent: int
+    built: str | None = None
+
+    def sent_arguments(self, text: str) -> str:
+        return self.built if self.built is not None else text[self.args_start:self.sent]
 
 
 class ChoiceStream:
@@ -52,12 +81,21 @@ class ChoiceStream:
     are searched only where a new one could start; plain content (no reasoning block, no
     tool call so far: the model's parser's `plain_prefix`) is advanced without re-parsing.
     Text with a reasoning block or a tool call is re-parsed whole each step (the parser,
-    chosen once per model: C-level scans). The final step decodes the whole output once
-    and parses it as `parse_choice` does, so the recorded reply is the non-streamed one."""
+    chosen once per model: C-level scans), except, with `call_fragments`, while a call's
+    arguments are being generated: then only the new text is read (`JsonEnd`). The final
+    step decodes the whole output once and parses it as `parse_choice` does, so the
+    recorded reply is the non-streamed one.
+
+    `call_fragments` (the chat stream): a call's name is sent as soon as the format says
+    it, then its arguments as they arrive, for formats whose arguments are the model's
+    JSON text (`ToolFormat.open_call`); other formats' calls come whole when they close.
+    A call that turns out malformed or cut off has streamed partially, and the reply's
+    text (content) then holds it, as the whole reply does."""
 
     def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, index: int = 0,
                  parse_tools: bool, stop: Sequence[str] = (), logprobs: int | None = None,
-                 tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+                 tools: Sequence[Mapping[str, Any]] | None = None,
+                 call_fragments: bool = False) -> None:
         self._tok = tokenizer
         self._parser = tokenizer.output_parser
         self._plain_prefix = self._parser.tools.plain_prefix  # bound once: runs per token
@@ -86,6 +124,18 @@ class ChoiceStream:
         one may have started, the text is parsed whole)."""
         self._sent = ParsedText("", None, ())
         self.result: ParsedChoice | None = None
+        self._fragments = call_fragments and parse_tools
+        self._streamed: list[_StreamedCall] = []
+        """Calls whose head was sent, by index."""
+        self._args: JsonEnd | None = None
+        """Reads the arguments of the last streamed call until that call completes."""
+        self._found: OpenCall | None = None
+        """The call being generated, as the last whole parse found it."""
+        self._value_scan = -1
+        """While that call's arguments are built from values: no value ends before this
+        offset of the text (-1: not such a call)."""
+        self._shown_text = ""
+        """The text the streamed calls' offsets refer to (the last partial step's)."""
 
     def update(self, choice: GeneratedChoice) -> StreamDelta:
         """Next cumulative output (ids so far, finish set on the last one)."""
@@ -114,11 +164,14 @@ class ChoiceStream:
             parsed = self._parser.parse(text, parse_tools=self._parse_tools,
                                         id_seed=self._seed, final=True, tools=self._tools)
         else:
-            parsed = self._partial(self._shown())
+            self._shown_text = self._shown()
+            parsed = self._partial(self._shown_text)
         reasoning = (_advance(parsed.reasoning or "", self._sent.reasoning or "")
                      if parsed.reasoning is not None or self._sent.reasoning else "")
         content = _advance(parsed.content, self._sent.content)
         calls = parsed.tool_calls[len(self._sent.tool_calls):]
+        fragments = (self._call_fragments(parsed, final) if self._fragments and (
+            parsed.tool_calls or self._found is not None or self._args is not None) else ())
         self._sent = parsed
         if final:
             assert finish is not None
@@ -127,7 +180,78 @@ class ChoiceStream:
             all_lps = None if self._logprobs is None else self._logprob_slice(0, end)
             self.result = finish_choice(self._tok, so_far, parsed, text, index=self.index,
                                          logprobs=all_lps)
-        return StreamDelta(reasoning, content, calls, lps, self.result)
+        return StreamDelta(reasoning, content, calls, lps, self.result, fragments)
+
+    def _call_fragments(self, parsed: ParsedText, final: bool) -> tuple[CallFragment, ...]:
+        """What of the calls is new since the last step: the rest of each call that
+        completed (its head first if none was sent), then the head of a call that just
+        opened, and the open call's new argument text."""
+        out: list[CallFragment] = []
+        text = self._shown_text
+        for i in range(len(self._sent.tool_calls), len(parsed.tool_calls)):
+            call = parsed.tool_calls[i]
+            if i < len(self._streamed):
+                done = self._streamed[i]
+                sent = done.sent_arguments(text)
+                # A call that reads differently once complete keeps what was sent (the
+                # content holds its text if it is no call at all).
+                if call.arguments.startswith(sent) and len(call.arguments) > len(sent):
+                    out.append(CallFragment(i, call.arguments[len(sent):]))
+                if i == len(self._streamed) - 1:
+                    self._args = None
+                continue
+            out.append(CallFragment(i, "", call))
+            if call.arguments:
+                out.append(CallFragment(i, call.arguments))
+            self._streamed.append(_StreamedCall(call, 0, 0))
+        found, self._found = self._found, None
+        if final:
+            return tuple(out)
+        if found is not None and found.index == len(self._streamed):
+            head = ToolCall(found.id or tool_call_id(self._seed, found.index), found.name, "")
+            self._streamed.append(_StreamedCall(head, found.args_start, found.args_start,
+                                                None if found.arguments is None else ""))
+            out.append(CallFragment(found.index, "", head))
+            if found.arguments is None:
+                self._args = JsonEnd(found.args_start)
+                self._args.feed(text)
+        if (found is not None and found.arguments is not None
+                and found.index == len(self._streamed) - 1):
+            last = self._streamed[-1]
+            built = last.built or ""
+            if len(found.arguments) > len(built) and found.arguments.startswith(built):
+                out.append(CallFragment(found.index, found.arguments[len(built):]))
+                last.built = found.arguments
+        if self._args is not None:
+            last = self._streamed[-1]
+            if self._args.pos > last.sent:
+                out.append(CallFragment(len(self._streamed) - 1,
+                                        text[last.sent:self._args.pos]))
+                last.sent = self._args.pos
+        return tuple(out)
+
+    def _parse_calls(self, text: str) -> ParsedText:
+        """`parse(text, final=False)`; with `call_fragments`, notes the call being
+        generated, and while its arguments are, reads only the new text (nothing but
+        those arguments changes meanwhile)."""
+        if not self._fragments:
+            return self._parser.parse(text, parse_tools=True, id_seed=self._seed,
+                                      final=False, tools=self._tools)
+        args = self._args
+        if args is not None and args.end is None:
+            args.feed(text)
+            if args.end is None:
+                return self._sent
+        ends = self._parser.tools.value_ends
+        if self._value_scan >= 0:  # an open call with built arguments: a value must end
+            if not any(text.find(end, self._value_scan) >= 0 for end in ends):
+                self._value_scan = max(0, len(text) - max(map(len, ends)) + 1)
+                return self._sent
+        parsed, found = self._parser.parse_open(text, id_seed=self._seed, tools=self._tools)
+        self._found = found
+        self._value_scan = (max(0, len(text) - max(map(len, ends)) + 1)
+                            if found is not None and found.arguments is not None else -1)
+        return parsed
 
     def _shown(self) -> str:
         """The text safe to show before the end: cut at a stop string, and a tail that
@@ -148,8 +272,10 @@ class ChoiceStream:
         """The parser's `parse(text, final=False)`, without re-parsing plain content."""
         if not self._plain:
             if self._parser.reasoning.pending(text):
-                return self._parser.parse(text, parse_tools=self._parse_tools,
-                                          id_seed=self._seed, final=False, tools=self._tools)
+                if self._parse_tools:
+                    return self._parse_calls(text)
+                return self._parser.parse(text, parse_tools=False, id_seed=self._seed,
+                                          final=False, tools=self._tools)
             self._plain = True  # text only grows: no leading reasoning block from here on
         if not self._parse_tools:
             return ParsedText(text, None, ())
@@ -159,8 +285,7 @@ class ChoiceStream:
                 self._tool_scan = plain[1]
                 return ParsedText(plain[0], None, ())
         self._tool_scan = -1  # a tool call may have started: parsed whole from now on
-        return self._parser.parse(text, parse_tools=True, id_seed=self._seed, final=False,
-                                  tools=self._tools)
+        return self._parse_calls(text)
 
     def _logprob_slice(self, start: int, end: int) -> tuple[TokenLogprob, ...]:
         assert self._logprobs is not None
@@ -180,7 +305,8 @@ class ChatStreamAssembler:
 
     Order: a role chunk (`{"role": "assistant", "content": ""}`), then reasoning_content /
     content / tool-call deltas (a call's first fragment carries index, id, type and name;
-    its arguments follow once `</tool_call>` closes), logprobs with the step that added
+    its arguments follow as they are generated, or whole when the call closes for
+    formats that do not stream them: `ChoiceStream`), logprobs with the step that added
     the tokens, and a last chunk with an empty delta and `finish_reason`. After an abort
     and resubmission keep feeding the same stream (`push` the new tokens), so the client
     sees one uninterrupted reply; only the final finish reason may be passed in.
@@ -192,18 +318,19 @@ class ChatStreamAssembler:
                  ) -> None:
         self._stream = ChoiceStream(tokenizer, completion_id=completion_id, index=index,
                                     parse_tools=parse_tools, stop=stop, logprobs=logprobs,
-                                    tools=tools)
+                                    tools=tools, call_fragments=True)
         self._head = {"id": completion_id, "object": "chat.completion.chunk",
                       "created": created, "model": model}
         self._index = index
         self._started = False
-        self._calls = 0
         # A content-only chunk as text: the pre-encoded JSON around the escaped delta
         # (`dumps` of the same dict gives the same bytes; a test holds them equal).
         whole = dumps(self._chunk({"content": ""}))
         at = whole.rindex('"content":""') + len('"content":')
         self._content_head = "data: " + whole[:at]
         self._content_tail = whole[at + 2:] + "\n\n"
+        self._frame: tuple[int, str, str] | None = None
+        """(call index, SSE text before and after an argument fragment of that call)."""
 
     @property
     def result(self) -> ParsedChoice | None:
@@ -232,12 +359,28 @@ class ChatStreamAssembler:
         A content-only delta, the common step, is the pre-encoded chunk around the
         escaped text: one C string escape instead of a dict and a JSON encode."""
         delta = self._stream.push(new_ids, new_logprobs, finish, new_top=new_top)
-        if (self._started and not delta.reasoning and not delta.tool_calls
-                and not delta.logprobs and delta.finished is None):
-            if not delta.content:
-                return ""
-            return self._content_head + _escape(delta.content) + self._content_tail
+        if (self._started and not delta.reasoning and not delta.logprobs
+                and delta.finished is None):
+            if not delta.call_fragments:
+                if not delta.content:
+                    return ""
+                return self._content_head + _escape(delta.content) + self._content_tail
+            if not delta.content and len(delta.call_fragments) == 1:
+                frag = delta.call_fragments[0]
+                if frag.head is None:  # a streamed call's next argument text
+                    head, tail = self._arguments_frame(frag.index)
+                    return head + _escape(frag.arguments) + tail
         return "".join(f"data: {dumps(chunk)}\n\n" for chunk in self._chunks(delta))
+
+    def _arguments_frame(self, index: int) -> tuple[str, str]:
+        """The SSE text around an argument fragment of call `index` (pre-encoded once per
+        call, as the content chunk is)."""
+        if self._frame is None or self._frame[0] != index:
+            whole = dumps(self._chunk({"tool_calls": [{"index": index,
+                                                       "function": {"arguments": ""}}]}))
+            at = whole.rindex('"arguments":""') + len('"arguments":')
+            self._frame = (index, "data: " + whole[:at], whole[at + 2:] + "\n\n")
+        return self._frame[1], self._frame[2]
 
     def _chunks(self, delta: StreamDelta) -> list[dict[str, Any]]:
         chunks = [] if self._started else [self.start()]
@@ -245,13 +388,14 @@ class ChatStreamAssembler:
             chunks.append(self._chunk({"reasoning_content": delta.reasoning}))
         if delta.content:
             chunks.append(self._chunk({"content": delta.content}))
-        for call in delta.tool_calls:
-            chunks.append(self._chunk({"tool_calls": [{
-                "index": self._calls, "id": call.id, "type": "function",
-                "function": {"name": call.name, "arguments": ""}}]}))
-            chunks.append(self._chunk({"tool_calls": [{
-                "index": self._calls, "function": {"arguments": call.arguments}}]}))
-            self._calls += 1
+        for frag in delta.call_fragments:
+            if frag.head is not None:
+                chunks.append(self._chunk({"tool_calls": [{
+                    "index": frag.index, "id": frag.head.id, "type": "function",
+                    "function": {"name": frag.head.name, "arguments": ""}}]}))
+            else:
+                chunks.append(self._chunk({"tool_calls": [{
+                    "index": frag.index, "function": {"arguments": frag.arguments}}]}))
         if delta.logprobs:
             if not chunks:
                 chunks.append(self._chunk({}))

@@ -7,6 +7,13 @@ Streaming contract (every format keeps it): parsing a prefix of a generation wit
 `final=False` holds back whatever a continuation could still change, so each partial
 result's content and reasoning are prefixes of the final ones and its tool calls a prefix
 of the final list. `gateway/chat_stream.py` sends the differences as deltas.
+
+Formats whose arguments are the model's own JSON text also say where the call being
+generated stands (`ToolFormat.open_call`): its name once known, and where its arguments
+start, so a stream can send the arguments as they arrive (`JsonEnd` finds where they
+end, reading only new text). The final arguments start with what was sent, unless the
+call turns out malformed or cut off (then the reply keeps it as text, as a whole parse
+does; the stream has shown a partial call, as vLLM's do).
 """
 
 from __future__ import annotations
@@ -41,6 +48,79 @@ class ParsedText:
     content: str
     reasoning: str | None
     tool_calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCall:
+    """The call being generated at the end of a partial reply: its position among the
+    reply's calls, its id when the model writes one (else `tool_call_id(seed, index)`),
+    its name, and the offset its arguments' JSON object starts at."""
+
+    index: int
+    id: str | None
+    name: str
+    args_start: int
+    arguments: str | None = None
+    """For formats that build the arguments from typed values (not the model's JSON
+    text; `args_start` then unused): the call's arguments so far, a prefix of its final
+    ones (the values read so far, without the closing brace)."""
+
+
+_JSON_MARK = re.compile(r'[{}\[\]"]')
+_STRING_MARK = re.compile(r'["\\]')
+
+
+class JsonEnd:
+    """Where the JSON object starting at `start` of a growing text ends, read
+    incrementally: each `feed` scans only the text added since the last one (string
+    contents skipped by a C-level regex search), so streaming a call's arguments costs
+    O(new text) per step."""
+
+    __slots__ = ("depth", "end", "in_string", "pos")
+
+    def __init__(self, start: int) -> None:
+        self.pos = start
+        """Text before this offset is read (all of it belongs to the object)."""
+        self.depth = 0
+        self.in_string = False
+        self.end: int | None = None
+        """The offset just past the object, once read."""
+
+    def feed(self, text: str) -> int:
+        """Reads `text` (the same text, grown) on; returns the offset read to."""
+        if self.end is not None:
+            return self.end
+        pos, depth, in_string = self.pos, self.depth, self.in_string
+        while True:
+            if in_string:
+                mark = _STRING_MARK.search(text, pos)
+                if mark is None:
+                    pos = len(text)
+                    break
+                if mark.group() == "\\":
+                    if mark.end() >= len(text):
+                        pos = mark.start()  # the escaped character is not here yet
+                        break
+                    pos = mark.end() + 1
+                    continue
+                in_string, pos = False, mark.end()
+                continue
+            mark = _JSON_MARK.search(text, pos)
+            if mark is None:
+                pos = len(text)
+                break
+            char, pos = mark.group(), mark.end()
+            if char == '"':
+                in_string = True
+            elif char in "{[":
+                depth += 1
+            else:
+                depth -= 1
+                if depth <= 0:
+                    self.end = pos
+                    break
+        self.pos, self.depth, self.in_string = pos, depth, in_string
+        return pos
 
 
 def tool_call_id(seed: str, index: int) -> str:
@@ -131,6 +211,21 @@ class ToolFormat:
         The stream's per-token fast path: O(new text)."""
         return text, len(text)
 
+    value_ends: ClassVar[tuple[str, ...]] = ()
+    """Formats that build the arguments (`OpenCall.arguments`): the markers after which
+    an open call's arguments may grow or the call close; a stream re-parses only when
+    one arrives."""
+
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
+        """The call being generated at the end of `text` (a partial reply after
+        reasoning, whose partial parse completed `done` calls; `tools`: the request's
+        definitions, as for `split`), once its name is known
+        and its arguments (the model's JSON object text, which the final parse returns
+        verbatim) have started; None otherwise, and for formats whose calls stream
+        whole. Called only between calls' arguments: O(len(text))."""
+        return None
+
     def content_only(self, text: str, final: bool) -> str:
         """The content of the text after reasoning when no tools were offered: the text
         itself, unless the format wraps content in markup of its own (harmony)."""
@@ -158,6 +253,27 @@ class OutputParser:
     def name(self) -> str:
         return f"{self.tools.name}+{self.reasoning.name}"
 
+    def parse_open(self, text: str, *, id_seed: str,
+                   tools: Sequence[Mapping[str, Any]] | None = None
+                   ) -> tuple[ParsedText, OpenCall | None]:
+        """`parse(text, parse_tools=True, final=False)` and the call being generated at its
+        end (`ToolFormat.open_call`), its `args_start` an offset of `text`."""
+        split = self.reasoning.split(text, False)
+        if split is None:
+            return ParsedText("", None, ()), None
+        reasoning, rest = split
+        content, calls = self.tools.split(rest, False, id_seed, tools)
+        parsed = ParsedText(content, reasoning, calls)
+        base = len(text) - len(rest)
+        if not text.endswith(rest):
+            return parsed, None  # the reasoning format rewrote the rest (harmony)
+        found = self.tools.open_call(rest, len(calls), tools)
+        if found is None:
+            return parsed, None
+        if found.arguments is not None:
+            return parsed, found
+        return parsed, OpenCall(found.index, found.id, found.name, base + found.args_start)
+
     def parse(self, text: str, *, parse_tools: bool, id_seed: str, final: bool = True,
               tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedText:
         """Split generated text into reasoning, content and tool calls (`final=False`:
@@ -170,6 +286,12 @@ class OutputParser:
             return ParsedText(self.tools.content_only(rest, final), reasoning, ())
         content, calls = self.tools.split(rest, final, id_seed, tools)
         return ParsedText(content, reasoning, calls)
+
+
+def arguments_prefix(args: Mapping[str, Any]) -> str:
+    """The JSON text of `args` without its closing brace: with `json.dumps` (as the final
+    arguments are written) a prefix of the text of any dict extending `args`."""
+    return json.dumps(args, ensure_ascii=False)[:-1]
 
 
 def tool_properties(tools: Sequence[Mapping[str, Any]] | None, name: str

@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import tool_properties
-from gateway.toolparse.hermes import TaggedToolFormat
+from gateway.toolparse.base import OpenCall, arguments_prefix, tool_properties
+from gateway.toolparse.hermes import TOOL_CLOSE, TOOL_OPEN, TaggedToolFormat
 from gateway.toolparse.qwen3_coder import coerce, schema_types
 
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
@@ -29,6 +29,28 @@ _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*",
 class GlmToolFormat(TaggedToolFormat):
     name: ClassVar[str] = "glm45"
     arguments_as_mapping: ClassVar[bool] = True
+    value_ends: ClassVar[tuple[str, ...]] = ("</arg_value>", TOOL_CLOSE)
+
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
+        # Streamed a key/value pair at a time: a value's type is known once it is complete.
+        start = text.rfind(TOOL_OPEN)
+        if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
+            return None
+        tag = text.find("<arg_key>", start)
+        name = "" if tag < 0 else text[start + len(TOOL_OPEN):tag].strip()
+        if not name or any(c.isspace() for c in name) or "<" in name:
+            return None  # the name is known once its first key starts
+        props = tool_properties(tools, name) or {}
+        args: dict[str, Any] = {}
+        pos = tag
+        for match in _ARG.finditer(text, tag):
+            if match.start() != pos:
+                break  # stray text: the final parse decides
+            args[match.group(1).strip()] = coerce(
+                match.group(2), schema_types(props.get(match.group(1).strip())))
+            pos = match.end()
+        return OpenCall(done, None, name, -1, arguments_prefix(args))
 
     def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
                     ) -> tuple[str, str] | None:

@@ -124,6 +124,8 @@ class GptOssToolFormat(ToolFormat):
     name: ClassVar[str] = "gpt_oss"
     special_markers: ClassVar[bool] = True
     markers: ClassVar[tuple[str, ...]] = _HELD
+    arguments_as_mapping: ClassVar[bool] = True
+    """gpt-oss's template writes a replayed call's arguments with `tojson`."""
 
     def split(self, text: str, final: bool, id_seed: str,
               tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:

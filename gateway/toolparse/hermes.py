@@ -9,10 +9,12 @@ stay in the content verbatim.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from gateway.toolparse.base import (
+    OpenCall,
     ToolCall,
     ToolFormat,
     held_suffix,
@@ -25,6 +27,9 @@ TOOL_HELD = ("\n" + TOOL_OPEN, TOOL_OPEN)
 
 _WS = whitespace_run(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
+"""A block's start up to its arguments object, the name first (as the templates write
+it): from there the arguments stream as they are generated."""
 
 
 class TaggedToolFormat(ToolFormat):
@@ -51,6 +56,20 @@ class TaggedToolFormat(ToolFormat):
 
 class HermesToolFormat(TaggedToolFormat):
     name: ClassVar[str] = "hermes"
+
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
+        start = text.rfind(TOOL_OPEN)
+        if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
+            return None
+        head = _HEAD.match(text, start + len(TOOL_OPEN))
+        if head is None:
+            return None  # not yet, or arguments first / as a string: the call comes whole
+        try:
+            name = json.loads(head.group(1))
+        except ValueError:
+            return None
+        return OpenCall(done, None, name, head.end())
 
     def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
                     ) -> tuple[str, str] | None:

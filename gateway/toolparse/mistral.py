@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from gateway.toolparse.base import (
+    OpenCall,
     ToolCall,
     ToolFormat,
     held_suffix,
@@ -46,6 +47,25 @@ class MistralToolFormat(ToolFormat):
             return text[:start], ()
         calls = _calls(text, start, id_seed)
         return (text[:start], calls) if calls else (text, ())
+
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
+        # v11's `NAME[ARGS]{...}` (the form the templates write): each call has its own
+        # marker, so the last one is the call being generated, and the markers before it
+        # count the calls before it (the partial parse completes none: a call has no end).
+        start = text.rfind(TOOL_CALLS)
+        if start < 0:
+            return None
+        name_at = start + len(TOOL_CALLS)
+        args_at = text.find(ARGS, name_at)
+        name = "" if args_at < 0 else text[name_at:args_at].strip()
+        if not name or any(c.isspace() or c in "[{" for c in name):
+            return None
+        body = _WS.match(text, args_at + len(ARGS)).end()
+        if not text.startswith("{", body):
+            return None
+        first = text.find(TOOL_CALLS)
+        return OpenCall(text.count(TOOL_CALLS, first, start), None, name, body)
 
     def plain_prefix(self, text: str, scan: int) -> tuple[str, int] | None:
         if text.find(TOOL_CALLS, scan) >= 0:

@@ -25,17 +25,24 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from gateway.toolparse.base import json_object_or_none, tool_properties
-from gateway.toolparse.hermes import TaggedToolFormat
+from gateway.toolparse.base import (
+    OpenCall,
+    arguments_prefix,
+    json_object_or_none,
+    tool_properties,
+)
+from gateway.toolparse.hermes import TOOL_CLOSE, TOOL_OPEN, TaggedToolFormat
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>\s*", re.DOTALL)
 _TYPE_PRIORITY = ("null", "integer", "number", "boolean", "object", "array", "string")
+_FUNCTION_HEAD = re.compile(r"\s*<function=([^>\n]+)>\n?")
 
 
 class Qwen3CoderToolFormat(TaggedToolFormat):
     name: ClassVar[str] = "qwen3_coder"
     arguments_as_mapping: ClassVar[bool] = True
+    value_ends: ClassVar[tuple[str, ...]] = ("</parameter>", TOOL_CLOSE)
 
     def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
                     ) -> tuple[str, str] | None:
@@ -56,6 +63,28 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
         if body[pos:].strip():
             return None
         return name, json.dumps(args, ensure_ascii=False)
+
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
+        # Streamed a parameter at a time: a value's type is known once it is complete.
+        start = text.rfind(TOOL_OPEN)
+        if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
+            return None
+        head = _FUNCTION_HEAD.match(text, start + len(TOOL_OPEN))
+        if head is None:
+            return None
+        name = head.group(1).strip()
+        props = tool_properties(tools, name) or {}
+        args: dict[str, Any] = {}
+        pos = head.end()
+        for param in _PARAM.finditer(text, pos):
+            if text[pos:param.start()].strip():
+                break  # stray text: the final parse decides
+            pos = param.end()
+            value = param.group(2).removeprefix("\n").removesuffix("\n")
+            key = param.group(1).strip()
+            args[key] = coerce(value, schema_types(props.get(key)))
+        return OpenCall(done, None, name, -1, arguments_prefix(args))
 
     def template_arguments(self, arguments: str) -> Any:
         args = json_object_or_none(arguments)

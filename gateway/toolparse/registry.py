@@ -30,6 +30,7 @@ from gateway.toolparse.sections import (
 )
 from gateway.toolparse.think import (
     THINK_OPEN,
+    GlmThink,
     MistralThink,
     PromptOpenedThink,
     ThinkReasoning,
@@ -55,6 +56,7 @@ REASONING_FORMATS: dict[str, type[ReasoningFormat]] = {
     "think": ThinkReasoning,
     "harmony": HarmonyReasoning,
     "mistral": MistralThink,
+    "glm": GlmThink,
     "none": ReasoningFormat,
 }
 """`gateway.reasoning_parser` values."""
@@ -72,6 +74,9 @@ _TEMPLATE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("deepseek_v31", ("<｜tool▁calls▁begin｜>",)),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("llama4_pythonic", ("<|python_start|>",)),
+    # vLLM's Llama 4 pythonic template writes no <|python_start|>: its instruction names
+    # the call-list format.
+    ("llama4_pythonic", ("<|header_start|>", "[func_name1(")),
     ("gpt_oss", ("<|channel|>",)),
 )
 """(tool format, strings its chat template contains, all of them)."""
@@ -88,10 +93,11 @@ architectures one family uses: `LlamaForCausalLM` also serves SmolLM2, Llama 2 a
 distilled models that write other formats, so a Llama 3 checkpoint is recognized by its
 template (or set `gateway.tool_parser=llama3_json`)."""
 _FAMILY_REASONING = {"llama3_json": "none", "mistral": "none", "llama4_pythonic": "none",
-                     "gpt_oss": "harmony"}
+                     "gpt_oss": "harmony", "glm45": "glm"}
 """Reasoning of the families that write no `<think>` block (the default is `think`: a
 leading `<think>` block, as the gateway has always parsed); Mistral's is `mistral`
-(Magistral's `[THINK]` block) where the template writes `[THINK]`."""
+(Magistral's `[THINK]` block) where the template writes `[THINK]`; GLM's is its
+newline-framed block (`glm`)."""
 
 
 @dataclass(frozen=True, slots=True)

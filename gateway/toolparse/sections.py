@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from gateway.toolparse.base import (
+    OpenCall,
     ToolCall,
     ToolFormat,
     held_suffix,
@@ -86,6 +87,27 @@ class SectionToolFormat(ToolFormat):
         None when malformed."""
         raise NotImplementedError
 
+    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+                  ) -> OpenCall | None:
+        section = text.find(self.section_open)
+        start = text.rfind(self.call_open)
+        if section < 0 or start < section or text.find(self.call_close, start) >= 0:
+            return None
+        body = start + len(self.call_open)
+        head = self.call_head(text, body)
+        if head is None:
+            return None
+        name, given_id, args = head
+        args = _WS.match(text, args).end()
+        if not text.startswith("{", args):
+            return None
+        return OpenCall(done, given_id, name, args)
+
+    def call_head(self, text: str, body: int) -> tuple[str, str | None, int] | None:
+        """(name, the model's call id or None, where the arguments start) of the call
+        whose body starts at `body`, once its head is complete; None before."""
+        return None
+
 
 def _json_object(text: str) -> str | None:
     """`text` when it is exactly one JSON object (surrounding whitespace allowed)."""
@@ -106,6 +128,12 @@ class DeepSeekV3ToolFormat(SectionToolFormat):
     markers: ClassVar[tuple[str, ...]] = ("<｜tool▁calls▁begin｜>",)
     sep: ClassVar[str] = "<｜tool▁sep｜>"
 
+    def call_head(self, text: str, body: int) -> tuple[str, str | None, int] | None:
+        sep = text.find(self.sep, body)
+        fence = -1 if sep < 0 else text.find("\n```json\n", sep)
+        name = "" if fence < 0 else text[sep + len(self.sep):fence].strip()
+        return (name, None, fence + len("\n```json\n")) if name else None
+
     def parse_call(self, body: str) -> tuple[str, str, str | None] | None:
         kind, sep, rest = body.partition(self.sep)
         head, fence, args = rest.partition("\n```json\n")
@@ -117,6 +145,11 @@ class DeepSeekV3ToolFormat(SectionToolFormat):
 
 class DeepSeekV31ToolFormat(DeepSeekV3ToolFormat):
     name: ClassVar[str] = "deepseek_v31"
+
+    def call_head(self, text: str, body: int) -> tuple[str, str | None, int] | None:
+        sep = text.find(self.sep, body)
+        name = "" if sep < 0 else text[body:sep].strip()
+        return (name, None, sep + len(self.sep)) if name else None
 
     def parse_call(self, body: str) -> tuple[str, str, str | None] | None:
         name, sep, args = body.partition(self.sep)
@@ -135,6 +168,13 @@ class KimiK2ToolFormat(SectionToolFormat):
     call_close: ClassVar[str] = "<|tool_call_end|>"
     markers: ClassVar[tuple[str, ...]] = ("<|tool_calls_section_begin|>",)
     arg_open: ClassVar[str] = "<|tool_call_argument_begin|>"
+
+    def call_head(self, text: str, body: int) -> tuple[str, str | None, int] | None:
+        sep = text.find(self.arg_open, body)
+        match = None if sep < 0 else _KIMI_ID.fullmatch(text, body, sep)
+        if match is None:
+            return None
+        return match.group(2), match.group(1), sep + len(self.arg_open)
 
     def parse_call(self, body: str) -> tuple[str, str, str | None] | None:
         head, sep, args = body.partition(self.arg_open)

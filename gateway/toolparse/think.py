@@ -67,3 +67,36 @@ class PromptOpenedThink(ThinkReasoning):
 
     def pending(self, text: str) -> bool:
         return True
+
+
+class GlmThink(ThinkReasoning):
+    """GLM-4.5+'s block: its template writes an assistant turn as `\\n<think>R</think>`
+    then `\\n` + content (or `\\n<tool_call>`), with no newlines inside the block, and an
+    empty block for turns whose reasoning it drops. The reply starts after the
+    generation prompt `<|assistant|>`, so with that leading "\\n"; a block without it
+    (as vLLM's `glm45` corpus writes it) reads the same."""
+
+    name: ClassVar[str] = "glm"
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str] | None:
+        if not final and text in ("", "\n"):
+            return None  # a block may still open
+        body = text[1:] if text.startswith("\n") else text
+        if not body.startswith(THINK_OPEN):
+            if not final and is_proper_prefix(body, THINK_OPEN):
+                return None
+            return None, text
+        close = body.find(THINK_CLOSE, len(THINK_OPEN))
+        if close < 0:
+            reasoning = body[len(THINK_OPEN):]
+            if not final:
+                reasoning = reasoning[: len(reasoning) - held_suffix(reasoning, (THINK_CLOSE,))]
+            return reasoning or None, ""
+        rest = body[close + len(THINK_CLOSE):]
+        if not final and rest == "":
+            return body[len(THINK_OPEN):close] or None, ""
+        return body[len(THINK_OPEN):close] or None, rest.removeprefix("\n")
+
+    def pending(self, text: str) -> bool:
+        body = text[1:] if text.startswith("\n") else text
+        return text == "" or body.startswith(THINK_OPEN) or THINK_OPEN.startswith(body)

@@ -18,7 +18,10 @@ from typing import Any
 import pytest
 from support.chat_templates import (
     DEEPSEEK_V3_TEMPLATE,
+    GLM45_TEMPLATE,
+    GPT_OSS_TEMPLATE,
     KIMI_K2_TEMPLATE,
+    LLAMA4_PYTHONIC_TEMPLATE,
     LLAMA31_TEMPLATE,
     MISTRAL_TOOLS_TEMPLATE,
     QWEN3_CODER_TEMPLATE,
@@ -26,7 +29,12 @@ from support.chat_templates import (
 )
 from support.harness import Gateway, run_gateway
 from support.tool_model import ToolExample, train_tool_model
-from test_token_continuity import assert_one_exact_sequence, open_session, sequences_of
+from test_token_continuity import (
+    assert_one_exact_sequence,
+    open_session,
+    outcome_count,
+    sequences_of,
+)
 
 from engine.testing import start_engine_in_thread
 from gateway.tokenizer import ChatTokenizer
@@ -50,6 +58,15 @@ class Family:
     parser: str
     call_id: str | None = None
     """The id the gateway must return (the model's own, where the format has one)."""
+    arguments: str = '{"a": 2, "b": 3}'
+    """The call's arguments as the gateway returns them."""
+    reasoning: str | None = None
+    """The reasoning the call's reply holds (sent back with the call, as `reasoning_content`)."""
+    answer: str = ANSWER
+    """The model's reply after the tool result (its content is ANSWER)."""
+    answer_breaks: str | None = None
+    """Why a user turn after the answer cannot continue the sequence, where the family's
+    template re-renders the answer differently by design (None: it continues)."""
 
 
 FAMILIES = {
@@ -66,19 +83,47 @@ FAMILIES = {
                       '<|tool_call_argument_begin|>{"a": 2, "b": 3}<|tool_call_end|>'
                       "<|tool_calls_section_end|>", "kimi_k2+think", "functions.add:0"),
     "mistral": Family(MISTRAL_TOOLS_TEMPLATE, '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}',
-                      "mistral+none"),
+                      "mistral+none",
+                      answer_breaks="Mistral's template writes the tool list before the "
+                      "last user message, so a new user message moves it"),
     # The tiny model has no <|eot_id|>: its <|im_end|> ends Llama's turns here.
     "llama3_json": Family(LLAMA31_TEMPLATE.replace("<|eot_id|>", IM_END),
                           '{"name": "add", "parameters": {"a": 2, "b": 3}}',
                           "llama3_json+none"),
+    # vLLM's Llama 4 template writes every value as a quoted string: the model writes
+    # them so (an unquoted `a=2` would re-render as `a="2"`: see the docs).
+    "llama4_pythonic": Family(LLAMA4_PYTHONIC_TEMPLATE.replace("<|eot|>", IM_END),
+                              '[add(a="2", b="3")]', "llama4_pythonic+none",
+                              arguments='{"a": "2", "b": "3"}'),
+    # GLM ends a turn with the next message's role token; the tool results' one,
+    # <|observation|>, is the tiny model's <|im_end|> here. Reasoning of a turn after the
+    # last user message is kept, so the call's block (empty here) re-renders.
+    "glm45": Family(GLM45_TEMPLATE.replace("<|observation|>", IM_END),
+                    "\n<think></think>\n<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>2"
+                    "</arg_value>\n<arg_key>b</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+                    "glm45+glm", answer="\n<think></think>\n" + ANSWER),
+    # The call's stop token <|call|> is the tiny model's <|im_end|> here; its analysis
+    # message comes back as reasoning and re-renders from the replayed `thinking`.
+    "gpt_oss": Family(GPT_OSS_TEMPLATE.replace("<|call|>", IM_END),
+                      "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant "
+                      "to=functions.add<|channel|>commentary json<|message|>"
+                      '{"a": 2, "b": 3}', "gpt_oss+harmony", reasoning="Add them.",
+                      answer="<|channel|>final<|message|>" + ANSWER,
+                      answer_breaks="harmony ends a final answer with <|return|>, which "
+                      "history renders as <|end|>, and drops the answer's analysis"),
 }
 
 
-def _tool_round(call_id: str) -> list[dict[str, Any]]:
-    return [{"role": "assistant", "content": None, "tool_calls": [
+def _tool_round(family: Family, call_id: str, arguments: str,
+                reasoning: str | None) -> list[dict[str, Any]]:
+    """The call as a client sends it back (with its reasoning, for a family that returns
+    one), and the tool result."""
+    call: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
         {"id": call_id, "type": "function",
-         "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
-        {"role": "tool", "tool_call_id": call_id, "content": "5"}]
+         "function": {"name": "add", "arguments": arguments}}]}
+    if family.reasoning is not None:
+        call["reasoning_content"] = reasoning
+    return [call, {"role": "tool", "tool_call_id": call_id, "content": "5"}]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -95,15 +140,14 @@ def family_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     assert tok.output_parser.name == family.parser
     first = render_prompt_ids(tok, QUESTION, ADD, None)
     call = tok.encode(family.call + IM_END)
-    turn = _tool_round(family.call_id or "call_1")
-    upto = tok.render(normalize_messages([*QUESTION, *turn[:1]]), ADD,
-                      add_generation_prompt=False)
+    turn = _tool_round(family, family.call_id or "call_1", family.arguments, family.reasoning)
     full = tok.render(normalize_messages([*QUESTION, *turn]), ADD)
-    at = upto.rindex(IM_END) + len(IM_END)  # the assistant turn's end, where glue starts
-    assert full.startswith(upto[:at])
+    # The template renders the replayed call back to exactly the reply (+ its end token).
+    at = len(tok.render(normalize_messages(QUESTION), ADD)) + len(family.call + IM_END)
+    assert full[:at].endswith(family.call + IM_END), full
     second = [*first, *call, *tok.encode(full[at:])]
     examples = [ToolExample(tuple(first), tuple(call)),
-                ToolExample(tuple(second), tuple(tok.encode(ANSWER + IM_END)))]
+                ToolExample(tuple(second), tuple(tok.encode(family.answer + IM_END)))]
     out = train_tool_model(tiny_model_dir, root / "model", examples)
     (out / "chat_template.jinja").write_text(family.template)
     return name, out
@@ -119,6 +163,9 @@ def family_gateway(tmp_path_factory: pytest.TempPathFactory, family_model: tuple
         yield name, gw
 
 
+STREAMED_ARGUMENTS = {"deepseek_v3", "glm45", "kimi_k2", "mistral", "qwen3_coder"}
+"""Families whose calls' arguments stream as they are generated (their JSON text, or a
+typed value at a time)."""
 GREEDY: dict[str, Any] = {"temperature": 1.0, "extra_body": {"top_k": 1}}
 
 
@@ -137,8 +184,12 @@ def test_tool_session_exports_one_sequence(family_gateway: tuple[str, Gateway],
         deltas = [c.choices[0].delta for c in chunks if c.choices]
         calls = [t for d in deltas for t in d.tool_calls or ()]
         assert "".join(d.content or "" for d in deltas) == ""
+        reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
         call_id, fn_name = calls[0].id, calls[0].function.name
         arguments = "".join(t.function.arguments or "" for t in calls)
+        if name in STREAMED_ARGUMENTS:  # the name first, then the arguments as generated
+            assert calls[0].function.arguments == ""
+            assert len([t for t in calls if t.function.arguments]) > 1
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     else:
         first = client.chat.completions.create(model=model, messages=messages, tools=ADD,
@@ -147,16 +198,37 @@ def test_tool_session_exports_one_sequence(family_gateway: tuple[str, Gateway],
         assert first.choices[0].message.content is None
         (call,) = first.choices[0].message.tool_calls
         call_id, fn_name, arguments = call.id, call.function.name, call.function.arguments
-    assert (fn_name, json.loads(arguments)) == ("add", {"a": 2, "b": 3})
+        reasoning = getattr(first.choices[0].message, "reasoning_content", None) or ""
+    assert (fn_name, json.loads(arguments)) == ("add", json.loads(family.arguments))
+    assert reasoning == (family.reasoning or "")
     if family.call_id is not None:
         assert call_id == family.call_id
-    messages += [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": fn_name,
-                                                         "arguments": arguments}}]},
-        {"role": "tool", "tool_call_id": call_id, "content": "5"}]
+    messages += _tool_round(family, call_id, arguments, reasoning)
     second = client.chat.completions.create(model=model, messages=messages, tools=ADD,
                                             **GREEDY)
     assert second.choices[0].message.content == ANSWER
     records, sequences = sequences_of(gw, session_id)
     assert len(records) == 2 and records[0].finish_reason == "tool_calls"
     assert_one_exact_sequence(records, sequences)
+    if stream:
+        return
+    # A user turn after the answer: it continues the sequence, except where the
+    # family's template rewrites the answer in history (then a new sequence, counted).
+    messages += [{"role": "assistant", "content": ANSWER},
+                 {"role": "user", "content": "Thanks."}]
+    fallbacks = _fallbacks(gw)
+    client.chat.completions.create(model=model, messages=messages, tools=ADD, max_tokens=1,
+                                   **GREEDY)
+    records, sequences = sequences_of(gw, session_id)
+    if family.answer_breaks is None:
+        assert_one_exact_sequence(records, sequences)
+    else:
+        assert len(sequences) == 2, family.answer_breaks
+        assert _fallbacks(gw) == fallbacks + 1
+
+
+def _fallbacks(gw: Gateway) -> float:
+    """Turns whose prompt fell back to a full render because the template rewrote the
+    history (`areal_token_continuity_total`)."""
+    return sum(outcome_count(gw, o) for o in ("prefix_changed", "not_prefix_stable",
+                                              "no_end_of_turn"))

@@ -1,6 +1,9 @@
 """Differential tests: the gateway's tool-call and reasoning parsers against vLLM's own
 (`vllm/tool_parsers`, `vllm/reasoning`), on each family's corpus (`tests/support/output_corpus.py`),
-whole and streamed in random token chunkings, field by field.
+whole and streamed in random token chunkings, field by field: vLLM's whole parse against
+the gateway's, and each of vLLM's streams (its deltas summed, tool-call argument
+fragments concatenated) against the gateway's chat stream of the case in a random
+chunking of its own (the same concatenations).
 
 vLLM imports torch, which the gateway's environment must not, so vLLM's parsers run in
 vLLM's interpreter (`vllm_parsers_worker.py`, one subprocess for the whole corpus):
@@ -27,8 +30,10 @@ from typing import Any
 
 import pytest
 from support.output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS, Case
+from support.streaming import stream_call_fragments
 
-from gateway.toolparse import ParsedText
+from gateway.tokenizer import ChatTokenizer
+from gateway.toolparse import OutputParser, ParsedText
 from gateway.toolparse.registry import select_parser
 
 WORKER = Path(__file__).with_name("vllm_parsers_worker.py")
@@ -66,10 +71,10 @@ other families vLLM runs it only on cases whose reply opens `<think>`."""
 
 DROPPED_SECTION = ("vLLM drops the unfinished call section from the reply; the gateway keeps "
                    "it as content: nothing generated is silently lost")
-TRUNCATED_STREAM = ("vLLM streams a call's name and part of its arguments before the call "
-                    "is complete, so a reply cut off mid-call has streamed a half call; "
-                    "the gateway streams a call only once it is complete, so its stream "
-                    "equals its whole reply, where the cut-off call stays text")
+TRUNCATED_STREAM = ("a reply cut off mid-call: vLLM's stream ends with the half call; the "
+                    "gateway's last delta adds the call's text as content, as its whole "
+                    "reply keeps it (formats whose arguments stream have also streamed the "
+                    "half call's name and arguments, as vLLM does)")
 DIFFERENT_BY_DESIGN: dict[tuple[str, str, str], str] = {
     ("hermes", "truncated", "stream"): TRUNCATED_STREAM,
     ("llama3_json", "truncated", "stream"): TRUNCATED_STREAM,
@@ -164,14 +169,33 @@ def _json_or_text(args: str) -> Any:
         return ("not JSON", args)
 
 
-def _ours(family: str, case: Case) -> dict[str, Any]:
+def _parser(family: str) -> OutputParser:
     tool_format, generation_prompt = FAMILY_PARSERS[family]
-    parser = select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
-                           reasoning_parser="mistral" if family == "magistral" else None,
-                           generation_prompt=generation_prompt).parser
-    out: ParsedText = parser.parse(case.text, parse_tools=True, id_seed="s", tools=TOOLS)
+    return select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
+                         reasoning_parser="mistral" if family == "magistral" else None,
+                         generation_prompt=generation_prompt).parser
+
+
+def _ours(family: str, case: Case) -> dict[str, Any]:
+    out: ParsedText = _parser(family).parse(case.text, parse_tools=True, id_seed="s",
+                                            tools=TOOLS)
     return _normalized(out.content, out.reasoning,
                        [(c.name, c.arguments) for c in out.tool_calls])
+
+
+def _ours_streamed(tok: ChatTokenizer, family: str, case: Case, seed: str
+                   ) -> dict[str, Any]:
+    """The gateway's chat stream of the case (steps of 1-7 tokens), summed up."""
+    rng = random.Random(seed)
+    steps = [rng.randint(1, 7) for _ in range(4 * len(case.text) + 8)]
+    ours = ChatTokenizer(tok.core, output_parser=_parser(family))
+    content, reasoning, calls, _ = stream_call_fragments(ours, case.text, steps)
+    return _normalized(content, reasoning, [(name, args) for _, name, args in calls])
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path) -> ChatTokenizer:
+    return ChatTokenizer.from_pretrained(tiny_model_dir)
 
 
 CASES = [(family, case) for family, cases in FAMILIES.items() for case in cases]
@@ -179,16 +203,16 @@ CASES = [(family, case) for family, cases in FAMILIES.items() for case in cases]
 
 @pytest.mark.parametrize(("family", "case"), CASES,
                          ids=[f"{f}-{c.name}" for f, c in CASES])
-def test_parsers_agree_with_vllm(vllm_results: dict[str, Any], family: str, case: Case
-                                 ) -> None:
-    """Ours (whole; its stream equals its whole reply: `test_output_parsers`) against
-    vLLM's whole parse and each of vLLM's streamed parses."""
+def test_parsers_agree_with_vllm(vllm_results: dict[str, Any], tok: ChatTokenizer,
+                                 family: str, case: Case) -> None:
+    """Our whole parse against vLLM's; our chat stream (call names, then argument
+    fragments as they arrive) against each of vLLM's streams."""
     theirs = vllm_results[f"{family}/{case.name}"]
-    ours = _ours(family, case)
-    views = [("whole", theirs["whole"])]
+    views = [("whole", theirs["whole"], _ours(family, case))]
     if (family, case.name) not in VLLM_STREAM_DEFECTS:
-        views += [("stream", s) for s in theirs["streamed"]]
-    for view, result in views:
+        views += [("stream", s, _ours_streamed(tok, family, case, f"{family}/{case.name}/{k}"))
+                  for k, s in enumerate(theirs["streamed"])]
+    for view, result, ours in views:
         assert "error" not in result, (view, result.get("error"))
         got = _normalized(result["content"], result["reasoning"], result["calls"])
         reason = DIFFERENT_BY_DESIGN.get((family, case.name, view))

@@ -210,14 +210,208 @@ MINIMAX_LIKE_TEMPLATE = """\
 """MiniMax M2's tool-call markers in a minimal template: a format the gateway recognizes
 but does not parse (the start-up warning's case)."""
 
-GPT_OSS_LIKE_TEMPLATE = """\
-{%- if tools %}{{- '<|start|>developer<|message|>' + (tools | tojson) + '<|end|>' }}{%- endif %}
+
+# Llama 4 (pythonic calls), GLM-4.5 and gpt-oss, reduced the same way. Llama 4's is vLLM's
+# `examples/tool_chat_template_llama4_pythonic.jinja` (Apache-2.0; Llama 4's own template
+# writes JSON calls), GLM-4.5's the one shipped with zai-org/GLM-4.5 (MIT), gpt-oss's the
+# one shipped with openai/gpt-oss-20b (Apache-2.0); the assistant-turn parts are verbatim.
+
+LLAMA4_PYTHONIC_TEMPLATE = """\
+{{- bos_token }}
+{%- if tools is not none and tools %}
+    {{- "<|header_start|>system<|header_end|>\\n\\nHere is a list of functions in JSON format that you can invoke. Use exact format: [func_name1(param1=value1, param2=value2), func_name2(...)]\\n" }}
+    {{- tools | tojson(indent=4) }}{{- "\\n<|eot|>" }}
+{%- endif %}
 {%- for message in messages %}
-    {%- if message.role == 'assistant' and message.tool_calls %}
-        {{- '<|start|>assistant<|channel|>commentary to=functions.' + message.tool_calls[0].function.name + ' <|constrain|>json<|message|>' + message.tool_calls[0].function.arguments + '<|call|>' }}
-    {%- else %}{{- '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or ('tool_calls' in message and  message.tool_calls|length != 0 )) %}
+    {{- '<|header_start|>' + message['role'] + '<|header_end|>\\n\\n' }}
+        {{- message['content'] }}
+        {{- "<|eot|>" }}
+    {%- elif 'tool_calls' in message%}
+        {{- '<|header_start|>assistant<|header_end|>\\n\\n' -}}
+        {{- message['content'] }}
+         {{- "[" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{-  tool_call.name + '(' -}}
+            {%- for param in tool_call.arguments %}
+                {{- param + '="' -}}
+                {{- "%s" | format(tool_call.arguments[param]) -}}
+               {{- '"' -}}
+                {% if not loop.last %}, {% endif %}
+            {%- endfor %}
+            {{- ')' -}}
+            {% if not loop.last %}, {% endif %}
+        {%- endfor %}
+        {{- "]<|eot|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|header_start|>ipython<|header_end|>\\n\\n" }}
+        {{-  message.content  | tojson }}
+        {{- "<|eot|>" }}
     {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}
+{%- if add_generation_prompt %}
+    {{- '<|header_start|>assistant<|header_end|>\\n\\n' }}
+{%- endif %}
 """
-"""gpt-oss's harmony channels in a minimal template (the registry's choice)."""
+"""vLLM's Llama 4 pythonic template, reduced (see above): the calls as
+`[NAME(KEY="VALUE", ...)]`, every value written as a quoted string (`"%s"|format`), so
+only a call whose values the model wrote as strings renders back to its tokens."""
+
+GLM45_TEMPLATE = """\
+[gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}
+{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}
+</tools>
+
+For each function call, output the function name and arguments within the following XML format:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+<arg_key>{arg-key-2}</arg_key>
+<arg_value>{arg-value-2}</arg_value>
+...
+</tool_call>{%- endif -%}
+{%- macro visible_text(content) -%}
+    {%- if content is string -%}
+        {{- content }}
+    {%- else -%}
+        {{- content }}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(last_user_index=-1) %}
+{%- for m in messages %}
+    {%- if m.role == 'user' %}
+        {% set ns.last_user_index = loop.index0 -%}
+    {%- endif %}
+{%- endfor %}
+{% for m in messages %}
+{%- if m.role == 'user' -%}<|user|>
+{{ visible_text(m.content) }}
+{%- elif m.role == 'assistant' -%}
+<|assistant|>
+{%- set reasoning_content = '' %}
+{%- set content = visible_text(m.content) %}
+{%- if m.reasoning_content is string %}
+    {%- set reasoning_content = m.reasoning_content %}
+{%- else %}
+    {%- if '</think>' in content %}
+        {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+        {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+    {%- endif %}
+{%- endif %}
+{%- if loop.index0 > ns.last_user_index and reasoning_content -%}
+{{ '\\n<think>' + reasoning_content.strip() +  '</think>'}}
+{%- else -%}
+{{ '\\n<think></think>' }}
+{%- endif -%}
+{%- if content.strip() -%}
+{{ '\\n' + content.strip() }}
+{%- endif -%}
+{% if m.tool_calls %}
+{% for tc in m.tool_calls %}
+{%- if tc.function %}
+    {%- set tc = tc.function %}
+{%- endif %}
+{{ '\\n<tool_call>' + tc.name }}
+{% set _args = tc.arguments %}
+{% for k, v in _args.items() %}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor %}
+</tool_call>{% endfor %}
+{% endif %}
+{%- elif m.role == 'tool' -%}
+{%- if m.content is string -%}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+    {{- '<|observation|>' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' }}
+{{- m.content }}
+{{- '\\n</tool_response>' }}
+{% endif -%}
+{%- elif m.role == 'system' -%}
+<|system|>
+{{ visible_text(m.content) }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    <|assistant|>
+{%- endif -%}
+"""
+"""GLM-4.5's template, reduced (see above): an assistant turn is `\\n<think>R</think>`
+(an empty block for turns before the last user message: their reasoning is dropped),
+`\\n` + content, then `\\n<tool_call>NAME` and `<arg_key>`/`<arg_value>` lines, values
+not strings written with `tojson`. A turn has no end marker of its own: the model stops
+on the next message's role token (`<|observation|>` before tool results)."""
+
+GPT_OSS_TEMPLATE = """\
+{%- if tools %}
+{{- '<|start|>developer<|message|># Tools\\n\\n## functions\\n\\nnamespace functions {\\n\\n' }}
+{%- for tool in tools %}{%- set tool = tool.function %}
+{{- '// ' + tool.description + '\\ntype ' + tool.name + ' = (_: ' + (tool.parameters | tojson) + ') => any;\\n\\n' }}
+{%- endfor %}
+{{- '} // namespace functions<|end|>' }}
+{%- endif %}
+{%- set last_tool_call = namespace(name=none) %}
+{%- for message in messages -%}
+    {%- if message.role == 'assistant' -%}
+        {%- if "tool_calls" in message %}
+            {%- if message.tool_calls|length > 1 %}
+                {{- raise_exception("Only one tool call per assistant message is supported") }}
+            {%- endif %}
+            {%- set tool_call = message.tool_calls[0] %}
+            {%- if tool_call.function %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {%- if message.content and message.thinking %}
+                {{- raise_exception("Cannot pass both content and thinking in an assistant message with tool calls! Put the analysis message in one or the other, but not both.") }}
+            {%- elif message.content %}
+                {{- "<|start|>assistant<|channel|>analysis<|message|>" + message.content + "<|end|>" }}
+            {%- elif message.thinking %}
+                {{- "<|start|>assistant<|channel|>analysis<|message|>" + message.thinking + "<|end|>" }}
+            {%- endif %}
+            {{- "<|start|>assistant to=" }}
+            {{- "functions." + tool_call.name + "<|channel|>commentary " }}
+            {{- (tool_call.content_type if tool_call.content_type is defined else "json") + "<|message|>" }}
+            {{- tool_call.arguments|tojson }}
+            {{- "<|call|>" }}
+            {%- set last_tool_call.name = tool_call.name %}
+        {%- elif loop.last and not add_generation_prompt %}
+            {%- if "thinking" in message %}
+                {{- "<|start|>assistant<|channel|>analysis<|message|>" + message.thinking + "<|end|>" }}
+            {%- endif %}
+            {{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|return|>" }}
+        {%- else %}
+            {{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>" }}
+            {%- set last_tool_call.name = none %}
+        {%- endif %}
+    {%- elif message.role == 'tool' -%}
+        {%- if last_tool_call.name is none %}
+            {{- raise_exception("Message has tool role, but there was no previous assistant message with a tool call!") }}
+        {%- endif %}
+        {{- "<|start|>functions." + last_tool_call.name }}
+        {{- " to=assistant<|channel|>commentary<|message|>" + message.content|tojson + "<|end|>" }}
+    {%- elif message.role == 'user' -%}
+        {{- "<|start|>user<|message|>" + message.content + "<|end|>" }}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|start|>assistant
+{%- endif -%}
+"""
+"""gpt-oss's template, reduced (see above): a call is the `analysis` message (from the
+message's `thinking`), then `<|start|>assistant to=functions.NAME<|channel|>commentary
+json<|message|>ARGS|tojson<|call|>`; a final answer in history ends `<|end|>` where the
+model wrote `<|return|>`, and its reasoning is dropped (harmony's design)."""

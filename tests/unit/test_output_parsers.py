@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from support.chat_templates import (
     DEEPSEEK_V3_TEMPLATE,
-    GPT_OSS_LIKE_TEMPLATE,
+    GLM45_TEMPLATE,
+    GPT_OSS_TEMPLATE,
     KIMI_K2_TEMPLATE,
+    LLAMA4_PYTHONIC_TEMPLATE,
     LLAMA31_TEMPLATE,
     MINIMAX_LIKE_TEMPLATE,
     MISTRAL_TOOLS_TEMPLATE,
@@ -24,6 +26,7 @@ from support.chat_templates import (
     tokenizer_dir_with_template,
 )
 from support.output_corpus import FAMILIES, FAMILY_PARSERS, TOOLS
+from support.streaming import stream_call_fragments
 
 from areal_service.config import ReasoningParserName, ToolParserName
 from areal_service.sglang_protocol import FinishReason
@@ -63,14 +66,15 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     ("{{ '[THINK]' + '[TOOL_CALLS]' }}", {}, "mistral+mistral"),
     (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
     (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
-    ("{{ '<tool_call>' + name + '<arg_key>' }}", {}, "glm45+think"),
-    (GPT_OSS_LIKE_TEMPLATE, {}, "gpt_oss+harmony"),
+    (GLM45_TEMPLATE, {}, "glm45+glm"),
+    (GPT_OSS_TEMPLATE, {}, "gpt_oss+harmony"),
+    (LLAMA4_PYTHONIC_TEMPLATE, {}, "llama4_pythonic+none"),
     ("{{ '<tool_call>' }}", {}, "hermes+think"),
     ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
     (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
 ], ids=["qwen3_coder", "llama31", "mistral", "magistral", "deepseek_v3", "kimi_k2", "glm45", "gpt_oss",
-        "hermes", "named_templates", "arch_llama_too_generic",
+        "llama4_pythonic", "hermes", "named_templates", "arch_llama_too_generic",
         "arch_qwen3"])
 def test_chosen_from_template_then_architecture(template: str, config: dict,
                                                 expected: str) -> None:
@@ -265,6 +269,45 @@ def test_stream_deltas_add_up_to_the_whole_parse(tok: ChatTokenizer, family: str
             assert whole.content.startswith(part.content), (case.name, cut)
             assert (whole.reasoning or "").startswith(part.reasoning or ""), (case.name, cut)
             assert whole.tool_calls[:len(part.tool_calls)] == part.tool_calls, (case.name, cut)
+
+
+STREAMED_ARGUMENTS = {"hermes", "qwen3_thinking", "mistral", "magistral", "deepseek_v3",
+                      "deepseek_v31", "kimi_k2", "qwen3_coder", "glm45"}
+"""Families whose arguments stream as they are generated (the model's JSON text; for
+Qwen3-Coder and GLM a typed value at a time); the others' calls come whole when they
+close (or with the last delta)."""
+PARTIAL_CALL_STREAMED = {("hermes", "truncated"), ("mistral", "truncated"),
+                         ("deepseek_v31", "truncated"), ("kimi_k2", "truncated"),
+                         ("qwen3_coder", "truncated"), ("glm45", "truncated")}
+"""Cut-off calls whose name and first arguments were streamed before the cut: the whole
+reply keeps their text as content (so does the stream's last delta)."""
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_call_fragments_add_up_to_the_whole_calls(tok: ChatTokenizer, family: str) -> None:
+    """The chat stream's call fragments, in random chunkings: each call's head first,
+    its argument fragments concatenating byte for byte to the whole parse's arguments,
+    the content equal to the whole parse's; JSON-argument formats stream the arguments
+    in several pieces when tokens come one at a time."""
+    tok = ChatTokenizer(tok.core, output_parser=parser_for(family))
+    rng = random.Random(family)
+    for case in FAMILIES[family]:
+        whole = tok.output_parser.parse(case.text, parse_tools=True, id_seed=SEED,
+                                        tools=TOOLS)
+        expected = [(c.id, c.name, c.arguments) for c in whole.tool_calls]
+        budget = 4 * len(case.text) + 8
+        for steps in [[1] * budget] + [[rng.randint(1, 7) for _ in range(budget)]
+                                       for _ in range(6)]:
+            content, _, calls, pieces = stream_call_fragments(tok, case.text, steps)
+            assert content == whole.content, case.name
+            if (family, case.name) in PARTIAL_CALL_STREAMED:
+                # (none when the cut comes in the step that starts the arguments)
+                assert len(calls) <= 1, case.name
+                assert not expected and all(c[2].startswith("{") for c in calls), case.name
+                continue
+            assert calls == expected, case.name
+            if steps[0] == 1 and family in STREAMED_ARGUMENTS and expected:
+                assert min(pieces) > 1, (case.name, pieces)
 
 
 def test_special_token_markers_survive_the_decode(tiny_model_dir: Path, tmp_path: Path

@@ -20,6 +20,8 @@ TEXTS = [
     "The answer is 5. 😀 \"quoted\" \\ back\tslash\n",
     "<think>\nadd them 🤔\n</think>\n\nIt is 5.",
     'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>',
+    '<tool_call>\n{"name": "a", "arguments": {"q": "é \\"x\\" 😀"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "b", "arguments": {"n": [1, {"m": "}"}]}}\n</tool_call>',
     "plain text that mentions <tool and <think but never opens one </",
     "Thought: go\nObservation: 5 and more",
 ]
