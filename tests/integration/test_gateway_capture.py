@@ -66,8 +66,10 @@ class Checker:
         return record
 
     def check(self, completion_id: str, messages: list[dict[str, Any]], text: str,
-              temperature: float) -> CompletionRecord:
-        """The record of `completion_id`: template prompt ids, output decoding to `text`,
+              temperature: float, reasoning: str | None = None) -> CompletionRecord:
+        """The record of `completion_id`: template prompt ids, output decoding to `text`
+        (or, where the reply carried `reasoning`, to a leading `<think>` block holding it
+        and then `text`: the random tiny model samples `<think>` now and then),
         behaviour logprobs equal to a reference forward at `temperature`."""
         record = self.record(completion_id)
         rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
@@ -78,7 +80,12 @@ class Checker:
         assert record.temperature == pytest.approx(temperature)
         assert len(record.output_ids) == len(record.output_logprobs) == \
             len(record.output_versions) == record.completion_tokens > 0
-        assert self.tokenizer.decode(record.output_ids, skip_special_tokens=True) == text
+        decoded = self.tokenizer.decode(record.output_ids, skip_special_tokens=True)
+        if reasoning:
+            assert decoded.lstrip().startswith("<think>") and reasoning.strip() in decoded, decoded
+            assert decoded.endswith(text.strip()), (decoded, text)
+        else:
+            assert decoded == text
         expected = self.logprobs(record.prompt_ids, record.output_ids, record.temperature)
         assert list(record.output_logprobs) == pytest.approx(expected, abs=1e-4)
         return record
@@ -159,9 +166,10 @@ def test_n2_records_every_choice(checker: Checker) -> None:
                                                 max_tokens=8)
     for choice, rid in zip(completion.choices, (completion.id, f"{completion.id}.1"),
                            strict=True):
-        checker.check(rid, messages, choice.message.content, temperature=1.0)
+        checker.check(rid, messages, choice.message.content or "", temperature=1.0,
+                      reasoning=getattr(choice.message, "reasoning_content", None))
 
-    texts = ["", ""]
+    texts, reasonings = ["", ""], ["", ""]
     stream = client.chat.completions.create(model=name, messages=messages, n=2, max_tokens=8,
                                             stream=True)
     stream_id = ""
@@ -169,8 +177,10 @@ def test_n2_records_every_choice(checker: Checker) -> None:
         stream_id = chunk.id
         for c in chunk.choices:
             texts[c.index] += c.delta.content or ""
+            reasonings[c.index] += getattr(c.delta, "reasoning_content", None) or ""
     for index, rid in enumerate((stream_id, f"{stream_id}.1")):
-        checker.check(rid, messages, texts[index], temperature=1.0)
+        checker.check(rid, messages, texts[index], temperature=1.0,
+                      reasoning=reasonings[index])
 
 
 def test_stream_is_durable_before_done(checker: Checker) -> None:
