@@ -90,8 +90,8 @@ def test_serve_names_the_extra_for_a_transformers_tokenizer(gateway_venv: Path,
     (model / "config.json").write_text(json.dumps(model_config))
     run = subprocess.run(
         [str(gateway_venv / "areal-service"), "serve", "--set", f"data_dir={tmp_path / 'd'}",
-         "--set", f"engine.model={model}", "--set", "gateway.backends=[http://127.0.0.1:9]",
-         "--set", f"gateway.port={free_port()}", "--set", "gateway.admin_key=sk-install-test"],
+         "--set", f"engine.model={model}", "--set", "gateway.router.backends=[http://127.0.0.1:9]",
+         "--set", f"gateway.port={free_port()}", "--set", "gateway.auth.admin_key=sk-install-test"],
         capture_output=True, text=True, env=_clean_env(), cwd=tmp_path, timeout=60)
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
