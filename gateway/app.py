@@ -287,7 +287,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     if given.gateway.workers > 1:  # outermost: even a throttled reply names it
         outer.append(_WorkerHeader)
     outer.append(lambda inner: AuthThrottleMiddleware(
-        inner, throttle_of=_throttle_of, known_good_of=_known_good_of))
+        inner, throttle_of=_throttle_of, known_good_of=_known_good_of,
+        self_reporting=openai.HOT_ROUTES))
     outer.append(lambda inner: HotRoutes(inner, routes=openai.HOT_ROUTES))
     app.outer_layers = tuple(outer)
     app.hot_paths = frozenset(openai.HOT_ROUTES)

@@ -33,7 +33,7 @@ from gateway.deps import request_too_large, too_deep
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
 from gateway.strings import check_json_body, nul_refused
-from gateway.throttle import request_token
+from gateway.throttle import note_auth_failure, request_token
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,8 @@ class HotRoutes:
             body = await read_body(receive, state.config.gateway.max_request_bytes)
         except OpenAIError as exc:
             state.metrics.requests.labels(label, str(exc.status)).inc()
+            if exc.status == 401:
+                note_auth_failure(scope)
             await send_json(send, error_reply(exc, shape))
             return
         if body is None:
@@ -199,6 +201,8 @@ class HotRoutes:
                                     shape)
             status = reply.status if isinstance(reply, JsonReply) else 200
             state.metrics.requests.labels(label, str(status)).inc()
+            if status == 401:  # a session key that ended, a revoked key
+                note_auth_failure(scope)
             if isinstance(reply, JsonReply):
                 watch.finish()
                 await send_json(send, reply)
