@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -217,7 +217,9 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                                 max_n_tokens=gw.max_n_tokens)
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
-    completion_id = f"{adapter.id_prefix}{uuid.uuid4().hex}"
+    # 128 random bits as 32 hex digits, like `uuid4().hex` (which costs ~5 µs to build
+    # the UUID object; this ~1 µs).
+    completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
     logprobs = req.wants_logprobs()
     return Turn(state=state, principal=principal, body=body, request=req, model=model,
                 session_id=session_id, prompt_ids=prompt_ids, spec=spec,
