@@ -153,6 +153,11 @@ class WireAdapter(ABC, Generic[RequestT]):
     id_prefix: ClassVar[str]
     prompt_param: ClassVar[str]
     """The body field a too-long prompt is blamed on."""
+    conversation_in_body: ClassVar[bool] = False
+    """Whether `conversation` takes all its text from the request body (then the body's
+    size bounds the text's length: `LargePrompts.is_large` skips its count when small).
+    Not so where stored earlier turns join in (the Responses API's
+    `previous_response_id`)."""
     refuse_over_budget: ClassVar[bool] = False
     """Refuse (400) an output budget that does not fit beside the prompt, as OpenAI's
     chat API does; otherwise cut it to what fits (`resolve_sampling`)."""
@@ -186,7 +191,7 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
                 principal: Principal) -> Turn[RequestT]:
     """Parse, check the model, find the session, render the prompt, pick the sampling."""
     started = time.perf_counter()
-    body, req = await read_request(request, adapter.request_model)
+    body, req, size = await read_request(request, adapter.request_model)
     model = resolve_model(state.config.gateway, req.model)
     session_id = await session_for_request(state, principal, request, body)
     gw = state.config.gateway
@@ -195,7 +200,8 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
         prompt_args = (session_id, conv.messages, conv.tools, conv.tool_choice)
         if state.continuity.wants_recall(session_id, conv.messages):
             await recall_previous_turn(state, *prompt_args)
-        if state.large_prompts.is_large(conv.messages, conv.tools):
+        if state.large_prompts.is_large(conv.messages, conv.tools,
+                                        size if adapter.conversation_in_body else None):
             # Surely too long: refused from its character count, before render/tokenize
             # (a small prompt's exact check below is cheaper than this walk).
             refuse_overlong(state.tokenizer, conv.messages, state.context_length,
