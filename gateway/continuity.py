@@ -200,7 +200,10 @@ class ContinuityCache:
         with self._lock:
             entries = self._sessions.pop(session_id, [])
             kept = [*new, *entries][:MAX_ENTRIES_PER_SESSION]
-            self._bytes += sum(e.weight for e in kept) - sum(e.weight for e in entries)
+            # Only what came in and what fell off change the total (not every kept one).
+            dropped = entries[max(0, MAX_ENTRIES_PER_SESSION - len(new)):]
+            self._bytes += (sum(e.weight for e in kept[:len(new)])
+                            - sum(e.weight for e in dropped))
             self._sessions[session_id] = kept
             while self._bytes > self.max_bytes and self._sessions:
                 _, dropped = self._sessions.popitem(last=False)
