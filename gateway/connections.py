@@ -143,11 +143,54 @@ class _Guard:
         self.transport.close()
 
 
+class HeldHead:
+    """The transport as one response's cycle sees it: the status line and headers, which
+    uvicorn writes on their own at `http.response.start`, are held until the reply's
+    first body write and go out with it in one `write` (one socket send and one wake-up
+    of the client fewer per reply; a JSON reply is then a single send). Held at most
+    until the loop's next iteration (`call_soon`), so nothing waits on a body that
+    does not follow at once. Everything else is the connection's transport."""
+
+    __slots__ = ("_transport", "_loop", "_held", "_flush")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._flush: asyncio.Handle | None = None
+        """Set at the first write: only that one is held."""
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._flush.cancel()  # type: ignore[union-attr]
+            self._transport.write(held + data)
+        elif self._flush is None:
+            self._held = data
+            self._flush = self._loop.call_soon(self._release)
+        else:
+            self._transport.write(data)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self._release()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 # ignore[misc] (both classes): uvicorn narrows connection_made's transport to
 # asyncio.Transport against asyncio's BaseProtocol (its own ignore[override]); the guard's
 # connection_made takes what uvicorn's does, so mypy sees the same conflict here.
 class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):  # type: ignore[misc]
-    """uvicorn's httptools protocol with the bounds (events from httptools' parser)."""
+    """uvicorn's httptools protocol with the bounds (events from httptools' parser), and
+    each response's head sent with its first body bytes (`HeldHead`)."""
 
     def on_message_begin(self) -> None:
         self._request_began()
@@ -155,7 +198,10 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):  # type: ignore[misc]
 
     def on_headers_complete(self) -> None:
         self._headers_done()
+        cycle = self.cycle
         super().on_headers_complete()
+        if self.cycle is not cycle:  # this request's cycle (not started yet)
+            self.cycle.transport = HeldHead(self.transport, self.loop)
 
     def on_message_complete(self) -> None:
         self._body_done()

@@ -84,16 +84,18 @@ CONVERSATION_FIELDS = frozenset({"messages", "input", "tools", "system", "instru
 """A generation request's conversation text: may hold a NUL (`gateway/strings.py`)."""
 
 
-async def read_request(request: Request, model: type[M]) -> tuple[dict[str, Any], M]:
+async def read_request(request: Request, model: type[M]) -> tuple[dict[str, Any], M, int]:
     """`read_json` then `parse_model`, with the conversation's lists capped at
     `gateway.limits.max_messages` items (400 `too_many_messages`, before any validation) and a
-    large body handled off the event loop (`OFFLOAD_BODY_BYTES`)."""
+    large body handled off the event loop (`OFFLOAD_BODY_BYTES`). Also returns the body's
+    size in bytes (a bound on the characters of any text in it)."""
     state: GatewayState = request.app.state.gateway
     gw = state.config.gateway
     raw = await _read_bounded(request, gw.limits.max_request_bytes)
     if len(raw) <= OFFLOAD_BODY_BYTES:
-        return _parse_request(raw, model, gw.limits.max_messages)
-    return await state.large_prompts.run(_parse_request, raw, model, gw.limits.max_messages)
+        return (*_parse_request(raw, model, gw.limits.max_messages), len(raw))
+    parsed = await state.large_prompts.run(_parse_request, raw, model, gw.limits.max_messages)
+    return (*parsed, len(raw))
 
 
 def _parse_request(raw: bytes, model: type[M], max_items: int) -> tuple[dict[str, Any], M]:

@@ -34,7 +34,7 @@ from gateway.errors import OpenAIError
 from gateway.limits import Events
 from gateway.state import GatewayState
 from gateway.strings import check_json_body, nul_refused
-from gateway.throttle import request_token
+from gateway.throttle import note_auth_failure, request_token
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class HotRoutes:
             await self._serve(scope, receive, send, state, label, handler, shape)
         finally:
             metrics.in_flight.dec()
-            metrics.latency.labels(label).observe(time.perf_counter() - started)
+            metrics.observe_latency(label, time.perf_counter() - started)
 
     async def _other(self, scope: Scope, receive: Receive, send: Send,
                      state: GatewayState) -> None:
@@ -177,7 +177,9 @@ class HotRoutes:
             principal = await state.keys.resolve(request_token(scope))
             body = await read_body(receive, state.config.gateway.limits.max_request_bytes)
         except OpenAIError as exc:
-            state.metrics.requests.labels(label, str(exc.status)).inc()
+            state.metrics.count_request(label, exc.status)
+            if exc.status == 401:
+                note_auth_failure(scope)
             await send_json(send, error_reply(exc, shape))
             return
         if body is None:
@@ -199,7 +201,9 @@ class HotRoutes:
                                                 type="server_error", code="internal_error"),
                                     shape)
             status = reply.status if isinstance(reply, JsonReply) else 200
-            state.metrics.requests.labels(label, str(status)).inc()
+            state.metrics.count_request(label, status)
+            if status == 401:  # a session key that ended, a revoked key
+                note_auth_failure(scope)
             if isinstance(reply, JsonReply):
                 watch.finish()
                 await send_json(send, reply)
@@ -209,7 +213,7 @@ class HotRoutes:
             if not watch.gone:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]  # ended here
-            state.metrics.requests.labels(label, "499").inc()  # nginx's "client closed"
+            state.metrics.count_request(label, 499)  # nginx's "client closed"
         finally:
             watch.close()
 

@@ -70,8 +70,9 @@ class _KeyState:
 
 def has_limits(key: ApiKeyRecord) -> bool:
     """Whether any limit is set on `key`."""
-    return any(v is not None for v in (key.rpm_limit, key.tpm_limit, key.max_concurrent,
-                                       key.token_budget))
+    # No generator: this runs twice a request.
+    return not (key.rpm_limit is None and key.tpm_limit is None and key.max_concurrent is None
+                and key.token_budget is None)
 
 
 def rate_limited(message: str, retry_after_s: float, code: str) -> OpenAIError:

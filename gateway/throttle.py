@@ -189,17 +189,38 @@ async def sync_auth_failures(throttle: AuthThrottle, store: FailuresExchange, ho
         throttle.apply_peers(peers)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    value: bytes  # the ASGI scope is untyped (annotation only: no run-time cost)
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
+_TOKEN = "areal.token"
+"""Scope key of the request's credential, read once (the throttle and the hot routes
+both need it)."""
+AUTH_FAILED = "areal.auth_failed"
+"""Scope key of the callback that counts a 401, set for the paths whose app reports its
+own (`AuthThrottleMiddleware` `self_reporting`)."""
 
 
 def request_token(scope: Scope) -> str | None:
-    """The credential a request carries (as `gateway.auth.bearer_token` reads it)."""
-    return token_of(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
+    """The credential a request carries (as `gateway.auth.bearer_token` reads it): one
+    pass over the headers (the first of each name counts), remembered in the scope."""
+    try:
+        return scope[_TOKEN]  # type: ignore[no-any-return]
+    except KeyError:
+        pass
+    authorization = api_key = None
+    for key, value in scope.get("headers", ()):
+        if key == b"authorization":
+            if authorization is None:
+                authorization = value.decode("latin-1")
+        elif key == b"x-api-key" and api_key is None:
+            api_key = value.decode("latin-1")
+    token = scope[_TOKEN] = token_of(authorization, api_key)
+    return token
+
+
+def note_auth_failure(scope: Scope) -> None:
+    """Count the 401 an app answered on a `self_reporting` path (nothing elsewhere: the
+    throttle sees those 401s in `send`)."""
+    failed = scope.get(AUTH_FAILED)
+    if failed is not None:
+        failed()
 
 
 def too_many_failures(retry_after_s: float) -> OpenAIError:
@@ -214,14 +235,18 @@ class AuthThrottleMiddleware:
     """Pure ASGI: refuses locked-out addresses' guesses, counts failed ones.
 
     `throttle_of(scope)` and `known_good_of(scope)` find the app's throttle and its
-    token check (None: not started yet, nothing is throttled)."""
+    token check (None: not started yet, nothing is throttled). On `self_reporting`
+    paths (the hot routes) the app counts its own 401s (`note_auth_failure`) and gets
+    the server's `send` unwrapped: a wrapper there costs every streamed chunk a call."""
 
     def __init__(self, app: ASGIApp, *,
                  throttle_of: Callable[[Scope], AuthThrottle | None],
-                 known_good_of: Callable[[Scope], KnownGood | None]) -> None:
+                 known_good_of: Callable[[Scope], KnownGood | None],
+                 self_reporting: Collection[str] = ()) -> None:
         self.app = app
         self._throttle_of = throttle_of
         self._known_good_of = known_good_of
+        self._self_reporting = frozenset(self_reporting)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         throttle = self._throttle_of(scope) if scope["type"] == "http" else None
@@ -242,6 +267,11 @@ class AuthThrottleMiddleware:
                 # process has not seen yet) is served; a wrong one gets the 429.
                 await self.app(scope, receive, _refusing_401(send, scope, receive, wait))
                 return
+
+        if scope["path"] in self._self_reporting:
+            scope[AUTH_FAILED] = lambda: throttle.failed(address)
+            await self.app(scope, receive, send)
+            return
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 401:

@@ -98,7 +98,7 @@ async def count_tokens(request: Request, state: GatewayState, principal: Princip
                        ) -> Reply:
     """`{"input_tokens": N}`: the prompt the same request would render (no session, so
     no continuity: the count of a fresh render)."""
-    body, req = await read_request(request, CountTokensRequest)
+    _, req, _ = await read_request(request, CountTokensRequest)
     resolve_model(state.config.gateway, req.model)
     try:
         conv = _conversation(state, req)

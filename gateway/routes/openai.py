@@ -45,6 +45,10 @@ class ChatAdapter(WireAdapter[ChatCompletionRequest]):
     id_prefix = "chatcmpl-"
     prompt_param = "messages"
     refuse_over_budget = True  # `max_tokens` past the context: 400, as OpenAI answers
+    # Messages and tools come from the body alone (legacy `functions` gain a few
+    # characters of wrapping: the bound is off by that much, and a prompt just under the
+    # offload threshold is then prepared on the loop, still checked exactly after).
+    conversation_in_body = True
 
     async def conversation(self, state: GatewayState, principal: Principal,
                            request: ChatCompletionRequest) -> Conversation:

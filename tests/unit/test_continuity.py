@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry, Counter
 from areal_service.packing import pack_int32
 from areal_service.sglang_protocol import FinishReason
 from areal_service.types import RecentTurn
-from gateway.continuity import Continuity, ContinuityCache, EndOfTurn, assistant_key
+from gateway.continuity import (
+    MAX_ENTRIES_PER_SESSION,
+    Continuity,
+    ContinuityCache,
+    EndOfTurn,
+    assistant_key,
+)
 from gateway.protocol import ResponsesRequest
 from gateway.responses import output_items, responses_to_chat
 from gateway.tokenizer import ChatTokenizer
@@ -208,6 +214,31 @@ def test_cache_is_bounded_lru(tok: ChatTokenizer) -> None:
     assert cache.entries("s3") == [] and cache.entries("s2")
     cache.forget("s2")
     assert cache.entries("s2") == [] and cache.bytes == 2 * one
+
+
+def test_cache_bytes_count_only_the_entries_a_session_keeps(tok: ChatTokenizer) -> None:
+    """Past `MAX_ENTRIES_PER_SESSION` the oldest entries fall off, one add at a time or
+    several at once, and the byte total stays the sum over what is kept."""
+    cont, _ = make(tok)
+    entries = []
+    for i in range(MAX_ENTRIES_PER_SESSION + 3):
+        first = [{"role": "user", "content": "Hi " * (i + 1)}]
+        out = [*non_canonical_ids(tok, "Hello"), IM_END]
+        _, lineage = cont.prompt(f"t{i}", first, None, None)
+        choice = parse_choice(tok, GeneratedChoice(tuple(out), finish=FinishReason("stop")),
+                              completion_id="c", parse_tools=False)
+        cont.remember(lineage, [SimpleNamespace(output_ids=tuple(out))], [choice])
+        entries += cont.cache.entries(f"t{i}")
+    cache = ContinuityCache(max_bytes=1 << 30)
+    for entry in entries[:-2]:
+        cache.add("s", [entry])
+        assert cache.bytes == sum(e.weight for e in cache.entries("s"))
+    cache.add("s", entries[-2:])
+    kept = cache.entries("s")
+    assert len(kept) == MAX_ENTRIES_PER_SESSION and kept[0] is entries[-2]
+    assert cache.bytes == sum(e.weight for e in kept)
+    cache.add("s", entries * 2)  # more new ones than a session keeps
+    assert cache.bytes == sum(e.weight for e in cache.entries("s"))
 
 
 def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> None:

@@ -3,12 +3,19 @@ quiet spell, a bounded table of addresses, and failures counted on other process
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from pytest import approx
 
 from areal_service.types import AuthFailures
-from gateway.throttle import AuthThrottle, request_token, too_many_failures
+from gateway.throttle import (
+    AuthThrottle,
+    AuthThrottleMiddleware,
+    note_auth_failure,
+    request_token,
+    too_many_failures,
+)
 
 
 def test_backoff_doubles_to_the_cap_and_resets_after_quiet():
@@ -66,3 +73,48 @@ def test_counts_that_could_not_be_published_go_with_the_next_exchange():
     sent = throttle.outgoing(offset=0.0)
     throttle.unpublished(sent)
     assert throttle.outgoing(offset=0.0) == sent
+
+
+def _run(app, scope):
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return send, sent
+
+
+def test_self_reporting_paths_get_the_servers_send_and_count_their_own_401s():
+    """A hot route's writes (one per streamed chunk) pass no wrapper; its 401s still
+    count, reported through the scope. Other paths' 401s are seen in `send`."""
+    throttle = AuthThrottle(free_failures=0, backoff_s=10, max_backoff_s=10)
+    seen = []
+
+    async def inner(scope, receive, send):
+        seen.append(send)
+        if scope["path"] == "/hot":
+            note_auth_failure(scope)
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+
+    app = AuthThrottleMiddleware(inner, throttle_of=lambda _: throttle,
+                                 known_good_of=lambda _: None, self_reporting={"/hot"})
+    scope = {"type": "http", "path": "/hot", "method": "POST", "client": ("10.0.0.1", 1),
+             "headers": [(b"authorization", b"Bearer sk-wrong")]}
+    send, _ = _run(app, scope)
+    assert seen[-1] is send
+    assert throttle.retry_after("10.0.0.1") > 0
+    send, _ = _run(app, {**scope, "path": "/v1/models", "client": ("10.0.0.2", 1)})
+    assert seen[-1] is not send
+    assert throttle.retry_after("10.0.0.2") > 0
+
+
+def test_the_token_is_read_once_per_request():
+    scope = {"headers": [(b"x-api-key", b"sk-2"), (b"authorization", b"Bearer sk-1"),
+                         (b"authorization", b"Bearer sk-3")]}
+    assert request_token(scope) == "sk-1"
+    scope["headers"] = []
+    assert request_token(scope) == "sk-1"  # remembered in the scope
