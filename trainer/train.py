@@ -37,6 +37,7 @@ import torch.distributed as dist
 from transformers.utils import logging as hf_logging
 
 from areal_service.config import ServiceConfig, TrainerConfig, load_config
+from areal_service.lora_adapter import is_adapter_dir
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import EpisodeGroup, TrainSequence, TrainStepRecord
@@ -48,6 +49,7 @@ from trainer.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
+from trainer.lora import is_lora, load_adapter_weights, wrap_lora
 from trainer.metrics import MetricsWriter, batch_metrics, step_metrics
 from trainer.model import (
     DistInfo,
@@ -93,6 +95,8 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         torch.manual_seed(cfg.seed + info.rank)
         model_dir = _prepare_model_dir(config, info)
         model = load_policy(model_dir)
+        if cfg.lora is not None:  # frozen base + trainable adapter, same step code
+            model = wrap_lora(model, cfg.lora)
         eos_ids = eos_token_ids(model)
         bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
         model = apply_fsdp2(model, mixed_precision=bf16)
@@ -120,7 +124,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         step, version = _broadcast(resume_point(store, ckpt) if info.rank == 0 else None)
         newer = _broadcast(newer_published_weights(store, ckpt) if info.rank == 0 else None)
         if newer is not None:  # updates published after the checkpoint are kept
-            load_published_weights(model, newer)
+            (load_adapter_weights if is_lora(model) else load_published_weights)(model, newer)
         saved_step = step  # nothing to checkpoint until this process trains
         baseline = (RunningBaseline(cfg.baseline_decay)
                     if cfg.ungrouped_baseline == "task_mean" else None)
@@ -309,7 +313,7 @@ def newer_published_weights(store: TrajectoryStore, ckpt: CheckpointState | None
     if latest is None or latest.version <= held:
         return None
     path = Path(latest.path)
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or is_adapter_dir(path):
         log.info("store has published v%d past the checkpoint's v%d: resuming from %s",
                  latest.version, held, path)
         return path

@@ -1,0 +1,143 @@
+"""LoRA (`trainer.lora`): the config section and its refusals; PEFT under FSDP2 on CPU
+trains the adapter alone (the base stays bit-identical), publishes PEFT's adapter files
+only and reloads them; the local engine's runner serves a published adapter with logits
+equal to the trainer's PEFT forward, swaps it in place and refuses one that does not fit
+(the served one stays)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from areal_service.config import LORA_TARGETS, LoRAConfig, TrainerConfig, load_config
+from areal_service.config_errors import ConfigError
+from areal_service.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir
+from areal_service.types import TrainSequence
+from engine.runner import ModelRunner, WeightLoadError
+from trainer.batch import build_micro_batches
+from trainer.lora import adapter_state, is_lora, load_adapter_weights, save_adapter, wrap_lora
+from trainer.model import apply_fsdp2, destroy_distributed, init_distributed, load_policy
+from trainer.step import build_optimizer, compute_logprobs, train_step
+
+CFG = TrainerConfig(lr=1e-2, weight_decay=0.0, max_tokens_per_mb=10_000, lora=LoRAConfig())
+
+
+def _sequences(n: int = 4) -> list[TrainSequence]:
+    rng = random.Random(0)
+    out = []
+    for i in range(n):
+        n_prompt, n_out = rng.randint(3, 8), rng.randint(4, 10)
+        mask = (0,) * n_prompt + (1,) * n_out
+        out.append(TrainSequence(
+            session_id=f"s{i}", group_id="g", completion_ids=(f"c{i}",),
+            input_ids=tuple(rng.randrange(600) for _ in mask), loss_mask=mask,
+            logprobs=tuple(-6.0 if m else 0.0 for m in mask),
+            versions=tuple(0 if m else -1 for m in mask), reward=float(i % 2)))
+    return out
+
+
+@pytest.fixture
+def group():
+    destroy_distributed()
+    yield init_distributed("cpu")
+    destroy_distributed()
+
+
+def test_lora_config_defaults_off_and_refuses_what_cannot_serve_it():
+    assert load_config(None, []).trainer.lora is None  # full fine-tuning by default
+    cfg = load_config(None, ["trainer.lora.rank=16"]).trainer.lora
+    assert cfg is not None and cfg.rank == 16 and cfg.alpha == 16 and cfg.dropout == 0
+    assert tuple(cfg.target_modules) == LORA_TARGETS
+    with pytest.raises(ConfigError, match="weight_sync=disk"):
+        load_config(None, ["trainer.lora.rank=8", "trainer.weight_sync=distributed"])
+    with pytest.raises(ConfigError, match="local or vllm"):
+        load_config(None, ["trainer.lora.rank=8", "engine.backend=sglang"])
+    with pytest.raises(ConfigError, match="rank"):
+        load_config(None, ["trainer.lora.rank=0"])
+
+
+def test_lora_trains_only_the_adapter_and_publishes_it_alone(group, tiny_model_dir, tmp_path):
+    model = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), CFG.lora))
+    assert is_lora(model) and not is_lora(load_policy(tiny_model_dir))
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert names and all(".lora_A." in n or ".lora_B." in n for n in names)
+    before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+    optimizer = build_optimizer(model, CFG)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(names)
+    stats = train_step(model, optimizer, build_micro_batches(_sequences(), [1, -1, .5, -.5],
+                                                             10_000), CFG)
+    assert stats.grad_norm > 0
+    after = {n: p.full_tensor() for n, p in model.named_parameters()}
+    frozen_moved = [n for n in after if n not in names and not after[n].equal(before[n])]
+    moved = {n for n in names if not after[n].equal(before[n])}
+    # B starts at 0, so A's first gradient is 0 too: the first step moves every B
+    assert frozen_moved == [] and moved == {n for n in names if ".lora_B." in n}
+
+    out = save_adapter(model, tmp_path / "weights" / "v1")
+    assert is_adapter_dir(out) and not is_adapter_dir(tiny_model_dir)
+    assert sorted(p.name for p in out.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
+    config = json.loads((out / ADAPTER_CONFIG).read_text())
+    assert (config["r"], config["lora_alpha"]) == (8, 16)
+    assert set(config["target_modules"]) == set(LORA_TARGETS)
+    saved = load_file(out / ADAPTER_WEIGHTS)
+    assert saved.keys() == adapter_state(model).keys()
+    assert all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in saved)
+    base_bytes = (tiny_model_dir / "model.safetensors").stat().st_size
+    assert (out / ADAPTER_WEIGHTS).stat().st_size < base_bytes / 3
+
+    # Resume from the published adapter: a fresh wrapped model computes the same logprobs.
+    mb = build_micro_batches(_sequences(), [0.0] * 4, 10_000)[0]
+    fresh = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), CFG.lora))
+    [trained], [untrained] = compute_logprobs(model, [mb]), compute_logprobs(fresh, [mb])
+    load_adapter_weights(fresh, out)
+    [reloaded] = compute_logprobs(fresh, [mb])
+    assert float((trained - untrained).abs().max()) > 1e-3
+    assert torch.equal(trained, reloaded)
+
+
+def _published_adapter(tiny_model_dir, out, seed: int, lora: LoRAConfig = CFG.lora):
+    """An adapter with random (nonzero) A and B, as the trainer writes it."""
+    torch.manual_seed(seed)
+    model = wrap_lora(load_policy(tiny_model_dir), lora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.normal_(0, 0.05)
+    save_adapter(model, out)
+    return model.eval()
+
+
+def test_engine_serves_the_adapter_like_the_trainer_and_swaps_in_place(group, tiny_model_dir,
+                                                                       tmp_path):
+    runner = ModelRunner(tiny_model_dir, device="cpu", dtype="float32")
+    ids = torch.tensor([[5, 17, 42, 9, 3, 28, 11]])
+    with torch.no_grad():
+        base = runner.model(input_ids=ids).logits
+    for version in (1, 2):
+        trainer_side = _published_adapter(tiny_model_dir, tmp_path / f"v{version}", version)
+        runner.load_weights(tmp_path / f"v{version}")
+        with torch.no_grad():
+            served = runner.model(input_ids=ids).logits
+            expected = trainer_side(input_ids=ids).logits
+        assert float((served - expected).abs().max()) <= 1e-5
+        assert float((served - base).abs().max()) > 1e-2
+        if version == 1:
+            layers = [m for n, m in runner.model.named_modules() if n.endswith("lora_A")]
+        else:  # the second version was copied into the same injected modules
+            assert [m for n, m in runner.model.named_modules() if n.endswith("lora_A")] == layers
+    assert runner.model_dir == tmp_path / "v2"
+
+    # An adapter of another rank, or a damaged file, is refused; v2 keeps serving.
+    _published_adapter(tiny_model_dir, tmp_path / "r4", 3, LoRAConfig(rank=4))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / ADAPTER_CONFIG).write_text((tmp_path / "v2" / ADAPTER_CONFIG).read_text())
+    save_file({"x.lora_A.weight": torch.zeros(2, 2)}, str(tmp_path / "bad" / ADAPTER_WEIGHTS))
+    for bad, message in (("r4", "another shape"), ("bad", "does not fit")):
+        with pytest.raises(WeightLoadError, match=message):
+            runner.load_weights(tmp_path / bad)
+        with torch.no_grad():
+            assert torch.equal(runner.model(input_ids=ids).logits, served)
