@@ -118,3 +118,21 @@ def load_adapter_weights(model: PeftModel, path: Path) -> None:
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, holder[0], options=options)
     log.info("loaded published LoRA adapter from %s", path)
+
+
+def write_initial_adapter(model_dir: Path, cfg: LoRAConfig, out_dir: Path) -> Path:
+    """The untrained adapter (B = 0: outputs equal the base model's) at `out_dir`, for
+    a server that must start with the adapter's name already served (vLLM's
+    `--lora-modules`). Not collective; written once (kept when present). Costs one load
+    of the base model on CPU."""
+    if (out_dir / ADAPTER_WEIGHTS).is_file():
+        return out_dir
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with atomic_dir(out_dir) as tmp:
+        get_peft_model(model, peft_config(cfg)).save_pretrained(tmp, safe_serialization=True)
+        (tmp / "README.md").unlink(missing_ok=True)
+    log.info("wrote the initial (untrained) LoRA adapter to %s", out_dir)
+    return out_dir

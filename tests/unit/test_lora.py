@@ -141,3 +141,30 @@ def test_engine_serves_the_adapter_like_the_trainer_and_swaps_in_place(group, ti
             runner.load_weights(tmp_path / bad)
         with torch.no_grad():
             assert torch.equal(runner.model(input_ids=ids).logits, served)
+
+
+def test_vllm_launch_flags_and_a_full_weights_backend_refuses_an_adapter(tmp_path):
+    import asyncio
+
+    from gateway.backend import BackendError
+    from gateway.vllm_backend import VLLMClient
+    from launcher.vllm_servers import max_lora_rank, vllm_argv, vllm_env
+
+    assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
+    config = load_config(None, [f"data_dir={tmp_path}", "engine.backend=vllm",
+                                "trainer.lora.rank=12"])
+    argv = vllm_argv(config, 9000, on_gpu=False)
+    flags = " ".join(argv)
+    assert "--enable-lora --max-loras 1 --max-lora-rank 16" in flags
+    assert f"--lora-modules areal-lora={tmp_path / 'lora-v0'}" in flags
+    assert vllm_env(config, None)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    plain = load_config(None, [f"data_dir={tmp_path}", "engine.backend=vllm"])
+    assert "--enable-lora" not in vllm_argv(plain, 9000, on_gpu=False)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in vllm_env(plain, None)
+
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / ADAPTER_CONFIG).write_text("{}")
+    client = VLLMClient("http://127.0.0.1:9")  # never reached: refused before any call
+    with pytest.raises(BackendError, match="serves full weights") as err:
+        asyncio.run(client.update_weights_from_disk(str(tmp_path / "v1"), "1"))
+    assert err.value.status == 400
