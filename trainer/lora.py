@@ -48,12 +48,17 @@ def peft_config(cfg: LoRAConfig) -> LoraConfig:
                       task_type="CAUSAL_LM")
 
 
-def wrap_lora(model: torch.nn.Module, cfg: LoRAConfig) -> PeftModel:
+def wrap_lora(model: torch.nn.Module, cfg: LoRAConfig, seed: int = 0) -> PeftModel:
     """`model` with adapters on `cfg.target_modules`; only they require grad. Call before
-    `apply_fsdp2`."""
+    `apply_fsdp2`, with the same `seed` on every rank: A's random init is drawn here,
+    and `fully_shard` keeps each rank's slice of its OWN full tensor, so ranks seeded
+    differently would train a patchwork of several inits (the base is loaded from disk
+    and needs no such care). The caller's RNG state is left as it was."""
     from peft import get_peft_model
 
-    peft_model = get_peft_model(model, peft_config(cfg))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, peft_config(cfg))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     log.info("LoRA r=%d alpha=%g on %s: %d trainable of %d parameters (%.2f%%)", cfg.rank,

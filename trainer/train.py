@@ -96,7 +96,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         model_dir = _prepare_model_dir(config, info)
         model = load_policy(model_dir)
         if cfg.lora is not None:  # frozen base + trainable adapter, same step code
-            model = wrap_lora(model, cfg.lora)
+            model = wrap_lora(model, cfg.lora, seed=cfg.seed)  # one init on every rank
         eos_ids = eos_token_ids(model)
         bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
         model = apply_fsdp2(model, mixed_precision=bf16)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +169,44 @@ def test_vllm_launch_flags_and_a_full_weights_backend_refuses_an_adapter(tmp_pat
     with pytest.raises(BackendError, match="serves full weights") as err:
         asyncio.run(client.update_weights_from_disk(str(tmp_path / "v1"), "1"))
     assert err.value.status == 400
+
+
+def _lora_rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.manual_seed(1 + rank)  # as the trainer seeds each rank (seed + rank)
+    init_distributed("cpu")
+    model = apply_fsdp2(wrap_lora(load_policy(model_dir), CFG.lora))
+    seqs, advs = _sequences()[rank::2], [1, -1, .5, -.5][rank::2]
+    stats = train_step(model, build_optimizer(model, CFG), build_micro_batches(seqs, advs, 10_000),
+                       CFG)
+    out = save_adapter(model, Path(out_dir) / "v1")
+    fresh = apply_fsdp2(wrap_lora(load_policy(model_dir), CFG.lora))
+    load_adapter_weights(fresh, out)  # resume at world size 2
+    same = all(torch.equal(a.full_tensor(), b.full_tensor()) for (_, a), (_, b) in
+               zip(model.named_parameters(), fresh.named_parameters(), strict=True))
+    torch.save({"grad_norm": stats.grad_norm, "same": same}, Path(out_dir) / f"rank{rank}.pt")
+    destroy_distributed()
+
+
+@pytest.mark.processes
+def test_lora_two_ranks_train_publish_and_resume_like_one(group, tiny_model_dir, tmp_path):
+    """FSDP2 over PEFT at world size 2 (gloo), ranks seeded differently as the trainer
+    seeds them: one adapter init on both (else each rank shards its own), so half the
+    batch a rank gives the single process's gradient norm; rank 0 publishes the
+    adapter, and both ranks reload it."""
+    import torch.multiprocessing as mp
+    from support.loopback import free_port
+
+    mp.spawn(_lora_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["same"] and r1["same"]
+    model = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), CFG.lora))
+    single = train_step(model, build_optimizer(model, CFG),
+                        build_micro_batches(_sequences(), [1, -1, .5, -.5], 10_000), CFG)
+    assert r0["grad_norm"] == pytest.approx(single.grad_norm, rel=1e-4)
+    saved = load_file(tmp_path / "v1" / ADAPTER_WEIGHTS)
+    assert saved.keys() == adapter_state(model).keys()
