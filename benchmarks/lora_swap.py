@@ -89,8 +89,9 @@ async def swap_rounds(url: str, full: Path, adapters: list[Path], rounds: int
     return out
 
 
-def adapter_logprob_gap(url: str, model_dir: str, adapter: Path) -> float:
-    """Largest |vLLM - PEFT| logprob of seeded samples under `adapter` (fp32)."""
+def adapter_logprob_gap(url: str, model_dir: str, adapter: Path) -> tuple[float, float]:
+    """Largest |vLLM - PEFT| logprob of seeded samples under `adapter` (fp32), and, to
+    show the adapter is what is served, the largest |vLLM - base model|."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,7 +101,7 @@ def adapter_logprob_gap(url: str, model_dir: str, adapter: Path) -> float:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), adapter).eval()
-    worst = 0.0
+    worst = off_base = 0.0
     for seed, prompt in enumerate(PROMPTS):
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
                                       add_generation_prompt=True, return_dict=False)
@@ -110,11 +111,16 @@ def adapter_logprob_gap(url: str, model_dir: str, adapter: Path) -> float:
                 "ignore_eos": True}}).json()["choices"][0]
         out = reply["token_ids"]
         served = torch.tensor([c["logprob"] for c in reply["logprobs"]["content"]])
+        full = torch.tensor([ids + out])
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids + out])).logits[0, len(ids) - 1:-1]
+            logits = model(input_ids=full).logits[0, len(ids) - 1:-1]
+            with model.disable_adapter():
+                base_logits = model(input_ids=full).logits[0, len(ids) - 1:-1]
         mine = token_logprobs(logits, torch.tensor(out))[0]
+        base = token_logprobs(base_logits, torch.tensor(out))[0]
         worst = max(worst, float((mine - served).abs().max()))
-    return worst
+        off_base = max(off_base, float((base - served).abs().max()))
+    return worst, off_base
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -162,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"adapter swap is {ratio:.1f}x faster than the full-weight swap (median total)")
     print(f"bytes per version: adapter {a_bytes / 2**20:.2f} MiB vs full checkpoint "
           f"{f_bytes / 2**20:.1f} MiB ({f_bytes / a_bytes:.0f}x)")
-    print(f"max |vLLM - PEFT| logprob under the adapter (fp32): {gap:.4f}")
+    print(f"max |vLLM - PEFT| logprob under the adapter (fp32): {gap[0]:.2e}  "
+          f"(vs the base model without it: {gap[1]:.3f})")
 
 
 if __name__ == "__main__":

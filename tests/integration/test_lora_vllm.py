@@ -32,10 +32,10 @@ from trainer.lora import peft_config
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 QUESTION = [{"role": "user", "content": "What is 3 + 4? Answer with the number only."}]
-VLLM_FP32_TOLERANCE = 0.06
-"""Largest |vLLM - trainer| logprob under a LoRA adapter in fp32 on CPU (measured before
-this test: 0.06; vLLM's LoRA kernels sum the low-rank term in another order than PEFT).
-Full weights match to 1e-4 (test_vllm_engine.py)."""
+VLLM_FP32_TOLERANCE = 1e-3
+"""Largest |vLLM - trainer| logprob allowed under a LoRA adapter in fp32 on CPU. Measured
+3e-5 (`benchmarks/lora_swap.py`; full weights: 3e-5 too). The issue's earlier 0.06 was
+not reproduced; the bound leaves room for summation order across builds."""
 LORA = ("trainer.lora.rank=8", "trainer.lora.alpha=16")
 
 
@@ -123,5 +123,5 @@ def test_vllm_serves_the_adapter_and_swaps_it_in_place(tmp_path, smollm2_dir, lo
             base, _ = trainer_logprobs(smollm2_dir, served)
             assert float((trainer - engine).abs().max()) <= VLLM_FP32_TOLERANCE
             # the adapter moved the policy well past the tolerance: it is really served
-            assert float((base - engine).abs().max()) > 5 * VLLM_FP32_TOLERANCE
+            assert float((base - engine).abs().max()) > 0.1
         assert all(s < 2.0 for s in swaps), swaps  # an adapter load, not a model reload
