@@ -51,28 +51,35 @@ def read_adapter(path: Path, device: torch.device) -> tuple[LoraConfig, dict[str
     return config, state
 
 
-@torch.inference_mode()
-def load_adapter(model: torch.nn.Module, path: Path, injected: LoraConfig | None
-                 ) -> LoraConfig:
-    """Serve the adapter at `path` on `model`: inject the LoRA layers on first use
-    (`injected` None), then check every name and shape before the first copy. Returns
-    the config now injected. Raises AdapterError, leaving the served adapter intact."""
-    config, state = read_adapter(path, next(model.parameters()).device)
-    if injected is not None and _shape(config) != _shape(injected):
-        raise AdapterError(f"adapter {path} has another shape (rank, alpha, targets) than "
-                           "the served one; restart the engine to change it")
-    if injected is None:
-        config.inference_mode = True
-        inject_adapter_in_model(config, model)
-    live = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
-    missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
-    if missing or unexpected:
-        raise AdapterError(f"adapter {path} does not fit the model: missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]}")
-    for name, tensor in state.items():
-        if tensor.shape != live[name].shape:
-            raise AdapterError(f"{name}: shape {tuple(tensor.shape)} != served "
-                               f"{tuple(live[name].shape)}")
-    for name, tensor in state.items():
-        live[name].copy_(tensor)
-    return config
+class AdapterSlot:
+    """The LoRA layers injected into one served model, and their shape (None until the
+    first adapter arrives). Owned by the runner; not thread-safe."""
+
+    def __init__(self) -> None:
+        self.config: LoraConfig | None = None
+
+    @torch.inference_mode()
+    def load(self, model: torch.nn.Module, path: Path) -> None:
+        """Serve the adapter at `path` on `model`: inject the LoRA layers on first use
+        (their B is 0: until a copy succeeds, the outputs stay the base model's), then
+        check every name and shape before the first copy. Raises AdapterError, leaving
+        the served adapter intact."""
+        config, state = read_adapter(path, next(model.parameters()).device)
+        if self.config is not None and _shape(config) != _shape(self.config):
+            raise AdapterError(f"adapter {path} has another shape (rank, alpha, targets) "
+                               "than the served one; restart the engine to change it")
+        if self.config is None:
+            config.inference_mode = True
+            inject_adapter_in_model(config, model)
+            self.config = config  # injected once, whatever the copy below decides
+        live = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
+        missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+        if missing or unexpected:
+            raise AdapterError(f"adapter {path} does not fit the model: missing "
+                               f"{missing[:3]}, unexpected {unexpected[:3]}")
+        for name, tensor in state.items():
+            if tensor.shape != live[name].shape:
+                raise AdapterError(f"{name}: shape {tuple(tensor.shape)} != served "
+                                   f"{tuple(live[name].shape)}")
+        for name, tensor in state.items():
+            live[name].copy_(tensor)

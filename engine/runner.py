@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from areal_service.lora_adapter import is_adapter_dir
 
 if TYPE_CHECKING:
-    from peft import LoraConfig
+    from engine.lora import AdapterSlot
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class ModelRunner:
         self._bool_mask = self.model.config._attn_implementation == "sdpa"
         self.forward_calls = 0
         self.prefill_forward_calls = 0
-        self._adapter: LoraConfig | None = None  # the injected LoRA layers' config
+        self._adapter: AdapterSlot | None = None  # LoRA layers, once an adapter arrives
         self._layers: list[_BufferLayer] = []
         self._cache: Cache | None = None
         self._valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
@@ -398,10 +398,12 @@ class ModelRunner:
         path = Path(model_dir)
         if is_adapter_dir(path):  # trainer.lora: a LoRA adapter over the served base
             # imported here: peft costs ~1.3 s of start-up, paid only by LoRA runs
-            from engine.lora import AdapterError, load_adapter
+            from engine.lora import AdapterError, AdapterSlot
 
+            if self._adapter is None:
+                self._adapter = AdapterSlot()
             try:
-                self._adapter = load_adapter(self.model, path, self._adapter)
+                self._adapter.load(self.model, path)
             except AdapterError as exc:
                 raise WeightLoadError(str(exc)) from exc
             self.model_dir = path

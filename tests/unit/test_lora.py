@@ -118,25 +118,31 @@ def test_engine_serves_the_adapter_like_the_trainer_and_swaps_in_place(group, ti
     ids = torch.tensor([[5, 17, 42, 9, 3, 28, 11]])
     with torch.no_grad():
         base = runner.model(input_ids=ids).logits
-    for version in (1, 2):
-        trainer_side = _published_adapter(tiny_model_dir, tmp_path / f"v{version}", version)
+    sides = {v: _published_adapter(tiny_model_dir, tmp_path / f"v{v}", v) for v in (1, 2)}
+    # A damaged first adapter is refused; the base keeps serving unchanged, and the
+    # layers injected for it are reused by the next (no second injection).
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / ADAPTER_CONFIG).write_text((tmp_path / "v1" / ADAPTER_CONFIG).read_text())
+    save_file({"x.lora_A.weight": torch.zeros(2, 2)}, str(tmp_path / "bad" / ADAPTER_WEIGHTS))
+    with pytest.raises(WeightLoadError, match="does not fit"):
+        runner.load_weights(tmp_path / "bad")
+    with torch.no_grad():
+        assert torch.equal(runner.model(input_ids=ids).logits, base)
+    layers = [m for n, m in runner.model.named_modules() if n.endswith("lora_A.default")]
+    assert layers
+    for version, trainer_side in sides.items():
         runner.load_weights(tmp_path / f"v{version}")
         with torch.no_grad():
             served = runner.model(input_ids=ids).logits
             expected = trainer_side(input_ids=ids).logits
         assert float((served - expected).abs().max()) <= 1e-5
         assert float((served - base).abs().max()) > 1e-2
-        if version == 1:
-            layers = [m for n, m in runner.model.named_modules() if n.endswith("lora_A")]
-        else:  # the second version was copied into the same injected modules
-            assert [m for n, m in runner.model.named_modules() if n.endswith("lora_A")] == layers
+        # every version is copied into the modules injected once
+        assert [m for n, m in runner.model.named_modules() if n.endswith("lora_A.default")] == layers
     assert runner.model_dir == tmp_path / "v2"
 
     # An adapter of another rank, or a damaged file, is refused; v2 keeps serving.
     _published_adapter(tiny_model_dir, tmp_path / "r4", 3, LoRAConfig(rank=4))
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / ADAPTER_CONFIG).write_text((tmp_path / "v2" / ADAPTER_CONFIG).read_text())
-    save_file({"x.lora_A.weight": torch.zeros(2, 2)}, str(tmp_path / "bad" / ADAPTER_WEIGHTS))
     for bad, message in (("r4", "another shape"), ("bad", "does not fit")):
         with pytest.raises(WeightLoadError, match=message):
             runner.load_weights(tmp_path / bad)
