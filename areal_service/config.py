@@ -511,6 +511,29 @@ class GatewayConfig(_Section):
         return self.scale.replicas or self.scale.workers > 1
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of Llama/Qwen/Mistral-style decoders (SmolLM2, the
+tiny model): LoRA on all of them is what QLoRA found to match full fine-tuning best."""
+
+
+class LoRAConfig(BaseModel):
+    """The `trainer.lora:` section: train a LoRA adapter (PEFT) instead of every weight.
+    Each version is published as the adapter alone (PEFT's `adapter_config.json` +
+    `adapter_model.safetensors`) and swapped in place on the backends."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    rank: int = Field(8, ge=1, le=512)
+    """LoRA rank r (the adapter's inner dimension)."""
+    alpha: float = Field(16.0, gt=0)
+    """LoRA alpha: the update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training. 0 keeps the trainer's forward equal
+    to the engine's, which the PPO ratio assumes."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    """Module names (PEFT's suffix match) that get an adapter."""
+
+
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]
 MismatchMask = Literal["none", "token", "sequence"]
 
@@ -661,6 +684,12 @@ class TrainerConfig(BaseModel):
     """How long an offer stands (the gateway must take it) and the longest a rendezvous
     or broadcast waits; after it the gateway swaps from disk."""
 
+    # ---- LoRA -------------------------------------------------------------------------
+    lora: LoRAConfig | None = None
+    """Train a LoRA adapter on the frozen base model (`trainer/lora.py`). None: full
+    fine-tuning. Versions are published as adapters and loaded in place by the engines
+    (the local engine, vLLM with `--enable-lora`); disk weight sync only."""
+
     def unrewarded_return(self) -> float | None:
         """The return an unrewarded session is trained with; None when the policy drops
         it (what export and the console show for such sessions)."""
@@ -789,6 +818,12 @@ class ServiceConfig(BaseModel):
             raise ValueError("gateway.router.url is SGLang's router (its protocol); with "
                              "engine.backend vllm the gateway routes between the servers "
                              "itself (gateway.router.backends or engine.vllm.attach)")
+        if self.trainer.lora is not None and self.trainer.weight_sync == "distributed":
+            raise ValueError("trainer.lora publishes adapters, which the backends load from "
+                             "disk: set trainer.weight_sync=disk")
+        if self.trainer.lora is not None and self.engine.backend == "sglang":
+            raise ValueError("trainer.lora is served by the local engine and vLLM; SGLang's "
+                             "LoRA endpoints are not wired yet (engine.backend local or vllm)")
         if self.engine.backend == "vllm" and self.trainer.weight_sync == "distributed":
             raise ValueError("engine.backend vllm takes new weights from disk: set "
                              "trainer.weight_sync=disk (vLLM's own weight-transfer protocol "

@@ -33,6 +33,10 @@ with SmolLM2-135M, and by reading `vllm/entrypoints/scale_out/token_in_token_out
   `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}` (loads
   a directory of safetensors of the same architecture; the prefix cache is cleared by
   the pause).
+- LoRA (`--enable-lora`, `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`): `POST /v1/load_lora_adapter
+  {"lora_name", "lora_path", "load_inplace": true}` replaces the adapter of that name in
+  place (its id kept; PEFT's `save_pretrained` layout, read by vLLM's own loader, no
+  peft needed); a request whose `model` is the adapter's name runs base + adapter.
 - `GET /health` (200 once serving; the launcher waits on it), `GET /v1/models` (the
   served name and `root`).
 - Errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP status, the
@@ -69,6 +73,7 @@ COLLECTIVE_RPC = Endpoint("POST", "/collective_rpc")
 HEALTH = Endpoint("GET", "/health")
 MODELS = Endpoint("GET", "/v1/models")
 RESET_PREFIX_CACHE = Endpoint("POST", "/reset_prefix_cache")
+LOAD_LORA_ADAPTER = Endpoint("POST", "/v1/load_lora_adapter")
 
 REQUEST_ID_PREFIX = "generate-tokens-"
 """What `/inference/v1/generate` puts before a request id (`/abort_requests` needs it)."""
@@ -84,6 +89,14 @@ def internal_request_id(request_id: str) -> str:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoadLoRAAdapterRequest(_Body):
+    """Body of `POST /v1/load_lora_adapter`."""
+
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
 
 
 class VLLMSamplingParams(_Body):

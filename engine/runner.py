@@ -20,12 +20,18 @@ import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from areal_service.lora_adapter import is_adapter_dir
+
+if TYPE_CHECKING:
+    from engine.lora import AdapterSlot
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +201,7 @@ class ModelRunner:
         self._bool_mask = self.model.config._attn_implementation == "sdpa"
         self.forward_calls = 0
         self.prefill_forward_calls = 0
+        self._adapter: AdapterSlot | None = None  # LoRA layers, once an adapter arrives
         self._layers: list[_BufferLayer] = []
         self._cache: Cache | None = None
         self._valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
@@ -385,9 +392,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def load_weights(self, model_dir: Path | str) -> None:
-        """Copy a same-architecture safetensors checkpoint into the live model. Every key and
-        shape is checked before the first copy, so a failure leaves the old weights intact."""
+        """Copy a same-architecture safetensors checkpoint into the live model, or serve a
+        LoRA adapter directory (`engine/lora.py`). Every key and shape is checked before
+        the first copy, so a failure leaves the old weights intact."""
         path = Path(model_dir)
+        if is_adapter_dir(path):  # trainer.lora: a LoRA adapter over the served base
+            # imported here: peft costs ~1.3 s of start-up, paid only by LoRA runs
+            from engine.lora import AdapterError, AdapterSlot
+
+            if self._adapter is None:
+                self._adapter = AdapterSlot()
+            try:
+                self._adapter.load(self.model, path)
+            except AdapterError as exc:
+                raise WeightLoadError(str(exc)) from exc
+            self.model_dir = path
+            return
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
         if not files:
             raise WeightLoadError(f"no *.safetensors files in {path}")

@@ -41,6 +41,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
+from areal_service.lora_adapter import ADAPTER_NAME
 from areal_service.sglang_protocol import GenerateRequest
 from gateway.backend import (
     BackendError,
@@ -139,8 +140,11 @@ class BackendPool:
         gw = config.gateway
         make: Callable[[str], SGLangClient] | None = None
         if config.engine.backend == "vllm":  # vLLM's own protocol, the same interface
+            # trainer.lora: every generation runs under the one served adapter
+            lora = ADAPTER_NAME if config.trainer.lora is not None else None
+
             def make(url: str) -> SGLangClient:
-                return VLLMClient(url, timeout_s=gw.router.request_timeout_s)
+                return VLLMClient(url, timeout_s=gw.router.request_timeout_s, lora_name=lora)
         return cls([] if gw.router.url else config.backend_urls(),
                    timeout_s=gw.router.request_timeout_s,
                    health_interval_s=gw.router.health_interval_s,

@@ -40,6 +40,10 @@ from launcher.processes import exit_on_sigterm
 from launcher.stack import Stack, local_stack, share_cpus
 
 STOP_AT_REWARD = 0.98
+LORA_LR_SCALE = 10.0
+"""With `trainer.lora`, the task's learning rate is multiplied by this: LoRA's best
+learning rate is about 10x full fine-tuning's (Thinking Machines, "LoRA Without
+Regret", 2025), since the B·A update starts at zero and is scaled by alpha / rank."""
 """Training stops early once the last 128 episodes' mean reward reaches this."""
 REGISTRY_TASKS = {"smollm2-135m-instruct": addition_task}
 """The task each registry model's demo trains on."""
@@ -53,7 +57,8 @@ def say(message: str) -> None:
 def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1,
                 task: DemoTask | None = None) -> ServiceConfig:
     """The demo's settings on top of the user's: the task's learning rate and GRPO group
-    size, the staleness gate on (η = 2), training sampling (temperature 1).
+    size (with `trainer.lora`, the rate times LORA_LR_SCALE), the staleness gate on
+    (η = 2), training sampling (temperature 1).
     `trainer_procs` > 1 splits the trainer's share of the cores between its processes.
     The demo serves a gateway: the data dir's admin key is created here when needed."""
     task = task or digits_task()
@@ -62,8 +67,11 @@ def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1,
     tree["gateway"]["auth"]["admin_key"] = config.gateway.auth.admin_key.get_secret_value()
     tree["gateway"]["sessions"].update(staleness_gate=True, admit_wait_s=30.0)
     tree["gateway"]["sampling"]["mode"] = "training"
+    settings = dict(task.trainer)
+    if config.trainer.lora is not None and "lr" in settings:
+        settings["lr"] = settings["lr"] * LORA_LR_SCALE
     tree["trainer"].update(max_staleness=2, total_steps=steps, checkpoint_every=10,
-                           advantage="grpo", **task.trainer)
+                           advantage="grpo", **settings)
     share_cpus(tree, trainer_procs)
     return ServiceConfig.model_validate(tree)
 

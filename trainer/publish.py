@@ -1,5 +1,6 @@
 """Trainer -> weights hop: writes policy version N as HF safetensors to `weights/v{N}/`
-(temp dir + rename, via `model.save_hf_checkpoint`), then records `WeightVersion(N)`.
+(temp dir + rename, via `model.save_hf_checkpoint`; with `trainer.lora`, the adapter
+alone, via `lora.save_adapter`), then records `WeightVersion(N)`.
 
 The row is the commit point of a training step: it carries the step number and the
 claims (with their session ids) whose episodes the version was trained on, so a
@@ -26,6 +27,7 @@ import torch.distributed as dist
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
+from trainer.lora import is_lora, save_adapter
 from trainer.model import full_state_dict, save_hf_checkpoint
 from trainer.weight_broadcast import WeightBroadcaster
 
@@ -76,7 +78,11 @@ def publish_weights(
                                   broadcaster=broadcaster)
     # overwrite: a directory without a row is left over by a trainer that died between
     # the rename and the insert; nobody was told about it.
-    save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True, tied_head_file=tied_head_file)
+    if is_lora(model):  # the adapter alone (a few MB); the backends keep the base
+        save_adapter(model, path, overwrite=True)
+    else:
+        save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True,
+                           tied_head_file=tied_head_file)
     record = WeightVersionRecord(
         version=version,
         path=str(path.resolve()),

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import torch
 
+from areal_service.lora_adapter import is_adapter_dir
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
 from trainer.checkpoint import CheckpointState, load_published_weights
+from trainer.lora import is_lora, load_adapter_weights
 from trainer.process import broadcast_from_rank0
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ def resume(model: torch.nn.Module, store: TrajectoryStore | None,
     step, version = broadcast_from_rank0(resume_point(store, ckpt) if store is not None else None)
     newer = broadcast_from_rank0(newer_published_weights(store, ckpt) if store is not None else None)
     if newer is not None:
-        load_published_weights(model, newer)
+        (load_adapter_weights if is_lora(model) else load_published_weights)(model, newer)
     return step, version
 
 
@@ -77,7 +79,7 @@ def newer_published_weights(store: TrajectoryStore, ckpt: CheckpointState | None
     if latest is None or latest.version <= held:
         return None
     path = Path(latest.path)
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or is_adapter_dir(path):
         log.info("store has published v%d past the checkpoint's v%d: resuming from %s",
                  latest.version, held, path)
         return path

@@ -62,15 +62,21 @@ def served_sequence(store: TrajectoryStore, completion_id: str) -> TrainSequence
         versions=(-1,) * n_prompt + c.output_versions, reward=0.0, temperature=c.temperature)
 
 
-def trainer_logprobs(model_dir: Path, sequences: list[TrainSequence]
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def trainer_logprobs(model_dir: Path, sequences: list[TrainSequence], adapter: Path | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(trainer's logprobs, engine's logprobs) of the sequences' output tokens: the
     trainer's own path (FSDP2 policy at world size 1, packed micro-batch,
-    forward_logprobs) on the weights in `model_dir`."""
+    forward_logprobs) on the weights in `model_dir`, with the published LoRA `adapter`
+    on them when given (PEFT, as `trainer.lora` trains it)."""
     destroy_distributed()
     init_distributed("cpu")
     try:
-        model = apply_fsdp2(load_policy(model_dir), mixed_precision=False)
+        policy = load_policy(model_dir)
+        if adapter is not None:
+            from peft import PeftModel
+
+            policy = PeftModel.from_pretrained(policy, adapter)
+        model = apply_fsdp2(policy, mixed_precision=False)
         mbs = build_micro_batches(sequences, [0.0] * len(sequences), max_tokens_per_mb=10_000)
         assert len(mbs) == 1
         with torch.no_grad():

@@ -60,8 +60,8 @@ def test_wrong_keys_on_a_hot_route_lock_the_address_out(tmp_path: Path,
                                                         tiny_model_dir: Path) -> None:
     """The hot routes count their own 401s (their `send` is not wrapped for it)."""
     with start_echo_backend(tokens=4) as backend, \
-            run_gateway(tmp_path, tiny_model_dir, [backend.url], "gateway.auth_free_failures=2",
-                        "gateway.auth_backoff_s=30") as gw:
+            run_gateway(tmp_path, tiny_model_dir, [backend.url], "gateway.auth.free_failures=2",
+                        "gateway.auth.backoff_s=30") as gw:
         wrong = {"Authorization": "Bearer sk-guess"}
         codes = [httpx.post(f"{gw.v1}/chat/completions", headers=wrong, json={},
                             timeout=30).status_code for _ in range(4)]

@@ -35,7 +35,8 @@ def test_no_unused_settings_dependency():
             assert "pydantic_settings" not in path.read_text(), path
 
 
-TORCH_SIDE = {"torch", "transformers", "safetensors", "tensorboard", "gguf", "accelerate"}
+TORCH_SIDE = {"torch", "transformers", "safetensors", "tensorboard", "gguf", "accelerate",
+              "peft"}
 
 
 def _names(requirements: list[str]) -> set[str]:
