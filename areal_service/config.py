@@ -456,10 +456,10 @@ class GatewayConfig(_Section):
     template (else `config.json`'s architecture) at start-up; docs/model-families.md."""
     reasoning_parser: ReasoningParserName | None = None
     """How reasoning is split from the reply: `think` (a leading `<think>` block),
-    `harmony` (gpt-oss's analysis channel), `mistral` (Magistral's `[THINK]` block) or
-    `none`. None: the chosen family's (`think` for all but `llama3_json`,
-    `llama4_pythonic`: none; `mistral`: `mistral` if the template writes `[THINK]`, else
-    none; `gpt_oss`: harmony)."""
+    `harmony` (gpt-oss's analysis channel), `mistral` (Magistral's `[THINK]` block),
+    `glm` (GLM's `<think>…</think>` block after a newline) or `none`. None: the chosen family's
+    (`think` for most; `llama3_json`, `llama4_pythonic`: none; `mistral`: `mistral` if
+    the template writes `[THINK]`, else none; `glm45`: glm; `gpt_oss`: harmony)."""
     capture: bool = True
     """Record every completion in the store before acknowledging it."""
     hosted_tools: Literal["drop", "reject"] = "drop"
