@@ -36,6 +36,7 @@ from areal_service.config_renames import (
     move_flat_override,
     warn_moved,
 )
+from areal_service.types import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
 
@@ -534,9 +535,6 @@ class LoRAConfig(BaseModel):
     """Module names (PEFT's suffix match) that get an adapter."""
 
 
-DEFAULT_POLICY = "default"
-"""The policy of every key, session, version and step that names none: today's single
-policy (served as `areal_service.lora_adapter.ADAPTER_NAME` when LoRA is on)."""
 POLICY_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 """A policy's name is also its served adapter name (vLLM's `lora_name`, the model name
 the gateway sends), the `weights/<policy>/` directory and a store column value: lower

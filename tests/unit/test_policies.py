@@ -59,3 +59,30 @@ def test_bad_policies_are_refused_when_the_config_loads(tree: dict[str, object],
                                                         message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ServiceConfig.model_validate({"trainer": {"lora": LORA}, **tree})
+
+
+def test_cli_keys_create_binds_the_policy(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from areal_service.config import load_config
+    from areal_service.store import TrajectoryStore
+    from launcher.cli import app
+
+    sets = ["--set", f"data_dir={tmp_path}", "--set", "trainer.lora.rank=4",
+            "--set", "policies=[{name: solver}]"]
+    runner = CliRunner()
+    created = runner.invoke(app, ["keys", "create", "--policy", "solver", *sets])
+    assert created.exit_code == 0, created.output
+    key_id = json.loads(created.stdout)["id"]
+    unknown = runner.invoke(app, ["keys", "create", "--policy", "nobody", *sets])
+    assert unknown.exit_code == 2 and "unknown policy 'nobody'" in unknown.output
+    config = load_config(overrides=[f"data_dir={tmp_path}"])
+    store = TrajectoryStore.open(config.database_url(), config.store)
+    try:
+        key = store.keys.get_api_key(key_id)
+        assert key is not None and key.policy == "solver"
+        assert [k.policy for k in store.keys.list_api_keys()] == ["solver"]
+    finally:
+        store.close()
