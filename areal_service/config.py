@@ -885,6 +885,10 @@ class ServiceConfig(BaseModel):
         aliases = [m for p in self.policies for m in p.model_names]
         if len(set(aliases)) != len(aliases):
             raise ValueError("policies: a model name maps to more than one policy")
+        if self.policies and self.engine.backend != "local":
+            raise ValueError("policies are served by the local engine only so far "
+                             "(engine.backend local); vLLM's per-adapter versions are not "
+                             "wired yet")
         if self.trainer.policy not in self.policy_names():
             raise ValueError(f"trainer.policy {self.trainer.policy!r} is not a declared "
                              f"policy (known: {', '.join(self.policy_names())})")

@@ -339,14 +339,18 @@ def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 
 
 @app.command("trainer", short_help="Run the bare trainer on rewarded episodes in the store.")
-def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None,
+                policy: Annotated[str | None, typer.Option(
+                    metavar="POLICY", help="Train this policy (policies:) only; one "
+                    "trainer process per policy. Same as --set trainer.policy=POLICY."
+                )] = None) -> None:
     """Run the bare RL trainer (FSDP2) on episodes from the store; resumes automatically.
     For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`, with
     `engine.model` set (or the tiny model built first with `make-tiny-model`)."""
     from launcher.serve import ensure_model
     from trainer.train import main as train_main
 
-    cfg = _config(config, set_)
+    cfg = _config(config, [*(set_ or []), *([f"trainer.policy={policy}"] if policy else [])])
     with _one_line_errors():
         ensure_model(cfg)
     train_main(cfg)

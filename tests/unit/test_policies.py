@@ -86,3 +86,67 @@ def test_cli_keys_create_binds_the_policy(tmp_path) -> None:
         assert [k.policy for k in store.keys.list_api_keys()] == ["solver"]
     finally:
         store.close()
+
+
+def _episode(store, sid: str, policy: str, group_id: str | None = None) -> None:
+    """An ended, rewarded one-turn session of `policy`."""
+    from areal_service.types import CompletionRecord, RewardRecord, SessionRecord
+
+    store.add_session(SessionRecord(id=sid, group_id=group_id, created_at=1.0,
+                                    last_activity_at=1.0, policy=policy))
+    store.add_completions([CompletionRecord(
+        id=f"{sid}-c", model="m", prompt_ids=(1, 2, 3), output_ids=(10, 20),
+        output_logprobs=(-0.5, -0.25), output_versions=(0, 0), finish_reason="stop",
+        session_id=sid, created_at=1.0)])
+    store.add_reward(RewardRecord(id=f"r-{sid}", value=1.0, session_id=sid))
+    store.end_session(sid, "client", at=2.0)
+
+
+def test_a_policys_trainer_claims_and_releases_only_its_own_episodes(store) -> None:
+    from areal_service.store.claims import EpisodeClaimer
+
+    for i in range(2):
+        _episode(store, f"sol-{i}", "solver", group_id="g-sol")
+        _episode(store, f"def-{i}", DEFAULT_POLICY, group_id="g-def")
+    # The same group id under two policies stays two groups: each trainer its own.
+    _episode(store, "sol-shared", "solver", group_id="g-shared")
+    _episode(store, "def-shared", DEFAULT_POLICY, group_id="g-shared")
+    args = {"group_size": None, "max_groups": 10, "current_version": 0,
+            "max_staleness": None}
+    solver = EpisodeClaimer(store, reward_wait_s=0, policy="solver")
+    got = solver.claim_groups(claimer="solver-trainer", **args)
+    assert sorted(s for g in got.groups for s in g.session_ids) == [
+        "sol-0", "sol-1", "sol-shared"]
+    # A default trainer starting up releases stale claims: never the solver's.
+    default = EpisodeClaimer(store, reward_wait_s=0)
+    assert default.release_stale_claims(0) == 0
+    assert {store.get_session(s).status for s in ("sol-0", "sol-shared")} == {"claimed"}
+    mine = default.claim_groups(claimer="default-trainer", **args)
+    assert sorted(s for g in mine.groups for s in g.session_ids) == [
+        "def-0", "def-1", "def-shared"]
+    assert solver.release_stale_claims(0) == 3
+    assert store.get_session("sol-0").status == "ended"
+    assert store.get_session("def-0").status == "claimed"
+
+
+def test_versions_and_steps_count_per_policy(store) -> None:
+    from areal_service.types import TrainStepRecord, WeightVersionRecord
+    from trainer.resume import resume_point
+
+    store.add_weight_version(WeightVersionRecord(version=3, path="/d3",
+                                                 metadata={"step": 3}))
+    store.add_weight_version(WeightVersionRecord(version=1, path="/s1", policy="solver",
+                                                 metadata={"step": 1}))
+    for step in (1, 2, 3):
+        store.add_train_step(TrainStepRecord(step=step, version=step))
+    store.add_train_step(TrainStepRecord(step=1, version=1, policy="solver"))
+    assert resume_point(store, None) == (3, 3)
+    assert resume_point(store, None, "solver") == (1, 1)
+    assert resume_point(store, None, "verifier") == (0, 0)
+    assert [s.step for s in store.list_train_steps(policy="solver")] == [1]
+    assert store.latest_train_step().step == 3
+    merged = store.update_weight_version_metadata(1, {"live_at": 5.0}, "solver")
+    assert merged is not None and merged.policy == "solver"
+    assert store.get_weight_version(1) is None  # the default policy has no v1
+    assert store.live_weight_version(policy="solver").path == "/s1"
+    assert store.live_weight_version() is None
