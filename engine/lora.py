@@ -75,7 +75,9 @@ class AdapterSlot:
     def __init__(self) -> None:
         self.configs: dict[str, LoraConfig] = {}
         self._rows: list[str] | None = None
-        self._hooked = False
+        self._hooked: set[int] = set()
+        """ids of the LoRA layers that carry the row hook (an adapter with other target
+        modules injects new layers, which get it too)."""
 
     @property
     def config(self) -> LoraConfig | None:
@@ -103,9 +105,9 @@ class AdapterSlot:
             return args, kwargs
 
         for module in model.modules():
-            if isinstance(module, LoraLayer):
+            if isinstance(module, LoraLayer) and id(module) not in self._hooked:
                 module.register_forward_pre_hook(pass_rows, with_kwargs=True)
-        self._hooked = True
+                self._hooked.add(id(module))
 
     @torch.inference_mode()
     def load(self, model: torch.nn.Module, path: Path, name: str = DEFAULT_ADAPTER) -> None:
@@ -122,8 +124,8 @@ class AdapterSlot:
             config.inference_mode = True
             inject_adapter_in_model(config, model, adapter_name=name)
             self.configs[name] = config  # injected once, whatever the copy below decides
-            if name != DEFAULT_ADAPTER and not self._hooked:
-                self._hook(model)
+            if set(self.configs) != {DEFAULT_ADAPTER}:
+                self._hook(model)  # the layers injected so far, not yet hooked
         own = re.compile(rf"\.lora_[AB]\.{re.escape(name)}\.weight$")
         live = {k: v for k, v in model.state_dict().items() if own.search(k)}
         missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))

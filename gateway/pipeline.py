@@ -234,7 +234,9 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
     # the UUID object; this ~1 µs).
     completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
     logprobs = req.wants_logprobs()
-    lora = await serving_adapter(state, principal, session_id, model)
+    # Without declared policies, no call at all (the request path's common case).
+    lora = (await serving_adapter(state, principal, session_id, model)
+            if state.config.policies else None)
     return Turn(state=state, principal=principal, body=body, request=req, model=model,
                 session_id=session_id, prompt_ids=prompt_ids, spec=spec,
                 completion_id=completion_id, created=time.time(),

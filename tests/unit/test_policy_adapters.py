@@ -81,6 +81,18 @@ def test_each_row_runs_under_its_own_adapter(group, tiny_model_dir, tmp_path) ->
     assert torch.equal(again.logits[2], pre.logits[2])
     assert float((again.logits[1] - _last_logits(solver2, PROMPTS[1])).abs().max()) <= 1e-4
     runner.reset_batch()
+    # A third adapter on more modules than the solver's (new LoRA layers, hooked too):
+    # every row still runs under its own adapter only.
+    narrow = _adapter(tiny_model_dir, tmp_path / "n1", 5, LoRAConfig(
+        rank=4, target_modules=["q_proj"]))
+    wide = _adapter(tiny_model_dir, tmp_path / "w1", 6, LoRAConfig(rank=4))
+    fresh = ModelRunner(tiny_model_dir, device="cpu", dtype="float32")
+    fresh.load_weights(tmp_path / "n1", adapter="narrow")
+    fresh.load_weights(tmp_path / "w1", adapter="wide")
+    mixed = fresh.prefill(PROMPTS, ["narrow", "wide", None])
+    for row, model in enumerate((narrow, wide, load_policy(tiny_model_dir).eval())):
+        got, want = mixed.logits[row], _last_logits(model, PROMPTS[row])
+        assert float((got - want).abs().max()) <= 1e-4, row
     # A named adapter of another shape than the one served under that name is refused.
     _adapter(tiny_model_dir, tmp_path / "s8", 4, LoRAConfig(rank=8))
     with pytest.raises(WeightLoadError, match="another shape"):
