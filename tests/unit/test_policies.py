@@ -150,3 +150,20 @@ def test_versions_and_steps_count_per_policy(store) -> None:
     assert store.get_weight_version(1) is None  # the default policy has no v1
     assert store.live_weight_version(policy="solver").path == "/s1"
     assert store.live_weight_version() is None
+
+
+def test_cli_trainer_policy_must_be_declared(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    ran = CliRunner().invoke(app, [
+        "trainer", "--policy", "nobody", "--set", f"data_dir={tmp_path}",
+        "--set", "trainer.lora.rank=4", "--set", "policies=[{name: solver}]"])
+    assert ran.exit_code != 0 and "not a declared policy" in ran.output
+
+
+def test_policies_need_the_local_engine() -> None:
+    with pytest.raises(ValidationError, match="local engine only"):
+        ServiceConfig.model_validate({"trainer": {"lora": LORA}, "engine": {"backend": "vllm"},
+                                      "policies": [{"name": "a"}]})
