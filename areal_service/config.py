@@ -36,6 +36,7 @@ from areal_service.config_renames import (
     move_flat_override,
     warn_moved,
 )
+from areal_service.types import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
 
@@ -534,6 +535,40 @@ class LoRAConfig(BaseModel):
     """Module names (PEFT's suffix match) that get an adapter."""
 
 
+POLICY_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+"""A policy's name is also its served adapter name (vLLM's `lora_name`, the model name
+the gateway sends), the `weights/<policy>/` directory and a store column value: lower
+case, digits, `-` and `_`, at most 63 characters."""
+
+
+class PolicyConfig(BaseModel):
+    """One entry of `policies:`: a named policy on the shared base model with its own LoRA
+    adapter, trained by its own trainer process (`trainer.policy`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = Field(pattern=POLICY_NAME_PATTERN)
+    """The policy's name: what keys and sessions are bound to, and its adapter's served
+    name on the backends."""
+    lora: LoRAConfig | None = None
+    """The adapter's rank, alpha and target modules. None: `trainer.lora`'s."""
+    model_names: list[str] = Field(default_factory=list)
+    """Request model names served by this policy whatever the key's own policy (a
+    multi-agent client picks a role's policy by model name). Any other name goes to the
+    key's (the session's) policy."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        # "default" is the implicit single policy; "areal-lora" is its served name.
+        if value in (DEFAULT_POLICY, "areal-lora"):
+            raise ValueError(f"policy name {value!r} is reserved (the default policy)")
+        # The default policy publishes `weights/v{N}/`, beside the policies' directories.
+        if value[0] == "v" and value[1:].isdigit():
+            raise ValueError(f"policy name {value!r} looks like a version directory")
+        return value
+
+
 AdvantageKind = Literal["grpo", "drgrpo", "rloo", "batch"]
 MismatchMask = Literal["none", "token", "sequence"]
 
@@ -690,6 +725,11 @@ class TrainerConfig(BaseModel):
     fine-tuning. Versions are published as adapters and loaded in place by the engines
     (the local engine, vLLM with `--enable-lora`); disk weight sync only."""
 
+    policy: str = Field(DEFAULT_POLICY, pattern=POLICY_NAME_PATTERN)
+    """The policy this trainer process trains (`policies:`): it claims only that policy's
+    episodes and publishes under `weights/<policy>/` with its own checkpoints. One
+    trainer process per policy."""
+
     def unrewarded_return(self) -> float | None:
         """The return an unrewarded session is trained with; None when the policy drops
         it (what export and the console show for such sessions)."""
@@ -807,6 +847,10 @@ class ServiceConfig(BaseModel):
     """The RL trainer (FSDP2)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where `areal-service launch` places engines, gateway and trainer (Ray, Slurm)."""
+    policies: list[PolicyConfig] = Field(default_factory=list)
+    """Named policies on the one base model, each with its own LoRA adapter (needs
+    `trainer.lora`: the base stays shared). Empty: the single `default` policy, as
+    before. The `default` policy always exists besides the declared ones."""
 
     @model_validator(mode="after")
     def _check_ports(self) -> ServiceConfig:
@@ -828,7 +872,41 @@ class ServiceConfig(BaseModel):
             raise ValueError("engine.backend vllm takes new weights from disk: set "
                              "trainer.weight_sync=disk (vLLM's own weight-transfer protocol "
                              "is not wired to the trainer's broadcast yet)")
+        self._check_policies()
         return self
+
+    def _check_policies(self) -> None:
+        if self.policies and self.trainer.lora is None:
+            raise ValueError("policies share the base model and differ by their LoRA "
+                             "adapter: set trainer.lora (e.g. --set trainer.lora.rank=8)")
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policies: duplicate name in {names}")
+        aliases = [m for p in self.policies for m in p.model_names]
+        if len(set(aliases)) != len(aliases):
+            raise ValueError("policies: a model name maps to more than one policy")
+        if self.policies and self.engine.backend != "local":
+            raise ValueError("policies are served by the local engine only so far "
+                             "(engine.backend local); vLLM's per-adapter versions are not "
+                             "wired yet")
+        if self.trainer.policy not in self.policy_names():
+            raise ValueError(f"trainer.policy {self.trainer.policy!r} is not a declared "
+                             f"policy (known: {', '.join(self.policy_names())})")
+
+    # Policies.
+    def policy_names(self) -> list[str]:
+        """Every policy: `default`, then the declared ones in order."""
+        return [DEFAULT_POLICY, *(p.name for p in self.policies)]
+
+    def policy_lora(self, name: str) -> LoRAConfig | None:
+        """The LoRA settings of policy `name` (its own, else `trainer.lora`); KeyError
+        for an unknown policy."""
+        if name == DEFAULT_POLICY:
+            return self.trainer.lora
+        for policy in self.policies:
+            if policy.name == name:
+                return policy.lora or self.trainer.lora
+        raise KeyError(name)
 
     # Derived paths: one place decides the layout of data_dir.
     def database_url(self) -> str:
@@ -842,12 +920,17 @@ class ServiceConfig(BaseModel):
         return Path(self.engine.model) if self.engine.model else self.data_dir / "tiny-model"
 
     def weights_dir(self) -> Path:
-        """Where the trainer publishes `v{N}/` HF checkpoints."""
-        return self.data_dir / "weights"
+        """Where the trainer publishes `v{N}/` HF checkpoints: `weights/` for the default
+        policy (as before policies existed), `weights/<policy>/` for a declared one."""
+        if self.trainer.policy == DEFAULT_POLICY:
+            return self.data_dir / "weights"
+        return self.data_dir / "weights" / self.trainer.policy
 
     def checkpoint_dir(self) -> Path:
-        """Where the trainer keeps resumable checkpoints."""
-        return self.data_dir / "checkpoints"
+        """Where the trainer keeps resumable checkpoints (per policy, as `weights_dir`)."""
+        if self.trainer.policy == DEFAULT_POLICY:
+            return self.data_dir / "checkpoints"
+        return self.data_dir / "checkpoints" / self.trainer.policy
 
     def backend_urls(self) -> list[str]:
         """Backends the gateway routes to (the local engine when none is configured)."""

@@ -297,6 +297,9 @@ class GenerateRequest(_Body):
     top_logprobs_num: int = Field(0, ge=0)
     return_text_in_logprobs: bool = False
     stream: bool = False
+    lora_path: str | None = None
+    """The served LoRA adapter to generate under, by name (SGLang's field; the local
+    engine's adapters are named by policy). Unset: the default adapter, or none."""
 
     @classmethod
     def for_tokens(cls, input_ids: Sequence[int],
@@ -340,6 +343,10 @@ class AbortRequest(_Body):
 class UpdateWeightsFromDiskRequest(_Body):
     model_path: str
     weight_version: str | None = None
+    lora_name: str | None = None
+    """The local engine's extension for named policies: load the adapter directory at
+    `model_path` under this name, and version only its tokens with `weight_version`
+    (the default adapter and its version are untouched)."""
     flush_cache: bool = True
     abort_all_requests: bool = False
 

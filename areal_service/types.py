@@ -13,6 +13,10 @@ from typing import Any, Literal
 
 from areal_service.packing import unpack_int32
 
+DEFAULT_POLICY = "default"
+"""The policy of every key, session, version and step that names none: today's single
+policy (served as `areal_service.lora_adapter.ADAPTER_NAME` when LoRA is on)."""
+
 SessionStatus = Literal["open", "ended", "claimed", "trained", "dropped"]
 KeyKind = Literal["user", "session"]
 
@@ -50,6 +54,9 @@ class ApiKeyRecord:
     """Total prompt + completion tokens this key may ever use (None: unlimited)."""
     tokens_used: int = 0
     """Tokens used so far (written by the gateway's periodic flush, like `last_used_at`)."""
+    policy: str = DEFAULT_POLICY
+    """The policy (`policies:`) the key's sessions are served and trained by; set at
+    creation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,9 @@ class SessionRecord:
     end_reason: str | None = None
     """Why it ended: `client`, `reward`, `idle_timeout`, `refresh`, `no_reward` (the
     client declared that no reward will come: see `END_NO_REWARD`), ..."""
+    policy: str = DEFAULT_POLICY
+    """The policy that serves the session and trains on it (its key's, unless the admin
+    named one)."""
 
 
 END_NO_REWARD = "no_reward"
@@ -191,6 +201,8 @@ class WeightVersionRecord:
     created_at: float = field(default_factory=now)
     metadata: dict[str, Any] = field(default_factory=dict)
     """Swap timings per backend and phase, filled in by the gateway's syncer."""
+    policy: str = DEFAULT_POLICY
+    """Whose version this is: versions count per policy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +213,8 @@ class TrainStepRecord:
     version: int
     metrics: dict[str, float] = field(default_factory=dict)
     created_at: float = field(default_factory=now)
+    policy: str = DEFAULT_POLICY
+    """The policy this step trained: steps count per policy."""
 
 
 @dataclass(frozen=True, slots=True)

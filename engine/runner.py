@@ -230,8 +230,11 @@ class ModelRunner:
     # ---- forward passes ----------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[list[int]]) -> Prefill:
-        """One forward over `seqs` (left-padded to the longest); logits at each last token."""
+    def prefill(self, seqs: list[list[int]], adapters: list[str | None] | None = None
+                ) -> Prefill:
+        """One forward over `seqs` (left-padded to the longest); logits at each last token.
+        `adapters`: each row's LoRA adapter by name (None: the default one)."""
+        self._select(adapters)
         lens = [len(s) for s in seqs]
         width = max(lens)
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -265,10 +268,13 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int]) -> torch.Tensor:
-        """One forward step of the whole batch; `tokens[i]` is row i's last sampled token."""
+    def decode(self, tokens: list[int], adapters: list[str | None] | None = None
+               ) -> torch.Tensor:
+        """One forward step of the whole batch; `tokens[i]` is row i's last sampled token
+        and `adapters[i]` its LoRA adapter's name (None: the default one)."""
         if len(tokens) != self.batch_size or self._cache is None:
             raise ValueError(f"decode got {len(tokens)} tokens for a batch of {self.batch_size}")
+        self._select(adapters)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         ones = torch.ones(self.batch_size, 1, dtype=torch.bool, device=self.device)
         valid = torch.cat([self._valid, ones], dim=1)
@@ -281,6 +287,10 @@ class ModelRunner:
         self._valid = valid
         self._next_pos = self._next_pos + 1
         return out.logits[:, -1].float()
+
+    def _select(self, adapters: list[str | None] | None) -> None:
+        if self._adapter is not None:
+            self._adapter.select(adapters)
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         if self._bool_mask:
@@ -391,23 +401,28 @@ class ModelRunner:
     # ---- weights ---------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def load_weights(self, model_dir: Path | str) -> None:
+    def load_weights(self, model_dir: Path | str, adapter: str | None = None) -> None:
         """Copy a same-architecture safetensors checkpoint into the live model, or serve a
-        LoRA adapter directory (`engine/lora.py`). Every key and shape is checked before
-        the first copy, so a failure leaves the old weights intact."""
+        LoRA adapter directory (`engine/lora.py`), under the name `adapter` when given (a
+        policy's; None: the default adapter). Every key and shape is checked before the
+        first copy, so a failure leaves the old weights intact."""
         path = Path(model_dir)
         if is_adapter_dir(path):  # trainer.lora: a LoRA adapter over the served base
             # imported here: peft costs ~1.3 s of start-up, paid only by LoRA runs
-            from engine.lora import AdapterError, AdapterSlot
+            from engine.lora import DEFAULT_ADAPTER, AdapterError, AdapterSlot
 
             if self._adapter is None:
                 self._adapter = AdapterSlot()
             try:
-                self._adapter.load(self.model, path)
+                self._adapter.load(self.model, path, adapter or DEFAULT_ADAPTER)
             except AdapterError as exc:
                 raise WeightLoadError(str(exc)) from exc
-            self.model_dir = path
+            if adapter is None:
+                self.model_dir = path
             return
+        if adapter is not None:
+            raise WeightLoadError(f"{path} is not a LoRA adapter; adapter {adapter!r} "
+                                  "takes adapter directories only")
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
         if not files:
             raise WeightLoadError(f"no *.safetensors files in {path}")

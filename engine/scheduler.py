@@ -73,6 +73,8 @@ class Request:
     created_at: float = field(default_factory=time.perf_counter)
     weight_version: str = "default"
     """Version of the weights that produced the latest token (submit-time one before)."""
+    lora: str | None = None
+    """The LoRA adapter (policy) this request runs under; None: the default one."""
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[tuple[float, int], ...]] = field(default_factory=list)
@@ -151,6 +153,8 @@ class _Continue(_Command):
 class _UpdateWeights(_Command):
     model_path: str = ""
     weight_version: str | None = None
+    lora_name: str | None = None
+    """A named adapter (a policy's): only its rows' version changes."""
     flush_cache: bool = True
     abort_all_requests: bool = False
     receive: Receive | None = None
@@ -177,6 +181,8 @@ class Scheduler:
     ) -> None:
         self.model_path = model_dir
         self.weight_version = weight_version
+        self.adapter_versions: dict[str, str] = {}
+        """The version of each named adapter (policy) loaded with `lora_name`."""
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.runner: ModelRunner | None = None
@@ -233,13 +239,15 @@ class Scheduler:
         return self._send(_Continue())
 
     def update_weights(
-        self, model_path: str, *, weight_version: str | None, flush_cache: bool, abort_all: bool
+        self, model_path: str, *, weight_version: str | None, flush_cache: bool, abort_all: bool,
+        lora_name: str | None = None,
     ) -> Future:
         """Resolves to an UpdateWeightsResponse. Unpaused, it first waits for every request
-        already submitted to finish (SGLang's writer lock); later ones queue behind it."""
+        already submitted to finish (SGLang's writer lock); later ones queue behind it.
+        `lora_name`: load the adapter at `model_path` under that name (a policy's)."""
         return self._send(_UpdateWeights(
             model_path=model_path, weight_version=weight_version,
-            flush_cache=flush_cache, abort_all_requests=abort_all,
+            flush_cache=flush_cache, abort_all_requests=abort_all, lora_name=lora_name,
         ))
 
     def update_weights_from_distributed(
@@ -338,7 +346,7 @@ class Scheduler:
     def _on_submit(self, cmd: _Submit) -> None:
         req = cmd.request
         assert req is not None
-        req.weight_version = self.weight_version
+        req.weight_version = self._version_of(req)
         seed = req.params.sampling_seed
         req.generator = torch.Generator(device=self.runner.device).manual_seed(
             seed if seed is not None else random.getrandbits(63)
@@ -407,7 +415,7 @@ class Scheduler:
                 self.runner.load_named_tensors(
                     cmd.receive(self.runner.device, self.runner.model.state_dict()))
             else:
-                self.runner.load_weights(cmd.model_path)
+                self.runner.load_weights(cmd.model_path, adapter=cmd.lora_name)
         except (WeightLoadError, KeyError, ValueError, RuntimeError) as exc:
             # RuntimeError: a broadcast that failed or timed out (the trainer went away).
             logger.warning("weight update from %s failed: %s", source, exc)
@@ -416,8 +424,14 @@ class Scheduler:
             # Only an in_place pause leaves rows running here. SGLang's flush would crash;
             # we retract them instead, so their KV is recomputed with the new weights.
             self._retract_running()
-        self.model_path = cmd.model_path
         message = "Succeeded to update model weights."
+        if cmd.lora_name is not None:  # one policy's adapter: the rest keep their versions
+            if cmd.weight_version is not None:
+                self.adapter_versions[cmd.lora_name] = cmd.weight_version
+            logger.info("loaded adapter %r from %s in %.2fs (version %s)", cmd.lora_name,
+                        source, time.perf_counter() - started, cmd.weight_version)
+            return UpdateWeightsResponse(success=True, message=message)
+        self.model_path = cmd.model_path
         if cmd.weight_version is not None:
             self.weight_version = cmd.weight_version
             message += f" Weight version updated to {cmd.weight_version}."
@@ -426,6 +440,14 @@ class Scheduler:
         return UpdateWeightsResponse(success=True, message=message)
 
     # ---- batching ----------------------------------------------------------------------------------
+
+    def _version_of(self, req: Request) -> str:
+        """The version a token of `req` is labelled with: its named adapter's (a policy
+        whose adapter never arrived runs at its version 0, the base model), else the
+        engine's."""
+        if req.lora is None:
+            return self.weight_version
+        return self.adapter_versions.get(req.lora, "0")
 
     def _admissible(self) -> bool:
         if not self._waiting or len(self._running) >= self._max_running:
@@ -474,7 +496,8 @@ class Scheduler:
                 group.append(todo.pop(0))
             # A retracted request re-prefills prompt + output: its KV is recomputed with the
             # current weights, and the next token comes from them.
-            pre = self.runner.prefill([r.prompt_ids + r.output_ids for r in group])
+            pre = self.runner.prefill([r.prompt_ids + r.output_ids for r in group],
+                                      [r.lora for r in group])
             keep = self._sample_and_publish(group, pre.logits)
             self.runner.join(pre, keep)
             self._running.extend(group[i] for i in keep)
@@ -488,7 +511,8 @@ class Scheduler:
         return False
 
     def _decode(self) -> int:
-        logits = self.runner.decode([r.output_ids[-1] for r in self._running])
+        logits = self.runner.decode([r.output_ids[-1] for r in self._running],
+                                    [r.lora for r in self._running])
         self.decode_steps += 1
         keep = self._sample_and_publish(self._running, logits)
         if len(keep) != len(self._running):
@@ -508,7 +532,7 @@ class Scheduler:
                 req.output_ids.append(res.tokens[row])
                 req.logprobs.append(res.logprobs[row])
                 req.top_logprobs.append(tuple(res.top_logprobs[row]))
-                req.weight_version = self.weight_version
+                req.weight_version = self._version_of(req)
             finish = self._check_finish(req)
             if finish is None:
                 keep.append(row)

@@ -187,7 +187,7 @@ class Job:
             rid=rid, prompt_ids=prompt_ids, params=params, max_new_tokens=max_new,
             stop_token_ids=frozenset(stops), notify=self._notify_threadsafe,
             top_logprobs_num=body.top_logprobs_num if body.return_logprob else 0,
-            stream=body.stream,
+            stream=body.stream, lora=body.lora_path,
         )
 
     def _notify_threadsafe(self) -> None:
@@ -341,7 +341,7 @@ async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest, engine: E
         ), 400)
     result: UpdateWeightsResponse = await asyncio.wrap_future(engine.scheduler.update_weights(
         body.model_path, weight_version=body.weight_version, flush_cache=body.flush_cache,
-        abort_all=body.abort_all_requests,
+        abort_all=body.abort_all_requests, lora_name=body.lora_name,
     ))
     return _json(result, 200 if result.success else 400)
 

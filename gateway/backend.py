@@ -318,12 +318,16 @@ class SGLangClient:
         await self._call(CONTINUE_GENERATION, ContinueGenerationRequest(), timeout_s=self.control_timeout_s)
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
-                                       *, flush_cache: bool = True) -> str:
+                                       *, flush_cache: bool = True,
+                                       lora_name: str | None = None) -> str:
         """Load HF weights from `model_path` (same architecture); returns the message.
-        Raises BackendError on `success: false`. Uses the long timeout (disk loads)."""
+        Raises BackendError on `success: false`. Uses the long timeout (disk loads).
+        `lora_name`: a named policy's adapter (the local engine's extension)."""
         body = UpdateWeightsFromDiskRequest(model_path=model_path, flush_cache=flush_cache,
                                             **({} if weight_version is None
-                                               else {"weight_version": weight_version}))
+                                               else {"weight_version": weight_version}),
+                                            **({} if lora_name is None
+                                               else {"lora_name": lora_name}))
         raw = await self._call(UPDATE_WEIGHTS_FROM_DISK, body)
         try:
             result = UpdateWeightsResponse.model_validate_json(raw)
@@ -401,15 +405,22 @@ class SGLangClient:
         return True
 
     # -- composites --------------------------------------------------------------------
-    async def swap_weights(self, model_path: str, version: int) -> SwapTimings:
+    async def swap_weights(self, model_path: str, version: int, lora_name: str | None = None
+                           ) -> SwapTimings:
         """pause(abort) → update_weights_from_disk → continue, continue ALWAYS sent (also
-        when pause or the load fails; the load's error is re-raised after it)."""
+        when pause or the load fails; the load's error is re-raised after it).
+        `lora_name`: swap only that policy's adapter (the pause still interrupts every
+        policy's requests, which resubmit themselves)."""
         t0 = time.perf_counter()
         t1 = t2 = t0
         try:
             await self.pause_generation("abort")
             t1 = time.perf_counter()
-            await self.update_weights_from_disk(model_path, str(version))
+            if lora_name is None:
+                await self.update_weights_from_disk(model_path, str(version))
+            else:
+                await self.update_weights_from_disk(model_path, str(version),
+                                                    lora_name=lora_name)
             t2 = time.perf_counter()
         finally:
             await self.continue_generation()

@@ -23,9 +23,11 @@ from gateway.translate import SamplingSpec
 
 
 class _TopLogprobs(TypedDict, total=False):
-    """`GenerateRequest.for_tokens` keywords set only when the client asks for them."""
+    """`GenerateRequest.for_tokens` keywords set only when needed (unset fields stay off
+    the wire)."""
 
     top_logprobs_num: int
+    lora_path: str
 
 
 def backend_error(exc: BackendError) -> OpenAIError:
@@ -39,12 +41,16 @@ def backend_error(exc: BackendError) -> OpenAIError:
 
 
 def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_id: str,
-                      top_logprobs: int | None = None) -> list[GenerateRequest]:
+                      top_logprobs: int | None = None, adapter: str | None = None
+                      ) -> list[GenerateRequest]:
     """One `/generate` per choice. Rids have a fixed width (`-000`), because SGLang
     aborts by rid prefix and `x-1` would also match `x-10`. Top-k alternatives are
     asked for only when the client wants them (they cost the backend a top-k per token).
-    Sampling values SGLang would reject with 400 are rejected here with its message."""
+    Sampling values SGLang would reject with 400 are rejected here with its message.
+    `adapter`: a named policy's LoRA adapter (`lora_path`)."""
     extra: _TopLogprobs = {"top_logprobs_num": top_logprobs} if top_logprobs else {}
+    if adapter is not None:  # a named policy's adapter (unset: the backend's default)
+        extra["lora_path"] = adapter
     try:
         return [GenerateRequest.for_tokens(prompt_ids, spec.to_sampling_params(i),
                                            rid=f"{completion_id}-{i:03d}", **extra)

@@ -36,6 +36,7 @@ from gateway.generation import StreamedChoice, generate_all, generate_requests, 
 from gateway.hotpath import EventStream, JsonReply, LastEvent, Reply
 from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
+from gateway.policies import serving_adapter
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
 from gateway.sessions import session_for_request
 from gateway.state import GatewayState
@@ -108,6 +109,9 @@ class Turn(Generic[RequestT]):
     started: float
     lineage: Lineage | None = None
     """What the prompt was made from (token continuity remembers it with the outputs)."""
+    adapter: str | None = None
+    """The policy adapter the generations run under (`gateway/policies.py`); None: the
+    default policy."""
     notes: dict[str, Any] | None = None
     """`Conversation.notes`."""
 
@@ -230,13 +234,16 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
     # the UUID object; this ~1 µs).
     completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
     logprobs = req.wants_logprobs()
+    # Without declared policies, no call at all (the request path's common case).
+    lora = (await serving_adapter(state, principal, session_id, model)
+            if state.config.policies else None)
     return Turn(state=state, principal=principal, body=body, request=req, model=model,
                 session_id=session_id, prompt_ids=prompt_ids, spec=spec,
                 completion_id=completion_id, created=time.time(),
                 parse_tools=tools_enabled(conv.tools, conv.tool_choice), tools=conv.tools,
                 logprobs=logprobs,
-                generate=generate_requests(prompt_ids, spec, completion_id, logprobs),
-                started=started, lineage=lineage, notes=conv.notes)
+                generate=generate_requests(prompt_ids, spec, completion_id, logprobs, lora),
+                started=started, lineage=lineage, notes=conv.notes, adapter=lora)
 
 
 async def recall_previous_turn(state: GatewayState, session_id: str | None,
@@ -342,7 +349,8 @@ def records(turn: Turn[Any], generations: Sequence[Generation],
     if turn.notes:
         response = {**response, "gateway": turn.notes}
     return build_records(
-        completion_id=turn.completion_id, model=turn.state.config.gateway.model_name,
+        completion_id=turn.completion_id,
+        model=turn.adapter or turn.state.config.gateway.model_name,
         requested_model=turn.model, prompt_ids=turn.prompt_ids,
         generations=generations, choices=choices, spec=turn.spec, request_json=turn.body,
         response_json=response, session_id=turn.session_id,

@@ -405,16 +405,19 @@ class BackendPool:
         return (*self._backends, *([self.router] if self.router else ()))
 
     # -- weights -----------------------------------------------------------------------
-    async def swap_weights(self, model_path: str, version: int) -> dict[str, SwapTimings]:
+    async def swap_weights(self, model_path: str, version: int, lora_name: str | None = None
+                           ) -> dict[str, SwapTimings]:
         """`swap_weights` on every healthy backend concurrently. An unreachable backend
         is taken out (and re-synced when it comes back); one that rejects the load keeps
-        serving its old weights (its tokens say so). Raises if every backend failed."""
+        serving its old weights (its tokens say so). Raises if every backend failed.
+        `lora_name`: only that policy's adapter (a returning backend is re-synced to the
+        default policy's version only)."""
         healthy = [b for b in self._backends if b.healthy]
         for b in healthy:
             b.swapping = True
         try:
             results = await asyncio.gather(
-                *(b.client.swap_weights(model_path, version) for b in healthy),
+                *(b.client.swap_weights(model_path, version, lora_name) for b in healthy),
                 return_exceptions=True)
         finally:
             for b in healthy:
@@ -434,5 +437,6 @@ class BackendPool:
                 raise r
         if errors and not timings:
             raise errors[0]
-        self.target = (model_path, version)
+        if lora_name is None:
+            self.target = (model_path, version)
         return timings

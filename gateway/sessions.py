@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi import Request
 
-from areal_service.types import ApiKeyRecord, SessionRecord
+from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, SessionRecord
 from gateway.admission import admit_sessions
 from gateway.auth import Principal
 from gateway.errors import OpenAIError
@@ -136,7 +136,8 @@ async def client_session(state: GatewayState, principal: Principal, session_id: 
     session = await cached_session(state, session_id)
     if session is None:
         record = SessionRecord(id=session_id, api_key_id=principal.key_id, metadata={
-            "opened_by": "client_metadata", "client_session": conversation_id})
+            "opened_by": "client_metadata", "client_session": conversation_id},
+            policy=DEFAULT_POLICY if principal.key is None else principal.key.policy)
         try:
             async with admit_sessions(state, 1) as admission:
                 session = await asyncio.to_thread(state.store.add_session, record, admission)
@@ -157,7 +158,7 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
     Concurrent first calls of one key may each open one; the last binding wins and the
     others end by idle timeout, each a complete episode of its own."""
     session = SessionRecord(id=f"sess_{uuid.uuid4().hex}", api_key_id=key.id,
-                            metadata={"opened_by": "auto_session"})
+                            metadata={"opened_by": "auto_session"}, policy=key.policy)
     async with admit_sessions(state, 1) as admission:
         session = await asyncio.to_thread(state.store.add_session, session, admission)
     await asyncio.to_thread(state.store.keys.bind_key_session, key.id, session.id)

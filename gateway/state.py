@@ -46,6 +46,11 @@ class GatewayState:
     live_version: int = 0
     """Weight version every backend serves (set by the weight syncer on the leader, read
     from the store on followers)."""
+    policy_versions: dict[str, int] = field(default_factory=dict)
+    """The live adapter version of each declared policy (`policies:`; the default
+    policy's is `live_version`), swapped and followed like it."""
+    model_policies: dict[str, str] = field(init=False)
+    """Request model name -> policy (`policies[].model_names`), built once."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One staleness-gate store transaction at a time from this process."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -60,6 +65,8 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         gw = self.config.gateway
+        self.model_policies = {alias: p.name for p in self.config.policies
+                               for alias in p.model_names}
         self.continuity = Continuity(self.tokenizer, enabled=gw.continuity.enabled,
                                      max_bytes=gw.continuity.cache_mb * 2**20,
                                      counter=self.metrics.continuity,

@@ -114,13 +114,18 @@ class VLLMClient(SGLangClient):
         await self._call(RESUME, timeout_s=self.control_timeout_s)
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
-                                       *, flush_cache: bool = True) -> str:
+                                       *, flush_cache: bool = True,
+                                       lora_name: str | None = None) -> str:
         """`reload_weights` from `model_path` (safetensors of the same architecture), then
         label them `weight_version`. The pause before it cleared the prefix cache.
         A checkpoint whose output head is tied to its embeddings but not stored as a
         tensor is refused (400): vLLM's in-place reload would keep the old head.
         A LoRA adapter directory (`trainer.lora`) is loaded in place under `lora_name`
         instead (`/v1/load_lora_adapter`, `load_inplace`; ~30 ms on CPU for SmolLM2)."""
+        if lora_name is not None:  # refused by the config too (`policies:` on vllm)
+            raise BackendError(400, "named policies are served by the local engine only; "
+                               "vLLM's per-adapter version labels are not wired yet",
+                               url=self.base_url)
         if is_adapter_dir(model_path):
             if self.lora_name is None:
                 raise BackendError(400, f"{model_path} is a LoRA adapter but this vLLM "

@@ -220,6 +220,39 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None
     return latest.version
 
 
+async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
+    """Swap each declared policy's adapter (`policies:`) whose newest published version
+    is newer than its live one, under the policy's name; only that adapter changes (the
+    other policies keep theirs and their versions). Returns the (policy, version)
+    pairs swapped. One store read per policy per poll."""
+    swapped = []
+    for policy in state.config.policies:
+        latest = await asyncio.to_thread(state.store.latest_weight_version, policy.name)
+        if latest is None or latest.version <= state.policy_versions.get(policy.name, 0):
+            continue
+        t0 = time.perf_counter()
+        timings = await state.backends.swap_weights(latest.path, latest.version, policy.name)
+        swapped_at = time.time()
+        state.policy_versions[policy.name] = latest.version
+        await asyncio.to_thread(state.store.update_weight_version_metadata, latest.version, {
+            "swap": {url: dataclasses.asdict(t) for url, t in timings.items()},
+            "swap_s": time.perf_counter() - t0, "swap_mode": "disk", "live_at": swapped_at,
+            "publish_to_live_s": swapped_at - latest.created_at}, policy.name)
+        log.info("policy %s: adapter v%d live on %d backend(s) in %.3f s", policy.name,
+                 latest.version, len(timings), time.perf_counter() - t0)
+        swapped.append((policy.name, latest.version))
+    return swapped
+
+
+async def follow_policies(state: GatewayState) -> None:
+    """A follower's round for the declared policies: adopt each live adapter version."""
+    for policy in state.config.policies:
+        live = await asyncio.to_thread(state.store.live_weight_version, policy=policy.name,
+                                       after=state.policy_versions.get(policy.name, 0))
+        if live is not None:
+            state.policy_versions[policy.name] = live.version
+
+
 async def _wait_for_copy(record: WeightVersionRecord, timeout_s: float) -> None:
     """After a failed broadcast, give the trainer time to write the disk copy (it does
     so right after broadcasting) before the disk swap tries to read it."""
@@ -248,8 +281,10 @@ async def run_weight_syncer(state: GatewayState) -> None:
         try:
             if state.leadership.is_leader:
                 await sync_weights_once(state, group)
+                await sync_policies_once(state)
             else:
                 await follow_live_version(state)
+                await follow_policies(state)
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
         await asyncio.sleep(state.config.gateway.router.weight_poll_interval_s)

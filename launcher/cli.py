@@ -14,6 +14,7 @@ placeholders, paragraphs wrapped to the terminal); each command's first line is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ import typer
 
 from areal_service.config import ServiceConfig, configure_logging, load_config
 from areal_service.config_renames import ConfigDeprecationWarning
+from areal_service.types import DEFAULT_POLICY
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="\n\n".join(__doc__.split("\n\n")[:2]))
@@ -229,17 +231,25 @@ def keys_create(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     name: Annotated[str, typer.Option(metavar="NAME", help="A label for the key.")] = "",
+    policy: Annotated[str, typer.Option(
+        metavar="POLICY", help="The policy (policies:) the key's sessions are served and "
+        "trained by.")] = DEFAULT_POLICY,
 ) -> None:
     """Create a virtual API key; the plaintext is printed once and never stored."""
     from areal_service.keys import new_api_key
 
-    store = _open_store(_config(config, set_))
+    cfg = _config(config, set_)
+    if policy not in cfg.policy_names():
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: "
+                                 f"{', '.join(cfg.policy_names())}", param_hint="--policy")
+    store = _open_store(cfg)
     try:
         plaintext, record = new_api_key(name=name)
+        record = dataclasses.replace(record, policy=policy)
         store.keys.add_api_key(record)
     finally:
         store.close()
-    _echo({"id": record.id, "name": record.name, "api_key": plaintext,
+    _echo({"id": record.id, "name": record.name, "policy": record.policy, "api_key": plaintext,
            "note": "store this key now: only its SHA-256 is kept"})
 
 
@@ -329,14 +339,18 @@ def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 
 
 @app.command("trainer", short_help="Run the bare trainer on rewarded episodes in the store.")
-def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None,
+                policy: Annotated[str | None, typer.Option(
+                    metavar="POLICY", help="Train this policy (policies:) only; one "
+                    "trainer process per policy. Same as --set trainer.policy=POLICY."
+                )] = None) -> None:
     """Run the bare RL trainer (FSDP2) on episodes from the store; resumes automatically.
     For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`, with
     `engine.model` set (or the tiny model built first with `make-tiny-model`)."""
     from launcher.serve import ensure_model
     from trainer.train import main as train_main
 
-    cfg = _config(config, set_)
+    cfg = _config(config, [*(set_ or []), *([f"trainer.policy={policy}"] if policy else [])])
     with _one_line_errors():
         ensure_model(cfg)
     train_main(cfg)

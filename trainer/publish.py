@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from areal_service.store import TrajectoryStore
-from areal_service.types import WeightVersionRecord
+from areal_service.types import DEFAULT_POLICY, WeightVersionRecord
 from trainer.lora import is_lora, save_adapter
 from trainer.model import full_state_dict, save_hf_checkpoint
 from trainer.weight_broadcast import WeightBroadcaster
@@ -60,6 +60,7 @@ def publish_weights(
     distributed: bool = False,
     broadcaster: WeightBroadcaster | None = None,
     tied_head_file: bool = False,
+    policy: str = DEFAULT_POLICY,
 ) -> WeightVersionRecord:
     """Save `model` as `weights_dir/v{version}` and record the version. Collective (every
     rank calls it); `store` is used on rank 0 only (None elsewhere).
@@ -87,6 +88,7 @@ def publish_weights(
         version=version,
         path=str(path.resolve()),
         metadata={"step": step, "episodes": {c: list(s) for c, s in episodes.items()}},
+        policy=policy,
     )
     if dist.get_rank() == 0:
         assert store is not None, "rank 0 publishes the version row"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from areal_service.config import ServiceConfig
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
-from areal_service.types import EpisodeGroup, TrainStepRecord
+from areal_service.types import DEFAULT_POLICY, EpisodeGroup, TrainStepRecord
 from trainer.metrics import MetricsWriter, batch_metrics, step_metrics
 from trainer.model import DistInfo
 from trainer.resume import recover_claims
@@ -52,8 +52,11 @@ class RankZero:
     """Rank 0's side of the run; `open` it on rank 0 only."""
 
     def __init__(self, store: TrajectoryStore, claimer: EpisodeClaimer, held: HeldClaims,
-                 writer: MetricsWriter, broadcaster: WeightBroadcaster | None) -> None:
+                 writer: MetricsWriter, broadcaster: WeightBroadcaster | None,
+                 policy: str = DEFAULT_POLICY) -> None:
         self.store = store
+        self.policy = policy
+        """The policy this trainer trains (`trainer.policy`): its steps and versions."""
         self.claimer = claimer
         self.held = held
         self.writer = writer
@@ -70,10 +73,12 @@ class RankZero:
         store = TrajectoryStore.open(config.database_url(), config.store)
         cleanup.callback(store.close)
         claimer = EpisodeClaimer.from_config(store, cfg)
-        recover_claims(store, claimer)
+        recover_claims(store, claimer, cfg.policy)
         held = HeldClaims(claimer)
         cleanup.callback(held.release_all)  # a batch claimed but never published
-        run_dir = config.data_dir / "runs" / RUN_NAME
+        # One metrics run per policy: several trainers share the data directory.
+        run_dir = config.data_dir / "runs" / (
+            RUN_NAME if cfg.policy == DEFAULT_POLICY else f"{RUN_NAME}-{cfg.policy}")
         writer = MetricsWriter(run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos)
         cleanup.callback(writer.close)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
@@ -84,7 +89,7 @@ class RankZero:
                 bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
                 timeout_s=cfg.weight_sync_timeout_s, address=cfg.weight_sync_address)
             cleanup.callback(broadcaster.close)
-        return cls(store, claimer, held, writer, broadcaster)
+        return cls(store, claimer, held, writer, broadcaster, cfg.policy)
 
     def record_step(self, step: int, version: int, groups: Sequence[EpisodeGroup],
                     advantages: Sequence[Sequence[float]], stats: StepStats, *,
@@ -98,14 +103,15 @@ class RankZero:
             "dropped_episodes": float(dropped),
             **self.claimer.settling_metrics(),
             **times,
-            **_previous_swap(self.store, version),
+            **_previous_swap(self.store, version, self.policy),
         }
-        self.store.add_train_step(TrainStepRecord(step=step, version=version, metrics=metrics))
+        self.store.add_train_step(TrainStepRecord(step=step, version=version, metrics=metrics,
+                                                  policy=self.policy))
         self.writer.write(step, version, metrics)
 
 
-def _previous_swap(store: TrajectoryStore, version: int) -> dict[str, float]:
-    """`time_swap_s` of version - 1, once the gateway's syncer recorded it."""
-    previous = store.get_weight_version(version - 1)
+def _previous_swap(store: TrajectoryStore, version: int, policy: str) -> dict[str, float]:
+    """`time_swap_s` of `policy`'s version - 1, once the gateway's syncer recorded it."""
+    previous = store.get_weight_version(version - 1, policy)
     swap_s = previous.metadata.get("swap_s") if previous else None
     return {} if swap_s is None else {"time_swap_s": float(swap_s)}

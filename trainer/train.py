@@ -64,11 +64,12 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         policy = build_policy(config, info)
         ckpt = restore_checkpoint(policy.model, policy.optimizer, config.checkpoint_dir())
         rank0 = RankZero.open(config, info, cleanup) if info.rank == 0 else None
-        step, version = resume(policy.model, rank0.store if rank0 else None, ckpt)
+        step, version = resume(policy.model, rank0.store if rank0 else None, ckpt, cfg.policy)
         saved_step = step  # nothing to checkpoint until this process trains
         baseline = (RunningBaseline(cfg.baseline_decay)
                     if cfg.ungrouped_baseline == "task_mean" else None)
-        log.info("trainer starts after step %d at policy v%d", step, version)
+        log.info("trainer of policy %s starts after step %d at v%d", cfg.policy, step,
+                 version)
 
         while cfg.total_steps is None or step < cfg.total_steps:
             groups, dropped, wait_s = next_batch(rank0, cfg, version, stop, info)
@@ -96,6 +97,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                 distributed=cfg.weight_sync == "distributed",
                 tied_head_file=config.engine.backend == "vllm",
                 broadcaster=rank0.broadcaster if rank0 else None,
+                policy=cfg.policy,
             )
             publish_s = time.perf_counter() - t0
             if rank0 is not None:

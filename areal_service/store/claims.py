@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.sql import ColumnElement
 
 from areal_service.config import TrainerConfig
@@ -30,6 +30,7 @@ from areal_service.store.readiness import (
 from areal_service.store.schema import SessionRow
 from areal_service.store.trajectory import TrajectoryStore
 from areal_service.types import (
+    DEFAULT_POLICY,
     END_FAILED,
     ClaimResult,
     CompletionRecord,
@@ -99,6 +100,7 @@ class EpisodeClaimer:
         unrewarded_policy: UnrewardedPolicy = "drop_group",
         default_reward: float = 0.0,
         partial_group_wait_s: float | None = None,
+        policy: str = DEFAULT_POLICY,
     ) -> None:
         if reward_wait_s < 0:
             raise ValueError(f"reward_wait_s ({reward_wait_s}) must be >= 0")
@@ -109,6 +111,8 @@ class EpisodeClaimer:
         self._policy = unrewarded_policy
         self._default_reward = default_reward
         self._partial_wait_s = partial_group_wait_s
+        self._trains = policy
+        """The policy whose episodes this claimer takes (`trainer.policy`)."""
         self._dropped_unrewarded = 0
         self._default_rewarded = 0
         self._awaiting = 0
@@ -123,6 +127,7 @@ class EpisodeClaimer:
             unrewarded_policy=config.unrewarded_policy,
             default_reward=config.reward_default_for_unrewarded or 0.0,
             partial_group_wait_s=config.partial_group_wait_s,
+            policy=config.policy,
         )
 
     def settling_metrics(self) -> dict[str, float]:
@@ -164,7 +169,7 @@ class EpisodeClaimer:
         while len(groups) < max_groups:
             with self._engine.connect() as connection:
                 ready = ready_groups(connection, group_size, max_groups - len(groups), seen,
-                                     partial_before=partial_before)
+                                     partial_before=partial_before, policy=self._trains)
             if not ready:
                 break
             seen.update(r.key for r in ready)
@@ -366,6 +371,8 @@ class EpisodeClaimer:
         return self._transition(SessionRow.claimed_at < at - older_than_s, **_RELEASED)
 
     def _transition(self, condition: ColumnElement[bool], **values: object) -> int:
+        # Only this claimer's policy: another policy's trainer holds its own claims.
+        condition = and_(condition, SessionRow.policy == self._trains)
         with self._engine.begin() as connection:
             result = connection.execute(
                 update(SessionRow).where(condition, SessionRow.status == "claimed").values(**values)

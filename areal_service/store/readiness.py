@@ -16,7 +16,7 @@ from typing import cast
 from sqlalchemy import Connection, Engine, and_, case, func, or_, select
 
 from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
-from areal_service.types import END_FAILED, END_NO_REWARD
+from areal_service.types import DEFAULT_POLICY, END_FAILED, END_NO_REWARD
 
 UNREWARDED = "unrewarded"
 """Prefix of the `drop_reason` of sessions dropped by `unrewarded_policy=drop_group`."""
@@ -44,11 +44,13 @@ def ready_groups(
     exclude: set[str],
     *,
     partial_before: float | None = None,
+    policy: str = DEFAULT_POLICY,
 ) -> list[ReadyGroup]:
     """Oldest-first groups whose sessions (not yet claimed/trained/dropped) are all
     `ended`: at least `group_size` of them, or fewer when the group's last session ended
     before `partial_before` (a partial group settles; None: never), and every ungrouped
-    session as a group of its own. Two indexed queries; `exclude` keys are skipped."""
+    session as a group of its own, among `policy`'s sessions only (its trainer's). Two
+    indexed queries; `exclude` keys are skipped."""
     solo = case((SessionRow.group_id.is_(None), SessionRow.id), else_=None)
     n_open = func.sum(case((SessionRow.status == "open", 1), else_=0))
     n_ended = func.count() - n_open
@@ -58,7 +60,7 @@ def ready_groups(
         enough = or_(enough, last_end < partial_before)
     statement = (
         select(SessionRow.group_id, solo, last_end)
-        .where(SessionRow.status.in_(("open", "ended")))
+        .where(SessionRow.status.in_(("open", "ended")), SessionRow.policy == policy)
         .group_by(SessionRow.group_id, solo)
         .having(n_open == 0, enough)
         .order_by(func.min(SessionRow.created_at), SessionRow.group_id, solo)
@@ -78,7 +80,7 @@ def ready_groups(
     failed: set[str] = set()
     rows = connection.execute(
         select(SessionRow.id, SessionRow.group_id, SessionRow.end_reason, SessionRow.task_id)
-        .where(SessionRow.status == "ended")
+        .where(SessionRow.status == "ended", SessionRow.policy == policy)
         .where(
             or_(
                 SessionRow.group_id.in_(grouped),

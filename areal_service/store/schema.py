@@ -66,6 +66,7 @@ class ApiKeyRow(Base):
     max_concurrent: Mapped[int | None] = mapped_column(Integer)
     token_budget: Mapped[int | None] = mapped_column(BigInteger)
     tokens_used: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    policy: Mapped[str] = mapped_column(String, default="default", server_default="default")
 
 
 class SessionRow(Base):
@@ -91,6 +92,10 @@ class SessionRow(Base):
     claimed_at: Mapped[float | None] = mapped_column(Float)
     trained_at: Mapped[float | None] = mapped_column(Float)
     drop_reason: Mapped[str | None] = mapped_column(String)
+    policy: Mapped[str] = mapped_column(String, index=True, default="default",
+                                        server_default="default")
+    """The policy that serves and trains the session; a policy's trainer claims only
+    its own (`claims.py`)."""
 
 
 class CompletionRow(Base):
@@ -159,10 +164,12 @@ class RewardRow(Base):
 
 
 class WeightVersionRow(Base):
-    """A published policy version (checkpoint directory plus swap timings)."""
+    """A published policy version (checkpoint directory plus swap timings); versions
+    count per policy, so (policy, version) is the key."""
 
     __tablename__ = "weight_versions"
 
+    policy: Mapped[str] = mapped_column(String, primary_key=True, server_default="default")
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     path: Mapped[str] = mapped_column(String)
     created_at: Mapped[float] = mapped_column(Float)
@@ -175,6 +182,7 @@ class TrainStepRow(Base):
 
     __tablename__ = "train_steps"
 
+    policy: Mapped[str] = mapped_column(String, primary_key=True, server_default="default")
     step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     version: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)

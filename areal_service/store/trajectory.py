@@ -49,6 +49,7 @@ from areal_service.store.schema import (
 from areal_service.store.session_queries import SessionQuery, SessionSummary
 from areal_service.store.write_probe import probe_write
 from areal_service.types import (
+    DEFAULT_POLICY,
     CompletionRecord,
     RecentTurn,
     RewardRecord,
@@ -348,24 +349,37 @@ class TrajectoryStore(RowAccess):
         self._add(WeightVersionRow(**row_values(record)))
         return record
 
-    def get_weight_version(self, version: int) -> WeightVersionRecord | None:
-        """Version `version`, or None."""
-        return self._get(WeightVersionRecord, WeightVersionRow, version)
+    def get_weight_version(self, version: int, policy: str = DEFAULT_POLICY
+                           ) -> WeightVersionRecord | None:
+        """Version `version` of `policy`, or None."""
+        return self._get(WeightVersionRecord, WeightVersionRow, (policy, version))
 
-    def latest_weight_version(self) -> WeightVersionRecord | None:
-        """The highest published version, or None before the first publish."""
-        found = self.list_weight_versions(limit=1)
+    def latest_weight_version(self, policy: str = DEFAULT_POLICY
+                              ) -> WeightVersionRecord | None:
+        """`policy`'s highest published version, or None before its first publish."""
+        found = self.list_weight_versions(limit=1, policy=policy)
         return found[0] if found else None
 
+    def latest_weight_versions(self) -> dict[str, WeightVersionRecord]:
+        """Each policy's highest published version (policies without one are absent);
+        one query, grouped by the primary key's leading column."""
+        newest = (select(WeightVersionRow.policy, func.max(WeightVersionRow.version)
+                         .label("version")).group_by(WeightVersionRow.policy).subquery())
+        statement = select(WeightVersionRow).join(newest, (
+            WeightVersionRow.policy == newest.c.policy)
+            & (WeightVersionRow.version == newest.c.version))
+        return {r.policy: r for r in self._list(WeightVersionRecord, statement)}
+
     def list_weight_versions(
-        self, *, limit: int = 100, offset: int = 0
+        self, *, limit: int = 100, offset: int = 0, policy: str = DEFAULT_POLICY
     ) -> list[WeightVersionRecord]:
-        """Published versions, newest first."""
-        statement = select(WeightVersionRow).order_by(WeightVersionRow.version.desc())
+        """`policy`'s published versions, newest first."""
+        statement = (select(WeightVersionRow).where(WeightVersionRow.policy == policy)
+                     .order_by(WeightVersionRow.version.desc()))
         return self._list(WeightVersionRecord, paged(statement, limit, offset))
 
     def update_weight_version_metadata(
-        self, version: int, metadata: Mapping[str, Any]
+        self, version: int, metadata: Mapping[str, Any], policy: str = DEFAULT_POLICY
     ) -> WeightVersionRecord | None:
         """Merge `metadata` into the version's metadata (top-level keys replaced) and
         return the result; None if the version is unknown. Safe against concurrent
@@ -375,24 +389,25 @@ class TrajectoryStore(RowAccess):
         with self._sessions.begin() as session:
             locked = session.execute(
                 update(WeightVersionRow)
-                .where(WeightVersionRow.version == version)
+                .where(WeightVersionRow.policy == policy, WeightVersionRow.version == version)
                 .values(version=WeightVersionRow.version)
                 .execution_options(synchronize_session=False)
             )
             if not locked.rowcount:  # type: ignore[attr-defined]
                 return None
-            row = session.get(WeightVersionRow, version, populate_existing=True)
+            row = session.get(WeightVersionRow, (policy, version), populate_existing=True)
             assert row is not None
             row.meta = {**row.meta, **metadata}
             return to_record(WeightVersionRecord, row)
 
-    def live_weight_version(self, *, after: int = -1, scan: int = 16
-                            ) -> WeightVersionRecord | None:
+    def live_weight_version(self, *, after: int = -1, scan: int = 16,
+                            policy: str = DEFAULT_POLICY) -> WeightVersionRecord | None:
         """The newest version above `after` the swap leader made live (`live_at` in its
         metadata), among the `scan` newest published; None when there is none. Followers
         poll this with their own live version as `after` (a few times a second), so the
         usual answer reads no row."""
-        statement = (select(WeightVersionRow).where(WeightVersionRow.version > after)
+        statement = (select(WeightVersionRow)
+                     .where(WeightVersionRow.policy == policy, WeightVersionRow.version > after)
                      .order_by(WeightVersionRow.version.desc()).limit(scan))
         for record in self._list(WeightVersionRecord, statement):
             if "live_at" in record.metadata:
@@ -406,17 +421,21 @@ class TrajectoryStore(RowAccess):
         self._add(TrainStepRow(**row_values(record)))
         return record
 
-    def latest_train_step(self) -> TrainStepRecord | None:
-        """The highest step, or None before the first."""
-        statement = select(TrainStepRow).order_by(TrainStepRow.step.desc()).limit(1)
+    def latest_train_step(self, policy: str = DEFAULT_POLICY) -> TrainStepRecord | None:
+        """`policy`'s highest step, or None before its first."""
+        statement = (select(TrainStepRow).where(TrainStepRow.policy == policy)
+                     .order_by(TrainStepRow.step.desc()).limit(1))
         found = self._list(TrainStepRecord, statement)
         return found[0] if found else None
 
     def list_train_steps(
-        self, *, after_step: int | None = None, limit: int = 1000, offset: int = 0
+        self, *, after_step: int | None = None, limit: int = 1000, offset: int = 0,
+        policy: str = DEFAULT_POLICY,
     ) -> list[TrainStepRecord]:
-        """Steps in ascending order, optionally only those after `after_step`."""
-        statement = select(TrainStepRow).order_by(TrainStepRow.step)
+        """`policy`'s steps in ascending order, optionally only those after
+        `after_step`."""
+        statement = (select(TrainStepRow).where(TrainStepRow.policy == policy)
+                     .order_by(TrainStepRow.step))
         if after_step is not None:
             statement = statement.where(TrainStepRow.step > after_step)
         return self._list(TrainStepRecord, paged(statement, limit, offset))

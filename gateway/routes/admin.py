@@ -19,11 +19,12 @@ from starlette.concurrency import iterate_in_threadpool
 from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
 from areal_service.store.audit import EpisodeAudit
-from areal_service.types import ApiKeyRecord, KeyKind
+from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, KeyKind
 from gateway.admission import window
 from gateway.deps import AdminDep, PageLimit, PageOffset, StateDep
 from gateway.errors import OpenAIError
 from gateway.leader import LEADER_LEASE
+from gateway.policies import checked_policy
 from gateway.replies import ErrorBody
 from gateway.state import GatewayState
 
@@ -77,6 +78,9 @@ class KeyCreate(KeyLimitsBody):
 
     name: str = Field("", max_length=200)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    policy: str | None = Field(None, max_length=63)
+    """The policy (`policies:`) the key's sessions are served and trained by; none: the
+    default policy. Fixed for the key's life."""
 
 
 class KeyView(BaseModel):
@@ -96,6 +100,8 @@ class KeyView(BaseModel):
     token_budget: int | None = None
     tokens_used: int = 0
     """As last flushed (`gateway.auth.key_usage_interval_s`)."""
+    policy: str = DEFAULT_POLICY
+    """The policy the key is bound to."""
 
     @classmethod
     def of(cls, key: ApiKeyRecord) -> KeyView:
@@ -104,7 +110,7 @@ class KeyView(BaseModel):
                    last_used_at=key.last_used_at, revoked_at=key.revoked_at,
                    rpm_limit=key.rpm_limit, tpm_limit=key.tpm_limit,
                    max_concurrent=key.max_concurrent, token_budget=key.token_budget,
-                   tokens_used=key.tokens_used)
+                   tokens_used=key.tokens_used, policy=key.policy)
 
 
 class KeyCreated(KeyView):
@@ -157,10 +163,11 @@ async def create_key(state: StateDep, _: AdminDep,
                      body: Annotated[KeyCreate | None, Body()] = None) -> KeyCreated:
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
     body = body or KeyCreate()
+    policy = checked_policy(state.config, body.policy)
     plaintext, record = new_api_key(name=body.name)
     # cast: given() holds only LIMIT_FIELDS keys, which a comprehension cannot show.
     limits = cast(KeyLimits, body.given())
-    record = dataclasses.replace(record, metadata=body.metadata, **limits)
+    record = dataclasses.replace(record, metadata=body.metadata, policy=policy, **limits)
     await asyncio.to_thread(state.store.keys.add_api_key, record)
     state.keys.remember(record)  # first use needs no lookup (and passes the auth throttle)
     return KeyCreated(**KeyView.of(record).model_dump(), api_key=plaintext)
@@ -276,3 +283,37 @@ async def export(state: StateDep, _: AdminDep, format: str = "jsonl",  # noqa: A
                             filters=filters, **options)
     return FileResponse(path, filename="export.parquet", media_type="application/octet-stream",
                         background=BackgroundTask(os.unlink, path))
+
+
+class PolicyView(BaseModel):
+    """A policy as `GET /admin/policies` shows it."""
+
+    name: str
+    model_names: list[str]
+    """Request model names that pick this policy whatever the key's."""
+    lora_rank: int | None
+    """The adapter's rank (None: full fine-tuning, the default policy without LoRA)."""
+    latest_version: int | None
+    """The newest version its trainer published (None before the first)."""
+    latest_version_at: float | None
+
+
+class PolicyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[PolicyView]
+
+
+@router.get("/policies")
+async def list_policies(state: StateDep, _: AdminDep) -> PolicyList:
+    """The configured policies (`default` first) with their latest published version."""
+    latest = await asyncio.to_thread(state.store.latest_weight_versions)
+    aliases = {p.name: p.model_names for p in state.config.policies}
+    views = []
+    for name in state.config.policy_names():
+        lora, version = state.config.policy_lora(name), latest.get(name)
+        views.append(PolicyView(
+            name=name, model_names=aliases.get(name, []),
+            lora_rank=None if lora is None else lora.rank,
+            latest_version=None if version is None else version.version,
+            latest_version_at=None if version is None else version.created_at))
+    return PolicyList(data=views)

@@ -9,6 +9,7 @@ one key for many episodes).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -16,10 +17,17 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from areal_service.keys import hash_key, new_api_key
-from areal_service.types import END_FAILED, END_NO_REWARD, SessionRecord, SessionStatus
+from areal_service.types import (
+    DEFAULT_POLICY,
+    END_FAILED,
+    END_NO_REWARD,
+    SessionRecord,
+    SessionStatus,
+)
 from gateway.admission import admit_sessions
 from gateway.deps import AdminDep, PageLimit, PageOffset, PrincipalDep, StateDep
 from gateway.errors import OpenAIError, invalid_api_key
+from gateway.policies import checked_policy
 from gateway.replies import ErrorBody
 from gateway.sessions import check_session_access, load_session, remember_new_session
 from gateway.state import GatewayState
@@ -41,6 +49,9 @@ class SessionStart(BaseModel):
     api_key: str | None = None
     """Refresh: a long-lived virtual key to rebind to the new session (its previous
     session ends with reason `refresh`). Admin only; a user key refreshes itself."""
+    policy: str | None = Field(None, max_length=63)
+    """The policy that serves and trains the new sessions (admin only; a key's sessions
+    take the key's policy). None: the default policy."""
 
 
 class SessionEnd(BaseModel):
@@ -73,13 +84,16 @@ class SessionView(BaseModel):
     last_activity_at: float | None
     ended_at: float | None
     end_reason: str | None
+    policy: str = DEFAULT_POLICY
+    """The policy that serves and trains the session."""
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionView:
         return cls(session_id=session.id, group_id=session.group_id, task_id=session.task_id,
                    status=session.status, metadata=session.metadata,
                    created_at=session.created_at, last_activity_at=session.last_activity_at,
-                   ended_at=session.ended_at, end_reason=session.end_reason)
+                   ended_at=session.ended_at, end_reason=session.end_reason,
+                   policy=session.policy)
 
 
 class NewSession(SessionView):
@@ -143,12 +157,13 @@ def new_session_id() -> str:
 
 async def open_session(state: GatewayState, *, group_id: str | None, task_id: str | None,
                        metadata: dict[str, Any], key_id: str | None,
-                       session_id: str | None = None, admission: str | None = None
-                       ) -> SessionRecord:
+                       session_id: str | None = None, admission: str | None = None,
+                       policy: str = DEFAULT_POLICY) -> SessionRecord:
     """Insert one open session (the staleness gate, when configured, runs before this
     and gives its reservation: `admission`)."""
     record = SessionRecord(id=session_id or new_session_id(), group_id=group_id,
-                           task_id=task_id, api_key_id=key_id, metadata=metadata)
+                           task_id=task_id, api_key_id=key_id, metadata=metadata,
+                           policy=policy)
     session = await asyncio.to_thread(state.store.add_session, record, admission)
     remember_new_session(state, session)
     return session
@@ -160,10 +175,15 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
                          ) -> SessionsStarted | SessionRefreshed:
     """Open `group_size` sessions (one fresh session key each), or refresh a user key."""
     body = body or SessionStart()
+    policy = checked_policy(state.config, body.policy)
     if not principal.is_admin:
         if principal.key is None or principal.key.kind != "user":
             raise OpenAIError(403, "only the admin key or a user key may start sessions",
                               type="permission_error", code="admin_required")
+        if body.policy is not None and policy != principal.key.policy:
+            raise OpenAIError(403, "a key's sessions take the key's policy; only the admin "
+                              "key names another", type="permission_error", param="policy",
+                              code="policy_forbidden")
         return await _refresh(state, principal.key.id, body)
     if body.api_key is not None:
         key = await asyncio.to_thread(state.store.keys.find_api_key_by_hash, hash_key(body.api_key))
@@ -178,10 +198,12 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
         for _ in range(body.group_size):
             session_id = new_session_id()
             plaintext, key = new_api_key(kind="session", session_id=session_id)
+            key = dataclasses.replace(key, policy=policy)
             await asyncio.to_thread(state.store.keys.add_api_key, key)
             session = await open_session(state, group_id=group_id, task_id=body.task_id,
                                          metadata=body.metadata, key_id=key.id,
-                                         session_id=session_id, admission=admission)
+                                         session_id=session_id, admission=admission,
+                                         policy=policy)
             state.keys.remember(key)  # its first request needs no store lookup
             sessions.append(NewSession(**SessionView.of(session).model_dump(),
                                        api_key=plaintext))
@@ -209,6 +231,9 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
         raise OpenAIError(400, "a refresh opens exactly one session", param="group_size")
     key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
     assert key is not None
+    if body.policy is not None and body.policy != key.policy:
+        raise OpenAIError(400, f"the key is bound to policy {key.policy!r}; its sessions "
+                          "cannot take another", param="policy", code="policy_mismatch")
     if body.group_id is not None:  # a group is joined only by its own keys (or the admin)
         members = await asyncio.to_thread(state.store.list_sessions, group_id=body.group_id,
                                           limit=10_000)
@@ -220,7 +245,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
             await state.end_session(key.session_id, "refresh")
         session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
                                      metadata=body.metadata, key_id=key_id,
-                                     admission=admission)
+                                     admission=admission, policy=key.policy)
     await asyncio.to_thread(state.store.keys.bind_key_session, key_id, session.id)
     state.keys.forget(key.key_hash)
     return SessionRefreshed(**SessionView.of(session).model_dump(),

@@ -23,7 +23,7 @@ TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "
           "leases", "key_counters", "admissions", "console_revocations", "auth_failures"}
 
 
-HEAD = "0010_auth_failures"
+HEAD = "0011_policies"
 """The newest revision: what an upgraded database stands at."""
 
 def _state(url: str) -> tuple[list, str | None, set[str]]:
