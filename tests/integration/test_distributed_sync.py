@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 from support.harness import ADMIN_KEY, run_gateway
+from support.trainer_run import train_in_thread
 from support.weight_checks import greedy, variant_state, wait_live
 
 from areal_service.store import TrajectoryStore
@@ -156,8 +157,6 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
     """The real trainer loop (FSDP2, world size 1) with `trainer.weight_sync=distributed`:
     both versions reach the engine by broadcast (the second in the reused group), and
     what it serves equals a disk load of the copy the trainer wrote."""
-    from trainer.train import main
-
     overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
                  "trainer.total_steps=2", "gateway.sessions.staleness_gate=false",
                  "trainer.weight_sync=distributed", "trainer.weight_sync_address=127.0.0.1",
@@ -165,18 +164,7 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
         _episodes(gw, n_groups=4)
-        failure: list[BaseException] = []
-
-        def train() -> None:
-            try:
-                main(gw.config)
-            except BaseException as exc:  # surfaced by the assert below
-                failure.append(exc)
-
-        thread = threading.Thread(target=train, name="trainer")
-        thread.start()
-        thread.join(timeout=180)
-        assert not thread.is_alive() and not failure, failure
+        train_in_thread(gw.config, timeout_s=180)
         rows = [wait_live(gw.state.store, v) for v in (1, 2)]
         for row in rows:
             assert row.metadata["swap_mode"] == "distributed", row.metadata

@@ -6,18 +6,17 @@ and the engine's logprobs then equal the trainer's PEFT forward on the published
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import openai
 from safetensors.torch import load_file
 from support.harness import ADMIN_KEY, run_gateway
+from support.trainer_run import train_in_thread
 from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from engine.testing import start_engine_in_thread
-from trainer.train import main
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -45,19 +44,7 @@ def test_lora_trainer_publishes_adapters_and_engine_serves_them(tmp_path, tiny_m
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
         _run_groups(gw, n_groups=4)
-        failure: list[BaseException] = []
-
-        def train() -> None:
-            try:
-                main(gw.config)
-            except BaseException as exc:  # surfaced by the assert below
-                failure.append(exc)
-
-        thread = threading.Thread(target=train, name="trainer")
-        thread.start()
-        thread.join(timeout=180)
-        assert not thread.is_alive(), "trainer did not finish 2 steps"
-        assert not failure, failure
+        train_in_thread(gw.config, timeout_s=180)
         store = gw.state.store
         assert [(s.step, s.version) for s in store.list_train_steps()] == [(1, 1), (2, 2)]
         v2 = tmp_path / "weights" / "v2"

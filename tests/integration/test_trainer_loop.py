@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from support.harness import ADMIN_KEY, run_gateway
+from support.trainer_run import train_in_thread
 from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import TrainerConfig, load_config
@@ -57,7 +57,7 @@ from trainer.model import (
 )
 from trainer.resume import newer_published_weights, recover_claims, resume_point
 from trainer.step import build_optimizer, train_step
-from trainer.train import main, shard_micro_batches
+from trainer.train import shard_micro_batches
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,19 +105,7 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
     with start_engine_in_thread(tiny_model_dir) as engine, \
             run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
         sessions = _run_groups(gw, n_groups=4)
-        failure: list[BaseException] = []
-
-        def train() -> None:
-            try:
-                main(gw.config)
-            except BaseException as exc:  # surfaced by the assert below
-                failure.append(exc)
-
-        thread = threading.Thread(target=train, name="trainer")
-        thread.start()
-        thread.join(timeout=120)
-        assert not thread.is_alive(), "trainer did not finish 2 steps"
-        assert not failure, failure
+        train_in_thread(gw.config, timeout_s=120)
 
         store = gw.state.store
         steps = store.list_train_steps()
