@@ -447,15 +447,18 @@ class ResponsesStreamAssembler:
         return [self._event("response.output_item.added", output_index=index, item=item),
                 self._event("response.content_part.added", **self._where(), part=part)]
 
-    def _close_open(self, final_item: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def _close_open(self, final_item: dict[str, Any] | None = None,
+                    call_status: str = "incomplete") -> list[dict[str, Any]]:
+        """The done events of the open item. An open call is done with the arguments
+        sent: `completed` when the next call began (formats start one only after the
+        last one's arguments ended; Mistral's calls complete only when the reply does),
+        `incomplete` when content or the end came instead (its text is content)."""
         if self._open is None:
             return []
         item = self._open
-        if item["type"] == "function_call":  # a call that did not complete
-            done = {**item, "arguments": self._text, "status": "incomplete"}
-            events = self._call_end(done)
+        if item["type"] == "function_call":  # a call the parse has not completed
             self._open = None
-            return events
+            return self._call_end({**item, "arguments": self._text, "status": call_status})
         if item["type"] == "reasoning":
             done = final_item or _reasoning_item(self._rid, self._text, "completed",
                                                  self._sealing)
@@ -494,7 +497,7 @@ class ResponsesStreamAssembler:
             if frag.head is None:
                 events += self._arguments(frag.index, frag.arguments)
                 continue
-            events += self._end_call(delta, done) + self._close_open()
+            events += self._end_call(delta, done) + self._close_open(call_status="completed")
             item = _function_call_item(self._rid, frag.index, frag.head.id, frag.head.name,
                                        "", "in_progress", self._names)
             self._open, self._text, self._call = item, "", frag.index
