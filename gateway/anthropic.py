@@ -35,11 +35,12 @@ from pydantic import (
 )
 
 from areal_service.sglang_protocol import FinishReason
-from gateway.chat_stream import ChoiceStream
+from gateway.chat_stream import ChoiceStream, StreamDelta
 from gateway.errors import OpenAIError
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
 from gateway.signing import Signer
 from gateway.tokenizer import ChatTokenizer
+from gateway.toolparse.base import json_object_or_none
 from gateway.translate import ParsedChoice, SamplingSpec, Usage
 
 HostedToolRule = Literal["drop", "reject"]
@@ -399,23 +400,33 @@ class MessageStreamAssembler:
 
     `start()`: message_start, ping. Then per new tokens: a thinking block
     (thinking_delta, and a signature_delta before it closes), a text block (text_delta),
-    tool_use blocks (content_block_start with the id and name, one input_json_delta,
-    stop) once a call's `</tool_call>` closes. `finish` adds message_delta (stop_reason,
-    usage); `stop()` is message_stop, sent once the record is durable. The message built
-    from the events equals `build_message`'s."""
+    and a tool_use block per call, as Anthropic streams one: content_block_start with the
+    id, name and `input: {}` as soon as the name is known, `input_json_delta` fragments as
+    the arguments are generated (`ChoiceStream`'s call fragments, the chat stream's: they
+    concatenate to the call's arguments text), content_block_stop once the call closes.
+    Formats whose calls stream whole send one fragment when the call closes. `finish`
+    adds message_delta (stop_reason, usage); `stop()` is message_stop, sent once the
+    record is durable. The message built from the events equals `build_message`'s,
+    except where a call that started streaming turns out malformed or cut off: its
+    block was shown (as a real server's would be), and the reply keeps its text."""
 
     def __init__(self, tokenizer: ChatTokenizer, *, message_id: str, model: str,
                  sampling: SamplingSpec, prompt_tokens: int, parse_tools: bool,
                  signer: Signer, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self._stream = ChoiceStream(tokenizer, completion_id=message_id,
-                                    parse_tools=parse_tools, stop=sampling.stop, tools=tools)
+                                    parse_tools=parse_tools, stop=sampling.stop, tools=tools,
+                                    call_fragments=True)
         self._id = message_id
         self._model = model
         self._prompt_tokens = prompt_tokens
         self._signer = signer
         self._index = -1
-        self._open: str | None = None  # "thinking" | "text"
+        self._open: str | None = None  # "thinking" | "text" | "tool_use"
         self._thinking = ""
+        self._call = -1
+        """The call index of the open tool_use block."""
+        self._done = 0
+        """Calls completed so far (their blocks are stopped)."""
         self.message: dict[str, Any] | None = None
         """The final message (as `build_message` makes it), once finished."""
 
@@ -437,21 +448,53 @@ class MessageStreamAssembler:
         events: list[dict[str, Any]] = []
         if delta.reasoning:
             events += self._text("thinking", delta.reasoning)
-        if delta.content:
-            events += self._text("text", delta.content)
-        for call in delta.tool_calls:
-            events += self._close()
-            index = self._new_block()
-            events += [
-                {"type": "content_block_start", "index": index, "content_block": {
-                    "type": "tool_use", "id": call.id, "name": call.name, "input": {}}},
-                {"type": "content_block_delta", "index": index, "delta": {
-                    "type": "input_json_delta",
-                    "partial_json": arguments_text(tool_input(call.arguments))}},
-                {"type": "content_block_stop", "index": index}]
+        if not (delta.call_fragments or delta.tool_calls):  # the common step
+            if delta.content:
+                events += self._text("text", delta.content)
+        else:
+            events += self._calls(delta)
         if delta.finished is not None:
             events += self._finish(delta.finished, finish)
         return events
+
+    def _calls(self, delta: StreamDelta) -> list[dict[str, Any]]:
+        """Events of a step that carries call fragments or completes calls, in the order
+        the text has them: the open call's arguments (and its stop, if it completed),
+        then content (before any new call), then the new calls."""
+        frags = delta.call_fragments
+        done = self._done + len(delta.tool_calls)  # calls below this index are complete
+        first_head = next((k for k, f in enumerate(frags) if f.head is not None), len(frags))
+        events: list[dict[str, Any]] = []
+        for frag in frags[:first_head]:
+            events.append(self._arguments(frag.arguments))
+        if self._open == "tool_use" and self._call < done:
+            events += self._close()
+        if delta.content:
+            events += self._text("text", delta.content)
+        for frag in frags[first_head:]:
+            if frag.head is not None:
+                events += self._close()
+                self._open, self._call = "tool_use", frag.index
+                events.append({"type": "content_block_start", "index": self._new_block(),
+                               "content_block": {"type": "tool_use", "id": frag.head.id,
+                                                 "name": frag.head.name, "input": {}}})
+                continue
+            text = frag.arguments
+            if (self._done <= frag.index < done
+                    and delta.tool_calls[frag.index - self._done].arguments == text
+                    and json_object_or_none(text) is None):
+                # A call that came whole with arguments that are no JSON object (a
+                # JSON-encoded string): sent wrapped, as `tool_input` makes its input.
+                text = arguments_text(tool_input(text))
+            events.append(self._arguments(text))
+        if self._open == "tool_use" and self._call < done:
+            events += self._close()
+        self._done = done
+        return events
+
+    def _arguments(self, text: str) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self._index,
+                "delta": {"type": "input_json_delta", "partial_json": text}}
 
     def _new_block(self) -> int:
         self._index += 1

@@ -86,9 +86,10 @@ class ChoiceStream:
     step decodes the whole output once and parses it as `parse_choice` does, so the
     recorded reply is the non-streamed one.
 
-    `call_fragments` (the chat stream): a call's name is sent as soon as the format says
-    it, then its arguments as they arrive, for formats whose arguments are the model's
-    JSON text (`ToolFormat.open_call`); other formats' calls come whole when they close.
+    `call_fragments` (the chat, Anthropic and Responses streams): a call's name is sent
+    as soon as the format says it, then its arguments as they arrive, for formats whose
+    arguments are the model's JSON text (`ToolFormat.open_call`) or built a value at a
+    time; other formats' calls come whole when they close.
     A call that turns out malformed or cut off has streamed partially, and the reply's
     text (content) then holds it, as the whole reply does."""
 

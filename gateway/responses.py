@@ -28,6 +28,7 @@ from gateway.translate import (
     GeneratedChoice,
     ParsedChoice,
     SamplingSpec,
+    TokenLogprob,
     Usage,
 )
 
@@ -332,10 +333,18 @@ class ResponsesStreamAssembler:
 
     `start()`: response.created, response.in_progress. `update()` per cumulative output:
     a reasoning item (reasoning_text deltas) and a message item (output_text deltas)
-    stream as text becomes stable; function_call items (arguments delta/done) are
-    emitted when the generation ends, after the message item, so the streamed items and
-    their order equal `build_response`'s. Always ends with `response.completed` carrying
-    the full response (status `incomplete` inside it when cut off by length).
+    stream as text becomes stable; a function_call item per call streams as the OpenAI
+    Responses API streams one: output_item.added (call_id, name, empty arguments) as
+    soon as the name is known, function_call_arguments.delta as the arguments are
+    generated (`ChoiceStream`'s call fragments, the chat stream's: they concatenate to
+    the call's arguments text), then arguments.done and output_item.done once the call
+    closes. Formats whose calls stream whole send one delta when the call closes. Items
+    come in `build_response`'s order (a call closes the message before it), and their
+    done items equal its items, except that a message closed by a call carries the
+    logprobs of the tokens before the call (`response.completed` has them all) and a call
+    that started streaming but turned out malformed or cut off ends `incomplete` (the
+    reply keeps its text). Always ends with `response.completed` carrying the full
+    response (status `incomplete` inside it when cut off by length).
     """
 
     def __init__(self, request: ResponsesRequest, tokenizer: ChatTokenizer, *,
@@ -354,11 +363,20 @@ class ResponsesStreamAssembler:
         self._prompt_tokens = prompt_tokens
         self._stream = ChoiceStream(tokenizer, completion_id=response_id,
                                     parse_tools=parse_tools, stop=sampling.stop,
-                                    logprobs=logprobs, tools=tools)
+                                    logprobs=logprobs, tools=tools, call_fragments=True)
         self._seq = 0
         self._output: list[dict[str, Any]] = []
-        self._open: dict[str, Any] | None = None  # the reasoning or message item streaming
+        self._open: dict[str, Any] | None = None  # the item streaming (text or call)
         self._text = ""
+        """The open text item's text, or the open call's arguments sent so far."""
+        self._call = -1
+        """The call index of the open function_call item."""
+        self._done = 0
+        """Calls completed so far (their items are done)."""
+        self._messages = 0
+        """Message items done so far."""
+        self._lps: list[TokenLogprob] = []
+        """Logprobs of the tokens so far (when asked for), for a message a call closes."""
         self.response: dict[str, Any] | None = None
         """The final response body (also in `response.completed`)."""
 
@@ -385,10 +403,15 @@ class ResponsesStreamAssembler:
 
     def _events(self, delta: StreamDelta, cached_tokens: int) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = [] if self._seq else self.start()
+        if delta.logprobs:
+            self._lps.extend(delta.logprobs)
         if delta.reasoning:
             events += self._text_delta("reasoning", delta.reasoning)
-        if delta.content:
-            events += self._text_delta("message", delta.content)
+        if not (delta.call_fragments or delta.tool_calls):  # the common step
+            if delta.content:
+                events += self._text_delta("message", delta.content)
+        else:
+            events += self._calls(delta)
         if delta.finished is not None:
             events += self._finish(delta.finished, cached_tokens)
         return events
@@ -416,17 +439,26 @@ class ResponsesStreamAssembler:
             item = _reasoning_item(self._rid, "", "in_progress")
             part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
         else:
-            item = _message_item(self._rid, None, "in_progress")
+            item = {**_message_item(self._rid, None, "in_progress"),
+                    "id": _item_id("msg", self._rid, self._messages)}
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self._open, self._text = item, ""
         index = len(self._output)
         return [self._event("response.output_item.added", output_index=index, item=item),
                 self._event("response.content_part.added", **self._where(), part=part)]
 
-    def _close_open(self, final_item: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def _close_open(self, final_item: dict[str, Any] | None = None,
+                    call_status: str = "incomplete") -> list[dict[str, Any]]:
+        """The done events of the open item. An open call is done with the arguments
+        sent: `completed` when the next call began (formats start one only after the
+        last one's arguments ended; Mistral's calls complete only when the reply does),
+        `incomplete` when content or the end came instead (its text is content)."""
         if self._open is None:
             return []
         item = self._open
+        if item["type"] == "function_call":  # a call the parse has not completed
+            self._open = None
+            return self._call_end({**item, "arguments": self._text, "status": call_status})
         if item["type"] == "reasoning":
             done = final_item or _reasoning_item(self._rid, self._text, "completed",
                                                  self._sealing)
@@ -434,10 +466,13 @@ class ResponsesStreamAssembler:
             events = [self._event("response.reasoning_text.done", **self._where(),
                                   text=self._text)]
         else:
-            done = final_item or _message_item(self._rid, self._text, "completed")
+            done = final_item or {
+                **_message_item(self._rid, self._text, "completed",
+                                [t.to_openai() for t in self._lps]), "id": item["id"]}
             part = done["content"][0]
             events = [self._event("response.output_text.done", **self._where(),
                                   text=self._text, logprobs=part["logprobs"])]
+            self._messages += 1
         events += [self._event("response.content_part.done", **self._where(), part=part),
                    self._event("response.output_item.done", output_index=len(self._output),
                                item=done)]
@@ -445,18 +480,71 @@ class ResponsesStreamAssembler:
         self._open = None
         return events
 
+    def _calls(self, delta: StreamDelta) -> list[dict[str, Any]]:
+        """Events of a step that carries call fragments or completes calls, in the order
+        the text has them: the open call's arguments (and its end, if it completed),
+        then content (before any new call), then the new calls."""
+        frags = delta.call_fragments
+        done = self._done + len(delta.tool_calls)  # calls below this index are complete
+        first_head = next((k for k, f in enumerate(frags) if f.head is not None), len(frags))
+        events: list[dict[str, Any]] = []
+        for frag in frags[:first_head]:
+            events += self._arguments(frag.index, frag.arguments)
+        events += self._end_call(delta, done)
+        if delta.content:
+            events += self._text_delta("message", delta.content)
+        for frag in frags[first_head:]:
+            if frag.head is None:
+                events += self._arguments(frag.index, frag.arguments)
+                continue
+            events += self._end_call(delta, done) + self._close_open(call_status="completed")
+            item = _function_call_item(self._rid, frag.index, frag.head.id, frag.head.name,
+                                       "", "in_progress", self._names)
+            self._open, self._text, self._call = item, "", frag.index
+            events.append(self._event("response.output_item.added",
+                                      output_index=len(self._output), item=item))
+        events += self._end_call(delta, done)
+        self._done = done
+        return events
+
+    def _arguments(self, index: int, text: str) -> list[dict[str, Any]]:
+        item = self._open
+        if item is None or item["type"] != "function_call" or self._call != index:
+            return []  # ChoiceStream sends a call's arguments after its head only
+        self._text += text
+        return [self._event("response.function_call_arguments.delta", item_id=item["id"],
+                            output_index=len(self._output), delta=text)]
+
+    def _end_call(self, delta: StreamDelta, done: int) -> list[dict[str, Any]]:
+        """arguments.done and output_item.done of the open call, if it completed."""
+        item = self._open
+        if item is None or item["type"] != "function_call" or self._call >= done:
+            return []
+        call = delta.tool_calls[self._call - self._done]
+        self._open = None
+        return self._call_end(_function_call_item(self._rid, self._call, call.id, call.name,
+                                                  call.arguments, "completed", self._names))
+
+    def _call_end(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        index = len(self._output)
+        self._output.append(item)
+        return [self._event("response.function_call_arguments.done", item_id=item["id"],
+                            output_index=index, arguments=item["arguments"],
+                            name=item["name"]),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
     def _finish(self, choice: ParsedChoice, cached_tokens: int) -> list[dict[str, Any]]:
         final = output_items(self._rid, choice, self._names, self._sealing)
         by_type = {item["type"]: item for item in final if item["type"] != "function_call"}
         events = []
         if self._open is not None and self._open["type"] == "reasoning":
             events += self._close_open(by_type.get("reasoning"))
-        if "message" in by_type and (self._open is None or self._open["type"] != "message"):
-            events += self._open_item("message")
-        events += self._close_open(by_type.get("message"))
-        for item in final:
-            if item["type"] == "function_call":
-                events += self._function_call_events(item)
+        if "message" in by_type and not self._messages and (
+                self._open is None or self._open["type"] != "message"):
+            events += self._close_open() + self._open_item("message")
+        first = (self._open is not None and self._open["type"] == "message"
+                 and not self._messages)
+        events += self._close_open(by_type.get("message") if first else None)
         usage = Usage.of(self._prompt_tokens, [choice], cached_tokens)
         self.response = build_response(
             self._request, response_id=self._rid, created_at=self._created_at,
@@ -464,20 +552,6 @@ class ResponsesStreamAssembler:
             signer=self._signer)
         events.append(self._event("response.completed", response=self.response))
         return events
-
-    def _function_call_events(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        index = len(self._output)
-        where = {"item_id": item["id"], "output_index": index}
-        self._output.append(item)
-        return [
-            self._event("response.output_item.added", output_index=index,
-                        item={**item, "arguments": "", "status": "in_progress"}),
-            self._event("response.function_call_arguments.delta", **where,
-                        delta=item["arguments"]),
-            self._event("response.function_call_arguments.done", **where,
-                        arguments=item["arguments"], name=item["name"]),
-            self._event("response.output_item.done", output_index=index, item=item),
-        ]
 
     def _where(self) -> dict[str, Any]:
         assert self._open is not None

@@ -19,7 +19,7 @@ from agents import (
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
-from support.tool_model import AGENT_INPUT, ANSWER_TEXT, calculator_agent
+from support.tool_model import AGENT_INPUT, ANSWER_TEXT, CALL_ARGUMENTS, calculator_agent
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord
@@ -97,12 +97,19 @@ async def test_agent_default_provider_streamed(tool_gateway: Gateway, completion
                        model_settings=ModelSettings(temperature=0))
     agent = calculator_agent(tool_gateway.config.gateway.model_name, calls)
     run = Runner.run_streamed(agent, AGENT_INPUT, run_config=config)
-    deltas = [e.data.delta async for e in run.stream_events()
-              if e.type == "raw_response_event" and e.data.type == "response.output_text.delta"]
+    raw = [e.data async for e in run.stream_events() if e.type == "raw_response_event"]
     await client.close()
+    deltas = [e.delta for e in raw if e.type == "response.output_text.delta"]
     assert calls == [("add", 2, 3)]
     assert run.final_output == ANSWER_TEXT
     assert "".join(deltas) == ANSWER_TEXT
+    # The call streamed as generated: its item (name, empty arguments) first, then the
+    # arguments in several deltas that add up to the generated text.
+    (added,) = [e.item for e in raw if e.type == "response.output_item.added"
+                and e.item.type == "function_call"]
+    assert (added.name, added.arguments) == ("add", "")
+    arguments = [e.delta for e in raw if e.type == "response.function_call_arguments.delta"]
+    assert len(arguments) > 1 and "".join(arguments) == CALL_ARGUMENTS
     _assert_two_turns(tool_gateway, completions_of, "responses")
 
 

@@ -159,9 +159,14 @@ def test_tool_use_round_trip(tool_gw: Gateway, stream: bool) -> None:
                               "tools": TOOLS, "extra_body": {"temperature": 0.0}}
     # (greedy; the current SDK has no `temperature` argument, the API still takes it)
 
+    fragments: list[str] = []
+
     def call() -> anthropic.types.Message:
         if stream:
             with client.messages.stream(messages=messages, **kwargs) as s:
+                fragments.extend(e.delta.partial_json for e in s
+                                 if e.type == "content_block_delta"
+                                 and e.delta.type == "input_json_delta")
                 return s.get_final_message()
         return client.messages.create(messages=messages, **kwargs)
 
@@ -169,6 +174,8 @@ def test_tool_use_round_trip(tool_gw: Gateway, stream: bool) -> None:
     assert first.stop_reason == "tool_use"
     (use,) = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "add" and use.input == json.loads(CALL_ARGUMENTS)
+    if stream:  # the input streamed as generated, the SDK accumulating the fragments
+        assert len(fragments) > 1 and "".join(fragments) == CALL_ARGUMENTS
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True)
                                                    for b in first.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,

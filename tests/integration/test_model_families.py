@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 from support.chat_templates import (
     DEEPSEEK_V3_TEMPLATE,
@@ -27,7 +29,7 @@ from support.chat_templates import (
     QWEN3_CODER_TEMPLATE,
     tokenizer_dir_with_template,
 )
-from support.harness import Gateway, run_gateway
+from support.harness import ADMIN_KEY, Gateway, run_gateway
 from support.tool_model import ToolExample, train_tool_model
 from test_token_continuity import (
     assert_one_exact_sequence,
@@ -225,6 +227,57 @@ def test_tool_session_exports_one_sequence(family_gateway: tuple[str, Gateway],
     else:
         assert len(sequences) == 2, family.answer_breaks
         assert _fallbacks(gw) == fallbacks + 1
+
+
+ANTHROPIC_ADD = [{"name": "add", "description": "Add two integers.",
+                  "input_schema": ADD[0]["function"]["parameters"]}]
+RESPONSES_ADD = [{"type": "function", **ADD[0]["function"]}]
+
+
+def test_call_streams_alike_on_every_protocol(family_gateway: tuple[str, Gateway]) -> None:
+    """The first turn's call through the Anthropic Messages and Responses routes, streamed
+    with each SDK's stream helper: the call opens with its name (empty input / arguments),
+    its arguments follow as generated, adding up byte for byte to the Chat Completions
+    call's arguments, and the SDK's final message / response holds the whole call."""
+    name, gw = family_gateway
+    model = gw.config.gateway.model_name
+    oa = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
+    whole = oa.chat.completions.create(model=model, messages=QUESTION, tools=ADD, **GREEDY)
+    (call,) = whole.choices[0].message.tool_calls or ()
+    arguments = call.function.arguments
+    assert json.loads(arguments) == json.loads(FAMILIES[name].arguments)
+    several = name in STREAMED_ARGUMENTS
+
+    ac = anthropic.Anthropic(base_url=gw.url, api_key=ADMIN_KEY, max_retries=0)
+    kwargs: dict[str, Any] = {"model": model, "max_tokens": 256, "messages": QUESTION,
+                              "tools": ANTHROPIC_ADD,
+                              "extra_body": {"temperature": 1.0, "top_k": 1}}
+    with ac.messages.stream(**kwargs) as s:
+        events = list(s)
+        message = s.get_final_message()
+    starts = [e.content_block for e in events if e.type == "content_block_start"
+              and e.content_block.type == "tool_use"]
+    assert [(b.name, b.input) for b in starts] == [("add", {})]
+    fragments = [e.delta.partial_json for e in events if e.type == "content_block_delta"
+                 and e.delta.type == "input_json_delta"]
+    assert "".join(fragments) == arguments
+    assert len(fragments) > 1 if several else len(fragments) >= 1
+    (use,) = [b for b in message.content if b.type == "tool_use"]
+    (whole_use,) = [b for b in ac.messages.create(**kwargs).content if b.type == "tool_use"]
+    assert use.input == whole_use.input == json.loads(arguments)
+
+    with oa.responses.stream(model=model, input=QUESTION[0]["content"], tools=RESPONSES_ADD,
+                             temperature=1.0, extra_body={"top_k": 1}) as rs:
+        revents = list(rs)
+        response = rs.get_final_response()
+    added = [e.item for e in revents if e.type == "response.output_item.added"
+             and e.item.type == "function_call"]
+    assert [(i.name, i.arguments) for i in added] == [("add", "")]
+    deltas = [e.delta for e in revents if e.type == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == arguments
+    assert len(deltas) > 1 if several else len(deltas) >= 1
+    (fc,) = [i for i in response.output if i.type == "function_call"]
+    assert (fc.name, fc.arguments) == ("add", arguments)
 
 
 def _fallbacks(gw: Gateway) -> float:

@@ -47,11 +47,12 @@ def test_streamed_events_rebuild_the_message(tok: ChatTokenizer, step: int) -> N
         events += asm.push(ids[i:i + step], gen.finish if i + step >= len(ids) else None)
     events.append(asm.stop())
     snapshot = None
+    json_bufs: dict[int, bytes] = {}  # the SDK's per-block buffers of input_json_delta
     for raw in events:
         if raw["type"] == "ping":  # the SDK's SSE decoder skips these
             continue
         snapshot = accumulate_event(event=EVENTS.validate_python(raw),
-                                    current_snapshot=snapshot, json_bufs={})
+                                    current_snapshot=snapshot, json_bufs=json_bufs)
     assert snapshot is not None and asm.message is not None
     assert [e["type"] for e in events][:2] == ["message_start", "ping"]
     rebuilt = snapshot.model_dump(exclude_none=True)
@@ -63,6 +64,19 @@ def test_streamed_events_rebuild_the_message(tok: ChatTokenizer, step: int) -> N
                           usage=Usage(10, len(ids)), signer=SIGNER)
     assert Message.model_validate(whole).model_dump(exclude_none=True)["content"] == \
         rebuilt["content"]
+    # The call streams as generated: its block opens before its arguments are complete,
+    # and the fragments add up to the generated arguments text, byte for byte.
+    fragments = [e["delta"]["partial_json"] for e in events
+                 if e["type"] == "content_block_delta"
+                 and e["delta"]["type"] == "input_json_delta"]
+    assert "".join(fragments) == choice.tool_calls[0].arguments
+    if step == 1:
+        assert len(fragments) > 1
+    kinds = [(e["type"], e.get("content_block", e.get("delta", {})).get("type"))
+             for e in events if e["type"].startswith("content_block")]
+    start = kinds.index(("content_block_start", "tool_use"))
+    assert kinds[start + 1:] == [("content_block_delta", "input_json_delta")] * len(
+        fragments) + [("content_block_stop", None)]
 
 
 def test_reply_replayed_renders_the_same_assistant_turn(tok: ChatTokenizer) -> None:

@@ -271,7 +271,11 @@ def test_stream_events_validate_and_end_in_the_built_response(
                               usage=Usage.of(20, [choice], 3), sampling=spec())
     assert events[-1]["response"] == expected == asm.response
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
-    assert done == expected["output"]
+    assert [_no_logprobs(i) for i in done] == [_no_logprobs(i) for i in expected["output"]]
+    for got, want in zip(done, expected["output"], strict=True):
+        if got["type"] == "message":  # closed by a call: the logprobs of the text before it
+            lps, full = got["content"][0]["logprobs"], want["content"][0]["logprobs"]
+            assert lps == (full[:len(lps)] if choice.tool_calls else full)
     added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
     assert added == list(range(len(expected["output"])))
 
@@ -284,6 +288,29 @@ def test_stream_events_validate_and_end_in_the_built_response(
     args = [e["arguments"] for e in events
             if e["type"] == "response.function_call_arguments.done"]
     assert args == [c.arguments for c in choice.tool_calls]
+    # Each call streams as generated: added (empty arguments), argument deltas that add
+    # up to its arguments byte for byte, arguments.done, output_item.done; with a token
+    # per step its arguments arrive in several deltas.
+    for k, call in enumerate(choice.tool_calls):
+        item_id = done[len(done) - len(choice.tool_calls) + k]["id"]
+        mine = [e for e in events if e.get("item_id") == item_id
+                or e.get("item", {}).get("id") == item_id]
+        kinds = [e["type"] for e in mine]
+        deltas = [e["delta"] for e in mine
+                  if e["type"] == "response.function_call_arguments.delta"]
+        assert kinds == ["response.output_item.added", *(
+            ["response.function_call_arguments.delta"] * len(deltas)),
+            "response.function_call_arguments.done", "response.output_item.done"]
+        assert mine[0]["item"]["arguments"] == "" and mine[0]["item"]["name"] == call.name
+        assert "".join(deltas) == call.arguments
+        if step == 1:
+            assert len(deltas) > 1
+
+
+def _no_logprobs(item: dict[str, Any]) -> dict[str, Any]:
+    if item["type"] != "message":
+        return item
+    return {**item, "content": [{**p, "logprobs": None} for p in item["content"]]}
 
 
 def test_stream_from_backend_deltas_matches_cumulative(tok: ChatTokenizer) -> None:
