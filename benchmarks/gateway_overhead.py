@@ -174,6 +174,12 @@ def tree_cpu_s(pid: int, *, kernel_only: bool = False) -> float:
     return total
 
 
+def nested_gateway_config(repo: Path) -> bool:
+    """Whether the source tree `repo` has the nested gateway sections (`gateway.router`,
+    `gateway.auth`, ...) rather than the flat keys of older commits."""
+    return "class RouterConfig" in (repo / "areal_service" / "config.py").read_text()
+
+
 @dataclass
 class Gateway:
     """A gateway child process started by this benchmark (stopped by handle)."""
@@ -195,13 +201,18 @@ class Gateway:
         argv = [sys.executable, "-m", "benchmarks.gateway_overhead", "serve"]
         if profile is not None:
             argv += ["--profile", str(profile), "--profiler", profiler]
+        # A tree from before the gateway's settings were nested (286a9fe, the issue's
+        # baseline) refuses the nested keys: it gets the flat ones it knows.
+        flat = not nested_gateway_config(repo)
+        router, auth, scale = ("gateway", "gateway", "gateway") if flat else (
+            "gateway.router", "gateway.auth", "gateway.scale")
         for item in (f"data_dir={data_dir}", f"engine.model={tokenizer}",
-                     f"gateway.router.backends=[{backend}]", f"gateway.port={port}",
+                     f"{router}.backends=[{backend}]", f"gateway.port={port}",
                      f"gateway.capture={str(capture).lower()}", "log_level=warning",
-                     f"gateway.auth.admin_key={ADMIN_KEY}"):
+                     f"{auth}.admin_key={ADMIN_KEY}"):
             argv += ["--set", item]
         if workers is not None:
-            argv += ["--set", f"gateway.scale.workers={workers}"]
+            argv += ["--set", f"{scale}.workers={workers}"]
         log = data_dir / "gateway.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=repo, stdout=out, stderr=subprocess.STDOUT)

@@ -228,7 +228,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             context_length=context_length_of(config, tokenizer_dir),
             linker=linker,
             leadership=leadership,
-            session_cache=RefreshingCache(store.get_session, ttl_s=SESSION_TTL_S,
+            session_cache=RefreshingCache(store.get_sessions, ttl_s=SESSION_TTL_S,
                                           stale_s=SESSION_STALE_S),
             started_at=time.time())
         restore_signals = watch_exit_signals(app.state.gateway.stopping)

@@ -120,7 +120,7 @@ class KeyResolver:
         across the cache's `forget` on a session rebind)."""
         """Per-key rate, concurrency and budget limits (`gateway/limits.py`)."""
         self._keys: RefreshingCache[str, ApiKeyRecord] = RefreshingCache(
-            store.keys.find_api_key_by_hash, ttl_s=ttl_s, stale_s=stale_s)
+            store.keys.find_api_keys_by_hashes, ttl_s=ttl_s, stale_s=stale_s)
 
     async def resolve(self, token: str | None) -> Principal:
         """The caller behind `token`; raises 401 `invalid_api_key` when unknown or revoked."""

@@ -22,6 +22,7 @@ path to a Jinja file, or a built-in (`BUILTIN_TEMPLATES`). What each one support
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -102,6 +103,9 @@ class ChatTemplate:
             self._named = {}
             self._single = None if template is None else _compile(template)
         self._special = _plain(dict(special_tokens))
+        sources = template.values() if isinstance(template, Mapping) else [template or ""]
+        # A template that reads the clock renders differently over time: never memoized.
+        self._memo = None if any("strftime_now" in t for t in sources) else RenderMemo()
 
     def render(self, messages: Sequence[Mapping[str, Any]],
                tools: Sequence[Mapping[str, Any]] | None, *,
@@ -114,8 +118,27 @@ class ChatTemplate:
             raise ValueError("Tools should be JSON-schema dicts.")
         chat = _alias_reasoning(_plain([{k: v for k, v in m.items() if v is not None}
                                         for m in messages]))
-        return template.render(messages=chat, tools=_plain(tools), documents=None,
-                               add_generation_prompt=add_generation_prompt, **self._special)
+        plain_tools = _plain(tools)
+        memo = self._memo
+        if memo is None:
+            return template.render(messages=chat, tools=plain_tools, documents=None,
+                                   add_generation_prompt=add_generation_prompt,
+                                   **self._special)
+        # After `_plain` the inputs are plain data, whose repr is exact (types, order,
+        # float digits): equal keys render equal text with a template that has no clock.
+        key = f"{add_generation_prompt}{chat!r}{plain_tools!r}"
+        text = memo.get(key)
+        if text is None:
+            text = template.render(messages=chat, tools=plain_tools, documents=None,
+                                   add_generation_prompt=add_generation_prompt,
+                                   **self._special)
+            memo.put(key, text)
+        return text
+
+    @property
+    def memo_hits(self) -> int:
+        """Renders answered from the memo so far (0 when the template reads the clock)."""
+        return 0 if self._memo is None else self._memo.hits
 
     def _select(self, with_tools: bool) -> jinja2.Template:
         if self._single is not None:
@@ -128,6 +151,43 @@ class ChatTemplate:
             raise ValueError("The tokenizer has no chat template (chat_template is not set).")
         raise ValueError(f"This model has multiple chat templates and no default: "
                          f"{sorted(self._named)}")
+
+
+class RenderMemo:
+    """The last renders' texts by their inputs (oldest out first, `max_chars` of keys and
+    texts in all; a conversation over `max_entry_chars` is not kept). A Jinja render of
+    a short chat costs ~70 us; the same prompt comes back often (a GRPO group sends one
+    prompt to each of its episodes; agents resend one system prompt and tool list). Safe
+    from several threads (large prompts render off the event loop)."""
+
+    def __init__(self, max_chars: int = 4 << 20, max_entry_chars: int = 64 << 10) -> None:
+        self._max_chars = max_chars
+        self._max_entry_chars = max_entry_chars
+        self._texts: dict[str, str] = {}
+        self._chars = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, key: str) -> str | None:
+        """The text rendered for `key`, or None."""
+        text = self._texts.get(key)
+        if text is not None:
+            self.hits += 1
+        return text
+
+    def put(self, key: str, text: str) -> None:
+        """Keep `text` for `key`, dropping the oldest entries past the budget."""
+        size = len(key) + len(text)
+        if size > self._max_entry_chars:
+            return
+        with self._lock:
+            if key in self._texts:
+                return
+            self._texts[key] = text
+            self._chars += size
+            while self._chars > self._max_chars:
+                oldest = next(iter(self._texts))
+                self._chars -= len(oldest) + len(self._texts.pop(oldest))
 
 
 # The environment below mirrors transformers' `_cached_compile_jinja_template`.

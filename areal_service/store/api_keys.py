@@ -36,6 +36,16 @@ class KeyStore(RowAccess):
         found = self._list(ApiKeyRecord, select(ApiKeyRow).where(ApiKeyRow.key_hash == key_hash))
         return found[0] if found else None
 
+    def find_api_keys_by_hashes(self, key_hashes: Collection[str]) -> dict[str, ApiKeyRecord]:
+        """The keys whose hashes are among `key_hashes` (hash -> key; an unknown hash is
+        absent). One indexed query for all of them: the gateway's key cache reloads
+        every stale key it has in one store trip."""
+        if not key_hashes:
+            return {}
+        found = self._list(ApiKeyRecord,
+                           select(ApiKeyRow).where(ApiKeyRow.key_hash.in_(list(key_hashes))))
+        return {record.key_hash: record for record in found}
+
     def list_api_keys(
         self, *, include_revoked: bool = True, limit: int = 100, offset: int = 0,
         kinds: Collection[str] | None = None,

@@ -146,6 +146,15 @@ class TrajectoryStore(RowAccess):
         """The session `session_id`, or None."""
         return self._get(SessionRecord, SessionRow, session_id)
 
+    def get_sessions(self, session_ids: Collection[str]) -> dict[str, SessionRecord]:
+        """The sessions among `session_ids` (id -> session; an unknown id is absent), in
+        one query: the gateway's session cache reloads every stale entry at once."""
+        if not session_ids:
+            return {}
+        found = self._list(SessionRecord,
+                           select(SessionRow).where(SessionRow.id.in_(list(session_ids))))
+        return {record.id: record for record in found}
+
     def list_sessions(
         self,
         *,

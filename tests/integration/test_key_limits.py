@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from support.harness import ADMIN_KEY, run_gateway
 
 from engine.echo_backend import start_echo_backend
+from gateway.errors import OpenAIError
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -187,4 +189,33 @@ async def test_a_stream_never_iterated_still_frees_its_slot() -> None:
         else:
             del stream  # the client left before the first byte: never iterated
         assert limits.admit(key)  # the slot is free again
+        limits.release(key)
+
+
+async def test_a_request_count_is_released_once_however_it_is_handed_on() -> None:
+    """`holding`: a block's count is released exactly once: by the block's exit, or by
+    the one stream `keep` wrapped (a second `keep` hands on nothing), also on an error."""
+    from areal_service.types import ApiKeyRecord
+    from gateway.limits import KeyLimits
+
+    limits = KeyLimits()
+    key = ApiKeyRecord(id="k", key_hash="h", display="d", max_concurrent=2)
+
+    async def events():
+        yield "data: 1\n\n"
+
+    async with limits.holding(key):  # another request of the key, in flight throughout
+        async with limits.holding(key) as keep:
+            streams = [keep(events()), keep(events())]
+        for stream in streams:
+            assert [e async for e in stream] == ["data: 1\n\n"]
+        assert limits.admit(key)  # one slot free: the other request still holds its own
+        with pytest.raises(OpenAIError) as full:
+            limits.admit(key)
+        assert full.value.status == 429
+        limits.release(key)
+        with pytest.raises(RuntimeError):
+            async with limits.holding(key):
+                raise RuntimeError("the request failed")
+        assert limits.admit(key)  # released on the error
         limits.release(key)

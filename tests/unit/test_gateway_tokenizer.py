@@ -16,7 +16,7 @@ import jinja2
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.chat_template import ChatTemplate, load_chat_template
+from gateway.chat_template import ChatTemplate, RenderMemo, load_chat_template
 from gateway.tokenizer import (
     _GENERIC_CLASSES,
     NAMED_SPECIAL_TOKENS,
@@ -397,6 +397,62 @@ def test_render_and_encode_equal_transformers(pairs: dict[str, Any], name: str,
     assert tok.encode(text) == expected  # served from the cache
     assert tok.core.encode(text) == expected
     assert tok.decode(expected) == hf.decode(expected, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_memoized_renders_equal_transformers(pairs: dict[str, Any], name: str) -> None:
+    """A render repeated with equal inputs comes from the memo, and is still exactly
+    transformers' text, with and without tools and the generation prompt."""
+    tok, hf = pairs[name]
+    template = tok.core._template
+    if template._memo is None:
+        pytest.skip("this template reads the clock: never memoized")
+    for _ in range(2):
+        for messages in CONVERSATIONS.values():
+            for tools in (None, TOOLS):
+                for add in (True, False):
+                    try:
+                        rendered = hf.apply_chat_template(
+                            messages, tools=tools, add_generation_prompt=add, tokenize=False)
+                    except TypeError:
+                        continue
+                    assert tok.render(messages, tools, add_generation_prompt=add) == rendered
+                    before = template.memo_hits
+                    again = tok.render([dict(m) for m in messages], tools,
+                                       add_generation_prompt=add)
+                    assert again == rendered
+                    assert template.memo_hits == before + 1
+
+
+def test_memo_keys_keep_types_and_order_apart() -> None:
+    """Inputs that differ only in type (1, "1", 1.0, True) or in key order render apart."""
+    template = ChatTemplate("{% for m in messages %}{{ m.content|tojson }}"
+                            "{% for k in m %}{{ k }},{% endfor %};{% endfor %}", {})
+    for content, shown in [(1, "1"), ("1", '"1"'), (1.0, "1.0"), (True, "true"),
+                           (1, "1"), ("1", '"1"')]:
+        assert template.render([{"role": "user", "content": content}], None) == (
+            f"{shown}role,content,;")
+    assert template.render([{"content": "x", "role": "user"}], None) == '"x"content,role,;'
+    assert template.memo_hits == 2
+
+
+def test_a_template_that_reads_the_clock_is_never_memoized() -> None:
+    template = ChatTemplate("{{ strftime_now('%H:%M:%S.%f') }}", {})
+    messages = [{"role": "user", "content": "x"}]
+    texts = {template.render(messages, None) for _ in range(50)}
+    assert len(texts) > 1 and template.memo_hits == 0
+
+
+def test_render_memo_is_bounded_oldest_out() -> None:
+    memo = RenderMemo(max_chars=30, max_entry_chars=20)
+    memo.put("a", "x" * 9)
+    memo.put("b", "y" * 9)
+    memo.put("c", "z" * 9)  # 30 chars: all kept
+    assert [memo.get(k) for k in "abc"] == ["x" * 9, "y" * 9, "z" * 9]
+    memo.put("d", "w" * 9)  # over: the oldest goes
+    assert memo.get("a") is None and memo.get("d") == "w" * 9
+    memo.put("e", "v" * 20)  # too large to keep
+    assert memo.get("e") is None
 
 
 def test_named_templates_pick_tool_use_with_tools(pairs: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from gateway.errors import OpenAIError
 
 
 class CountingKeys(KeyStore):
-    """The real SQLite key store, counting key lookups; `gate` holds a lookup open after
+    """The real SQLite key store, counting key lookups (batched: the resolver's cache
+    reads every key it needs in one); `gate` holds a lookup open after
     it read the row (so a revoke can land between the read and the caching)."""
 
     lookups: int
@@ -27,11 +29,11 @@ class CountingKeys(KeyStore):
     read: threading.Event
     fail: Exception | None
 
-    def find_api_key_by_hash(self, key_hash: str) -> ApiKeyRecord | None:
+    def find_api_keys_by_hashes(self, key_hashes: Collection[str]) -> dict[str, ApiKeyRecord]:
         self.lookups += 1
         if self.fail is not None:
             raise self.fail
-        found = super().find_api_key_by_hash(key_hash)
+        found = super().find_api_keys_by_hashes(key_hashes)
         self.read.set()
         if self.gate is not None:
             assert self.gate.wait(5)

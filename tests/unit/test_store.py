@@ -332,3 +332,20 @@ def test_sqlite_pragmas(tmp_path):
 def test_in_memory_sqlite_is_refused(url):
     with pytest.raises(ValueError, match="SQLite file"):
         create_store_engine(url)
+
+
+def test_batched_key_and_session_reads(store: TrajectoryStore):
+    """`find_api_keys_by_hashes` / `get_sessions`: one query for several rows (the
+    gateway's caches reload every stale entry with them); unknown ones are absent."""
+    keys = [ApiKeyRecord(id=f"key-{i}", key_hash=f"{i:064x}", display="x") for i in range(3)]
+    for key in keys:
+        store.keys.add_api_key(key)
+    assert store.keys.find_api_keys_by_hashes([k.key_hash for k in keys] + ["ee" * 32]) == {
+        k.key_hash: k for k in keys}
+    assert store.keys.find_api_keys_by_hashes([]) == {}
+    sessions = [SessionRecord(id=f"s{i}", created_at=1.0 + i, last_activity_at=1.0 + i)
+                for i in range(3)]
+    for session in sessions:
+        store.add_session(session)
+    assert store.get_sessions(["s0", "s2", "nope"]) == {"s0": sessions[0], "s2": sessions[2]}
+    assert store.get_sessions([]) == {}
