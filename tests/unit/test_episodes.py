@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import column, insert, select, table
 from transformers import AutoTokenizer
 
 from areal_service.config import StoreConfig
@@ -79,8 +79,11 @@ def test_match_parent_agrees_with_the_rule_on_random_sessions():
     for _ in range(200):
         records, entries = [], []
         for k in range(rng.randint(0, 30)):
-            base = rng.choice(records).prompt_ids + rng.choice(records).output_ids \
-                if records and rng.random() < 0.6 else ()
+            base = (
+                rng.choice(records).prompt_ids + rng.choice(records).output_ids
+                if records and rng.random() < 0.6
+                else ()
+            )
             prompt = base + tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 3)))
             output = tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 2)))
             records.append(completion(f"c{k}", prompt, output, at=rng.choice([1.0, 2.0, k])))
@@ -89,17 +92,24 @@ def test_match_parent_agrees_with_the_rule_on_random_sessions():
         if records and rng.random() < 0.7:
             r = rng.choice(records)
             prompt = r.prompt_ids + r.output_ids + prompt
-        matches = [r for r in records if 0 < len(r.prompt_ids + r.output_ids) <= len(prompt)
-                   and prompt[:len(r.prompt_ids + r.output_ids)] == r.prompt_ids + r.output_ids]
-        best = max(matches, key=lambda r: (len(r.prompt_ids + r.output_ids), r.created_at),
-                   default=None)
+        matches = [
+            r
+            for r in records
+            if 0 < len(r.prompt_ids + r.output_ids) <= len(prompt)
+            and prompt[: len(r.prompt_ids + r.output_ids)] == r.prompt_ids + r.output_ids
+        ]
+        best = max(
+            matches, key=lambda r: (len(r.prompt_ids + r.output_ids), r.created_at), default=None
+        )
         found = match_parent(prompt, entries)
         if best is None:
             assert found is None
         else:  # ties on (length, time) may pick either twin: same tokens, same time
             twin = next(r for r in records if r.id == found)
-            assert (twin.prompt_ids + twin.output_ids, twin.created_at) == \
-                (best.prompt_ids + best.output_ids, best.created_at)
+            assert (twin.prompt_ids + twin.output_ids, twin.created_at) == (
+                best.prompt_ids + best.output_ids,
+                best.created_at,
+            )
 
 
 def test_linker_links_remembers_and_cold_start_reads_the_store(store: TrajectoryStore):
@@ -140,12 +150,15 @@ def test_processes_sharing_a_store_link_in_the_writer_batch(store: TrajectorySto
     try:
         prompt: tuple[int, ...] = (1, 2)
         for turn in range(6):
-            writers[turn % 2].submit(completion(f"t{turn}", prompt, (10 + turn,),
-                                                at=float(turn))).result(10)
+            writers[turn % 2].submit(
+                completion(f"t{turn}", prompt, (10 + turn,), at=float(turn))
+            ).result(10)
             prompt = (*prompt, 10 + turn, 50 + turn)
         # One batch holding a first turn and its sibling from a second session.
-        batch = [completion("a", (7, 8), (9,), at=10.0, session_id="s2"),
-                 completion("b", (7, 8, 9, 1), (2,), at=11.0, session_id="s2")]
+        batch = [
+            completion("a", (7, 8), (9,), at=10.0, session_id="s2"),
+            completion("b", (7, 8, 9, 1), (2,), at=11.0, session_id="s2"),
+        ]
         assert [r.parent_id for r in writers[0].prepare(batch)] == [None, "a"]
     finally:
         for writer in writers:
@@ -388,9 +401,13 @@ def test_0002_backfills_prefix_hashes(tmp_path: Path):
         "completion_tokens": 2,
         "created_at": 1.0,
     }
-    with store.engine.begin() as connection:  # only 0001's columns are named
-        connection.execute(insert(SessionRow.__table__).values(last_activity_at=1.0, **session))
-        connection.execute(insert(CompletionRow.__table__).values(**row))
+    session["last_activity_at"] = 1.0
+    with store.engine.begin() as connection:  # only 0001's columns are named: not the
+        # ORM tables, whose later columns' defaults would be inserted too
+        for orm, values in ((SessionRow, session), (CompletionRow, row)):
+            types = orm.__table__.c
+            old_table = table(orm.__tablename__, *(column(k, types[k].type) for k in values))
+            connection.execute(insert(old_table).values(**values))
     store.close()
     upgrade_database(url)
     store = TrajectoryStore.open(url, StoreConfig())
