@@ -42,8 +42,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def resolve_admin_key(key: str, host: str, data_dir: Path, *, binding: bool = False,
-                      create: bool = True) -> tuple[str, bool]:
+def resolve_admin_key(
+    key: str, host: str, data_dir: Path, *, binding: bool = False, create: bool = True
+) -> tuple[str, bool]:
     """(the admin key in force, whether `<data_dir>/admin_key` was just created).
 
     `binding`: the caller is about to listen on `host` (the gateway, `serve`): the
@@ -59,7 +60,8 @@ def resolve_admin_key(key: str, host: str, data_dir: Path, *, binding: bool = Fa
                 f"refusing to serve on {host} with the default admin key "
                 f"{DEFAULT_ADMIN_KEY!r}, which anyone can read in the docs: set "
                 "gateway.auth.admin_key (AREAL_GATEWAY__AUTH__ADMIN_KEY, or --set "
-                "gateway.auth.admin_key=...) to a secret, or bind gateway.host to 127.0.0.1")
+                "gateway.auth.admin_key=...) to a secret, or bind gateway.host to 127.0.0.1"
+            )
         return key, False
     if not create:
         return _read(data_dir / KEY_FILE) or key, False

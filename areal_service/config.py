@@ -192,9 +192,19 @@ class EngineConfig(_Section):
     """Launch or attach settings used when `backend` is `vllm`."""
 
 
-ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3",
-                         "deepseek_v31", "kimi_k2", "llama4_pythonic", "glm45", "gpt_oss",
-                         "none"]
+ToolParserName = Literal[
+    "hermes",
+    "qwen3_coder",
+    "llama3_json",
+    "mistral",
+    "deepseek_v3",
+    "deepseek_v31",
+    "kimi_k2",
+    "llama4_pythonic",
+    "glm45",
+    "gpt_oss",
+    "none",
+]
 """`gateway.tool_parser` values: the formats `gateway/toolparse/` reads."""
 ReasoningParserName = Literal["think", "harmony", "mistral", "glm", "none"]
 """`gateway.reasoning_parser` values."""
@@ -739,16 +749,24 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
-        if self.unrewarded_policy == "default_reward" and self.reward_default_for_unrewarded is None:
+        if (
+            self.unrewarded_policy == "default_reward"
+            and self.reward_default_for_unrewarded is None
+        ):
             raise ValueError(
                 "trainer.unrewarded_policy='default_reward' needs a number in "
                 "trainer.reward_default_for_unrewarded (or use unrewarded_policy='drop_group')"
             )
         if (self.overlong_buffer is None) != (self.overlong_max_tokens is None):
-            raise ValueError("trainer.overlong_buffer and trainer.overlong_max_tokens go "
-                             "together (set both, or neither)")
-        if self.overlong_buffer is not None and self.overlong_max_tokens is not None \
-                and self.overlong_buffer > self.overlong_max_tokens:
+            raise ValueError(
+                "trainer.overlong_buffer and trainer.overlong_max_tokens go "
+                "together (set both, or neither)"
+            )
+        if (
+            self.overlong_buffer is not None
+            and self.overlong_max_tokens is not None
+            and self.overlong_buffer > self.overlong_max_tokens
+        ):
             raise ValueError("trainer.overlong_buffer must be <= trainer.overlong_max_tokens")
         return self
 
@@ -859,26 +877,36 @@ class ServiceConfig(BaseModel):
                 f"engine.port and gateway.port are both {self.gateway.port}; change one"
             )
         if self.engine.backend == "vllm" and self.gateway.router.url:
-            raise ValueError("gateway.router.url is SGLang's router (its protocol); with "
-                             "engine.backend vllm the gateway routes between the servers "
-                             "itself (gateway.router.backends or engine.vllm.attach)")
+            raise ValueError(
+                "gateway.router.url is SGLang's router (its protocol); with "
+                "engine.backend vllm the gateway routes between the servers "
+                "itself (gateway.router.backends or engine.vllm.attach)"
+            )
         if self.trainer.lora is not None and self.trainer.weight_sync == "distributed":
-            raise ValueError("trainer.lora publishes adapters, which the backends load from "
-                             "disk: set trainer.weight_sync=disk")
+            raise ValueError(
+                "trainer.lora publishes adapters, which the backends load from "
+                "disk: set trainer.weight_sync=disk"
+            )
         if self.trainer.lora is not None and self.engine.backend == "sglang":
-            raise ValueError("trainer.lora is served by the local engine and vLLM; SGLang's "
-                             "LoRA endpoints are not wired yet (engine.backend local or vllm)")
+            raise ValueError(
+                "trainer.lora is served by the local engine and vLLM; SGLang's "
+                "LoRA endpoints are not wired yet (engine.backend local or vllm)"
+            )
         if self.engine.backend == "vllm" and self.trainer.weight_sync == "distributed":
-            raise ValueError("engine.backend vllm takes new weights from disk: set "
-                             "trainer.weight_sync=disk (vLLM's own weight-transfer protocol "
-                             "is not wired to the trainer's broadcast yet)")
+            raise ValueError(
+                "engine.backend vllm takes new weights from disk: set "
+                "trainer.weight_sync=disk (vLLM's own weight-transfer protocol "
+                "is not wired to the trainer's broadcast yet)"
+            )
         self._check_policies()
         return self
 
     def _check_policies(self) -> None:
         if self.policies and self.trainer.lora is None:
-            raise ValueError("policies share the base model and differ by their LoRA "
-                             "adapter: set trainer.lora (e.g. --set trainer.lora.rank=8)")
+            raise ValueError(
+                "policies share the base model and differ by their LoRA "
+                "adapter: set trainer.lora (e.g. --set trainer.lora.rank=8)"
+            )
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies: duplicate name in {names}")
@@ -886,12 +914,16 @@ class ServiceConfig(BaseModel):
         if len(set(aliases)) != len(aliases):
             raise ValueError("policies: a model name maps to more than one policy")
         if self.policies and self.engine.backend != "local":
-            raise ValueError("policies are served by the local engine only so far "
-                             "(engine.backend local); vLLM's per-adapter versions are not "
-                             "wired yet")
+            raise ValueError(
+                "policies are served by the local engine only so far "
+                "(engine.backend local); vLLM's per-adapter versions are not "
+                "wired yet"
+            )
         if self.trainer.policy not in self.policy_names():
-            raise ValueError(f"trainer.policy {self.trainer.policy!r} is not a declared "
-                             f"policy (known: {', '.join(self.policy_names())})")
+            raise ValueError(
+                f"trainer.policy {self.trainer.policy!r} is not a declared "
+                f"policy (known: {', '.join(self.policy_names())})"
+            )
 
     # Policies.
     def policy_names(self) -> list[str]:
@@ -959,8 +991,10 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def _list_index(node: list[Any], key: str, dotted: str) -> int:
     if not key.isdigit() or int(key) >= len(node):
-        raise ConfigError(f"override {dotted!r}: {key!r} is not an index of a list of "
-                          f"{len(node)} item(s) (0 to {len(node) - 1})")
+        raise ConfigError(
+            f"override {dotted!r}: {key!r} is not an index of a list of "
+            f"{len(node)} item(s) (0 to {len(node) - 1})"
+        )
     return int(key)
 
 
@@ -1041,16 +1075,22 @@ def read_config_file(path: Path | str | None) -> dict[str, Any]:
     return loaded
 
 
-def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> ServiceConfig:
+def load_config(
+    path: Path | str | None = None, overrides: list[str] | None = None
+) -> ServiceConfig:
     """Resolve the config: defaults < YAML file < environment < CLI overrides. The
     default admin key becomes the data dir's generated one only if that exists: creating
     it is for what serves (`with_admin_key`), not for every command that loads a config."""
     return config_from_tree(read_config_file(path), overrides, source=path)
 
 
-def config_from_tree(tree: dict[str, Any], overrides: list[str] | None = None, *,
-                     source: Path | str | None = None, top_level: tuple[str, ...] = ()
-                     ) -> ServiceConfig:
+def config_from_tree(
+    tree: dict[str, Any],
+    overrides: list[str] | None = None,
+    *,
+    source: Path | str | None = None,
+    top_level: tuple[str, ...] = (),
+) -> ServiceConfig:
     """`load_config` of a tree already read (e.g. a file whose other sections belong to
     the dataset driver); `source` names that file in errors and `top_level` lists those
     other sections' names. Mistakes raise ConfigError: one line per setting, with the
@@ -1090,19 +1130,28 @@ def save_config(config: ServiceConfig, path: Path) -> Path:
     return path
 
 
-def with_admin_key(config: ServiceConfig, *, binding: bool = False, create: bool = True
-                   ) -> ServiceConfig:
+def with_admin_key(
+    config: ServiceConfig, *, binding: bool = False, create: bool = True
+) -> ServiceConfig:
     """`config` with the admin key in force (`areal_service/admin_key.py`): the shipped
     default becomes the data dir's generated key on loopback (created, 0600, and logged
     once when new; `create=False` only reads an existing one); `binding` refuses the
     default on any other address. Call it (creating) where a gateway is served or started:
     the gateway itself, `serve`, and the demo / driver / eval configs."""
-    key, created = resolve_admin_key(config.gateway.auth.admin_key.get_secret_value(),
-                                     config.gateway.host, config.data_dir, binding=binding,
-                                     create=create)
+    key, created = resolve_admin_key(
+        config.gateway.auth.admin_key.get_secret_value(),
+        config.gateway.host,
+        config.data_dir,
+        binding=binding,
+        create=create,
+    )
     if created:
-        log.warning("generated an admin key for local use: %s (kept in %s, mode 0600; set "
-                    "gateway.auth.admin_key to use your own)", key, config.data_dir / KEY_FILE)
+        log.warning(
+            "generated an admin key for local use: %s (kept in %s, mode 0600; set "
+            "gateway.auth.admin_key to use your own)",
+            key,
+            config.data_dir / KEY_FILE,
+        )
     if key == config.gateway.auth.admin_key.get_secret_value():
         return config
     return with_gateway_section(config, "auth", admin_key=SecretStr(key))

@@ -69,16 +69,25 @@ def _section_names(model: type[BaseModel] | None) -> list[str]:
     where it lives."""
     if model is None:
         return []
-    return [f"{name}.{leaf}" for name, field in model.model_fields.items()
-            if (sub := _as_model(field.annotation)) is not None for leaf in sub.model_fields]
+    return [
+        f"{name}.{leaf}"
+        for name, field in model.model_fields.items()
+        if (sub := _as_model(field.annotation)) is not None
+        for leaf in sub.model_fields
+    ]
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def describe(exc: ValidationError, root: type[BaseModel], *, prefix: tuple[str, ...] = (),
-             top_level: tuple[str, ...] = ()) -> list[str]:
+def describe(
+    exc: ValidationError,
+    root: type[BaseModel],
+    *,
+    prefix: tuple[str, ...] = (),
+    top_level: tuple[str, ...] = (),
+) -> list[str]:
     """One line per error: `setting: what is wrong` (unknown names with a suggestion).
     `top_level`: names also valid at the top of the file (another model's sections)."""
     lines = []
@@ -90,10 +99,14 @@ def describe(exc: ValidationError, root: type[BaseModel], *, prefix: tuple[str, 
             known = list(parent.model_fields) if parent is not None else []
             if len(loc) == 1:
                 known += top_level
-            close = difflib.get_close_matches(str(loc[-1]), known + _section_names(parent),
-                                              n=1, cutoff=0.6)
-            hint = f"; did you mean `{_dotted(prefix + loc[:-1] + (close[0],))}`?" if close \
+            close = difflib.get_close_matches(
+                str(loc[-1]), known + _section_names(parent), n=1, cutoff=0.6
+            )
+            hint = (
+                f"; did you mean `{_dotted(prefix + loc[:-1] + (close[0],))}`?"
+                if close
                 else (f"; known here: {', '.join(known)}" if known else "")
+            )
             lines.append(f"`{name}` is not a setting{hint}")
             continue
         msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
@@ -106,12 +119,20 @@ def describe(exc: ValidationError, root: type[BaseModel], *, prefix: tuple[str, 
     return lines
 
 
-def config_error(exc: ValidationError, root: type[BaseModel], source: Path | str | None,
-                 *, prefix: tuple[str, ...] = (), top_level: tuple[str, ...] = ()
-                 ) -> ConfigError:
+def config_error(
+    exc: ValidationError,
+    root: type[BaseModel],
+    source: Path | str | None,
+    *,
+    prefix: tuple[str, ...] = (),
+    top_level: tuple[str, ...] = (),
+) -> ConfigError:
     """`exc` as a ConfigError naming `source` (the config file, if any)."""
-    where = f"in {source} (or its --set / AREAL_* overrides)" if source else \
-        "in the --set / AREAL_* overrides"
+    where = (
+        f"in {source} (or its --set / AREAL_* overrides)"
+        if source
+        else "in the --set / AREAL_* overrides"
+    )
     lines = describe(exc, root, prefix=prefix, top_level=top_level)
     if len(lines) == 1:
         return ConfigError(f"config error {where}: {lines[0]}")

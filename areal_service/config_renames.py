@@ -73,8 +73,11 @@ def warn_moved(moved: set[str]) -> None:
     per place it is raised, so a key is named once per process however often configs
     are loaded."""
     for old in sorted(moved):
-        warnings.warn(f"gateway.{old} is deprecated: use gateway.{GATEWAY_MOVED[old]}",
-                      ConfigDeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"gateway.{old} is deprecated: use gateway.{GATEWAY_MOVED[old]}",
+            ConfigDeprecationWarning,
+            stacklevel=3,
+        )
 
 
 def _is_flat(key: str, value: Any) -> bool:
@@ -83,8 +86,9 @@ def _is_flat(key: str, value: Any) -> bool:
     return key in GATEWAY_MOVED and not (key == "sampling" and isinstance(value, dict))
 
 
-def move_flat_gateway_keys(gateway: dict[str, Any], *, warn: bool = False,
-                           moved: set[str] | None = None) -> dict[str, Any]:
+def move_flat_gateway_keys(
+    gateway: dict[str, Any], *, warn: bool = False, moved: set[str] | None = None
+) -> dict[str, Any]:
     """One source's `gateway` section with the previous release's flat keys moved into
     their sections (a copy; `gateway` is unchanged). Each key moved is added to `moved`,
     and warned about when `warn`. A flat key and its new path in one source: ConfigError,
@@ -96,11 +100,15 @@ def move_flat_gateway_keys(gateway: dict[str, Any], *, warn: bool = False,
         value = out.pop(old)  # first: `sampling` is both the old key and its section
         node = out.setdefault(section, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"gateway.{section} must be a section (it holds "
-                              f"gateway.{GATEWAY_MOVED[old]} and its neighbours)")
+            raise ConfigError(
+                f"gateway.{section} must be a section (it holds "
+                f"gateway.{GATEWAY_MOVED[old]} and its neighbours)"
+            )
         if leaf in node:
-            raise ConfigError(f"gateway.{old} and gateway.{GATEWAY_MOVED[old]} are both set; "
-                              f"keep gateway.{GATEWAY_MOVED[old]}")
+            raise ConfigError(
+                f"gateway.{old} and gateway.{GATEWAY_MOVED[old]} are both set; "
+                f"keep gateway.{GATEWAY_MOVED[old]}"
+            )
         node[leaf] = value
     if moved is not None:
         moved |= found
@@ -122,8 +130,12 @@ def move_flat_override(item: str, moved: set[str]) -> str:
     """`--set gateway.<old>...=v` as `gateway.<section>.<leaf>...=v`."""
     key, sep, raw = item.partition("=")
     parts = key.strip().split(".")
-    if len(parts) < 2 or parts[0] != "gateway" or parts[1] not in GATEWAY_MOVED \
-            or (parts[1] == "sampling" and len(parts) > 2):
+    if (
+        len(parts) < 2
+        or parts[0] != "gateway"
+        or parts[1] not in GATEWAY_MOVED
+        or (parts[1] == "sampling" and len(parts) > 2)
+    ):
         return item
     moved.add(parts[1])
     return ".".join(["gateway", *GATEWAY_MOVED[parts[1]].split("."), *parts[2:]]) + sep + raw

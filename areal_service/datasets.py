@@ -92,11 +92,17 @@ def _format_of(path: Path) -> DatasetFormat:
     if path.is_dir():
         return "hf"
     suffix = path.suffix.lower()
-    formats: dict[str, DatasetFormat] = {".jsonl": "jsonl", ".json": "json",
-                                         ".parquet": "parquet", ".arrow": "arrow"}
+    formats: dict[str, DatasetFormat] = {
+        ".jsonl": "jsonl",
+        ".json": "json",
+        ".parquet": "parquet",
+        ".arrow": "arrow",
+    }
     if suffix not in formats:
-        raise ValueError(f"{path}: unknown dataset format {suffix!r} (use .jsonl, .json, "
-                         ".parquet, .arrow or an HF save_to_disk folder, or set format)")
+        raise ValueError(
+            f"{path}: unknown dataset format {suffix!r} (use .jsonl, .json, "
+            ".parquet, .arrow or an HF save_to_disk folder, or set format)"
+        )
     return formats[suffix]
 
 
@@ -118,18 +124,19 @@ def _read_hf_folder(path: Path) -> list[dict[str, Any]]:
     except ImportError:
         shards = sorted(path.glob("*.arrow"))
         if not shards:
-            raise ValueError(f"{path}: no .arrow shards (is it a `save_to_disk` folder of "
-                             "one split?)") from None
+            raise ValueError(
+                f"{path}: no .arrow shards (is it a `save_to_disk` folder of one split?)"
+            ) from None
         return [row for shard in shards for row in _read_arrow(shard)]
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
-        raise ValueError(f"{path} holds several splits ({', '.join(loaded)}); point "
-                         "`path` at one split's folder")
+        raise ValueError(
+            f"{path} holds several splits ({', '.join(loaded)}); point `path` at one split's folder"
+        )
     return list(loaded)
 
 
-def to_sample(row: dict[str, Any], index: int, config: DatasetConfig, label: str
-              ) -> dict[str, Any]:
+def to_sample(row: dict[str, Any], index: int, config: DatasetConfig, label: str) -> dict[str, Any]:
     """One row as a driver sample: the row's fields plus `messages`, `answer`, `id`."""
     sample = dict(row)
     sample["messages"] = _messages(row, config)
@@ -141,10 +148,13 @@ def to_sample(row: dict[str, Any], index: int, config: DatasetConfig, label: str
 
 def _messages(row: dict[str, Any], config: DatasetConfig) -> list[dict[str, Any]]:
     field = config.prompt_field or next(
-        (f for f in ("messages", "prompt", "question") if f in row), None)
+        (f for f in ("messages", "prompt", "question") if f in row), None
+    )
     if field is None or field not in row:
-        raise ValueError(f"row has no prompt column ({config.prompt_field or 'messages, prompt or question'}); "
-                         f"its columns: {sorted(row)}")
+        raise ValueError(
+            f"row has no prompt column ({config.prompt_field or 'messages, prompt or question'}); "
+            f"its columns: {sorted(row)}"
+        )
     value = row[field]
     if isinstance(value, list):
         messages = [dict(m) for m in value]
@@ -154,4 +164,3 @@ def _messages(row: dict[str, Any], config: DatasetConfig) -> list[dict[str, Any]
     if config.system_prompt and not any(m.get("role") == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": config.system_prompt})
     return messages
-

@@ -143,12 +143,24 @@ UPDATE_WEIGHTS_FROM_DISTRIBUTED = Endpoint("POST", "/update_weights_from_distrib
 DESTROY_WEIGHTS_UPDATE_GROUP = Endpoint("POST", "/destroy_weights_update_group")
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    GENERATE, PAUSE_GENERATION, CONTINUE_GENERATION, UPDATE_WEIGHTS_FROM_DISK,
-    ABORT_REQUEST, FLUSH_CACHE, HEALTH, MODEL_INFO, SERVER_INFO,
-    INIT_WEIGHTS_UPDATE_GROUP, UPDATE_WEIGHTS_FROM_DISTRIBUTED, DESTROY_WEIGHTS_UPDATE_GROUP)
+    GENERATE,
+    PAUSE_GENERATION,
+    CONTINUE_GENERATION,
+    UPDATE_WEIGHTS_FROM_DISK,
+    ABORT_REQUEST,
+    FLUSH_CACHE,
+    HEALTH,
+    MODEL_INFO,
+    SERVER_INFO,
+    INIT_WEIGHTS_UPDATE_GROUP,
+    UPDATE_WEIGHTS_FROM_DISTRIBUTED,
+    DESTROY_WEIGHTS_UPDATE_GROUP,
+)
 """Every SGLang endpoint the gateway relies on (see the module docstring for fields)."""
 
-SGLANG_VERSIONS_CHECKED = "0.5.x, by reading source (main after ~v0.5.15; legacy names ~v0.5.3-0.5.6)"
+SGLANG_VERSIONS_CHECKED = (
+    "0.5.x, by reading source (main after ~v0.5.15; legacy names ~v0.5.3-0.5.6)"
+)
 """What the list above was checked against: reading SGLang's source, not running it."""
 
 # ---- SGLang's router (sglang-router / sgl-model-gateway) ------------------------------
@@ -158,15 +170,21 @@ ROUTER_ADD_WORKER = Endpoint("POST", "/workers", legacy_path="/add_worker")
 """Body `{"url"}` -> 202 `{"status": "accepted", "worker_id", ...}`, queued, idempotent
 for a known url; the legacy name takes `?url=` and answers 200."""
 ROUTER_READINESS = Endpoint("GET", "/readiness", legacy_path="/health")
-ROUTER_ENDPOINTS: tuple[Endpoint, ...] = (ROUTER_WORKERS, ROUTER_ADD_WORKER, ROUTER_READINESS,
-                                          GENERATE)
+ROUTER_ENDPOINTS: tuple[Endpoint, ...] = (
+    ROUTER_WORKERS,
+    ROUTER_ADD_WORKER,
+    ROUTER_READINESS,
+    GENERATE,
+)
 """The router endpoints this project calls (the gateway lists, the launcher adds the
 servers it launched); everything else goes to each worker."""
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 """Session affinity through the router (`--policy manual`): same key, same worker."""
-SGLANG_ROUTER_VERSION_CHECKED = ("sglang-router 0.3.2 (run against the local engine); "
-                                 "sgl-model-gateway main (read); /list_workers of older "
-                                 "sgl-router (read)")
+SGLANG_ROUTER_VERSION_CHECKED = (
+    "sglang-router 0.3.2 (run against the local engine); "
+    "sgl-model-gateway main (read); /list_workers of older "
+    "sgl-router (read)"
+)
 
 
 def router_worker_urls(listing: Mapping[str, Any]) -> list[str]:
@@ -193,12 +211,16 @@ def weight_group_ranks(server_info: Mapping[str, Any]) -> int:
     dp = int(server_info.get("dp_size") or 1)
     pp = int(server_info.get("pp_size") or 1)
     if dp > 1 and not server_info.get("enable_dp_attention"):
-        raise ValueError(f"a server with dp_size={dp} (no dp attention) cannot join a "
-                         "weight-update group; SGLang allows it only with dp_size 1 or "
-                         "--enable-dp-attention (swapped from disk instead)")
+        raise ValueError(
+            f"a server with dp_size={dp} (no dp attention) cannot join a "
+            "weight-update group; SGLang allows it only with dp_size 1 or "
+            "--enable-dp-attention (swapped from disk instead)"
+        )
     if pp > 1:
-        raise ValueError(f"a server with pp_size={pp} cannot join a weight-update group "
-                         "(its pipeline stages would take the same ranks)")
+        raise ValueError(
+            f"a server with pp_size={pp} cannot join a weight-update group "
+            "(its pipeline stages would take the same ranks)"
+        )
     return tp
 
 
@@ -245,8 +267,11 @@ class SamplingParams(_Body):
     ignore_eos: bool = False
     """Also disables `stop_token_ids` (SGLang checks both only without ignore_eos)."""
     sampling_seed: int | None = Field(
-        None, ge=-(2**63), le=2**64 - 1,  # what torch.Generator.manual_seed accepts
-        validation_alias=AliasChoices("sampling_seed", "seed"))
+        None,
+        ge=-(2**63),
+        le=2**64 - 1,  # what torch.Generator.manual_seed accepts
+        validation_alias=AliasChoices("sampling_seed", "seed"),
+    )
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     n: int = 1
@@ -302,14 +327,25 @@ class GenerateRequest(_Body):
     engine's adapters are named by policy). Unset: the default adapter, or none."""
 
     @classmethod
-    def for_tokens(cls, input_ids: Sequence[int],
-                   sampling_params: SamplingParams | Mapping[str, Any], *, rid: str,
-                   return_logprob: bool = True, **extra: Any) -> GenerateRequest:
+    def for_tokens(
+        cls,
+        input_ids: Sequence[int],
+        sampling_params: SamplingParams | Mapping[str, Any],
+        *,
+        rid: str,
+        return_logprob: bool = True,
+        **extra: Any,
+    ) -> GenerateRequest:
         """A token-in request as the gateway sends it (one prompt, logprobs on). Raises
         pydantic's ValidationError (a ValueError) for sampling values SGLang rejects
         with 400, with SGLang's message."""
-        return cls(input_ids=list(input_ids), sampling_params=sampling_params, rid=rid,
-                   return_logprob=return_logprob, **extra)
+        return cls(
+            input_ids=list(input_ids),
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            **extra,
+        )
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -320,8 +356,9 @@ class GenerateRequest(_Body):
 
     def to_json_bytes(self, *, stream: bool) -> bytes:
         """The wire body: the fields that were set, plus `stream`."""
-        return self.model_copy(update={"stream": stream}).model_dump_json(
-            exclude_unset=True).encode()
+        return (
+            self.model_copy(update={"stream": stream}).model_dump_json(exclude_unset=True).encode()
+        )
 
 
 class PauseRequest(_Body):
@@ -403,8 +440,12 @@ class FinishReason:
             return {"type": "stop", "matched": self.matched}
         if self.type == "length":
             return {"type": "length", "length": self.length}
-        return {"type": "abort", "message": self.message, "status_code": self.status_code,
-                "err_type": self.err_type}
+        return {
+            "type": "abort",
+            "message": self.message,
+            "status_code": self.status_code,
+            "err_type": self.err_type,
+        }
 
 
 _OPTIONAL_META = ("output_token_logprobs", "output_top_logprobs", "e2e_latency")
@@ -469,14 +510,15 @@ class GenerateResponse(BaseModel):
         lps = self.meta_info.output_token_logprobs or ()
         out = [t[0] for t in (lps[start:] if start else lps)]
         if not all(lp is not None and lp >= LOGPROB_FLOOR for lp in out):  # NaN too
-            out = [LOGPROB_FLOOR if lp is None or not lp >= LOGPROB_FLOOR else lp
-                   for lp in out]
+            out = [LOGPROB_FLOOR if lp is None or not lp >= LOGPROB_FLOOR else lp for lp in out]
         return tuple(out)  # type: ignore[arg-type]
 
     def output_top_logprobs(self) -> tuple[TopLogprobs, ...]:
         """Per position, the (token_id, logprob) alternatives (`top_logprobs_num` > 0)."""
-        return tuple(tuple((t[1], t[0]) for t in pos or ())  # type: ignore[misc]
-                     for pos in self.meta_info.output_top_logprobs or ())
+        return tuple(
+            tuple((t[1], t[0]) for t in pos or ())  # type: ignore[misc]
+            for pos in self.meta_info.output_top_logprobs or ()
+        )
 
 
 class ErrorDetail(BaseModel):

@@ -152,9 +152,12 @@ class KeyCounts:
     """Tokens counted but not yet in the stored `tokens_used`."""
 
     def __add__(self, other: KeyCounts) -> KeyCounts:
-        return KeyCounts(self.requests + other.requests, self.tokens + other.tokens,
-                         self.in_flight + other.in_flight,
-                         self.unflushed_tokens + other.unflushed_tokens)
+        return KeyCounts(
+            self.requests + other.requests,
+            self.tokens + other.tokens,
+            self.in_flight + other.in_flight,
+            self.unflushed_tokens + other.unflushed_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,14 +146,24 @@ def sampling_from_sglang(sp: SamplingParams, *, logprobs: int | None) -> VLLMSam
     stop string) is vLLM's `include_stop_str_in_output`; ids are unaffected either way."""
     stops = list(sp.stop_strings()) or None
     return VLLMSamplingParams(
-        max_tokens=sp.max_new_tokens, min_tokens=sp.min_new_tokens,
-        temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
-        min_p=sp.min_p, frequency_penalty=sp.frequency_penalty,
+        max_tokens=sp.max_new_tokens,
+        min_tokens=sp.min_new_tokens,
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=max(sp.top_k, 0),
+        min_p=sp.min_p,
+        frequency_penalty=sp.frequency_penalty,
         presence_penalty=sp.presence_penalty,
         logit_bias={int(k): v for k, v in sp.logit_bias.items()} if sp.logit_bias else None,
-        stop=stops, stop_token_ids=sp.stop_token_ids or None, ignore_eos=sp.ignore_eos,
-        seed=_seed(sp.sampling_seed), skip_special_tokens=sp.skip_special_tokens,
-        include_stop_str_in_output=sp.no_stop_trim, logprobs=logprobs, n=sp.n)
+        stop=stops,
+        stop_token_ids=sp.stop_token_ids or None,
+        ignore_eos=sp.ignore_eos,
+        seed=_seed(sp.sampling_seed),
+        skip_special_tokens=sp.skip_special_tokens,
+        include_stop_str_in_output=sp.no_stop_trim,
+        logprobs=logprobs,
+        n=sp.n,
+    )
 
 
 def _seed(seed: int | None) -> int | None:
@@ -163,8 +173,9 @@ def _seed(seed: int | None) -> int | None:
     return seed - 2**64 if seed >= 2**63 else seed
 
 
-def request_from_sglang(request: GenerateRequest, *, stream: bool, model: str | None = None
-                        ) -> VLLMGenerateRequest:
+def request_from_sglang(
+    request: GenerateRequest, *, stream: bool, model: str | None = None
+) -> VLLMGenerateRequest:
     """The vLLM request for one of the gateway's token-in requests (`rid` becomes the
     request id; the sampled token's logprob, plus the `top_logprobs_num` best). `model`:
     a served name or LoRA adapter; None, the server's only model."""
@@ -175,8 +186,11 @@ def request_from_sglang(request: GenerateRequest, *, stream: bool, model: str | 
     return VLLMGenerateRequest(
         token_ids=request.prompt_ids,
         sampling_params=sampling_from_sglang(request.sampling_params, logprobs=logprobs),
-        request_id=str(request.rid), model=model, stream=stream,
-        stream_options=StreamOptions() if stream else None)
+        request_id=str(request.rid),
+        model=model,
+        stream=stream,
+        stream_options=StreamOptions() if stream else None,
+    )
 
 
 # ---- replies -----------------------------------------------------------------------
@@ -258,15 +272,17 @@ def finish_reason_of(choice: Choice, completion_tokens: int) -> FinishReason | N
     if reason is None:
         return None
     if reason == "stop":
-        matched = choice.stop_reason if choice.stop_reason is not None else (
-            ids[-1] if ids else None)
+        matched = (
+            choice.stop_reason if choice.stop_reason is not None else (ids[-1] if ids else None)
+        )
         return FinishReason(type="stop", matched=matched)
     if reason == "length":
         return FinishReason(type="length", length=completion_tokens)
     if reason == "abort":
         return FinishReason(type="abort", message="aborted by the server (pause or abort)")
-    return FinishReason(type="abort", message="vLLM engine error", status_code=500,
-                        err_type="error")
+    return FinishReason(
+        type="abort", message="vLLM engine error", status_code=500, err_type="error"
+    )
 
 
 def span_version(spans: list[WeightVersionSpan] | None, default: str) -> str:
@@ -276,9 +292,15 @@ def span_version(spans: list[WeightVersionSpan] | None, default: str) -> str:
     return spans[-1].version if spans else default
 
 
-def to_sglang(choice: Choice, *, prompt_tokens: int, completion_tokens: int,
-              weight_version: str, top_logprobs_num: int = 0, request_id: str = ""
-              ) -> GenerateResponse:
+def to_sglang(
+    choice: Choice,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    weight_version: str,
+    top_logprobs_num: int = 0,
+    request_id: str = "",
+) -> GenerateResponse:
     """One choice (whole, or a stream chunk's new tokens) as SGLang's reply shape, so the
     gateway's interruptible generation treats both engines alike. `completion_tokens`:
     the output so far (a chunk's `output_ids` hold only the new ones, which
@@ -287,15 +309,23 @@ def to_sglang(choice: Choice, *, prompt_tokens: int, completion_tokens: int,
     `top_logprobs_num`, which SGLang's do not, so only ranks up to it are kept."""
     content = choice.logprobs.content if choice.logprobs and choice.logprobs.content else None
     meta: dict[str, Any] = {
-        "id": request_id, "finish_reason": finish_reason_of(choice, completion_tokens),
-        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-        "weight_version": span_version(choice.weight_versions, weight_version)}
+        "id": request_id,
+        "finish_reason": finish_reason_of(choice, completion_tokens),
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "weight_version": span_version(choice.weight_versions, weight_version),
+    }
     if content is not None:
         meta["output_token_logprobs"] = [(c.logprob, c.token_id, None) for c in content]
         if top_logprobs_num > 0:
             meta["output_top_logprobs"] = [
-                [(t.logprob, t.token_id, None)
-                 for t in sorted(c.top_logprobs, key=lambda t: t.rank or 0)
-                 if (t.rank or 0) <= top_logprobs_num] for c in content]
-    return GenerateResponse(output_ids=list(choice.token_ids or ()),
-                            meta_info=MetaInfo.model_validate(meta))
+                [
+                    (t.logprob, t.token_id, None)
+                    for t in sorted(c.top_logprobs, key=lambda t: t.rank or 0)
+                    if (t.rank or 0) <= top_logprobs_num
+                ]
+                for c in content
+            ]
+    return GenerateResponse(
+        output_ids=list(choice.token_ids or ()), meta_info=MetaInfo.model_validate(meta)
+    )

@@ -26,16 +26,26 @@ from launcher.demo import demo_config, headline, run_workload
 from launcher.demo_task import digits_task
 
 
-def run_mode(base: Path, model: Path, staleness: int, steps: int, minutes: float,
-             ports: tuple[int, int]) -> dict:
+def run_mode(
+    base: Path, model: Path, staleness: int, steps: int, minutes: float, ports: tuple[int, int]
+) -> dict:
     data = base / f"eta{staleness}"
     data.mkdir(parents=True)
     shutil.copytree(model, data / "tiny-model")
-    config = demo_config(load_config(overrides=[
-        f"data_dir={data}", f"engine.port={ports[0]}", f"gateway.port={ports[1]}",
-        "log_level=warning"]), steps)
-    config = config.model_copy(update={"trainer": config.trainer.model_copy(
-        update={"max_staleness": staleness})})
+    config = demo_config(
+        load_config(
+            overrides=[
+                f"data_dir={data}",
+                f"engine.port={ports[0]}",
+                f"gateway.port={ports[1]}",
+                "log_level=warning",
+            ]
+        ),
+        steps,
+    )
+    config = config.model_copy(
+        update={"trainer": config.trainer.model_copy(update={"max_staleness": staleness})}
+    )
     summary = run_workload(config, minutes=minutes)
     task = digits_task()
     summary["baseline_reward"] = headline(summary["baseline"], task)
@@ -59,8 +69,10 @@ def run_mode(base: Path, model: Path, staleness: int, steps: int, minutes: float
                 phases[key].append(timing[key])
         if "publish_to_live_s" in row.metadata:
             phases["publish_to_live_s"].append(row.metadata["publish_to_live_s"])
-    summary["swap"] = {k: (statistics.median(v) if v else float("nan"), max(v, default=float("nan")))
-                       for k, v in phases.items()}
+    summary["swap"] = {
+        k: (statistics.median(v) if v else float("nan"), max(v, default=float("nan")))
+        for k, v in phases.items()
+    }
     return summary
 
 
@@ -76,20 +88,26 @@ def main() -> None:
         async_ = run_mode(base, model, 2, args.steps, args.minutes, (30612, 8612))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print(f"\nasync vs sync RL, demo workload, {args.steps} steps of "
-          "4 groups x 8 sessions, tiny model on 2 CPU cores (engine, gateway, trainer share them)")
+    print(
+        f"\nasync vs sync RL, demo workload, {args.steps} steps of "
+        "4 groups x 8 sessions, tiny model on 2 CPU cores (engine, gateway, trainer share them)"
+    )
     print(f"{'':28s}{'eta=0 (sync)':>16s}{'eta=2 (async)':>16s}{'ratio':>10s}")
-    for key, label in (("trained_episodes_per_s", "episodes trained / s"),
-                       ("train_wall_s", "training wall time (s)"),
-                       ("baseline_reward", "baseline reward"),
-                       ("final_reward", "final reward")):
+    for key, label in (
+        ("trained_episodes_per_s", "episodes trained / s"),
+        ("train_wall_s", "training wall time (s)"),
+        ("baseline_reward", "baseline reward"),
+        ("final_reward", "final reward"),
+    ):
         a, b = sync[key], async_[key]
         print(f"{label:28s}{a:16.3f}{b:16.3f}{b / a if a else float('nan'):10.2f}x")
     print("target: >= 2.00x episodes/s at the same final reward")
     wait, train = sync["wait_s"], sync["train_s"]
-    print(f"sync step phases: waiting for rollouts {wait:.2f} s, training {train:.2f} s; "
-          f"overlapping them can give at most (wait + train) / max(wait, train) = "
-          f"{(wait + train) / max(wait, train, 1e-9):.2f}x here")
+    print(
+        f"sync step phases: waiting for rollouts {wait:.2f} s, training {train:.2f} s; "
+        f"overlapping them can give at most (wait + train) / max(wait, train) = "
+        f"{(wait + train) / max(wait, train, 1e-9):.2f}x here"
+    )
     print("\nweight swap per phase (median / max seconds, every swap of both runs)")
     for key in ("pause_s", "update_s", "continue_s", "publish_to_live_s"):
         s0, s2 = sync["swap"][key], async_["swap"][key]

@@ -75,8 +75,10 @@ from engine.echo_backend import start_echo_backend
 
 ADMIN_KEY = "sk-bench-admin"
 MODEL = "areal-policy"
-CHAT = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
-        {"role": "user", "content": "What is the capital of France, and why is it famous?"}]
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "What is the capital of France, and why is it famous?"},
+]
 MAX_TOKENS = 32
 VOCAB = 32768
 REPO = Path(__file__).resolve().parents[1]
@@ -106,19 +108,30 @@ def build_bench_tokenizer(out: Path) -> Path:
     from engine.tiny_model import MARKER_TOKENS, SPECIAL_TOKENS, chat_template
 
     rng = random.Random(0)
-    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))
-             for _ in range(40_000)]
+    words = [
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(40_000)
+    ]
     corpus = (" ".join(rng.choices(words, k=12)) + "." for _ in range(60_000))
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
-    core.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=VOCAB - len(MARKER_TOKENS), special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    core.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB - len(MARKER_TOKENS),
+            special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"], clean_up_tokenization_spaces=False,
-        model_max_length=4096)
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
     tok.chat_template = chat_template()
     tmp = Path(tempfile.mkdtemp(prefix=".tok.", dir=out.parent))
@@ -145,8 +158,11 @@ def free_port() -> int:
 
 def rss_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of `pid` in MB, from /proc/<pid>/status."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
-                  .splitlines() if ":" in line)
+    fields = dict(
+        line.split(":", 1)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if ":" in line
+    )
     return (int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024)
 
 
@@ -191,9 +207,19 @@ class Gateway:
     keys: list[str] = field(default_factory=list)
 
     @classmethod
-    def start(cls, name: str, *, backend: str, tokenizer: Path, data_dir: Path,
-              capture: bool, profile: Path | None = None, profiler: str = "cprofile",
-              repo: Path = REPO, workers: int | None = None) -> Gateway:
+    def start(
+        cls,
+        name: str,
+        *,
+        backend: str,
+        tokenizer: Path,
+        data_dir: Path,
+        capture: bool,
+        profile: Path | None = None,
+        profiler: str = "cprofile",
+        repo: Path = REPO,
+        workers: int | None = None,
+    ) -> Gateway:
         """Start `serve` from the source tree `repo` (another checkout for A/B runs) with
         `workers` gateway processes (None: the config's default, what users get)."""
         port = free_port()
@@ -204,12 +230,20 @@ class Gateway:
         # A tree from before the gateway's settings were nested (286a9fe, the issue's
         # baseline) refuses the nested keys: it gets the flat ones it knows.
         flat = not nested_gateway_config(repo)
-        router, auth, scale = ("gateway", "gateway", "gateway") if flat else (
-            "gateway.router", "gateway.auth", "gateway.scale")
-        for item in (f"data_dir={data_dir}", f"engine.model={tokenizer}",
-                     f"{router}.backends=[{backend}]", f"gateway.port={port}",
-                     f"gateway.capture={str(capture).lower()}", "log_level=warning",
-                     f"{auth}.admin_key={ADMIN_KEY}"):
+        router, auth, scale = (
+            ("gateway", "gateway", "gateway")
+            if flat
+            else ("gateway.router", "gateway.auth", "gateway.scale")
+        )
+        for item in (
+            f"data_dir={data_dir}",
+            f"engine.model={tokenizer}",
+            f"{router}.backends=[{backend}]",
+            f"gateway.port={port}",
+            f"gateway.capture={str(capture).lower()}",
+            "log_level=warning",
+            f"{auth}.admin_key={ADMIN_KEY}",
+        ):
             argv += ["--set", item]
         if workers is not None:
             argv += ["--set", f"{scale}.workers={workers}"]
@@ -232,8 +266,7 @@ class Gateway:
                 raise TimeoutError(f"{self.name} not ready after {timeout_s} s")
             await asyncio.sleep(0.2)
 
-    async def make_keys(self, session: aiohttp.ClientSession, mode: str, count: int
-                        ) -> list[str]:
+    async def make_keys(self, session: aiohttp.ClientSession, mode: str, count: int) -> list[str]:
         """The bearer tokens the load uses: `episode`: `count` session keys (one RL
         episode each, `POST /rl/sessions`); `key`: one user key (auto session: every
         request lands in one ever-growing session); `admin`: the admin key (no session)."""
@@ -241,15 +274,17 @@ class Gateway:
         if mode == "admin":
             return [ADMIN_KEY]
         if mode == "key":
-            async with session.post(self.url + "/admin/keys", json={"name": "bench"},
-                                    headers=admin) as r:
+            async with session.post(
+                self.url + "/admin/keys", json={"name": "bench"}, headers=admin
+            ) as r:
                 r.raise_for_status()
                 return [(await r.json())["api_key"]]
         keys: list[str] = []
         while len(keys) < count:
             size = min(1024, count - len(keys))
-            async with session.post(self.url + "/rl/sessions", json={"group_size": size},
-                                    headers=admin) as r:
+            async with session.post(
+                self.url + "/rl/sessions", json={"group_size": size}, headers=admin
+            ) as r:
                 r.raise_for_status()
                 keys += [s["api_key"] for s in (await r.json())["sessions"]]
         return keys
@@ -304,8 +339,13 @@ def direct_sender(url: str, ids: list[int], stream: bool) -> Send:
     sampling = {"max_new_tokens": MAX_TOKENS, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
 
     async def send(session: aiohttp.ClientSession, i: int, key: str) -> float | None:
-        body = {"input_ids": ids, "sampling_params": sampling, "rid": f"bench-{i:09d}",
-                "return_logprob": True, "stream": stream}
+        body = {
+            "input_ids": ids,
+            "sampling_params": sampling,
+            "rid": f"bench-{i:09d}",
+            "return_logprob": True,
+            "stream": stream,
+        }
         t0 = time.perf_counter()
         async with session.post(url + "/generate", json=body) as r:
             assert r.status == 200, r.status
@@ -335,8 +375,9 @@ def _first_content(buf: bytes) -> bool:
 
 
 def gateway_sender(url: str, stream: bool) -> Send:
-    body = json.dumps({"model": MODEL, "messages": CHAT, "max_tokens": MAX_TOKENS,
-                       "stream": stream}).encode()
+    body = json.dumps(
+        {"model": MODEL, "messages": CHAT, "max_tokens": MAX_TOKENS, "stream": stream}
+    ).encode()
 
     async def send(session: aiohttp.ClientSession, i: int, key: str) -> float | None:
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -360,13 +401,22 @@ def gateway_sender(url: str, stream: bool) -> Send:
     return send
 
 
-async def drive(label: str, send: Send, n: int, concurrency: int, warmup: int,
-                keys: Iterator[str], turns: int, pid: int | None = None) -> Result:
+async def drive(
+    label: str,
+    send: Send,
+    n: int,
+    concurrency: int,
+    warmup: int,
+    keys: Iterator[str],
+    turns: int,
+    pid: int | None = None,
+) -> Result:
     """`concurrency` closed-loop clients send `warmup` unmeasured requests, then `n`. Each
     client sends `turns` requests in a row with one key, then takes the next key."""
     connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=30)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
         latencies: list[float] = []
         ttfts: list[float] = []
 
@@ -386,19 +436,27 @@ async def drive(label: str, send: Send, n: int, concurrency: int, warmup: int,
         requests = iter(range(warmup))
         await asyncio.gather(*(client(requests, False) for _ in range(concurrency)))
         requests = iter(range(warmup, warmup + n))
+
         def sample() -> tuple[float, float, float]:
-            return ((tree_cpu_s(pid), cpu_s(pid, pid), tree_cpu_s(pid, kernel_only=True))
-                    if pid else (0.0, 0.0, 0.0))
+            return (
+                (tree_cpu_s(pid), cpu_s(pid, pid), tree_cpu_s(pid, kernel_only=True))
+                if pid
+                else (0.0, 0.0, 0.0)
+            )
 
         cpu0 = sample()
         reads0 = reads[0]
         t0 = time.perf_counter()
         await asyncio.gather(*(client(requests, True) for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-        cpu = tuple(1000 * (b - a) / n for a, b in zip(cpu0, sample(), strict=True)) \
-            if pid else (None, None, None)
-    return Result(label, wall, sorted(latencies), sorted(ttfts), *cpu,
-                  reads=(reads[0] - reads0) / n)
+        cpu = (
+            tuple(1000 * (b - a) / n for a, b in zip(cpu0, sample(), strict=True))
+            if pid
+            else (None, None, None)
+        )
+    return Result(
+        label, wall, sorted(latencies), sorted(ttfts), *cpu, reads=(reads[0] - reads0) / n
+    )
 
 
 # ------------------------------------------------------------------ report
@@ -406,11 +464,14 @@ def _ok(flag: bool) -> str:
     return "MET" if flag else "MISSED"
 
 
-def report(setting: str, results: dict[str, Result], rss: dict[str, tuple[float, float]]
-           ) -> list[str]:
-    out = [f"\n== backend: {setting}",
-           f"{'path':34} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'TTFT p50':>9} "
-           f"{'gateway CPU ms/req':>19}"]
+def report(
+    setting: str, results: dict[str, Result], rss: dict[str, tuple[float, float]]
+) -> list[str]:
+    out = [
+        f"\n== backend: {setting}",
+        f"{'path':34} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'TTFT p50':>9} "
+        f"{'gateway CPU ms/req':>19}",
+    ]
     for r in results.values():
         ttft = f"{r.pct(0.5, r.ttfts):9.2f}" if r.ttfts else f"{'':9}"
         cpu = f"{r.cpu_ms:19.2f}" if r.cpu_ms is not None else ""
@@ -421,17 +482,21 @@ def report(setting: str, results: dict[str, Result], rss: dict[str, tuple[float,
             gw = results[f"gateway {cap} {mode}"]
             ratio = gw.rps / direct.rps
             d50, d99 = gw.pct(0.5) - direct.pct(0.5), gw.pct(0.99) - direct.pct(0.99)
-            line = (f"  {mode:10} {cap:11}: throughput {ratio:4.2f}x "
-                    f"[{TARGETS['throughput']}: {_ok(ratio >= 0.8) if cap == 'capture on' else '-'}]"
-                    f"  added p50 {d50:+6.2f} ms [{_ok(d50 <= 3)}]"
-                    f"  added p99 {d99:+6.2f} ms [{_ok(d99 <= 20)}]")
+            line = (
+                f"  {mode:10} {cap:11}: throughput {ratio:4.2f}x "
+                f"[{TARGETS['throughput']}: {_ok(ratio >= 0.8) if cap == 'capture on' else '-'}]"
+                f"  added p50 {d50:+6.2f} ms [{_ok(d50 <= 3)}]"
+                f"  added p99 {d99:+6.2f} ms [{_ok(d99 <= 20)}]"
+            )
             if mode == "stream":
                 dt = gw.pct(0.5, gw.ttfts) - direct.pct(0.5, direct.ttfts)
                 line += f"  TTFT {dt:+6.2f} ms [{_ok(dt <= 2)}]"
             out.append(line)
     for name, (now, peak) in rss.items():
-        out.append(f"  RSS {name}: {now:.0f} MB now, {peak:.0f} MB peak "
-                   f"[{TARGETS['rss']}: {_ok(peak <= 400)}]")
+        out.append(
+            f"  RSS {name}: {now:.0f} MB now, {peak:.0f} MB peak "
+            f"[{TARGETS['rss']}: {_ok(peak <= 400)}]"
+        )
     return out
 
 
@@ -448,13 +513,16 @@ class Setting:
 
     def describe(self) -> str:
         per_request = self.delay_ms + MAX_TOKENS * self.token_delay_ms
-        return (f"echo backend --delay-ms {self.delay_ms:g} --token-delay-ms "
-                f"{self.token_delay_ms:g} (~{per_request:.0f} ms of sleep per request; "
-                f"{self.name})")
+        return (
+            f"echo backend --delay-ms {self.delay_ms:g} --token-delay-ms "
+            f"{self.token_delay_ms:g} (~{per_request:.0f} ms of sleep per request; "
+            f"{self.name})"
+        )
 
 
-async def until_served(gateways: Sequence[Gateway], session: aiohttp.ClientSession,
-                       timeout_s: float = 20.0) -> None:
+async def until_served(
+    gateways: Sequence[Gateway], session: aiohttp.ClientSession, timeout_s: float = 20.0
+) -> None:
     """After a backend restart: wait until each gateway completes a chat again (its pool
     drops the dead connections, its health check re-admits the backend)."""
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 1}
@@ -462,8 +530,9 @@ async def until_served(gateways: Sequence[Gateway], session: aiohttp.ClientSessi
     for gw in gateways:
         while True:
             headers = {"Authorization": f"Bearer {gw.keys[0]}"}
-            async with session.post(gw.url + "/v1/chat/completions", json=body,
-                                    headers=headers) as r:
+            async with session.post(
+                gw.url + "/v1/chat/completions", json=body, headers=headers
+            ) as r:
                 if r.status == 200:
                     break
             if time.monotonic() > end:
@@ -471,39 +540,69 @@ async def until_served(gateways: Sequence[Gateway], session: aiohttp.ClientSessi
             await asyncio.sleep(0.2)
 
 
-async def run_setting(s: Setting, backend_url: str, gateways: dict[str, Gateway],
-                      ids: list[int], args: argparse.Namespace) -> list[str]:
+async def run_setting(
+    s: Setting,
+    backend_url: str,
+    gateways: dict[str, Gateway],
+    ids: list[int],
+    args: argparse.Namespace,
+) -> list[str]:
     results: dict[str, Result] = {}
     keys = {cap: itertools.cycle(gw.keys) for cap, gw in gateways.items()}
     for mode, n in (("non-stream", s.requests), ("stream", s.stream_requests)):
         stream = mode == "stream"
-        runs = [(f"direct {mode}", direct_sender(backend_url, ids, stream),
-                 itertools.repeat(""), None)]
+        runs = [
+            (f"direct {mode}", direct_sender(backend_url, ids, stream), itertools.repeat(""), None)
+        ]
         for cap, gw in gateways.items():
-            runs.append((f"gateway {cap} {mode}", gateway_sender(gw.url, stream), keys[cap],
-                         gw.proc.pid))
+            runs.append(
+                (f"gateway {cap} {mode}", gateway_sender(gw.url, stream), keys[cap], gw.proc.pid)
+            )
         for label, send, run_keys, pid in runs:
-            r = await drive(label, send, n, args.concurrency, args.warmup, run_keys, args.turns,
-                            pid)
+            r = await drive(
+                label, send, n, args.concurrency, args.warmup, run_keys, args.turns, pid
+            )
             results[label] = r
-            cpu = (f", gateway CPU {r.cpu_ms:.2f} ms/req ({r.loop_cpu_ms:.2f} event loop)"
-                   if r.cpu_ms is not None else "")
-            print(f"  ran {label:34} {r.rps:7.0f} req/s p50 {r.pct(0.5):7.2f} ms{cpu}",
-                  flush=True)
+            cpu = (
+                f", gateway CPU {r.cpu_ms:.2f} ms/req ({r.loop_cpu_ms:.2f} event loop)"
+                if r.cpu_ms is not None
+                else ""
+            )
+            print(f"  ran {label:34} {r.rps:7.0f} req/s p50 {r.pct(0.5):7.2f} ms{cpu}", flush=True)
     rss = {cap: rss_mb(gw.proc.pid) for cap, gw in gateways.items()}
     return report(s.describe(), results, rss)
 
 
 def settings_of(args: argparse.Namespace) -> list[Setting]:
-    settings = [Setting("realistic: a fast backend", args.delay_ms, args.token_delay_ms,
-                        args.requests, args.stream_requests)]
+    settings = [
+        Setting(
+            "realistic: a fast backend",
+            args.delay_ms,
+            args.token_delay_ms,
+            args.requests,
+            args.stream_requests,
+        )
+    ]
     if args.slow_token_delay_ms > 0:
-        settings.append(Setting("a typical LLM backend under load", args.delay_ms,
-                                args.slow_token_delay_ms, args.requests // 2,
-                                args.stream_requests // 2))
+        settings.append(
+            Setting(
+                "a typical LLM backend under load",
+                args.delay_ms,
+                args.slow_token_delay_ms,
+                args.requests // 2,
+                args.stream_requests // 2,
+            )
+        )
     if not args.no_zero_delay:
-        settings.append(Setting("zero delay: the gateway's CPU cost dominates", 0.0, 0.0,
-                                args.requests, args.stream_requests))
+        settings.append(
+            Setting(
+                "zero delay: the gateway's CPU cost dominates",
+                0.0,
+                0.0,
+                args.requests,
+                args.stream_requests,
+            )
+        )
     return settings
 
 
@@ -514,47 +613,64 @@ async def orchestrate(args: argparse.Namespace) -> None:
     ids = prompt_ids(tokenizer)
     settings = settings_of(args)
     first = settings[0]
-    backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
-                                 delay_ms=first.delay_ms, token_delay_ms=first.token_delay_ms)
+    backend = start_echo_backend(
+        subprocess_mode=True,
+        tokens=MAX_TOKENS,
+        delay_ms=first.delay_ms,
+        token_delay_ms=first.token_delay_ms,
+    )
     gateways: dict[str, Gateway] = {}
     try:
         for cap in ("capture on", "capture off"):
             slug = cap.replace(" ", "-")
             gateways[cap] = Gateway.start(
-                cap, backend=backend.url, tokenizer=tokenizer, data_dir=work / slug,
-                capture=cap == "capture on", profiler=args.profiler,
-                profile=Path(args.profile) / f"gateway-{slug}.prof" if args.profile else None)
+                cap,
+                backend=backend.url,
+                tokenizer=tokenizer,
+                data_dir=work / slug,
+                capture=cap == "capture on",
+                profiler=args.profiler,
+                profile=Path(args.profile) / f"gateway-{slug}.prof" if args.profile else None,
+            )
         # Keys one run can take: a client starts a new episode every `turns` requests
         # and once per phase (warm-up, measured); spares are reused (itertools.cycle).
-        episodes = sum((2 * args.warmup + s.requests + s.stream_requests) // args.turns
-                       + 4 * args.concurrency for s in settings)
+        episodes = sum(
+            (2 * args.warmup + s.requests + s.stream_requests) // args.turns + 4 * args.concurrency
+            for s in settings
+        )
         t_setup = time.perf_counter()
         async with aiohttp.ClientSession() as session:
             for gw in gateways.values():
                 await gw.ready(session)
                 gw.keys = await gw.make_keys(session, args.session_mode, episodes)
                 gw.proc.send_signal(signal.SIGUSR1)  # GC statistics from here on
-        print(f"gateway overhead: {args.concurrency} concurrent closed-loop clients (aiohttp, "
-              f"one process), each path measured after {args.warmup} warm-up requests; prompt {len(ids)} tokens, {MAX_TOKENS} output tokens; "
-              f"{os.cpu_count()} CPUs shared with the backend, the load and whatever else runs."
-              f"\nSessions: {SESSION_MODES[args.session_mode]}"
-              f"{f' ({args.turns} requests each)' if args.session_mode == 'episode' else ''}."
-              "\nThe backend is the echo backend (engine/echo_backend.py): no model work, "
-              "so the difference between the paths is the gateway's own cost. Capture on = "
-              "SQLite WAL, synchronous=NORMAL, group commit, durable before each reply."
-              f"\n(set-up: gateways ready and {episodes} session keys each in "
-              f"{time.perf_counter() - t_setup:.0f} s)", flush=True)
+        print(
+            f"gateway overhead: {args.concurrency} concurrent closed-loop clients (aiohttp, "
+            f"one process), each path measured after {args.warmup} warm-up requests; prompt {len(ids)} tokens, {MAX_TOKENS} output tokens; "
+            f"{os.cpu_count()} CPUs shared with the backend, the load and whatever else runs."
+            f"\nSessions: {SESSION_MODES[args.session_mode]}"
+            f"{f' ({args.turns} requests each)' if args.session_mode == 'episode' else ''}."
+            "\nThe backend is the echo backend (engine/echo_backend.py): no model work, "
+            "so the difference between the paths is the gateway's own cost. Capture on = "
+            "SQLite WAL, synchronous=NORMAL, group commit, durable before each reply."
+            f"\n(set-up: gateways ready and {episodes} session keys each in "
+            f"{time.perf_counter() - t_setup:.0f} s)",
+            flush=True,
+        )
         lines: list[str] = []
         async with aiohttp.ClientSession() as session:
             for k, s in enumerate(settings):
                 if k:  # same port, new delays: the gateways keep their config
                     backend.stop()
-                    backend = start_echo_backend(backend.port, subprocess_mode=True,
-                                                 tokens=MAX_TOKENS, delay_ms=s.delay_ms,
-                                                 token_delay_ms=s.token_delay_ms)
+                    backend = start_echo_backend(
+                        backend.port,
+                        subprocess_mode=True,
+                        tokens=MAX_TOKENS,
+                        delay_ms=s.delay_ms,
+                        token_delay_ms=s.token_delay_ms,
+                    )
                     await until_served(list(gateways.values()), session)
-                print(f"-- {s.describe()}: {s.requests} + {s.stream_requests} requests",
-                      flush=True)
+                print(f"-- {s.describe()}: {s.requests} + {s.stream_requests} requests", flush=True)
                 lines += await run_setting(s, backend.url, gateways, ids, args)
         print("\n".join(lines))
         print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
@@ -566,12 +682,13 @@ async def orchestrate(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------ preset: stream pace
-PACE = {"delay_ms": 20.0, "token_delay_ms": 5.0, "concurrency": 64, "rounds": 3,
-        "requests": 400}
+PACE = {"delay_ms": 20.0, "token_delay_ms": 5.0, "concurrency": 64, "rounds": 3, "requests": 400}
 """`--preset stream-pace`: issue 14's setting (20 ms to the first token, then 5 ms per
 token, 32 tokens; 64 closed-loop clients; median of 3 rounds)."""
-PRESETS = {"stream-pace": PACE,
-           "zero-delay": {**PACE, "delay_ms": 0.0, "token_delay_ms": 0.0, "requests": 1000}}
+PRESETS = {
+    "stream-pace": PACE,
+    "zero-delay": {**PACE, "delay_ms": 0.0, "token_delay_ms": 0.0, "requests": 1000},
+}
 """`--preset zero-delay`: the same machinery against a backend that answers at once, where
 the gateway's own CPU decides throughput (the setting that shows a hot-path regression)."""
 QUICK = {"requests": 500, "rounds": 3, "warmup": 64}
@@ -603,23 +720,38 @@ async def run_pace(args: argparse.Namespace) -> None:
     tokenizer = build_bench_tokenizer(Path(args.tokenizer_dir))
     ids = prompt_ids(tokenizer)
     trees: dict[str, tuple[Path, int | None]] = {
-        ("gateway" if w == "default" else f"gateway w{w}"): (REPO, None if w == "default"
-                                                             else int(w))
-        for w in args.workers.split(",")}
+        ("gateway" if w == "default" else f"gateway w{w}"): (
+            REPO,
+            None if w == "default" else int(w),
+        )
+        for w in args.workers.split(",")
+    }
     baseline = None
     if args.baseline:
         baseline = baseline_tree(args.baseline, work / "baseline-tree")
         if baseline is not None:
             trees["baseline"] = (baseline, args.baseline_workers)
-    backend = start_echo_backend(subprocess_mode=True, tokens=MAX_TOKENS,
-                                 delay_ms=preset["delay_ms"],
-                                 token_delay_ms=preset["token_delay_ms"],
-                                 stream_interval=args.stream_interval)
-    gateways = {name: Gateway.start(
-        name, backend=backend.url, tokenizer=tokenizer, data_dir=work / name.replace(" ", "-"),
-        capture=True, repo=tree, profiler=args.profiler, workers=workers,
-        profile=Path(args.profile).resolve() / f"{name}.prof" if args.profile else None)
-        for name, (tree, workers) in trees.items()}
+    backend = start_echo_backend(
+        subprocess_mode=True,
+        tokens=MAX_TOKENS,
+        delay_ms=preset["delay_ms"],
+        token_delay_ms=preset["token_delay_ms"],
+        stream_interval=args.stream_interval,
+    )
+    gateways = {
+        name: Gateway.start(
+            name,
+            backend=backend.url,
+            tokenizer=tokenizer,
+            data_dir=work / name.replace(" ", "-"),
+            capture=True,
+            repo=tree,
+            profiler=args.profiler,
+            workers=workers,
+            profile=Path(args.profile).resolve() / f"{name}.prof" if args.profile else None,
+        )
+        for name, (tree, workers) in trees.items()
+    }
     n, conc = args.requests or preset["requests"], args.concurrency
     rounds = args.rounds or preset["rounds"]
     relay = start_relay(backend.url)
@@ -629,34 +761,42 @@ async def run_pace(args: argparse.Namespace) -> None:
             for gw in gateways.values():
                 await gw.ready(session)
                 gw.keys = await gw.make_keys(session, args.session_mode, episodes)
-        print(f"{args.preset}: echo backend {preset['delay_ms']:g} ms to the first token, "
-              f"then {preset['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens, a chunk every "
-              f"{args.stream_interval} token(s) after the first; {conc} closed-loop "
-              f"clients; {n} requests per path and round after {args.warmup} warm-up; "
-              f"{rounds} rounds, order rotating; capture on; {os.cpu_count()} CPUs shared by "
-              f"load, backend and gateway(s); paths: direct, {RELAY} (direct through "
-              f"benchmarks/tcp_relay.py), {', '.join(gateways)}",
-              flush=True)
+        print(
+            f"{args.preset}: echo backend {preset['delay_ms']:g} ms to the first token, "
+            f"then {preset['token_delay_ms']:g} ms per token, {MAX_TOKENS} tokens, a chunk every "
+            f"{args.stream_interval} token(s) after the first; {conc} closed-loop "
+            f"clients; {n} requests per path and round after {args.warmup} warm-up; "
+            f"{rounds} rounds, order rotating; capture on; {os.cpu_count()} CPUs shared by "
+            f"load, backend and gateway(s); paths: direct, {RELAY} (direct through "
+            f"benchmarks/tcp_relay.py), {', '.join(gateways)}",
+            flush=True,
+        )
         keys = {name: itertools.cycle(gw.keys) for name, gw in gateways.items()}
         results: dict[str, list[Result]] = {}
         for k in range(rounds):
             for mode in ("non-stream", "stream"):
                 stream = mode == "stream"
-                runs = [("direct", direct_sender(backend.url, ids, stream),
-                         itertools.repeat(""), None),
-                        (RELAY, direct_sender(relay.url, ids, stream), itertools.repeat(""),
-                         relay.pid)]
-                runs += [(name, gateway_sender(gw.url, stream), keys[name], gw.proc.pid)
-                         for name, gw in gateways.items()]
-                runs = runs[k % len(runs):] + runs[:k % len(runs)]  # rotate the order
+                runs = [
+                    ("direct", direct_sender(backend.url, ids, stream), itertools.repeat(""), None),
+                    (RELAY, direct_sender(relay.url, ids, stream), itertools.repeat(""), relay.pid),
+                ]
+                runs += [
+                    (name, gateway_sender(gw.url, stream), keys[name], gw.proc.pid)
+                    for name, gw in gateways.items()
+                ]
+                runs = runs[k % len(runs) :] + runs[: k % len(runs)]  # rotate the order
                 for name, send, run_keys, pid in runs:
-                    r = await drive(f"{name} {mode}", send, n, conc, args.warmup, run_keys,
-                                    args.turns, pid)
+                    r = await drive(
+                        f"{name} {mode}", send, n, conc, args.warmup, run_keys, args.turns, pid
+                    )
                     results.setdefault(r.label, []).append(r)
                     cpu = f" CPU {r.cpu_ms:.2f} ms/req" if r.cpu_ms is not None else ""
                     ttft = f" TTFT {r.pct(0.5, r.ttfts):.1f}" if r.ttfts else ""
-                    print(f"  round {k + 1} {r.label:22} {r.rps:6.0f} req/s p50 "
-                          f"{r.pct(0.5):6.1f} ms{ttft}{cpu}", flush=True)
+                    print(
+                        f"  round {k + 1} {r.label:22} {r.rps:6.0f} req/s p50 "
+                        f"{r.pct(0.5):6.1f} ms{ttft}{cpu}",
+                        flush=True,
+                    )
         print("\n".join(pace_report(results, list(gateways), targets=args.preset == "stream-pace")))
         if "baseline" in gateways:
             print("\n".join(baseline_report(results, args.baseline_label)))
@@ -667,8 +807,12 @@ async def run_pace(args: argparse.Namespace) -> None:
             gw.stop()
         backend.stop()
         if baseline is not None and baseline.is_relative_to(work):
-            subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=REPO,
-                           capture_output=True, check=False)
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(baseline)],
+                cwd=REPO,
+                capture_output=True,
+                check=False,
+            )
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -681,11 +825,18 @@ def baseline_tree(ref: str, scratch: Path) -> Path | None:
         return Path(ref).resolve()
     if ref == "file":
         ref = BASELINE_FILE.read_text().split()[0]
-    made = subprocess.run(["git", "worktree", "add", "--detach", str(scratch), ref], cwd=REPO,
-                          capture_output=True, text=True, check=False)
+    made = subprocess.run(
+        ["git", "worktree", "add", "--detach", str(scratch), ref],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if made.returncode != 0:
-        print(f"baseline {ref}: not measured: git worktree add failed: "
-              f"{made.stderr.strip()[-300:]}", flush=True)
+        print(
+            f"baseline {ref}: not measured: git worktree add failed: {made.stderr.strip()[-300:]}",
+            flush=True,
+        )
         return None
     return scratch
 
@@ -694,21 +845,33 @@ def baseline_report(results: dict[str, list[Result]], label: str) -> list[str]:
     """This tree's gateway against the baseline's, measured in the same rounds: req/s and
     CPU ratios per mode, CPU per streamed token, and a warning line when a CPU cost rose
     more than `CPU_WARN` (noise on a busy host is a few percent; it never fails the run)."""
+
     def med(name: str, mode: str, f: Callable[[Result], float | None]) -> float:
         return _median([v for r in results[f"{name} {mode}"] if (v := f(r)) is not None])
 
     def per_token(name: str) -> float:
-        return 1000 * (med(name, "stream", lambda r: r.cpu_ms)
-                       - med(name, "non-stream", lambda r: r.cpu_ms)) / MAX_TOKENS
+        return (
+            1000
+            * (
+                med(name, "stream", lambda r: r.cpu_ms)
+                - med(name, "non-stream", lambda r: r.cpu_ms)
+            )
+            / MAX_TOKENS
+        )
 
-    out = ["", f"this tree vs baseline {label} (same rounds; ratio = this / baseline):",
-           f"{'':12} {'req/s':>15} {'CPU ms/req':>19} {'CPU us/token':>21}"]
+    out = [
+        "",
+        f"this tree vs baseline {label} (same rounds; ratio = this / baseline):",
+        f"{'':12} {'req/s':>15} {'CPU ms/req':>19} {'CPU us/token':>21}",
+    ]
     rises: list[str] = []
     for mode in ("non-stream", "stream"):
         rps = [med(n, mode, lambda r: r.rps) for n in ("gateway", "baseline")]
         cpu = [med(n, mode, lambda r: r.cpu_ms) for n in ("gateway", "baseline")]
-        line = (f"{mode:12} {rps[0]:5.0f}/{rps[1]:<5.0f} {rps[0] / rps[1]:4.2f}x "
-                f"{cpu[0]:5.2f}/{cpu[1]:<5.2f} {cpu[0] / cpu[1]:5.2f}x")
+        line = (
+            f"{mode:12} {rps[0]:5.0f}/{rps[1]:<5.0f} {rps[0] / rps[1]:4.2f}x "
+            f"{cpu[0]:5.2f}/{cpu[1]:<5.2f} {cpu[0] / cpu[1]:5.2f}x"
+        )
         if cpu[0] > cpu[1] * (1 + CPU_WARN):
             rises.append(f"CPU per {mode} request {cpu[0] / cpu[1] - 1:+.0%}")
         if mode == "stream":
@@ -718,9 +881,11 @@ def baseline_report(results: dict[str, list[Result]], label: str) -> list[str]:
                 rises.append(f"CPU per streamed token {tok[0] / tok[1] - 1:+.0%}")
         out.append(line)
     if rises:
-        out.append(f"WARNING: gateway CPU rose more than {CPU_WARN:.0%} against baseline "
-                   f"{label}: {'; '.join(rises)}. Profile the hot path before merging "
-                   "(docs/benchmarks/gateway-performance.md), or move the baseline on purpose.")
+        out.append(
+            f"WARNING: gateway CPU rose more than {CPU_WARN:.0%} against baseline "
+            f"{label}: {'; '.join(rises)}. Profile the hot path before merging "
+            "(docs/benchmarks/gateway-performance.md), or move the baseline on purpose."
+        )
     else:
         out.append(f"gateway CPU within {CPU_WARN:.0%} of baseline {label} (or below).")
     return out
@@ -754,8 +919,10 @@ def start_relay(backend_url: str) -> Relay:
     """A relay to `backend_url`, listening once this returns."""
     port = free_port()
     target = backend_url.removeprefix("http://").rstrip("/")
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.tcp_relay", "--port", str(port),
-                             "--to", target], cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.tcp_relay", "--port", str(port), "--to", target],
+        cwd=REPO,
+    )
     end = time.monotonic() + 30
     while True:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
@@ -766,50 +933,68 @@ def start_relay(backend_url: str) -> Relay:
         time.sleep(0.05)
 
 
-def pace_report(results: dict[str, list[Result]], names: list[str], targets: bool = True
-                ) -> list[str]:
+def pace_report(
+    results: dict[str, list[Result]], names: list[str], targets: bool = True
+) -> list[str]:
     """The preset's table (medians over rounds) and its targets."""
+
     def med(label: str, f: Callable[[Result], float | None]) -> float:
         return _median([v for r in results[label] if (v := f(r)) is not None])
 
-    out = ["", f"{'path':20} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'TTFT p50':>8} "
-               f"{'vs direct':>9} {'CPU ms/req':>10} {'(kernel)':>8} {'CPU us/token':>12} "
-               f"{'(kernel)':>8} {'reads/req':>9}"]
+    out = [
+        "",
+        f"{'path':20} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'TTFT p50':>8} "
+        f"{'vs direct':>9} {'CPU ms/req':>10} {'(kernel)':>8} {'CPU us/token':>12} "
+        f"{'(kernel)':>8} {'reads/req':>9}",
+    ]
     for mode in ("non-stream", "stream"):
         d_rps = med(f"direct {mode}", lambda r: r.rps)
         for name in ["direct", RELAY, *names]:
             label = f"{name} {mode}"
             rps = med(label, lambda r: r.rps)
-            ttft = (f"{med(label, lambda r: r.pct(0.5, r.ttfts)):8.1f}" if mode == "stream"
-                    else f"{'':8}")
+            ttft = (
+                f"{med(label, lambda r: r.pct(0.5, r.ttfts)):8.1f}"
+                if mode == "stream"
+                else f"{'':8}"
+            )
             cpu = med(label, lambda r: r.cpu_ms) if name != "direct" else None
             kernel = med(label, lambda r: r.sys_cpu_ms) if name != "direct" else None
             per_token = ""
             if cpu is not None and kernel is not None and mode == "stream":
                 ns = med(f"{name} non-stream", lambda r: r.cpu_ms)
                 ns_kernel = med(f"{name} non-stream", lambda r: r.sys_cpu_ms)
-                per_token = (f"{1000 * (cpu - ns) / MAX_TOKENS:12.1f} "
-                             f"{1000 * (kernel - ns_kernel) / MAX_TOKENS:8.1f}")
+                per_token = (
+                    f"{1000 * (cpu - ns) / MAX_TOKENS:12.1f} "
+                    f"{1000 * (kernel - ns_kernel) / MAX_TOKENS:8.1f}"
+                )
             cpus = f"{'':10} {'':8}" if cpu is None else f"{cpu:10.2f} {kernel:8.2f}"
             if mode == "stream":
-                per_token = (per_token or f"{'':12} {'':8}") + \
-                    f" {med(label, lambda r: r.reads):9.1f}"
-            out.append(f"{label:20} {rps:7.0f} {med(label, lambda r: r.pct(0.5)):7.1f} "
-                       f"{med(label, lambda r: r.pct(0.99)):7.1f} {ttft} {rps / d_rps:8.2f}x "
-                       f"{cpus} {per_token}")
-    out.append("(CPU us/token: the gateway CPU a streamed request costs over the same request "
-               "not streamed, per token; (kernel): the part in system calls; reads/req: "
-               "network reads of a streamed body at the client, about the server's writes: "
-               "fewer when a lagging server coalesces tokens); relay: the direct load through "
-               "a Python byte relay (no parsing), the floor of per-token forwarding in Python")
+                per_token = (
+                    per_token or f"{'':12} {'':8}"
+                ) + f" {med(label, lambda r: r.reads):9.1f}"
+            out.append(
+                f"{label:20} {rps:7.0f} {med(label, lambda r: r.pct(0.5)):7.1f} "
+                f"{med(label, lambda r: r.pct(0.99)):7.1f} {ttft} {rps / d_rps:8.2f}x "
+                f"{cpus} {per_token}"
+            )
+    out.append(
+        "(CPU us/token: the gateway CPU a streamed request costs over the same request "
+        "not streamed, per token; (kernel): the part in system calls; reads/req: "
+        "network reads of a streamed body at the client, about the server's writes: "
+        "fewer when a lagging server coalesces tokens); relay: the direct load through "
+        "a Python byte relay (no parsing), the floor of per-token forwarding in Python"
+    )
     for name in names if targets else ():
-        ratios = {mode: med(f"{name} {mode}", lambda r: r.rps) / med(f"direct {mode}",
-                                                                     lambda r: r.rps)
-                  for mode in ("non-stream", "stream")}
-        ttft = (med(f"{name} stream", lambda r: r.pct(0.5, r.ttfts))
-                - med("direct stream", lambda r: r.pct(0.5, r.ttfts)))
-        p50 = med(f"{name} stream", lambda r: r.pct(0.5)) - med("direct stream",
-                                                                 lambda r: r.pct(0.5))
+        ratios = {
+            mode: med(f"{name} {mode}", lambda r: r.rps) / med(f"direct {mode}", lambda r: r.rps)
+            for mode in ("non-stream", "stream")
+        }
+        ttft = med(f"{name} stream", lambda r: r.pct(0.5, r.ttfts)) - med(
+            "direct stream", lambda r: r.pct(0.5, r.ttfts)
+        )
+        p50 = med(f"{name} stream", lambda r: r.pct(0.5)) - med(
+            "direct stream", lambda r: r.pct(0.5)
+        )
         out.append(
             f"  {name}: stream {ratios['stream']:.2f}x [>= {PACE_TARGETS['stream']}x: "
             f"{_ok(ratios['stream'] >= PACE_TARGETS['stream'])}]  non-stream "
@@ -817,7 +1002,8 @@ def pace_report(results: dict[str, list[Result]], names: list[str], targets: boo
             f"{_ok(ratios['non-stream'] >= PACE_TARGETS['non-stream'])}]  TTFT p50 "
             f"{ttft:+.1f} ms [<= +{PACE_TARGETS['ttft_ms']:g}: "
             f"{_ok(ttft <= PACE_TARGETS['ttft_ms'])}]  stream p50 {p50:+.1f} ms [<= "
-            f"+{PACE_TARGETS['stream_p50_ms']:g}: {_ok(p50 <= PACE_TARGETS['stream_p50_ms'])}]")
+            f"+{PACE_TARGETS['stream_p50_ms']:g}: {_ok(p50 <= PACE_TARGETS['stream_p50_ms'])}]"
+        )
     return out
 
 
@@ -867,11 +1053,14 @@ def summarize_samples(path: Path, top: int = 40) -> str:
         for fr in set(frames):
             incl[fr] = incl.get(fr, 0) + int(n)
     out = [f"{total} busy samples", "self %  frame"]
-    out += [f"{100 * n / total:5.1f}  {fr}" for fr, n in
-            sorted(self_n.items(), key=lambda x: -x[1])[:top]]
+    out += [
+        f"{100 * n / total:5.1f}  {fr}"
+        for fr, n in sorted(self_n.items(), key=lambda x: -x[1])[:top]
+    ]
     out += ["incl %  frame"]
-    out += [f"{100 * n / total:5.1f}  {fr}" for fr, n in
-            sorted(incl.items(), key=lambda x: -x[1])[:top]]
+    out += [
+        f"{100 * n / total:5.1f}  {fr}" for fr, n in sorted(incl.items(), key=lambda x: -x[1])[:top]
+    ]
     return "\n".join(out)
 
 
@@ -893,8 +1082,9 @@ def serve(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING)
     config = load_config(overrides=args.overrides)
     gc_times = track_gc()
-    atexit.register(lambda: logging.warning("gc [count, total s, max s] by generation: %s",
-                                            gc_times))
+    atexit.register(
+        lambda: logging.warning("gc [count, total s, max s] by generation: %s", gc_times)
+    )
     # uvicorn re-raises SIGTERM after its graceful shutdown; exit through `finally`/atexit.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.profile is None:
@@ -932,37 +1122,68 @@ def main() -> None:
     p.add_argument("--stream-requests", type=int, default=600)
     p.add_argument("--warmup", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--delay-ms", type=float, default=5.0,
-                   help="echo sleep before the first token (prefill)")
-    p.add_argument("--token-delay-ms", type=float, default=2.0,
-                   help="realistic setting: echo sleep before each token (decode)")
-    p.add_argument("--slow-token-delay-ms", type=float, default=10.0,
-                   help="typical-LLM setting (0: skip it), run with half the requests")
+    p.add_argument(
+        "--delay-ms", type=float, default=5.0, help="echo sleep before the first token (prefill)"
+    )
+    p.add_argument(
+        "--token-delay-ms",
+        type=float,
+        default=2.0,
+        help="realistic setting: echo sleep before each token (decode)",
+    )
+    p.add_argument(
+        "--slow-token-delay-ms",
+        type=float,
+        default=10.0,
+        help="typical-LLM setting (0: skip it), run with half the requests",
+    )
     p.add_argument("--session-mode", choices=sorted(SESSION_MODES), default="episode")
     p.add_argument("--turns", type=int, default=8, help="requests per episode (session key)")
     p.add_argument("--no-zero-delay", action="store_true", help="skip the zero-delay setting")
     p.add_argument("--profile", default=None, help="directory for the gateways' profiles")
     p.add_argument("--profiler", choices=PROFILERS, default="cprofile")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="stream-pace: issue 14's delayed-token setting (see PACE); zero-delay: "
-                        "the same against a backend that answers at once (CPU-bound)")
-    p.add_argument("--baseline", default=None,
-                   help="also measure the gateway of this source tree or commit (`file`: the "
-                        "commit in benchmarks/baseline-commit) in the same rounds, and print "
-                        "the ratios (implies --preset stream-pace unless a preset is given)")
-    p.add_argument("--baseline-workers", type=int, default=None,
-                   help="gateway.scale.workers of the baseline (default: its config's own)")
-    p.add_argument("--quick", action="store_true",
-                   help="CI's short form: one round of 300 requests per path (CPU columns)")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="stream-pace: issue 14's delayed-token setting (see PACE); zero-delay: "
+        "the same against a backend that answers at once (CPU-bound)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="also measure the gateway of this source tree or commit (`file`: the "
+        "commit in benchmarks/baseline-commit) in the same rounds, and print "
+        "the ratios (implies --preset stream-pace unless a preset is given)",
+    )
+    p.add_argument(
+        "--baseline-workers",
+        type=int,
+        default=None,
+        help="gateway.scale.workers of the baseline (default: its config's own)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI's short form: one round of 300 requests per path (CPU columns)",
+    )
     p.add_argument("--rounds", type=int, default=0, help="with --preset (default 3)")
-    p.add_argument("--stream-interval", type=int, default=1,
-                   help="with --preset: the backend streams a chunk every N tokens after the "
-                        "first (SGLang's --stream-interval)")
-    p.add_argument("--workers", default="default",
-                   help="with --preset: gateway.scale.workers values to measure, e.g. "
-                        "default,1,2 (default: the config's own, what a user gets)")
-    p.add_argument("--tokenizer-dir", default=str(Path(tempfile.gettempdir()) /
-                                                  "areal-bench-tokenizer-32k"))
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="with --preset: the backend streams a chunk every N tokens after the "
+        "first (SGLang's --stream-interval)",
+    )
+    p.add_argument(
+        "--workers",
+        default="default",
+        help="with --preset: gateway.scale.workers values to measure, e.g. "
+        "default,1,2 (default: the config's own, what a user gets)",
+    )
+    p.add_argument(
+        "--tokenizer-dir", default=str(Path(tempfile.gettempdir()) / "areal-bench-tokenizer-32k")
+    )
     args = p.parse_args()
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -979,8 +1200,11 @@ def main() -> None:
     if args.baseline and args.preset is None:
         # Only the preset measures two source trees in the same rounds; without this the
         # flag was silently ignored and the run compared nothing.
-        print("--baseline: measuring with --preset stream-pace (the setting that compares "
-              "this tree with the baseline's in the same rounds)", flush=True)
+        print(
+            "--baseline: measuring with --preset stream-pace (the setting that compares "
+            "this tree with the baseline's in the same rounds)",
+            flush=True,
+        )
         args.preset = "stream-pace"
     args.baseline_label = args.baseline
     if args.baseline == "file":

@@ -28,9 +28,13 @@ Post = Callable[[dict[str, Any]], Awaitable[int]]
 
 
 def _payload(i: int, stream: bool) -> dict[str, Any]:
-    return {"input_ids": list(range(1 + i % 7, 65 + i % 7)), "rid": f"bench-{i:08d}",
-            "sampling_params": {"max_new_tokens": 32, "temperature": 1.0},
-            "return_logprob": True, "stream": stream}
+    return {
+        "input_ids": list(range(1 + i % 7, 65 + i % 7)),
+        "rid": f"bench-{i:08d}",
+        "sampling_params": {"max_new_tokens": 32, "temperature": 1.0},
+        "return_logprob": True,
+        "stream": stream,
+    }
 
 
 def _last_sse(lines: list[bytes]) -> int:
@@ -49,20 +53,25 @@ async def httpx_default(url: str, n_conn: int, stream: bool) -> tuple[Post, Call
 
 
 async def httpx_tuned(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
-    limits = httpx.Limits(max_connections=n_conn, max_keepalive_connections=n_conn,
-                          keepalive_expiry=60)
-    client = httpx.AsyncClient(base_url=url, timeout=60, limits=limits, http1=True,
-                               http2=False, trust_env=False)
+    limits = httpx.Limits(
+        max_connections=n_conn, max_keepalive_connections=n_conn, keepalive_expiry=60
+    )
+    client = httpx.AsyncClient(
+        base_url=url, timeout=60, limits=limits, http1=True, http2=False, trust_env=False
+    )
     return _httpx_post(client, stream), client.aclose
 
 
 async def httpx_sharded(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
     """8 independent httpx pools of n_conn/8 connections each (round-robin)."""
     shards = 8
-    limits = httpx.Limits(max_connections=max(1, n_conn // shards),
-                          max_keepalive_connections=max(1, n_conn // shards))
-    clients = [httpx.AsyncClient(base_url=url, timeout=60, limits=limits, trust_env=False)
-               for _ in range(shards)]
+    limits = httpx.Limits(
+        max_connections=max(1, n_conn // shards), max_keepalive_connections=max(1, n_conn // shards)
+    )
+    clients = [
+        httpx.AsyncClient(base_url=url, timeout=60, limits=limits, trust_env=False)
+        for _ in range(shards)
+    ]
     posts = [_httpx_post(c, stream) for c in clients]
     counter = iter(range(1 << 62))
 
@@ -99,10 +108,12 @@ def _httpx_post(client: Any, stream: bool) -> Post:
 
 
 async def aiohttp_connector(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
-    connector = aiohttp.TCPConnector(limit=n_conn, limit_per_host=0, keepalive_timeout=60,
-                                     enable_cleanup_closed=False)
-    session = aiohttp.ClientSession(url, connector=connector,
-                                    timeout=aiohttp.ClientTimeout(total=60))
+    connector = aiohttp.TCPConnector(
+        limit=n_conn, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=False
+    )
+    session = aiohttp.ClientSession(
+        url, connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+    )
 
     async def post(p: dict[str, Any]) -> int:
         async with session.post("/generate", json=p) as r:
@@ -125,9 +136,11 @@ async def raw_keepalive(url: str, n_conn: int, stream: bool) -> tuple[Post, Call
             conn = idle.pop() if idle else await asyncio.open_connection(host, int(port))
             reader, writer = conn
             body = json.dumps(p).encode()
-            writer.write(b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: "
-                         b"application/json\r\nContent-Length: %d\r\n\r\n%s"
-                         % (host.encode(), len(body), body))
+            writer.write(
+                b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (host.encode(), len(body), body)
+            )
             head = (await reader.readuntil(b"\r\n\r\n")).lower()
             if b"transfer-encoding: chunked" in head:
                 data = await _read_chunked(reader)
@@ -182,8 +195,9 @@ CANDIDATES = {
 }
 
 
-async def measure(make: Callable, url: str, n_req: int, conc: int,
-                  stream: bool) -> tuple[float, float]:
+async def measure(
+    make: Callable, url: str, n_req: int, conc: int, stream: bool
+) -> tuple[float, float]:
     """(req/s, client CPU ms per request) for n_req requests from conc workers."""
     post, close = await make(url, conc, stream)
     queue = iter(range(n_req))
@@ -203,14 +217,17 @@ async def measure(make: Callable, url: str, n_req: int, conc: int,
 async def _run(args: argparse.Namespace) -> None:
     backend = start_echo_backend(subprocess_mode=True, tokens=32, delay_ms=args.delay_ms)
     try:
-        print(f"{args.requests} requests, {args.concurrency} concurrent, backend delay "
-              f"{args.delay_ms} ms, stream={args.stream}, loop={type(asyncio.get_running_loop()).__module__}")
+        print(
+            f"{args.requests} requests, {args.concurrency} concurrent, backend delay "
+            f"{args.delay_ms} ms, stream={args.stream}, loop={type(asyncio.get_running_loop()).__module__}"
+        )
         print(f"{'client':30} {'req/s':>8} {'CPU ms/req':>11}")
         for name, make in CANDIDATES.items():
             if args.only and args.only not in name:
                 continue
-            rps, cpu_ms = await measure(make, backend.url, args.requests, args.concurrency,
-                                        args.stream)
+            rps, cpu_ms = await measure(
+                make, backend.url, args.requests, args.concurrency, args.stream
+            )
             print(f"{name:30} {rps:8.0f} {cpu_ms:11.3f}", flush=True)
     finally:
         backend.stop()

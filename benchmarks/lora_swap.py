@@ -42,8 +42,10 @@ def write_adapter(model_dir: str, out: Path, rank: int, seed: int) -> Path:
     from trainer.lora import peft_config
 
     torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                           peft_config(LoRAConfig(rank=rank, alpha=2.0 * rank)))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        peft_config(LoRAConfig(rank=rank, alpha=2.0 * rank)),
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".lora_" in name:
@@ -69,8 +71,9 @@ def tensor_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
-async def swap_rounds(url: str, full: Path, adapters: list[Path], rounds: int
-                      ) -> dict[str, list[tuple[float, float]]]:
+async def swap_rounds(
+    url: str, full: Path, adapters: list[Path], rounds: int
+) -> dict[str, list[tuple[float, float]]]:
     """(load seconds, whole swap seconds) per swap kind, alternating kinds."""
     from areal_service.lora_adapter import ADAPTER_NAME
     from gateway.vllm_backend import VLLMClient
@@ -100,22 +103,38 @@ def adapter_logprob_gap(url: str, model_dir: str, adapter: Path) -> tuple[float,
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), adapter).eval()
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), adapter
+    ).eval()
     worst = off_base = 0.0
     for seed, prompt in enumerate(PROMPTS):
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
-                                      add_generation_prompt=True, return_dict=False)
-        reply = httpx.post(f"{url}/inference/v1/generate", timeout=300, json={
-            "token_ids": ids, "model": ADAPTER_NAME, "sampling_params": {
-                "max_tokens": 32, "temperature": 1.0, "seed": seed, "logprobs": 0,
-                "ignore_eos": True}}).json()["choices"][0]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        reply = httpx.post(
+            f"{url}/inference/v1/generate",
+            timeout=300,
+            json={
+                "token_ids": ids,
+                "model": ADAPTER_NAME,
+                "sampling_params": {
+                    "max_tokens": 32,
+                    "temperature": 1.0,
+                    "seed": seed,
+                    "logprobs": 0,
+                    "ignore_eos": True,
+                },
+            },
+        ).json()["choices"][0]
         out = reply["token_ids"]
         served = torch.tensor([c["logprob"] for c in reply["logprobs"]["content"]])
         full = torch.tensor([ids + out])
         with torch.no_grad():
-            logits = model(input_ids=full).logits[0, len(ids) - 1:-1]
+            logits = model(input_ids=full).logits[0, len(ids) - 1 : -1]
             with model.disable_adapter():
-                base_logits = model(input_ids=full).logits[0, len(ids) - 1:-1]
+                base_logits = model(input_ids=full).logits[0, len(ids) - 1 : -1]
         mine = token_logprobs(logits, torch.tensor(out))[0]
         base = token_logprobs(base_logits, torch.tensor(out))[0]
         worst = max(worst, float((mine - served).abs().max()))
@@ -126,7 +145,9 @@ def adapter_logprob_gap(url: str, model_dir: str, adapter: Path) -> tuple[float,
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--vllm-python", default=os.environ.get("AREAL_VLLM_PYTHON", sys.executable))
+    parser.add_argument(
+        "--vllm-python", default=os.environ.get("AREAL_VLLM_PYTHON", sys.executable)
+    )
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
@@ -137,12 +158,14 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="lora-swap-") as tmp:
         work = Path(tmp)
         full = write_full(args.model, work / "full")
-        adapters = [write_adapter(args.model, work / f"adapter-{s}", args.rank, s)
-                    for s in (1, 2)]
+        adapters = [write_adapter(args.model, work / f"adapter-{s}", args.rank, s) for s in (1, 2)]
         lora = (f"trainer.lora.rank={args.rank}", f"trainer.lora.alpha={2.0 * args.rank}")
         # the untrained adapter the server starts with, where start_vllm's config puts it
-        prepare_lora(load_config(overrides=[f"data_dir={work / 'vllm'}",
-                                            f"engine.model={args.model}", *lora]))
+        prepare_lora(
+            load_config(
+                overrides=[f"data_dir={work / 'vllm'}", f"engine.model={args.model}", *lora]
+            )
+        )
         child, url = start_vllm(args, work, free_port(), *lora, "engine.dtype=float32")
         try:
             times = asyncio.run(swap_rounds(url, full, adapters, args.rounds))
@@ -155,21 +178,30 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             child.stop(VLLM_GRACE_S)
         a_bytes, f_bytes = tensor_bytes(adapters[0]), tensor_bytes(full)
-    print(f"\nvLLM-CPU, {Path(args.model).name}, LoRA rank {args.rank}, {args.rounds} swaps each "
-          "(gateway's VLLMClient.swap_weights; seconds)")
+    print(
+        f"\nvLLM-CPU, {Path(args.model).name}, LoRA rank {args.rank}, {args.rounds} swaps each "
+        "(gateway's VLLMClient.swap_weights; seconds)"
+    )
     print(f"{'swap':<28}{'load median':>12}{'load min':>10}{'total median':>14}{'total min':>11}")
     rows = {"full weights (baseline)": times["full"], "adapter, in place": times["adapter"]}
     for label, samples in rows.items():
         loads, totals = [s[0] for s in samples], [s[1] for s in samples]
-        print(f"{label:<28}{statistics.median(loads):>12.4f}{min(loads):>10.4f}"
-              f"{statistics.median(totals):>14.4f}{min(totals):>11.4f}")
-    ratio = (statistics.median(s[1] for s in times["full"])
-             / statistics.median(s[1] for s in times["adapter"]))
+        print(
+            f"{label:<28}{statistics.median(loads):>12.4f}{min(loads):>10.4f}"
+            f"{statistics.median(totals):>14.4f}{min(totals):>11.4f}"
+        )
+    ratio = statistics.median(s[1] for s in times["full"]) / statistics.median(
+        s[1] for s in times["adapter"]
+    )
     print(f"adapter swap is {ratio:.1f}x faster than the full-weight swap (median total)")
-    print(f"bytes per version: adapter {a_bytes / 2**20:.2f} MiB vs full checkpoint "
-          f"{f_bytes / 2**20:.1f} MiB ({f_bytes / a_bytes:.0f}x)")
-    print(f"max |vLLM - PEFT| logprob under the adapter (fp32): {gap[0]:.2e}  "
-          f"(vs the base model without it: {gap[1]:.3f})")
+    print(
+        f"bytes per version: adapter {a_bytes / 2**20:.2f} MiB vs full checkpoint "
+        f"{f_bytes / 2**20:.1f} MiB ({f_bytes / a_bytes:.0f}x)"
+    )
+    print(
+        f"max |vLLM - PEFT| logprob under the adapter (fp32): {gap[0]:.2e}  "
+        f"(vs the base model without it: {gap[1]:.3f})"
+    )
 
 
 if __name__ == "__main__":

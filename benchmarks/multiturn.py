@@ -59,8 +59,11 @@ from benchmarks.gateway_overhead import (
 from engine.echo_backend import start_echo_backend
 
 BUCKETS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
-WORDS = [w for w in "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega "
-         "river stone cloud ember harbor signal vector prism lantern meadow".split()]
+WORDS = [
+    w
+    for w in "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega "
+    "river stone cloud ember harbor signal vector prism lantern meadow".split()
+]
 
 
 @dataclass
@@ -82,16 +85,23 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
-def start_gateway(name: str, *, backend: str, tokenizer: Path, data_dir: Path,
-                  continuity: bool) -> tuple[subprocess.Popen[bytes], str]:
+def start_gateway(
+    name: str, *, backend: str, tokenizer: Path, data_dir: Path, continuity: bool
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "benchmarks.gateway_overhead", "serve"]
-    for item in (f"data_dir={data_dir}", f"engine.model={tokenizer}",
-                 f"gateway.router.backends=[{backend}]", f"gateway.port={port}",
-                 "engine.context_length=200000", "log_level=warning",
-                 f"gateway.auth.admin_key={ADMIN_KEY}", "gateway.sampling.mode=client",
-                 f"gateway.continuity.enabled={str(continuity).lower()}"):
+    for item in (
+        f"data_dir={data_dir}",
+        f"engine.model={tokenizer}",
+        f"gateway.router.backends=[{backend}]",
+        f"gateway.port={port}",
+        "engine.context_length=200000",
+        "log_level=warning",
+        f"gateway.auth.admin_key={ADMIN_KEY}",
+        "gateway.sampling.mode=client",
+        f"gateway.continuity.enabled={str(continuity).lower()}",
+    ):
         argv += ["--set", item]
     log = open(data_dir / "gateway.log", "wb")  # noqa: SIM115 - lives with the process
     proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -119,13 +129,22 @@ def words_for(tokenizer_dir: Path, tokens: int) -> int:
     from gateway.tokenizer import ChatTokenizer
 
     sample = user_text(random.Random(1), 1000)
-    return max(1, round(tokens * 1000 / len(ChatTokenizer.from_pretrained(tokenizer_dir)
-                                             .encode(sample))))
+    return max(
+        1, round(tokens * 1000 / len(ChatTokenizer.from_pretrained(tokenizer_dir).encode(sample)))
+    )
 
 
-def run_conversation(url: str, pid: int, *, max_context: int, user_tokens: int,
-                     output_tokens: int, seed: int, words: int, turns_limit: int | None
-                     ) -> tuple[str, list[Turn]]:
+def run_conversation(
+    url: str,
+    pid: int,
+    *,
+    max_context: int,
+    user_tokens: int,
+    output_tokens: int,
+    seed: int,
+    words: int,
+    turns_limit: int | None,
+) -> tuple[str, list[Turn]]:
     """Drive one agent conversation to `max_context` (or `turns_limit` turns); (session
     id, per-turn figures)."""
     rng = random.Random(seed)
@@ -134,13 +153,18 @@ def run_conversation(url: str, pid: int, *, max_context: int, user_tokens: int,
         started = http.post("/rl/sessions", json={}, headers=admin).json()
         auth = {"authorization": f"Bearer {started['api_key']}"}
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": "You are an agent. " + user_text(rng, words // 4)}]
+            {"role": "system", "content": "You are an agent. " + user_text(rng, words // 4)}
+        ]
         turns: list[Turn] = []
         context = 0
-        while (context < max_context if turns_limit is None else len(turns) < turns_limit):
+        while context < max_context if turns_limit is None else len(turns) < turns_limit:
             messages.append({"role": "user", "content": user_text(rng, words)})
-            body = {"model": MODEL, "messages": messages, "max_tokens": output_tokens,
-                    "temperature": 1.0}
+            body = {
+                "model": MODEL,
+                "messages": messages,
+                "max_tokens": output_tokens,
+                "temperature": 1.0,
+            }
             before = cpu_ns(pid)
             reply = http.post("/v1/chat/completions", json=body, headers=auth)
             cpu = (cpu_ns(pid) - before) / 1e9
@@ -163,8 +187,9 @@ class _Replayed:
         return self._message
 
 
-def prompt_costs(tokenizer_dir: Path, records: list[CompletionRecord], continuity: bool
-                 ) -> tuple[list[float], list[float]]:
+def prompt_costs(
+    tokenizer_dir: Path, records: list[CompletionRecord], continuity: bool
+) -> tuple[list[float], list[float]]:
     """Per turn: ms to build the prompt ids (fresh tokenizer caches, warmed by the turns
     as in a gateway) and ms of one Jinja render of the whole conversation."""
     from gateway.continuity import Continuity
@@ -191,7 +216,8 @@ def prompt_costs(tokenizer_dir: Path, records: list[CompletionRecord], continuit
 def trained_per_generated(records: list[CompletionRecord]) -> float:
     sequences = build_sequences(records, {r.id: 0.0 for r in records})
     return sum(len(s.input_ids) for s in sequences) / max(
-        1, sum(len(r.output_ids) for r in records))
+        1, sum(len(r.output_ids) for r in records)
+    )
 
 
 def at_buckets(turns: list[Turn]) -> dict[int, int]:
@@ -213,8 +239,9 @@ def main() -> None:
     p.add_argument("--max-context", type=int, default=65536)
     p.add_argument("--user-tokens", type=int, default=900)
     p.add_argument("--output-tokens", type=int, default=256)
-    p.add_argument("--tokenizer-dir", default=str(Path(tempfile.gettempdir()) /
-                                                  "areal-bench-tokenizer-32k"))
+    p.add_argument(
+        "--tokenizer-dir", default=str(Path(tempfile.gettempdir()) / "areal-bench-tokenizer-32k")
+    )
     args = p.parse_args()
     t0 = time.perf_counter()
     tokenizer = build_bench_tokenizer(Path(args.tokenizer_dir))
@@ -224,14 +251,24 @@ def main() -> None:
     try:
         for continuity in (True, False):  # off replays on's number of turns
             name = "continuity-" + ("on" if continuity else "off")
-            proc, url = start_gateway(name, backend=backend.url, tokenizer=tokenizer,
-                                      data_dir=work / name, continuity=continuity)
+            proc, url = start_gateway(
+                name,
+                backend=backend.url,
+                tokenizer=tokenizer,
+                data_dir=work / name,
+                continuity=continuity,
+            )
             try:
                 session_id, turns = run_conversation(
-                    url, proc.pid, max_context=args.max_context, user_tokens=args.user_tokens,
-                    output_tokens=args.output_tokens, seed=0,
+                    url,
+                    proc.pid,
+                    max_context=args.max_context,
+                    user_tokens=args.user_tokens,
+                    output_tokens=args.output_tokens,
+                    seed=0,
                     words=words_for(tokenizer, args.user_tokens),
-                    turns_limit=None if continuity else len(results[True][0]))
+                    turns_limit=None if continuity else len(results[True][0]),
+                )
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -247,34 +284,46 @@ def main() -> None:
 
     off_turns, off_records = results[False]
     on_turns, on_records = results[True]
-    print(f"\nOne agent conversation, {len(on_turns)} turns ({args.user_tokens} user + "
-          f"{args.output_tokens} generated tokens a turn), echo backend, 32k BPE tokenizer.")
-    print("trained/gen: training tokens (exported sequences) per generated token so far; "
-          "gw CPU: gateway process ms per turn (mean of 3); prompt: ms to build the prompt "
-          "ids; render: one Jinja render of the conversation (in-process).\n")
-    head = (f"{'context':>8} {'turn':>5} | {'trained/gen':>19} {'ratio':>6} | "
-            f"{'gw CPU ms/turn':>15} {'ratio':>6} | {'prompt ms':>13} {'ratio':>6} | "
-            f"{'render ms':>9}")
+    print(
+        f"\nOne agent conversation, {len(on_turns)} turns ({args.user_tokens} user + "
+        f"{args.output_tokens} generated tokens a turn), echo backend, 32k BPE tokenizer."
+    )
+    print(
+        "trained/gen: training tokens (exported sequences) per generated token so far; "
+        "gw CPU: gateway process ms per turn (mean of 3); prompt: ms to build the prompt "
+        "ids; render: one Jinja render of the conversation (in-process).\n"
+    )
+    head = (
+        f"{'context':>8} {'turn':>5} | {'trained/gen':>19} {'ratio':>6} | "
+        f"{'gw CPU ms/turn':>15} {'ratio':>6} | {'prompt ms':>13} {'ratio':>6} | "
+        f"{'render ms':>9}"
+    )
     print(head)
-    print(f"{'':>8} {'':>5} | {'off':>9} {'on':>9} {'':>6} | {'off':>7} {'on':>7} {'':>6} | "
-          f"{'off':>6} {'on':>6} {'':>6} |")
+    print(
+        f"{'':>8} {'':>5} | {'off':>9} {'on':>9} {'':>6} | {'off':>7} {'on':>7} {'':>6} | "
+        f"{'off':>6} {'on':>6} {'':>6} |"
+    )
     print("-" * len(head))
     for i in at_buckets(on_turns).values():
         window = slice(max(0, min(i - 1, len(on_turns) - 3)), i + 2)
-        tg_off = trained_per_generated(off_records[:i + 1])
-        tg_on = trained_per_generated(on_records[:i + 1])
+        tg_off = trained_per_generated(off_records[: i + 1])
+        tg_on = trained_per_generated(on_records[: i + 1])
         cpu_off = mean([t.cpu_ms for t in off_turns[window]])
         cpu_on = mean([t.cpu_ms for t in on_turns[window]])
         pr_off, pr_on = mean(costs[False][0][window]), mean(costs[True][0][window])
         render = mean(costs[True][1][window])
-        print(f"{on_turns[i].context:>8} {i + 1:>5} | {tg_off:>9.2f} {tg_on:>9.2f} "
-              f"{tg_on / tg_off:>6.2f} | {cpu_off:>7.2f} {cpu_on:>7.2f} {cpu_on / cpu_off:>6.2f}"
-              f" | {pr_off:>6.2f} {pr_on:>6.2f} {pr_on / max(pr_off, 1e-9):>6.2f} | "
-              f"{render:>9.2f}")
+        print(
+            f"{on_turns[i].context:>8} {i + 1:>5} | {tg_off:>9.2f} {tg_on:>9.2f} "
+            f"{tg_on / tg_off:>6.2f} | {cpu_off:>7.2f} {cpu_on:>7.2f} {cpu_on / cpu_off:>6.2f}"
+            f" | {pr_off:>6.2f} {pr_on:>6.2f} {pr_on / max(pr_off, 1e-9):>6.2f} | "
+            f"{render:>9.2f}"
+        )
     n_off = len(build_sequences(off_records, {r.id: 0.0 for r in off_records}))
     n_on = len(build_sequences(on_records, {r.id: 0.0 for r in on_records}))
-    print(f"\nSequences exported for the whole conversation: off {n_off}, on {n_on} "
-          f"(ratio = on / off). Total {time.perf_counter() - t0:.0f} s.")
+    print(
+        f"\nSequences exported for the whole conversation: off {n_off}, on {n_on} "
+        f"(ratio = on / off). Total {time.perf_counter() - t0:.0f} s."
+    )
 
 
 if __name__ == "__main__":

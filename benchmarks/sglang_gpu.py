@@ -54,12 +54,12 @@ def checkpoint_gb(model_dir: Path) -> float:
     return sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / 1e9
 
 
-async def _chat_load(url: str, key: str, model: str, requests: int, concurrency: int,
-                     max_tokens: int) -> tuple[float, int, list[str]]:
+async def _chat_load(
+    url: str, key: str, model: str, requests: int, concurrency: int, max_tokens: int
+) -> tuple[float, int, list[str]]:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0,
-                                timeout=600)
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
     todo = iter(range(requests))
     tokens, ids = 0, []
 
@@ -67,9 +67,16 @@ async def _chat_load(url: str, key: str, model: str, requests: int, concurrency:
         nonlocal tokens
         for i in todo:
             reply = await client.chat.completions.create(
-                model=model, max_tokens=max_tokens, messages=[
-                    {"role": "user", "content": f"Story {i}: write a long tale about a "
-                                                "lighthouse keeper and a storm."}])
+                model=model,
+                max_tokens=max_tokens,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": f"Story {i}: write a long tale about a "
+                        "lighthouse keeper and a storm.",
+                    }
+                ],
+            )
             tokens += reply.usage.completion_tokens
             ids.append(reply.id)
 
@@ -99,36 +106,64 @@ def serve_and_measure(args: argparse.Namespace, model_dir: Path, work: Path) -> 
     from launcher.sglang_servers import Supervisor
 
     key = "sk-bench-admin"
-    cfg = load_config(None, [
-        f"data_dir={work}", "engine.backend=sglang", f"engine.model={model_dir}",
-        f"engine.port={_free_port()}", f"gateway.port={_free_port()}",
-        f"gateway.auth.admin_key={key}", f"engine.sglang.gpus=[{args.gpus}]",
-        f"engine.sglang.tp_size={args.tp}", "engine.sglang.servers=1",
-        f"engine.sglang.python={args.sglang_python}", "engine.sglang.mem_fraction_static=0.8",
-        "gateway.router.weight_poll_interval_s=0.05", "log_level=warning"])
+    cfg = load_config(
+        None,
+        [
+            f"data_dir={work}",
+            "engine.backend=sglang",
+            f"engine.model={model_dir}",
+            f"engine.port={_free_port()}",
+            f"gateway.port={_free_port()}",
+            f"gateway.auth.admin_key={key}",
+            f"engine.sglang.gpus=[{args.gpus}]",
+            f"engine.sglang.tp_size={args.tp}",
+            "engine.sglang.servers=1",
+            f"engine.sglang.python={args.sglang_python}",
+            "engine.sglang.mem_fraction_static=0.8",
+            "gateway.router.weight_poll_interval_s=0.05",
+            "log_level=warning",
+        ],
+    )
     results: dict = {}
     t0 = time.perf_counter()
     with Supervisor.for_config(cfg) as sglang:
         results["sglang_start_s"] = time.perf_counter() - t0
         [backend] = sglang.urls
         gw_cfg = with_gateway_section(cfg, "router", backends=[backend])
-        gateway = ChildProcess("gateway", cli_argv("serve", "--config", str(save_config(
-            gw_cfg, work / "gateway.yaml"))), log_path=work / "gateway.log")
+        gateway = ChildProcess(
+            "gateway",
+            cli_argv("serve", "--config", str(save_config(gw_cfg, work / "gateway.yaml"))),
+            log_path=work / "gateway.log",
+        )
         store = None
         try:
             url = f"http://127.0.0.1:{cfg.gateway.port}"
             gateway.wait_http_ok(f"{url}/health/liveness", 300)
             asyncio.run(_chat_load(url, key, cfg.gateway.model_name, 4, 4, 16))  # warm-up
-            wall, tokens, ids = asyncio.run(_chat_load(
-                url, key, cfg.gateway.model_name, args.requests, args.concurrency,
-                args.max_tokens))
-            results.update(chat_wall_s=wall, chat_tokens=tokens, tokens_per_s=tokens / wall,
-                           requests_per_s=args.requests / wall)
+            wall, tokens, ids = asyncio.run(
+                _chat_load(
+                    url,
+                    key,
+                    cfg.gateway.model_name,
+                    args.requests,
+                    args.concurrency,
+                    args.max_tokens,
+                )
+            )
+            results.update(
+                chat_wall_s=wall,
+                chat_tokens=tokens,
+                tokens_per_s=tokens / wall,
+                requests_per_s=args.requests / wall,
+            )
             store = TrajectoryStore.open(cfg.database_url(), cfg.store)
             records = [store.get_completion(i) for i in ids]
-            captured = [r for r in records if r is not None
-                        and len(r.output_ids) == len(r.output_logprobs)
-                        == len(r.output_versions) > 0]
+            captured = [
+                r
+                for r in records
+                if r is not None
+                and len(r.output_ids) == len(r.output_logprobs) == len(r.output_versions) > 0
+            ]
             results["captured"] = f"{len(captured)}/{len(ids)}"
 
             copy = work / "weights-copy"
@@ -139,11 +174,13 @@ def serve_and_measure(args: argparse.Namespace, model_dir: Path, work: Path) -> 
                 path = copy if version % 2 else model_dir
                 store.add_weight_version(WeightVersionRecord(version=version, path=str(path)))
                 swaps.append(_wait_swapped(store, version))
-            results.update(checkpoint_gb=size, swap_s=min(swaps),
-                           swap_s_per_gb=min(swaps) / size)
+            results.update(checkpoint_gb=size, swap_s=min(swaps), swap_s_per_gb=min(swaps) / size)
             t0 = time.perf_counter()  # the same update, straight to the idle server
-            reply = httpx.post(f"{backend}/update_weights_from_disk", timeout=900, json={
-                "model_path": str(copy), "weight_version": "direct", "flush_cache": True})
+            reply = httpx.post(
+                f"{backend}/update_weights_from_disk",
+                timeout=900,
+                json={"model_path": str(copy), "weight_version": "direct", "flush_cache": True},
+            )
             direct = time.perf_counter() - t0
             assert reply.status_code == 200 and reply.json().get("success"), reply.text
             results.update(direct_swap_s=direct, direct_swap_s_per_gb=direct / size)
@@ -177,14 +214,22 @@ def trainer_mfu(args: argparse.Namespace, model_dir: Path) -> dict:
         for i in range(args.sequences):
             ids = torch.randint(0, vocab, (args.seq_len,), generator=gen).tolist()
             mask = [0] * half + [1] * (args.seq_len - half)
-            seqs.append(TrainSequence(
-                session_id=f"s{i}", group_id=None, completion_ids=(f"c{i}",),
-                input_ids=tuple(ids), loss_mask=tuple(mask),
-                logprobs=tuple(-2.0 * m for m in mask), versions=tuple(m - 1 for m in mask),
-                reward=float(i % 2)))
+            seqs.append(
+                TrainSequence(
+                    session_id=f"s{i}",
+                    group_id=None,
+                    completion_ids=(f"c{i}",),
+                    input_ids=tuple(ids),
+                    loss_mask=tuple(mask),
+                    logprobs=tuple(-2.0 * m for m in mask),
+                    versions=tuple(m - 1 for m in mask),
+                    reward=float(i % 2),
+                )
+            )
         advantages = [1.0 if i % 2 else -1.0 for i in range(len(seqs))]
-        mbs = [mb.to(info.device) for mb in build_micro_batches(
-            seqs, advantages, args.tokens_per_mb)]
+        mbs = [
+            mb.to(info.device) for mb in build_micro_batches(seqs, advantages, args.tokens_per_mb)
+        ]
         train_step(model, optimizer, mbs, cfg)  # warm-up (allocator, kernels)
         cuda = info.device.type == "cuda"
         if cuda:
@@ -194,19 +239,26 @@ def trainer_mfu(args: argparse.Namespace, model_dir: Path) -> dict:
             stats = train_step(model, optimizer, mbs, cfg)
             rates.append(stats.tokens_per_s)
         tokens_per_s = sorted(rates)[len(rates) // 2]
-        return {"params_b": params / 1e9, "train_tokens_per_s": tokens_per_s,
-                "mfu": 6 * params * tokens_per_s / (args.peak_tflops * 1e12),
-                "train_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0}
+        return {
+            "params_b": params / 1e9,
+            "train_tokens_per_s": tokens_per_s,
+            "mfu": 6 * params * tokens_per_s / (args.peak_tflops * 1e12),
+            "train_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0,
+        }
     finally:
         destroy_distributed()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=os.environ.get("AREAL_BENCH_MODEL"),
-                        help="HF checkpoint directory (or AREAL_BENCH_MODEL).")
-    parser.add_argument("--sglang-python", default=sys.executable,
-                        help="Interpreter with SGLang installed.")
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("AREAL_BENCH_MODEL"),
+        help="HF checkpoint directory (or AREAL_BENCH_MODEL).",
+    )
+    parser.add_argument(
+        "--sglang-python", default=sys.executable, help="Interpreter with SGLang installed."
+    )
     parser.add_argument("--gpus", default="0", help="GPU ids for the server, e.g. 0,1.")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--requests", type=int, default=256)
@@ -227,24 +279,36 @@ def main() -> None:
         results = serve_and_measure(args, model_dir, Path(tmp))
     if not args.skip_mfu:
         results.update(trainer_mfu(args, model_dir))
-    print(f"model {model_dir.name}: {results.get('checkpoint_gb', 0):.2f} GB safetensors, "
-          f"SGLang tp={args.tp} on GPU(s) {args.gpus}")
+    print(
+        f"model {model_dir.name}: {results.get('checkpoint_gb', 0):.2f} GB safetensors, "
+        f"SGLang tp={args.tp} on GPU(s) {args.gpus}"
+    )
     rows = [
         ("SGLang start (load + warm-up)", f"{results['sglang_start_s']:.1f} s"),
-        ("chat through gateway, capture on",
-         f"{results['tokens_per_s']:.0f} tokens/s, {results['requests_per_s']:.1f} req/s "
-         f"({args.concurrency} clients, {results['chat_tokens']} tokens)"),
+        (
+            "chat through gateway, capture on",
+            f"{results['tokens_per_s']:.0f} tokens/s, {results['requests_per_s']:.1f} req/s "
+            f"({args.concurrency} clients, {results['chat_tokens']} tokens)",
+        ),
         ("captured completions", results["captured"]),
-        ("swap via gateway (disk, pause+update+continue)",
-         f"{results['swap_s']:.2f} s = {results['swap_s_per_gb']:.2f} s/GB"),
-        ("update_weights_from_disk direct (idle)",
-         f"{results['direct_swap_s']:.2f} s = {results['direct_swap_s_per_gb']:.2f} s/GB"),
+        (
+            "swap via gateway (disk, pause+update+continue)",
+            f"{results['swap_s']:.2f} s = {results['swap_s_per_gb']:.2f} s/GB",
+        ),
+        (
+            "update_weights_from_disk direct (idle)",
+            f"{results['direct_swap_s']:.2f} s = {results['direct_swap_s_per_gb']:.2f} s/GB",
+        ),
     ]
     if "mfu" in results:
-        rows.append(("trainer FSDP2 step (1 GPU, bf16)",
-                     f"{results['train_tokens_per_s']:.0f} tokens/s, MFU "
-                     f"{100 * results['mfu']:.1f}% of {args.peak_tflops:.0f} TFLOP/s, "
-                     f"peak mem {results['train_mem_gb']:.1f} GB"))
+        rows.append(
+            (
+                "trainer FSDP2 step (1 GPU, bf16)",
+                f"{results['train_tokens_per_s']:.0f} tokens/s, MFU "
+                f"{100 * results['mfu']:.1f}% of {args.peak_tflops:.0f} TFLOP/s, "
+                f"peak mem {results['train_mem_gb']:.1f} GB",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

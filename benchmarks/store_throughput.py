@@ -425,7 +425,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         urls = {SQLITE: f"sqlite:///{Path(tmp) / 'bench.db'}"}
         if args.postgres_url:
-            urls[POSTGRES] = stack.enter_context(scratch_postgres_database(args.postgres_url, "areal_bench"))
+            urls[POSTGRES] = stack.enter_context(
+                scratch_postgres_database(args.postgres_url, "areal_bench")
+            )
         stores = {name: TrajectoryStore.open(url, StoreConfig()) for name, url in urls.items()}
         for store in stores.values():
             stack.callback(store.close)  # before the database is dropped (LIFO)

@@ -49,28 +49,58 @@ def seed(data_dir: Path, groups: int, prompt: int, output: int) -> None:
                 sid = f"sess_{g}_{j}"
                 store.add_session(SessionRecord(id=sid, group_id=f"grp_{g}"))
                 ids = tuple((7 * g + 3 * k + j) % 600 + 10 for k in range(prompt + output))
-                store.add_completion(CompletionRecord(
-                    id=f"chatcmpl-{g:05d}{j}", model="areal-policy",
-                    prompt_ids=ids[:prompt], output_ids=ids[prompt:],
-                    output_logprobs=(-3.0,) * output, output_versions=(0,) * output,
-                    finish_reason="length", session_id=sid))
+                store.add_completion(
+                    CompletionRecord(
+                        id=f"chatcmpl-{g:05d}{j}",
+                        model="areal-policy",
+                        prompt_ids=ids[:prompt],
+                        output_ids=ids[prompt:],
+                        output_logprobs=(-3.0,) * output,
+                        output_versions=(0,) * output,
+                        finish_reason="length",
+                        session_id=sid,
+                    )
+                )
                 store.add_reward(RewardRecord(id=f"r-{sid}", value=float(j), session_id=sid))
                 store.end_session(sid, "reward")
     finally:
         store.close()
 
 
-def train(data_dir: Path, model: Path, *, procs: int, steps: int, batch_groups: int,
-          threads: int, mb_tokens: int, extra: Sequence[str] = ()
-          ) -> list[tuple[float, float]]:
+def train(
+    data_dir: Path,
+    model: Path,
+    *,
+    procs: int,
+    steps: int,
+    batch_groups: int,
+    threads: int,
+    mb_tokens: int,
+    extra: Sequence[str] = (),
+) -> list[tuple[float, float]]:
     """(tokens/s per process, tokens per CPU-second per process) of each step."""
-    sets = [f"data_dir={data_dir}", f"engine.model={model}", "trainer.group_size=2",
-            f"trainer.batch_groups={batch_groups}", f"trainer.total_steps={steps}",
-            "trainer.max_staleness=1000", "trainer.checkpoint_every=1000",
-            f"trainer.torch_threads={threads}", f"trainer.max_tokens_per_mb={mb_tokens}",
-            "log_level=warning", *extra]
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={procs}", "-m", "trainer.train"]
+    sets = [
+        f"data_dir={data_dir}",
+        f"engine.model={model}",
+        "trainer.group_size=2",
+        f"trainer.batch_groups={batch_groups}",
+        f"trainer.total_steps={steps}",
+        "trainer.max_staleness=1000",
+        "trainer.checkpoint_every=1000",
+        f"trainer.torch_threads={threads}",
+        f"trainer.max_tokens_per_mb={mb_tokens}",
+        "log_level=warning",
+        *extra,
+    ]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={procs}",
+        "-m",
+        "trainer.train",
+    ]
     for item in sets:
         argv += ["--set", item]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AREAL_")}
@@ -101,8 +131,13 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mb-tokens", type=int, default=1024)
-    parser.add_argument("--set", dest="extra", action="append", default=[],
-                        help="more config for both runs, e.g. trainer.grad_sync_every_mb=false")
+    parser.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        help="more config for both runs, e.g. trainer.grad_sync_every_mb=false",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trainer-procs-bench-"))
     model = args.model
@@ -114,20 +149,31 @@ def main() -> None:
     for procs in (1, args.procs):
         data_dir = tmp / f"procs{procs}"
         seed(data_dir, args.batch_groups * args.steps, args.prompt, args.output)
-        per_proc[procs] = train(data_dir, Path(model), procs=procs, steps=args.steps,
-                                batch_groups=args.batch_groups, threads=args.threads,
-                                mb_tokens=args.mb_tokens, extra=args.extra)
+        per_proc[procs] = train(
+            data_dir,
+            Path(model),
+            procs=procs,
+            steps=args.steps,
+            batch_groups=args.batch_groups,
+            threads=args.threads,
+            mb_tokens=args.mb_tokens,
+            extra=args.extra,
+        )
     tokens = args.batch_groups * 2 * (args.prompt + args.output)
-    print(f"trainer tokens/s per process, {tokens} tokens a step, {args.steps} steps "
-          f"(median of steps 2..), {args.threads} thread(s) a process:")
+    print(
+        f"trainer tokens/s per process, {tokens} tokens a step, {args.steps} steps "
+        f"(median of steps 2..), {args.threads} thread(s) a process:"
+    )
     base = statistics.median(v for v, _ in per_proc[1][1:])
     base_cpu = statistics.median(c for _, c in per_proc[1][1:])
     for procs, values in per_proc.items():
         med = statistics.median(v for v, _ in values[1:])
         cpu = statistics.median(c for _, c in values[1:])
-        print(f"  {procs} process(es): {med:8.0f} tok/s per process ({med / base:.2f}x of 1; "
-              f"steps: {', '.join(f'{v:.0f}' for v, _ in values)}); {cpu:8.0f} tokens per "
-              f"CPU-second per process ({cpu / base_cpu:.2f}x)")
+        print(
+            f"  {procs} process(es): {med:8.0f} tok/s per process ({med / base:.2f}x of 1; "
+            f"steps: {', '.join(f'{v:.0f}' for v, _ in values)}); {cpu:8.0f} tokens per "
+            f"CPU-second per process ({cpu / base_cpu:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

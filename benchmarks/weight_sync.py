@@ -47,11 +47,23 @@ from trainer.weight_broadcast import WeightBroadcaster
 
 def start_engine(model: Path, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    argv = [sys.executable, "-m", "launcher", "engine", "--model", str(model), "--port",
-            str(port), "--host", "127.0.0.1", "--set", f"data_dir={data_dir}",
-            "--set", "log_level=warning"]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "engine",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--set",
+        f"data_dir={data_dir}",
+        "--set",
+        "log_level=warning",
+    ]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -103,12 +115,26 @@ def main() -> None:
     store = TrajectoryStore.open(config.database_url(), config.store)
     trainer_store = TrajectoryStore.open(config.database_url(), config.store)
     proc, url = start_engine(Path(model), tmp / "engine")
-    results: dict[str, list[float]] = {k: [] for k in (
-        "disk swap", "disk publish->live", "distributed swap", "distributed publish->live",
-        "trainer wait", "trainer join", "trainer broadcast")}
+    results: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "disk swap",
+            "disk publish->live",
+            "distributed swap",
+            "distributed publish->live",
+            "trainer wait",
+            "trainer join",
+            "trainer broadcast",
+        )
+    }
 
-    sender = WeightBroadcaster(trainer_store, backend="gloo", timeout_s=60, address="127.0.0.1",
-                               bucket_bytes=int(args.bucket_mb * 2**20))
+    sender = WeightBroadcaster(
+        trainer_store,
+        backend="gloo",
+        timeout_s=60,
+        address="127.0.0.1",
+        bucket_bytes=int(args.bucket_mb * 2**20),
+    )
 
     async def run() -> None:
         pool = BackendPool([url])
@@ -117,18 +143,23 @@ def main() -> None:
         version = 0
         try:
             for r in range(args.rounds):
-                for mode in (("disk", "distributed") if r % 2 else ("distributed", "disk")):
+                for mode in ("disk", "distributed") if r % 2 else ("distributed", "disk"):
                     version += 1
                     if mode == "disk":
-                        store.add_weight_version(WeightVersionRecord(version=version,
-                                                                     path=str(model)))
+                        store.add_weight_version(
+                            WeightVersionRecord(version=version, path=str(model))
+                        )
                         row = await _until_live(state, version, group)
                     else:
                         offer, buckets = sender.offer(version, state_dict)
-                        trainer_store.add_weight_version(WeightVersionRecord(
-                            version=version, path=str(model), metadata={"sync": offer}))
-                        sending = asyncio.ensure_future(asyncio.to_thread(
-                            sender.send, version, state_dict, offer, buckets))
+                        trainer_store.add_weight_version(
+                            WeightVersionRecord(
+                                version=version, path=str(model), metadata={"sync": offer}
+                            )
+                        )
+                        sending = asyncio.ensure_future(
+                            asyncio.to_thread(sender.send, version, state_dict, offer, buckets)
+                        )
                         row = await _until_live(state, version, group)
                         sent = await sending
                         assert row.metadata["swap_mode"] == "distributed", row.metadata
@@ -149,12 +180,16 @@ def main() -> None:
         sender.close()
         store.close()
         trainer_store.close()
-    print(f"weight sync, {nbytes / 2**20:.1f} MB model ({len(state_dict)} tensors), "
-          f"{args.rounds} rounds, gloo, {args.bucket_mb:g} MB buckets, engine in a child "
-          "process")
+    print(
+        f"weight sync, {nbytes / 2**20:.1f} MB model ({len(state_dict)} tensors), "
+        f"{args.rounds} rounds, gloo, {args.bucket_mb:g} MB buckets, engine in a child "
+        "process"
+    )
     for name, values in results.items():
-        print(f"  {name:28s} median {statistics.median(values) * 1e3:8.1f} ms   "
-              f"min {min(values) * 1e3:8.1f} ms")
+        print(
+            f"  {name:28s} median {statistics.median(values) * 1e3:8.1f} ms   "
+            f"min {min(values) * 1e3:8.1f} ms"
+        )
 
 
 if __name__ == "__main__":

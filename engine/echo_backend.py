@@ -62,8 +62,14 @@ from areal_service.sglang_protocol import (
 )
 
 EOS_ID = 1
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 _M = TypeVar("_M", bound=BaseModel)
 Emit = Callable[[GenerateResponse | ErrorResponse], Awaitable[None]]
@@ -140,8 +146,9 @@ class EchoBackend:
         """Paths of control calls, in order (tests assert pause/continue pairing)."""
 
     # -- /generate ---------------------------------------------------------------------
-    async def generate(self, body: GenerateRequest, emit: Emit | None
-                       ) -> GenerateResponse | ErrorResponse:
+    async def generate(
+        self, body: GenerateRequest, emit: Emit | None
+    ) -> GenerateResponse | ErrorResponse:
         """Generate for `body` (its `rid` set); with `emit`, every chunk is also emitted."""
         ids = body.input_ids
         if not ids or not all(isinstance(i, int) for i in ids):
@@ -155,14 +162,21 @@ class EchoBackend:
         run = _Running(rid)
         self.running[rid] = run
         try:
-            return await self._decode(body, body.prompt_ids,
-                                      128 if max_new is None else max_new, run, emit, t0)
+            return await self._decode(
+                body, body.prompt_ids, 128 if max_new is None else max_new, run, emit, t0
+            )
         finally:
             del self.running[rid]
 
-    async def _decode(self, body: GenerateRequest, ids: list[int], max_new: int,
-                      run: _Running, emit: Emit | None, t0: float
-                      ) -> GenerateResponse | ErrorResponse:
+    async def _decode(
+        self,
+        body: GenerateRequest,
+        ids: list[int],
+        max_new: int,
+        run: _Running,
+        emit: Emit | None,
+        t0: float,
+    ) -> GenerateResponse | ErrorResponse:
         s = self.settings
         n = min(s.tokens, max_new)
         hits_length = max_new <= s.tokens
@@ -184,8 +198,11 @@ class EchoBackend:
             out.append(EOS_ID if last and not hits_length else echo_token(ids[0], len(ids) + i))
             run.produced = len(out)
             if last:
-                finish = (FinishReason("length", length=n) if hits_length
-                          else FinishReason("stop", matched=EOS_ID))
+                finish = (
+                    FinishReason("length", length=n)
+                    if hits_length
+                    else FinishReason("stop", matched=EOS_ID)
+                )
             elif emit is not None and (i == 0 or (i + 1) % s.stream_interval == 0):
                 await emit(self._chunk(body, ids, out, None, None))
         if run.aborted:
@@ -198,8 +215,11 @@ class EchoBackend:
         return final
 
     async def _fail(self, emit: Emit | None, message: str) -> ErrorResponse:
-        error = ErrorResponse(error=ErrorDetail(message=message, type="invalid_request_error",
-                                                code=400, retryable=False))
+        error = ErrorResponse(
+            error=ErrorDetail(
+                message=message, type="invalid_request_error", code=400, retryable=False
+            )
+        )
         if emit is None:
             raise HttpError(400, message)
         await emit(error)
@@ -212,16 +232,33 @@ class EchoBackend:
         for w in pending:
             w.cancel()
 
-    def _chunk(self, body: GenerateRequest, ids: list[int], out: list[int],
-               finish: FinishReason | None, latency: float | None) -> GenerateResponse:
+    def _chunk(
+        self,
+        body: GenerateRequest,
+        ids: list[int],
+        out: list[int],
+        finish: FinishReason | None,
+        latency: float | None,
+    ) -> GenerateResponse:
         base = len(ids)
-        logprobs = ([(echo_logprob(base + i), t, None) for i, t in enumerate(out)]
-                    if body.return_logprob else None)
+        logprobs = (
+            [(echo_logprob(base + i), t, None) for i, t in enumerate(out)]
+            if body.return_logprob
+            else None
+        )
         return GenerateResponse(
-            text=" ".join(f"t{t}" for t in out if t != EOS_ID), output_ids=list(out),
-            meta_info=MetaInfo(id=str(body.rid), finish_reason=finish, prompt_tokens=base,
-                               completion_tokens=len(out), weight_version=self.weight_version,
-                               output_token_logprobs=logprobs, e2e_latency=latency))
+            text=" ".join(f"t{t}" for t in out if t != EOS_ID),
+            output_ids=list(out),
+            meta_info=MetaInfo(
+                id=str(body.rid),
+                finish_reason=finish,
+                prompt_tokens=base,
+                completion_tokens=len(out),
+                weight_version=self.weight_version,
+                output_token_logprobs=logprobs,
+                e2e_latency=latency,
+            ),
+        )
 
     # -- control -----------------------------------------------------------------------
     async def pause(self, body: PauseRequest) -> StatusMessage:
@@ -246,8 +283,9 @@ class EchoBackend:
         self.resumed.set()
         return StatusMessage(message="Generation continued successfully.")
 
-    async def update_weights(self, body: UpdateWeightsFromDiskRequest
-                             ) -> tuple[int, UpdateWeightsResponse]:
+    async def update_weights(
+        self, body: UpdateWeightsFromDiskRequest
+    ) -> tuple[int, UpdateWeightsResponse]:
         self.calls.append("update_weights_from_disk")
         if not body.model_path:
             raise HttpError(400, "model_path is required")
@@ -258,8 +296,8 @@ class EchoBackend:
             await asyncio.sleep(self.settings.load_delay_ms / 1000)
         if not Path(body.model_path).exists():
             return 400, UpdateWeightsResponse(
-                success=False,
-                message=f"Failed to update weights: {body.model_path} does not exist")
+                success=False, message=f"Failed to update weights: {body.model_path} does not exist"
+            )
         message = "Succeeded to update model weights."
         if body.weight_version is not None:
             self.weight_version = body.weight_version
@@ -268,6 +306,7 @@ class EchoBackend:
 
     def abandon(self, rid: str) -> None:
         """The client of `rid` disconnected: abort it after the grace period."""
+
         def abort() -> None:
             if (run := self.running.get(rid)) is not None:
                 run.abort()
@@ -280,22 +319,32 @@ class EchoBackend:
                 run.abort()
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(model_path="echo", tokenizer_path="echo", is_generation=True,
-                         weight_version=self.weight_version, model_type="echo",
-                         architectures=["EchoForCausalLM"])
+        return ModelInfo(
+            model_path="echo",
+            tokenizer_path="echo",
+            is_generation=True,
+            weight_version=self.weight_version,
+            model_type="echo",
+            architectures=["EchoForCausalLM"],
+        )
 
     def server_info(self) -> ServerInfo:
-        return ServerInfo(served_model_name="echo", version="echo-0",
-                          weight_version=self.weight_version,
-                          internal_states=[{"running": len(self.running)}],
-                          paused=self.paused)  # an extra key, as SGLang's own vary
+        return ServerInfo(
+            served_model_name="echo",
+            version="echo-0",
+            weight_version=self.weight_version,
+            internal_states=[{"running": len(self.running)}],
+            paused=self.paused,
+        )  # an extra key, as SGLang's own vary
 
 
 # -- HTTP/1.1 --------------------------------------------------------------------------
 def _head(status: int, content_type: str, length: int | None) -> bytes:
     framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
-    return (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-            f"Content-Type: {content_type}\r\n{framing}\r\n\r\n").encode()
+    return (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+        f"Content-Type: {content_type}\r\n{framing}\r\n\r\n"
+    ).encode()
 
 
 def _json_response(status: int, obj: BaseModel) -> bytes:
@@ -363,8 +412,9 @@ class _Server:
         await writer.drain()
         return headers.get("connection", "").lower() != "close"
 
-    async def _dispatch(self, method: str, path: str, raw: bytes,
-                        writer: asyncio.StreamWriter) -> None:
+    async def _dispatch(
+        self, method: str, path: str, raw: bytes, writer: asyncio.StreamWriter
+    ) -> None:
         """Route one request; bodies are parsed into the protocol models (a malformed
         one raises ValueError: 400)."""
         b = self.backend
@@ -393,12 +443,21 @@ class _Server:
         elif path == UPDATE_WEIGHTS_FROM_DISK.path:
             status, result = await b.update_weights(_parse(UpdateWeightsFromDiskRequest, raw))
             writer.write(_json_response(status, result))
-        elif path in (INIT_WEIGHTS_UPDATE_GROUP.path, UPDATE_WEIGHTS_FROM_DISTRIBUTED.path,
-                      DESTROY_WEIGHTS_UPDATE_GROUP.path):
+        elif path in (
+            INIT_WEIGHTS_UPDATE_GROUP.path,
+            UPDATE_WEIGHTS_FROM_DISTRIBUTED.path,
+            DESTROY_WEIGHTS_UPDATE_GROUP.path,
+        ):
             # No torch here, so no group to join: refused, and the gateway's syncer
             # swaps such a backend from disk (the trainer's copy).
-            writer.write(_json_response(400, UpdateWeightsResponse(
-                success=False, message="the echo backend holds no weights to broadcast into")))
+            writer.write(
+                _json_response(
+                    400,
+                    UpdateWeightsResponse(
+                        success=False, message="the echo backend holds no weights to broadcast into"
+                    ),
+                )
+            )
         elif path == ABORT_REQUEST.path:
             b.abort_request(_parse(AbortRequest, raw))
             writer.write(_head(200, "application/json", 0))
@@ -463,10 +522,16 @@ class EchoBackendHandle:
     """A running echo backend. `.backend` is the live state (thread mode only); stop()
     stops exactly the thread or subprocess this handle started."""
 
-    def __init__(self, url: str, *, backend: EchoBackend | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None,
-                 thread: threading.Thread | None = None, server: _Server | None = None,
-                 proc: subprocess.Popen[str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        backend: EchoBackend | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        thread: threading.Thread | None = None,
+        server: _Server | None = None,
+        proc: subprocess.Popen[str] | None = None,
+    ) -> None:
         self.url = url
         self.port = int(url.rsplit(":", 1)[1])
         self.backend = backend
@@ -503,8 +568,9 @@ class EchoBackendHandle:
         self.stop()
 
 
-def start_echo_backend(port: int = 0, *, host: str = "127.0.0.1", subprocess_mode: bool = False,
-                       **settings: Any) -> EchoBackendHandle:
+def start_echo_backend(
+    port: int = 0, *, host: str = "127.0.0.1", subprocess_mode: bool = False, **settings: Any
+) -> EchoBackendHandle:
     """Start an echo backend on `host:port` (0: a free port) in a daemon thread with its
     own event loop, or in a child process (`subprocess_mode`, for benchmarks, so its CPU
     is not counted against the client). `settings` are `EchoSettings` fields."""
@@ -529,20 +595,38 @@ def start_echo_backend(port: int = 0, *, host: str = "127.0.0.1", subprocess_mod
     if not ready.wait(10):
         raise RuntimeError("echo backend did not start within 10 s")
     backend, server, bound = backend_box
-    return EchoBackendHandle(f"http://{host}:{bound}", backend=backend, loop=loop,
-                             thread=thread, server=server)
+    return EchoBackendHandle(
+        f"http://{host}:{bound}", backend=backend, loop=loop, thread=thread, server=server
+    )
 
 
 def _start_subprocess(port: int, host: str, s: EchoSettings) -> EchoBackendHandle:
-    cmd = [sys.executable, "-m", "engine.echo_backend", "--host", host, "--port", str(port),
-           "--tokens", str(s.tokens), "--delay-ms", str(s.delay_ms),
-           "--token-delay-ms", str(s.token_delay_ms), "--load-delay-ms", str(s.load_delay_ms),
-           "--disconnect-abort-ms", str(s.disconnect_abort_ms),
-           "--stream-interval", str(s.stream_interval)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine.echo_backend",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tokens",
+        str(s.tokens),
+        "--delay-ms",
+        str(s.delay_ms),
+        "--token-delay-ms",
+        str(s.token_delay_ms),
+        "--load-delay-ms",
+        str(s.load_delay_ms),
+        "--disconnect-abort-ms",
+        str(s.disconnect_abort_ms),
+        "--stream-interval",
+        str(s.stream_interval),
+    ]
     if s.legacy_info:
         cmd.append("--legacy-info")
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "echo backend listening on http://host:port"
     if "listening on " not in line:
@@ -553,11 +637,15 @@ def _start_subprocess(port: int, host: str, s: EchoSettings) -> EchoBackendHandl
 
 
 async def _main(args: argparse.Namespace) -> None:
-    settings = EchoSettings(tokens=args.tokens, delay_ms=args.delay_ms,
-                            token_delay_ms=args.token_delay_ms,
-                            load_delay_ms=args.load_delay_ms, legacy_info=args.legacy_info,
-                            disconnect_abort_ms=args.disconnect_abort_ms,
-                            stream_interval=args.stream_interval)
+    settings = EchoSettings(
+        tokens=args.tokens,
+        delay_ms=args.delay_ms,
+        token_delay_ms=args.token_delay_ms,
+        load_delay_ms=args.load_delay_ms,
+        legacy_info=args.legacy_info,
+        disconnect_abort_ms=args.disconnect_abort_ms,
+        stream_interval=args.stream_interval,
+    )
     server = _Server(EchoBackend(settings))
     port = await server.start(args.host, args.port)
     # The handshake line a parent in subprocess mode waits for (stdout, not a log).

@@ -45,8 +45,9 @@ BASE = "__base__"
 untrained adapter has B = 0, so the base model is exactly its version 0)."""
 
 
-def read_adapter(path: Path, device: torch.device, name: str = DEFAULT_ADAPTER
-                 ) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+def read_adapter(
+    path: Path, device: torch.device, name: str = DEFAULT_ADAPTER
+) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
     """(config, tensors under the live model's names for adapter `name`) of the adapter
     at `path`."""
     try:
@@ -56,8 +57,10 @@ def read_adapter(path: Path, device: torch.device, name: str = DEFAULT_ADAPTER
         raise AdapterError(f"cannot read adapter {path}: {exc}") from exc
     if not isinstance(config, LoraConfig):
         raise AdapterError(f"{path}: not a LoRA adapter ({type(config).__name__})")
-    state = {_ADAPTER_KEY.sub(rf".\1.{name}.weight", k.removeprefix(_SAVED_PREFIX)): v
-             for k, v in saved.items()}
+    state = {
+        _ADAPTER_KEY.sub(rf".\1.{name}.weight", k.removeprefix(_SAVED_PREFIX)): v
+        for k, v in saved.items()
+    }
     return config, state
 
 
@@ -88,8 +91,9 @@ class AdapterSlot:
         """Name the adapter of each row of the next forward (None: the default adapter).
         A no-op while only the default adapter is loaded; `rows` must then cover the
         whole batch."""
-        self._rows = None if rows is None or not self._hooked else [
-            self._known(name) for name in rows]
+        self._rows = (
+            None if rows is None or not self._hooked else [self._known(name) for name in rows]
+        )
 
     def _known(self, name: str | None) -> str:
         name = name or DEFAULT_ADAPTER
@@ -98,8 +102,9 @@ class AdapterSlot:
     def _hook(self, model: torch.nn.Module) -> None:
         from peft.tuners.lora import LoraLayer
 
-        def pass_rows(_module: torch.nn.Module, args: tuple[object, ...],
-                      kwargs: dict[str, object]) -> tuple[tuple[object, ...], dict[str, object]]:
+        def pass_rows(
+            _module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+        ) -> tuple[tuple[object, ...], dict[str, object]]:
             if self._rows is not None:
                 kwargs["adapter_names"] = self._rows
             return args, kwargs
@@ -118,8 +123,10 @@ class AdapterSlot:
         config, state = read_adapter(path, next(model.parameters()).device, name)
         served = self.configs.get(name)
         if served is not None and _shape(config) != _shape(served):
-            raise AdapterError(f"adapter {path} has another shape (rank, alpha, targets) "
-                               f"than the served {name!r}; restart the engine to change it")
+            raise AdapterError(
+                f"adapter {path} has another shape (rank, alpha, targets) "
+                f"than the served {name!r}; restart the engine to change it"
+            )
         if served is None:
             config.inference_mode = True
             inject_adapter_in_model(config, model, adapter_name=name)
@@ -130,11 +137,14 @@ class AdapterSlot:
         live = {k: v for k, v in model.state_dict().items() if own.search(k)}
         missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
         if missing or unexpected:
-            raise AdapterError(f"adapter {path} does not fit the model: missing "
-                               f"{missing[:3]}, unexpected {unexpected[:3]}")
+            raise AdapterError(
+                f"adapter {path} does not fit the model: missing "
+                f"{missing[:3]}, unexpected {unexpected[:3]}"
+            )
         for key, tensor in state.items():
             if tensor.shape != live[key].shape:
-                raise AdapterError(f"{key}: shape {tuple(tensor.shape)} != served "
-                                   f"{tuple(live[key].shape)}")
+                raise AdapterError(
+                    f"{key}: shape {tuple(tensor.shape)} != served {tuple(live[key].shape)}"
+                )
         for key, tensor in state.items():
             live[key].copy_(tensor)

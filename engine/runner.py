@@ -50,8 +50,10 @@ def cache_keyword(model: torch.nn.Module) -> str:
     for name in ("cache", "past_key_values"):
         if name in params:
             return name
-    raise ValueError(f"{type(model).__name__}.forward takes no `cache` or `past_key_values` "
-                     "argument: the local engine needs a KV cache")
+    raise ValueError(
+        f"{type(model).__name__}.forward takes no `cache` or `past_key_values` "
+        "argument: the local engine needs a KV cache"
+    )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,7 +97,8 @@ class SamplingSpec:
     @property
     def adjusts_logits(self) -> bool:
         return bool(self.logit_bias) or (
-            bool(self.output_counts) and (self.frequency_penalty != 0 or self.presence_penalty != 0))
+            bool(self.output_counts) and (self.frequency_penalty != 0 or self.presence_penalty != 0)
+        )
 
 
 def adjust_logits(logits: torch.Tensor, specs: list[SamplingSpec]) -> torch.Tensor:
@@ -190,9 +193,13 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.device)
         self.model_dir = Path(model_dir)
         self.config = AutoConfig.from_pretrained(self.model_dir)
-        layer_types = set(getattr(self.config.get_text_config(), "layer_types", None) or ["full_attention"])
+        layer_types = set(
+            getattr(self.config.get_text_config(), "layer_types", None) or ["full_attention"]
+        )
         if layer_types != {"full_attention"}:
-            raise ValueError(f"the local engine serves full-attention models only, got {sorted(layer_types)}")
+            raise ValueError(
+                f"the local engine serves full-attention models only, got {sorted(layer_types)}"
+            )
         self.model = self._load_model()
         self.model.eval()
         self._cache_kw = cache_keyword(self.model)
@@ -230,8 +237,7 @@ class ModelRunner:
     # ---- forward passes ----------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[list[int]], adapters: list[str | None] | None = None
-                ) -> Prefill:
+    def prefill(self, seqs: list[list[int]], adapters: list[str | None] | None = None) -> Prefill:
         """One forward over `seqs` (left-padded to the longest); logits at each last token.
         `adapters`: each row's LoRA adapter by name (None: the default one)."""
         self._select(adapters)
@@ -250,12 +256,18 @@ class ModelRunner:
             causal = cols[None, :] <= cols[:, None]
             # Pad queries may attend to themselves: a fully masked row would turn into NaN
             # and leak into the next layer's KV; their outputs are never read.
-            allowed = (valid[:, None, :] & causal[None]) | torch.eye(width, dtype=torch.bool, device=self.device)
+            allowed = (valid[:, None, :] & causal[None]) | torch.eye(
+                width, dtype=torch.bool, device=self.device
+            )
             mask = self._mask(allowed[:, None])
         cache = DynamicCache(config=self.model.config)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-            logits_to_keep=1, **{self._cache_kw: cache},
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
         )
         self.forward_calls += 1
         self.prefill_forward_calls += 1
@@ -268,8 +280,7 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int], adapters: list[str | None] | None = None
-               ) -> torch.Tensor:
+    def decode(self, tokens: list[int], adapters: list[str | None] | None = None) -> torch.Tensor:
         """One forward step of the whole batch; `tokens[i]` is row i's last sampled token
         and `adapters[i]` its LoRA adapter's name (None: the default one)."""
         if len(tokens) != self.batch_size or self._cache is None:
@@ -279,8 +290,10 @@ class ModelRunner:
         ones = torch.ones(self.batch_size, 1, dtype=torch.bool, device=self.device)
         valid = torch.cat([self._valid, ones], dim=1)
         out = self.model(
-            input_ids=ids, attention_mask=self._mask(valid[:, None, None, :]),
-            position_ids=self._next_pos[:, None], use_cache=True,
+            input_ids=ids,
+            attention_mask=self._mask(valid[:, None, None, :]),
+            position_ids=self._next_pos[:, None],
+            use_cache=True,
             **{self._cache_kw: self._cache},
         )
         self.forward_calls += 1
@@ -353,8 +366,11 @@ class ModelRunner:
 
     def reset_batch(self) -> None:
         """Free the KV of every row (retract, abort, flush)."""
-        self._set([], torch.zeros(0, 0, dtype=torch.bool, device=self.device),
-                  torch.zeros(0, dtype=torch.long, device=self.device))
+        self._set(
+            [],
+            torch.zeros(0, 0, dtype=torch.bool, device=self.device),
+            torch.zeros(0, dtype=torch.long, device=self.device),
+        )
 
     def _set(self, layers: list[_BufferLayer], valid: torch.Tensor, next_pos: torch.Tensor) -> None:
         self._layers, self._valid, self._next_pos = layers, valid, next_pos
@@ -421,8 +437,9 @@ class ModelRunner:
                 self.model_dir = path
             return
         if adapter is not None:
-            raise WeightLoadError(f"{path} is not a LoRA adapter; adapter {adapter!r} "
-                                  "takes adapter directories only")
+            raise WeightLoadError(
+                f"{path} is not a LoRA adapter; adapter {adapter!r} takes adapter directories only"
+            )
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
         if not files:
             raise WeightLoadError(f"no *.safetensors files in {path}")

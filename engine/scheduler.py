@@ -43,6 +43,7 @@ from engine.runner import (
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class RequestView:
     """A consistent snapshot of a request's progress, taken by the HTTP side."""
@@ -104,12 +105,17 @@ class Request:
         p = self.params
         if self._spec is None:
             self._spec = SamplingSpec(
-                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=p.top_k,
+                min_p=p.min_p,
                 logit_bias=tuple((int(t), b) for t, b in (p.logit_bias or {}).items()),
-                frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty)
+                frequency_penalty=p.frequency_penalty,
+                presence_penalty=p.presence_penalty,
+            )
         if p.frequency_penalty == 0 and p.presence_penalty == 0:
             return self._spec
-        self._counts.update(self.output_ids[self._counted:])
+        self._counts.update(self.output_ids[self._counted :])
         self._counted = len(self.output_ids)
         return dataclasses.replace(self._spec, output_counts=tuple(self._counts.items()))
 
@@ -205,9 +211,13 @@ class Scheduler:
         self._accepting = True
         self._current: _Command | None = None
         self._handlers: dict[type, Callable] = {
-            _Submit: self._on_submit, _Abort: self._on_abort, _Pause: self._on_pause,
-            _Continue: self._on_continue, _UpdateWeights: self._on_update,
-            _FlushCache: self._on_flush, _Stop: self._on_stop,
+            _Submit: self._on_submit,
+            _Abort: self._on_abort,
+            _Pause: self._on_pause,
+            _Continue: self._on_continue,
+            _UpdateWeights: self._on_update,
+            _FlushCache: self._on_flush,
+            _Stop: self._on_stop,
         }
         self._thread = threading.Thread(target=self._main, name="engine-scheduler", daemon=True)
 
@@ -239,29 +249,43 @@ class Scheduler:
         return self._send(_Continue())
 
     def update_weights(
-        self, model_path: str, *, weight_version: str | None, flush_cache: bool, abort_all: bool,
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None,
+        flush_cache: bool,
+        abort_all: bool,
         lora_name: str | None = None,
     ) -> Future:
         """Resolves to an UpdateWeightsResponse. Unpaused, it first waits for every request
         already submitted to finish (SGLang's writer lock); later ones queue behind it.
         `lora_name`: load the adapter at `model_path` under that name (a policy's)."""
-        return self._send(_UpdateWeights(
-            model_path=model_path, weight_version=weight_version,
-            flush_cache=flush_cache, abort_all_requests=abort_all, lora_name=lora_name,
-        ))
+        return self._send(
+            _UpdateWeights(
+                model_path=model_path,
+                weight_version=weight_version,
+                flush_cache=flush_cache,
+                abort_all_requests=abort_all,
+                lora_name=lora_name,
+            )
+        )
 
     def update_weights_from_distributed(
-        self, receive: Receive, *,
-        weight_version: str | None, flush_cache: bool, abort_all: bool
+        self, receive: Receive, *, weight_version: str | None, flush_cache: bool, abort_all: bool
     ) -> Future:
         """Like `update_weights`, but the tensors come from `receive(device, params)`
         (one bucket of the trainer's broadcast; it may write `params`, the live state
         dict, in place and returns the rest), called on this thread when the update is
         due: paused, at once; unpaused, after the requests present now finished."""
-        return self._send(_UpdateWeights(
-            model_path=self.model_path, weight_version=weight_version,
-            flush_cache=flush_cache, abort_all_requests=abort_all, receive=receive,
-        ))
+        return self._send(
+            _UpdateWeights(
+                model_path=self.model_path,
+                weight_version=weight_version,
+                flush_cache=flush_cache,
+                abort_all_requests=abort_all,
+                receive=receive,
+            )
+        )
 
     def flush_cache(self) -> Future:
         """Resolves to True when idle (KV freed), False when requests are in flight."""
@@ -335,7 +359,9 @@ class Scheduler:
             except queue.Empty:
                 break
             if isinstance(cmd, _Submit) and cmd.request is not None:
-                self._finish(cmd.request, FinishReason("abort", message="Engine stopped", status_code=503))
+                self._finish(
+                    cmd.request, FinishReason("abort", message="Engine stopped", status_code=503)
+                )
             cmd.future.set_exception(RuntimeError("the engine scheduler stopped"))
         for upd, _ in self._updates:
             upd.future.set_exception(RuntimeError("the engine scheduler stopped"))
@@ -413,7 +439,8 @@ class Scheduler:
         try:
             if cmd.receive is not None:
                 self.runner.load_named_tensors(
-                    cmd.receive(self.runner.device, self.runner.model.state_dict()))
+                    cmd.receive(self.runner.device, self.runner.model.state_dict())
+                )
             else:
                 self.runner.load_weights(cmd.model_path, adapter=cmd.lora_name)
         except (WeightLoadError, KeyError, ValueError, RuntimeError) as exc:
@@ -428,15 +455,24 @@ class Scheduler:
         if cmd.lora_name is not None:  # one policy's adapter: the rest keep their versions
             if cmd.weight_version is not None:
                 self.adapter_versions[cmd.lora_name] = cmd.weight_version
-            logger.info("loaded adapter %r from %s in %.2fs (version %s)", cmd.lora_name,
-                        source, time.perf_counter() - started, cmd.weight_version)
+            logger.info(
+                "loaded adapter %r from %s in %.2fs (version %s)",
+                cmd.lora_name,
+                source,
+                time.perf_counter() - started,
+                cmd.weight_version,
+            )
             return UpdateWeightsResponse(success=True, message=message)
         self.model_path = cmd.model_path
         if cmd.weight_version is not None:
             self.weight_version = cmd.weight_version
             message += f" Weight version updated to {cmd.weight_version}."
-        logger.info("loaded weights from %s in %.2fs (version %s)", source,
-                    time.perf_counter() - started, self.weight_version)
+        logger.info(
+            "loaded weights from %s in %.2fs (version %s)",
+            source,
+            time.perf_counter() - started,
+            self.weight_version,
+        )
         return UpdateWeightsResponse(success=True, message=message)
 
     # ---- batching ----------------------------------------------------------------------------------
@@ -465,8 +501,9 @@ class Scheduler:
         except Exception as exc:
             batch = [*self._running, *(r for r in self._admitted if r.finish is None)]
             logger.exception("engine step failed; aborting its %d requests", len(batch))
-            abort = FinishReason("abort", message=f"engine error: {type(exc).__name__}: {exc}",
-                                 status_code=500)
+            abort = FinishReason(
+                "abort", message=f"engine error: {type(exc).__name__}: {exc}", status_code=500
+            )
             for req in batch:
                 self._finish(req, abort)
             self._running = []
@@ -496,8 +533,9 @@ class Scheduler:
                 group.append(todo.pop(0))
             # A retracted request re-prefills prompt + output: its KV is recomputed with the
             # current weights, and the next token comes from them.
-            pre = self.runner.prefill([r.prompt_ids + r.output_ids for r in group],
-                                      [r.lora for r in group])
+            pre = self.runner.prefill(
+                [r.prompt_ids + r.output_ids for r in group], [r.lora for r in group]
+            )
             keep = self._sample_and_publish(group, pre.logits)
             self.runner.join(pre, keep)
             self._running.extend(group[i] for i in keep)
@@ -511,8 +549,9 @@ class Scheduler:
         return False
 
     def _decode(self) -> int:
-        logits = self.runner.decode([r.output_ids[-1] for r in self._running],
-                                    [r.lora for r in self._running])
+        logits = self.runner.decode(
+            [r.output_ids[-1] for r in self._running], [r.lora for r in self._running]
+        )
         self.decode_steps += 1
         keep = self._sample_and_publish(self._running, logits)
         if len(keep) != len(self._running):
@@ -523,7 +562,9 @@ class Scheduler:
     def _sample_and_publish(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
         """Sample a token per row, append it, finish what is done; returns rows still live."""
         res = self.runner.sample(
-            logits, [r.spec() for r in reqs], [r.generator for r in reqs],
+            logits,
+            [r.spec() for r in reqs],
+            [r.generator for r in reqs],
             [r.top_logprobs_num for r in reqs],
         )
         keep = []

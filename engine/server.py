@@ -115,8 +115,11 @@ class Engine:
         self.device = str(device)
         self.dtype = str(resolve_dtype(config.dtype, device)).removeprefix("torch.")
         self.scheduler = Scheduler(
-            self.model_dir, device=self.device, dtype=self.dtype,
-            max_running=config.max_running_requests, weight_version=config.weight_version,
+            self.model_dir,
+            device=self.device,
+            dtype=self.dtype,
+            max_running=config.max_running_requests,
+            weight_version=config.weight_version,
         )
         self.weight_groups = WeightGroups()
         self.inflight: dict[str, Job] = {}
@@ -130,14 +133,21 @@ class Engine:
 
     def new_job(self, body: GenerateRequest) -> Job:
         """Validate a /generate body (400 on bad input) and register its rid."""
-        if isinstance(body.rid, list) or (body.input_ids and isinstance(body.input_ids[0], list)) \
-                or isinstance(body.text, list):
-            raise EngineError("batched /generate input is not supported by the local engine; "
-                              "send one request per prompt")
+        if (
+            isinstance(body.rid, list)
+            or (body.input_ids and isinstance(body.input_ids[0], list))
+            or isinstance(body.text, list)
+        ):
+            raise EngineError(
+                "batched /generate input is not supported by the local engine; "
+                "send one request per prompt"
+            )
         if (body.text is None) == (body.input_ids is None):
             raise EngineError("Either text or input_ids should be provided.")
         if body.sampling_params.n != 1:
-            raise EngineError("n > 1 is not supported by the local engine; send n separate requests.")
+            raise EngineError(
+                "n > 1 is not supported by the local engine; send n separate requests."
+            )
         ids = body.prompt_ids if body.input_ids is not None else self.tokenizer.encode(body.text)
         self._check_prompt(ids, body.sampling_params)
         rid = str(body.rid or uuid.uuid4().hex)
@@ -152,10 +162,14 @@ class Engine:
             raise EngineError("The input_ids is empty.")
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise EngineError(f"input_ids contain ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            raise EngineError(
+                f"input_ids contain ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}"
+            )
         biased = [t for t in params.logit_bias or {} if not int(t) < self.vocab_size]
         if biased:
-            raise EngineError(f"logit_bias names ids outside the vocabulary [0, {self.vocab_size}): {biased[:5]}")
+            raise EngineError(
+                f"logit_bias names ids outside the vocabulary [0, {self.vocab_size}): {biased[:5]}"
+            )
         limit = self.context_length
         new = params.max_new_tokens if params.max_new_tokens is not None else 0
         if len(ids) >= limit or len(ids) + new > limit:
@@ -167,27 +181,40 @@ class Engine:
             )
 
     def health_job(self) -> Job:
-        body = GenerateRequest(input_ids=[0], sampling_params=SamplingParams(max_new_tokens=1, temperature=0))
+        body = GenerateRequest(
+            input_ids=[0], sampling_params=SamplingParams(max_new_tokens=1, temperature=0)
+        )
         return Job(self, body, [0], f"HEALTH_CHECK_{uuid.uuid4().hex}")
 
 
 class Job:
     """The asyncio side of one generation: wakes on the scheduler's notify, renders views."""
 
-    def __init__(self, engine: Engine, body: GenerateRequest, prompt_ids: list[int], rid: str) -> None:
+    def __init__(
+        self, engine: Engine, body: GenerateRequest, prompt_ids: list[int], rid: str
+    ) -> None:
         self.engine, self.body, self.rid = engine, body, rid
         params = body.sampling_params
         max_new = params.max_new_tokens
         if max_new is None:
             max_new = engine.context_length - len(prompt_ids)
-        stops = frozenset() if params.ignore_eos else engine.eos_token_ids | set(params.stop_token_ids or ())
+        stops = (
+            frozenset()
+            if params.ignore_eos
+            else engine.eos_token_ids | set(params.stop_token_ids or ())
+        )
         self.loop = asyncio.get_running_loop()
         self.event = asyncio.Event()
         self.request = EngineRequest(
-            rid=rid, prompt_ids=prompt_ids, params=params, max_new_tokens=max_new,
-            stop_token_ids=frozenset(stops), notify=self._notify_threadsafe,
+            rid=rid,
+            prompt_ids=prompt_ids,
+            params=params,
+            max_new_tokens=max_new,
+            stop_token_ids=frozenset(stops),
+            notify=self._notify_threadsafe,
             top_logprobs_num=body.top_logprobs_num if body.return_logprob else 0,
-            stream=body.stream, lora=body.lora_path,
+            stream=body.stream,
+            lora=body.lora_path,
         )
 
     def _notify_threadsafe(self) -> None:
@@ -259,7 +286,8 @@ class Job:
         if self.body.return_logprob:
             with_text = self.body.return_text_in_logprobs
             meta["output_token_logprobs"] = [
-                (lp, t, tok.decode([t]) if with_text else None) for lp, t in zip(view.logprobs, ids, strict=True)
+                (lp, t, tok.decode([t]) if with_text else None)
+                for lp, t in zip(view.logprobs, ids, strict=True)
             ]
             if self.body.top_logprobs_num > 0:
                 meta["output_top_logprobs"] = [
@@ -272,8 +300,12 @@ class Job:
             text=text,
             output_ids=ids,
             meta_info=MetaInfo(
-                id=self.rid, finish_reason=finish, prompt_tokens=len(req.prompt_ids),
-                completion_tokens=len(ids), cached_tokens=0, weight_version=view.weight_version,
+                id=self.rid,
+                finish_reason=finish,
+                prompt_tokens=len(req.prompt_ids),
+                completion_tokens=len(ids),
+                cached_tokens=0,
+                weight_version=view.weight_version,
                 **meta,
             ),
         )
@@ -319,7 +351,9 @@ async def generate(body: GenerateRequest, request: Request, engine: EngineDep) -
 
 
 @router.post(PAUSE_GENERATION.path)
-async def pause_generation(engine: EngineDep, body: Annotated[PauseRequest | None, Body()] = None) -> Response:
+async def pause_generation(
+    engine: EngineDep, body: Annotated[PauseRequest | None, Body()] = None
+) -> Response:
     await asyncio.wrap_future(engine.scheduler.pause((body or PauseRequest()).mode))
     return _json(StatusMessage(message="Generation paused successfully."))
 
@@ -331,67 +365,111 @@ async def continue_generation(engine: EngineDep) -> Response:
 
 
 @router.post(UPDATE_WEIGHTS_FROM_DISK.path)
-async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest, engine: EngineDep) -> Response:
+async def update_weights_from_disk(
+    body: UpdateWeightsFromDiskRequest, engine: EngineDep
+) -> Response:
     """Unpaused, waits for in-flight requests first (SGLang's writer lock). With
     flush_cache under an in_place pause, running rows are retracted (KV recomputed with the
     new weights after continue) where SGLang would crash its scheduler."""
     if not Path(body.model_path).is_dir():
-        return _json(UpdateWeightsResponse(
-            success=False, message=f"Failed to update weights: {body.model_path} is not a directory",
-        ), 400)
-    result: UpdateWeightsResponse = await asyncio.wrap_future(engine.scheduler.update_weights(
-        body.model_path, weight_version=body.weight_version, flush_cache=body.flush_cache,
-        abort_all=body.abort_all_requests, lora_name=body.lora_name,
-    ))
+        return _json(
+            UpdateWeightsResponse(
+                success=False,
+                message=f"Failed to update weights: {body.model_path} is not a directory",
+            ),
+            400,
+        )
+    result: UpdateWeightsResponse = await asyncio.wrap_future(
+        engine.scheduler.update_weights(
+            body.model_path,
+            weight_version=body.weight_version,
+            flush_cache=body.flush_cache,
+            abort_all=body.abort_all_requests,
+            lora_name=body.lora_name,
+        )
+    )
     return _json(result, 200 if result.success else 400)
 
 
 @router.post(INIT_WEIGHTS_UPDATE_GROUP.path)
-async def init_weights_update_group(body: InitWeightsUpdateGroupRequest, engine: EngineDep
-                                    ) -> Response:
+async def init_weights_update_group(
+    body: InitWeightsUpdateGroupRequest, engine: EngineDep
+) -> Response:
     """Join the trainer's group as ranks `rank_offset`.. (`engine.emulate_tp_size` of
     them, one by default); answers once every rank joined. gloo or nccl; a group of the
     same name is replaced. Refused like SGLang for dp > 1 without dp attention."""
     cfg = engine.config
     if cfg.emulate_dp_size > 1 and not cfg.emulate_dp_attention:
-        return _json(UpdateWeightsResponse(
-            success=False, message="dp_size must be 1 or dp attention must be enabled for "
-            "update weights from distributed"), 400)
+        return _json(
+            UpdateWeightsResponse(
+                success=False,
+                message="dp_size must be 1 or dp attention must be enabled for "
+                "update weights from distributed",
+            ),
+            400,
+        )
     try:
         await asyncio.to_thread(
-            engine.weight_groups.init, master_address=body.master_address,
-            master_port=body.master_port, rank=body.rank_offset, world_size=body.world_size,
-            group_name=body.group_name, backend=body.backend, ranks=cfg.emulate_tp_size)
+            engine.weight_groups.init,
+            master_address=body.master_address,
+            master_port=body.master_port,
+            rank=body.rank_offset,
+            world_size=body.world_size,
+            group_name=body.group_name,
+            backend=body.backend,
+            ranks=cfg.emulate_tp_size,
+        )
     except (ValueError, RuntimeError) as exc:  # RuntimeError: rendezvous failed / timed out
-        return _json(UpdateWeightsResponse(
-            success=False, message=f"Failed to init weight-update group: {exc}"), 400)
-    return _json(UpdateWeightsResponse(
-        success=True, message=f"Joined weight-update group {body.group_name}."))
+        return _json(
+            UpdateWeightsResponse(
+                success=False, message=f"Failed to init weight-update group: {exc}"
+            ),
+            400,
+        )
+    return _json(
+        UpdateWeightsResponse(
+            success=True, message=f"Joined weight-update group {body.group_name}."
+        )
+    )
 
 
 @router.post(UPDATE_WEIGHTS_FROM_DISTRIBUTED.path)
-async def update_weights_from_distributed(body: UpdateWeightsFromDistributedRequest,
-                                          engine: EngineDep) -> Response:
+async def update_weights_from_distributed(
+    body: UpdateWeightsFromDistributedRequest, engine: EngineDep
+) -> Response:
     """Receive one bucket from the trainer's broadcast into the live model, between
     batches (unpaused: after the requests in flight now, as a disk update); the version
     is set when `weight_version` is sent (the gateway sends it with the last bucket)."""
-    receive = functools.partial(engine.weight_groups.receive, body.group_name, body.names,
-                                body.dtypes, body.shapes)
+    receive = functools.partial(
+        engine.weight_groups.receive, body.group_name, body.names, body.dtypes, body.shapes
+    )
     result: UpdateWeightsResponse = await asyncio.wrap_future(
         engine.scheduler.update_weights_from_distributed(
-            receive, weight_version=body.weight_version, flush_cache=body.flush_cache,
-            abort_all=body.abort_all_requests))
+            receive,
+            weight_version=body.weight_version,
+            flush_cache=body.flush_cache,
+            abort_all=body.abort_all_requests,
+        )
+    )
     return _json(result, 200 if result.success else 400)
 
 
 @router.post(DESTROY_WEIGHTS_UPDATE_GROUP.path)
-async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupRequest,
-                                       engine: EngineDep) -> Response:
+async def destroy_weights_update_group(
+    body: DestroyWeightsUpdateGroupRequest, engine: EngineDep
+) -> Response:
     if not await asyncio.to_thread(engine.weight_groups.destroy, body.group_name):
-        return _json(UpdateWeightsResponse(
-            success=False, message=f"no weight-update group {body.group_name!r}"), 400)
-    return _json(UpdateWeightsResponse(
-        success=True, message=f"Destroyed weight-update group {body.group_name}."))
+        return _json(
+            UpdateWeightsResponse(
+                success=False, message=f"no weight-update group {body.group_name!r}"
+            ),
+            400,
+        )
+    return _json(
+        UpdateWeightsResponse(
+            success=True, message=f"Destroyed weight-update group {body.group_name}."
+        )
+    )
 
 
 @router.post(ABORT_REQUEST.path)
@@ -406,7 +484,8 @@ async def flush_cache(engine: EngineDep) -> Response:
         return PlainTextResponse("Cache flushed.")
     return PlainTextResponse(
         "Cache not flushed. (When there are running or waiting requests, the operation will "
-        "not be performed.)", status_code=400,
+        "not be performed.)",
+        status_code=400,
     )
 
 
@@ -435,11 +514,15 @@ async def health(engine: EngineDep) -> Response:
 @router.get(MODEL_INFO.path)
 @router.get(MODEL_INFO.legacy_path or MODEL_INFO.path)
 async def model_info(engine: EngineDep) -> Response:
-    return _json(ModelInfo(
-        model_path=engine.scheduler.model_path, tokenizer_path=engine.model_dir,
-        weight_version=engine.scheduler.weight_version, model_type=engine.hf_config.model_type,
-        architectures=list(engine.hf_config.architectures or []),
-    ))
+    return _json(
+        ModelInfo(
+            model_path=engine.scheduler.model_path,
+            tokenizer_path=engine.model_dir,
+            weight_version=engine.scheduler.weight_version,
+            model_type=engine.hf_config.model_type,
+            architectures=list(engine.hf_config.architectures or []),
+        )
+    )
 
 
 @router.get(SERVER_INFO.path)
@@ -448,30 +531,53 @@ async def server_info(engine: EngineDep) -> Response:
     sched = engine.scheduler
     running, waiting, update_pending = sched.counts()
     runner = sched.runner
-    return _json(ServerInfo(
-        served_model_name=engine.served_model_name, model_path=sched.model_path,
-        tokenizer_path=engine.model_dir, weight_version=sched.weight_version,
-        context_length=engine.context_length, max_running_requests=engine.config.max_running_requests,
-        device=engine.device, dtype=engine.dtype, version=f"areal-local-engine-{__version__}",
-        tp_size=engine.config.emulate_tp_size, dp_size=engine.config.emulate_dp_size,
-        enable_dp_attention=engine.config.emulate_dp_attention,
-        internal_states=[InternalState(
-            running=running, waiting=waiting, paused=sched.paused is not None,
-            pause_mode=sched.paused, update_pending=update_pending,
-            forward_calls=runner.forward_calls if runner else 0,
-            prefill_forward_calls=runner.prefill_forward_calls if runner else 0,
-            decode_steps=sched.decode_steps, generated_tokens=sched.generated_tokens,
-            last_gen_throughput=sched.last_gen_throughput,
-        ).model_dump()],
-    ))
+    return _json(
+        ServerInfo(
+            served_model_name=engine.served_model_name,
+            model_path=sched.model_path,
+            tokenizer_path=engine.model_dir,
+            weight_version=sched.weight_version,
+            context_length=engine.context_length,
+            max_running_requests=engine.config.max_running_requests,
+            device=engine.device,
+            dtype=engine.dtype,
+            version=f"areal-local-engine-{__version__}",
+            tp_size=engine.config.emulate_tp_size,
+            dp_size=engine.config.emulate_dp_size,
+            enable_dp_attention=engine.config.emulate_dp_attention,
+            internal_states=[
+                InternalState(
+                    running=running,
+                    waiting=waiting,
+                    paused=sched.paused is not None,
+                    pause_mode=sched.paused,
+                    update_pending=update_pending,
+                    forward_calls=runner.forward_calls if runner else 0,
+                    prefill_forward_calls=runner.prefill_forward_calls if runner else 0,
+                    decode_steps=sched.decode_steps,
+                    generated_tokens=sched.generated_tokens,
+                    last_gen_throughput=sched.last_gen_throughput,
+                ).model_dump()
+            ],
+        )
+    )
 
 
 @router.get("/v1/models")
 async def list_models(engine: EngineDep) -> Response:
     name = engine.served_model_name
-    return _json(ModelList(data=[ModelCard(
-        id=name, created=engine.started_at, root=name, max_model_len=engine.context_length,
-    )]))
+    return _json(
+        ModelList(
+            data=[
+                ModelCard(
+                    id=name,
+                    created=engine.started_at,
+                    root=name,
+                    max_model_len=engine.context_length,
+                )
+            ]
+        )
+    )
 
 
 @router.get("/metrics")
@@ -481,9 +587,12 @@ async def metrics(engine: EngineDep) -> Response:
     running, waiting, _ = sched.counts()
     label = f'{{model_name="{engine.served_model_name}"}}'
     lines = [
-        "# TYPE sglang:num_running_reqs gauge", f"sglang:num_running_reqs{label} {running}",
-        "# TYPE sglang:num_queue_reqs gauge", f"sglang:num_queue_reqs{label} {waiting}",
-        "# TYPE sglang:gen_throughput gauge", f"sglang:gen_throughput{label} {sched.last_gen_throughput}",
+        "# TYPE sglang:num_running_reqs gauge",
+        f"sglang:num_running_reqs{label} {running}",
+        "# TYPE sglang:num_queue_reqs gauge",
+        f"sglang:num_queue_reqs{label} {waiting}",
+        "# TYPE sglang:gen_throughput gauge",
+        f"sglang:gen_throughput{label} {sched.last_gen_throughput}",
         "# TYPE sglang:generation_tokens_total counter",
         f"sglang:generation_tokens_total{label} {sched.generated_tokens}",
     ]
@@ -557,7 +666,8 @@ def run_engine(config: ServiceConfig) -> None:
 
     threads = config.engine.torch_threads
     on_cpu = config.engine.device == "cpu" or (
-        config.engine.device == "auto" and not torch.cuda.is_available())
+        config.engine.device == "auto" and not torch.cuda.is_available()
+    )
     if threads is None and on_cpu:
         # The engine shares the cores with the gateway (and the trainer): with all cores,
         # SmolLM2-135M on 2 cores decoded 15 tokens/s at 32 concurrent, with one, 78.
@@ -567,5 +677,7 @@ def run_engine(config: ServiceConfig) -> None:
     app = create_engine_app(config.engine, model_dir)
     sock = bind_socket(config.engine.host, config.engine.port)
     logger.info("local engine serving %s at %s", model_dir, socket_url(sock))
-    server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=5)
+    )
     server.run(sockets=[sock])

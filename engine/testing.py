@@ -31,9 +31,14 @@ def start_engine_in_thread(
     config = EngineConfig(**{"host": "127.0.0.1", "port": 0, **engine_overrides})
     app = create_engine_app(config, model_dir)
     sock = bind_socket(config.host, config.port)
-    server = uvicorn.Server(uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on",
-    ))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+            lifespan="on",
+        )
+    )
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="engine-uvicorn", daemon=True
     )

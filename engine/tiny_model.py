@@ -24,7 +24,12 @@ from areal_service.atomic import atomic_dir
 # decoding and the gateway's parsers see them, as with Qwen checkpoints.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKER_TOKENS = [
-    "<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<tool_response>",
+    "</tool_response>",
 ]
 
 

@@ -46,8 +46,17 @@ class WeightGroups:
         self._groups: dict[str, tuple[list[dist.ProcessGroup], str, list[dist.Store]]] = {}
         self._lock = threading.Lock()
 
-    def init(self, *, master_address: str, master_port: int, rank: int, world_size: int,
-             group_name: str, backend: str, ranks: int = 1) -> None:
+    def init(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        ranks: int = 1,
+    ) -> None:
         """Join as ranks `rank`..`rank + ranks - 1` (blocks until all `world_size` ranks
         joined). Replaces a group of the same name (SGLang raises; a retried sync after
         a failure needs the new one)."""
@@ -56,12 +65,15 @@ class WeightGroups:
         if backend == "nccl" and ranks != 1:
             raise ValueError("several ranks in one process need gloo")
         if not (0 < rank and rank + ranks <= world_size):
-            raise ValueError(f"ranks {rank}..{rank + ranks - 1} outside 1..{world_size - 1} "
-                             "(rank 0 is the trainer)")
+            raise ValueError(
+                f"ranks {rank}..{rank + ranks - 1} outside 1..{world_size - 1} "
+                "(rank 0 is the trainer)"
+            )
 
         def join(r: int) -> tuple[dist.ProcessGroup, dist.Store]:
-            store = dist.TCPStore(master_address, master_port, world_size, is_master=False,
-                                  timeout=self.timeout)
+            store = dist.TCPStore(
+                master_address, master_port, world_size, is_master=False, timeout=self.timeout
+            )
             prefixed = dist.PrefixStore(group_name, store)
             if backend == "gloo":
                 return dist.ProcessGroupGloo(prefixed, r, world_size, self.timeout), store
@@ -81,11 +93,17 @@ class WeightGroups:
             joined = [f.result() for f in futures]
         self.destroy(group_name)
         with self._lock:
-            self._groups[group_name] = ([g for g, _ in joined], backend,
-                                        [st for _, st in joined])
-        logger.info("joined weight-update group %s as rank(s) %d..%d/%d (%s, master %s:%d)",
-                    group_name, rank, rank + ranks - 1, world_size, backend,
-                    master_address, master_port)
+            self._groups[group_name] = ([g for g, _ in joined], backend, [st for _, st in joined])
+        logger.info(
+            "joined weight-update group %s as rank(s) %d..%d/%d (%s, master %s:%d)",
+            group_name,
+            rank,
+            rank + ranks - 1,
+            world_size,
+            backend,
+            master_address,
+            master_port,
+        )
 
     def destroy(self, group_name: str) -> bool:
         """Leave `group_name`; False when not a member."""
@@ -97,17 +115,24 @@ class WeightGroups:
             _shut_down_later(group, group_name)
         return True
 
-    def receive(self, group_name: str, names: Sequence[str], dtypes: Sequence[str],
-                shapes: Sequence[Sequence[int]], device: torch.device,
-                targets: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def receive(
+        self,
+        group_name: str,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        device: torch.device,
+        targets: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
         """Receive one bucket from rank 0. Tensors matching `targets[name]` (dtype,
         shape, device) land in it in place; the others are returned as {name: tensor}
         (for nccl on `device`, for gloo on CPU) for the caller to check and load.
         KeyError for an unknown group, ValueError for a bad dtype (before receiving)."""
         with self._lock:
             if group_name not in self._groups:
-                raise KeyError(f"no weight-update group {group_name!r}; "
-                               "call /init_weights_update_group first")
+                raise KeyError(
+                    f"no weight-update group {group_name!r}; call /init_weights_update_group first"
+                )
             groups, backend, _ = self._groups[group_name]
         group, extra = groups[0], groups[1:]
         if not len(names) == len(dtypes) == len(shapes):
@@ -120,15 +145,20 @@ class WeightGroups:
         received: dict[str, torch.Tensor] = {}
         for name, torch_dtype, shape in zip(names, torch_dtypes, shapes, strict=True):
             target = targets.get(name)
-            if not (target is not None and target.dtype == torch_dtype
-                    and tuple(target.shape) == tuple(shape) and target.device == where
-                    and target.is_contiguous()):
-                target = received[name] = torch.empty(tuple(shape), dtype=torch_dtype,
-                                                      device=where)
+            if not (
+                target is not None
+                and target.dtype == torch_dtype
+                and tuple(target.shape) == tuple(shape)
+                and target.device == where
+                and target.is_contiguous()
+            ):
+                target = received[name] = torch.empty(tuple(shape), dtype=torch_dtype, device=where)
             # every member this process holds takes part in the broadcast (async, then
             # waited together: each blocks until rank 0 sent to all)
-            works = [group.broadcast(target, 0),
-                     *(g.broadcast(torch.empty_like(target), 0) for g in extra)]
+            works = [
+                group.broadcast(target, 0),
+                *(g.broadcast(torch.empty_like(target), 0) for g in extra),
+            ]
             for work in works:
                 work.wait()
         return received
@@ -139,8 +169,12 @@ def _shut_down_later(group: dist.ProcessGroup, group_name: str) -> None:
     path."""
     shutdown = getattr(group, "shutdown", None)
     if callable(shutdown):
-        threading.Thread(target=_quiet_shutdown, args=(shutdown, group_name),
-                         name=f"shutdown-{group_name}", daemon=True).start()
+        threading.Thread(
+            target=_quiet_shutdown,
+            args=(shutdown, group_name),
+            name=f"shutdown-{group_name}",
+            daemon=True,
+        ).start()
 
 
 def _quiet_shutdown(shutdown: Callable[[], None], group_name: str) -> None:

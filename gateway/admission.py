@@ -62,23 +62,32 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
     while True:
         if state.stopping.is_set():  # answered now, not cancelled at the shutdown timeout
             raise OpenAIError(
-                503, "the gateway is shutting down; the session was not started (retry once "
-                "a gateway is serving again)", type="server_error", code="shutting_down",
-                headers={"retry-after": "5"})
+                503,
+                "the gateway is shutting down; the session was not started (retry once "
+                "a gateway is serving again)",
+                type="server_error",
+                code="shutting_down",
+                headers={"retry-after": "5"},
+            )
         limit = window(state, state.live_version)
         async with state.admission_lock:
             reservation, taken = await asyncio.to_thread(
-                state.store.coordination.reserve_admission, count, limit, ADMISSION_TTL_S)
+                state.store.coordination.reserve_admission, count, limit, ADMISSION_TTL_S
+            )
         if reservation is not None:
             break
         remaining = deadline - loop.time()
         if remaining <= 0:
             retry = math.ceil(max(gw.sessions.admit_wait_s, 1))
             raise OpenAIError(
-                429, f"the staleness window is full ({taken} of its {limit} places taken "
+                429,
+                f"the staleness window is full ({taken} of its {limit} places taken "
                 f"at trained version {state.live_version}); please try again in "
-                f"{retry}s", type="requests", code="rate_limit_exceeded",
-                headers={"retry-after": str(retry)})
+                f"{retry}s",
+                type="requests",
+                code="rate_limit_exceeded",
+                headers={"retry-after": str(retry)},
+            )
         await asyncio.sleep(min(0.05, remaining))
     try:
         yield reservation
@@ -86,5 +95,9 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
         try:  # runs to the end in its thread even if this task is cancelled meanwhile
             await asyncio.to_thread(state.store.coordination.release_admission, reservation)
         except Exception:  # noqa: BLE001 - the reservation lapses at its expiry
-            log.warning("staleness gate: reservation %s not released; it lapses in %.0f s",
-                        reservation, ADMISSION_TTL_S, exc_info=True)
+            log.warning(
+                "staleness gate: reservation %s not released; it lapses in %.0f s",
+                reservation,
+                ADMISSION_TTL_S,
+                exc_info=True,
+            )

@@ -46,8 +46,7 @@ from gateway.translate import ParsedChoice, SamplingSpec, Usage
 HostedToolRule = Literal["drop", "reject"]
 
 _TEXT_BLOCKS = frozenset({"text"})
-_IGNORED_BLOCKS = frozenset({"redacted_thinking", "server_tool_use",
-                             "web_search_tool_result"})
+_IGNORED_BLOCKS = frozenset({"redacted_thinking", "server_tool_use", "web_search_tool_result"})
 """Blocks accepted and left out of the prompt: the policy never produced them."""
 
 
@@ -91,13 +90,17 @@ def check_block(block: Mapping[str, Any]) -> None:
         if isinstance(content, list):
             for part in content:
                 if part.get("type") not in _TEXT_BLOCKS:
-                    raise ValueError(f"tool_result content of type {part.get('type')!r} is "
-                                     "not supported: the served model is text-only")
+                    raise ValueError(
+                        f"tool_result content of type {part.get('type')!r} is "
+                        "not supported: the served model is text-only"
+                    )
         elif content is not None and not isinstance(content, str):
             raise ValueError("tool_result `content` must be a string or text blocks")
     elif kind in ("image", "document", "search_result", "container_upload"):
-        raise ValueError(f"content blocks of type {kind!r} are not supported: the served "
-                         "model is text-only; send text blocks or a string")
+        raise ValueError(
+            f"content blocks of type {kind!r} are not supported: the served "
+            "model is text-only; send text blocks or a string"
+        )
     elif kind not in _IGNORED_BLOCKS:
         raise ValueError(f"unknown content block type {kind!r}")
 
@@ -122,8 +125,9 @@ class MessagesRequest(_Open):
 
     @field_validator("system")
     @classmethod
-    def _system_text(cls, system: str | list[dict[str, Any]] | None
-                     ) -> str | list[dict[str, Any]] | None:
+    def _system_text(
+        cls, system: str | list[dict[str, Any]] | None
+    ) -> str | list[dict[str, Any]] | None:
         for block in system if isinstance(system, list) else ():
             if block.get("type") != "text" or not isinstance(block.get("text"), str):
                 raise ValueError("`system` blocks must be text blocks")
@@ -143,23 +147,30 @@ class MessagesRequest(_Open):
     def _choosable(self) -> MessagesRequest:
         choice = self.tool_choice
         if choice is not None and choice.get("type") not in ("auto", "any", "tool", "none"):
-            raise InvalidRequestError("tool_choice.type must be auto, any, tool or none",
-                                      param="tool_choice")
+            raise InvalidRequestError(
+                "tool_choice.type must be auto, any, tool or none", param="tool_choice"
+            )
         if choice is not None and choice.get("type") == "tool":
             names = [t["name"] for t in self.tools or () if not is_hosted(t)]
             if choice.get("name") not in names:
                 raise InvalidRequestError(
                     f"tool_choice names the tool {choice.get('name')!r}, which is not among "
-                    f"the tools ({', '.join(names) or 'none'})", param="tool_choice")
+                    f"the tools ({', '.join(names) or 'none'})",
+                    param="tool_choice",
+                )
         return self
 
     def wants_logprobs(self) -> int | None:
         return None  # the Messages API has no logprobs (they are recorded regardless)
 
     def client_sampling(self) -> ClientSampling:
-        return ClientSampling(max_tokens=self.max_tokens, temperature=self.temperature,
-                              top_p=self.top_p, top_k=self.top_k,
-                              stop=tuple(self.stop_sequences or ()))
+        return ClientSampling(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=tuple(self.stop_sequences or ()),
+        )
 
 
 class CountTokensRequest(_Open):
@@ -185,10 +196,12 @@ def is_hosted(tool: Mapping[str, Any]) -> bool:
     return kind not in (None, "custom") and "input_schema" not in tool
 
 
-def anthropic_to_chat(request: MessagesRequest | CountTokensRequest, *,
-                      hosted_tools: HostedToolRule = "drop", signer: Signer | None = None
-                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
-                                 ToolChoice | None, list[str]]:
+def anthropic_to_chat(
+    request: MessagesRequest | CountTokensRequest,
+    *,
+    hosted_tools: HostedToolRule = "drop",
+    signer: Signer | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, ToolChoice | None, list[str]]:
     """(chat messages, chat tools, chat tool_choice, names of dropped hosted tools).
     Raises `InvalidRequestError` for a hosted tool under `hosted_tools: reject`, and,
     with a `signer`, for a thinking block whose `signature` this gateway did not issue
@@ -230,24 +243,31 @@ def _append_user(messages: list[dict[str, Any]], content: str | list[dict[str, A
     texts: list[str] = []
     for block in content:
         if block["type"] == "tool_result":
-            messages.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                             "content": _text_of(block.get("content"))})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block["tool_use_id"],
+                    "content": _text_of(block.get("content")),
+                }
+            )
         elif block["type"] in _TEXT_BLOCKS:
             texts.append(block["text"])
     if texts or not any(b["type"] == "tool_result" for b in content):
         messages.append({"role": "user", "content": "\n".join(texts)})
 
 
-def _check_signatures(content: str | list[dict[str, Any]], signer: Signer, index: int
-                      ) -> None:
+def _check_signatures(content: str | list[dict[str, Any]], signer: Signer, index: int) -> None:
     if isinstance(content, str):
         return
     for j, block in enumerate(content):
         if block["type"] == "thinking" and not signer.verify(
-                block["thinking"], str(block.get("signature") or "")):
+            block["thinking"], str(block.get("signature") or "")
+        ):
             raise InvalidRequestError(
                 "invalid signature in thinking block: it was not issued by this gateway "
-                "for this text", param=f"messages.{index}.content.{j}.signature")
+                "for this text",
+                param=f"messages.{index}.content.{j}.signature",
+            )
 
 
 def _assistant(content: str | list[dict[str, Any]]) -> dict[str, Any]:
@@ -263,8 +283,16 @@ def _assistant(content: str | list[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "thinking":
             reasoning.append(block["thinking"])
         elif kind == "tool_use":
-            calls.append({"id": block["id"], "type": "function", "function": {
-                "name": block["name"], "arguments": arguments_text(block.get("input"))}})
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": arguments_text(block.get("input")),
+                    },
+                }
+            )
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     if reasoning:
         msg["reasoning_content"] = "\n".join(reasoning)
@@ -300,8 +328,9 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return {_RAW: arguments}
 
 
-def chat_tools(tools: Sequence[Mapping[str, Any]] | None, hosted: HostedToolRule
-               ) -> tuple[list[dict[str, Any]] | None, list[str]]:
+def chat_tools(
+    tools: Sequence[Mapping[str, Any]] | None, hosted: HostedToolRule
+) -> tuple[list[dict[str, Any]] | None, list[str]]:
     """Anthropic tools -> nested chat function tools (description only when sent), and
     the names of hosted tools dropped."""
     out: list[dict[str, Any]] = []
@@ -312,7 +341,9 @@ def chat_tools(tools: Sequence[Mapping[str, Any]] | None, hosted: HostedToolRule
                 raise InvalidRequestError(
                     f"tool {tool['name']!r} of type {tool.get('type')!r} runs on the "
                     "provider's side, which this gateway cannot do (gateway.hosted_tools "
-                    "is 'reject'; 'drop' leaves it out of the prompt)", param=f"tools[{i}]")
+                    "is 'reject'; 'drop' leaves it out of the prompt)",
+                    param=f"tools[{i}]",
+                )
             dropped.append(str(tool["name"]))
             continue
         fn: dict[str, Any] = {"name": tool["name"]}
@@ -344,8 +375,12 @@ def stop_reason(choice: ParsedChoice, matched: str | None = None) -> str:
 
 
 def anthropic_usage(usage: Usage) -> dict[str, Any]:
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
 
 
 def thinking_block(text: str, signer: Signer) -> dict[str, Any]:
@@ -362,30 +397,54 @@ def content_blocks(choice: ParsedChoice, signer: Signer) -> list[dict[str, Any]]
         blocks.append(thinking_block(choice.reasoning_content, signer))
     if choice.content or not (choice.tool_calls or blocks):
         blocks.append({"type": "text", "text": choice.content or ""})
-    blocks.extend({"type": "tool_use", "id": c.id, "name": c.name,
-                   "input": tool_input(c.arguments)} for c in choice.tool_calls)
+    blocks.extend(
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c.arguments)}
+        for c in choice.tool_calls
+    )
     return blocks
 
 
-def build_message(*, message_id: str, model: str, choice: ParsedChoice, usage: Usage,
-                  signer: Signer, matched: str | None = None) -> dict[str, Any]:
+def build_message(
+    *,
+    message_id: str,
+    model: str,
+    choice: ParsedChoice,
+    usage: Usage,
+    signer: Signer,
+    matched: str | None = None,
+) -> dict[str, Any]:
     """The non-streamed reply (`type: "message"`)."""
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": content_blocks(choice, signer),
-            "stop_reason": stop_reason(choice, matched), "stop_sequence": matched,
-            "usage": anthropic_usage(usage)}
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content_blocks(choice, signer),
+        "stop_reason": stop_reason(choice, matched),
+        "stop_sequence": matched,
+        "usage": anthropic_usage(usage),
+    }
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
-                409: "invalid_request_error", 413: "request_too_large",
-                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def error_body(error: OpenAIError) -> dict[str, Any]:
     """Anthropic's error shape for `error` (its OpenAI `code` kept alongside)."""
-    kind = _ERROR_TYPES.get(error.status, "api_error" if error.status >= 500
-                            else "invalid_request_error")
+    kind = _ERROR_TYPES.get(
+        error.status, "api_error" if error.status >= 500 else "invalid_request_error"
+    )
     body: dict[str, Any] = {"type": kind, "message": error.message}
     if error.code:
         body["code"] = error.code
@@ -410,12 +469,26 @@ class MessageStreamAssembler:
     except where a call that started streaming turns out malformed or cut off: its
     block was shown (as a real server's would be), and the reply keeps its text."""
 
-    def __init__(self, tokenizer: ChatTokenizer, *, message_id: str, model: str,
-                 sampling: SamplingSpec, prompt_tokens: int, parse_tools: bool,
-                 signer: Signer, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
-        self._stream = ChoiceStream(tokenizer, completion_id=message_id,
-                                    parse_tools=parse_tools, stop=sampling.stop, tools=tools,
-                                    call_fragments=True)
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        message_id: str,
+        model: str,
+        sampling: SamplingSpec,
+        prompt_tokens: int,
+        parse_tools: bool,
+        signer: Signer,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        self._stream = ChoiceStream(
+            tokenizer,
+            completion_id=message_id,
+            parse_tools=parse_tools,
+            stop=sampling.stop,
+            tools=tools,
+            call_fragments=True,
+        )
         self._id = message_id
         self._model = model
         self._prompt_tokens = prompt_tokens
@@ -435,15 +508,25 @@ class MessageStreamAssembler:
         return self._stream.result
 
     def start(self) -> list[dict[str, Any]]:
-        usage = {"input_tokens": self._prompt_tokens, "output_tokens": 0,
-                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-        message: dict[str, Any] = {"id": self._id, "type": "message", "role": "assistant",
-                                   "model": self._model, "content": [], "stop_reason": None,
-                                   "stop_sequence": None, "usage": usage}
+        usage = {
+            "input_tokens": self._prompt_tokens,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+        message: dict[str, Any] = {
+            "id": self._id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 
-    def push(self, new_ids: Sequence[int], finish: FinishReason | None
-             ) -> list[dict[str, Any]]:
+    def push(self, new_ids: Sequence[int], finish: FinishReason | None) -> list[dict[str, Any]]:
         delta = self._stream.push(new_ids, [0.0] * len(new_ids), finish)
         events: list[dict[str, Any]] = []
         if delta.reasoning:
@@ -475,14 +558,25 @@ class MessageStreamAssembler:
             if frag.head is not None:
                 events += self._close()
                 self._open, self._call = "tool_use", frag.index
-                events.append({"type": "content_block_start", "index": self._new_block(),
-                               "content_block": {"type": "tool_use", "id": frag.head.id,
-                                                 "name": frag.head.name, "input": {}}})
+                events.append(
+                    {
+                        "type": "content_block_start",
+                        "index": self._new_block(),
+                        "content_block": {
+                            "type": "tool_use",
+                            "id": frag.head.id,
+                            "name": frag.head.name,
+                            "input": {},
+                        },
+                    }
+                )
                 continue
             text = frag.arguments
-            if (self._done <= frag.index < done
-                    and delta.tool_calls[frag.index - self._done].arguments == text
-                    and json_object_or_none(text) is None):
+            if (
+                self._done <= frag.index < done
+                and delta.tool_calls[frag.index - self._done].arguments == text
+                and json_object_or_none(text) is None
+            ):
                 # A call that came whole with arguments that are no JSON object (a
                 # JSON-encoded string): sent wrapped, as `tool_input` makes its input.
                 text = arguments_text(tool_input(text))
@@ -493,8 +587,11 @@ class MessageStreamAssembler:
         return events
 
     def _arguments(self, text: str) -> dict[str, Any]:
-        return {"type": "content_block_delta", "index": self._index,
-                "delta": {"type": "input_json_delta", "partial_json": text}}
+        return {
+            "type": "content_block_delta",
+            "index": self._index,
+            "delta": {"type": "input_json_delta", "partial_json": text},
+        }
 
     def _new_block(self) -> int:
         self._index += 1
@@ -506,10 +603,12 @@ class MessageStreamAssembler:
             events += self._close()
             self._open = kind
             index = self._new_block()
-            block = ({"type": "thinking", "thinking": "", "signature": ""}
-                     if kind == "thinking" else {"type": "text", "text": ""})
-            events.append({"type": "content_block_start", "index": index,
-                           "content_block": block})
+            block = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
+            events.append({"type": "content_block_start", "index": index, "content_block": block})
         if kind == "thinking":
             self._thinking += text
             delta = {"type": "thinking_delta", "thinking": text}
@@ -523,25 +622,41 @@ class MessageStreamAssembler:
             return []
         events: list[dict[str, Any]] = []
         if self._open == "thinking":
-            events.append({"type": "content_block_delta", "index": self._index, "delta": {
-                "type": "signature_delta", "signature": self._signer.sign(self._thinking)}})
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": self._index,
+                    "delta": {
+                        "type": "signature_delta",
+                        "signature": self._signer.sign(self._thinking),
+                    },
+                }
+            )
         events.append({"type": "content_block_stop", "index": self._index})
         self._open = None
         return events
 
-    def _finish(self, choice: ParsedChoice, finish: FinishReason | None
-                ) -> list[dict[str, Any]]:
+    def _finish(self, choice: ParsedChoice, finish: FinishReason | None) -> list[dict[str, Any]]:
         events = self._close()
         if self._index < 0:  # nothing generated: one empty text block, as build_message
             events += self._text("text", "")[:1] + self._close()
-        matched = finish.matched if finish is not None and isinstance(finish.matched, str) \
-            else None
+        matched = finish.matched if finish is not None and isinstance(finish.matched, str) else None
         usage = Usage.of(self._prompt_tokens, [choice])
-        self.message = build_message(message_id=self._id, model=self._model, choice=choice,
-                                     usage=usage, signer=self._signer, matched=matched)
-        events.append({"type": "message_delta", "delta": {
-            "stop_reason": self.message["stop_reason"], "stop_sequence": matched},
-            "usage": {"output_tokens": usage.completion_tokens}})
+        self.message = build_message(
+            message_id=self._id,
+            model=self._model,
+            choice=choice,
+            usage=usage,
+            signer=self._signer,
+            matched=matched,
+        )
+        events.append(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": self.message["stop_reason"], "stop_sequence": matched},
+                "usage": {"output_tokens": usage.completion_tokens},
+            }
+        )
         return events
 
     @staticmethod

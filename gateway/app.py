@@ -126,18 +126,28 @@ class _AdminOnlyPaths:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        state: GatewayState | None = getattr(scope["app"].state, "gateway", None) \
-            if path in DOCS_PATHS or path == METRICS_PATH else None
+        state: GatewayState | None = (
+            getattr(scope["app"].state, "gateway", None)
+            if path in DOCS_PATHS or path == METRICS_PATH
+            else None
+        )
         if state is not None:
             gw = state.config.gateway
             public = gw.auth.public_docs if path in DOCS_PATHS else gw.auth.public_metrics
             token = request_token(scope)
-            if not public and not (token and admin_key_matches(
-                    token, gw.auth.admin_key.get_secret_value())):
-                error = invalid_api_key(token) if token else OpenAIError(
-                    401, f"{path} needs the admin key as a bearer token (or set "
-                    f"gateway.auth.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
-                    code="admin_required")
+            if not public and not (
+                token and admin_key_matches(token, gw.auth.admin_key.get_secret_value())
+            ):
+                error = (
+                    invalid_api_key(token)
+                    if token
+                    else OpenAIError(
+                        401,
+                        f"{path} needs the admin key as a bearer token (or set "
+                        f"gateway.auth.{'public_docs' if path in DOCS_PATHS else 'public_metrics'})",
+                        code="admin_required",
+                    )
+                )
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -163,8 +173,9 @@ async def sweep_idle_sessions(state: GatewayState) -> None:
         if not state.leadership.is_leader:
             continue  # the leader sweeps; this process's caches see its ends in ttl_s
         try:
-            ended = await asyncio.to_thread(state.store.end_idle_sessions,
-                                            gw.sessions.idle_timeout_s)
+            ended = await asyncio.to_thread(
+                state.store.end_idle_sessions, gw.sessions.idle_timeout_s
+            )
         except Exception:  # the database may be briefly unavailable; try again later
             log.exception("idle-session sweep failed")
             continue
@@ -199,58 +210,90 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         gw = config.gateway
         app.state.auth_throttle = AuthThrottle(
-            free_failures=gw.auth.free_failures, backoff_s=gw.auth.backoff_s,
-            max_backoff_s=gw.auth.max_backoff_s)
-        store = await asyncio.to_thread(TrajectoryStore.open, config.database_url(),
-                                        config.store)
+            free_failures=gw.auth.free_failures,
+            backoff_s=gw.auth.backoff_s,
+            max_backoff_s=gw.auth.max_backoff_s,
+        )
+        store = await asyncio.to_thread(TrajectoryStore.open, config.database_url(), config.store)
         # Other processes write this store's sessions too (workers, replicas): parent
         # links are read from the store, once per write batch on the writer's thread.
         shared = gw.shares_store()
         linker = ParentLinker(store, max_sessions=0 if shared else 4096)
         writer = GroupCommitWriter.from_config(
-            store, config.store, prepare=linker.link_batch if shared else None)
+            store, config.store, prepare=linker.link_batch if shared else None
+        )
         writer.start()
         tokenizer_dir = Path(config.gateway.tokenizer or config.model_dir())
         tokenizer = await asyncio.to_thread(
-            ChatTokenizer.from_pretrained, tokenizer_dir,
-            chat_template=config.engine.chat_template, tool_parser=gw.tool_parser,
-            reasoning_parser=gw.reasoning_parser)
+            ChatTokenizer.from_pretrained,
+            tokenizer_dir,
+            chat_template=config.engine.chat_template,
+            tool_parser=gw.tool_parser,
+            reasoning_parser=gw.reasoning_parser,
+        )
         pool = BackendPool.from_config(config)  # the backends, or a router's workers
         await pool.start()
         leadership = Leadership(store, ttl_s=gw.scale.leader_lease_s)
         await leadership.renew()  # a lone gateway leads from its first request on
         pool.may_swap = lambda: leadership.is_leader
         app.state.gateway = GatewayState(
-            config=config, store=store, writer=writer,
-            keys=KeyResolver(store, config.gateway.auth.admin_key.get_secret_value(),
-                             usage_interval_s=config.gateway.auth.key_usage_interval_s),
-            backends=pool, tokenizer=tokenizer,
+            config=config,
+            store=store,
+            writer=writer,
+            keys=KeyResolver(
+                store,
+                config.gateway.auth.admin_key.get_secret_value(),
+                usage_interval_s=config.gateway.auth.key_usage_interval_s,
+            ),
+            backends=pool,
+            tokenizer=tokenizer,
             context_length=context_length_of(config, tokenizer_dir),
             linker=linker,
             leadership=leadership,
-            session_cache=RefreshingCache(store.get_sessions, ttl_s=SESSION_TTL_S,
-                                          stale_s=SESSION_STALE_S),
-            started_at=time.time())
+            session_cache=RefreshingCache(
+                store.get_sessions, ttl_s=SESSION_TTL_S, stale_s=SESSION_STALE_S
+            ),
+            started_at=time.time(),
+        )
         restore_signals = watch_exit_signals(app.state.gateway.stopping)
         log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
         if freeze_gc:
             gc.collect()
             gc.freeze()
             gc.set_threshold(_GC_YOUNG_THRESHOLD, 20, 100)
-        tasks = [asyncio.create_task(leadership.run()),
-                 asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
-                 asyncio.create_task(run_weight_syncer(app.state.gateway)),
-                 asyncio.create_task(flush_key_usage(
-                     app.state.gateway.keys.usage, store,
-                     config.gateway.auth.key_usage_interval_s))]
+        tasks = [
+            asyncio.create_task(leadership.run()),
+            asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
+            asyncio.create_task(run_weight_syncer(app.state.gateway)),
+            asyncio.create_task(
+                flush_key_usage(
+                    app.state.gateway.keys.usage, store, config.gateway.auth.key_usage_interval_s
+                )
+            ),
+        ]
         keys = app.state.gateway.keys
         if shared:  # per-key limits and the auth throttle count every process
-            tasks.append(asyncio.create_task(sync_key_limits(
-                keys.limits, keys.usage.unflushed_tokens, store.coordination, leadership.holder,
-                gw.limits.key_limits_sync_s)))
-            tasks.append(asyncio.create_task(sync_auth_failures(
-                app.state.auth_throttle, store.coordination, leadership.holder,
-                gw.auth.throttle_sync_s)))
+            tasks.append(
+                asyncio.create_task(
+                    sync_key_limits(
+                        keys.limits,
+                        keys.usage.unflushed_tokens,
+                        store.coordination,
+                        leadership.holder,
+                        gw.limits.key_limits_sync_s,
+                    )
+                )
+            )
+            tasks.append(
+                asyncio.create_task(
+                    sync_auth_failures(
+                        app.state.auth_throttle,
+                        store.coordination,
+                        leadership.holder,
+                        gw.auth.throttle_sync_s,
+                    )
+                )
+            )
         try:
             yield
         finally:
@@ -272,8 +315,13 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
 
     # strict_content_type off: a JSON body without a content-type (as `curl -d` users and
     # the hot routes' clients may send) is parsed as JSON, not refused.
-    app = GatewayApp(title="AReaL Service gateway", lifespan=lifespan, docs_url="/docs",
-                     redoc_url=None, strict_content_type=False)
+    app = GatewayApp(
+        title="AReaL Service gateway",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        strict_content_type=False,
+    )
     install_error_handlers(app)
     app.include_router(openai.router)
     app.include_router(openai.docs_router)  # schema only: HotRoutes answers these paths
@@ -287,9 +335,14 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     outer: list[Callable[[ASGIApp], ASGIApp]] = []
     if given.gateway.scale.workers > 1:  # outermost: even a throttled reply names it
         outer.append(_WorkerHeader)
-    outer.append(lambda inner: AuthThrottleMiddleware(
-        inner, throttle_of=_throttle_of, known_good_of=_known_good_of,
-        self_reporting=openai.HOT_ROUTES))
+    outer.append(
+        lambda inner: AuthThrottleMiddleware(
+            inner,
+            throttle_of=_throttle_of,
+            known_good_of=_known_good_of,
+            self_reporting=openai.HOT_ROUTES,
+        )
+    )
     outer.append(lambda inner: HotRoutes(inner, routes=openai.HOT_ROUTES))
     app.outer_layers = tuple(outer)
     app.hot_paths = frozenset(openai.HOT_ROUTES)

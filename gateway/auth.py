@@ -110,8 +110,14 @@ class KeyUsage:
 class KeyResolver:
     """Resolves tokens to principals through a `RefreshingCache` of store lookups."""
 
-    def __init__(self, store: TrajectoryStore, admin_key: str, ttl_s: float = 5.0,
-                 stale_s: float = 60.0, usage_interval_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        store: TrajectoryStore,
+        admin_key: str,
+        ttl_s: float = 5.0,
+        stale_s: float = 60.0,
+        usage_interval_s: float = 30.0,
+    ) -> None:
         self._admin_key = admin_key
         self.usage = KeyUsage(usage_interval_s)
         self.limits = KeyLimits(on_tokens=self.usage.add_tokens)
@@ -120,7 +126,8 @@ class KeyResolver:
         across the cache's `forget` on a session rebind)."""
         """Per-key rate, concurrency and budget limits (`gateway/limits.py`)."""
         self._keys: RefreshingCache[str, ApiKeyRecord] = RefreshingCache(
-            store.keys.find_api_keys_by_hashes, ttl_s=ttl_s, stale_s=stale_s)
+            store.keys.find_api_keys_by_hashes, ttl_s=ttl_s, stale_s=stale_s
+        )
 
     async def resolve(self, token: str | None) -> Principal:
         """The caller behind `token`; raises 401 `invalid_api_key` when unknown or revoked."""
@@ -199,5 +206,6 @@ async def write_key_usage(usage: KeyUsage, store: TrajectoryStore) -> None:
 def require_admin(principal: Principal) -> None:
     """403 unless the caller used the admin key."""
     if not principal.is_admin:
-        raise OpenAIError(403, "this endpoint needs the admin key", type="permission_error",
-                          code="admin_required")
+        raise OpenAIError(
+            403, "this endpoint needs the admin key", type="permission_error", code="admin_required"
+        )

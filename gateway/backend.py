@@ -105,10 +105,18 @@ class SGLangClient:
     """Client of one SGLang-protocol backend; one aiohttp session per client, created
     lazily on the running loop. Call `aclose()` (or use `async with`) when done."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
-                 control_timeout_s: float = 60.0, max_connections: int = 1024,
-                 api_key: str | None = None, max_resubmissions: int = 50,
-                 resubmit_wait_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        control_timeout_s: float = 60.0,
+        max_connections: int = 1024,
+        api_key: str | None = None,
+        max_resubmissions: int = 50,
+        resubmit_wait_s: float = 0.05,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -123,20 +131,28 @@ class SGLangClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
-                                             keepalive_timeout=_KEEPALIVE_S)
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S
+            )
             self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s,
-                                              sock_connect=self.connect_timeout_s))
+                connector=connector,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=self.timeout_s, sock_connect=self.connect_timeout_s
+                ),
+            )
         return self._session
 
     def _generate_pool(self) -> Http1Pool:
         """The lean keep-alive pool for `/generate` (see `gateway/http1.py` for why)."""
         if self._pool is None:
-            self._pool = Http1Pool(self.base_url, max_connections=self.max_connections,
-                                   connect_timeout_s=self.connect_timeout_s,
-                                   keepalive_s=_KEEPALIVE_S, headers=self._headers)
+            self._pool = Http1Pool(
+                self.base_url,
+                max_connections=self.max_connections,
+                connect_timeout_s=self.connect_timeout_s,
+                keepalive_s=_KEEPALIVE_S,
+                headers=self._headers,
+            )
         return self._pool
 
     async def aclose(self) -> None:
@@ -156,10 +172,12 @@ class SGLangClient:
 
     # -- transport ---------------------------------------------------------------------
     def _unavailable(self, exc: BaseException) -> BackendUnavailable:
-        refused = isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError
-                             | ConnectFailed)
-        return BackendUnavailable(f"{type(exc).__name__}: {exc}", url=self.base_url,
-                                  sent=not refused)
+        refused = isinstance(
+            exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError | ConnectFailed
+        )
+        return BackendUnavailable(
+            f"{type(exc).__name__}: {exc}", url=self.base_url, sent=not refused
+        )
 
     def _error(self, status: int, raw: bytes) -> BackendError:
         """The error of a non-2xx reply: SGLang's `{"error": {"message"}}`, else the text."""
@@ -175,17 +193,29 @@ class SGLangClient:
         """A 2xx reply that does not have the shape `sglang_protocol` expects: 502."""
         return BackendError(502, f"malformed {endpoint.path} reply: {exc}", url=self.base_url)
 
-    async def _call(self, endpoint: Endpoint, body: BaseModel | None = None, *,
-                    path: str | None = None, timeout_s: float | None = None) -> bytes:
+    async def _call(
+        self,
+        endpoint: Endpoint,
+        body: BaseModel | None = None,
+        *,
+        path: str | None = None,
+        timeout_s: float | None = None,
+    ) -> bytes:
         """One control request/response (`path` overrides the endpoint's, for legacy
         names); raises BackendError / BackendUnavailable, else the reply body."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s,
-                                        sock_connect=self.connect_timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=timeout_s or self.timeout_s, sock_connect=self.connect_timeout_s
+        )
         data = None if body is None else body.model_dump_json(exclude_unset=True).encode()
         headers = None if data is None else _JSON
         try:
-            async with self._http().request(endpoint.method, self.base_url + (path or endpoint.path),
-                                            data=data, headers=headers, timeout=timeout) as r:
+            async with self._http().request(
+                endpoint.method,
+                self.base_url + (path or endpoint.path),
+                data=data,
+                headers=headers,
+                timeout=timeout,
+            ) as r:
                 raw = await r.read()
                 status = r.status
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
@@ -196,6 +226,7 @@ class SGLangClient:
 
     def _abort_soon(self, rid: str) -> None:
         """Fire-and-forget `/abort_request` for a request its caller gave up on."""
+
         async def abort() -> None:
             try:
                 await self.abort_request(rid)
@@ -220,17 +251,18 @@ class SGLangClient:
         return SuffixParser() if new_only else WholeChunks()
 
     # -- endpoints ---------------------------------------------------------------------
-    async def generate(self, payload: GenerateRequest, *,
-                       routing_key: str | None = None) -> GenerateResponse:
+    async def generate(
+        self, payload: GenerateRequest, *, routing_key: str | None = None
+    ) -> GenerateResponse:
         """Non-streaming `POST /generate`. Cancelling the caller aborts the request.
         `routing_key`: sent as `X-SMG-Routing-Key` (session affinity through SGLang's
         router; a server ignores it)."""
         path, body = self._generate_body(payload, stream=False)
         rid = str(payload.rid)
         try:
-            async with self._generate_pool().post(path, body,
-                                                  timeout_s=self.timeout_s,
-                                                  headers=_routing_header(routing_key)) as r:
+            async with self._generate_pool().post(
+                path, body, timeout_s=self.timeout_s, headers=_routing_header(routing_key)
+            ) as r:
                 raw = await r.read()
                 status = r.status
         except asyncio.CancelledError:
@@ -248,9 +280,14 @@ class SGLangClient:
         except ValidationError as e:
             raise self._malformed(GENERATE, e) from e
 
-    async def generate_stream(self, payload: GenerateRequest, *, coalesce: bool = False,
-                              new_only: bool = False, routing_key: str | None = None
-                              ) -> AsyncGenerator[GenerateResponse, None]:
+    async def generate_stream(
+        self,
+        payload: GenerateRequest,
+        *,
+        coalesce: bool = False,
+        new_only: bool = False,
+        routing_key: str | None = None,
+    ) -> AsyncGenerator[GenerateResponse, None]:
         """Streaming `POST /generate`: one result per SSE `data:` chunk, through the
         finish chunk and `[DONE]`. A `data: {"error":…}` event raises BackendError.
         Closing the iterator early (client gone) or cancelling aborts the request.
@@ -268,9 +305,9 @@ class SGLangClient:
         done = False
         parser = self._stream_parser(payload, new_only)
         try:
-            async with self._generate_pool().post(path, body,
-                                                  timeout_s=self.timeout_s,
-                                                  headers=_routing_header(routing_key)) as r:
+            async with self._generate_pool().post(
+                path, body, timeout_s=self.timeout_s, headers=_routing_header(routing_key)
+            ) as r:
                 if r.status >= 400:
                     done = True  # rejected before it started
                     raise self._error(r.status, await r.read())
@@ -311,23 +348,32 @@ class SGLangClient:
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """Pause; `abort` ends in-flight requests with finish_reason abort."""
-        await self._call(PAUSE_GENERATION, PauseRequest(mode=mode),
-                         timeout_s=self.control_timeout_s)
+        await self._call(
+            PAUSE_GENERATION, PauseRequest(mode=mode), timeout_s=self.control_timeout_s
+        )
 
     async def continue_generation(self) -> None:
-        await self._call(CONTINUE_GENERATION, ContinueGenerationRequest(), timeout_s=self.control_timeout_s)
+        await self._call(
+            CONTINUE_GENERATION, ContinueGenerationRequest(), timeout_s=self.control_timeout_s
+        )
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
-                                       *, flush_cache: bool = True,
-                                       lora_name: str | None = None) -> str:
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | None = None,
+        *,
+        flush_cache: bool = True,
+        lora_name: str | None = None,
+    ) -> str:
         """Load HF weights from `model_path` (same architecture); returns the message.
         Raises BackendError on `success: false`. Uses the long timeout (disk loads).
         `lora_name`: a named policy's adapter (the local engine's extension)."""
-        body = UpdateWeightsFromDiskRequest(model_path=model_path, flush_cache=flush_cache,
-                                            **({} if weight_version is None
-                                               else {"weight_version": weight_version}),
-                                            **({} if lora_name is None
-                                               else {"lora_name": lora_name}))
+        body = UpdateWeightsFromDiskRequest(
+            model_path=model_path,
+            flush_cache=flush_cache,
+            **({} if weight_version is None else {"weight_version": weight_version}),
+            **({} if lora_name is None else {"lora_name": lora_name}),
+        )
         raw = await self._call(UPDATE_WEIGHTS_FROM_DISK, body)
         try:
             result = UpdateWeightsResponse.model_validate_json(raw)
@@ -354,18 +400,23 @@ class SGLangClient:
         return await self._weights_call(INIT_WEIGHTS_UPDATE_GROUP, body)
 
     async def update_weights_from_distributed(
-            self, body: UpdateWeightsFromDistributedRequest) -> str:
+        self, body: UpdateWeightsFromDistributedRequest
+    ) -> str:
         """Receive one bucket broadcast by the trainer (which must be sending meanwhile)."""
         return await self._weights_call(UPDATE_WEIGHTS_FROM_DISTRIBUTED, body)
 
     async def destroy_weights_update_group(self, group_name: str) -> str:
-        return await self._weights_call(DESTROY_WEIGHTS_UPDATE_GROUP,
-                                        DestroyWeightsUpdateGroupRequest(group_name=group_name))
+        return await self._weights_call(
+            DESTROY_WEIGHTS_UPDATE_GROUP, DestroyWeightsUpdateGroupRequest(group_name=group_name)
+        )
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
         """Abort by rid PREFIX (SGLang's rule), or everything with `abort_all`."""
-        await self._call(ABORT_REQUEST, AbortRequest(rid=rid, abort_all=abort_all),
-                         timeout_s=self.control_timeout_s)
+        await self._call(
+            ABORT_REQUEST,
+            AbortRequest(rid=rid, abort_all=abort_all),
+            timeout_s=self.control_timeout_s,
+        )
 
     async def flush_cache(self) -> None:
         """Flush the prefix cache; BackendError(400) while requests are running."""
@@ -385,8 +436,7 @@ class SGLangClient:
         result: dict[str, Any] = json.loads(await self._get_with_fallback(SERVER_INFO))
         return result
 
-    async def _get_with_fallback(self, endpoint: Endpoint, timeout_s: float | None = None
-                                 ) -> bytes:
+    async def _get_with_fallback(self, endpoint: Endpoint, timeout_s: float | None = None) -> bytes:
         """`endpoint`, or its older path when the server answers 404 (older versions)."""
         timeout_s = self.control_timeout_s if timeout_s is None else timeout_s
         try:
@@ -405,8 +455,9 @@ class SGLangClient:
         return True
 
     # -- composites --------------------------------------------------------------------
-    async def swap_weights(self, model_path: str, version: int, lora_name: str | None = None
-                           ) -> SwapTimings:
+    async def swap_weights(
+        self, model_path: str, version: int, lora_name: str | None = None
+    ) -> SwapTimings:
         """pause(abort) → update_weights_from_disk → continue, continue ALWAYS sent (also
         when pause or the load fails; the load's error is re-raised after it).
         `lora_name`: swap only that policy's adapter (the pause still interrupts every
@@ -419,28 +470,26 @@ class SGLangClient:
             if lora_name is None:
                 await self.update_weights_from_disk(model_path, str(version))
             else:
-                await self.update_weights_from_disk(model_path, str(version),
-                                                    lora_name=lora_name)
+                await self.update_weights_from_disk(model_path, str(version), lora_name=lora_name)
             t2 = time.perf_counter()
         finally:
             await self.continue_generation()
         t3 = time.perf_counter()
         return SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
 
-    async def generate_interruptible(self, request: GenerateRequest, *,
-                                     routing_key: str | None = None) -> Generation:
+    async def generate_interruptible(
+        self, request: GenerateRequest, *, routing_key: str | None = None
+    ) -> Generation:
         """`generate`, resubmitting on pause-aborts until a stop/length finish
         (`gateway.interruptible.generate_interruptible`)."""
-        return await interruptible.generate_interruptible(self, request,
-                                                          routing_key=routing_key)
+        return await interruptible.generate_interruptible(self, request, routing_key=routing_key)
 
     def generate_interruptible_stream(
-            self, request: GenerateRequest, *,
-            routing_key: str | None = None) -> AsyncGenerator[GenerationDelta, None]:
+        self, request: GenerateRequest, *, routing_key: str | None = None
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming `generate_interruptible`: only NEW tokens per delta, across
         resubmissions (`gateway.interruptible.generate_interruptible_stream`)."""
-        return interruptible.generate_interruptible_stream(self, request,
-                                                           routing_key=routing_key)
+        return interruptible.generate_interruptible_stream(self, request, routing_key=routing_key)
 
 
 class RouterClient(SGLangClient):
@@ -450,8 +499,9 @@ class RouterClient(SGLangClient):
     control never goes through here: the pool sends it to each worker's own client.
     Endpoints and the versions checked: `areal_service/sglang_protocol.py`."""
 
-    def __init__(self, base_url: str, workers: Callable[[], Sequence[SGLangClient]],
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, base_url: str, workers: Callable[[], Sequence[SGLangClient]], **kwargs: Any
+    ) -> None:
         super().__init__(base_url, **kwargs)
         self._workers = workers
 
@@ -460,7 +510,8 @@ class RouterClient(SGLangClient):
         so one worker being down does not fail the abort the others answered."""
         results = await asyncio.gather(
             *(w.abort_request(rid, abort_all=abort_all) for w in self._workers()),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and len(errors) == len(results):
             raise errors[0]
@@ -472,11 +523,11 @@ class RouterClient(SGLangClient):
         try:
             listing = json.loads(raw)
         except ValueError as e:
-            raise BackendError(502, f"malformed {ROUTER_WORKERS.path} reply: {e}",
-                               url=self.base_url) from e
+            raise BackendError(
+                502, f"malformed {ROUTER_WORKERS.path} reply: {e}", url=self.base_url
+            ) from e
         if not isinstance(listing, dict):
-            raise BackendError(502, f"malformed {ROUTER_WORKERS.path} reply",
-                               url=self.base_url)
+            raise BackendError(502, f"malformed {ROUTER_WORKERS.path} reply", url=self.base_url)
         return router_worker_urls(listing)
 
     async def health(self, timeout_s: float = 10.0) -> bool:

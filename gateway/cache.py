@@ -35,8 +35,14 @@ class RefreshingCache(Generic[K, V]):
     """Values of `load_many(keys)` (a blocking store read of several keys, run in a
     thread; a key it leaves out has no value)."""
 
-    def __init__(self, load_many: Callable[[list[K]], Mapping[K, V]], *, ttl_s: float,
-                 stale_s: float, max_entries: int = 100_000) -> None:
+    def __init__(
+        self,
+        load_many: Callable[[list[K]], Mapping[K, V]],
+        *,
+        ttl_s: float,
+        stale_s: float,
+        max_entries: int = 100_000,
+    ) -> None:
         if stale_s < ttl_s:
             raise ValueError(f"stale_s ({stale_s}) must be >= ttl_s ({ttl_s})")
         self._load_many = load_many

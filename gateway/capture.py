@@ -48,14 +48,25 @@ def build_records(
     prompt = tuple(prompt_ids)
     return [
         CompletionRecord(
-            id=choice_record_id(completion_id, i), model=model, prompt_ids=prompt,
-            output_ids=gen.output_ids, output_logprobs=gen.output_logprobs,
-            output_versions=gen.output_versions, finish_reason=choice.finish_reason,
-            session_id=session_id, api_key_id=api_key_id,
-            request_json=request_json, response_json=response_json,
-            temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-            backend=gen.backend, latency_ms=latency_ms, prompt_tokens=len(prompt),
-            completion_tokens=len(gen.output_ids), requested_model=requested_model,
+            id=choice_record_id(completion_id, i),
+            model=model,
+            prompt_ids=prompt,
+            output_ids=gen.output_ids,
+            output_logprobs=gen.output_logprobs,
+            output_versions=gen.output_versions,
+            finish_reason=choice.finish_reason,
+            session_id=session_id,
+            api_key_id=api_key_id,
+            request_json=request_json,
+            response_json=response_json,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k,
+            backend=gen.backend,
+            latency_ms=latency_ms,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(gen.output_ids),
+            requested_model=requested_model,
             continuity_key=key,
         )
         for i, (gen, choice, key) in enumerate(zip(generations, choices, keys, strict=True))
@@ -79,8 +90,12 @@ async def persist(state: GatewayState, records: Sequence[CompletionRecord]) -> N
         else:
             await asyncio.gather(*(state.writer.write(r) for r in records))
     except Exception as exc:  # any store failure: refuse to acknowledge
-        raise OpenAIError(503, f"the completion could not be recorded ({type(exc).__name__}); "
-                          "retry the request", type="server_error", code="capture_failed",
-                          headers={"retry-after": "1"}) from exc
+        raise OpenAIError(
+            503,
+            f"the completion could not be recorded ({type(exc).__name__}); retry the request",
+            type="server_error",
+            code="capture_failed",
+            headers={"retry-after": "1"},
+        ) from exc
     finally:
         state.metrics.capture_wait.observe(time.perf_counter() - t0)

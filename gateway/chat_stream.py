@@ -68,7 +68,7 @@ class _StreamedCall:
     built: str | None = None
 
     def sent_arguments(self, text: str) -> str:
-        return self.built if self.built is not None else text[self.args_start:self.sent]
+        return self.built if self.built is not None else text[self.args_start : self.sent]
 
 
 class ChoiceStream:
@@ -93,10 +93,18 @@ class ChoiceStream:
     A call that turns out malformed or cut off has streamed partially, and the reply's
     text (content) then holds it, as the whole reply does."""
 
-    def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, index: int = 0,
-                 parse_tools: bool, stop: Sequence[str] = (), logprobs: int | None = None,
-                 tools: Sequence[Mapping[str, Any]] | None = None,
-                 call_fragments: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        completion_id: str,
+        index: int = 0,
+        parse_tools: bool,
+        stop: Sequence[str] = (),
+        logprobs: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        call_fragments: bool = False,
+    ) -> None:
         self._tok = tokenizer
         self._parser = tokenizer.output_parser
         self._plain_prefix = self._parser.tools.plain_prefix  # bound once: runs per token
@@ -141,13 +149,23 @@ class ChoiceStream:
     def update(self, choice: GeneratedChoice) -> StreamDelta:
         """Next cumulative output (ids so far, finish set on the last one)."""
         n = len(self._ids)
-        return self.push(choice.output_ids[n:], choice.output_logprobs[n:], choice.finish,
-                         new_top=choice.top_logprobs[n:], cached_tokens=choice.cached_tokens)
+        return self.push(
+            choice.output_ids[n:],
+            choice.output_logprobs[n:],
+            choice.finish,
+            new_top=choice.top_logprobs[n:],
+            cached_tokens=choice.cached_tokens,
+        )
 
-    def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishReason | None, *,
-             new_top: Sequence[tuple[tuple[int, float], ...]] = (), cached_tokens: int = 0
-             ) -> StreamDelta:
+    def push(
+        self,
+        new_ids: Sequence[int],
+        new_logprobs: Sequence[float],
+        finish: FinishReason | None,
+        *,
+        new_top: Sequence[tuple[tuple[int, float], ...]] = (),
+        cached_tokens: int = 0,
+    ) -> StreamDelta:
         """New tokens only (with their logprobs); `finish` set on the last push."""
         self._ids.extend(new_ids)
         self._lps.extend(new_logprobs)
@@ -157,30 +175,44 @@ class ChoiceStream:
         end = visible_len(self._ids, finish)
         lps = () if self._logprobs is None else self._logprob_slice(self._pushed, end)
         if end > self._pushed:
-            self._text += self._decoder.push(self._ids[self._pushed:end])
+            self._text += self._decoder.push(self._ids[self._pushed : end])
         self._pushed = end
         if final:
             # One whole decode at the end: the reply is exactly the non-streamed one.
             text = trim_stop(self._tok.decode(self._ids[:end]), finish)
-            parsed = self._parser.parse(text, parse_tools=self._parse_tools,
-                                        id_seed=self._seed, final=True, tools=self._tools)
+            parsed = self._parser.parse(
+                text,
+                parse_tools=self._parse_tools,
+                id_seed=self._seed,
+                final=True,
+                tools=self._tools,
+            )
         else:
             self._shown_text = self._shown()
             parsed = self._partial(self._shown_text)
-        reasoning = (_advance(parsed.reasoning or "", self._sent.reasoning or "")
-                     if parsed.reasoning is not None or self._sent.reasoning else "")
+        reasoning = (
+            _advance(parsed.reasoning or "", self._sent.reasoning or "")
+            if parsed.reasoning is not None or self._sent.reasoning
+            else ""
+        )
         content = _advance(parsed.content, self._sent.content)
-        calls = parsed.tool_calls[len(self._sent.tool_calls):]
-        fragments = (self._call_fragments(parsed, final) if self._fragments and (
-            parsed.tool_calls or self._found is not None or self._args is not None) else ())
+        calls = parsed.tool_calls[len(self._sent.tool_calls) :]
+        fragments = (
+            self._call_fragments(parsed, final)
+            if self._fragments
+            and (parsed.tool_calls or self._found is not None or self._args is not None)
+            else ()
+        )
         self._sent = parsed
         if final:
             assert finish is not None
-            so_far = GeneratedChoice(tuple(self._ids), tuple(self._lps), finish,
-                                     tuple(self._tops), cached_tokens)
+            so_far = GeneratedChoice(
+                tuple(self._ids), tuple(self._lps), finish, tuple(self._tops), cached_tokens
+            )
             all_lps = None if self._logprobs is None else self._logprob_slice(0, end)
-            self.result = finish_choice(self._tok, so_far, parsed, text, index=self.index,
-                                         logprobs=all_lps)
+            self.result = finish_choice(
+                self._tok, so_far, parsed, text, index=self.index, logprobs=all_lps
+            )
         return StreamDelta(reasoning, content, calls, lps, self.result, fragments)
 
     def _call_fragments(self, parsed: ParsedText, final: bool) -> tuple[CallFragment, ...]:
@@ -197,7 +229,7 @@ class ChoiceStream:
                 # A call that reads differently once complete keeps what was sent (the
                 # content holds its text if it is no call at all).
                 if call.arguments.startswith(sent) and len(call.arguments) > len(sent):
-                    out.append(CallFragment(i, call.arguments[len(sent):]))
+                    out.append(CallFragment(i, call.arguments[len(sent) :]))
                 if i == len(self._streamed) - 1:
                     self._args = None
                 continue
@@ -210,24 +242,32 @@ class ChoiceStream:
             return tuple(out)
         if found is not None and found.index == len(self._streamed):
             head = ToolCall(found.id or tool_call_id(self._seed, found.index), found.name, "")
-            self._streamed.append(_StreamedCall(head, found.args_start, found.args_start,
-                                                None if found.arguments is None else ""))
+            self._streamed.append(
+                _StreamedCall(
+                    head,
+                    found.args_start,
+                    found.args_start,
+                    None if found.arguments is None else "",
+                )
+            )
             out.append(CallFragment(found.index, "", head))
             if found.arguments is None:
                 self._args = JsonEnd(found.args_start)
                 self._args.feed(text)
-        if (found is not None and found.arguments is not None
-                and found.index == len(self._streamed) - 1):
+        if (
+            found is not None
+            and found.arguments is not None
+            and found.index == len(self._streamed) - 1
+        ):
             last = self._streamed[-1]
             built = last.built or ""
             if len(found.arguments) > len(built) and found.arguments.startswith(built):
-                out.append(CallFragment(found.index, found.arguments[len(built):]))
+                out.append(CallFragment(found.index, found.arguments[len(built) :]))
                 last.built = found.arguments
         if self._args is not None:
             last = self._streamed[-1]
             if self._args.pos > last.sent:
-                out.append(CallFragment(len(self._streamed) - 1,
-                                        text[last.sent:self._args.pos]))
+                out.append(CallFragment(len(self._streamed) - 1, text[last.sent : self._args.pos]))
                 last.sent = self._args.pos
         return tuple(out)
 
@@ -236,8 +276,9 @@ class ChoiceStream:
         generated, and while its arguments are, reads only the new text (nothing but
         those arguments changes meanwhile)."""
         if not self._fragments:
-            return self._parser.parse(text, parse_tools=True, id_seed=self._seed,
-                                      final=False, tools=self._tools)
+            return self._parser.parse(
+                text, parse_tools=True, id_seed=self._seed, final=False, tools=self._tools
+            )
         args = self._args
         if args is not None and args.end is None:
             args.feed(text)
@@ -250,8 +291,11 @@ class ChoiceStream:
                 return self._sent
         parsed, found = self._parser.parse_open(text, id_seed=self._seed, tools=self._tools)
         self._found = found
-        self._value_scan = (max(0, len(text) - max(map(len, ends)) + 1)
-                            if found is not None and found.arguments is not None else -1)
+        self._value_scan = (
+            max(0, len(text) - max(map(len, ends)) + 1)
+            if found is not None and found.arguments is not None
+            else -1
+        )
         return parsed
 
     def _shown(self) -> str:
@@ -267,7 +311,7 @@ class ChoiceStream:
             else:
                 self._stop_scan = max(0, len(text) - self._stop_len + 1)
                 return text[: len(text) - held_suffix(text, self._stop)]
-        return text[:self._cut]
+        return text[: self._cut]
 
     def _partial(self, text: str) -> ParsedText:
         """The parser's `parse(text, final=False)`, without re-parsing plain content."""
@@ -275,8 +319,9 @@ class ChoiceStream:
             if self._parser.reasoning.pending(text):
                 if self._parse_tools:
                     return self._parse_calls(text)
-                return self._parser.parse(text, parse_tools=False, id_seed=self._seed,
-                                          final=False, tools=self._tools)
+                return self._parser.parse(
+                    text, parse_tools=False, id_seed=self._seed, final=False, tools=self._tools
+                )
             self._plain = True  # text only grows: no leading reasoning block from here on
         if not self._parse_tools:
             return ParsedText(text, None, ())
@@ -290,15 +335,19 @@ class ChoiceStream:
 
     def _logprob_slice(self, start: int, end: int) -> tuple[TokenLogprob, ...]:
         assert self._logprobs is not None
-        view = GeneratedChoice(tuple(self._ids[start:end]), tuple(self._lps[start:end]),
-                               None, tuple(self._tops[start:end]))
+        view = GeneratedChoice(
+            tuple(self._ids[start:end]),
+            tuple(self._lps[start:end]),
+            None,
+            tuple(self._tops[start:end]),
+        )
         return token_logprobs(self._tok, view, 0, end - start, self._logprobs)
 
 
 def _advance(now: str, sent: str) -> str:
     if not now.startswith(sent):  # the parser's holdback rules guarantee this
         raise RuntimeError(f"stream text went backwards: {sent!r} -> {now!r}")
-    return now[len(sent):]
+    return now[len(sent) :]
 
 
 class ChatStreamAssembler:
@@ -313,15 +362,35 @@ class ChatStreamAssembler:
     sees one uninterrupted reply; only the final finish reason may be passed in.
     """
 
-    def __init__(self, tokenizer: ChatTokenizer, *, completion_id: str, model: str,
-                 created: int, index: int = 0, parse_tools: bool, stop: Sequence[str] = (),
-                 logprobs: int | None = None, tools: Sequence[Mapping[str, Any]] | None = None
-                 ) -> None:
-        self._stream = ChoiceStream(tokenizer, completion_id=completion_id, index=index,
-                                    parse_tools=parse_tools, stop=stop, logprobs=logprobs,
-                                    tools=tools, call_fragments=True)
-        self._head = {"id": completion_id, "object": "chat.completion.chunk",
-                      "created": created, "model": model}
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        completion_id: str,
+        model: str,
+        created: int,
+        index: int = 0,
+        parse_tools: bool,
+        stop: Sequence[str] = (),
+        logprobs: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        self._stream = ChoiceStream(
+            tokenizer,
+            completion_id=completion_id,
+            index=index,
+            parse_tools=parse_tools,
+            stop=stop,
+            logprobs=logprobs,
+            tools=tools,
+            call_fragments=True,
+        )
+        self._head = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
         self._index = index
         self._started = False
         # A content-only chunk as text: the pre-encoded JSON around the escaped delta
@@ -329,7 +398,7 @@ class ChatStreamAssembler:
         whole = dumps(self._chunk({"content": ""}))
         at = whole.rindex('"content":""') + len('"content":')
         self._content_head = "data: " + whole[:at]
-        self._content_tail = whole[at + 2:] + "\n\n"
+        self._content_tail = whole[at + 2 :] + "\n\n"
         self._frame: tuple[int, str, str] | None = None
         """(call index, SSE text before and after an argument fragment of that call)."""
 
@@ -347,21 +416,30 @@ class ChatStreamAssembler:
         """Chunks for the next cumulative output."""
         return self._chunks(self._stream.update(choice))
 
-    def push(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-             finish: FinishReason | None, *,
-             new_top: Sequence[tuple[tuple[int, float], ...]] = ()) -> list[dict[str, Any]]:
+    def push(
+        self,
+        new_ids: Sequence[int],
+        new_logprobs: Sequence[float],
+        finish: FinishReason | None,
+        *,
+        new_top: Sequence[tuple[tuple[int, float], ...]] = (),
+    ) -> list[dict[str, Any]]:
         """Chunks for new tokens only (backend deltas); `finish` set on the last push."""
         return self._chunks(self._stream.push(new_ids, new_logprobs, finish, new_top=new_top))
 
-    def push_sse(self, new_ids: Sequence[int], new_logprobs: Sequence[float],
-                 finish: FinishReason | None, *,
-                 new_top: Sequence[tuple[tuple[int, float], ...]] = ()) -> str:
+    def push_sse(
+        self,
+        new_ids: Sequence[int],
+        new_logprobs: Sequence[float],
+        finish: FinishReason | None,
+        *,
+        new_top: Sequence[tuple[tuple[int, float], ...]] = (),
+    ) -> str:
         """`push`, as SSE text (`data: {chunk}\n\n` per chunk; "" when nothing is new).
         A content-only delta, the common step, is the pre-encoded chunk around the
         escaped text: one C string escape instead of a dict and a JSON encode."""
         delta = self._stream.push(new_ids, new_logprobs, finish, new_top=new_top)
-        if (self._started and not delta.reasoning and not delta.logprobs
-                and delta.finished is None):
+        if self._started and not delta.reasoning and not delta.logprobs and delta.finished is None:
             if not delta.call_fragments:
                 if not delta.content:
                     return ""
@@ -377,10 +455,11 @@ class ChatStreamAssembler:
         """The SSE text around an argument fragment of call `index` (pre-encoded once per
         call, as the content chunk is)."""
         if self._frame is None or self._frame[0] != index:
-            whole = dumps(self._chunk({"tool_calls": [{"index": index,
-                                                       "function": {"arguments": ""}}]}))
+            whole = dumps(
+                self._chunk({"tool_calls": [{"index": index, "function": {"arguments": ""}}]})
+            )
             at = whole.rindex('"arguments":""') + len('"arguments":')
-            self._frame = (index, "data: " + whole[:at], whole[at + 2:] + "\n\n")
+            self._frame = (index, "data: " + whole[:at], whole[at + 2 :] + "\n\n")
         return self._frame[1], self._frame[2]
 
     def _chunks(self, delta: StreamDelta) -> list[dict[str, Any]]:
@@ -391,30 +470,65 @@ class ChatStreamAssembler:
             chunks.append(self._chunk({"content": delta.content}))
         for frag in delta.call_fragments:
             if frag.head is not None:
-                chunks.append(self._chunk({"tool_calls": [{
-                    "index": frag.index, "id": frag.head.id, "type": "function",
-                    "function": {"name": frag.head.name, "arguments": ""}}]}))
+                chunks.append(
+                    self._chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": frag.index,
+                                    "id": frag.head.id,
+                                    "type": "function",
+                                    "function": {"name": frag.head.name, "arguments": ""},
+                                }
+                            ]
+                        }
+                    )
+                )
             else:
-                chunks.append(self._chunk({"tool_calls": [{
-                    "index": frag.index, "function": {"arguments": frag.arguments}}]}))
+                chunks.append(
+                    self._chunk(
+                        {
+                            "tool_calls": [
+                                {"index": frag.index, "function": {"arguments": frag.arguments}}
+                            ]
+                        }
+                    )
+                )
         if delta.logprobs:
             if not chunks:
                 chunks.append(self._chunk({}))
             chunks[-1]["choices"][0]["logprobs"] = {
-                "content": [t.to_openai() for t in delta.logprobs], "refusal": None}
+                "content": [t.to_openai() for t in delta.logprobs],
+                "refusal": None,
+            }
         if delta.finished is not None:
             chunks.append(self._chunk({}, finish_reason=delta.finished.finish_reason))
         return chunks
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None
-               ) -> dict[str, Any]:
-        return {**self._head, "choices": [{"index": self._index, "delta": delta,
-                                           "finish_reason": finish_reason, "logprobs": None}]}
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            **self._head,
+            "choices": [
+                {
+                    "index": self._index,
+                    "delta": delta,
+                    "finish_reason": finish_reason,
+                    "logprobs": None,
+                }
+            ],
+        }
 
 
-def build_usage_chunk(*, completion_id: str, model: str, created: int, usage: Usage
-                      ) -> dict[str, Any]:
+def build_usage_chunk(
+    *, completion_id: str, model: str, created: int, usage: Usage
+) -> dict[str, Any]:
     """The `include_usage` chunk (`choices: []`), sent after the last choice chunk and
     before `[DONE]`."""
-    return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-            "model": model, "choices": [], "usage": usage.to_chat()}
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage.to_chat(),
+    }

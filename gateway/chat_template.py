@@ -50,11 +50,13 @@ def template_setting_text(setting: str) -> str:
     """The template text `engine.chat_template` names: `builtin:<name>`, or a path to a
     Jinja file (`~` expanded). ValueError naming the setting when it cannot be read."""
     if setting.startswith(BUILTIN_PREFIX):
-        name = setting[len(BUILTIN_PREFIX):]
+        name = setting[len(BUILTIN_PREFIX) :]
         if name not in BUILTIN_TEMPLATES:
             known = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_TEMPLATES))
-            raise ValueError(f"engine.chat_template: unknown built-in template {setting!r} "
-                             f"(known: {known}; or give a path to a Jinja file)")
+            raise ValueError(
+                f"engine.chat_template: unknown built-in template {setting!r} "
+                f"(known: {known}; or give a path to a Jinja file)"
+            )
         package, file = BUILTIN_TEMPLATES[name]
         path = Path(__file__).resolve().parents[1] / package / file
     else:
@@ -62,12 +64,13 @@ def template_setting_text(setting: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"engine.chat_template: cannot read the template file {str(path)!r} "
-                         f"({exc.strerror or exc})") from exc
+        raise ValueError(
+            f"engine.chat_template: cannot read the template file {str(path)!r} "
+            f"({exc.strerror or exc})"
+        ) from exc
 
 
-def load_chat_template(path: str | Path, config: Mapping[str, Any]
-                       ) -> str | dict[str, str] | None:
+def load_chat_template(path: str | Path, config: Mapping[str, Any]) -> str | dict[str, str] | None:
     """The checkpoint's template(s): `chat_template.jinja` (default) and
     `additional_chat_templates/*.jinja` (named) win over tokenizer_config's `chat_template`,
     a string or a list of {name, template}. One default template comes back as a string."""
@@ -94,8 +97,9 @@ class ChatTemplate:
     reasoning aliased, the named special tokens (`bos_token`, ...) passed as variables;
     with several named templates, `tool_use` is chosen when tools are given, else `default`."""
 
-    def __init__(self, template: str | Mapping[str, str] | None,
-                 special_tokens: Mapping[str, str]) -> None:
+    def __init__(
+        self, template: str | Mapping[str, str] | None, special_tokens: Mapping[str, str]
+    ) -> None:
         if isinstance(template, Mapping):
             self._named = {name: _compile(t) for name, t in template.items()}
             self._single = None
@@ -107,31 +111,44 @@ class ChatTemplate:
         # A template that reads the clock renders differently over time: never memoized.
         self._memo = None if any("strftime_now" in t for t in sources) else RenderMemo()
 
-    def render(self, messages: Sequence[Mapping[str, Any]],
-               tools: Sequence[Mapping[str, Any]] | None, *,
-               add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The text of one conversation; `tools` are JSON-schema dicts (or None)."""
         template = self._select(tools is not None)
         if not messages:
             raise ValueError("Cannot apply chat template to an empty conversation.")
         if tools is not None and not all(isinstance(t, Mapping) for t in tools):
             raise ValueError("Tools should be JSON-schema dicts.")
-        chat = _alias_reasoning(_plain([{k: v for k, v in m.items() if v is not None}
-                                        for m in messages]))
+        chat = _alias_reasoning(
+            _plain([{k: v for k, v in m.items() if v is not None} for m in messages])
+        )
         plain_tools = _plain(tools)
         memo = self._memo
         if memo is None:
-            return template.render(messages=chat, tools=plain_tools, documents=None,
-                                   add_generation_prompt=add_generation_prompt,
-                                   **self._special)
+            return template.render(
+                messages=chat,
+                tools=plain_tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._special,
+            )
         # After `_plain` the inputs are plain data, whose repr is exact (types, order,
         # float digits): equal keys render equal text with a template that has no clock.
         key = f"{add_generation_prompt}{chat!r}{plain_tools!r}"
         text = memo.get(key)
         if text is None:
-            text = template.render(messages=chat, tools=plain_tools, documents=None,
-                                   add_generation_prompt=add_generation_prompt,
-                                   **self._special)
+            text = template.render(
+                messages=chat,
+                tools=plain_tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._special,
+            )
             memo.put(key, text)
         return text
 
@@ -149,8 +166,9 @@ class ChatTemplate:
             return self._named["default"]
         if not self._named:
             raise ValueError("The tokenizer has no chat template (chat_template is not set).")
-        raise ValueError(f"This model has multiple chat templates and no default: "
-                         f"{sorted(self._named)}")
+        raise ValueError(
+            f"This model has multiple chat templates and no default: {sorted(self._named)}"
+        )
 
 
 class RenderMemo:
@@ -194,8 +212,9 @@ class RenderMemo:
 
 
 def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -213,8 +232,7 @@ class _GenerationTag(jinja2.ext.Extension):
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body
-                                      ).set_lineno(lineno)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
     def _body(self, caller: Callable[[], str]) -> str:
         return caller()
@@ -224,11 +242,17 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson HTML-escapes; transformers replaces it with plain json.dumps.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(format: str) -> str:  # noqa: A002 - templates call it by this name
@@ -264,7 +288,8 @@ class _TemplateNamespace(jinja2.utils.Namespace):
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
                 "Chat templates cannot store underscore-prefixed attributes on a namespace, "
-                f"but got {name!r}.")
+                f"but got {name!r}."
+            )
 
 
 def _plain(value: Any) -> Any:
@@ -295,8 +320,9 @@ def _alias_reasoning(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
     whichever reasoning field a message carries, in transformers' key order."""
     out = []
     for message in chat:
-        reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None),
-                         None)
+        reasoning = next(
+            (message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None
+        )
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)

@@ -39,19 +39,30 @@ log = logging.getLogger(__name__)
 
 HttpImpl = Literal["httptools", "h11"]
 
+
 def _raw_json(status: bytes, extra: bytes, body: bytes) -> bytes:
     """A complete `connection: close` response written straight to the transport (no
     ASGI cycle exists yet, or it is being abandoned)."""
-    return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n%sconnection: close\r\n"
-            b"content-length: %d\r\n\r\n%s" % (status, extra, len(body), body))
+    return (
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n%sconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s" % (status, extra, len(body), body)
+    )
 
 
-_TIMEOUT_408 = _raw_json(b"408 Request Timeout", b"", b'{"error":{"message":"the request '
-                         b'was not received in time","type":"invalid_request_error",'
-                         b'"param":null,"code":"request_timeout"}}')
-_BUSY_503 = _raw_json(b"503 Service Unavailable", b"retry-after: 1\r\n", b'{"error":{'
-                      b'"message":"too many open connections; retry later","type":'
-                      b'"server_error","param":null,"code":"too_many_connections"}}')
+_TIMEOUT_408 = _raw_json(
+    b"408 Request Timeout",
+    b"",
+    b'{"error":{"message":"the request '
+    b'was not received in time","type":"invalid_request_error",'
+    b'"param":null,"code":"request_timeout"}}',
+)
+_BUSY_503 = _raw_json(
+    b"503 Service Unavailable",
+    b"retry-after: 1\r\n",
+    b'{"error":{'
+    b'"message":"too many open connections; retry later","type":'
+    b'"server_error","param":null,"code":"too_many_connections"}}',
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +95,10 @@ class _Guard:
         # ignore: a mixin; uvicorn's protocol class after it in the MRO defines this.
         super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self._limits.max_connections:
-            log.warning("refused a connection: %d open (gateway.limits.max_connections)",
-                        len(self.connections) - 1)
+            log.warning(
+                "refused a connection: %d open (gateway.limits.max_connections)",
+                len(self.connections) - 1,
+            )
             transport.write(_BUSY_503)
             transport.close()
             return
@@ -98,14 +111,16 @@ class _Guard:
     def _request_began(self) -> None:
         if self._timer is None:
             self._headers_at = None
-            self._timer = self.loop.call_at(self.loop.time() + self._limits.header_timeout_s,
-                                            self._expired)
+            self._timer = self.loop.call_at(
+                self.loop.time() + self._limits.header_timeout_s, self._expired
+            )
 
     def _headers_done(self) -> None:
         self._headers_at = self.loop.time()
         if self._timer is None:  # (h11 may report headers and body in one go)
-            self._timer = self.loop.call_at(self._headers_at + self._limits.body_timeout_s,
-                                            self._expired)
+            self._timer = self.loop.call_at(
+                self._headers_at + self._limits.body_timeout_s, self._expired
+            )
 
     def _body_done(self) -> None:
         self._cancel()
@@ -124,8 +139,10 @@ class _Guard:
             if now < deadline:  # headers in time; the body has until its own deadline
                 self._timer = self.loop.call_at(deadline, self._expired)
                 return
-            log.info("closed a connection whose request body was not complete %.0f s "
-                     "after its headers", self._limits.body_timeout_s)
+            log.info(
+                "closed a connection whose request body was not complete %.0f s after its headers",
+                self._limits.body_timeout_s,
+            )
             cycle = self.cycle
             if cycle is not None and not cycle.response_started:
                 self.transport.write(_TIMEOUT_408)
@@ -134,11 +151,13 @@ class _Guard:
             if cycle is not None and not cycle.response_complete:
                 # A pipelined request's first bytes while the previous reply is still
                 # being sent (a long stream): the client is not slow; wait on.
-                self._timer = self.loop.call_at(now + self._limits.header_timeout_s,
-                                                self._expired)
+                self._timer = self.loop.call_at(now + self._limits.header_timeout_s, self._expired)
                 return
-            log.info("closed a connection whose request headers were not complete %.0f s "
-                     "after its first byte", self._limits.header_timeout_s)
+            log.info(
+                "closed a connection whose request headers were not complete %.0f s "
+                "after its first byte",
+                self._limits.header_timeout_s,
+            )
             self.transport.write(_TIMEOUT_408)
         self.transport.close()
 
@@ -224,8 +243,10 @@ class GuardedH11Protocol(_Guard, H11Protocol):  # type: ignore[misc]
             self._body_done()
 
 
-_CLASSES: dict[str, type[_Guard]] = {"httptools": GuardedHttpToolsProtocol,
-                                     "h11": GuardedH11Protocol}
+_CLASSES: dict[str, type[_Guard]] = {
+    "httptools": GuardedHttpToolsProtocol,
+    "h11": GuardedH11Protocol,
+}
 
 
 def protocol_factory(http: HttpImpl, limits: ConnectionLimits) -> Callable[..., Any]:

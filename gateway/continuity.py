@@ -69,8 +69,7 @@ from gateway.translate import (
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["continued", "no_match", "prefix_changed", "not_prefix_stable",
-                  "no_end_of_turn"]
+Outcome = Literal["continued", "no_match", "prefix_changed", "not_prefix_stable", "no_end_of_turn"]
 """How a turn's prompt was built: `continued` (from an earlier completion's ids);
 `no_match` (a full render: no cached completion is extended, e.g. a first turn, edited
 history, a gateway restart); the rest are fallbacks to a full render where a completion
@@ -97,8 +96,10 @@ def assistant_key(message: Mapping[str, Any]) -> AssistantKey:
     """What identifies a normalized assistant message: content (None and "" alike: the
     chat API returns None beside tool calls, Responses replays ""), reasoning, and each
     tool call's (id, name, arguments string)."""
-    calls = tuple((c.get("id"), c["function"]["name"], c["function"].get("arguments", "{}"))
-                  for c in message.get("tool_calls") or ())
+    calls = tuple(
+        (c.get("id"), c["function"]["name"], c["function"].get("arguments", "{}"))
+        for c in message.get("tool_calls") or ()
+    )
     return (message.get("content") or "", message.get("reasoning_content") or "", calls)
 
 
@@ -165,7 +166,8 @@ class _Entry:
         prompt to and from a compact array cost more than the rest of a continued turn),
         text and messages about a byte a character."""
         return _BYTES_PER_ID * (len(self.lineage.prompt_ids) + len(self.output_ids)) + 2 * len(
-            self.lineage.text)
+            self.lineage.text
+        )
 
 
 class ContinuityCache:
@@ -201,9 +203,8 @@ class ContinuityCache:
             entries = self._sessions.pop(session_id, [])
             kept = [*new, *entries][:MAX_ENTRIES_PER_SESSION]
             # Only what came in and what fell off change the total (not every kept one).
-            dropped = entries[max(0, MAX_ENTRIES_PER_SESSION - len(new)):]
-            self._bytes += (sum(e.weight for e in kept[:len(new)])
-                            - sum(e.weight for e in dropped))
+            dropped = entries[max(0, MAX_ENTRIES_PER_SESSION - len(new)) :]
+            self._bytes += sum(e.weight for e in kept[: len(new)]) - sum(e.weight for e in dropped)
             self._sessions[session_id] = kept
             while self._bytes > self.max_bytes and self._sessions:
                 _, dropped = self._sessions.popitem(last=False)
@@ -214,17 +215,23 @@ class ContinuityCache:
             self._bytes -= sum(e.weight for e in self._sessions.pop(session_id, []))
 
 
-def find_extended(entries: Sequence[_Entry], messages: Sequence[Mapping[str, Any]],
-                  tools: list[dict[str, Any]] | None) -> _Entry | None:
+def find_extended(
+    entries: Sequence[_Entry],
+    messages: Sequence[Mapping[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> _Entry | None:
     """The newest entry whose prompt messages + assistant message start `messages`, with
     new messages after them, under the same tools. List/dict equality runs in C."""
     for entry in entries:
         prior = entry.lineage.messages
         k = len(prior)
-        if (len(messages) > k + 1 and entry.lineage.tools == tools
-                and messages[k]["role"] == "assistant"
-                and assistant_key(messages[k]) == entry.assistant
-                and messages[:k] == prior):
+        if (
+            len(messages) > k + 1
+            and entry.lineage.tools == tools
+            and messages[k]["role"] == "assistant"
+            and assistant_key(messages[k]) == entry.assistant
+            and messages[:k] == prior
+        ):
             return entry
     return None
 
@@ -237,8 +244,7 @@ class EndOfTurn:
         by_text = {text: i for i, text in added_tokens.items() if text}
         self._ids = by_text
         alternatives = sorted(by_text, key=len, reverse=True)  # longest match first
-        self._pattern = (re.compile("|".join(map(re.escape, alternatives)))
-                         if alternatives else None)
+        self._pattern = re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
 
     def split(self, turn_text: str) -> tuple[str, int, str] | None:
         """(marker text, its id, the text after it) of the last added token in
@@ -250,12 +256,17 @@ class EndOfTurn:
             pass
         if last is None:
             return None
-        return last.group(), self._ids[last.group()], turn_text[last.end():]
+        return last.group(), self._ids[last.group()], turn_text[last.end() :]
 
 
-def continued_prompt(tokenizer: ChatTokenizer, end_of_turn: EndOfTurn, entry: _Entry,
-                     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     full: str) -> list[int] | Outcome:
+def continued_prompt(
+    tokenizer: ChatTokenizer,
+    end_of_turn: EndOfTurn,
+    entry: _Entry,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    full: str,
+) -> list[int] | Outcome:
     """Prompt ids of `messages`, which extend `entry` (see `find_extended`) and whose
     template text is `full` (rendered once by the caller, which a fallback reuses), or the
     fallback outcome when the template is not prefix-stable.
@@ -270,26 +281,27 @@ def continued_prompt(tokenizer: ChatTokenizer, end_of_turn: EndOfTurn, entry: _E
     if not full.startswith(prior.text):
         return "prefix_changed"
     k = len(prior.messages) + 1
-    turn = _turn_text_alone(tokenizer, messages[k - 2:k], tools)
+    turn = _turn_text_alone(tokenizer, messages[k - 2 : k], tools)
     if turn is None or not full.startswith(turn, len(prior.text)):
         head = tokenizer.render(messages[:k], tools, add_generation_prompt=False)
         if not head.startswith(prior.text):
             return "prefix_changed"
         if not full.startswith(head):
             return "not_prefix_stable"
-        turn = head[len(prior.text):]
+        turn = head[len(prior.text) :]
     split = end_of_turn.split(turn)
     if split is None:
         return "no_end_of_turn"
     marker, marker_id, tail = split
     out = entry.output_ids
     glue = tail if out and out[-1] == marker_id else marker + tail
-    new_ids = tokenizer.encode(checked_text(glue + full[len(prior.text) + len(turn):]))
+    new_ids = tokenizer.encode(checked_text(glue + full[len(prior.text) + len(turn) :]))
     return [*prior.prompt_ids, *out, *new_ids]
 
 
-def _turn_text_alone(tokenizer: ChatTokenizer, pair: list[dict[str, Any]],
-                     tools: list[dict[str, Any]] | None) -> str | None:
+def _turn_text_alone(
+    tokenizer: ChatTokenizer, pair: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> str | None:
     """The template's text of the assistant message `pair[1]` after `pair[0]` (the
     message it answered), rendered without the rest of the conversation; None where the
     template does not render that pair as a prefix extension (or refuses it)."""
@@ -298,16 +310,23 @@ def _turn_text_alone(tokenizer: ChatTokenizer, pair: list[dict[str, Any]],
         both = tokenizer.render(pair, tools, add_generation_prompt=False)
     except Exception:  # noqa: BLE001 - a template may refuse a partial conversation
         return None
-    return both[len(before):] if both.startswith(before) else None
+    return both[len(before) :] if both.startswith(before) else None
 
 
 class Continuity:
     """Builds each turn's prompt ids (continuing an earlier completion where it can) and
     remembers completions for the turns after them. One per gateway app."""
 
-    def __init__(self, tokenizer: ChatTokenizer, *, enabled: bool, max_bytes: int,
-                 counter: Counter | None = None, recent: RecentTurns | None = None,
-                 recalls: Counter | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        enabled: bool,
+        max_bytes: int,
+        counter: Counter | None = None,
+        recent: RecentTurns | None = None,
+        recalls: Counter | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.enabled = enabled
         self.cache = ContinuityCache(max_bytes)
@@ -319,23 +338,28 @@ class Continuity:
         """The store's keyed completions (None: nothing is recorded, no recall)."""
         self._recalls = recalls
 
-    def wants_recall(self, session_id: str | None, messages: Sequence[Mapping[str, Any]]
-                     ) -> bool:
+    def wants_recall(self, session_id: str | None, messages: Sequence[Mapping[str, Any]]) -> bool:
         """Whether this turn should `recall` from the store first: its conversation holds
         an assistant message past everything this process remembers of the session.
         O(messages) without a render; on the event loop."""
         if self._recent is None or not self.enabled or session_id is None:
             return False
-        last = next((i for i in range(len(messages) - 1, -1, -1)
-                     if messages[i].get("role") == "assistant"), -1)
+        last = next(
+            (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"),
+            -1,
+        )
         if last < 0:
             return False
         entries = self.cache.entries(session_id)
         return not entries or last > len(entries[0].lineage.messages)
 
-    def recall(self, session_id: str, messages: Sequence[Mapping[str, Any]],
-               tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
-               ) -> bool:
+    def recall(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        tool_choice: ToolChoice | None,
+    ) -> bool:
         """Remember the newest recorded completion of the session that `messages` extend
         (its prompt messages and tools, then its very reply, then more), read from the
         store; True if one was found. Blocking (a query and a render): run it off the
@@ -368,8 +392,15 @@ class Continuity:
                 break
             if _digest(text, _tools_text(rendered_tools)) != prompt_digest:
                 continue
-            lineage = Lineage(session_id, prior, rendered_tools, text, turn.prompt_ids(),
-                              "continued", prompt_digest)
+            lineage = Lineage(
+                session_id,
+                prior,
+                rendered_tools,
+                text,
+                turn.prompt_ids(),
+                "continued",
+                prompt_digest,
+            )
             self.cache.add(session_id, [_Entry(lineage, turn.output_ids(), assistant)])
             found = True
             break
@@ -377,8 +408,7 @@ class Continuity:
             self._recalls.labels("found" if found else "none").inc()
         return found
 
-    def keys(self, lineage: Lineage | None, choices: Sequence[ParsedChoice]
-             ) -> list[str | None]:
+    def keys(self, lineage: Lineage | None, choices: Sequence[ParsedChoice]) -> list[str | None]:
         """Each choice's `continuity_key` for its record (None without a lineage, or when
         nothing is recorded):
         `<prompt messages>:<digest of their template text and tools>:<digest of the
@@ -388,9 +418,13 @@ class Continuity:
         head = f"{len(lineage.messages)}:{lineage.digest}"
         return [f"{head}:{_reply_digest(_assistant_of(choice))}" for choice in choices]
 
-    def prompt(self, session_id: str | None, messages: Sequence[Mapping[str, Any]],
-               tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
-               ) -> tuple[list[int], Lineage | None]:
+    def prompt(
+        self,
+        session_id: str | None,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        tool_choice: ToolChoice | None,
+    ) -> tuple[list[int], Lineage | None]:
         """Prompt ids of a chat request (as `translate.render_prompt_ids` renders them,
         or continued), and its lineage to remember (None without a session or when off).
         Raises `InvalidRequestError` for text the tokenizer cannot take."""
@@ -402,20 +436,28 @@ class Continuity:
         full = self.tokenizer.render(normalized, rendered_tools)
         entry = find_extended(self.cache.entries(session_id), normalized, rendered_tools)
         if entry is not None:
-            result = continued_prompt(self.tokenizer, self._end_of_turn, entry, normalized,
-                                      rendered_tools, full)
+            result = continued_prompt(
+                self.tokenizer, self._end_of_turn, entry, normalized, rendered_tools, full
+            )
             if isinstance(result, list):
-                return result, self._lineage(session_id, normalized, rendered_tools, full,
-                                             result, "continued")
+                return result, self._lineage(
+                    session_id, normalized, rendered_tools, full, result, "continued"
+                )
             outcome = result
             log.debug("session %s: token continuity falls back (%s)", session_id, outcome)
         text = checked_text(full)  # the fallback reuses the render
         ids = self.tokenizer.encode(text)
         return ids, self._lineage(session_id, normalized, rendered_tools, text, ids, outcome)
 
-    def _lineage(self, session_id: str, messages: list[dict[str, Any]],
-                 tools: list[dict[str, Any]] | None, text: str, ids: list[int],
-                 outcome: Outcome) -> Lineage:
+    def _lineage(
+        self,
+        session_id: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        text: str,
+        ids: list[int],
+        outcome: Outcome,
+    ) -> Lineage:
         if self._counter is not None:
             child = self._outcomes.get(outcome)
             if child is None:
@@ -424,19 +466,26 @@ class Continuity:
         digest = None if self._recent is None else _digest(text, _tools_text(tools))
         return Lineage(session_id, messages, tools, text, ids, outcome, digest)
 
-    def remember(self, lineage: Lineage | None, generations: Sequence[HasOutputIds],
-                 choices: Sequence[ParsedChoice]) -> None:
+    def remember(
+        self,
+        lineage: Lineage | None,
+        generations: Sequence[HasOutputIds],
+        choices: Sequence[ParsedChoice],
+    ) -> None:
         """After a turn is recorded: its choices become what later turns may extend
         (`generations[i].output_ids`: choice i's generated ids, as recorded)."""
         if lineage is None:
             return
-        entries = [_Entry(lineage, gen.output_ids, _assistant_of(choice))
-                   for gen, choice in zip(generations, choices, strict=True)]
+        entries = [
+            _Entry(lineage, gen.output_ids, _assistant_of(choice))
+            for gen, choice in zip(generations, choices, strict=True)
+        ]
         self.cache.add(lineage.session_id, entries)
 
 
-def _rendered(tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
-              ) -> list[dict[str, Any]] | None:
+def _rendered(
+    tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
+) -> list[dict[str, Any]] | None:
     """The tools as the template renders them (None when not rendered)."""
     return [dict(t) for t in tools or ()] if tools_enabled(tools, tool_choice) else None
 

@@ -79,8 +79,9 @@ OFFLOAD_BODY_BYTES = 1 << 20
 thread, not the event loop (parsing 30 MB of JSON into 600k messages and validating them
 took seconds); a smaller one stays on the loop, where a thread hop costs more."""
 _LISTS = (("messages", "messages"), ("input", "input"), ("tools", "tools"))
-CONVERSATION_FIELDS = frozenset({"messages", "input", "tools", "system", "instructions",
-                                 "functions", "prompt"})
+CONVERSATION_FIELDS = frozenset(
+    {"messages", "input", "tools", "system", "instructions", "functions", "prompt"}
+)
 """A generation request's conversation text: may hold a NUL (`gateway/strings.py`)."""
 
 
@@ -103,9 +104,12 @@ def _parse_request(raw: bytes, model: type[M], max_items: int) -> tuple[dict[str
     for field, param in _LISTS:
         items = body.get(field)
         if isinstance(items, list) and len(items) > max_items:
-            raise bad_request(f"{field} has {len(items):,} items; this gateway takes at most "
-                              f"{max_items:,} (gateway.limits.max_messages)", param,
-                              "too_many_messages")
+            raise bad_request(
+                f"{field} has {len(items):,} items; this gateway takes at most "
+                f"{max_items:,} (gateway.limits.max_messages)",
+                param,
+                "too_many_messages",
+            )
     check_json_body(raw, body, text_fields=CONVERSATION_FIELDS)
     return body, parse_model(model, body)
 
@@ -128,8 +132,12 @@ def too_deep() -> OpenAIError:
 
 def request_too_large(max_bytes: int) -> OpenAIError:
     """413 for a body over the gateway's `max_request_bytes`."""
-    return OpenAIError(413, f"the request body exceeds this gateway's limit of {max_bytes} "
-                       "bytes (gateway.limits.max_request_bytes)", code="request_too_large")
+    return OpenAIError(
+        413,
+        f"the request body exceeds this gateway's limit of {max_bytes} "
+        "bytes (gateway.limits.max_request_bytes)",
+        code="request_too_large",
+    )
 
 
 async def _read_bounded(request: Request, max_bytes: int) -> bytes:

@@ -46,8 +46,14 @@ class OpenAIError(Exception):
 
     def body(self) -> dict[str, dict[str, str | None]]:
         """The JSON body: also used for mid-stream `data: {"error": ...}` events."""
-        return {"error": {"message": self.message, "type": self.type,
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> JSONResponse:
         """The HTTP response for this error."""
@@ -60,14 +66,19 @@ def invalid_api_key(given: str | None) -> OpenAIError:
     come from; the code stays `invalid_api_key` for clients that branch on it."""
     if not given:
         return OpenAIError(
-            401, "You didn't provide an API key. Send it in an Authorization header "
+            401,
+            "You didn't provide an API key. Send it in an Authorization header "
             "(Authorization: Bearer YOUR_KEY; or x-api-key: YOUR_KEY): the admin key is in "
             "<data_dir>/admin_key, "
             "session keys come from POST /rl/sessions, others from `areal-service keys "
-            "create`.", code="invalid_api_key")
+            "create`.",
+            code="invalid_api_key",
+        )
     return OpenAIError(
-        401, f"Incorrect API key provided: {given[:6]}…. Check the key or create one with "
-        "`areal-service keys create`.", code="invalid_api_key",
+        401,
+        f"Incorrect API key provided: {given[:6]}…. Check the key or create one with "
+        "`areal-service keys create`.",
+        code="invalid_api_key",
     )
 
 
@@ -79,13 +90,17 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def backend_unavailable(message: str, retry_after_s: int = 2) -> OpenAIError:
     """503 with retry-after: openai-python retries these, riding out weight swaps."""
     return OpenAIError(
-        503, message, type="server_error", code="backend_unavailable",
+        503,
+        message,
+        type="server_error",
+        code="backend_unavailable",
         headers={"retry-after": str(retry_after_s)},
     )
 
 
-def validation_param(exc: ValidationError | RequestValidationError, body: Any = None
-                     ) -> tuple[str, str | None]:
+def validation_param(
+    exc: ValidationError | RequestValidationError, body: Any = None
+) -> tuple[str, str | None]:
     """(message, param) of the first validation error; param is the path in the request
     body, `messages[0].content`, as the Responses translation also names it."""
     errors = exc.errors()
@@ -125,8 +140,11 @@ def _body_path(loc: Sequence[int | str], body: Any, *, missing: bool) -> str | N
         return ".".join(str(p) for p in parts) or None
     path, node = "", body
     for i, part in enumerate(parts):
-        if isinstance(node, dict) and isinstance(part, str) and (
-                part in node or (missing and i == len(parts) - 1)):
+        if (
+            isinstance(node, dict)
+            and isinstance(part, str)
+            and (part in node or (missing and i == len(parts) - 1))
+        ):
             path, node = f"{path}.{part}" if path else part, node.get(part)
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             path, node = f"{path}[{part}]", node[part]
@@ -152,12 +170,15 @@ def install_error_handlers(app: FastAPI) -> None:
         message = str(exc.detail)
         where = f"{request.method} {request.url.path}"
         if exc.status_code == 404 and message == "Not Found":  # the router's, not a route's
-            message = (f"Invalid URL ({where}): this gateway has no such route; the OpenAI "
-                       "routes are under /v1 (all of them at /docs)")
+            message = (
+                f"Invalid URL ({where}): this gateway has no such route; the OpenAI "
+                "routes are under /v1 (all of them at /docs)"
+            )
         elif exc.status_code == 405 and message == "Method Not Allowed":
             message = f"Invalid method ({where}): {request.url.path} does not take {request.method}"
-        return OpenAIError(exc.status_code, message, type=kind, code=code,
-                           headers=dict(exc.headers or {})).response()
+        return OpenAIError(
+            exc.status_code, message, type=kind, code=code, headers=dict(exc.headers or {})
+        ).response()
 
     @app.exception_handler(RecursionError)
     async def _too_deep(_: Request, exc: RecursionError) -> JSONResponse:
@@ -169,9 +190,13 @@ def install_error_handlers(app: FastAPI) -> None:
         # The database refused a write (disk or quota full, locked, read-only, gone):
         # the client can retry, as on the capture path, never a 500.
         log.warning("store error on %s %s: %s", request.method, request.url.path, exc)
-        return OpenAIError(503, f"the store cannot take writes right now "
-                           f"({type(exc).__name__}); retry the request", type="server_error",
-                           code="store_unavailable", headers={"retry-after": "1"}).response()
+        return OpenAIError(
+            503,
+            f"the store cannot take writes right now ({type(exc).__name__}); retry the request",
+            type="server_error",
+            code="store_unavailable",
+            headers={"retry-after": "1"},
+        ).response()
 
     for refused in WRITE_REFUSED:
         app.add_exception_handler(refused, _store_unavailable)
@@ -179,5 +204,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return OpenAIError(500, f"internal error: {type(exc).__name__}",
-                           type="server_error", code="internal_error").response()
+        return OpenAIError(
+            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
+        ).response()

@@ -36,13 +36,18 @@ def backend_error(exc: BackendError) -> OpenAIError:
         return backend_unavailable(f"the model backend is unavailable: {exc.message}")
     if 400 <= exc.status < 500:
         return OpenAIError(400, f"the backend rejected the request: {exc.message}")
-    return OpenAIError(502, f"the model backend failed: {exc.message}", type="server_error",
-                       code="backend_error")
+    return OpenAIError(
+        502, f"the model backend failed: {exc.message}", type="server_error", code="backend_error"
+    )
 
 
-def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_id: str,
-                      top_logprobs: int | None = None, adapter: str | None = None
-                      ) -> list[GenerateRequest]:
+def generate_requests(
+    prompt_ids: Sequence[int],
+    spec: SamplingSpec,
+    completion_id: str,
+    top_logprobs: int | None = None,
+    adapter: str | None = None,
+) -> list[GenerateRequest]:
     """One `/generate` per choice. Rids have a fixed width (`-000`), because SGLang
     aborts by rid prefix and `x-1` would also match `x-10`. Top-k alternatives are
     asked for only when the client wants them (they cost the backend a top-k per token).
@@ -52,9 +57,12 @@ def generate_requests(prompt_ids: Sequence[int], spec: SamplingSpec, completion_
     if adapter is not None:  # a named policy's adapter (unset: the backend's default)
         extra["lora_path"] = adapter
     try:
-        return [GenerateRequest.for_tokens(prompt_ids, spec.to_sampling_params(i),
-                                           rid=f"{completion_id}-{i:03d}", **extra)
-                for i in range(spec.n)]
+        return [
+            GenerateRequest.for_tokens(
+                prompt_ids, spec.to_sampling_params(i), rid=f"{completion_id}-{i:03d}", **extra
+            )
+            for i in range(spec.n)
+        ]
     except ValidationError as exc:
         message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise OpenAIError(400, f"the backend rejected the request: {message}") from exc
@@ -67,14 +75,16 @@ def _choice_slots(state: GatewayState, choices: int) -> asyncio.Semaphore | None
     return asyncio.Semaphore(limit) if choices > limit else None
 
 
-async def generate_all(state: GatewayState, requests: Sequence[GenerateRequest],
-                       session_id: str | None) -> list[Generation]:
+async def generate_all(
+    state: GatewayState, requests: Sequence[GenerateRequest], session_id: str | None
+) -> list[Generation]:
     """Every choice, generated concurrently (interruptible: swaps are ridden out)."""
     deadline = state.config.gateway.router.backend_unavailable_deadline_s
     if len(requests) == 1:  # the common case: awaited here, no task and no gather (~5 µs)
         try:
             generation = await state.backends.generate_interruptible(
-                requests[0], session_id=session_id, deadline_s=deadline)
+                requests[0], session_id=session_id, deadline_s=deadline
+            )
         except BackendError as exc:
             raise backend_error(exc) from exc
         if generation.resubmissions:
@@ -85,7 +95,8 @@ async def generate_all(state: GatewayState, requests: Sequence[GenerateRequest],
     async def one(request: GenerateRequest) -> Generation:
         async with slots or contextlib.nullcontext():
             return await state.backends.generate_interruptible(
-                request, session_id=session_id, deadline_s=deadline)
+                request, session_id=session_id, deadline_s=deadline
+            )
 
     try:
         generations = list(await asyncio.gather(*(one(r) for r in requests)))
@@ -120,19 +131,29 @@ class StreamedChoice:
     def generation(self, prompt_tokens: int, started: float) -> Generation:
         """The finished generation, as the non-streaming path returns it."""
         assert self.finish is not None, "stream ended without a finish reason"
-        return Generation(self.rid, tuple(self.ids), tuple(self.logprobs), tuple(self.versions),
-                          self.finish, prompt_tokens, self.resubmissions,
-                          time.perf_counter() - started, backend=self.backend)
+        return Generation(
+            self.rid,
+            tuple(self.ids),
+            tuple(self.logprobs),
+            tuple(self.versions),
+            self.finish,
+            prompt_tokens,
+            self.resubmissions,
+            time.perf_counter() - started,
+            backend=self.backend,
+        )
 
 
-async def stream_all(state: GatewayState, requests: Sequence[GenerateRequest],
-                     session_id: str | None) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
+async def stream_all(
+    state: GatewayState, requests: Sequence[GenerateRequest], session_id: str | None
+) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
     """(choice index, delta) from every choice's stream, interleaved as they arrive.
     Backend failures surface as `OpenAIError` (503/400/502)."""
     deadline = state.config.gateway.router.backend_unavailable_deadline_s
-    streams = [state.backends.generate_interruptible_stream(r, session_id=session_id,
-                                                            deadline_s=deadline)
-               for r in requests]
+    streams = [
+        state.backends.generate_interruptible_stream(r, session_id=session_id, deadline_s=deadline)
+        for r in requests
+    ]
     try:
         if len(streams) == 1:
             async with contextlib.aclosing(streams[0]) as only:
@@ -152,11 +173,10 @@ def _count_resubmissions(state: GatewayState, delta: GenerationDelta) -> None:
         state.metrics.resubmissions.inc(delta.resubmissions)
 
 
-async def _interleave(streams: Sequence[AsyncIterator[GenerationDelta]],
-                      slots: asyncio.Semaphore | None = None
-                      ) -> AsyncIterator[tuple[int, GenerationDelta]]:
-    queue: asyncio.Queue[tuple[int, GenerationDelta | None, BaseException | None]] = (
-        asyncio.Queue())
+async def _interleave(
+    streams: Sequence[AsyncIterator[GenerationDelta]], slots: asyncio.Semaphore | None = None
+) -> AsyncIterator[tuple[int, GenerationDelta]]:
+    queue: asyncio.Queue[tuple[int, GenerationDelta | None, BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncIterator[GenerationDelta]) -> None:
         try:

@@ -74,15 +74,17 @@ its own: the Anthropic Messages route answers in Anthropic's)."""
 Route = tuple[str, Handler] | tuple[str, Handler, ErrorBody]
 """(metrics label, handler[, error body])."""
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 def error_reply(exc: OpenAIError, shape: ErrorBody | None = None) -> JsonReply:
     """The error response for `exc`: OpenAI-shaped, or `shape`d."""
     body = exc.body() if shape is None else shape(exc)
-    return JsonReply(json.dumps(body).encode(), f"req_{uuid.uuid4().hex}",
-                     exc.status, exc.headers)
+    return JsonReply(json.dumps(body).encode(), f"req_{uuid.uuid4().hex}", exc.status, exc.headers)
 
 
 class HotRoutes:
@@ -119,9 +121,17 @@ class HotRoutes:
             await send_json(send, error_reply(request_too_large(limit), shape))
             return
         if scope["method"] != "POST":
-            await send_json(send, error_reply(OpenAIError(
-                405, f"{scope['method']} is not allowed on {scope['path']}; use POST",
-                headers={"allow": "POST"}), shape))
+            await send_json(
+                send,
+                error_reply(
+                    OpenAIError(
+                        405,
+                        f"{scope['method']} is not allowed on {scope['path']}; use POST",
+                        headers={"allow": "POST"},
+                    ),
+                    shape,
+                ),
+            )
             return
         metrics = state.metrics
         started = time.perf_counter()
@@ -132,23 +142,33 @@ class HotRoutes:
             metrics.in_flight.dec()
             metrics.observe_latency(label, time.perf_counter() - started)
 
-    async def _other(self, scope: Scope, receive: Receive, send: Send,
-                     state: GatewayState) -> None:
+    async def _other(self, scope: Scope, receive: Receive, send: Send, state: GatewayState) -> None:
         """A route FastAPI serves: its body bounded (by whether it carries a key), and
         requests without a key counted."""
         gw = state.config.gateway
         anonymous = request_token(scope) is None
-        limit = min(gw.limits.anonymous_body_bytes if anonymous else gw.limits.control_body_bytes,
-                    gw.limits.max_request_bytes)  # the latter bounds every route
+        limit = min(
+            gw.limits.anonymous_body_bytes if anonymous else gw.limits.control_body_bytes,
+            gw.limits.max_request_bytes,
+        )  # the latter bounds every route
         if _declared_length(scope) > limit:
             await send_json(send, error_reply(request_too_large(limit)))
             return
         counted = anonymous and scope["method"] in _BODY_METHODS  # what holds memory
         if counted:
             if state.anonymous_in_flight >= gw.limits.max_anonymous_requests:
-                await send_json(send, error_reply(OpenAIError(
-                    503, "too many requests without an API key in progress; retry later",
-                    type="server_error", code="server_busy", headers={"retry-after": "1"})))
+                await send_json(
+                    send,
+                    error_reply(
+                        OpenAIError(
+                            503,
+                            "too many requests without an API key in progress; retry later",
+                            type="server_error",
+                            code="server_busy",
+                            headers={"retry-after": "1"},
+                        )
+                    ),
+                )
                 return
             state.anonymous_in_flight += 1
         try:
@@ -158,10 +178,12 @@ class HotRoutes:
             if scope["method"] in _BODY_METHODS:
                 # Read here (bounded, counted as it arrives) so a NUL is refused before
                 # any route sees it; these bodies are small (`limit`).
-                form = any(k == b"content-type" and b"form-urlencoded" in v
-                           for k, v in scope["headers"])
-                bounded = await _bounded(receive, send, limit,
-                                         _refuse_nul_form if form else _refuse_nul_json)
+                form = any(
+                    k == b"content-type" and b"form-urlencoded" in v for k, v in scope["headers"]
+                )
+                bounded = await _bounded(
+                    receive, send, limit, _refuse_nul_form if form else _refuse_nul_json
+                )
                 if bounded is None:
                     return
                 receive = bounded
@@ -170,8 +192,16 @@ class HotRoutes:
             if counted:
                 state.anonymous_in_flight -= 1
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, state: GatewayState,
-                     label: str, handler: Handler, shape: ErrorBody | None) -> None:
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: GatewayState,
+        label: str,
+        handler: Handler,
+        shape: ErrorBody | None,
+    ) -> None:
         try:
             # Authenticated first: an unknown key is answered without its body read.
             principal = await state.keys.resolve(request_token(scope))
@@ -197,9 +227,15 @@ class HotRoutes:
                 reply = error_reply(too_deep(), shape)
             except Exception as exc:  # the route's shape even for a bug, and a log line
                 log.exception("unhandled error on POST %s", scope["path"])
-                reply = error_reply(OpenAIError(500, f"internal error: {type(exc).__name__}",
-                                                type="server_error", code="internal_error"),
-                                    shape)
+                reply = error_reply(
+                    OpenAIError(
+                        500,
+                        f"internal error: {type(exc).__name__}",
+                        type="server_error",
+                        code="internal_error",
+                    ),
+                    shape,
+                )
             status = reply.status if isinstance(reply, JsonReply) else 200
             state.metrics.count_request(label, status)
             if status == 401:  # a session key that ended, a revoked key
@@ -296,8 +332,9 @@ def _has_length(scope: Scope) -> bool:
     return any(name == b"content-length" for name, _ in scope["headers"])
 
 
-async def _bounded(receive: Receive, send: Send, limit: int,
-                   check: Callable[[bytes], None] | None = None) -> Receive | None:
+async def _bounded(
+    receive: Receive, send: Send, limit: int, check: Callable[[bytes], None] | None = None
+) -> Receive | None:
     """Read a body whole (413 past `limit`; `check` may refuse it: answered here) and
     hand it on as a replay; None when the request was answered or the client left."""
     try:
@@ -335,9 +372,11 @@ def _declared_length(scope: Scope) -> int:
 
 async def send_json(send: Send, reply: JsonReply) -> None:
     """Status line, headers and the whole body: two ASGI sends."""
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(reply.body)).encode()),
-               (b"x-request-id", reply.request_id.encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(reply.body)).encode()),
+        (b"x-request-id", reply.request_id.encode()),
+    ]
     if reply.headers:
         headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
@@ -348,16 +387,21 @@ async def send_stream(send: Send, reply: EventStream, watch: ClientWatch) -> Non
     """Send each event as it comes. If the client leaves first, `watch` cancels this
     task, which closes `events` (and with it the backend stream: the generation is
     aborted, nothing is acknowledged)."""
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [*_SSE_HEADERS, (b"x-request-id", reply.request_id.encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [*_SSE_HEADERS, (b"x-request-id", reply.request_id.encode())],
+        }
+    )
     async with contextlib.aclosing(reply.events) as events:
         async for text in events:
             if isinstance(text, LastEvent):
                 watch.finish()
-                await send({"type": "http.response.body", "body": text.encode(),
-                            "more_body": False})
+                await send(
+                    {"type": "http.response.body", "body": text.encode(), "more_body": False}
+                )
                 return
-            await send({"type": "http.response.body", "body": text.encode(),
-                        "more_body": True})
+            await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
     watch.finish()
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -92,8 +92,9 @@ class _Connection(asyncio.Protocol):
     def start(self, head: bytes, body: bytes, deadline: float) -> None:
         assert self.transport is not None
         self._reset()
-        self._timer = self._loop.call_at(deadline, self._fail, TimeoutError(
-            "backend request timed out"))
+        self._timer = self._loop.call_at(
+            deadline, self._fail, TimeoutError("backend request timed out")
+        )
         self.transport.write(head + body)
 
     def finish(self) -> None:
@@ -174,9 +175,15 @@ class Exchange:
 class Http1Pool:
     """Keep-alive connections to one `http(s)://host[:port]` base URL (LIFO reuse)."""
 
-    def __init__(self, base_url: str, *, max_connections: int = 1024,
-                 connect_timeout_s: float = 5.0, keepalive_s: float = 4.0,
-                 headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int = 1024,
+        connect_timeout_s: float = 5.0,
+        keepalive_s: float = 4.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"Http1Pool needs an http(s)://host[:port] URL, got {base_url!r}")
@@ -193,8 +200,9 @@ class Http1Pool:
         self._slots = asyncio.Semaphore(max_connections)
 
     @contextlib.asynccontextmanager
-    async def post(self, path: str, body: bytes, *, timeout_s: float,
-                   headers: bytes = b"") -> AsyncIterator[Exchange]:
+    async def post(
+        self, path: str, body: bytes, *, timeout_s: float, headers: bytes = b""
+    ) -> AsyncIterator[Exchange]:
         """`POST path` with a JSON `body`; yields once the response headers are in.
         `headers`: extra `Name: value\r\n` lines for this request only.
         The connection is reused only if the caller read the response to its end."""
@@ -204,7 +212,12 @@ class Http1Pool:
             reusable = False
             try:
                 head = b"POST %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n" % (
-                    self.base_path.encode(), path.encode(), self._head, headers, len(body))
+                    self.base_path.encode(),
+                    path.encode(),
+                    self._head,
+                    headers,
+                    len(body),
+                )
                 conn.start(head, body, loop.time() + timeout_s)
                 exchange = Exchange(conn)
                 await exchange._headers()
@@ -226,8 +239,9 @@ class Http1Pool:
             conn.close()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(_Connection, self.host, self.port,
-                                                       ssl=self._tls)
+                _, conn = await loop.create_connection(
+                    _Connection, self.host, self.port, ssl=self._tls
+                )
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc!r}") from exc
         return conn

@@ -38,12 +38,18 @@ class InterruptibleClient(Protocol):
     max_resubmissions: int
     resubmit_wait_s: float
 
-    async def generate(self, payload: GenerateRequest, *,
-                       routing_key: str | None = None) -> GenerateResponse: ...
+    async def generate(
+        self, payload: GenerateRequest, *, routing_key: str | None = None
+    ) -> GenerateResponse: ...
 
-    def generate_stream(self, payload: GenerateRequest, *, coalesce: bool = False,
-                        new_only: bool = False, routing_key: str | None = None
-                        ) -> AsyncGenerator[GenerateResponse, None]: ...
+    def generate_stream(
+        self,
+        payload: GenerateRequest,
+        *,
+        coalesce: bool = False,
+        new_only: bool = False,
+        routing_key: str | None = None,
+    ) -> AsyncGenerator[GenerateResponse, None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +93,9 @@ class GenerationDelta:
     """Base URL of the backend that generated it."""
 
 
-async def generate_interruptible(client: InterruptibleClient, request: GenerateRequest, *,
-                                 routing_key: str | None = None) -> Generation:
+async def generate_interruptible(
+    client: InterruptibleClient, request: GenerateRequest, *, routing_key: str | None = None
+) -> Generation:
     """`client.generate`, resubmitting on pause-aborts until a stop/length finish.
 
     Each round sends prompt + ids so far with `max_new_tokens` (and `min_new_tokens`)
@@ -98,8 +105,12 @@ async def generate_interruptible(client: InterruptibleClient, request: GenerateR
     run = _Rounds(client, request)
     while True:
         result = await client.generate(run.next_request(), routing_key=routing_key)
-        run.add(result.output_ids, result.output_logprobs(),
-                parse_version(result.meta_info.weight_version), result.output_top_logprobs())
+        run.add(
+            result.output_ids,
+            result.output_logprobs(),
+            parse_version(result.meta_info.weight_version),
+            result.output_top_logprobs(),
+        )
         if result.finish_reason is None:
             raise BackendError(502, "response without finish_reason", url=client.base_url)
         if (final := run.finish(result.finish_reason)) is not None:
@@ -108,8 +119,8 @@ async def generate_interruptible(client: InterruptibleClient, request: GenerateR
 
 
 async def generate_interruptible_stream(
-        client: InterruptibleClient, request: GenerateRequest, *,
-        routing_key: str | None = None) -> AsyncGenerator[GenerationDelta, None]:
+    client: InterruptibleClient, request: GenerateRequest, *, routing_key: str | None = None
+) -> AsyncGenerator[GenerationDelta, None]:
     """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
     resubmissions, so the caller sees one uninterrupted stream; the last delta
     carries the finish reason. Each chunk's tokens get that chunk's version, except
@@ -122,16 +133,21 @@ async def generate_interruptible_stream(
         final: FinishReason | None = None
         resubmit = False
         round_version: int | None = None
-        async with contextlib.aclosing(client.generate_stream(
-                run.next_request(), coalesce=True, new_only=True,
-                routing_key=routing_key)) as chunks:
+        async with contextlib.aclosing(
+            client.generate_stream(
+                run.next_request(), coalesce=True, new_only=True, routing_key=routing_key
+            )
+        ) as chunks:
             seen = 0
             async for chunk in chunks:  # reads through [DONE] so the connection is reused
                 start = seen if chunk.cumulative else 0
                 new_ids = tuple(chunk.output_ids[start:])
                 new_lps = chunk.output_logprobs(start)
-                new_tops = (chunk.output_top_logprobs()[start:]
-                            if chunk.meta_info.output_top_logprobs else ())
+                new_tops = (
+                    chunk.output_top_logprobs()[start:]
+                    if chunk.meta_info.output_top_logprobs
+                    else ()
+                )
                 seen += len(new_ids)
                 version = parse_version(chunk.meta_info.weight_version)
                 if chunk.finish_reason is None:
@@ -143,13 +159,22 @@ async def generate_interruptible_stream(
                     final = run.finish(chunk.finish_reason)
                     resubmit = final is None
                 if new_ids or final is not None:
-                    yield GenerationDelta(new_ids, new_lps, versions, final, run.prompt_tokens,
-                                          len(run.ids), run.resubmissions, new_tops,
-                                          client.base_url)
+                    yield GenerationDelta(
+                        new_ids,
+                        new_lps,
+                        versions,
+                        final,
+                        run.prompt_tokens,
+                        len(run.ids),
+                        run.resubmissions,
+                        new_tops,
+                        client.base_url,
+                    )
         if not resubmit:
             if final is None:
-                raise BackendUnavailable("stream ended without a finish reason",
-                                         url=client.base_url)
+                raise BackendUnavailable(
+                    "stream ended without a finish reason", url=client.base_url
+                )
             return
         await run.before_resubmit()
 
@@ -178,13 +203,21 @@ class _Rounds:
         if "min_new_tokens" in sp.model_fields_set:
             update["min_new_tokens"] = max(0, sp.min_new_tokens - len(self.ids))
         # model_copy skips validation: the values derive from an already valid request.
-        return self.request.model_copy(update={
-            "input_ids": [*self.request.prompt_ids, *self.ids],
-            "sampling_params": sp.model_copy(update=update),
-            "rid": f"{self.request.rid}-{self.resubmissions}"})
+        return self.request.model_copy(
+            update={
+                "input_ids": [*self.request.prompt_ids, *self.ids],
+                "sampling_params": sp.model_copy(update=update),
+                "rid": f"{self.request.rid}-{self.resubmissions}",
+            }
+        )
 
-    def add(self, ids: Sequence[int], logprobs: Sequence[float], version: int,
-            tops: Sequence[TopLogprobs] = ()) -> tuple[int, ...]:
+    def add(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        version: int,
+        tops: Sequence[TopLogprobs] = (),
+    ) -> tuple[int, ...]:
         self.ids.extend(ids)
         self.logprobs.extend(logprobs)
         self.tops.extend(tops)
@@ -197,8 +230,9 @@ class _Rounds:
         if reason.type != "abort":
             return reason
         if reason.status_code is not None:  # a system abort (error), not a pause
-            raise BackendError(int(reason.status_code), reason.message or "aborted",
-                               url=self.client.base_url)
+            raise BackendError(
+                int(reason.status_code), reason.message or "aborted", url=self.client.base_url
+            )
         if len(self.ids) >= self.max_new:
             return FinishReason(type="length", length=len(self.ids))
         return None
@@ -208,14 +242,21 @@ class _Rounds:
         if self.resubmissions > self.client.max_resubmissions:
             raise BackendUnavailable(
                 f"request {self.request.rid} aborted {self.resubmissions} times",
-                url=self.client.base_url)
+                url=self.client.base_url,
+            )
         # The paused backend holds new requests until continue, so a short wait suffices.
         await asyncio.sleep(self.client.resubmit_wait_s)
 
     def generation(self, final: FinishReason) -> Generation:
-        return Generation(rid=str(self.request.rid), output_ids=tuple(self.ids),
-                          output_logprobs=tuple(self.logprobs),
-                          output_versions=tuple(self.versions), finish_reason=final,
-                          prompt_tokens=self.prompt_tokens, resubmissions=self.resubmissions,
-                          latency_s=time.perf_counter() - self.t0,
-                          output_top_logprobs=tuple(self.tops), backend=self.client.base_url)
+        return Generation(
+            rid=str(self.request.rid),
+            output_ids=tuple(self.ids),
+            output_logprobs=tuple(self.logprobs),
+            output_versions=tuple(self.versions),
+            finish_reason=final,
+            prompt_tokens=self.prompt_tokens,
+            resubmissions=self.resubmissions,
+            latency_s=time.perf_counter() - self.t0,
+            output_top_logprobs=tuple(self.tops),
+            backend=self.client.base_url,
+        )

@@ -51,8 +51,13 @@ def text_chars(items: Iterable[Any], limit: int) -> int:
     return total
 
 
-def refuse_overlong(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, Any]],
-                    context_length: int, *, param: str) -> None:
+def refuse_overlong(
+    tokenizer: ChatTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    context_length: int,
+    *,
+    param: str,
+) -> None:
     """Raise 400 `context_length_exceeded` when the prompt `messages` render to has at
     least `context_length` tokens by the character bound: the exact check after
     tokenization (`translate.resolve_sampling`) would refuse it too, so nothing it
@@ -62,14 +67,21 @@ def refuse_overlong(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, An
         raise InvalidRequestError(
             f"This model's maximum context length is {context_length} tokens. However, your "
             f"messages resulted in at least {least} tokens. Please reduce the length of the "
-            "messages.", param=param, code="context_length_exceeded")
+            "messages.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def server_busy(retry_after_s: int = 1) -> OpenAIError:
     """503 for a large request while the large-prompt worker is saturated."""
-    return OpenAIError(503, "too many large requests are being prepared; retry shortly",
-                       type="server_error", code="server_busy",
-                       headers={"retry-after": str(retry_after_s)})
+    return OpenAIError(
+        503,
+        "too many large requests are being prepared; retry shortly",
+        type="server_error",
+        code="server_busy",
+        headers={"retry-after": str(retry_after_s)},
+    )
 
 
 def _malloc_trim() -> Callable[[], object] | None:
@@ -97,16 +109,18 @@ def _then_trim(fn: Callable[..., T], *args: Any) -> T:
 class LargePrompts:
     """One worker thread for large prompts, with a bounded number admitted at once."""
 
-    def __init__(self, threshold_chars: int, max_prompts: int,
-                 threshold_messages: int = 1_000) -> None:
+    def __init__(
+        self, threshold_chars: int, max_prompts: int, threshold_messages: int = 1_000
+    ) -> None:
         self.threshold_chars = threshold_chars
         self.threshold_messages = threshold_messages
         self.max_prompts = max_prompts
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-prompt")
         self._admitted = 0  # touched only on the event loop
 
-    def is_large(self, messages: Iterable[Any], tools: Iterable[Any] | None,
-                 at_most: int | None = None) -> bool:
+    def is_large(
+        self, messages: Iterable[Any], tools: Iterable[Any] | None, at_most: int | None = None
+    ) -> bool:
         """Whether this conversation's text, or its message count, is over the offload
         threshold. `at_most`: a bound on its characters known beforehand (the size of
         the JSON body it was read from: a character takes at least one byte there);
@@ -127,8 +141,7 @@ class LargePrompts:
         self._admitted += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, functools.partial(
-                _then_trim, fn, *args))
+            return await loop.run_in_executor(self._pool, functools.partial(_then_trim, fn, *args))
         finally:
             self._admitted -= 1
 

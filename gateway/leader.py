@@ -65,8 +65,7 @@ class Leadership:
     """This process's view of the leader lease: `is_leader` is True only while a renewal
     succeeded less than one lease time ago."""
 
-    def __init__(self, store: TrajectoryStore, *, ttl_s: float,
-                 holder: str | None = None) -> None:
+    def __init__(self, store: TrajectoryStore, *, ttl_s: float, holder: str | None = None) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.holder = holder or process_identity()
@@ -119,6 +118,8 @@ class Leadership:
             return
         self._held_until = 0.0
         try:
-            await asyncio.to_thread(self.store.coordination.release_lease, LEADER_LEASE, self.holder)
+            await asyncio.to_thread(
+                self.store.coordination.release_lease, LEADER_LEASE, self.holder
+            )
         except Exception as e:  # noqa: BLE001 - it expires on its own
             log.warning("could not release the leader lease: %s", e)

@@ -70,14 +70,23 @@ class _KeyState:
 def has_limits(key: ApiKeyRecord) -> bool:
     """Whether any limit is set on `key`."""
     # No generator: this runs twice a request.
-    return not (key.rpm_limit is None and key.tpm_limit is None and key.max_concurrent is None
-                and key.token_budget is None)
+    return not (
+        key.rpm_limit is None
+        and key.tpm_limit is None
+        and key.max_concurrent is None
+        and key.token_budget is None
+    )
 
 
 def rate_limited(message: str, retry_after_s: float, code: str) -> OpenAIError:
     """429 `rate_limit_error` with a whole-second `retry-after` (at least 1)."""
-    return OpenAIError(429, message, type="rate_limit_error", code=code,
-                       headers={"retry-after": str(max(1, math.ceil(retry_after_s)))})
+    return OpenAIError(
+        429,
+        message,
+        type="rate_limit_error",
+        code=code,
+        headers={"retry-after": str(max(1, math.ceil(retry_after_s)))},
+    )
 
 
 class KeyLimits:
@@ -86,8 +95,11 @@ class KeyLimits:
     `on_tokens(key_id, n)` is told of every token count (the key-usage flush that
     persists `tokens_used`)."""
 
-    def __init__(self, on_tokens: Callable[[str, int], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        on_tokens: Callable[[str, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._keys: dict[str, _KeyState] = {}
         self._on_tokens = on_tokens
         self._clock = clock
@@ -121,25 +133,34 @@ class KeyLimits:
             raise rate_limited(
                 f"this key has used its token budget ({state.total:,} of "
                 f"{key.token_budget:,} tokens); ask an admin to raise it",
-                WINDOW_S, "token_budget_exhausted")
+                WINDOW_S,
+                "token_budget_exhausted",
+            )
         in_flight = state.in_flight + peers.in_flight
         if key.max_concurrent is not None and in_flight >= key.max_concurrent:
             raise rate_limited(
-                f"this key already has {in_flight} requests in flight (limit "
-                f"{key.max_concurrent})", 1, "concurrency_limit_exceeded")
+                f"this key already has {in_flight} requests in flight (limit {key.max_concurrent})",
+                1,
+                "concurrency_limit_exceeded",
+            )
         requests = len(state.requests)
         if key.rpm_limit is not None and requests + peers.requests >= key.rpm_limit:
             over = requests + peers.requests - key.rpm_limit  # this many must expire first
             wait = state.requests[over] + WINDOW_S - now if over < requests else 1
             raise rate_limited(
                 f"rate limit of {key.rpm_limit} requests per minute reached for this key",
-                wait, "rate_limit_exceeded")
+                wait,
+                "rate_limit_exceeded",
+            )
         tokens = state.tokens_in_window + peers.tokens
         if key.tpm_limit is not None and tokens >= key.tpm_limit:
             wait = state.tokens[0][0] + WINDOW_S - now if state.tokens else 1
             raise rate_limited(
                 f"rate limit of {key.tpm_limit:,} tokens per minute reached for this key "
-                f"({tokens:,} used in the last minute)", wait, "rate_limit_exceeded")
+                f"({tokens:,} used in the last minute)",
+                wait,
+                "rate_limit_exceeded",
+            )
         state.requests.append(now)
         state.in_flight += 1
         return True
@@ -162,8 +183,9 @@ class KeyLimits:
         state.tokens_in_window += tokens
         state.total = (state.total or 0) + tokens
 
-    def counts(self, unflushed: Mapping[str, int], idle_s: float = 2 * WINDOW_S
-               ) -> dict[str, KeyCounts]:
+    def counts(
+        self, unflushed: Mapping[str, int], idle_s: float = 2 * WINDOW_S
+    ) -> dict[str, KeyCounts]:
         """This process's counts of the keys with limits it saw within `idle_s` or still
         counts something for (what `sync_key_limits` publishes); `unflushed`: tokens per
         key not yet in the stored `tokens_used`."""
@@ -174,12 +196,20 @@ class KeyLimits:
             if now - state.last_seen > idle_s and not state.in_flight and not state.requests:
                 state.peers = KeyCounts()  # not synced: unknown until it is again
                 continue
-            out[key_id] = KeyCounts(len(state.requests), state.tokens_in_window,
-                                    state.in_flight, unflushed.get(key_id, 0))
+            out[key_id] = KeyCounts(
+                len(state.requests),
+                state.tokens_in_window,
+                state.in_flight,
+                unflushed.get(key_id, 0),
+            )
         return out
 
-    def apply(self, mine: Mapping[str, KeyCounts], peers: Mapping[str, KeyCounts],
-              tokens_used: Mapping[str, int]) -> None:
+    def apply(
+        self,
+        mine: Mapping[str, KeyCounts],
+        peers: Mapping[str, KeyCounts],
+        tokens_used: Mapping[str, int],
+    ) -> None:
         """The other processes' counts and the stored `tokens_used` of the keys in `mine`
         (what was published), read back in the same sync. The running total becomes the
         stored figure plus every process's unflushed tokens (a flush in progress may be
@@ -190,8 +220,9 @@ class KeyLimits:
                 continue
             state.peers = peers.get(key_id, KeyCounts())
             if key_id in tokens_used:
-                state.total = (tokens_used[key_id] + own.unflushed_tokens
-                               + state.peers.unflushed_tokens)
+                state.total = (
+                    tokens_used[key_id] + own.unflushed_tokens + state.peers.unflushed_tokens
+                )
 
     def holding(self, key: ApiKeyRecord | None) -> Holding:
         """Admit `key`'s request for an `async with` block (429 when over a limit). The
@@ -234,12 +265,18 @@ class Holding:
 class CountsExchange(Protocol):
     """The store's side of `sync_key_limits` (`store.coordination`)."""
 
-    def exchange_key_counts(self, holder: str, counts: Mapping[str, KeyCounts],
-                            fresh_s: float) -> tuple[dict[str, KeyCounts], dict[str, int]]: ...
+    def exchange_key_counts(
+        self, holder: str, counts: Mapping[str, KeyCounts], fresh_s: float
+    ) -> tuple[dict[str, KeyCounts], dict[str, int]]: ...
 
 
-async def sync_key_limits(limits: KeyLimits, unflushed: Callable[[], Mapping[str, int]],
-                          store: CountsExchange, holder: str, interval_s: float) -> None:
+async def sync_key_limits(
+    limits: KeyLimits,
+    unflushed: Callable[[], Mapping[str, int]],
+    store: CountsExchange,
+    holder: str,
+    interval_s: float,
+) -> None:
     """Every `interval_s`, forever: publish this process's counts of its active limited
     keys and take the other processes' (rows older than five intervals are from gone
     processes). A failed exchange is logged; the last known counts stay in force."""
@@ -249,8 +286,9 @@ async def sync_key_limits(limits: KeyLimits, unflushed: Callable[[], Mapping[str
         if not mine:
             continue
         try:
-            peers, used = await asyncio.to_thread(store.exchange_key_counts, holder, mine,
-                                                  5 * interval_s)
+            peers, used = await asyncio.to_thread(
+                store.exchange_key_counts, holder, mine, 5 * interval_s
+            )
         except Exception:  # the database may be briefly unavailable
             log.warning("sharing per-key limit counts failed", exc_info=True)
             continue
@@ -262,8 +300,7 @@ class _ReleasedAfter:
     end, on an error, on `aclose`, or (never iterated: the client left before the first
     byte) when dropped."""
 
-    def __init__(self, limits: KeyLimits, key: ApiKeyRecord | None,
-                 events: Events) -> None:
+    def __init__(self, limits: KeyLimits, key: ApiKeyRecord | None, events: Events) -> None:
         self._limits = limits
         self._key = key
         self._events = events

@@ -27,39 +27,58 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("areal_requests", "Requests served", ["route", "status"],
-                                registry=self.registry)
-        self.prompt_tokens = Counter("areal_prompt_tokens", "Prompt tokens sent to backends",
-                                     registry=self.registry)
-        self.completion_tokens = Counter("areal_completion_tokens", "Tokens generated",
-                                         registry=self.registry)
-        self.in_flight = Gauge("areal_in_flight_requests", "Requests being served",
-                               registry=self.registry, multiprocess_mode="livesum")
+        self.requests = Counter(
+            "areal_requests", "Requests served", ["route", "status"], registry=self.registry
+        )
+        self.prompt_tokens = Counter(
+            "areal_prompt_tokens", "Prompt tokens sent to backends", registry=self.registry
+        )
+        self.completion_tokens = Counter(
+            "areal_completion_tokens", "Tokens generated", registry=self.registry
+        )
+        self.in_flight = Gauge(
+            "areal_in_flight_requests",
+            "Requests being served",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
         self.latency = Histogram(
-            "areal_request_latency_seconds", "End-to-end latency", ["route"],
+            "areal_request_latency_seconds",
+            "End-to-end latency",
+            ["route"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=self.registry)
+            registry=self.registry,
+        )
         self.ttft = Histogram(
-            "areal_time_to_first_token_seconds", "Streaming time to first token",
+            "areal_time_to_first_token_seconds",
+            "Streaming time to first token",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-            registry=self.registry)
+            registry=self.registry,
+        )
         self.capture_wait = Histogram(
-            "areal_capture_wait_seconds", "Time waiting for the completion to be durable",
+            "areal_capture_wait_seconds",
+            "Time waiting for the completion to be durable",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
-            registry=self.registry)
-        self.resubmissions = Counter("areal_resubmissions", "Aborted generations resubmitted",
-                                     registry=self.registry)
+            registry=self.registry,
+        )
+        self.resubmissions = Counter(
+            "areal_resubmissions", "Aborted generations resubmitted", registry=self.registry
+        )
         self.continuity = Counter(
             "areal_token_continuity",
             "Prompts by how they were built: continued (an earlier completion's ids + the "
             "new messages' tokens), no_match (full render), or a full-render fallback "
-            "(prefix_changed, not_prefix_stable, no_end_of_turn)", ["outcome"],
-            registry=self.registry)
+            "(prefix_changed, not_prefix_stable, no_end_of_turn)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.continuity_recalls = Counter(
             "areal_token_continuity_recalls",
             "Turns that looked in the store for the completion they extend (served by "
-            "another gateway process, or before a restart): found or none", ["result"],
-            registry=self.registry)
+            "another gateway process, or before a restart): found or none",
+            ["result"],
+            registry=self.registry,
+        )
 
         # Labelled children, made once: prometheus_client's `labels()` takes a lock and
         # validates the values on every call (~1.5 µs; a completion made three calls).
@@ -106,8 +125,6 @@ class GatewayMetrics:
         return out
 
 
-
-
 class _AuditCollector(Collector):
     def __init__(self, audit: EpisodeAudit) -> None:
         self._audit = audit
@@ -117,16 +134,22 @@ class _AuditCollector(Collector):
         for state, n in self._audit.states.items():
             states.add_metric([state], n)
         yield states
-        dropped = GaugeMetricFamily("areal_episodes_dropped", "Dropped sessions by reason",
-                                    labels=["reason"])
+        dropped = GaugeMetricFamily(
+            "areal_episodes_dropped", "Dropped sessions by reason", labels=["reason"]
+        )
         for reason, n in self._audit.dropped_by_reason.items():
             dropped.add_metric([reason], n)
         yield dropped
-        yield GaugeMetricFamily("areal_episodes_overdue", "Ended sessions claimable past "
-                                "every settling window (no trainer takes them)",
-                                value=self._audit.overdue)
-        yield GaugeMetricFamily("areal_episodes_unaccounted", "Sessions no rule will ever "
-                                "move (must be 0)", value=self._audit.unaccounted)
+        yield GaugeMetricFamily(
+            "areal_episodes_overdue",
+            "Ended sessions claimable past every settling window (no trainer takes them)",
+            value=self._audit.overdue,
+        )
+        yield GaugeMetricFamily(
+            "areal_episodes_unaccounted",
+            "Sessions no rule will ever move (must be 0)",
+            value=self._audit.unaccounted,
+        )
 
 
 def audit_exposition(audit: EpisodeAudit) -> bytes:

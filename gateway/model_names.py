@@ -21,8 +21,11 @@ def resolve_model(gw: GatewayConfig, requested: str) -> str:
     long to store as one)."""
     if len(requested) > MAX_MODEL_NAME:
         raise bad_request(f"model names are at most {MAX_MODEL_NAME} characters", "model")
-    if gw.model_names is not None and requested != gw.model_name and \
-            requested not in gw.model_names:
+    if (
+        gw.model_names is not None
+        and requested != gw.model_name
+        and requested not in gw.model_names
+    ):
         raise model_not_found(gw, requested)
     return requested
 
@@ -30,9 +33,13 @@ def resolve_model(gw: GatewayConfig, requested: str) -> str:
 def model_not_found(gw: GatewayConfig, requested: str) -> OpenAIError:
     """OpenAI's 404 for a model this gateway does not serve."""
     names = ", ".join(f"`{n}`" for n in served_names(gw))
-    return OpenAIError(404, f"The model `{requested}` does not exist or you do not have "
-                       f"access to it. This gateway serves {names}.",
-                       param="model", code="model_not_found")
+    return OpenAIError(
+        404,
+        f"The model `{requested}` does not exist or you do not have "
+        f"access to it. This gateway serves {names}.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def served_names(gw: GatewayConfig) -> list[str]:
@@ -47,5 +54,9 @@ def model_cards(state: GatewayState) -> list[Model]:
 
 def model_card(state: GatewayState, name: str) -> Model:
     """The card of the policy under `name`."""
-    return Model(id=name, created=int(state.started_at), owned_by="areal-service",
-                 max_model_len=state.context_length)
+    return Model(
+        id=name,
+        created=int(state.started_at),
+        owned_by="areal-service",
+        max_model_len=state.context_length,
+    )

@@ -167,21 +167,22 @@ class WireAdapter(ABC, Generic[RequestT]):
     chat API does; otherwise cut it to what fits (`resolve_sampling`)."""
 
     @abstractmethod
-    async def conversation(self, state: GatewayState, principal: Principal,
-                           request: RequestT) -> Conversation:
+    async def conversation(
+        self, state: GatewayState, principal: Principal, request: RequestT
+    ) -> Conversation:
         """The chat messages and tools to render; raises `InvalidRequestError`."""
 
     @abstractmethod
-    def reply(self, turn: Turn[RequestT], choices: Sequence[ParsedChoice], usage: Usage
-              ) -> dict[str, Any]:
+    def reply(
+        self, turn: Turn[RequestT], choices: Sequence[ParsedChoice], usage: Usage
+    ) -> dict[str, Any]:
         """The complete (non-streamed) reply body."""
 
     @abstractmethod
     def stream(self, turn: Turn[RequestT]) -> StreamEncoder:
         """The encoder of this turn's streamed reply."""
 
-    async def handle(self, request: Request, state: GatewayState, principal: Principal
-                     ) -> Reply:
+    async def handle(self, request: Request, state: GatewayState, principal: Principal) -> Reply:
         """The route (`hotpath.Handler`): the whole pipeline for one request."""
         async with state.keys.limits.holding(principal.key) as keep:  # per-key 429s
             turn = await begin(self, request, state, principal)
@@ -191,8 +192,9 @@ class WireAdapter(ABC, Generic[RequestT]):
             return await reply_complete(self, turn)
 
 
-async def begin(adapter: WireAdapter[RequestT], request: Request, state: GatewayState,
-                principal: Principal) -> Turn[RequestT]:
+async def begin(
+    adapter: WireAdapter[RequestT], request: Request, state: GatewayState, principal: Principal
+) -> Turn[RequestT]:
     """Parse, check the model, find the session, render the prompt, pick the sampling."""
     started = time.perf_counter()
     # cast: read_request takes a pydantic model class, which every request_model is; mypy
@@ -207,27 +209,34 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
         prompt_args = (session_id, conv.messages, conv.tools, conv.tool_choice)
         if state.continuity.wants_recall(session_id, conv.messages):
             await recall_previous_turn(state, *prompt_args)
-        if state.large_prompts.is_large(conv.messages, conv.tools,
-                                        size if adapter.conversation_in_body else None):
+        if state.large_prompts.is_large(
+            conv.messages, conv.tools, size if adapter.conversation_in_body else None
+        ):
             # Surely too long: refused from its character count, before render/tokenize
             # (a small prompt's exact check below is cheaper than this walk).
-            refuse_overlong(state.tokenizer, conv.messages, state.context_length,
-                            param=adapter.prompt_param)
-            prompt_ids, lineage = await state.large_prompts.run(state.continuity.prompt,
-                                                                *prompt_args)
+            refuse_overlong(
+                state.tokenizer, conv.messages, state.context_length, param=adapter.prompt_param
+            )
+            prompt_ids, lineage = await state.large_prompts.run(
+                state.continuity.prompt, *prompt_args
+            )
         else:
             prompt_ids, lineage = state.continuity.prompt(*prompt_args)
         # Training sampling keeps behaviour logprobs what the trainer recomputes; a turn
         # outside any session is never trained on (an evaluation through a training
         # gateway, the admin's own calls), so it samples as its client asks.
         mode = gw.sampling.mode if session_id is not None else "client"
-        spec = resolve_sampling(req.client_sampling(), prompt_tokens=len(prompt_ids),
-                                context_length=state.context_length,
-                                default_max_tokens=gw.sampling.default_max_tokens, mode=mode,
-                                training_temperature=gw.sampling.training_temperature,
-                                param=adapter.prompt_param,
-                                refuse_over_budget=adapter.refuse_over_budget,
-                                max_n_tokens=gw.limits.max_n_tokens)
+        spec = resolve_sampling(
+            req.client_sampling(),
+            prompt_tokens=len(prompt_ids),
+            context_length=state.context_length,
+            default_max_tokens=gw.sampling.default_max_tokens,
+            mode=mode,
+            training_temperature=gw.sampling.training_temperature,
+            param=adapter.prompt_param,
+            refuse_over_budget=adapter.refuse_over_budget,
+            max_n_tokens=gw.limits.max_n_tokens,
+        )
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
     # 128 random bits as 32 hex digits, like `uuid4().hex` (which costs ~5 µs to build
@@ -235,39 +244,68 @@ async def begin(adapter: WireAdapter[RequestT], request: Request, state: Gateway
     completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
     logprobs = req.wants_logprobs()
     # Without declared policies, no call at all (the request path's common case).
-    lora = (await serving_adapter(state, principal, session_id, model)
-            if state.config.policies else None)
-    return Turn(state=state, principal=principal, body=body, request=req, model=model,
-                session_id=session_id, prompt_ids=prompt_ids, spec=spec,
-                completion_id=completion_id, created=time.time(),
-                parse_tools=tools_enabled(conv.tools, conv.tool_choice), tools=conv.tools,
-                logprobs=logprobs,
-                generate=generate_requests(prompt_ids, spec, completion_id, logprobs, lora),
-                started=started, lineage=lineage, notes=conv.notes, adapter=lora)
+    lora = (
+        await serving_adapter(state, principal, session_id, model)
+        if state.config.policies
+        else None
+    )
+    return Turn(
+        state=state,
+        principal=principal,
+        body=body,
+        request=req,
+        model=model,
+        session_id=session_id,
+        prompt_ids=prompt_ids,
+        spec=spec,
+        completion_id=completion_id,
+        created=time.time(),
+        parse_tools=tools_enabled(conv.tools, conv.tool_choice),
+        tools=conv.tools,
+        logprobs=logprobs,
+        generate=generate_requests(prompt_ids, spec, completion_id, logprobs, lora),
+        started=started,
+        lineage=lineage,
+        notes=conv.notes,
+        adapter=lora,
+    )
 
 
-async def recall_previous_turn(state: GatewayState, session_id: str | None,
-                               messages: list[dict[str, Any]],
-                               tools: list[dict[str, Any]] | None,
-                               tool_choice: ToolChoice | None) -> None:
+async def recall_previous_turn(
+    state: GatewayState,
+    session_id: str | None,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    tool_choice: ToolChoice | None,
+) -> None:
     """Token continuity from the store, off the event loop (`Continuity.recall`). A
     failure (the database down) only loses the optimisation: logged, not raised."""
     assert session_id is not None
     try:
-        await asyncio.to_thread(state.continuity.recall, session_id, messages, tools,
-                                tool_choice)
+        await asyncio.to_thread(state.continuity.recall, session_id, messages, tools, tool_choice)
     except Exception:  # noqa: BLE001 - the turn is served with a full render
-        log.warning("session %s: token continuity could not read the store", session_id,
-                    exc_info=True)
+        log.warning(
+            "session %s: token continuity could not read the store", session_id, exc_info=True
+        )
 
 
 async def reply_complete(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> JsonReply:
     """Generate every choice, build the reply, make the record durable, reply."""
     generations = await generate_all(turn.state, turn.generate, turn.session_id)
-    choices = [parse_choice(turn.state.tokenizer, GeneratedChoice(
-        g.output_ids, g.output_logprobs, g.finish_reason, g.output_top_logprobs),
-        completion_id=turn.completion_id, index=i, parse_tools=turn.parse_tools,
-        logprobs=turn.logprobs, tools=turn.tools) for i, g in enumerate(generations)]
+    choices = [
+        parse_choice(
+            turn.state.tokenizer,
+            GeneratedChoice(
+                g.output_ids, g.output_logprobs, g.finish_reason, g.output_top_logprobs
+            ),
+            completion_id=turn.completion_id,
+            index=i,
+            parse_tools=turn.parse_tools,
+            logprobs=turn.logprobs,
+            tools=turn.tools,
+        )
+        for i, g in enumerate(generations)
+    ]
     usage = count_usage(turn, choices)
     response = adapter.reply(turn, choices, usage)
     await persist(turn.state, records(turn, generations, choices, response))
@@ -286,14 +324,15 @@ async def reply_stream(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> 
         await deltas.aclose()
         raise
     turn.state.metrics.ttft.observe(time.perf_counter() - turn.started)
-    return EventStream(stream_events(turn, adapter.stream(turn), first, deltas),
-                       turn.completion_id)
+    return EventStream(stream_events(turn, adapter.stream(turn), first, deltas), turn.completion_id)
 
 
-async def stream_events(turn: Turn[Any], encoder: StreamEncoder,
-                        first: tuple[int, GenerationDelta] | None,
-                        deltas: AsyncGenerator[tuple[int, GenerationDelta], None]
-                        ) -> AsyncGenerator[str, None]:
+async def stream_events(
+    turn: Turn[Any],
+    encoder: StreamEncoder,
+    first: tuple[int, GenerationDelta] | None,
+    deltas: AsyncGenerator[tuple[int, GenerationDelta], None],
+) -> AsyncGenerator[str, None]:
     """The streamed reply: one write per backend delta (a socket send per chunk was the
     largest streaming cost under load); the opening events go out with the first delta
     (already here: nothing waits for them) and the last event with the end of the body.
@@ -341,9 +380,12 @@ def count_usage(turn: Turn[Any], choices: Sequence[ParsedChoice]) -> Usage:
     return usage
 
 
-def records(turn: Turn[Any], generations: Sequence[Generation],
-            choices: Sequence[ParsedChoice], response: dict[str, Any]
-            ) -> list[CompletionRecord]:
+def records(
+    turn: Turn[Any],
+    generations: Sequence[Generation],
+    choices: Sequence[ParsedChoice],
+    response: dict[str, Any],
+) -> list[CompletionRecord]:
     """One record per choice, as `capture.build_records` makes them (the gateway's
     `notes` beside the reply in the recorded response JSON)."""
     if turn.notes:
@@ -351,8 +393,15 @@ def records(turn: Turn[Any], generations: Sequence[Generation],
     return build_records(
         completion_id=turn.completion_id,
         model=turn.adapter or turn.state.config.gateway.model_name,
-        requested_model=turn.model, prompt_ids=turn.prompt_ids,
-        generations=generations, choices=choices, spec=turn.spec, request_json=turn.body,
-        response_json=response, session_id=turn.session_id,
-        api_key_id=turn.principal.key_id, started=turn.started,
-        continuity_keys=turn.state.continuity.keys(turn.lineage, choices))
+        requested_model=turn.model,
+        prompt_ids=turn.prompt_ids,
+        generations=generations,
+        choices=choices,
+        spec=turn.spec,
+        request_json=turn.body,
+        response_json=response,
+        session_id=turn.session_id,
+        api_key_id=turn.principal.key_id,
+        started=turn.started,
+        continuity_keys=turn.state.continuity.keys(turn.lineage, choices),
+    )

@@ -24,13 +24,18 @@ def checked_policy(config: ServiceConfig, name: str | None) -> str:
         return DEFAULT_POLICY
     known = config.policy_names()
     if name not in known:
-        raise OpenAIError(400, f"unknown policy {name!r}; known: {', '.join(known)}",
-                          param="policy", code="unknown_policy")
+        raise OpenAIError(
+            400,
+            f"unknown policy {name!r}; known: {', '.join(known)}",
+            param="policy",
+            code="unknown_policy",
+        )
     return name
 
 
-async def serving_adapter(state: GatewayState, principal: Principal, session_id: str | None,
-                          model: str) -> str | None:
+async def serving_adapter(
+    state: GatewayState, principal: Principal, session_id: str | None, model: str
+) -> str | None:
     """The adapter name a request's generations run under: None for the default policy
     (the backend's own default: the local engine's default adapter, vLLM's
     `ADAPTER_NAME`), else the policy's name. A model name declared in a policy's

@@ -24,7 +24,8 @@ from pydantic import (
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 """Content part types whose `text` is rendered; `refusal` parts are accepted and dropped."""
 _NON_TEXT_PART_TYPES = frozenset(
-    {"image_url", "input_image", "input_audio", "file", "input_file", "audio"})
+    {"image_url", "input_image", "input_audio", "file", "input_file", "audio"}
+)
 ToolChoice = str | dict[str, Any]
 
 
@@ -33,8 +34,7 @@ class InvalidRequestError(Exception):
     Not a ValueError on purpose: raised in a model validator it passes through pydantic
     unwrapped, so the precise `param` (`input[2].call_id`) reaches the client."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None
-                 ) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -63,8 +63,7 @@ class ClientSampling:
     """vLLM's and SGLang's extension: generate through EOS (to the length limit)."""
 
 
-def check_tool_choice(choice: ToolChoice | None, name: Any, tools: list[str], param: str
-                      ) -> None:
+def check_tool_choice(choice: ToolChoice | None, name: Any, tools: list[str], param: str) -> None:
     """`InvalidRequestError` for a tool choice no offered tool can satisfy: `required`
     or a named function without tools, or a function that is not among them (it would
     be silently ignored: decoding is not constrained)."""
@@ -72,12 +71,15 @@ def check_tool_choice(choice: ToolChoice | None, name: Any, tools: list[str], pa
         raise InvalidRequestError("tool_choice 'required' needs `tools`", param=param)
     if isinstance(choice, dict) and choice.get("type") == "function":
         if not isinstance(name, str):
-            raise InvalidRequestError("a function tool_choice needs the function's `name`",
-                                      param=param)
+            raise InvalidRequestError(
+                "a function tool_choice needs the function's `name`", param=param
+            )
         if name not in tools:
-            raise InvalidRequestError(f"tool_choice names the function {name!r}, which is "
-                                      f"not among the tools ({', '.join(tools) or 'none'})",
-                                      param=param)
+            raise InvalidRequestError(
+                f"tool_choice names the function {name!r}, which is "
+                f"not among the tools ({', '.join(tools) or 'none'})",
+                param=param,
+            )
 
 
 class _Open(BaseModel):
@@ -92,8 +94,10 @@ def check_content_part(part: dict[str, Any]) -> None:
     if not isinstance(kind, str):
         raise ValueError("a content part needs a string `type`")
     if kind in _NON_TEXT_PART_TYPES:
-        raise ValueError(f"content parts of type {kind!r} are not supported: the served "
-                         "model is text-only; send text parts or a string")
+        raise ValueError(
+            f"content parts of type {kind!r} are not supported: the served "
+            "model is text-only; send text parts or a string"
+        )
     if kind in TEXT_PART_TYPES and not isinstance(part.get("text"), str):
         raise ValueError(f"a {kind!r} content part needs a string `text`")
     if kind not in TEXT_PART_TYPES and kind != "refusal":
@@ -128,8 +132,9 @@ class ChatMessage(_Open):
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, content: str | list[dict[str, Any]] | None
-                   ) -> str | list[dict[str, Any]] | None:
+    def _text_only(
+        cls, content: str | list[dict[str, Any]] | None
+    ) -> str | list[dict[str, Any]] | None:
         if isinstance(content, list):
             for part in content:
                 check_content_part(part)
@@ -195,20 +200,27 @@ class ChatCompletionRequest(_Open):
     def _function_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         for tool in tools or ():
             fn = tool.get("function")
-            if tool.get("type") != "function" or not isinstance(fn, dict) or \
-                    not isinstance(fn.get("name"), str):
-                raise ValueError('only function tools are supported: {"type": "function", '
-                                 '"function": {"name", "description", "parameters"}}')
+            if (
+                tool.get("type") != "function"
+                or not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str)
+            ):
+                raise ValueError(
+                    'only function tools are supported: {"type": "function", '
+                    '"function": {"name", "description", "parameters"}}'
+                )
         return tools
 
     @field_validator("functions")
     @classmethod
-    def _named_functions(cls, functions: list[dict[str, Any]] | None
-                         ) -> list[dict[str, Any]] | None:
+    def _named_functions(
+        cls, functions: list[dict[str, Any]] | None
+    ) -> list[dict[str, Any]] | None:
         for fn in functions or ():
             if not isinstance(fn.get("name"), str):
-                raise ValueError('each of functions needs a name: {"name", "description", '
-                                 '"parameters"}')
+                raise ValueError(
+                    'each of functions needs a name: {"name", "description", "parameters"}'
+                )
         return functions
 
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
@@ -228,8 +240,12 @@ class ChatCompletionRequest(_Open):
         choice = self.chat_tool_choice()
         function = choice.get("function") if isinstance(choice, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
-        check_tool_choice(choice, name, [t["function"]["name"] for t in self.chat_tools() or ()],
-                          "tool_choice" if self.tool_choice is not None else "function_call")
+        check_tool_choice(
+            choice,
+            name,
+            [t["function"]["name"] for t in self.chat_tools() or ()],
+            "tool_choice" if self.tool_choice is not None else "function_call",
+        )
         return self
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
@@ -260,11 +276,17 @@ class ChatCompletionRequest(_Open):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return ClientSampling(
             max_tokens=self.max_completion_tokens or self.max_tokens,
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-            stop=stop, n=self.n, frequency_penalty=self.frequency_penalty,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=stop,
+            n=self.n,
+            frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
-            min_tokens=self.min_tokens or 0, ignore_eos=bool(self.ignore_eos),
+            min_tokens=self.min_tokens or 0,
+            ignore_eos=bool(self.ignore_eos),
         )
 
 
@@ -304,15 +326,23 @@ class ResponsesRequest(_Open):
             if not isinstance(kind, str):
                 raise ValueError("every tool needs a string `type`")
             if kind == "function" and not isinstance(tool.get("name"), str):
-                raise ValueError('a function tool needs a string `name`: {"type": '
-                                 '"function", "name", "parameters"}')
+                raise ValueError(
+                    'a function tool needs a string `name`: {"type": '
+                    '"function", "name", "parameters"}'
+                )
             if kind == "namespace":
                 inner = tool.get("tools")
-                if not isinstance(tool.get("name"), str) or not isinstance(inner, list) or \
-                        not all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                for t in inner):
-                    raise ValueError('a namespace tool needs a string `name` and `tools`: '
-                                     'a list of tools with a string `name`')
+                if (
+                    not isinstance(tool.get("name"), str)
+                    or not isinstance(inner, list)
+                    or not all(
+                        isinstance(t, dict) and isinstance(t.get("name"), str) for t in inner
+                    )
+                ):
+                    raise ValueError(
+                        "a namespace tool needs a string `name` and `tools`: "
+                        "a list of tools with a string `name`"
+                    )
         return tools
 
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
@@ -321,8 +351,12 @@ class ResponsesRequest(_Open):
     def _servable(self) -> ResponsesRequest:
         choice = self.tool_choice
         names = [t["name"] for t in self.tools or () if t.get("type") == "function"]
-        names += [f"{t['name']}.{f['name']}" for t in self.tools or ()
-                  if t.get("type") == "namespace" for f in t["tools"]]
+        names += [
+            f"{t['name']}.{f['name']}"
+            for t in self.tools or ()
+            if t.get("type") == "namespace"
+            for f in t["tools"]
+        ]
         name = choice.get("name") if isinstance(choice, dict) else None
         if isinstance(choice, dict) and isinstance(choice.get("namespace"), str):
             name = f"{choice['namespace']}.{name}"
@@ -331,13 +365,14 @@ class ResponsesRequest(_Open):
             raise InvalidRequestError(
                 "conversation is not supported: use previous_response_id, or resend the "
                 "whole conversation in `input` (the OpenAI Agents SDK does by default)",
-                param="conversation")
+                param="conversation",
+            )
         if isinstance(self.input, list):
             check_input_items(self.input)
             if not (self.instructions or self.previous_response_id) and all(
-                    item.get("type") == "reasoning" for item in self.input):
-                raise InvalidRequestError("`input` has no message to respond to",
-                                          param="input")
+                item.get("type") == "reasoning" for item in self.input
+            ):
+                raise InvalidRequestError("`input` has no message to respond to", param="input")
         return self
 
     def wants_logprobs(self) -> int | None:
@@ -349,8 +384,10 @@ class ResponsesRequest(_Open):
     def client_sampling(self) -> ClientSampling:
         top_k = (self.model_extra or {}).get("top_k")
         return ClientSampling(
-            max_tokens=self.max_output_tokens, temperature=self.temperature,
-            top_p=self.top_p, top_k=top_k if isinstance(top_k, int) else None,
+            max_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=top_k if isinstance(top_k, int) else None,
         )
 
 
@@ -365,8 +402,9 @@ def check_input_items(items: list[dict[str, Any]]) -> None:
         kind = item.get("type", "message")
         if kind == "message":
             if not isinstance(item.get("role"), str) or item["role"] not in _INPUT_ROLES:
-                raise InvalidRequestError(f"unsupported message role {item.get('role')!r}",
-                                          param=f"input[{i}].role")
+                raise InvalidRequestError(
+                    f"unsupported message role {item.get('role')!r}", param=f"input[{i}].role"
+                )
             check_item_text(item.get("content"), f"input[{i}].content")
         elif kind == "function_call":
             _required(item, "call_id", i)
@@ -378,19 +416,25 @@ def check_input_items(items: list[dict[str, Any]]) -> None:
             key = "content" if item.get("content") else "summary"
             parts = item.get(key) or []
             if not isinstance(parts, list) or not all(
-                    isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts):
-                raise InvalidRequestError(f"a reasoning item's `{key}` must be a list of "
-                                          '{"type", "text"} parts', param=f"input[{i}].{key}")
+                isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts
+            ):
+                raise InvalidRequestError(
+                    f'a reasoning item\'s `{key}` must be a list of {{"type", "text"}} parts',
+                    param=f"input[{i}].{key}",
+                )
         else:
             raise InvalidRequestError(
                 f"input item type {kind!r} is not supported (supported: "
-                f"{', '.join(INPUT_ITEM_TYPES)})", param=f"input[{i}]")
+                f"{', '.join(INPUT_ITEM_TYPES)})",
+                param=f"input[{i}]",
+            )
 
 
 def _required(item: dict[str, Any], key: str, i: int) -> None:
     if not isinstance(item.get(key), str):
-        raise InvalidRequestError(f"{item.get('type')} item needs a string `{key}`",
-                                  param=f"input[{i}].{key}")
+        raise InvalidRequestError(
+            f"{item.get('type')} item needs a string `{key}`", param=f"input[{i}].{key}"
+        )
 
 
 def check_item_text(content: Any, param: str) -> None:
@@ -398,8 +442,9 @@ def check_item_text(content: Any, param: str) -> None:
     if content is None or isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise InvalidRequestError(f"`{param}` must be a string or a list of content parts",
-                                  param=param)
+        raise InvalidRequestError(
+            f"`{param}` must be a string or a list of content parts", param=param
+        )
     for j, part in enumerate(content):
         try:
             if not isinstance(part, dict):

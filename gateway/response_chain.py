@@ -27,17 +27,20 @@ MAX_CHAIN = 1000
 """Longest chain followed (each link is one indexed store read)."""
 
 
-async def with_previous_responses(state: GatewayState, principal: Principal,
-                                  request: ResponsesRequest) -> ResponsesRequest:
+async def with_previous_responses(
+    state: GatewayState, principal: Principal, request: ResponsesRequest
+) -> ResponsesRequest:
     """`request` with the stored conversation before it prepended to `input` (and
     `previous_response_id` resolved away); `request` itself when it names none."""
     if not request.previous_response_id:
         return request
     owner = None if principal.is_admin else principal.key_id
-    earlier = await asyncio.to_thread(conversation_items, state.store,
-                                      request.previous_response_id, owner)
-    return request.model_copy(update={"input": earlier + input_items(request.input),
-                                      "previous_response_id": None})
+    earlier = await asyncio.to_thread(
+        conversation_items, state.store, request.previous_response_id, owner
+    )
+    return request.model_copy(
+        update={"input": earlier + input_items(request.input), "previous_response_id": None}
+    )
 
 
 def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -45,8 +48,9 @@ def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
 
 
-def conversation_items(store: TrajectoryStore, response_id: str, owner: str | None
-                       ) -> list[dict[str, Any]]:
+def conversation_items(
+    store: TrajectoryStore, response_id: str, owner: str | None
+) -> list[dict[str, Any]]:
     """Input and output items of `response_id` and every response it continues, oldest
     first. 404 `previous_response_not_found` for an id that is unknown, not a Responses
     completion, or (with `owner`) created by another key."""
@@ -54,16 +58,26 @@ def conversation_items(store: TrajectoryStore, response_id: str, owner: str | No
     current: str | None = response_id
     while current:
         record = store.get_completion(current)
-        if record is None or "input" not in record.request_json or (
-                owner is not None and record.api_key_id != owner) or \
-                record.request_json.get("store") is False:
-            raise OpenAIError(404, f"Previous response with id '{current}' not found.",
-                              param="previous_response_id", code="previous_response_not_found")
+        if (
+            record is None
+            or "input" not in record.request_json
+            or (owner is not None and record.api_key_id != owner)
+            or record.request_json.get("store") is False
+        ):
+            raise OpenAIError(
+                404,
+                f"Previous response with id '{current}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
         chain.append(record)
         if len(chain) > MAX_CHAIN:
-            raise OpenAIError(400, f"the response chain behind '{response_id}' is longer "
-                              f"than {MAX_CHAIN}; resend the conversation in `input`",
-                              param="previous_response_id")
+            raise OpenAIError(
+                400,
+                f"the response chain behind '{response_id}' is longer "
+                f"than {MAX_CHAIN}; resend the conversation in `input`",
+                param="previous_response_id",
+            )
         current = record.request_json.get("previous_response_id")
     items: list[dict[str, Any]] = []
     for record in reversed(chain):

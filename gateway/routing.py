@@ -91,27 +91,43 @@ class BackendPool:
     """Routes requests over `urls`; call `start()` for periodic health checks and
     `aclose()` to stop them and close the clients."""
 
-    def __init__(self, urls: Sequence[str], *, timeout_s: float = 600.0,
-                 health_interval_s: float = 5.0, health_timeout_s: float = 10.0,
-                 unhealthy_after: int = 2, probe_interval_s: float = 0.25,
-                 max_probe_interval_s: float = 5.0, max_sticky_sessions: int = 100_000,
-                 fail_fast_s: float = 0.0,
-                 client_factory: Callable[[str], SGLangClient] | None = None,
-                 router_url: str | None = None) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        timeout_s: float = 600.0,
+        health_interval_s: float = 5.0,
+        health_timeout_s: float = 10.0,
+        unhealthy_after: int = 2,
+        probe_interval_s: float = 0.25,
+        max_probe_interval_s: float = 5.0,
+        max_sticky_sessions: int = 100_000,
+        fail_fast_s: float = 0.0,
+        client_factory: Callable[[str], SGLangClient] | None = None,
+        router_url: str | None = None,
+    ) -> None:
         if not urls and not router_url:
             raise ValueError("BackendPool needs at least one backend URL (gateway.router.backends)")
         make = client_factory or (lambda url: SGLangClient(url, timeout_s=timeout_s))
         self._make = make
-        self._backends = ([] if router_url else
-                          [Backend(url=u.rstrip("/"), client=make(u.rstrip("/"))) for u in urls])
+        self._backends = (
+            []
+            if router_url
+            else [Backend(url=u.rstrip("/"), client=make(u.rstrip("/"))) for u in urls]
+        )
         self.router: Backend | None = None
         """Router mode: the router, the one generation target (`_backends` are its
         workers, the weight-control targets)."""
         if router_url:
             url = router_url.rstrip("/")
-            self.router = Backend(url=url, client=RouterClient(
-                url, lambda: [b.client for b in self._backends if b.healthy],
-                timeout_s=timeout_s))
+            self.router = Backend(
+                url=url,
+                client=RouterClient(
+                    url,
+                    lambda: [b.client for b in self._backends if b.healthy],
+                    timeout_s=timeout_s,
+                ),
+            )
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self.unhealthy_after = unhealthy_after
@@ -145,11 +161,15 @@ class BackendPool:
 
             def make(url: str) -> SGLangClient:
                 return VLLMClient(url, timeout_s=gw.router.request_timeout_s, lora_name=lora)
-        return cls([] if gw.router.url else config.backend_urls(),
-                   timeout_s=gw.router.request_timeout_s,
-                   health_interval_s=gw.router.health_interval_s,
-                   fail_fast_s=gw.router.no_backend_fail_fast_s, router_url=gw.router.url,
-                   client_factory=make)
+
+        return cls(
+            [] if gw.router.url else config.backend_urls(),
+            timeout_s=gw.router.request_timeout_s,
+            health_interval_s=gw.router.health_interval_s,
+            fail_fast_s=gw.router.no_backend_fail_fast_s,
+            router_url=gw.router.url,
+            client_factory=make,
+        )
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -164,15 +184,25 @@ class BackendPool:
 
     def status(self) -> list[BackendStatus]:
         if self.router is None:
-            return [BackendStatus(b.url, b.healthy, b.in_flight, b.last_error,
-                                  b.failed_checks) for b in self._backends]
+            return [
+                BackendStatus(b.url, b.healthy, b.in_flight, b.last_error, b.failed_checks)
+                for b in self._backends
+            ]
         r = self.router
         up = r.healthy and r.failed_checks == 0
-        return [BackendStatus(r.url, r.healthy, r.in_flight, r.last_error, r.failed_checks),
-                *(BackendStatus(b.url, b.healthy and up, b.in_flight,
-                                b.last_error if up else "router down",
-                                b.failed_checks if up else max(1, b.failed_checks))
-                  for b in self._backends)]
+        return [
+            BackendStatus(r.url, r.healthy, r.in_flight, r.last_error, r.failed_checks),
+            *(
+                BackendStatus(
+                    b.url,
+                    b.healthy and up,
+                    b.in_flight,
+                    b.last_error if up else "router down",
+                    b.failed_checks if up else max(1, b.failed_checks),
+                )
+                for b in self._backends
+            ),
+        ]
 
     def mark_down(self, backend: Backend, reason: str) -> None:
         if backend.healthy:
@@ -195,8 +225,9 @@ class BackendPool:
 
     def _back_off(self, backend: Backend) -> None:
         """Schedule the next probe of a down backend: the interval doubles per failure."""
-        backend.probe_backoff_s = min(max(2 * backend.probe_backoff_s, self.probe_interval_s),
-                                      self.max_probe_interval_s)
+        backend.probe_backoff_s = min(
+            max(2 * backend.probe_backoff_s, self.probe_interval_s), self.max_probe_interval_s
+        )
         backend.next_probe_at = self._now() + backend.probe_backoff_s
 
     @staticmethod
@@ -237,7 +268,8 @@ class BackendPool:
             remaining = end - loop.time()
             if remaining <= 0:
                 raise BackendUnavailable(
-                    f"no healthy backend among {len(self._serving)} after {deadline_s:g} s")
+                    f"no healthy backend among {len(self._serving)} after {deadline_s:g} s"
+                )
             if not self._probe_lock.locked():
                 async with self._probe_lock:
                     await self.check_health(only_down=True)
@@ -246,18 +278,23 @@ class BackendPool:
             if self.failing_fast():
                 down_s = self._now() - (self.all_down_since or self._now())
                 raise BackendUnavailable(
-                    f"no healthy backend among {len(self._serving)} for {down_s:.0f} s")
+                    f"no healthy backend among {len(self._serving)} for {down_s:.0f} s"
+                )
             await asyncio.sleep(min(self.probe_interval_s, max(0.0, end - loop.time())))
 
     def failing_fast(self) -> bool:
         """Whether no backend has been healthy for `fail_fast_s` (new requests get 503
         at once)."""
-        return (self.fail_fast_s > 0 and self.all_down_since is not None
-                and self._now() - self.all_down_since >= self.fail_fast_s)
+        return (
+            self.fail_fast_s > 0
+            and self.all_down_since is not None
+            and self._now() - self.all_down_since >= self.fail_fast_s
+        )
 
     @contextlib.asynccontextmanager
-    async def lease(self, session_id: str | None = None, *,
-                    deadline_s: float = 30.0) -> AsyncIterator[Backend]:
+    async def lease(
+        self, session_id: str | None = None, *, deadline_s: float = 30.0
+    ) -> AsyncIterator[Backend]:
         """A backend for one request, counted in flight until the block exits."""
         await self.wait_until_available(deadline_s)
         backend = self.pick(session_id)
@@ -268,9 +305,9 @@ class BackendPool:
             backend.in_flight -= 1
 
     # -- requests with failover --------------------------------------------------------
-    async def generate_interruptible(self, request: GenerateRequest, *,
-                                     session_id: str | None = None,
-                                     deadline_s: float = 30.0) -> Generation:
+    async def generate_interruptible(
+        self, request: GenerateRequest, *, session_id: str | None = None, deadline_s: float = 30.0
+    ) -> Generation:
         """`SGLangClient.generate_interruptible` on the routed backend; a refused
         connection takes that backend out and retries on another until `deadline_s`."""
         loop = asyncio.get_running_loop()
@@ -279,15 +316,16 @@ class BackendPool:
             async with self.lease(session_id, deadline_s=max(0.0, end - loop.time())) as b:
                 try:
                     return await b.client.generate_interruptible(
-                        request, routing_key=self._routing_key(session_id))
+                        request, routing_key=self._routing_key(session_id)
+                    )
                 except BackendUnavailable as e:
                     if e.sent:
                         raise
                     self.mark_down(b, e.message)
 
     async def generate_interruptible_stream(
-            self, request: GenerateRequest, *, session_id: str | None = None,
-            deadline_s: float = 30.0) -> AsyncGenerator[GenerationDelta, None]:
+        self, request: GenerateRequest, *, session_id: str | None = None, deadline_s: float = 30.0
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming variant; failover only before the first delta was yielded."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
@@ -295,8 +333,11 @@ class BackendPool:
             started = False
             async with self.lease(session_id, deadline_s=max(0.0, end - loop.time())) as b:
                 try:
-                    async with contextlib.aclosing(b.client.generate_interruptible_stream(
-                            request, routing_key=self._routing_key(session_id))) as deltas:
+                    async with contextlib.aclosing(
+                        b.client.generate_interruptible_stream(
+                            request, routing_key=self._routing_key(session_id)
+                        )
+                    ) as deltas:
                         async for delta in deltas:
                             started = True
                             yield delta
@@ -323,8 +364,7 @@ class BackendPool:
             log.debug("router %s: cannot list workers: %s", self.router.url, e.message)
             return
         known = {b.url: b for b in self._backends}
-        fresh = [known.get(u) or Backend(url=u, client=self._make(u), healthy=False)
-                 for u in urls]
+        fresh = [known.get(u) or Backend(url=u, client=self._make(u), healthy=False) for u in urls]
         gone = [b for b in self._backends if b.url not in set(urls)]
         for b in fresh:
             if b.url not in known:
@@ -341,11 +381,14 @@ class BackendPool:
         if self.router is not None and not only_down:
             await self.refresh_workers()
         now = self._now()
-        targets = [b for b in self._every_client_owner()
-                   if not b.swapping and not (only_down and b.healthy)
-                   and (b.healthy or now >= b.next_probe_at)]
-        results = await asyncio.gather(
-            *(b.client.health(self.health_timeout_s) for b in targets))
+        targets = [
+            b
+            for b in self._every_client_owner()
+            if not b.swapping
+            and not (only_down and b.healthy)
+            and (b.healthy or now >= b.next_probe_at)
+        ]
+        results = await asyncio.gather(*(b.client.health(self.health_timeout_s) for b in targets))
         for b, ok in zip(targets, results, strict=True):
             if not ok:
                 b.failed_checks += 1
@@ -405,8 +448,9 @@ class BackendPool:
         return (*self._backends, *([self.router] if self.router else ()))
 
     # -- weights -----------------------------------------------------------------------
-    async def swap_weights(self, model_path: str, version: int, lora_name: str | None = None
-                           ) -> dict[str, SwapTimings]:
+    async def swap_weights(
+        self, model_path: str, version: int, lora_name: str | None = None
+    ) -> dict[str, SwapTimings]:
         """`swap_weights` on every healthy backend concurrently. An unreachable backend
         is taken out (and re-synced when it comes back); one that rejects the load keeps
         serving its old weights (its tokens say so). Raises if every backend failed.
@@ -418,7 +462,8 @@ class BackendPool:
         try:
             results = await asyncio.gather(
                 *(b.client.swap_weights(model_path, version, lora_name) for b in healthy),
-                return_exceptions=True)
+                return_exceptions=True,
+            )
         finally:
             for b in healthy:
                 b.swapping = False

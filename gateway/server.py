@@ -59,14 +59,15 @@ class UvicornOptions(TypedDict):
     timeout_graceful_shutdown: int
 
 
-def uvicorn_options(config: ServiceConfig, http: HttpImpl = "httptools"
-                    ) -> UvicornOptions:
+def uvicorn_options(config: ServiceConfig, http: HttpImpl = "httptools") -> UvicornOptions:
     """Every uvicorn option the gateway runs with (the one place they are set; tests
     serve through it too, with either HTTP implementation)."""
     gw = config.gateway
     return {
-        "host": gw.host, "port": gw.port,
-        "log_level": config.log_level, "access_log": False,
+        "host": gw.host,
+        "port": gw.port,
+        "log_level": config.log_level,
+        "access_log": False,
         # uvloop + httptools (uvicorn[standard]): what "auto" picks when installed; named
         # so a missing one fails at start instead of silently serving on the slow pair.
         "loop": "uvloop",
@@ -74,9 +75,17 @@ def uvicorn_options(config: ServiceConfig, http: HttpImpl = "httptools"
         # (`gateway/connections.py`).
         # cast: uvicorn types `http` as a protocol class, but only calls what it is given
         # (once per connection), so a factory works.
-        "http": cast("type[asyncio.Protocol]", protocol_factory(http, ConnectionLimits(
-            header_timeout_s=gw.limits.header_timeout_s, body_timeout_s=gw.limits.body_timeout_s,
-            max_connections=gw.limits.max_connections))),
+        "http": cast(
+            "type[asyncio.Protocol]",
+            protocol_factory(
+                http,
+                ConnectionLimits(
+                    header_timeout_s=gw.limits.header_timeout_s,
+                    body_timeout_s=gw.limits.body_timeout_s,
+                    max_connections=gw.limits.max_connections,
+                ),
+            ),
+        ),
         # X-Forwarded-* only from the proxies named (uvicorn's default trusts loopback,
         # which let any local client pick the address the auth throttle counts).
         "proxy_headers": bool(gw.auth.forwarded_allow_ips),
@@ -92,8 +101,13 @@ def run_gateway(config: ServiceConfig) -> None:
     `gateway.worker_count()` processes."""
     workers = config.gateway.worker_count()
     config = with_gateway_section(config, "scale", workers=workers)  # resolved
-    log.info("gateway on http://%s:%d/v1 (%d worker%s)", config.gateway.host,
-             config.gateway.port, workers, "" if workers == 1 else "s")
+    log.info(
+        "gateway on http://%s:%d/v1 (%d worker%s)",
+        config.gateway.host,
+        config.gateway.port,
+        workers,
+        "" if workers == 1 else "s",
+    )
     if workers == 1:
         sys.setswitchinterval(config.gateway.scale.gil_switch_interval_ms / 1000.0)
         uvicorn.run(create_app(config, freeze_gc=True), **uvicorn_options(config))
@@ -107,8 +121,9 @@ def run_gateway(config: ServiceConfig) -> None:
     os.environ[MULTIPROC_ENV] = str(metrics_dir)
     os.environ[CONFIG_ENV] = str(save_config(config, run_dir / "config.yaml"))
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
-    uvicorn.run("gateway.server:worker_app", factory=True, workers=workers,
-                **uvicorn_options(config))
+    uvicorn.run(
+        "gateway.server:worker_app", factory=True, workers=workers, **uvicorn_options(config)
+    )
 
 
 def worker_app() -> FastAPI:
@@ -147,4 +162,3 @@ def _die_with_parent() -> None:
     # supervisor wrote, not with 1: in a container the supervisor may itself be pid 1.)
     if str(os.getppid()) != os.environ.get(SUPERVISOR_ENV, str(os.getppid())):
         os.kill(os.getpid(), signal.SIGTERM)
-

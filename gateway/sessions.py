@@ -34,8 +34,13 @@ from gateway.state import GatewayState
 ClientSession = tuple[str, str]
 """(derived session id, the agent's own conversation id) of a `client_metadata` source."""
 
-_CLIENT_HEADERS = ("x-claude-code-session-id", "thread-id", "session-id", "session_id",
-                   "conversation_id")
+_CLIENT_HEADERS = (
+    "x-claude-code-session-id",
+    "thread-id",
+    "session-id",
+    "session_id",
+    "conversation_id",
+)
 _USER_ID_SESSION = re.compile(r"session_([0-9A-Za-z-]{8,})")
 
 
@@ -50,8 +55,9 @@ def client_conversation_id(request: Request, body: dict[str, Any]) -> str | None
         value = request.headers.get(name)
         if value:
             return value
-    user = body.get("metadata", {}).get("user_id") if isinstance(body.get("metadata"),
-                                                                 dict) else None
+    user = (
+        body.get("metadata", {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
+    )
     if isinstance(user, str):  # Claude Code: a JSON object, or "user_..._session_<id>"
         try:
             parsed = json.loads(user)
@@ -73,9 +79,12 @@ def client_session_id(principal: Principal, conversation_id: str) -> str:
     return f"sess_c{digest}"
 
 
-def requested_session(principal: Principal, request: Request, body: dict[str, Any],
-                      sources: Sequence[str] = ("key", "header", "metadata")
-                      ) -> str | ClientSession | None:
+def requested_session(
+    principal: Principal,
+    request: Request,
+    body: dict[str, Any],
+    sources: Sequence[str] = ("key", "header", "metadata"),
+) -> str | ClientSession | None:
     """The session the request names, by `sources` in order (then a user key's bound
     session): an id, or a `ClientSession` for an agent's own conversation id."""
     for source in sources:
@@ -99,8 +108,9 @@ def requested_session(principal: Principal, request: Request, body: dict[str, An
     return None
 
 
-async def session_for_request(state: GatewayState, principal: Principal, request: Request,
-                              body: dict[str, Any]) -> str | None:
+async def session_for_request(
+    state: GatewayState, principal: Principal, request: Request, body: dict[str, Any]
+) -> str | None:
     """The open session this completion is recorded under, checked against the caller."""
     found = requested_session(principal, request, body, state.config.gateway.sessions.sources)
     if isinstance(found, tuple):
@@ -112,32 +122,54 @@ async def session_for_request(state: GatewayState, principal: Principal, request
         return await open_key_session(state, principal.key)
     session = await cached_session(state, session_id)
     if session is None:
-        raise OpenAIError(404, f"session {session_id!r} does not exist", param="session_id",
-                          code="session_not_found")
+        raise OpenAIError(
+            404,
+            f"session {session_id!r} does not exist",
+            param="session_id",
+            code="session_not_found",
+        )
     # A session without a key is the admin's (its coding agent's conversations): no
     # user key may write into it, as into no other key's.
     if not principal.is_admin and session.api_key_id != principal.key_id:
-        raise OpenAIError(403, f"session {session_id!r} belongs to another key",
-                          type="permission_error", param="session_id", code="session_forbidden")
-    if session.status != "open" and principal.key is not None and principal.key.kind == "user" \
-            and principal.key.session_id == session_id and state.config.gateway.sessions.auto_open:
+        raise OpenAIError(
+            403,
+            f"session {session_id!r} belongs to another key",
+            type="permission_error",
+            param="session_id",
+            code="session_forbidden",
+        )
+    if (
+        session.status != "open"
+        and principal.key is not None
+        and principal.key.kind == "user"
+        and principal.key.session_id == session_id
+        and state.config.gateway.sessions.auto_open
+    ):
         return await open_key_session(state, principal.key)  # the bound one timed out
     if session.status != "open":
-        raise OpenAIError(409, f"session {session_id!r} is {session.status}; start a new one",
-                          param="session_id", code="session_closed")
+        raise OpenAIError(
+            409,
+            f"session {session_id!r} is {session.status}; start a new one",
+            param="session_id",
+            code="session_closed",
+        )
     return session_id
 
 
-async def client_session(state: GatewayState, principal: Principal, session_id: str,
-                         conversation_id: str) -> str:
+async def client_session(
+    state: GatewayState, principal: Principal, session_id: str, conversation_id: str
+) -> str:
     """The open session of an agent conversation, opened on its first turn. Once ended
     (rewarded, idle) a later turn of the same conversation is 409 `session_closed`: an
     episode is not reopened; the agent starts a new thread."""
     session = await cached_session(state, session_id)
     if session is None:
-        record = SessionRecord(id=session_id, api_key_id=principal.key_id, metadata={
-            "opened_by": "client_metadata", "client_session": conversation_id},
-            policy=DEFAULT_POLICY if principal.key is None else principal.key.policy)
+        record = SessionRecord(
+            id=session_id,
+            api_key_id=principal.key_id,
+            metadata={"opened_by": "client_metadata", "client_session": conversation_id},
+            policy=DEFAULT_POLICY if principal.key is None else principal.key.policy,
+        )
         try:
             async with admit_sessions(state, 1) as admission:
                 session = await asyncio.to_thread(state.store.add_session, record, admission)
@@ -147,9 +179,13 @@ async def client_session(state: GatewayState, principal: Principal, session_id: 
                 raise
         remember_new_session(state, session)
     if session.status != "open":
-        raise OpenAIError(409, f"session {session_id!r} of conversation {conversation_id!r} "
-                          f"is {session.status}; start a new conversation",
-                          param="session_id", code="session_closed")
+        raise OpenAIError(
+            409,
+            f"session {session_id!r} of conversation {conversation_id!r} "
+            f"is {session.status}; start a new conversation",
+            param="session_id",
+            code="session_closed",
+        )
     return session_id
 
 
@@ -157,8 +193,12 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
     """Open a session for a user key that has none (or whose session ended) and bind it.
     Concurrent first calls of one key may each open one; the last binding wins and the
     others end by idle timeout, each a complete episode of its own."""
-    session = SessionRecord(id=f"sess_{uuid.uuid4().hex}", api_key_id=key.id,
-                            metadata={"opened_by": "auto_session"}, policy=key.policy)
+    session = SessionRecord(
+        id=f"sess_{uuid.uuid4().hex}",
+        api_key_id=key.id,
+        metadata={"opened_by": "auto_session"},
+        policy=key.policy,
+    )
     async with admit_sessions(state, 1) as admission:
         session = await asyncio.to_thread(state.store.add_session, session, admission)
     await asyncio.to_thread(state.store.keys.bind_key_session, key.id, session.id)
@@ -188,14 +228,23 @@ def check_session_access(principal: Principal, session: SessionRecord) -> None:
         return
     if principal.key is not None and session.api_key_id == principal.key.id:
         return
-    raise OpenAIError(403, f"this key cannot act on session {session.id!r}",
-                      type="permission_error", param="session_id", code="session_forbidden")
+    raise OpenAIError(
+        403,
+        f"this key cannot act on session {session.id!r}",
+        type="permission_error",
+        param="session_id",
+        code="session_forbidden",
+    )
 
 
 async def load_session(state: GatewayState, session_id: str) -> SessionRecord:
     """The session (read from the store, not the cache), or 404 `session_not_found`."""
     session = await asyncio.to_thread(state.store.get_session, session_id)
     if session is None:
-        raise OpenAIError(404, f"session {session_id!r} does not exist", param="session_id",
-                          code="session_not_found")
+        raise OpenAIError(
+            404,
+            f"session {session_id!r} does not exist",
+            param="session_id",
+            code="session_not_found",
+        )
     return session

@@ -65,16 +65,22 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         gw = self.config.gateway
-        self.model_policies = {alias: p.name for p in self.config.policies
-                               for alias in p.model_names}
-        self.continuity = Continuity(self.tokenizer, enabled=gw.continuity.enabled,
-                                     max_bytes=gw.continuity.cache_mb * 2**20,
-                                     counter=self.metrics.continuity,
-                                     recent=self.store.recent_turns if gw.capture else None,
-                                     recalls=self.metrics.continuity_recalls)
-        self.large_prompts = LargePrompts(gw.limits.offload_prompt_chars,
-                                          gw.limits.offload_max_prompts,
-                                          gw.limits.offload_messages)
+        self.model_policies = {
+            alias: p.name for p in self.config.policies for alias in p.model_names
+        }
+        self.continuity = Continuity(
+            self.tokenizer,
+            enabled=gw.continuity.enabled,
+            max_bytes=gw.continuity.cache_mb * 2**20,
+            counter=self.metrics.continuity,
+            recent=self.store.recent_turns if gw.capture else None,
+            recalls=self.metrics.continuity_recalls,
+        )
+        self.large_prompts = LargePrompts(
+            gw.limits.offload_prompt_chars,
+            gw.limits.offload_max_prompts,
+            gw.limits.offload_messages,
+        )
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
         """End a session in the store and forget what this process cached about it

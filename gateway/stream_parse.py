@@ -50,7 +50,7 @@ def chunk_objects(batch: list[bytes], coalesce: bool) -> list[Chunk]:
     """The chunks of one read to hand on, parsed. With `coalesce`, a run of cumulative
     chunks shrinks to its last one; error events and `[DONE]` are never dropped."""
     done = b"[DONE]" in batch
-    data = batch[:batch.index(b"[DONE]")] if done else batch
+    data = batch[: batch.index(b"[DONE]")] if done else batch
     tail: list[Chunk] = [None] if done else []
     if not coalesce or len(data) < 2 or any(b'"error":' in d for d in data[:-1]):
         return [parse_chunk(d) for d in data] + tail
@@ -98,10 +98,14 @@ class SuffixParser:
     def chunks(self, batch: list[bytes], coalesce: bool) -> list[Chunk]:
         """As `chunk_objects`, with cumulative chunks cut to their new tokens."""
         done = b"[DONE]" in batch
-        data = batch[:batch.index(b"[DONE]")] if done else batch
+        data = batch[: batch.index(b"[DONE]")] if done else batch
         tail: list[Chunk] = [None] if done else []
-        if (not coalesce or len(data) < 2 or self._incremental
-                or any(b'"error":' in d for d in data[:-1])):
+        if (
+            not coalesce
+            or len(data) < 2
+            or self._incremental
+            or any(b'"error":' in d for d in data[:-1])
+        ):
             return [self.parse(d) for d in data] + tail
         last = self.parse(data[-1])
         if not self._covers:  # an error, or incremental: the others count on their own
@@ -140,7 +144,7 @@ class SuffixParser:
             return None  # nested arrays: not cut (only when the client asked for them)
         a = data.find(_IDS_KEY) + len(_IDS_KEY)
         b = a + len(self._ids)
-        sep = data[b:b + 1]
+        sep = data[b : b + 1]
         if a < len(_IDS_KEY) or sep not in (b",", b"]") or data[a:b] != self._ids:
             return None
         ids_end = data.find(b"]", b)
@@ -153,20 +157,21 @@ class SuffixParser:
         if lps is None:
             if _LPS_KEY in data:
                 return None
-            return head + data[b + 1 if sep == b"," else b:], data[a:ids_end], None
+            return head + data[b + 1 if sep == b"," else b :], data[a:ids_end], None
         c = data.find(_LPS_KEY, ids_end) + len(_LPS_KEY)
         d = c + len(lps)
-        lsep = data[d:d + 1]
+        lsep = data[d : d + 1]
         if c < len(_LPS_KEY) or lsep not in (b",", b"]") or data[c:d] != lps:
             return None
         close = data.find(b"]]", d) if lsep == b"," else d - 1
         if close < 0:
             return None
-        new_lps = data[c:close + 1]
+        new_lps = data[c : close + 1]
         if lsep == b"," and b'"' in new_lps:
             return None  # token text in the logprobs: "]]" may sit inside a string
-        cut = b"".join((head, data[b + 1 if sep == b"," else b:c],
-                        data[d + 1 if lsep == b"," else d:]))
+        cut = b"".join(
+            (head, data[b + 1 if sep == b"," else b : c], data[d + 1 if lsep == b"," else d :])
+        )
         return cut, data[a:ids_end], new_lps
 
     def _remember(self, data: bytes, count: int) -> None:
@@ -176,17 +181,17 @@ class SuffixParser:
         if end < 0:
             self._count = 0
             return
-        self._ids = data[i + len(_IDS_KEY):end]
+        self._ids = data[i + len(_IDS_KEY) : end]
         self._count = count
         j = data.find(_LPS_KEY, end)
         self._lps = None
         if j >= 0:
             c = j + len(_LPS_KEY)
             close = data.find(b"]]", c)
-            if data[c:c + 1] == b"]":
+            if data[c : c + 1] == b"]":
                 self._lps = b""
-            elif close >= 0 and b'"' not in data[c:close + 1]:
-                self._lps = data[c:close + 1]
+            elif close >= 0 and b'"' not in data[c : close + 1]:
+                self._lps = data[c : close + 1]
 
 
 class WholeChunks:

@@ -20,8 +20,10 @@ from gateway.errors import OpenAIError, bad_request
 
 def nul_refused(where: str) -> OpenAIError:
     """400 for a NUL character in `where`."""
-    return bad_request(f"{where} contains a NUL character (\\u0000), which this gateway "
-                       "does not accept", code="invalid_characters")
+    return bad_request(
+        f"{where} contains a NUL character (\\u0000), which this gateway does not accept",
+        code="invalid_characters",
+    )
 
 
 def has_nul(value: Any) -> bool:

@@ -66,8 +66,14 @@ class AuthThrottle:
     process's own, and the other processes' sharing the store (`apply_peers`). Times are
     `time.monotonic()` seconds; the exchange with the store converts to wall clock."""
 
-    def __init__(self, *, free_failures: int = 5, backoff_s: float = 1.0,
-                 max_backoff_s: float = 300.0, max_addresses: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        free_failures: int = 5,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 300.0,
+        max_addresses: int = 100_000,
+    ) -> None:
         self.free_failures = free_failures
         self.backoff_s = backoff_s
         self.max_backoff_s = max(max_backoff_s, backoff_s)
@@ -84,8 +90,10 @@ class AuthThrottle:
         peer = self._peers.get(address)
         if record is None and peer is None:
             return 0.0
-        until = max(record.locked_until if record is not None else 0.0,
-                    peer.locked_until if peer is not None else 0.0)
+        until = max(
+            record.locked_until if record is not None else 0.0,
+            peer.locked_until if peer is not None else 0.0,
+        )
         return max(0.0, until - (time.monotonic() if now is None else now))
 
     def failed(self, address: str, now: float | None = None) -> float:
@@ -111,9 +119,15 @@ class AuthThrottle:
         (`offset`: `time.time() - time.monotonic()`); `unpublished` puts them back if
         they could not be published."""
         offset = time.time() - time.monotonic() if offset is None else offset
-        out = {address: AuthFailures(r.failures, r.last_failure + offset,
-                                     r.locked_until + offset if r.locked_until else 0.0)
-               for address in self._changed if (r := self._records.get(address)) is not None}
+        out = {
+            address: AuthFailures(
+                r.failures,
+                r.last_failure + offset,
+                r.locked_until + offset if r.locked_until else 0.0,
+            )
+            for address in self._changed
+            if (r := self._records.get(address)) is not None
+        }
         self._changed.clear()
         return out
 
@@ -121,8 +135,7 @@ class AuthThrottle:
         """Publish these addresses' counts with the next exchange (this one failed)."""
         self._changed.update(addresses)
 
-    def apply_peers(self, peers: Mapping[str, AuthFailures], offset: float | None = None
-                    ) -> None:
+    def apply_peers(self, peers: Mapping[str, AuthFailures], offset: float | None = None) -> None:
         """Take the other processes' counts (wall clock; replacing the last ones). An
         address whose failures summed with this process's pass the free ones is locked
         out from its latest failure, as if every failure had been counted here."""
@@ -130,9 +143,11 @@ class AuthThrottle:
         now = time.monotonic()
         merged: dict[str, _Record] = {}
         for address, theirs in peers.items():
-            peer = _Record(theirs.failures,
-                           theirs.locked_until - offset if theirs.locked_until else 0.0,
-                           theirs.last_failure - offset)
+            peer = _Record(
+                theirs.failures,
+                theirs.locked_until - offset if theirs.locked_until else 0.0,
+                theirs.last_failure - offset,
+            )
             own = self._live(self._records.get(address), now)
             lock = self._lock(peer.failures + (own.failures if own is not None else 0))
             if lock:
@@ -150,29 +165,32 @@ class AuthThrottle:
 
     def _live(self, record: _Record | None, now: float) -> _Record | None:
         """`record`, or None once it was quiet long enough to start over."""
-        if record is not None and now - max(record.last_failure, record.locked_until) \
-                > self.max_backoff_s:
+        if (
+            record is not None
+            and now - max(record.last_failure, record.locked_until) > self.max_backoff_s
+        ):
             return None
         return record
 
     def _prune(self, now: float) -> None:
         """Forget quiet addresses; if none are, the oldest half (bounded memory)."""
-        self._records = {a: r for a, r in self._records.items()
-                         if self._live(r, now) is not None}
+        self._records = {a: r for a, r in self._records.items() if self._live(r, now) is not None}
         if len(self._records) >= self.max_addresses:
             by_age = sorted(self._records.items(), key=lambda item: item[1].last_failure)
-            self._records = dict(by_age[len(by_age) // 2:])
+            self._records = dict(by_age[len(by_age) // 2 :])
 
 
 class FailuresExchange(Protocol):
     """The store's side of `sync_auth_failures` (`store.coordination`)."""
 
-    def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
-                               quiet_s: float, limit: int) -> dict[str, AuthFailures]: ...
+    def exchange_auth_failures(
+        self, holder: str, mine: Mapping[str, AuthFailures], quiet_s: float, limit: int
+    ) -> dict[str, AuthFailures]: ...
 
 
-async def sync_auth_failures(throttle: AuthThrottle, store: FailuresExchange, holder: str,
-                             interval_s: float) -> None:
+async def sync_auth_failures(
+    throttle: AuthThrottle, store: FailuresExchange, holder: str, interval_s: float
+) -> None:
     """Every `interval_s`, forever: publish this process's changed counts and take the
     other processes' (a read only, while nothing failed here). A failed exchange is
     logged; its counts go out with the next one, the last known peers' stay in force."""
@@ -180,8 +198,13 @@ async def sync_auth_failures(throttle: AuthThrottle, store: FailuresExchange, ho
         await asyncio.sleep(interval_s)
         mine = throttle.outgoing()
         try:
-            peers = await asyncio.to_thread(store.exchange_auth_failures, holder, mine,
-                                            throttle.max_backoff_s, throttle.max_addresses)
+            peers = await asyncio.to_thread(
+                store.exchange_auth_failures,
+                holder,
+                mine,
+                throttle.max_backoff_s,
+                throttle.max_addresses,
+            )
         except Exception:  # the database may be briefly unavailable
             throttle.unpublished(mine)
             log.warning("sharing auth-failure counts failed", exc_info=True)
@@ -227,8 +250,11 @@ def too_many_failures(retry_after_s: float) -> OpenAIError:
     """The 429 a locked-out address gets (the key limits' 429; sent from below FastAPI
     with `OpenAIError.response`)."""
     seconds = max(1, math.ceil(retry_after_s))
-    return rate_limited("too many failed sign-ins or unknown API keys from this address; "
-                        f"retry in {seconds} s", retry_after_s, "too_many_auth_failures")
+    return rate_limited(
+        f"too many failed sign-ins or unknown API keys from this address; retry in {seconds} s",
+        retry_after_s,
+        "too_many_auth_failures",
+    )
 
 
 class AuthThrottleMiddleware:
@@ -239,10 +265,14 @@ class AuthThrottleMiddleware:
     paths (the hot routes) the app counts its own 401s (`note_auth_failure`) and gets
     the server's `send` unwrapped: a wrapper there costs every streamed chunk a call."""
 
-    def __init__(self, app: ASGIApp, *,
-                 throttle_of: Callable[[Scope], AuthThrottle | None],
-                 known_good_of: Callable[[Scope], KnownGood | None],
-                 self_reporting: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        throttle_of: Callable[[Scope], AuthThrottle | None],
+        known_good_of: Callable[[Scope], KnownGood | None],
+        self_reporting: Collection[str] = (),
+    ) -> None:
         self.app = app
         self._throttle_of = throttle_of
         self._known_good_of = known_good_of

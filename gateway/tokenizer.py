@@ -39,8 +39,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                        "cls_token", "mask_token")
+NAMED_SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 """transformers' `SPECIAL_TOKENS_ATTRIBUTES`: each set one is a chat-template variable."""
 
 PROBE_TOOL_NAME = "areal_probe_tool_4f1c"
@@ -53,8 +60,11 @@ class ChatTemplateError(InvalidRequestError):
     never a 500. The template's exception is the `__cause__`."""
 
     def __init__(self, cause: Exception) -> None:
-        super().__init__("the model's chat template cannot render this conversation: "
-                         f"{type(cause).__name__}: {cause}", code="chat_template_error")
+        super().__init__(
+            "the model's chat template cannot render this conversation: "
+            f"{type(cause).__name__}: {cause}",
+            code="chat_template_error",
+        )
 
 
 class TokenizerCore(Protocol):
@@ -81,15 +91,21 @@ class TokenizerCore(Protocol):
         """The vocabulary string of one id (None when out of range)."""
         ...
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The chat template's text for `messages` plus (by default) the generation
         prompt."""
         ...
 
 
-def _is_transformers(core: TokenizerCore | PreTrainedTokenizerBase
-                     ) -> TypeIs[PreTrainedTokenizerBase]:
+def _is_transformers(
+    core: TokenizerCore | PreTrainedTokenizerBase,
+) -> TypeIs[PreTrainedTokenizerBase]:
     """A transformers tokenizer (a `TokenizerCore` has no `apply_chat_template`)."""
     return hasattr(core, "apply_chat_template")
 
@@ -105,12 +121,15 @@ class ChatTokenizer:
     at construction checks that and falls back to whole-prompt encoding if not.
     """
 
-    def __init__(self, core: TokenizerCore | PreTrainedTokenizerBase, *,
-                 cache_bytes: int = 64 * 2**20, output_parser: OutputParser | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        core: TokenizerCore | PreTrainedTokenizerBase,
+        *,
+        cache_bytes: int = 64 * 2**20,
+        output_parser: OutputParser | None = None,
+    ) -> None:
         # A transformers tokenizer is wrapped: tests compare the two loaders through it.
-        self.core: TokenizerCore = (TransformersTokenizer(core)
-                                    if _is_transformers(core) else core)
+        self.core: TokenizerCore = TransformersTokenizer(core) if _is_transformers(core) else core
         # Segment text -> its ids as 4-byte unsigned ints (a tuple of Python ints costs
         # ~10x that: 8 bytes a slot plus a 32-byte object per id above 256). Bounded by
         # the bytes held, text and ids (`_entry_bytes`); a segment over an eighth of the
@@ -125,8 +144,9 @@ class ChatTokenizer:
         self._skip_special = True
         """Replies are decoded without special tokens, unless the model's parser reads
         markers that are special tokens (`ToolFormat.special_markers`)."""
-        self._split_at = ("<|im_start|>" if "<|im_start|>" in self.core.added_tokens.values()
-                          else None)
+        self._split_at = (
+            "<|im_start|>" if "<|im_start|>" in self.core.added_tokens.values() else None
+        )
         if self._split_at and not self._segments_encode_alone():
             self._split_at = None
         self.output_parser: OutputParser = default_parser()
@@ -135,12 +155,13 @@ class ChatTokenizer:
         """The one token that ends reasoning (None: none, or more than one token)."""
         self.use_parser(output_parser or self.output_parser)
         self.chars_per_token: int | None = (
-            max_chars_per_token(self.core.backend) if isinstance(self.core, RustTokenizer)
-            else None)
+            max_chars_per_token(self.core.backend) if isinstance(self.core, RustTokenizer) else None
+        )
         """At most this many characters of input per token (None: no such bound for this
         tokenizer): a prompt's length in tokens is at least its characters over this."""
         self.rendered_roles: tuple[str, ...] = (
-            self._rendered_roles() if self.chars_per_token else ())
+            self._rendered_roles() if self.chars_per_token else ()
+        )
         """Roles whose message text this chat template is seen to render (trimmed at
         most): only their text counts toward `min_prompt_tokens`."""
         self.renders_tools: bool = self._renders_tools()
@@ -151,16 +172,24 @@ class ChatTokenizer:
         """Parse this model's replies with `parser` (chosen once, at load)."""
         self.output_parser = parser
         self._skip_special = not parser.tools.special_markers
-        self._fast_decode = (self.core.decode if self._skip_special
-                             else functools.partial(self.core.decode, skip_special=False))
+        self._fast_decode = (
+            self.core.decode
+            if self._skip_special
+            else functools.partial(self.core.decode, skip_special=False)
+        )
         close = parser.reasoning.close
         close_ids = self.core.encode(close) if close else []
         self.think_close_id = close_ids[0] if len(close_ids) == 1 else None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None,
-                        tool_parser: str | None = None, reasoning_parser: str | None = None
-                        ) -> ChatTokenizer:
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        chat_template: str | None = None,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> ChatTokenizer:
         """Load a checkpoint directory as `AutoTokenizer.from_pretrained(path)` would,
         without transformers where `load_tokenizer_core` can. `chat_template`: the
         `engine.chat_template` setting (a Jinja file or `builtin:<name>`) in place of the
@@ -170,24 +199,40 @@ class ChatTokenizer:
         tool definitions, and one when it renders tool calls in a format not parsed."""
         path = Path(path)
         tokenizer = cls(load_tokenizer_core(path, chat_template=chat_template))
-        template = (template_setting_text(chat_template) if chat_template is not None
-                    else load_chat_template(path, _read_json(path / "tokenizer_config.json")))
+        template = (
+            template_setting_text(chat_template)
+            if chat_template is not None
+            else load_chat_template(path, _read_json(path / "tokenizer_config.json"))
+        )
         selection = select_parser(
-            template, _read_json(path / "config.json"), renders_tools=tokenizer.renders_tools,
+            template,
+            _read_json(path / "config.json"),
+            renders_tools=tokenizer.renders_tools,
             generation_prompt=tokenizer._generation_prompt(),
-            tool_parser=tool_parser, reasoning_parser=reasoning_parser,
-            source=(f"the chat template {chat_template}" if chat_template is not None
-                    else f"the chat template of {path}"))
+            tool_parser=tool_parser,
+            reasoning_parser=reasoning_parser,
+            source=(
+                f"the chat template {chat_template}"
+                if chat_template is not None
+                else f"the chat template of {path}"
+            ),
+        )
         tokenizer.use_parser(selection.parser)
-        log.info("tool calls and reasoning of %s parsed as %s (%s)", path,
-                 selection.parser.name, selection.reason)
+        log.info(
+            "tool calls and reasoning of %s parsed as %s (%s)",
+            path,
+            selection.parser.name,
+            selection.reason,
+        )
         if not tokenizer.renders_tools:
             log.warning(
                 "the chat template of %s (%s) does not render tool definitions: `tools` sent "
                 "to the gateway will not reach the model. Set engine.chat_template to a "
                 "template that renders them, e.g. builtin:chatml-tools (ChatML with "
-                "<tool_call> JSON calls) or a Jinja file", path,
-                chat_template or "the checkpoint's own")
+                "<tool_call> JSON calls) or a Jinja file",
+                path,
+                chat_template or "the checkpoint's own",
+            )
         return tokenizer
 
     @property
@@ -197,16 +242,22 @@ class ChatTokenizer:
             return self.core.hf
         raise AttributeError("this ChatTokenizer was loaded without transformers (no .hf)")
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-               add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The chat template's text for `messages` (normalized) plus (by default) the
         generation prompt (token continuity renders a prefix without it). Any failure of
         the template raises `ChatTemplateError` (a 400 on every wire API)."""
         if self.output_parser.tools.arguments_as_mapping:
             messages = self._mapping_arguments(messages)
         try:
-            return self.core.render(messages, tools or None,
-                                    add_generation_prompt=add_generation_prompt)
+            return self.core.render(
+                messages, tools or None, add_generation_prompt=add_generation_prompt
+            )
         except Exception as exc:  # noqa: BLE001 - whatever the template raised: the request's
             raise ChatTemplateError(exc) from exc
 
@@ -225,11 +276,21 @@ class ChatTokenizer:
         for m in messages:
             calls = m.get("tool_calls")
             if calls:
-                m = {**m, "tool_calls": [
-                    {**c, "function": {**c["function"],
-                                       "arguments": to_template(c["function"]["arguments"])}}
-                    if isinstance(c.get("function", {}).get("arguments"), str) else c
-                    for c in calls]}
+                m = {
+                    **m,
+                    "tool_calls": [
+                        {
+                            **c,
+                            "function": {
+                                **c["function"],
+                                "arguments": to_template(c["function"]["arguments"]),
+                            },
+                        }
+                        if isinstance(c.get("function", {}).get("arguments"), str)
+                        else c
+                        for c in calls
+                    ],
+                }
             out.append(m)
         return out
 
@@ -241,8 +302,9 @@ class ChatTokenizer:
         segments = [marker + s if i else s for i, s in enumerate(text.split(marker))]
         segments = [s for s in segments if s]
         with self._lock:
-            found: dict[str, Sequence[int]] = {s: self._cache[s] for s in segments
-                                               if s in self._cache}
+            found: dict[str, Sequence[int]] = {
+                s: self._cache[s] for s in segments if s in self._cache
+            }
             for s in found:
                 self._cache.move_to_end(s)
         missing = list(dict.fromkeys(s for s in segments if s not in found))
@@ -281,8 +343,11 @@ class ChatTokenizer:
             added = self.core.added_tokens.get(token_id)
             if added is not None:
                 raw = added.encode()
-            elif (self._byte_decoder is not None and piece is not None
-                  and all(c in self._byte_decoder for c in piece)):
+            elif (
+                self._byte_decoder is not None
+                and piece is not None
+                and all(c in self._byte_decoder for c in piece)
+            ):
                 raw = bytes(self._byte_decoder[c] for c in piece)
             else:
                 raw = self.core.decode([token_id]).encode()
@@ -323,22 +388,30 @@ class ChatTokenizer:
         verbatim: one render of a short conversation with marked texts per role (a
         template that drops or rewrites one, or cannot render it, leaves that role
         out)."""
-        call = {"id": "call_0", "type": "function",
-                "function": {"name": "probe", "arguments": {}}}
-        marks = {role: f"\u27e6{role}-text\u27e7"
-                 for role in ("system", "user", "assistant", "tool")}
+        call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": {}}}
+        marks = {
+            role: f"\u27e6{role}-text\u27e7" for role in ("system", "user", "assistant", "tool")
+        }
         conversations: dict[str, list[dict[str, Any]]] = {
-            "system": [{"role": "system", "content": f" {marks['system']} "},
-                       {"role": "user", "content": "hi"}],
-            "user": [{"role": "user", "content": f" {marks['user']} "},
-                     {"role": "assistant", "content": "ok"},
-                     {"role": "user", "content": f" {marks['user']} "}],
-            "assistant": [{"role": "user", "content": "hi"},
-                          {"role": "assistant", "content": f" {marks['assistant']} "},
-                          {"role": "user", "content": "go on"}],
-            "tool": [{"role": "user", "content": "go"},
-                     {"role": "assistant", "content": "", "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": "call_0", "content": marks["tool"]}],
+            "system": [
+                {"role": "system", "content": f" {marks['system']} "},
+                {"role": "user", "content": "hi"},
+            ],
+            "user": [
+                {"role": "user", "content": f" {marks['user']} "},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": f" {marks['user']} "},
+            ],
+            "assistant": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": f" {marks['assistant']} "},
+                {"role": "user", "content": "go on"},
+            ],
+            "tool": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": marks["tool"]},
+            ],
         }
         roles = []
         for role, messages in conversations.items():
@@ -352,9 +425,14 @@ class ChatTokenizer:
 
     def _renders_tools(self) -> bool:
         """One render of a one-message chat with a probe tool: does its name appear?"""
-        tool = {"type": "function", "function": {
-            "name": PROBE_TOOL_NAME, "description": "Probe.",
-            "parameters": {"type": "object", "properties": {}}}}
+        tool = {
+            "type": "function",
+            "function": {
+                "name": PROBE_TOOL_NAME,
+                "description": "Probe.",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
         try:
             text = self.render([{"role": "user", "content": "hi"}], [tool])
         except ChatTemplateError:
@@ -363,8 +441,9 @@ class ChatTokenizer:
 
     def _remember(self, new: Mapping[str, Sequence[int]]) -> None:
         largest = self._cache_limit // 8
-        kept = {s: array("I", ids) for s, ids in new.items()
-                if _entry_bytes(s, len(ids)) <= largest}
+        kept = {
+            s: array("I", ids) for s, ids in new.items() if _entry_bytes(s, len(ids)) <= largest
+        }
         with self._lock:
             for s, ids in kept.items():
                 if s not in self._cache:
@@ -375,8 +454,10 @@ class ChatTokenizer:
                 self._cache_bytes -= _entry_bytes(old, len(ids))
 
     def _segments_encode_alone(self) -> bool:
-        probe = ("<|im_start|>system\nBe brief. <|im_end|>\n<|im_start|>user\n"
-                 "  Hi there\n\n<|im_end|>\n\n<|im_start|>assistant\n")
+        probe = (
+            "<|im_start|>system\nBe brief. <|im_end|>\n<|im_start|>user\n"
+            "  Hi there\n\n<|im_end|>\n\n<|im_start|>assistant\n"
+        )
         parts = ["<|im_start|>" + p for p in probe.split("<|im_start|>") if p]
         whole = self.core.encode(probe)
         return whole == [i for p in parts for i in self.core.encode(p)]
@@ -423,18 +504,21 @@ class _WindowTextStream:
 
     def push(self, ids: Sequence[int]) -> str:
         self._ids.extend(ids)
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        new_text = self._tok.decode(self._ids[self._prefix:])
+        prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
+        new_text = self._tok.decode(self._ids[self._prefix :])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(self._ids)
-            return new_text[len(prefix_text):]
+            return new_text[len(prefix_text) :]
         return ""
 
 
 def _byte_level_decoder() -> dict[str, int]:
     """Inverse of GPT-2's byte -> printable-unicode map (byte-level BPE pieces -> bytes)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars = list(printable)
     extra = 0
     for b in range(256):
@@ -448,8 +532,7 @@ def _byte_level_decoder() -> dict[str, int]:
 # ---------------------------------------------------------------- loading
 
 
-def load_tokenizer_core(path: str | Path, *, chat_template: str | None = None
-                        ) -> TokenizerCore:
+def load_tokenizer_core(path: str | Path, *, chat_template: str | None = None) -> TokenizerCore:
     """The tokenizer of checkpoint directory `path`, encoding, decoding and rendering as
     transformers' `AutoTokenizer.from_pretrained(path)` does: the Rust loader when the
     class transformers would pick is the generic fast tokenizer or a class whose rebuild
@@ -464,8 +547,9 @@ def load_tokenizer_core(path: str | Path, *, chat_template: str | None = None
     config = _read_json(path / "tokenizer_config.json")
     class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
     backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    return RustTokenizer.build(backend, path, config, _CLASS_PIPELINES.get(class_name or ""),
-                               chat_template=template)
+    return RustTokenizer.build(
+        backend, path, config, _CLASS_PIPELINES.get(class_name or ""), chat_template=template
+    )
 
 
 def transformers_reason(path: Path) -> str | None:
@@ -495,31 +579,75 @@ def _tokenizer_json_is_bpe(path: Path) -> bool:
     return bool(model.get("type", "BPE" if "merges" in model else None) == "BPE")
 
 
-_GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend",
-                    "BloomTokenizer"}
+_GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend", "BloomTokenizer"}
 """Names (less "Fast") transformers resolves to `TokenizersBackend`: tokenizer.json as saved."""
 _HUB_CLASS_OVERRIDES = {
-    "qwen2": "Qwen2Tokenizer", "qwen3_5": "Qwen3_5Tokenizer", "qwen3_5_moe": "Qwen3_5Tokenizer",
-    "qwen3_5_moe_text": "Qwen3_5Tokenizer", "qwen4_exp": "Qwen3_5Tokenizer",
-    "hyperclovax_vision_v2": "GPT2Tokenizer", "siglip2": "Siglip2Tokenizer",
-    **dict.fromkeys((
-        "arctic", "camembertv2-base", "chatlm", "cohere_asr", "ernie4_5", "ernie4_5_moe", "fuyu",
-        "h2ovl_chat", "hyperclovax", "hyperclovax_vlm", "internlm2", "internlm3",
-        "iquestcoder", "jamba", "llava", "llava_next", "minicpm3", "minicpmv", "minimax_m2",
-        "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemotron", "nvfp4", "opencua",
-        "openvla", "paddleocr_vl", "phi3", "phi3_v", "phimoe", "smolvlm", "step3_vl",
-        "vipllava"), "TokenizersBackend"),
+    "qwen2": "Qwen2Tokenizer",
+    "qwen3_5": "Qwen3_5Tokenizer",
+    "qwen3_5_moe": "Qwen3_5Tokenizer",
+    "qwen3_5_moe_text": "Qwen3_5Tokenizer",
+    "qwen4_exp": "Qwen3_5Tokenizer",
+    "hyperclovax_vision_v2": "GPT2Tokenizer",
+    "siglip2": "Siglip2Tokenizer",
+    **dict.fromkeys(
+        (
+            "arctic",
+            "camembertv2-base",
+            "chatlm",
+            "cohere_asr",
+            "ernie4_5",
+            "ernie4_5_moe",
+            "fuyu",
+            "h2ovl_chat",
+            "hyperclovax",
+            "hyperclovax_vlm",
+            "internlm2",
+            "internlm3",
+            "iquestcoder",
+            "jamba",
+            "llava",
+            "llava_next",
+            "minicpm3",
+            "minicpmv",
+            "minimax_m2",
+            "modernbert",
+            "modernbert-decoder",
+            "molmo",
+            "molmo2",
+            "nemotron",
+            "nvfp4",
+            "opencua",
+            "openvla",
+            "paddleocr_vl",
+            "phi3",
+            "phi3_v",
+            "phimoe",
+            "smolvlm",
+            "step3_vl",
+            "vipllava",
+        ),
+        "TokenizersBackend",
+    ),
 }
 """transformers 5's `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` with each model type's
 registered class, which wins over the checkpoint's `tokenizer_class` (a test pins this
 table to the installed transformers)."""
-_MISTRAL_TYPES = {"mistral", "mistral3", "mistral_large4", "mixtral", "ministral",
-                  "ministral3", "pixtral", "voxtral"}
+_MISTRAL_TYPES = {
+    "mistral",
+    "mistral3",
+    "mistral_large4",
+    "mixtral",
+    "ministral",
+    "ministral3",
+    "pixtral",
+    "voxtral",
+}
 """Model types whose class depends on whether `mistral_common` is installed."""
 
 
-def auto_tokenizer_class(path: Path, config: Mapping[str, Any],
-                         model_config: Mapping[str, Any]) -> str | None:
+def auto_tokenizer_class(
+    path: Path, config: Mapping[str, Any], model_config: Mapping[str, Any]
+) -> str | None:
     """The class (name less "Fast") `AutoTokenizer.from_pretrained(path)` instantiates,
     by transformers 5's rules as far as they separate "tokenizer.json as saved" from a
     model-specific class; None where only transformers' own tables can tell."""
@@ -533,7 +661,8 @@ def auto_tokenizer_class(path: Path, config: Mapping[str, Any],
         return _HUB_CLASS_OVERRIDES[model_type]
     hub = hub.removesuffix("Fast")
     if hub == "LlamaTokenizer" and '"ByteLevel"' in (path / "tokenizer.json").read_text(
-            encoding="utf-8"):  # Llama-3-style byte-level BPE under a Llama class name
+        encoding="utf-8"
+    ):  # Llama-3-style byte-level BPE under a Llama class name
         return "TokenizersBackend"
     return hub
 
@@ -546,9 +675,14 @@ class _ClassPipeline:
 
     split_regex: str
     readds_special_tokens: bool
-    defaults: Mapping[str, str | None] = field(default_factory=lambda: {
-        "unk_token": "<|endoftext|>", "bos_token": None, "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>"})
+    defaults: Mapping[str, str | None] = field(
+        default_factory=lambda: {
+            "unk_token": "<|endoftext|>",
+            "bos_token": None,
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+        }
+    )
 
     def apply(self, backend: Tokenizer, *, add_prefix_space: bool) -> None:
         model = backend.model
@@ -557,18 +691,23 @@ class _ClassPipeline:
         model.byte_fallback, model.ignore_merges = False, False
         backend.decoder = decoders.ByteLevel()
         backend.normalizer = normalizers.NFC()
-        backend.pre_tokenizer = pre.Sequence([
-            pre.Split(Regex(self.split_regex), behavior="isolated", invert=False),
-            pre.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False)])
+        backend.pre_tokenizer = pre.Sequence(
+            [
+                pre.Split(Regex(self.split_regex), behavior="isolated", invert=False),
+                pre.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False),
+            ]
+        )
 
 
 _CLASS_PIPELINES = {
     "Qwen2Tokenizer": _ClassPipeline(
         r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-        readds_special_tokens=True),
+        readds_special_tokens=True,
+    ),
     "Qwen3_5Tokenizer": _ClassPipeline(
         r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-        readds_special_tokens=False),
+        readds_special_tokens=False,
+    ),
 }
 """transformers' `Qwen2Tokenizer` / `Qwen3_5Tokenizer` (`PRETOKENIZE_REGEX`, defaults)."""
 
@@ -577,13 +716,15 @@ class RustTokenizer:
     """A `tokenizers.Tokenizer` set up as transformers sets up its backend, plus the chat
     template: encode/decode are the Rust calls transformers' own methods make."""
 
-    def __init__(self, backend: Tokenizer, template: ChatTemplate, *,
-                 clean_up_spaces: bool = False) -> None:
+    def __init__(
+        self, backend: Tokenizer, template: ChatTemplate, *, clean_up_spaces: bool = False
+    ) -> None:
         self._backend = backend
         self._template = template
         self._clean_up = clean_up_spaces
         self.added_tokens: Mapping[int, str] = {
-            i: t.content for i, t in backend.get_added_tokens_decoder().items()}
+            i: t.content for i, t in backend.get_added_tokens_decoder().items()
+        }
         self.byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         self.stream_backend: Tokenizer | None = None if clean_up_spaces else backend
         """For `DecodeStream` (None when decode post-processes the text in Python)."""
@@ -594,14 +735,21 @@ class RustTokenizer:
         return self._backend
 
     @classmethod
-    def build(cls, backend: Tokenizer, path: Path, config: Mapping[str, Any],
-              pipeline: _ClassPipeline | None, *, chat_template: str | None = None
-              ) -> RustTokenizer:
+    def build(
+        cls,
+        backend: Tokenizer,
+        path: Path,
+        config: Mapping[str, Any],
+        pipeline: _ClassPipeline | None,
+        *,
+        chat_template: str | None = None,
+    ) -> RustTokenizer:
         """Set up `backend` (loaded from `path/tokenizer.json`) as `TokenizersBackend`, or
         the class `pipeline` stands for, does from the same files. `chat_template`: a
         template text in place of the checkpoint's."""
-        named, extra, added = _special_tokens(config, path, backend,
-                                              pipeline.defaults if pipeline else {})
+        named, extra, added = _special_tokens(
+            config, path, backend, pipeline.defaults if pipeline else {}
+        )
         if pipeline is not None:
             pipeline.apply(backend, add_prefix_space=bool(config.get("add_prefix_space")))
         backend.no_truncation()  # transformers' encode() runs without truncation/padding
@@ -613,11 +761,17 @@ class RustTokenizer:
             backend.add_tokens([AddedToken(t, special=True) for t in every])
         template = ChatTemplate(
             load_chat_template(path, config) if chat_template is None else chat_template,
-            {k: str(v) for k, v in named.items()})
+            {k: str(v) for k, v in named.items()},
+        )
         # transformers skips the WordPiece-era clean-up for BPE unless forced.
         clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
-            not isinstance(backend.model, models.BPE) or bool(config.get(
-                "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+            not isinstance(backend.model, models.BPE)
+            or bool(
+                config.get(
+                    "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+                )
+            )
+        )
         return cls(backend, template, clean_up_spaces=clean_up)
 
     # `encode_batch_fast` skips offset tracking: the same ids ~30% sooner than `encode`.
@@ -627,8 +781,7 @@ class RustTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """`encode` of each text in one parallel call."""
-        return [e.ids for e in self._backend.encode_batch_fast(texts,
-                                                                add_special_tokens=False)]
+        return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         """Text of ids, special tokens skipped (unless not `skip_special`)."""
@@ -639,11 +792,15 @@ class RustTokenizer:
         """The vocabulary string of one id."""
         return self._backend.id_to_token(token_id)
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The chat template's text plus (by default) the generation prompt."""
-        return self._template.render(messages, tools,
-                                     add_generation_prompt=add_generation_prompt)
+        return self._template.render(messages, tools, add_generation_prompt=add_generation_prompt)
 
 
 NORMALIZER_SHRINK = {"NFC": 3, "NFKC": 3, "NFD": 1, "NFKD": 1}
@@ -696,8 +853,10 @@ def _pipeline_steps(pre_tokenizer: Any) -> list[str] | None:
     if pre_tokenizer is None:
         return None
     steps = _flatten(json.loads(pre_tokenizer.__getstate__()), "pretokenizers")
-    if any(step.get("type") not in _COVERING_PRE_TOKENIZERS
-           or step.get("behavior") == "Removed" for step in steps):
+    if any(
+        step.get("type") not in _COVERING_PRE_TOKENIZERS or step.get("behavior") == "Removed"
+        for step in steps
+    ):
         return None
     return [step["type"] for step in steps]
 
@@ -720,10 +879,9 @@ def _as_token(value: str | AddedToken | dict[str, Any]) -> str | AddedToken:
     return value
 
 
-def _special_tokens(config: Mapping[str, Any], path: Path, backend: Tokenizer,
-                    defaults: Mapping[str, str | None]
-                    ) -> tuple[dict[str, str | AddedToken], list[str | AddedToken],
-                               list[AddedToken]]:
+def _special_tokens(
+    config: Mapping[str, Any], path: Path, backend: Tokenizer, defaults: Mapping[str, str | None]
+) -> tuple[dict[str, str | AddedToken], list[str | AddedToken], list[AddedToken]]:
     """(named special tokens incl. model-specific `*_token` keys, extra special tokens, the
     added tokens to register in id order), resolved from the config files and the freshly
     loaded tokenizer.json (`backend`) as transformers' `from_pretrained` resolves them."""
@@ -731,8 +889,10 @@ def _special_tokens(config: Mapping[str, Any], path: Path, backend: Tokenizer,
     if "additional_special_tokens" in cfg and not cfg.get("extra_special_tokens"):
         cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
     if "added_tokens_decoder" in cfg:
-        added = {int(i): AddedToken(**{k: v for k, v in t.items() if k != "__type"})
-                 for i, t in cfg["added_tokens_decoder"].items()}
+        added = {
+            int(i): AddedToken(**{k: v for k, v in t.items() if k != "__type"})
+            for i, t in cfg["added_tokens_decoder"].items()
+        }
     else:  # legacy layout: special_tokens_map.json overrides; tokenizer.json's added tokens
         for key, value in _read_json(path / "special_tokens_map.json").items():
             if key == "extra_special_tokens" and isinstance(value, list):
@@ -743,8 +903,10 @@ def _special_tokens(config: Mapping[str, Any], path: Path, backend: Tokenizer,
                         merged.append(tok)
                 value = merged
             elif isinstance(value, dict):
-                value = AddedToken(**{k: v for k, v in value.items()
-                                      if k not in ("special", "__type")}, special=True)
+                value = AddedToken(
+                    **{k: v for k, v in value.items() if k not in ("special", "__type")},
+                    special=True,
+                )
             cfg[key] = value
         if "additional_special_tokens" in cfg and "extra_special_tokens" not in cfg:
             cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
@@ -760,9 +922,15 @@ def _special_tokens(config: Mapping[str, Any], path: Path, backend: Tokenizer,
             token = _as_token(cfg[key])
             named[key] = by_content.get(str(token), token)
     for key, value in cfg.items():  # model-specific named tokens (image_token, ...)
-        if key.endswith("_token") and key not in NAMED_SPECIAL_TOKENS and (
+        if (
+            key.endswith("_token")
+            and key not in NAMED_SPECIAL_TOKENS
+            and (
                 isinstance(value, str | AddedToken)
-                or isinstance(value, dict) and value.get("__type") == "AddedToken"):
+                or isinstance(value, dict)
+                and value.get("__type") == "AddedToken"
+            )
+        ):
             named[key] = _as_token(value)
     extra = cfg.get("extra_special_tokens") or []
     if isinstance(extra, dict):
@@ -771,15 +939,19 @@ def _special_tokens(config: Mapping[str, Any], path: Path, backend: Tokenizer,
     return named, [_as_token(t) for t in extra], [added[i] for i in sorted(added)]
 
 
-def _register_tokens(backend: Tokenizer, named: Mapping[str, str | AddedToken],
-                     extra: Sequence[str | AddedToken], added: Sequence[AddedToken], *,
-                     rebuilt: bool) -> None:
+def _register_tokens(
+    backend: Tokenizer,
+    named: Mapping[str, str | AddedToken],
+    extra: Sequence[str | AddedToken],
+    added: Sequence[AddedToken],
+    *,
+    rebuilt: bool,
+) -> None:
     """Add the config's added tokens, then each named/extra special token not yet there,
     in `TokenizersBackend.__init__`'s order and with its flags (re-adding a token updates
     its flags). A `rebuilt` class starts from a backend without added tokens."""
     to_add: list[str | AddedToken] = list(added)
-    encoder = set() if rebuilt else {
-        t.content for t in backend.get_added_tokens_decoder().values()}
+    encoder = set() if rebuilt else {t.content for t in backend.get_added_tokens_decoder().values()}
     encoder.update(str(t) for t in to_add)
     for token in [*named.values(), *extra]:
         if str(token) not in encoder and token not in to_add:
@@ -798,9 +970,18 @@ def _register_tokens(backend: Tokenizer, named: Mapping[str, str | AddedToken],
 
 def _clean_up_tokenization(text: str) -> str:
     """transformers' `clean_up_tokenization` (WordPiece-era spaces before punctuation)."""
-    return (text.replace(" .", ".").replace(" ?", "?").replace(" !", "!").replace(" ,", ",")
-            .replace(" ' ", "'").replace(" n't", "n't").replace(" 'm", "'m")
-            .replace(" 's", "'s").replace(" 've", "'ve").replace(" 're", "'re"))
+    return (
+        text.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+    )
 
 
 # ---------------------------------------------------------------- the transformers fallback
@@ -813,19 +994,23 @@ class TransformersTokenizer:
     def __init__(self, hf: PreTrainedTokenizerBase) -> None:
         self.hf = hf
         self.added_tokens: Mapping[int, str] = {
-            i: t.content for i, t in hf.added_tokens_decoder.items()}
+            i: t.content for i, t in hf.added_tokens_decoder.items()
+        }
         backend = getattr(hf, "backend_tokenizer", None)
         self.byte_level = backend is not None and isinstance(backend.decoder, decoders.ByteLevel)
         # The Rust decoder directly: transformers' wrapper costs ~5x the decode itself.
         # Same text unless clean-up is on.
-        self._rust_decode: Callable[..., str] | None = None if backend is None or getattr(
-            hf, "clean_up_tokenization_spaces", False) else backend.decode
-        self.stream_backend: Tokenizer | None = (None if self._rust_decode is None
-                                                 else backend)
+        self._rust_decode: Callable[..., str] | None = (
+            None
+            if backend is None or getattr(hf, "clean_up_tokenization_spaces", False)
+            else backend.decode
+        )
+        self.stream_backend: Tokenizer | None = None if self._rust_decode is None else backend
 
     @classmethod
-    def load(cls, path: str | Path, reason: str, *, chat_template: str | None = None
-             ) -> TransformersTokenizer:
+    def load(
+        cls, path: str | Path, reason: str, *, chat_template: str | None = None
+    ) -> TransformersTokenizer:
         """`AutoTokenizer.from_pretrained(path)`, transformers imported here;
         `chat_template` (a template text) replaces the checkpoint's."""
         try:
@@ -834,7 +1019,8 @@ class TransformersTokenizer:
             raise RuntimeError(
                 f"the tokenizer of {path} needs transformers ({reason}), which is not "
                 f"installed: install areal-service[train] (pip install "
-                f"\"areal-service[train]\")") from exc
+                f'"areal-service[train]")'
+            ) from exc
 
         log.info("loading the tokenizer of %s with transformers: %s", path, reason)
         hf = AutoTokenizer.from_pretrained(str(path))
@@ -863,14 +1049,22 @@ class TransformersTokenizer:
         """The vocabulary string of one id."""
         return cast("str | None", self.hf.convert_ids_to_tokens(token_id))
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """`apply_chat_template(..., tokenize=False)`, by default with the generation
         prompt."""
         # ignore: transformers types `tools` as an invariant list of dict | Callable; a
         # list of dicts is what it reads.
-        text = self.hf.apply_chat_template(messages, tools=tools,  # type: ignore[arg-type]
-                                           add_generation_prompt=add_generation_prompt,
-                                           tokenize=False)
+        text = self.hf.apply_chat_template(
+            messages,
+            tools=tools,  # type: ignore[arg-type]
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
         assert isinstance(text, str)
         return text

@@ -26,8 +26,9 @@ SamplingMode = Literal["client", "training"]
 # ---------------------------------------------------------------- prompt rendering
 
 
-def tools_enabled(tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
-                  ) -> bool:
+def tools_enabled(
+    tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
+) -> bool:
     """Tools are rendered and tool calls parsed unless none were offered or
     `tool_choice` is "none"."""
     return bool(tools) and tool_choice != "none"
@@ -52,7 +53,9 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         if role == "assistant":
             calls = m.get("tool_calls") or (
                 [{"id": "call_legacy", "function": m["function_call"]}]
-                if m.get("function_call") else [])
+                if m.get("function_call")
+                else []
+            )
             if calls:
                 msg["tool_calls"] = [_tool_call_for_template(c) for c in calls]
             reasoning = m.get("reasoning_content") or m.get("reasoning")
@@ -74,13 +77,19 @@ def _content_text(content: str | Sequence[Mapping[str, Any]] | None) -> str | No
 
 def _tool_call_for_template(call: Mapping[str, Any]) -> dict[str, Any]:
     fn = call["function"]
-    return {"id": call.get("id"), "type": "function",
-            "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}}
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")},
+    }
 
 
-def render_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, Any]],
-                      tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice | None
-                      ) -> list[int]:
+def render_prompt_ids(
+    tokenizer: ChatTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    tool_choice: ToolChoice | None,
+) -> list[int]:
     """Prompt ids for a chat request: template (with the generation prompt) -> text ->
     ids without added special tokens.
 
@@ -90,8 +99,9 @@ def render_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, 
     use_tools = tools_enabled(tools, tool_choice)
     if use_tools and tool_choice not in (None, "auto"):
         log.debug("tool_choice %r is not enforced; tools rendered, model decides", tool_choice)
-    text = tokenizer.render(normalize_messages(messages),
-                            [dict(t) for t in tools or ()] if use_tools else None)
+    text = tokenizer.render(
+        normalize_messages(messages), [dict(t) for t in tools or ()] if use_tools else None
+    )
     return tokenizer.encode(checked_text(text))
 
 
@@ -103,7 +113,8 @@ def checked_text(text: str) -> str:
         except UnicodeEncodeError as exc:
             raise InvalidRequestError(
                 f"the request contains invalid Unicode ({exc.reason} at character "
-                f"{exc.start} of the rendered prompt); send valid UTF-8 text") from exc
+                f"{exc.start} of the rendered prompt); send valid UTF-8 text"
+            ) from exc
     return text
 
 
@@ -117,7 +128,9 @@ class ContextLengthExceeded(InvalidRequestError):
         super().__init__(
             f"This model's maximum context length is {limit} tokens. However, your messages "
             f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
-            param=param, code="context_length_exceeded")
+            param=param,
+            code="context_length_exceeded",
+        )
         self.prompt_tokens = prompt_tokens
         self.limit = limit
 
@@ -158,9 +171,12 @@ class SamplingSpec:
         """SGLang `/generate` `sampling_params` for one choice. `n` is not sent: the
         gateway fans out one request per choice (each resumable alone after an abort),
         and choice i samples with seed + i so seeded choices differ."""
-        params: dict[str, Any] = {"max_new_tokens": self.max_new_tokens,
-                                  "temperature": self.temperature, "top_p": self.top_p,
-                                  "top_k": self.top_k}
+        params: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+        }
         if self.stop:
             params["stop"] = list(self.stop)
         if self.seed is not None:
@@ -178,11 +194,18 @@ class SamplingSpec:
         return params
 
 
-def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_length: int,
-                     default_max_tokens: int, mode: SamplingMode,
-                     training_temperature: float = 1.0, param: str = "messages",
-                     refuse_over_budget: bool = False,
-                     max_n_tokens: int | None = None) -> SamplingSpec:
+def resolve_sampling(
+    client: ClientSampling,
+    *,
+    prompt_tokens: int,
+    context_length: int,
+    default_max_tokens: int,
+    mode: SamplingMode,
+    training_temperature: float = 1.0,
+    param: str = "messages",
+    refuse_over_budget: bool = False,
+    max_n_tokens: int | None = None,
+) -> SamplingSpec:
     """Fit the output budget to the context (and `n` x it to `max_n_tokens`) and pick
     temperature/top_p/top_k.
 
@@ -205,7 +228,10 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
             f"This model's maximum context length is {context_length} tokens. However, you "
             f"requested {prompt_tokens + asked} tokens ({prompt_tokens} in the {param}, "
             f"{asked} in the completion). Please reduce the length of the {param} or "
-            "completion.", param=param, code="context_length_exceeded")
+            "completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
     max_new = min(asked or default_max_tokens, context_length - prompt_tokens)
     if max_n_tokens is not None and client.n * max_new > max_n_tokens:
         # One request may not ask the engine for more than this over all its choices (a
@@ -215,13 +241,20 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
             raise InvalidRequestError(
                 f"n * max_tokens = {client.n} * {max_new} = {client.n * max_new:,} completion "
                 f"tokens; this gateway allows at most {max_n_tokens:,} per request (fewer "
-                "choices or a smaller max_tokens)", param="max_tokens",
-                code="too_many_tokens_requested")
+                "choices or a smaller max_tokens)",
+                param="max_tokens",
+                code="too_many_tokens_requested",
+            )
         max_new = max(1, max_n_tokens // client.n)
-    common: _SharedSampling = {"max_new_tokens": max_new, "seed": client.seed,
-                               "stop": client.stop, "n": client.n, "mode": mode,
-                               "min_new_tokens": client.min_tokens,
-                               "ignore_eos": client.ignore_eos}
+    common: _SharedSampling = {
+        "max_new_tokens": max_new,
+        "seed": client.seed,
+        "stop": client.stop,
+        "n": client.n,
+        "mode": mode,
+        "min_new_tokens": client.min_tokens,
+        "ignore_eos": client.ignore_eos,
+    }
     if mode == "training":
         return SamplingSpec(temperature=training_temperature, top_p=1.0, top_k=-1, **common)
     temperature = 1.0 if client.temperature is None else client.temperature
@@ -229,10 +262,14 @@ def resolve_sampling(client: ClientSampling, *, prompt_tokens: int, context_leng
     if top_p == 0:
         temperature, top_p = 0.0, 1.0
     return SamplingSpec(
-        temperature=temperature, top_p=top_p, top_k=client.top_k or -1,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=client.top_k or -1,
         frequency_penalty=client.frequency_penalty or 0.0,
-        presence_penalty=client.presence_penalty or 0.0, logit_bias=client.logit_bias,
-        **common)
+        presence_penalty=client.presence_penalty or 0.0,
+        logit_bias=client.logit_bias,
+        **common,
+    )
 
 
 # ---------------------------------------------------------------- generated output
@@ -257,8 +294,13 @@ class GeneratedChoice:
 
 def visible_len(ids: Sequence[int], finish: FinishReason | None) -> int:
     """Output positions the reply shows: all but a matched stop token at the end."""
-    drop = (finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
-            and bool(ids) and ids[-1] == finish.matched)
+    drop = (
+        finish is not None
+        and finish.type == "stop"
+        and isinstance(finish.matched, int)
+        and bool(ids)
+        and ids[-1] == finish.matched
+    )
     return len(ids) - drop
 
 
@@ -271,9 +313,14 @@ class TokenLogprob:
 
     def to_openai(self) -> dict[str, Any]:
         """`{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`."""
-        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes),
-                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)}
-                                 for t, lp, b in self.top]}
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": list(self.bytes),
+            "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in self.top
+            ],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,17 +335,25 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
     @classmethod
-    def of(cls, prompt_tokens: int, choices: Sequence[ParsedChoice], cached_tokens: int = 0
-           ) -> Usage:
+    def of(
+        cls, prompt_tokens: int, choices: Sequence[ParsedChoice], cached_tokens: int = 0
+    ) -> Usage:
         """Usage of a request: completion tokens summed over its choices."""
-        return cls(prompt_tokens, sum(c.completion_tokens for c in choices), cached_tokens,
-                   sum(c.reasoning_tokens for c in choices))
+        return cls(
+            prompt_tokens,
+            sum(c.completion_tokens for c in choices),
+            cached_tokens,
+            sum(c.reasoning_tokens for c in choices),
+        )
 
     def to_chat(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.total_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,14 +383,22 @@ class ParsedChoice:
 
     def to_openai(self) -> dict[str, Any]:
         """`choices[i]` of a `chat.completion`."""
-        logprobs = None if self.logprobs is None else {
-            "content": [t.to_openai() for t in self.logprobs], "refusal": None}
-        return {"index": self.index, "message": self.to_message(),
-                "finish_reason": self.finish_reason, "logprobs": logprobs}
+        logprobs = (
+            None
+            if self.logprobs is None
+            else {"content": [t.to_openai() for t in self.logprobs], "refusal": None}
+        )
+        return {
+            "index": self.index,
+            "message": self.to_message(),
+            "finish_reason": self.finish_reason,
+            "logprobs": logprobs,
+        }
 
 
-def finish_reason_for(finish: FinishReason | None, has_tool_calls: bool
-                      ) -> Literal["stop", "length", "tool_calls"]:
+def finish_reason_for(
+    finish: FinishReason | None, has_tool_calls: bool
+) -> Literal["stop", "length", "tool_calls"]:
     """OpenAI finish reason: `tool_calls` whenever calls were parsed (even if cut off
     after them), `length` for a length stop or a final abort, else `stop`."""
     if has_tool_calls:
@@ -357,22 +420,31 @@ def trim_stop(text: str, finish: FinishReason | None) -> str:
     return text
 
 
-def token_logprobs(tokenizer: ChatTokenizer, choice: GeneratedChoice, start: int, end: int,
-                    top_n: int) -> tuple[TokenLogprob, ...]:
+def token_logprobs(
+    tokenizer: ChatTokenizer, choice: GeneratedChoice, start: int, end: int, top_n: int
+) -> tuple[TokenLogprob, ...]:
     """OpenAI logprob entries of output positions [start, end)."""
     out = []
     for pos in range(start, min(end, len(choice.output_logprobs))):
         token, raw = tokenizer.token_info(choice.output_ids[pos])
         alts = choice.top_logprobs[pos] if pos < len(choice.top_logprobs) and top_n else ()
-        top = tuple((t, lp, b) for (t, b), lp in
-                    ((tokenizer.token_info(tid), lp) for tid, lp in alts[:top_n]))
+        top = tuple(
+            (t, lp, b)
+            for (t, b), lp in ((tokenizer.token_info(tid), lp) for tid, lp in alts[:top_n])
+        )
         out.append(TokenLogprob(token, choice.output_logprobs[pos], raw, top))
     return tuple(out)
 
 
-def finish_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, parsed: ParsedText,
-                   text: str, *, index: int, logprobs: tuple[TokenLogprob, ...] | None
-                   ) -> ParsedChoice:
+def finish_choice(
+    tokenizer: ChatTokenizer,
+    choice: GeneratedChoice,
+    parsed: ParsedText,
+    text: str,
+    *,
+    index: int,
+    logprobs: tuple[TokenLogprob, ...] | None,
+) -> ParsedChoice:
     """The one place a ParsedChoice is made, streaming or not, so both agree."""
     visible = choice.output_ids[: choice.visible_len()]
     reasoning_tokens = 0
@@ -383,31 +455,53 @@ def finish_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, parsed: Par
     if parsed.tool_calls and not content:
         content = None
     return ParsedChoice(
-        index=index, text=text, content=content, reasoning_content=parsed.reasoning,
+        index=index,
+        text=text,
+        content=content,
+        reasoning_content=parsed.reasoning,
         tool_calls=parsed.tool_calls,
         finish_reason=finish_reason_for(choice.finish, bool(parsed.tool_calls)),
-        completion_tokens=len(choice.output_ids), reasoning_tokens=reasoning_tokens,
-        logprobs=logprobs)
+        completion_tokens=len(choice.output_ids),
+        reasoning_tokens=reasoning_tokens,
+        logprobs=logprobs,
+    )
 
 
-def parse_choice(tokenizer: ChatTokenizer, choice: GeneratedChoice, *, completion_id: str,
-                 index: int = 0, parse_tools: bool, logprobs: int | None = None,
-                 tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedChoice:
+def parse_choice(
+    tokenizer: ChatTokenizer,
+    choice: GeneratedChoice,
+    *,
+    completion_id: str,
+    index: int = 0,
+    parse_tools: bool,
+    logprobs: int | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> ParsedChoice:
     """A finished generation -> the client's view, parsed by the model's output parser.
     `logprobs`: None (not requested) or the number of top alternatives per token;
     `tools`: the request's tool definitions (argument types, for formats that need them)."""
     end = choice.visible_len()
     text = trim_stop(tokenizer.decode(choice.output_ids[:end]), choice.finish)
-    parsed = tokenizer.output_parser.parse(text, parse_tools=parse_tools,
-                                           id_seed=id_seed(completion_id, index), final=True,
-                                           tools=tools)
+    parsed = tokenizer.output_parser.parse(
+        text,
+        parse_tools=parse_tools,
+        id_seed=id_seed(completion_id, index),
+        final=True,
+        tools=tools,
+    )
     lps = None if logprobs is None else token_logprobs(tokenizer, choice, 0, end, logprobs)
     return finish_choice(tokenizer, choice, parsed, text, index=index, logprobs=lps)
 
 
-def build_chat_completion(*, completion_id: str, model: str, created: int,
-                          choices: Sequence[ParsedChoice], usage: Usage) -> dict[str, Any]:
+def build_chat_completion(
+    *, completion_id: str, model: str, created: int, choices: Sequence[ParsedChoice], usage: Usage
+) -> dict[str, Any]:
     """`chat.completion` body (any number of choices; `model` echoes the request)."""
-    return {"id": completion_id, "object": "chat.completion", "created": created,
-            "model": model, "choices": [c.to_openai() for c in choices],
-            "usage": usage.to_chat()}
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [c.to_openai() for c in choices],
+        "usage": usage.to_chat(),
+    }

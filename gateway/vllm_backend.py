@@ -84,14 +84,16 @@ class VLLMClient(SGLangClient):
             raise BackendError(502, "vLLM reply without choices", url=self.base_url)
         choice = reply.choices[0]
         ids = choice.token_ids or ()
-        self._saw_version(choice.weight_versions[-1].version if choice.weight_versions
-                          else None)
+        self._saw_version(choice.weight_versions[-1].version if choice.weight_versions else None)
         usage = reply.usage
-        return to_sglang(choice, prompt_tokens=usage.prompt_tokens if usage
-                         else len(payload.prompt_ids),
-                         completion_tokens=len(ids), weight_version=self.weight_version,
-                         top_logprobs_num=payload.top_logprobs_num,
-                         request_id=reply.request_id)
+        return to_sglang(
+            choice,
+            prompt_tokens=usage.prompt_tokens if usage else len(payload.prompt_ids),
+            completion_tokens=len(ids),
+            weight_version=self.weight_version,
+            top_logprobs_num=payload.top_logprobs_num,
+            request_id=reply.request_id,
+        )
 
     def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> _VLLMChunks:
         return _VLLMChunks(self, payload)
@@ -107,15 +109,21 @@ class VLLMClient(SGLangClient):
         """`/pause?mode=abort` (SGLang's `retract` / `in_place` become vLLM's `keep`:
         requests freeze and continue after resume)."""
         vllm_mode = "abort" if mode == "abort" else "keep"
-        await self._call(PAUSE, path=f"{PAUSE.path}?mode={vllm_mode}",
-                         timeout_s=self.control_timeout_s)
+        await self._call(
+            PAUSE, path=f"{PAUSE.path}?mode={vllm_mode}", timeout_s=self.control_timeout_s
+        )
 
     async def continue_generation(self) -> None:
         await self._call(RESUME, timeout_s=self.control_timeout_s)
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
-                                       *, flush_cache: bool = True,
-                                       lora_name: str | None = None) -> str:
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | None = None,
+        *,
+        flush_cache: bool = True,
+        lora_name: str | None = None,
+    ) -> str:
         """`reload_weights` from `model_path` (safetensors of the same architecture), then
         label them `weight_version`. The pause before it cleared the prefix cache.
         A checkpoint whose output head is tied to its embeddings but not stored as a
@@ -123,28 +131,46 @@ class VLLMClient(SGLangClient):
         A LoRA adapter directory (`trainer.lora`) is loaded in place under `lora_name`
         instead (`/v1/load_lora_adapter`, `load_inplace`; ~30 ms on CPU for SmolLM2)."""
         if lora_name is not None:  # refused by the config too (`policies:` on vllm)
-            raise BackendError(400, "named policies are served by the local engine only; "
-                               "vLLM's per-adapter version labels are not wired yet",
-                               url=self.base_url)
+            raise BackendError(
+                400,
+                "named policies are served by the local engine only; "
+                "vLLM's per-adapter version labels are not wired yet",
+                url=self.base_url,
+            )
         if is_adapter_dir(model_path):
             if self.lora_name is None:
-                raise BackendError(400, f"{model_path} is a LoRA adapter but this vLLM "
-                                   "backend serves full weights (set trainer.lora so the "
-                                   "launcher starts it with --enable-lora)", url=self.base_url)
-            await self._call(LOAD_LORA_ADAPTER, LoadLoRAAdapterRequest(
-                lora_name=self.lora_name, lora_path=model_path, load_inplace=True))
+                raise BackendError(
+                    400,
+                    f"{model_path} is a LoRA adapter but this vLLM "
+                    "backend serves full weights (set trainer.lora so the "
+                    "launcher starts it with --enable-lora)",
+                    url=self.base_url,
+                )
+            await self._call(
+                LOAD_LORA_ADAPTER,
+                LoadLoRAAdapterRequest(
+                    lora_name=self.lora_name, lora_path=model_path, load_inplace=True
+                ),
+            )
         elif tied_head_missing(Path(model_path)):
-            raise BackendError(400, f"{model_path} ties its output head to the embeddings "
-                               "and stores no lm_head.weight; vLLM's in-place reload would "
-                               "keep serving the old head. Publish it with the trainer (it "
-                               "writes tied-head.safetensors for vLLM backends)",
-                               url=self.base_url)
+            raise BackendError(
+                400,
+                f"{model_path} ties its output head to the embeddings "
+                "and stores no lm_head.weight; vLLM's in-place reload would "
+                "keep serving the old head. Publish it with the trainer (it "
+                "writes tied-head.safetensors for vLLM backends)",
+                url=self.base_url,
+            )
         else:
-            await self._call(COLLECTIVE_RPC, _Json(method="reload_weights",
-                                                   kwargs={"weights_path": model_path}))
+            await self._call(
+                COLLECTIVE_RPC, _Json(method="reload_weights", kwargs={"weights_path": model_path})
+            )
         if weight_version is not None:
-            await self._call(UPDATE_WEIGHT_VERSION, _Json(new_version=weight_version),
-                             timeout_s=self.control_timeout_s)
+            await self._call(
+                UPDATE_WEIGHT_VERSION,
+                _Json(new_version=weight_version),
+                timeout_s=self.control_timeout_s,
+            )
             self.weight_version = weight_version
         return f"reloaded weights from {model_path}"
 
@@ -161,15 +187,18 @@ class VLLMClient(SGLangClient):
         `/model_info`."""
         try:
             models = ModelList.model_validate_json(
-                await self._call(MODELS, timeout_s=self.control_timeout_s))
+                await self._call(MODELS, timeout_s=self.control_timeout_s)
+            )
             info = WeightInfo.model_validate_json(
-                await self._call(WEIGHT_INFO, timeout_s=self.control_timeout_s))
+                await self._call(WEIGHT_INFO, timeout_s=self.control_timeout_s)
+            )
         except ValidationError as e:
             raise self._malformed(WEIGHT_INFO, e) from e
         self._saw_version(info.weight_version)
         card = models.data[0] if models.data else None
-        return ModelInfo(model_path=(card.root or card.id) if card else "",
-                         weight_version=info.weight_version)
+        return ModelInfo(
+            model_path=(card.root or card.id) if card else "", weight_version=info.weight_version
+        )
 
     async def server_info(self) -> dict[str, Any]:
         """For display: the served models and the weight label (vLLM has no
@@ -182,7 +211,8 @@ class VLLMClient(SGLangClient):
         raise _no_distributed(self.base_url)
 
     async def update_weights_from_distributed(
-            self, body: UpdateWeightsFromDistributedRequest) -> str:
+        self, body: UpdateWeightsFromDistributedRequest
+    ) -> str:
         raise _no_distributed(self.base_url)
 
     async def destroy_weights_update_group(self, group_name: str) -> str:
@@ -203,8 +233,11 @@ def tied_head_missing(model_dir: Path) -> bool:
         return False
     index = model_dir / "model.safetensors.index.json"
     try:
-        files = ({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()}
-                 if index.exists() else set(model_dir.glob("*.safetensors")))
+        files = (
+            {model_dir / f for f in json.loads(index.read_text())["weight_map"].values()}
+            if index.exists()
+            else set(model_dir.glob("*.safetensors"))
+        )
         return not any("lm_head.weight" in _safetensors_keys(f) for f in files)
     except (OSError, ValueError, KeyError):
         return False
@@ -218,9 +251,13 @@ def _safetensors_keys(path: Path) -> set[str]:
 
 
 def _no_distributed(url: str) -> BackendError:
-    return BackendError(501, "a vLLM backend takes new weights from disk "
-                        "(trainer.weight_sync: disk); vLLM's own weight-transfer protocol "
-                        "is not wired to the trainer's broadcast yet", url=url)
+    return BackendError(
+        501,
+        "a vLLM backend takes new weights from disk "
+        "(trainer.weight_sync: disk); vLLM's own weight-transfer protocol "
+        "is not wired to the trainer's broadcast yet",
+        url=url,
+    )
 
 
 class _Json(BaseModel):
@@ -253,9 +290,14 @@ class _VLLMChunks:
                 self.count += len(choice.token_ids or ())
                 if choice.weight_versions:
                     self.client._saw_version(choice.weight_versions[-1].version)
-                out.append(to_sglang(choice, prompt_tokens=self.prompt_tokens,
-                                     completion_tokens=self.count,
-                                     weight_version=self.client.weight_version,
-                                     top_logprobs_num=self.top_logprobs_num,
-                                     request_id=reply.request_id))
+                out.append(
+                    to_sglang(
+                        choice,
+                        prompt_tokens=self.prompt_tokens,
+                        completion_tokens=self.count,
+                        weight_version=self.client.weight_version,
+                        top_logprobs_num=self.top_logprobs_num,
+                        request_id=reply.request_id,
+                    )
+                )
         return out

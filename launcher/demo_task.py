@@ -96,16 +96,21 @@ def digits_reward(reply: str | None) -> float:
 def digits_task() -> DemoTask:
     """The tiny model's task: its reward is dense, its eval the same kind of prompts."""
     return DemoTask(
-        name="digits", train=make_prompts(512, seed=2),
+        name="digits",
+        train=make_prompts(512, seed=2),
         evals=[EvalSet("held-out prompts", make_prompts(128, seed=1), temperature=1.0)],
-        reward=lambda _prompt, reply: digits_reward(reply), max_tokens=8,
-        trainer={"lr": 2e-3, "group_size": 8, "batch_groups": 4}, target=0.9)
+        reward=lambda _prompt, reply: digits_reward(reply),
+        max_tokens=8,
+        trainer={"lr": 2e-3, "group_size": 8, "batch_groups": 4},
+        target=0.9,
+    )
 
 
 def addition_question(a: int, b: int) -> DemoPrompt:
     """One addition question with its answer."""
-    return DemoPrompt(f"add-{a}-{b}", f"What is {a} + {b}? Answer with the number only.",
-                      str(a + b))
+    return DemoPrompt(
+        f"add-{a}-{b}", f"What is {a} + {b}? Answer with the number only.", str(a + b)
+    )
 
 
 def answer_reward(prompt: DemoPrompt, reply: str | None) -> float:
@@ -124,8 +129,14 @@ def addition_task(seed: int = 0) -> DemoTask:
     rng = random.Random(seed + 1)
     two_digit = [addition_question(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(40)]
     return DemoTask(
-        name="addition", train=train,
-        evals=[EvalSet("single-digit, held out", held_out, sampled=4),
-               EvalSet("two-digit, never trained", two_digit)],
-        reward=answer_reward, max_tokens=16,
-        trainer={"lr": 1e-5, "group_size": 4, "batch_groups": 4}, target=0.9)
+        name="addition",
+        train=train,
+        evals=[
+            EvalSet("single-digit, held out", held_out, sampled=4),
+            EvalSet("two-digit, never trained", two_digit),
+        ],
+        reward=answer_reward,
+        max_tokens=16,
+        trainer={"lr": 1e-5, "group_size": 4, "batch_groups": 4},
+        target=0.9,
+    )

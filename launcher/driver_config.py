@@ -82,8 +82,9 @@ class EvalConfig(_Section):
     def _check(self) -> EvalConfig:
         too_big = [k for k in self.k if not 1 <= k <= self.n_samples]
         if too_big:
-            raise ValueError(f"eval.k values {too_big} must be between 1 and n_samples "
-                             f"({self.n_samples})")
+            raise ValueError(
+                f"eval.k values {too_big} must be between 1 and n_samples ({self.n_samples})"
+            )
         return self
 
 
@@ -124,8 +125,9 @@ class DriverConfig(_Section):
 DRIVER_KEYS = frozenset(DriverConfig.model_fields)
 
 
-def load_driver_config(path: Path | None, overrides: list[str] | None = None
-                       ) -> tuple[DriverConfig, ServiceConfig]:
+def load_driver_config(
+    path: Path | None, overrides: list[str] | None = None
+) -> tuple[DriverConfig, ServiceConfig]:
     """Split the file and the overrides into the driver's sections and the service
     config; the service part resolves as for every other command (env, `--set`)."""
     tree = read_config_file(path)
@@ -145,8 +147,9 @@ def load_driver_config(path: Path | None, overrides: list[str] | None = None
             error = type(error)(f"{error} (to use fewer rows in `eval`, set eval.limit=N)")
         raise error from None
     # The service sections resolve as any command's file does (file < env < --set).
-    config = config_from_tree(service, service_overrides, source=path,
-                              top_level=tuple(DriverConfig.model_fields))
+    config = config_from_tree(
+        service, service_overrides, source=path, top_level=tuple(DriverConfig.model_fields)
+    )
     return driver, config
 
 
@@ -155,4 +158,3 @@ def has_driver_sections(path: Path | None, overrides: list[str] | None = None) -
     `eval` config rather than a service one)."""
     firsts = {item.split("=", 1)[0].split(".", 1)[0].strip() for item in overrides or []}
     return bool((set(read_config_file(path)) | firsts) & DRIVER_KEYS)
-

@@ -55,11 +55,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def table_row(name: str, greedy: Sequence[tuple[bool, int | None]],
-              sampled: Sequence[Sequence[tuple[bool, int | None]]], ks: Sequence[int]
-              ) -> dict[str, Any]:
+def table_row(
+    name: str,
+    greedy: Sequence[tuple[bool, int | None]],
+    sampled: Sequence[Sequence[tuple[bool, int | None]]],
+    ks: Sequence[int],
+) -> dict[str, Any]:
     """The table row from per-question outcomes: `greedy[q]` = (correct, tokens) of the
     greedy run, `sampled[q]` = those of its n sampled runs."""
+
     def mean_len(runs: list[tuple[bool, int | None]]) -> float | None:
         lengths = [t for _, t in runs if t is not None]
         return statistics.fmean(lengths) if lengths else None
@@ -82,16 +86,24 @@ def table_row(name: str, greedy: Sequence[tuple[bool, int | None]],
 class Evaluator:
     """Runs the episodes of one evaluation against a gateway."""
 
-    def __init__(self, driver: DriverConfig, gateway_url: str, admin_key: str, model: str,
-                 *, use_sessions: bool) -> None:
+    def __init__(
+        self,
+        driver: DriverConfig,
+        gateway_url: str,
+        admin_key: str,
+        model: str,
+        *,
+        use_sessions: bool,
+    ) -> None:
         self.driver = driver
         self.cfg = driver.eval
         self.admin = {"authorization": f"Bearer {admin_key}"}
         self.admin_key = admin_key
         self.use_sessions = use_sessions
         self.http = httpx.AsyncClient(base_url=gateway_url, timeout=600)
-        self.runner = AgentRunner(f"{gateway_url}/v1", agent=driver.agent,
-                                  reward=driver.reward, model=model)
+        self.runner = AgentRunner(
+            f"{gateway_url}/v1", agent=driver.agent, reward=driver.reward, model=model
+        )
         self.slots = asyncio.Semaphore(self.cfg.concurrency)
         self.done = 0
 
@@ -100,22 +112,28 @@ class Evaluator:
         await self.runner.aclose()
         await self.http.aclose()
 
-    async def episode(self, sample: dict[str, Any], temperature: float
-                      ) -> tuple[bool, int | None]:
+    async def episode(self, sample: dict[str, Any], temperature: float) -> tuple[bool, int | None]:
         """One run: (correct, output tokens or None)."""
         async with self.slots:
             if not self.use_sessions:
-                result = await self.runner.run(sample, self.admin_key, temperature=temperature,
-                                               max_tokens=self.cfg.max_tokens)
+                result = await self.runner.run(
+                    sample, self.admin_key, temperature=temperature, max_tokens=self.cfg.max_tokens
+                )
                 self.done += 1
                 return result.reward >= self.cfg.correct_at, result.completion_tokens
-            r = await self.http.post("/rl/sessions", headers=self.admin, json={
-                "task_id": str(sample["id"]), "metadata": {"source": "eval",
-                                                           "temperature": temperature}})
+            r = await self.http.post(
+                "/rl/sessions",
+                headers=self.admin,
+                json={
+                    "task_id": str(sample["id"]),
+                    "metadata": {"source": "eval", "temperature": temperature},
+                },
+            )
             r.raise_for_status()
             session = r.json()
-            result = await self.runner.run(sample, session["api_key"], temperature=temperature,
-                                           max_tokens=self.cfg.max_tokens)
+            result = await self.runner.run(
+                sample, session["api_key"], temperature=temperature, max_tokens=self.cfg.max_tokens
+            )
             tokens = await self._finish(session, result)
             self.done += 1
             return result.reward >= self.cfg.correct_at, tokens
@@ -124,8 +142,11 @@ class Evaluator:
         """Record the reward (ending the session) and sum the session's output tokens."""
         sid = session["session_id"]
         auth = {"authorization": f"Bearer {session['api_key']}"}
-        r = await self.http.post("/v1/rewards", headers=auth, json={
-            "session_id": sid, "value": result.reward, "end_session": True})
+        r = await self.http.post(
+            "/v1/rewards",
+            headers=auth,
+            json={"session_id": sid, "value": result.reward, "end_session": True},
+        )
         r.raise_for_status()
         view = (await self.http.get(f"/rl/sessions/{sid}", headers=self.admin)).json()
         return sum(c["completion_tokens"] for c in view["completions"])
@@ -137,16 +158,18 @@ class Evaluator:
         total = len(samples) * (n + (1 if self.cfg.greedy else 0))
         self.done = 0
         started = time.monotonic()
-        say(f"{config.label()}: {len(samples)} questions, greedy + {n} samples at "
-            f"temperature {temperature} ({total} episodes)")
+        say(
+            f"{config.label()}: {len(samples)} questions, greedy + {n} samples at "
+            f"temperature {temperature} ({total} episodes)"
+        )
 
-        async def question(sample: dict[str, Any]) -> tuple[tuple[bool, int | None] | None,
-                                                             list[tuple[bool, int | None]]]:
+        async def question(
+            sample: dict[str, Any],
+        ) -> tuple[tuple[bool, int | None] | None, list[tuple[bool, int | None]]]:
             greedy = self.episode(sample, 0.0) if self.cfg.greedy else None
             runs = [self.episode(sample, temperature) for _ in range(n)]
             out = await asyncio.gather(*(c for c in (greedy, *runs) if c is not None))
-            return (out[0] if self.cfg.greedy else None), list(out[1:] if self.cfg.greedy
-                                                              else out)
+            return (out[0] if self.cfg.greedy else None), list(out[1:] if self.cfg.greedy else out)
 
         work = asyncio.gather(*(question(s) for s in samples))
         try:
@@ -200,8 +223,9 @@ def save_results(rows: Sequence[dict[str, Any]], out_dir: Path) -> tuple[Path, P
     return json_path, csv_path
 
 
-async def _evaluate(evaluator: Evaluator, datasets: list[DatasetConfig],
-                    rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _evaluate(
+    evaluator: Evaluator, datasets: list[DatasetConfig], rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Append each dataset's row to `rows` as it completes (what an interrupted run keeps)."""
     try:
         for d in datasets:
@@ -230,9 +254,15 @@ def eval_config(config: ServiceConfig, model: Path | None) -> ServiceConfig:
     return ServiceConfig.model_validate(tree)
 
 
-def run_eval(driver: DriverConfig, config: ServiceConfig, *, model: Path | None = None,
-             gateway: str | None = None, api_key: str | None = None,
-             out_dir: Path | None = None) -> list[dict[str, Any]]:
+def run_eval(
+    driver: DriverConfig,
+    config: ServiceConfig,
+    *,
+    model: Path | None = None,
+    gateway: str | None = None,
+    api_key: str | None = None,
+    out_dir: Path | None = None,
+) -> list[dict[str, Any]]:
     """Evaluate every dataset; prints the table and saves it. Returns the rows."""
     datasets = driver.eval_datasets()
     out = out_dir or driver.eval.out_dir or config.data_dir / "eval"
@@ -243,8 +273,10 @@ def run_eval(driver: DriverConfig, config: ServiceConfig, *, model: Path | None 
         done = f"{len(rows)} of {len(datasets)} dataset(s) finished"
         if rows:
             json_path, _ = save_results(rows, out)
-            say(f"\ninterrupted ({done}); every process was stopped; the finished rows "
-                f"are saved in {json_path.parent}")
+            say(
+                f"\ninterrupted ({done}); every process was stopped; the finished rows "
+                f"are saved in {json_path.parent}"
+            )
             say(format_table(rows))
         else:
             say(f"\ninterrupted ({done}); every process was stopped; nothing saved")
@@ -256,9 +288,16 @@ def run_eval(driver: DriverConfig, config: ServiceConfig, *, model: Path | None 
     return rows
 
 
-def _run(driver: DriverConfig, config: ServiceConfig, datasets: list[DatasetConfig],
-         rows: list[dict[str, Any]], *, model: Path | None, gateway: str | None,
-         api_key: str | None) -> None:
+def _run(
+    driver: DriverConfig,
+    config: ServiceConfig,
+    datasets: list[DatasetConfig],
+    rows: list[dict[str, Any]],
+    *,
+    model: Path | None,
+    gateway: str | None,
+    api_key: str | None,
+) -> None:
     """Evaluate into `rows`, through `gateway` or an engine and gateway started here."""
     name = driver.model or config.gateway.model_name
     if gateway is not None:
@@ -267,14 +306,20 @@ def _run(driver: DriverConfig, config: ServiceConfig, datasets: list[DatasetConf
         asyncio.run(_evaluate(evaluator, datasets, rows))
     else:
         if model is not None and config.gateway.router.backends:
-            raise ValueError("--model serves a checkpoint on a local engine, but the config "
-                             "lists gateway.router.backends: evaluate through them without --model")
+            raise ValueError(
+                "--model serves a checkpoint on a local engine, but the config "
+                "lists gateway.router.backends: evaluate through them without --model"
+            )
         if model is None:
             ensure_model(config)  # the tiny model, only when no checkpoint is configured
         cfg = eval_config(config, model)
         with local_stack(cfg, cfg.data_dir / "run", trainer=False) as stack:
             say(f"evaluating {cfg.engine.model} behind {stack.gateway_url}/v1")
-            evaluator = Evaluator(driver, stack.gateway_url,
-                                  cfg.gateway.auth.admin_key.get_secret_value(), name,
-                                  use_sessions=True)
+            evaluator = Evaluator(
+                driver,
+                stack.gateway_url,
+                cfg.gateway.auth.admin_key.get_secret_value(),
+                name,
+                use_sessions=True,
+            )
             asyncio.run(_evaluate(evaluator, datasets, rows))

@@ -6,10 +6,34 @@ from __future__ import annotations
 
 # Top-level import names -> the extra that installs them (pyproject's optional-dependencies).
 EXTRA_OF_MODULE: dict[str, str] = {
-    **dict.fromkeys(("fastapi", "starlette", "uvicorn", "aiohttp", "httptools", "tokenizers",
-                     "jinja2", "prometheus_client"), "gateway"),
-    **dict.fromkeys(("torch", "transformers", "safetensors", "tensorboard", "gguf",
-                     "accelerate", "peft", "openai", "agents", "math_verify"), "train"),
+    **dict.fromkeys(
+        (
+            "fastapi",
+            "starlette",
+            "uvicorn",
+            "aiohttp",
+            "httptools",
+            "tokenizers",
+            "jinja2",
+            "prometheus_client",
+        ),
+        "gateway",
+    ),
+    **dict.fromkeys(
+        (
+            "torch",
+            "transformers",
+            "safetensors",
+            "tensorboard",
+            "gguf",
+            "accelerate",
+            "peft",
+            "openai",
+            "agents",
+            "math_verify",
+        ),
+        "train",
+    ),
     "psycopg": "postgres",
 }
 
@@ -21,5 +45,7 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
     extra = EXTRA_OF_MODULE.get(top)
     if extra is None:
         return None
-    return (f"this command needs {top}, which is not installed: "
-            f"install areal-service[{extra}] (pip install \"areal-service[{extra}]\")")
+    return (
+        f"this command needs {top}, which is not installed: "
+        f'install areal-service[{extra}] (pip install "areal-service[{extra}]")'
+    )

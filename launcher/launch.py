@@ -23,8 +23,9 @@ GATEWAY_READY_S = 180.0
 """Gateway start on the local engine (model load included); SGLang adds its own wait."""
 
 
-def launch(config: ServiceConfig, scheduler: Scheduler, *, out: Path | None = None,
-           submit: bool = False) -> int:
+def launch(
+    config: ServiceConfig, scheduler: Scheduler, *, out: Path | None = None, submit: bool = False
+) -> int:
     """Run (or, for Slurm, write and optionally submit) the service; an exit code."""
     from launcher.serve import ensure_model
 
@@ -61,8 +62,9 @@ def _local_split(config: ServiceConfig) -> tuple[ServiceConfig, dict[str, str], 
     sg = config.engine.sglang
     if sg.gpus is None:
         sg = sg.model_copy(update={"gpus": [str(g) for g in place.engine_gpus]})
-        config = config.model_copy(update={"engine": config.engine.model_copy(
-            update={"sglang": sg})})
+        config = config.model_copy(
+            update={"engine": config.engine.model_copy(update={"sglang": sg})}
+        )
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in place.trainer_gpus)}
     return config, env, place.trainer_procs_per_node
 
@@ -71,8 +73,17 @@ def trainer_argv(config_path: Path, procs: int) -> list[str]:
     """`areal-service trainer` for one process, torchrun (standalone) for several."""
     if procs == 1:
         return cli_argv("trainer", "--config", str(config_path))
-    return [cli_argv()[0], "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={procs}", "-m", "trainer.train", "--config", str(config_path)]
+    return [
+        cli_argv()[0],
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={procs}",
+        "-m",
+        "trainer.train",
+        "--config",
+        str(config_path),
+    ]
 
 
 def run_local(config: ServiceConfig, run_dir: Path) -> int:
@@ -85,19 +96,27 @@ def run_local(config: ServiceConfig, run_dir: Path) -> int:
     cfg_path = save_config(config, run_dir / "config.yaml")
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    ready_s = GATEWAY_READY_S + (config.engine.sglang.ready_timeout_s
-                                 if config.engine.backend == "sglang" else 0.0)
+    ready_s = GATEWAY_READY_S + (
+        config.engine.sglang.ready_timeout_s if config.engine.backend == "sglang" else 0.0
+    )
     children: list[ChildProcess] = []
     with exit_on_sigterm():
         try:
-            gateway = ChildProcess("gateway", cli_argv("serve", "--config", str(cfg_path)),
-                                   log_path=logs / "gateway.log")
+            gateway = ChildProcess(
+                "gateway",
+                cli_argv("serve", "--config", str(cfg_path)),
+                log_path=logs / "gateway.log",
+            )
             children.append(gateway)
             url = f"http://{config.gateway.host}:{config.gateway.port}"
             gateway.wait_http_ok(f"{url}/health/liveness", ready_s)
             log.info("gateway at %s/v1", url)
-            trainer = ChildProcess("trainer", trainer_argv(cfg_path, procs),
-                                   log_path=logs / "trainer.log", env=trainer_env)
+            trainer = ChildProcess(
+                "trainer",
+                trainer_argv(cfg_path, procs),
+                log_path=logs / "trainer.log",
+                env=trainer_env,
+            )
             children.append(trainer)
             return trainer.proc.wait()
         finally:

@@ -52,7 +52,7 @@ def plan(config: ServiceConfig) -> Placement:
     if cl.n_nodes == 1:
         rollout, trainer = (0,), (0,)
         n_train = cl.trainer_gpus if cl.trainer_gpus is not None else len(gpus) // 2
-        engine_gpus, trainer_gpus = gpus[:len(gpus) - n_train], gpus[len(gpus) - n_train:]
+        engine_gpus, trainer_gpus = gpus[: len(gpus) - n_train], gpus[len(gpus) - n_train :]
     else:
         split = cl.n_nodes - cl.trainer_nodes
         rollout, trainer = tuple(range(split)), tuple(range(split, cl.n_nodes))
@@ -65,13 +65,18 @@ def plan(config: ServiceConfig) -> Placement:
             raise ValueError(
                 f"{len(engine_gpus)} engine GPU(s) per rollout node cannot hold {servers or 1} "
                 f"SGLang server(s) of {per_server} GPU(s); change cluster.n_gpus_per_node, "
-                "cluster.trainer_gpus or engine.sglang.tp_size/dp_size/servers")
-        engine_gpus = engine_gpus[:servers * per_server]
+                "cluster.trainer_gpus or engine.sglang.tp_size/dp_size/servers"
+            )
+        engine_gpus = engine_gpus[: servers * per_server]
     else:  # the local engine: one per rollout node, on one GPU when there is one
         per_server, servers = min(1, len(engine_gpus)), 1
         engine_gpus = engine_gpus[:1]
     return Placement(
-        n_nodes=cl.n_nodes, rollout_nodes=rollout, trainer_nodes=trainer,
-        engine_gpus=tuple(engine_gpus), trainer_gpus=tuple(trainer_gpus),
+        n_nodes=cl.n_nodes,
+        rollout_nodes=rollout,
+        trainer_nodes=trainer,
+        engine_gpus=tuple(engine_gpus),
+        trainer_gpus=tuple(trainer_gpus),
         gpus_per_server=per_server,
-        engine_ports=tuple(eng.port + i for i in range(servers)))
+        engine_ports=tuple(eng.port + i for i in range(servers)),
+    )

@@ -26,17 +26,23 @@ def check_model_dir(path: Path | str) -> None:
     path = Path(path)
     if not path.exists():
         hint = ""
-        versions = sorted((p.name for p in path.parent.glob("v[0-9]*") if p.is_dir()),
-                          key=lambda name: int(name[1:]) if name[1:].isdigit() else -1)
+        versions = sorted(
+            (p.name for p in path.parent.glob("v[0-9]*") if p.is_dir()),
+            key=lambda name: int(name[1:]) if name[1:].isdigit() else -1,
+        )
         if versions:
             hint = f" (published versions in {path.parent}: {', '.join(versions[-5:])})"
-        raise StartError(f"model {path} does not exist{hint}: engine.model (or --model) "
-                         "must be a folder holding a Hugging Face checkpoint; leave "
-                         "engine.model unset for the tiny model")
+        raise StartError(
+            f"model {path} does not exist{hint}: engine.model (or --model) "
+            "must be a folder holding a Hugging Face checkpoint; leave "
+            "engine.model unset for the tiny model"
+        )
     if not (path / "config.json").is_file():
-        raise StartError(f"{path} is not a model checkpoint (no config.json in it): "
-                         "engine.model (or --model) must be a folder saved by "
-                         "`save_pretrained`, such as <data_dir>/weights/vN")
+        raise StartError(
+            f"{path} is not a model checkpoint (no config.json in it): "
+            "engine.model (or --model) must be a folder saved by "
+            "`save_pretrained`, such as <data_dir>/weights/vN"
+        )
 
 
 def check_tokenizer_loadable(path: Path | str) -> None:
@@ -52,9 +58,11 @@ def check_tokenizer_loadable(path: Path | str) -> None:
         return  # no checkpoint here (yet): check_model_dir or the loader says so
     reason = transformers_reason(path)
     if reason is not None and importlib.util.find_spec("transformers") is None:
-        raise StartError(f"the tokenizer of {path} needs transformers ({reason}), which is "
-                         "not installed: install areal-service[train] "
-                         "(pip install \"areal-service[train]\")")
+        raise StartError(
+            f"the tokenizer of {path} needs transformers ({reason}), which is "
+            "not installed: install areal-service[train] "
+            '(pip install "areal-service[train]")'
+        )
 
 
 def check_port_free(host: str, port: int, setting: str) -> None:
@@ -69,9 +77,9 @@ def check_port_free(host: str, port: int, setting: str) -> None:
             probe.bind((host, port))
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
-                raise StartError(f"cannot bind {host}:{port} ({setting}): {exc.strerror}"
-                                 ) from None
+                raise StartError(f"cannot bind {host}:{port} ({setting}): {exc.strerror}") from None
             raise StartError(
                 f"port {port} on {host} ({setting}) is already in use, probably by another "
                 "`areal-service serve` or `demo`: stop it, or choose free ports with "
-                "--set gateway.port=... --set engine.port=...") from None
+                "--set gateway.port=... --set engine.port=..."
+            ) from None

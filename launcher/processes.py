@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 TRAINER_GRACE_S = 60.0
 """How long a stopped trainer may take to finish its step, publish and checkpoint."""
 
+
 @contextmanager
 def exit_on_sigterm() -> Iterator[None]:
     """SIGTERM raises SystemExit in the main thread while inside, so `finally` blocks stop
@@ -60,8 +61,14 @@ def exit_on_sigterm() -> Iterator[None]:
 class ChildProcess:
     """A started subprocess with a readiness probe and an orderly stop."""
 
-    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - owned
@@ -90,12 +97,15 @@ class ChildProcess:
             if ok:
                 raise self._died()
             time.sleep(0.2)
-        raise NotReadyError(f"{self.name} not ready at {url} after {timeout_s:.0f} s"
-                         f"{self._see_log()}")
+        raise NotReadyError(
+            f"{self.name} not ready at {url} after {timeout_s:.0f} s{self._see_log()}"
+        )
 
     def _died(self) -> StartError:
-        return StartError(f"{self.name} exited with code {self.proc.returncode} before it "
-                          f"was ready{self._see_log()}")
+        return StartError(
+            f"{self.name} exited with code {self.proc.returncode} before it "
+            f"was ready{self._see_log()}"
+        )
 
     def _see_log(self) -> str:
         """`; last log line: ...; full log: PATH` (the log's last line usually names the
@@ -125,8 +135,12 @@ class ChildProcess:
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s of SIGTERM: killing it%s",
-                            self.name, grace_s, self._see_log())
+                log.warning(
+                    "%s did not stop within %.0f s of SIGTERM: killing it%s",
+                    self.name,
+                    grace_s,
+                    self._see_log(),
+                )
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         code = self.proc.returncode
@@ -168,5 +182,3 @@ def _die_with_parent() -> Callable[[], None] | None:
 def cli_argv(*args: str) -> list[str]:
     """argv that runs `areal-service ARGS` with this interpreter (no PATH lookup)."""
     return [sys.executable, "-m", "launcher", *args]
-
-

@@ -49,8 +49,11 @@ class ProcessActor:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()]}
+        return {
+            "ip": ray.util.get_node_ip_address(),
+            "node_id": ctx.get_node_id(),
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+        }
 
     def free_port(self) -> int:
         """A port free on this node now (for the trainer's rendezvous)."""
@@ -152,8 +155,7 @@ class RayDeployment:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        roles = [*self.trainers, *([self.gateway] if self.gateway else []),
-                 *reversed(self.engines)]
+        roles = [*self.trainers, *([self.gateway] if self.gateway else []), *reversed(self.engines)]
         for role in roles:
             try:
                 ray.get(role.actor.stop.remote(), timeout=60)
@@ -190,49 +192,82 @@ class RayDeployment:
 
         def actor(name: str, pg: Any, index: int, gpus: int) -> Any:
             return remote.options(
-                name=None, num_cpus=cpus, num_gpus=gpus,
+                name=None,
+                num_cpus=cpus,
+                num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=index)).remote(name)
+                    pg, placement_group_bundle_index=index
+                ),
+            ).remote(name)
 
         # Engines and gateway: one bundle per server, the gateway's last.
         n = place.n_servers
-        serve_pg = placement_group([*[bundle(place.gpus_per_server)] * n, bundle(0)],
-                                   strategy=cfg.cluster.ray.strategy, name="areal-serve")
+        serve_pg = placement_group(
+            [*[bundle(place.gpus_per_server)] * n, bundle(0)],
+            strategy=cfg.cluster.ray.strategy,
+            name="areal-serve",
+        )
         self.groups.append(serve_pg)
         ray.get(serve_pg.ready(), timeout=READY_TIMEOUT_S)
         for i in range(n):
             a = actor(f"engine-{i}", serve_pg, i, place.gpus_per_server)
             node = ray.get(a.node.remote())
             port = cfg.engine.port + i
-            argv = cli_argv("engine", "--config", cfg_path, "--host", node["ip"],
-                            "--port", str(port))
+            argv = cli_argv(
+                "engine", "--config", cfg_path, "--host", node["ip"], "--port", str(port)
+            )
             if cfg.engine.backend == "sglang":  # the supervisor, on the actor's GPUs
                 argv += ["--set", "engine.sglang.servers=1", "--set", "engine.sglang.gpus=null"]
             pid = ray.get(a.start.remote(argv, str(logs / f"engine-{i}.log")))
             self.engines.append(Role(f"engine-{i}", a, node, f"http://{node['ip']}:{port}", pid))
-        ray.get([r.actor.wait_http_ok.remote(f"{r.url}/health_generate", READY_TIMEOUT_S)
-                 for r in self.engines])
+        ray.get(
+            [
+                r.actor.wait_http_ok.remote(f"{r.url}/health_generate", READY_TIMEOUT_S)
+                for r in self.engines
+            ]
+        )
         backends = "gateway.router.backends=[" + ",".join(f'"{u}"' for u in self.backends) + "]"
 
         a = actor("gateway", serve_pg, n, 0)
         node = ray.get(a.node.remote())
-        pid = ray.get(a.start.remote(cli_argv("serve", "--config", cfg_path, "--set",
-                                              f"gateway.host={node['ip']}", "--set", backends),
-                                     str(logs / "gateway.log")))
+        pid = ray.get(
+            a.start.remote(
+                cli_argv(
+                    "serve",
+                    "--config",
+                    cfg_path,
+                    "--set",
+                    f"gateway.host={node['ip']}",
+                    "--set",
+                    backends,
+                ),
+                str(logs / "gateway.log"),
+            )
+        )
         self.gateway = Role("gateway", a, node, f"http://{node['ip']}:{cfg.gateway.port}", pid)
         ray.get(a.wait_http_ok.remote(f"{self.gateway.url}/health/liveness", READY_TIMEOUT_S))
         log.info("gateway at %s/v1, backends %s", self.gateway.url, " ".join(self.backends))
         if trainer:
             self._start_trainer(ray, place, cfg_path, logs, backends, bundle, actor)
 
-    def _start_trainer(self, ray: Any, place: Any, cfg_path: str, logs: Path,
-                       backends: str, bundle: Any, actor: Any) -> None:
+    def _start_trainer(
+        self,
+        ray: Any,
+        place: Any,
+        cfg_path: str,
+        logs: Path,
+        backends: str,
+        bundle: Any,
+        actor: Any,
+    ) -> None:
         from ray.util.placement_group import placement_group
 
         nodes, gpus = len(place.trainer_nodes), len(place.trainer_gpus)
-        train_pg = placement_group([bundle(gpus)] * nodes,
-                                   strategy="STRICT_SPREAD" if nodes > 1 else "PACK",
-                                   name="areal-train")
+        train_pg = placement_group(
+            [bundle(gpus)] * nodes,
+            strategy="STRICT_SPREAD" if nodes > 1 else "PACK",
+            name="areal-train",
+        )
         self.groups.append(train_pg)
         ray.get(train_pg.ready(), timeout=READY_TIMEOUT_S)
         actors = [actor(f"trainer-{i}", train_pg, i, gpus) for i in range(nodes)]
@@ -243,10 +278,22 @@ class RayDeployment:
             if nodes == 1 and procs == 1:
                 argv = cli_argv("trainer", "--config", cfg_path, "--set", backends)
             else:
-                argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-                        f"--node-rank={i}", f"--nproc-per-node={procs}",
-                        f"--master-addr={placed[0]['ip']}", f"--master-port={master_port}",
-                        "-m", "trainer.train", "--config", cfg_path, "--set", backends]
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nnodes={nodes}",
+                    f"--node-rank={i}",
+                    f"--nproc-per-node={procs}",
+                    f"--master-addr={placed[0]['ip']}",
+                    f"--master-port={master_port}",
+                    "-m",
+                    "trainer.train",
+                    "--config",
+                    cfg_path,
+                    "--set",
+                    backends,
+                ]
             pid = ray.get(a.start.remote(argv, str(logs / f"trainer-{i}.log")))
             self.trainers.append(Role(f"trainer-{i}", a, node, pid=pid))
 

@@ -30,8 +30,10 @@ def start_local_engine(config: ServiceConfig) -> ChildProcess:
     # The whole resolved config (file, env, --set), so every engine.* setting reaches it.
     cfg_path = save_config(config, config.data_dir / "serve" / "config.yaml")
     engine = ChildProcess(
-        "engine", cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
-        log_path=logs / "engine.log")
+        "engine",
+        cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
+        log_path=logs / "engine.log",
+    )
     try:
         engine.wait_http_ok(f"{config.backend_urls()[0]}/health")
     except BaseException:

@@ -92,7 +92,7 @@ def gpu_groups(gpus: Sequence[str], per_server: int, servers: int | None) -> lis
             f"{count if servers else 'one'} SGLang server(s) of {per_server} GPU(s) "
             "(engine.sglang.tp_size * dp_size); set engine.sglang.gpus or servers"
         )
-    return [list(gpus[i * per_server:(i + 1) * per_server]) for i in range(count)]
+    return [list(gpus[i * per_server : (i + 1) * per_server]) for i in range(count)]
 
 
 def advertised_host(bind_host: str) -> str:
@@ -104,13 +104,27 @@ def advertised_host(bind_host: str) -> str:
 def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) -> list[str]:
     """`python -m sglang.launch_server ...` for one server of `config` on `port`."""
     engine, sg = config.engine, config.engine.sglang
-    argv = [python or sg.python or sys.executable, "-m", "sglang.launch_server",
-            "--model-path", str(config.model_dir()),
-            "--served-model-name", engine.served_model_name or str(config.model_dir()),
-            "--weight-version", engine.weight_version,
-            "--host", engine.host, "--port", str(port),
-            "--tp-size", str(sg.tp_size), "--dp-size", str(sg.dp_size),
-            "--log-level", config.log_level]
+    argv = [
+        python or sg.python or sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(config.model_dir()),
+        "--served-model-name",
+        engine.served_model_name or str(config.model_dir()),
+        "--weight-version",
+        engine.weight_version,
+        "--host",
+        engine.host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(sg.tp_size),
+        "--dp-size",
+        str(sg.dp_size),
+        "--log-level",
+        config.log_level,
+    ]
     if sg.max_running_requests is not None:
         argv += ["--max-running-requests", str(sg.max_running_requests)]
     if sg.mem_fraction_static is not None:
@@ -132,19 +146,27 @@ def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
     host = advertised_host(config.engine.host)
     ports = [config.engine.port + i for i in range(len(groups))]
     if config.gateway.port in ports:
-        raise ValueError(f"gateway.port {config.gateway.port} is among the SGLang servers' "
-                         f"ports {ports[0]}-{ports[-1]} (engine.port + i); change one")
+        raise ValueError(
+            f"gateway.port {config.gateway.port} is among the SGLang servers' "
+            f"ports {ports[0]}-{ports[-1]} (engine.port + i); change one"
+        )
     specs = []
     for i, group in enumerate(groups):
         port = config.engine.port + i
-        specs.append(ServerSpec(
-            name=f"sglang-{i}", argv=tuple(sglang_argv(config, port)),
-            url=f"http://{host}:{port}", env={"CUDA_VISIBLE_DEVICES": ",".join(group)}))
+        specs.append(
+            ServerSpec(
+                name=f"sglang-{i}",
+                argv=tuple(sglang_argv(config, port)),
+                url=f"http://{host}:{port}",
+                env={"CUDA_VISIBLE_DEVICES": ",".join(group)},
+            )
+        )
     return specs
 
 
-def wait_healthy(urls: Sequence[str], timeout_s: float, *, interval_s: float = 1.0,
-                 path: str = HEALTH_PATH) -> None:
+def wait_healthy(
+    urls: Sequence[str], timeout_s: float, *, interval_s: float = 1.0, path: str = HEALTH_PATH
+) -> None:
     """Block until every URL answers 200 on `path` (attach), or raise TimeoutError naming
     those that did not."""
     deadline = time.monotonic() + timeout_s
@@ -193,8 +215,8 @@ class _Server:
         self.spec = spec
         self.child: ChildProcess | None = None
         self.started_at = 0.0
-        self.deaths = 0          # consecutive, reset once it stayed up ready_timeout_s
-        self.restarts = 0        # total, for the log and tests
+        self.deaths = 0  # consecutive, reset once it stayed up ready_timeout_s
+        self.restarts = 0  # total, for the log and tests
         self.restart_at: float | None = None
         self.failed = False
 
@@ -210,10 +232,17 @@ class Supervisor:
     the server is left down and `failed` says so. `stop()` stops the monitor first, then
     every child (SIGTERM, grace, SIGKILL of its process group)."""
 
-    def __init__(self, specs: Sequence[ServerSpec], *, log_dir: Path,
-                 ready_timeout_s: float = 900.0, backoff_s: float = 5.0,
-                 max_backoff_s: float = 300.0, max_restarts: int = 10,
-                 poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        specs: Sequence[ServerSpec],
+        *,
+        log_dir: Path,
+        ready_timeout_s: float = 900.0,
+        backoff_s: float = 5.0,
+        max_backoff_s: float = 300.0,
+        max_restarts: int = 10,
+        poll_s: float = 0.5,
+    ) -> None:
         self._servers = [_Server(s) for s in specs]
         self._log_dir = log_dir
         self._ready_timeout_s = ready_timeout_s
@@ -226,16 +255,24 @@ class Supervisor:
         self._monitor: threading.Thread | None = None
 
     @classmethod
-    def for_config(cls, config: ServiceConfig, specs: Sequence[ServerSpec] | None = None,
-                   fleet: ServerFleetConfig | None = None) -> Supervisor:
+    def for_config(
+        cls,
+        config: ServiceConfig,
+        specs: Sequence[ServerSpec] | None = None,
+        fleet: ServerFleetConfig | None = None,
+    ) -> Supervisor:
         """A supervisor with the timings of `fleet` (default `config.engine.sglang`),
         logging to `<data_dir>/logs/<name>.log`; `specs` default to
         `sglang_specs(config)`."""
         sg = fleet or config.engine.sglang
-        return cls(sglang_specs(config) if specs is None else specs,
-                   log_dir=config.data_dir / "logs", ready_timeout_s=sg.ready_timeout_s,
-                   backoff_s=sg.restart_backoff_s, max_backoff_s=sg.max_restart_backoff_s,
-                   max_restarts=sg.max_restarts)
+        return cls(
+            sglang_specs(config) if specs is None else specs,
+            log_dir=config.data_dir / "logs",
+            ready_timeout_s=sg.ready_timeout_s,
+            backoff_s=sg.restart_backoff_s,
+            max_backoff_s=sg.max_restart_backoff_s,
+            max_restarts=sg.max_restarts,
+        )
 
     @property
     def urls(self) -> list[str]:
@@ -270,8 +307,7 @@ class Supervisor:
         except BaseException:
             self.stop()
             raise
-        self._monitor = threading.Thread(target=self._watch, name="sglang-supervisor",
-                                         daemon=True)
+        self._monitor = threading.Thread(target=self._watch, name="sglang-supervisor", daemon=True)
         self._monitor.start()
 
     def stop(self) -> None:
@@ -302,8 +338,12 @@ class Supervisor:
 
     def _launch(self, server: _Server) -> None:
         spec = server.spec
-        child = ChildProcess(spec.name, tied_to_this_thread(spec.argv), env=dict(spec.env),
-                             log_path=self._log_dir / f"{spec.name}.log")
+        child = ChildProcess(
+            spec.name,
+            tied_to_this_thread(spec.argv),
+            env=dict(spec.env),
+            log_path=self._log_dir / f"{spec.name}.log",
+        )
         with self._lock:
             server.child = child
             server.started_at = time.monotonic()
@@ -311,8 +351,7 @@ class Supervisor:
 
     def _wait_ready(self, server: _Server) -> None:
         assert server.child is not None
-        server.child.wait_http_ok(server.spec.url + server.spec.health_path,
-                                  self._ready_timeout_s)
+        server.child.wait_http_ok(server.spec.url + server.spec.health_path, self._ready_timeout_s)
         log.info("%s healthy at %s", server.spec.name, server.spec.url)
 
     def _watch(self) -> None:
@@ -336,14 +375,17 @@ class Supervisor:
             server.deaths += 1
             if server.deaths > self._max_restarts:
                 server.failed = True
-                log.error("%s exited (code %s) %d times in a row; not restarting",
-                          server.spec.name, code, server.deaths)
+                log.error(
+                    "%s exited (code %s) %d times in a row; not restarting",
+                    server.spec.name,
+                    code,
+                    server.deaths,
+                )
                 with self._lock:
                     server.child = None
                 return
             delay = min(self._backoff_s * 2 ** (server.deaths - 1), self._max_backoff_s)
-            log.warning("%s exited (code %s); restarting in %.1f s",
-                        server.spec.name, code, delay)
+            log.warning("%s exited (code %s); restarting in %.1f s", server.spec.name, code, delay)
             with self._lock:
                 server.child = None
                 server.restart_at = now + delay
@@ -365,8 +407,7 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def register_with_router(router_url: str, urls: Sequence[str], *,
-                         timeout_s: float = 60.0) -> None:
+def register_with_router(router_url: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> None:
     """Add `urls` to a running SGLang router (`gateway.router.url`) and wait until it
     lists them all: `POST /workers {"url"}` (queued, idempotent), `POST /add_worker?url=`
     on older routers. TimeoutError naming those it never listed."""
@@ -378,8 +419,9 @@ def register_with_router(router_url: str, urls: Sequence[str], *,
             if r.status_code == 404 and ROUTER_ADD_WORKER.legacy_path:
                 r = http.post(ROUTER_ADD_WORKER.legacy_path, params={"url": url})
             if r.status_code >= 400:
-                raise RuntimeError(f"router {base} refused worker {url}: "
-                                   f"{r.status_code} {r.text[:500]}")
+                raise RuntimeError(
+                    f"router {base} refused worker {url}: {r.status_code} {r.text[:500]}"
+                )
         deadline = time.monotonic() + timeout_s
         while True:
             r = http.get(ROUTER_WORKERS.path)
@@ -391,8 +433,9 @@ def register_with_router(router_url: str, urls: Sequence[str], *,
                 log.info("router %s routes to %s", base, " ".join(wanted))
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"router {base} did not list {', '.join(missing)} "
-                                   f"after {timeout_s:.0f} s")
+                raise TimeoutError(
+                    f"router {base} did not list {', '.join(missing)} after {timeout_s:.0f} s"
+                )
             time.sleep(0.2)
 
 

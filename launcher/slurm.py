@@ -87,8 +87,11 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
     trainer_gpus = ",".join(str(g) for g in place.trainer_gpus)
     # One node: both steps see every GPU of the node and each takes its share; trainer
     # nodes of their own give the trainer every GPU of its step.
-    trainer_env = (f"env CUDA_VISIBLE_DEVICES={trainer_gpus} "
-                   if place.trainer_gpus and cl.n_nodes == 1 else "")
+    trainer_env = (
+        f"env CUDA_VISIBLE_DEVICES={trainer_gpus} "
+        if place.trainer_gpus and cl.n_nodes == 1
+        else ""
+    )
     gpu_step = f" --gpus-per-node={cl.n_gpus_per_node}" if cl.n_gpus_per_node else ""
     body = [
         "set -euo pipefail",
@@ -107,9 +110,9 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
         "# Every backend URL is known up front: engine ports are fixed per node.",
         "BACKENDS=()",
         'for node in "${ROLLOUT_NODES[@]}"; do',
-        f"  for port in {ports}; do BACKENDS+=(\"http://$node:$port\"); done",
+        f'  for port in {ports}; do BACKENDS+=("http://$node:$port"); done',
         "done",
-        "BACKENDS_JSON=\"[$(printf '\"%s\",' \"${BACKENDS[@]}\" | sed 's/,$//')]\"",
+        'BACKENDS_JSON="[$(printf \'"%s",\' "${BACKENDS[@]}" | sed \'s/,$//\')]"',
         "",
         "STEPS=()",
         "cleanup() {",
@@ -119,7 +122,7 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
         "trap cleanup EXIT",
         "",
         "wait_healthy() {  # URL TIMEOUT_S",
-        '  local deadline=$((SECONDS + $2))',
+        "  local deadline=$((SECONDS + $2))",
         '  until curl -sf -o /dev/null --max-time 30 "$1"; do',
         '    if (( SECONDS > deadline )); then echo "not healthy: $1" >&2; return 1; fi',
         "    sleep 5",
@@ -149,7 +152,7 @@ def sbatch_script(config: ServiceConfig, config_path: Path) -> str:
         f'echo "gateway: http://$HEAD_NODE:{gw_port}/v1"',
         "",
         "# 3. the trainer: torchrun on each trainer node, c10d rendezvous on the first",
-        f'srun --nodes={n_train} --ntasks-per-node=1 '
+        f"srun --nodes={n_train} --ntasks-per-node=1 "
         f'--nodelist="$(IFS=,; echo "${{TRAINER_NODES[*]}}")" --overlap{gpu_step} \\',
         f'  {trainer_env}"$PY" -m torch.distributed.run --nnodes={n_train} '
         f"--nproc-per-node={place.trainer_procs_per_node} \\",
@@ -168,8 +171,9 @@ def write_sbatch(config: ServiceConfig, out_dir: Path) -> Path:
 
     config = config.model_copy(update={"data_dir": config.data_dir.resolve()})
     if config.cluster.n_nodes > 1 and config.database_url().startswith("sqlite"):
-        log.warning("SQLite store on %d nodes: set store.url to a PostgreSQL URL",
-                    config.cluster.n_nodes)
+        log.warning(
+            "SQLite store on %d nodes: set store.url to a PostgreSQL URL", config.cluster.n_nodes
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     (config.data_dir / "logs").mkdir(parents=True, exist_ok=True)  # sbatch --output's
     config_path = save_config(config, out_dir.resolve() / "config.yaml")
@@ -180,8 +184,9 @@ def write_sbatch(config: ServiceConfig, out_dir: Path) -> Path:
 
 def submit(script: Path) -> str:
     """`sbatch --parsable SCRIPT`; returns the job id."""
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"sbatch failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout.strip().split(";")[0]

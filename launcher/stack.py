@@ -59,8 +59,9 @@ class Stack:
 
     def start_trainer(self) -> ChildProcess:
         """The trainer on the saved config; it resumes from its checkpoint by itself."""
-        return self.start("trainer", cli_argv("trainer", "--config",
-                                              str(self.run_dir / "config.yaml")))
+        return self.start(
+            "trainer", cli_argv("trainer", "--config", str(self.run_dir / "config.yaml"))
+        )
 
     def stop(self) -> None:
         """Stop every child, newest first, saying so first (it can take seconds). The
@@ -68,10 +69,14 @@ class Stack:
         checkpoints before exiting."""
         alive = [c.name for c in reversed(self.children) if c.proc.poll() is None]
         if alive:
-            trainer = " (the trainer finishes its step and checkpoints first)" \
-                if "trainer" in alive else ""
-            names = " and the ".join([", the ".join(alive[:-1]), alive[-1]] if alive[:-1]
-                                     else alive)
+            trainer = (
+                " (the trainer finishes its step and checkpoints first)"
+                if "trainer" in alive
+                else ""
+            )
+            names = " and the ".join(
+                [", the ".join(alive[:-1]), alive[-1]] if alive[:-1] else alive
+            )
             typer.echo(f"stopping the {names}{trainer} ...")
         while self.children:
             child = self.children.pop()
@@ -97,18 +102,25 @@ def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Itera
     # The gateway is pointed at the engine started here; with it, the workers default
     # stays one process (the CPU engine needs the cores), as `serve` alone would choose.
     served = with_gateway_section(
-        config, "router", backends=backends if local_engine else config.gateway.router.backends)
+        config, "router", backends=backends if local_engine else config.gateway.router.backends
+    )
     served = with_gateway_section(
-        served, "scale", workers=config.gateway.scale.workers or (1 if local_engine else 0))
+        served, "scale", workers=config.gateway.scale.workers or (1 if local_engine else 0)
+    )
     gateway_cfg = save_config(served, run_dir / "gateway.yaml")
     stack = Stack(config, run_dir)
     try:
         if local_engine:
-            stack.start("engine", cli_argv("engine", "--config", str(cfg_path), "--model",
-                                           str(config.model_dir())),
-                        f"{backends[0]}/health")
-        stack.start("gateway", cli_argv("serve", "--config", str(gateway_cfg)),
-                    f"{stack.gateway_url}/health/liveness")
+            stack.start(
+                "engine",
+                cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
+                f"{backends[0]}/health",
+            )
+        stack.start(
+            "gateway",
+            cli_argv("serve", "--config", str(gateway_cfg)),
+            f"{stack.gateway_url}/health/liveness",
+        )
         if trainer:
             stack.start_trainer()
         yield stack

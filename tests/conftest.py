@@ -27,14 +27,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
-        if (item.path.is_relative_to(UNIT)
-                and not {"processes", "slow", "gpu"} & set(item.keywords)):
+        if item.path.is_relative_to(UNIT) and not {"processes", "slow", "gpu"} & set(item.keywords):
             item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(autouse=True)
-def _fast_tests_start_no_process(request: pytest.FixtureRequest,
-                                 monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _fast_tests_start_no_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """In a `fast` test, starting a subprocess or a multiprocessing child fails the test
     (two attribute swaps per test; other tests are untouched)."""
     if request.node.get_closest_marker("fast") is None:
@@ -44,7 +44,8 @@ def _fast_tests_start_no_process(request: pytest.FixtureRequest,
     def refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
         raise AssertionError(
             f"{request.node.nodeid} is marked fast (tests/unit) but starts a process: "
-            "mark it `processes` (pytest.mark.processes)")
+            "mark it `processes` (pytest.mark.processes)"
+        )
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)

@@ -101,8 +101,10 @@ class RunningBaseline:
         for task, value in zip(tasks, returns, strict=True):
             step.setdefault(task, []).append(value)
         overall = self._overall if self._overall is not None else sum(returns) / len(returns)
-        out = [value - self._means.get(task, overall)
-               for task, value in zip(tasks, returns, strict=True)]
+        out = [
+            value - self._means.get(task, overall)
+            for task, value in zip(tasks, returns, strict=True)
+        ]
         for task, values in step.items():
             self._means[task] = self._update(self._means.get(task), sum(values) / len(values))
         self._overall = self._update(self._overall, sum(returns) / len(returns))

@@ -43,9 +43,14 @@ def peft_config(cfg: LoRAConfig) -> LoraConfig:
     the untrained adapter leaves the base model's outputs unchanged: v0 is the base."""
     from peft import LoraConfig
 
-    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                      target_modules=list(cfg.target_modules), bias="none",
-                      task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def wrap_lora(model: torch.nn.Module, cfg: LoRAConfig, seed: int = 0) -> PeftModel:
@@ -61,8 +66,15 @@ def wrap_lora(model: torch.nn.Module, cfg: LoRAConfig, seed: int = 0) -> PeftMod
         peft_model = get_peft_model(model, peft_config(cfg))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
-    log.info("LoRA r=%d alpha=%g on %s: %d trainable of %d parameters (%.2f%%)", cfg.rank,
-             cfg.alpha, ",".join(cfg.target_modules), trainable, total, 100 * trainable / total)
+    log.info(
+        "LoRA r=%d alpha=%g on %s: %d trainable of %d parameters (%.2f%%)",
+        cfg.rank,
+        cfg.alpha,
+        ",".join(cfg.target_modules),
+        trainable,
+        total,
+        100 * trainable / total,
+    )
     return peft_model
 
 
@@ -106,8 +118,9 @@ def save_adapter(model: PeftModel, out_dir: Path, *, overwrite: bool = False) ->
     return out_dir
 
 
-def _model_names(state: dict[str, torch.Tensor], adapter: str = "default"
-                 ) -> dict[str, torch.Tensor]:
+def _model_names(
+    state: dict[str, torch.Tensor], adapter: str = "default"
+) -> dict[str, torch.Tensor]:
     """PEFT's saved names (`...q_proj.lora_A.weight`) -> the live module's names
     (`...q_proj.lora_A.default.weight`)."""
     return {_ADAPTER_KEY.sub(rf".\1.{adapter}.weight", k): v for k, v in state.items()}
@@ -117,8 +130,9 @@ def load_adapter_weights(model: PeftModel, path: Path) -> None:
     """Load a published adapter (`weights/vN`) into the wrapped model, sharded or not.
     Collective: rank 0 reads the file and sends every rank the full tensors (a few MB;
     `broadcast_from_rank0` would also materialise the frozen base it was not given)."""
-    holder: list[Any] = [_model_names(load_file(path / ADAPTER_WEIGHTS))
-                         if dist.get_rank() == 0 else None]
+    holder: list[Any] = [
+        _model_names(load_file(path / ADAPTER_WEIGHTS)) if dist.get_rank() == 0 else None
+    ]
     dist.broadcast_object_list(holder, src=0)
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, holder[0], options=options)

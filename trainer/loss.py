@@ -200,8 +200,7 @@ def ppo_loss(
         capped = torch.zeros_like(mask)
     else:
         capped = mask & (w > behav_imp_weight_cap)
-    outside = _mismatch_outside(log_w, mask, mismatch_mask, mismatch_low, mismatch_high,
-                                seq_ids)
+    outside = _mismatch_outside(log_w, mask, mismatch_mask, mismatch_low, mismatch_high, seq_ids)
     masked = mask & outside & ~capped
     keep = mask & ~capped & ~masked
     # Zero w (not only the product) off `keep`: a huge capped w times a zero gradient

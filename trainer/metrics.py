@@ -116,8 +116,7 @@ def _duration(seconds: float) -> str:
 class MetricsWriter:
     """TensorBoard scalars + one log line per step. Rank 0 only."""
 
-    def __init__(self, run_dir: Path, *, total_steps: int | None, no_eos: str = "train"
-                 ) -> None:
+    def __init__(self, run_dir: Path, *, total_steps: int | None, no_eos: str = "train") -> None:
         self._total = total_steps
         self._no_eos = no_eos
         self._created = time.monotonic()

@@ -96,9 +96,7 @@ def load_policy(
     return model.to(device).train()
 
 
-def load_reference(
-    model_dir: str | Path, *, mixed_precision: bool = False
-) -> PreTrainedModel:
+def load_reference(model_dir: str | Path, *, mixed_precision: bool = False) -> PreTrainedModel:
     """The frozen reference policy pi_ref of the KL penalty: loaded like the policy and
     sharded the same way (FSDP2 over the default group, the same mixed precision, so
     its logprobs are computed exactly as the policy's), in eval mode, with no

@@ -59,7 +59,8 @@ def prepare_model_dir(config: ServiceConfig) -> Path:
         raise FileNotFoundError(
             f"no checkpoint at {model_dir}: set engine.model, or build the tiny model there "
             f"first (`areal-service make-tiny-model {model_dir}`; `areal-service trainer` "
-            "and `areal-service demo --trainer-procs N` do it for you)")
+            "and `areal-service demo --trainer-procs N` do it for you)"
+        )
     dist.barrier()
     return model_dir
 

@@ -22,8 +22,9 @@ from trainer.model import DistInfo, destroy_distributed, init_distributed
 log = logging.getLogger(__name__)
 
 
-def start_process(cfg: TrainerConfig, stop: threading.Event,
-                  cleanup: contextlib.ExitStack) -> DistInfo:
+def start_process(
+    cfg: TrainerConfig, stop: threading.Event, cleanup: contextlib.ExitStack
+) -> DistInfo:
     """Join the process group (creating it when torchrun did not), route SIGTERM/SIGINT
     to `stop`, set torch's CPU threads and seed `random` and torch per rank. `cleanup`
     undoes it: the handlers are restored, and the group is destroyed only if this call

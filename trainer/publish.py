@@ -74,16 +74,25 @@ def publish_weights(
     """
     path = version_dir(weights_dir, version)
     if distributed:
-        return _publish_broadcast(model, version=version, path=path, tokenizer_dir=tokenizer_dir,
-                                  store=store, step=step, episodes=episodes, keep=keep,
-                                  broadcaster=broadcaster)
+        return _publish_broadcast(
+            model,
+            version=version,
+            path=path,
+            tokenizer_dir=tokenizer_dir,
+            store=store,
+            step=step,
+            episodes=episodes,
+            keep=keep,
+            broadcaster=broadcaster,
+        )
     # overwrite: a directory without a row is left over by a trainer that died between
     # the rename and the insert; nobody was told about it.
     if is_lora(model):  # the adapter alone (a few MB); the backends keep the base
         save_adapter(model, path, overwrite=True)
     else:
-        save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True,
-                           tied_head_file=tied_head_file)
+        save_hf_checkpoint(
+            model, tokenizer_dir, path, overwrite=True, tied_head_file=tied_head_file
+        )
     record = WeightVersionRecord(
         version=version,
         path=str(path.resolve()),
@@ -114,13 +123,16 @@ def _publish_broadcast(
     broadcasts while the gateway swaps, then the directory is written from the same
     gathered state. The row's metadata also gets the broadcast's outcome."""
     state = full_state_dict(model)
-    metadata: dict[str, object] = {"step": step,
-                                   "episodes": {c: list(s) for c, s in episodes.items()}}
+    metadata: dict[str, object] = {
+        "step": step,
+        "episodes": {c: list(s) for c, s in episodes.items()},
+    }
     if dist.get_rank() == 0:
         assert store is not None and broadcaster is not None, "rank 0 broadcasts"
         offer, buckets = broadcaster.offer(version, state)
-        record = WeightVersionRecord(version=version, path=str(path.resolve()),
-                                     metadata={**metadata, "sync": offer})
+        record = WeightVersionRecord(
+            version=version, path=str(path.resolve()), metadata={**metadata, "sync": offer}
+        )
         store.add_weight_version(record)
         metadata.update(broadcaster.send(version, state, offer, buckets))
     save_hf_checkpoint(model, tokenizer_dir, path, overwrite=True, state=state)

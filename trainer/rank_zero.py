@@ -51,9 +51,15 @@ class HeldClaims:
 class RankZero:
     """Rank 0's side of the run; `open` it on rank 0 only."""
 
-    def __init__(self, store: TrajectoryStore, claimer: EpisodeClaimer, held: HeldClaims,
-                 writer: MetricsWriter, broadcaster: WeightBroadcaster | None,
-                 policy: str = DEFAULT_POLICY) -> None:
+    def __init__(
+        self,
+        store: TrajectoryStore,
+        claimer: EpisodeClaimer,
+        held: HeldClaims,
+        writer: MetricsWriter,
+        broadcaster: WeightBroadcaster | None,
+        policy: str = DEFAULT_POLICY,
+    ) -> None:
         self.store = store
         self.policy = policy
         """The policy this trainer trains (`trainer.policy`): its steps and versions."""
@@ -63,8 +69,7 @@ class RankZero:
         self.broadcaster = broadcaster
 
     @classmethod
-    def open(cls, config: ServiceConfig, info: DistInfo,
-             cleanup: contextlib.ExitStack) -> RankZero:
+    def open(cls, config: ServiceConfig, info: DistInfo, cleanup: contextlib.ExitStack) -> RankZero:
         """Open the store, finish what a killed trainer left (`recover_claims`), start the
         metrics run (and save the resolved config beside it), and the broadcaster when
         weights go by broadcast. `cleanup` unwinds in reverse: the broadcaster and writer
@@ -77,23 +82,38 @@ class RankZero:
         held = HeldClaims(claimer)
         cleanup.callback(held.release_all)  # a batch claimed but never published
         # One metrics run per policy: several trainers share the data directory.
-        run_dir = config.data_dir / "runs" / (
-            RUN_NAME if cfg.policy == DEFAULT_POLICY else f"{RUN_NAME}-{cfg.policy}")
+        run_dir = (
+            config.data_dir
+            / "runs"
+            / (RUN_NAME if cfg.policy == DEFAULT_POLICY else f"{RUN_NAME}-{cfg.policy}")
+        )
         writer = MetricsWriter(run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos)
         cleanup.callback(writer.close)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
         broadcaster = None
         if cfg.weight_sync == "distributed":
             broadcaster = WeightBroadcaster(
-                store, backend="nccl" if info.device.type == "cuda" else "gloo",
+                store,
+                backend="nccl" if info.device.type == "cuda" else "gloo",
                 bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
-                timeout_s=cfg.weight_sync_timeout_s, address=cfg.weight_sync_address)
+                timeout_s=cfg.weight_sync_timeout_s,
+                address=cfg.weight_sync_address,
+            )
             cleanup.callback(broadcaster.close)
         return cls(store, claimer, held, writer, broadcaster, cfg.policy)
 
-    def record_step(self, step: int, version: int, groups: Sequence[EpisodeGroup],
-                    advantages: Sequence[Sequence[float]], stats: StepStats, *,
-                    eos_ids: frozenset[int], dropped: int, times: dict[str, float]) -> None:
+    def record_step(
+        self,
+        step: int,
+        version: int,
+        groups: Sequence[EpisodeGroup],
+        advantages: Sequence[Sequence[float]],
+        stats: StepStats,
+        *,
+        eos_ids: frozenset[int],
+        dropped: int,
+        times: dict[str, float],
+    ) -> None:
         """After `version` is published: its episodes are marked trained, and the step's
         metrics (`times`: the `time_*_s` of the step) go to the store and the writer."""
         self.held.mark_trained(groups)
@@ -105,8 +125,9 @@ class RankZero:
             **times,
             **_previous_swap(self.store, version, self.policy),
         }
-        self.store.add_train_step(TrainStepRecord(step=step, version=version, metrics=metrics,
-                                                  policy=self.policy))
+        self.store.add_train_step(
+            TrainStepRecord(step=step, version=version, metrics=metrics, policy=self.policy)
+        )
         self.writer.write(step, version, metrics)
 
 

@@ -24,22 +24,29 @@ RECOVER_VERSIONS = 8
 """Newest version rows whose recorded claims are re-marked trained at start."""
 
 
-def resume(model: torch.nn.Module, store: TrajectoryStore | None,
-           ckpt: CheckpointState | None, policy: str = DEFAULT_POLICY) -> tuple[int, int]:
+def resume(
+    model: torch.nn.Module,
+    store: TrajectoryStore | None,
+    ckpt: CheckpointState | None,
+    policy: str = DEFAULT_POLICY,
+) -> tuple[int, int]:
     """Every rank: (last completed step, last published version) as rank 0 (the one
     with `store`) sees them; published weights newer than the checkpoint `ckpt` are
     loaded into `model` (updates published after the checkpoint are kept)."""
-    step, version = broadcast_from_rank0(resume_point(store, ckpt, policy)
-                                         if store is not None else None)
-    newer = broadcast_from_rank0(newer_published_weights(store, ckpt, policy)
-                                 if store is not None else None)
+    step, version = broadcast_from_rank0(
+        resume_point(store, ckpt, policy) if store is not None else None
+    )
+    newer = broadcast_from_rank0(
+        newer_published_weights(store, ckpt, policy) if store is not None else None
+    )
     if newer is not None:
         (load_adapter_weights if is_lora(model) else load_published_weights)(model, newer)
     return step, version
 
 
-def recover_claims(store: TrajectoryStore, claimer: EpisodeClaimer,
-                   policy: str = DEFAULT_POLICY) -> tuple[int, int]:
+def recover_claims(
+    store: TrajectoryStore, claimer: EpisodeClaimer, policy: str = DEFAULT_POLICY
+) -> tuple[int, int]:
     """Finish what a killed trainer left: claims recorded in a published version row are
     marked trained (their update is live); every other claim is released so its episodes
     are trained once, by us. Returns (sessions marked trained, sessions released)."""
@@ -58,8 +65,9 @@ def recover_claims(store: TrajectoryStore, claimer: EpisodeClaimer,
     return marked, released
 
 
-def resume_point(store: TrajectoryStore, ckpt: CheckpointState | None,
-                 policy: str = DEFAULT_POLICY) -> tuple[int, int]:
+def resume_point(
+    store: TrajectoryStore, ckpt: CheckpointState | None, policy: str = DEFAULT_POLICY
+) -> tuple[int, int]:
     """(last completed step, last published version) of `policy` to continue from: the
     larger of the checkpoint's and the store's, so steps and versions only ever
     increase."""
@@ -73,8 +81,9 @@ def resume_point(store: TrajectoryStore, ckpt: CheckpointState | None,
     return step, version
 
 
-def newer_published_weights(store: TrajectoryStore, ckpt: CheckpointState | None,
-                            policy: str = DEFAULT_POLICY) -> Path | None:
+def newer_published_weights(
+    store: TrajectoryStore, ckpt: CheckpointState | None, policy: str = DEFAULT_POLICY
+) -> Path | None:
     """The published weights to continue from when the store is ahead of the checkpoint
     (the trainer died after publishing, before checkpointing): the model resumes from
     them, the optimizer from the checkpoint (its moments a few steps old). None when the
@@ -86,12 +95,21 @@ def newer_published_weights(store: TrajectoryStore, ckpt: CheckpointState | None
         return None
     path = Path(latest.path)
     if (path / "config.json").is_file() or is_adapter_dir(path):
-        log.info("store has published v%d past the checkpoint's v%d: resuming from %s",
-                 latest.version, held, path)
+        log.info(
+            "store has published v%d past the checkpoint's v%d: resuming from %s",
+            latest.version,
+            held,
+            path,
+        )
         return path
-    log.warning("store has published v%d but the checkpoint holds v%d and %s is gone: the "
-                "updates in between are lost to the model (their episodes are not "
-                "retrained)", latest.version, held, path)
+    log.warning(
+        "store has published v%d but the checkpoint holds v%d and %s is gone: the "
+        "updates in between are lost to the model (their episodes are not "
+        "retrained)",
+        latest.version,
+        held,
+        path,
+    )
     return None
 
 

@@ -66,10 +66,10 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         rank0 = RankZero.open(config, info, cleanup) if info.rank == 0 else None
         step, version = resume(policy.model, rank0.store if rank0 else None, ckpt, cfg.policy)
         saved_step = step  # nothing to checkpoint until this process trains
-        baseline = (RunningBaseline(cfg.baseline_decay)
-                    if cfg.ungrouped_baseline == "task_mean" else None)
-        log.info("trainer of policy %s starts after step %d at v%d", cfg.policy, step,
-                 version)
+        baseline = (
+            RunningBaseline(cfg.baseline_decay) if cfg.ungrouped_baseline == "task_mean" else None
+        )
+        log.info("trainer of policy %s starts after step %d at v%d", cfg.policy, step, version)
 
         while cfg.total_steps is None or step < cfg.total_steps:
             groups, dropped, wait_s = next_batch(rank0, cfg, version, stop, info)
@@ -79,8 +79,9 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             advantages = sequence_advantages(shaped, cfg.advantage, cfg.adv_eps, baseline)
             micro_batches = shard_micro_batches(shaped, advantages, cfg.max_tokens_per_mb, info)
             t0, cpu0 = time.perf_counter(), time.process_time()
-            stats = train_step(policy.model, policy.optimizer, micro_batches, cfg,
-                               ref_model=policy.reference)
+            stats = train_step(
+                policy.model, policy.optimizer, micro_batches, cfg, ref_model=policy.reference
+            )
             train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
             # A stop signal during training lets the step finish: publishing keeps its
             # work, and the next batch wait sees `stop` and ends the loop.
@@ -101,22 +102,40 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             )
             publish_s = time.perf_counter() - t0
             if rank0 is not None:
-                rank0.record_step(step, version, groups, advantages, stats,
-                                  eos_ids=policy.eos_ids, dropped=dropped, times={
-                                      "time_wait_s": wait_s,
-                                      "time_train_s": train_s,
-                                      # rank 0's CPU time (all its threads): compute, not
-                                      # waits in collectives or for a core on a shared host
-                                      "time_train_cpu_s": train_cpu_s,
-                                      "time_publish_s": publish_s})
+                rank0.record_step(
+                    step,
+                    version,
+                    groups,
+                    advantages,
+                    stats,
+                    eos_ids=policy.eos_ids,
+                    dropped=dropped,
+                    times={
+                        "time_wait_s": wait_s,
+                        "time_train_s": train_s,
+                        # rank 0's CPU time (all its threads): compute, not
+                        # waits in collectives or for a core on a shared host
+                        "time_train_cpu_s": train_cpu_s,
+                        "time_publish_s": publish_s,
+                    },
+                )
             if step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
-                save_checkpoint(policy.model, policy.optimizer,
-                                checkpoint_dir=config.checkpoint_dir(), step=step,
-                                version=version)
+                save_checkpoint(
+                    policy.model,
+                    policy.optimizer,
+                    checkpoint_dir=config.checkpoint_dir(),
+                    step=step,
+                    version=version,
+                )
                 saved_step = step
         if step > saved_step:  # a stopped online run keeps every published update
-            save_checkpoint(policy.model, policy.optimizer,
-                            checkpoint_dir=config.checkpoint_dir(), step=step, version=version)
+            save_checkpoint(
+                policy.model,
+                policy.optimizer,
+                checkpoint_dir=config.checkpoint_dir(),
+                step=step,
+                version=version,
+            )
         if info.world_size > 1:
             # Every rank leaves the group together (only on this normal path: after a
             # failure the peers may never come). A rank that tore its group down while

@@ -50,8 +50,9 @@ def overlong_shaping(length: int, max_tokens: int, buffer: int) -> float:
     return -1.0
 
 
-def _session_shift(sequences: Sequence[TrainSequence], truncated: bool,
-                   cfg: TrainerConfig) -> float:
+def _session_shift(
+    sequences: Sequence[TrainSequence], truncated: bool, cfg: TrainerConfig
+) -> float:
     shift = cfg.no_eos_penalty if truncated and cfg.no_eos == "penalty" else 0.0
     if cfg.overlong_buffer is not None and cfg.overlong_max_tokens is not None:
         length = max((longest_output(s) for s in sequences), default=0)
@@ -59,8 +60,9 @@ def _session_shift(sequences: Sequence[TrainSequence], truncated: bool,
     return shift
 
 
-def apply_no_eos(groups: Sequence[EpisodeGroup], cfg: TrainerConfig,
-                 eos_ids: frozenset[int]) -> list[EpisodeGroup]:
+def apply_no_eos(
+    groups: Sequence[EpisodeGroup], cfg: TrainerConfig, eos_ids: frozenset[int]
+) -> list[EpisodeGroup]:
     """`groups` as `trainer.no_eos` and the overlong shaping train them (unchanged under
     `train` without shaping)."""
     shaping = cfg.overlong_buffer is not None and cfg.overlong_max_tokens is not None
@@ -78,6 +80,7 @@ def apply_no_eos(groups: Sequence[EpisodeGroup], cfg: TrainerConfig,
             if cfg.no_eos == "mask" and is_truncated(seq, eos_ids):
                 seq = dataclasses.replace(seq, loss_mask=(0,) * len(seq.loss_mask))
             sequences.append(seq)
-        out.append(dataclasses.replace(group, sequences=tuple(sequences),
-                                       session_returns=tuple(returns)))
+        out.append(
+            dataclasses.replace(group, sequences=tuple(sequences), session_returns=tuple(returns))
+        )
     return out

@@ -137,8 +137,15 @@ class WeightBroadcaster:
     the gateway's answer and broadcasts. Keeps the last group for the next publish;
     `close()` leaves it."""
 
-    def __init__(self, store: TrajectoryStore, *, backend: str, bucket_bytes: int,
-                 timeout_s: float, address: str | None = None) -> None:
+    def __init__(
+        self,
+        store: TrajectoryStore,
+        *,
+        backend: str,
+        bucket_bytes: int,
+        timeout_s: float,
+        address: str | None = None,
+    ) -> None:
         self.store = store
         self.backend = backend
         self.bucket_bytes = bucket_bytes
@@ -152,17 +159,23 @@ class WeightBroadcaster:
             self._held.close()
             self._held = None
 
-    def offer(self, version: int, state: Mapping[str, torch.Tensor]
-              ) -> tuple[dict[str, Any], list[Bucket]]:
+    def offer(
+        self, version: int, state: Mapping[str, torch.Tensor]
+    ) -> tuple[dict[str, Any], list[Bucket]]:
         """(`metadata.sync` for version `version`'s row, the bucket plan). Names the
         group held from the last publish (`held_group`), which the gateway reuses when
         its backends are unchanged. For a new group, starts its TCPStore now, on a port
         the OS picks, so backends that join before rank 0 learned the world size find it
         listening (a refused connection makes a TCPStore client back off ~0.6 s)."""
         buckets = plan_buckets(state, self.bucket_bytes)
-        self._tcp = dist.TCPStore("0.0.0.0", 0, None, True,
-                                  datetime.timedelta(seconds=self.timeout_s),
-                                  wait_for_workers=False)
+        self._tcp = dist.TCPStore(
+            "0.0.0.0",
+            0,
+            None,
+            True,
+            datetime.timedelta(seconds=self.timeout_s),
+            wait_for_workers=False,
+        )
         offer: dict[str, Any] = {
             "mode": "distributed",
             "master_address": self.address,
@@ -173,8 +186,7 @@ class WeightBroadcaster:
             "expires_at": time.time() + self.timeout_s,
         }
         if self._held is not None:
-            offer["held_group"] = {"name": self._held.name,
-                                   "world_size": self._held.world_size}
+            offer["held_group"] = {"name": self._held.name, "world_size": self._held.world_size}
         return offer, buckets
 
     def _group_for(self, offer: Mapping[str, Any], name: str, world: int) -> _HeldGroup:
@@ -184,8 +196,9 @@ class WeightBroadcaster:
         self.close()
         assert self._tcp is not None, "send() follows offer()"
         if name != offer["group_name"]:
-            raise RuntimeError(f"the gateway answered with group {name!r}, neither the "
-                               "offered nor the held one")
+            raise RuntimeError(
+                f"the gateway answered with group {name!r}, neither the offered nor the held one"
+            )
         store = dist.PrefixStore(name, self._tcp)
         timeout = datetime.timedelta(seconds=self.timeout_s)
         if self.backend == "nccl":
@@ -197,8 +210,13 @@ class WeightBroadcaster:
         self._held = _HeldGroup(name, world, group, self._tcp, device)
         return self._held
 
-    def send(self, version: int, state: Mapping[str, torch.Tensor], offer: Mapping[str, Any],
-             buckets: list[Bucket]) -> dict[str, Any]:
+    def send(
+        self,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        offer: Mapping[str, Any],
+        buckets: list[Bucket],
+    ) -> dict[str, Any]:
         """Wait (up to the offer's expiry) for the gateway's answer (world size and
         group), join a new group as rank 0 or reuse the held one, and broadcast every
         bucket. Never raises for a missing or failed receiver: leaves the group, records
@@ -215,22 +233,36 @@ class WeightBroadcaster:
                 for key in bucket.names:
                     tensor = state[key].to(held.device, non_blocking=True).contiguous()
                     held.group.broadcast(tensor, 0).wait()
-            sent = {"wait_s": t_ready - t0, "join_s": t_joined - t_ready,
-                    "broadcast_s": time.perf_counter() - t_joined,
-                    "total_s": time.perf_counter() - t0,
-                    "bytes": sum(b.nbytes for b in buckets), "buckets": len(buckets),
-                    "world_size": world, "group": name, "reused_group": reused}
+            sent = {
+                "wait_s": t_ready - t0,
+                "join_s": t_joined - t_ready,
+                "broadcast_s": time.perf_counter() - t_joined,
+                "total_s": time.perf_counter() - t0,
+                "bytes": sum(b.nbytes for b in buckets),
+                "buckets": len(buckets),
+                "world_size": world,
+                "group": name,
+                "reused_group": reused,
+            }
             self.store.update_weight_version_metadata(version, {"sync_sent": sent})
-            log.info("broadcast v%d to %d backend rank(s): %d bytes in %d bucket(s), "
-                     "%.3f s (%.3f s waiting for the gateway%s)", version, world - 1,
-                     sent["bytes"], len(buckets), sent["total_s"], sent["wait_s"],
-                     ", group reused" if reused else "")
+            log.info(
+                "broadcast v%d to %d backend rank(s): %d bytes in %d bucket(s), "
+                "%.3f s (%.3f s waiting for the gateway%s)",
+                version,
+                world - 1,
+                sent["bytes"],
+                len(buckets),
+                sent["total_s"],
+                sent["wait_s"],
+                ", group reused" if reused else "",
+            )
             return {"sync_sent": sent}
         except (TimeoutError, RuntimeError, OSError) as exc:  # gloo/nccl errors are RuntimeError
             self.close()
             message = f"{type(exc).__name__}: {exc}"
-            log.warning("distributed sync of v%d failed (%s); the gateway swaps from disk",
-                        version, message)
+            log.warning(
+                "distributed sync of v%d failed (%s); the gateway swaps from disk", version, message
+            )
             self.store.update_weight_version_metadata(version, {"sync_error": message})
             return {"sync_error": message}
         finally:
@@ -243,8 +275,10 @@ class WeightBroadcaster:
             record = self.store.get_weight_version(version)
             meta = record.metadata if record else {}
             if "sync_world_size" in meta:
-                return (int(meta["sync_world_size"]),
-                        str(meta.get("sync_group", offer["group_name"])))
+                return (
+                    int(meta["sync_world_size"]),
+                    str(meta.get("sync_group", offer["group_name"])),
+                )
             if "sync_failed" in meta:
                 raise RuntimeError(f"the gateway gave up: {meta['sync_failed']}")
             if time.time() >= expires_at:

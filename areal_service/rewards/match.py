@@ -33,8 +33,9 @@ def last_number(text: str) -> float | None:
         return None
 
 
-def numeric_close(prediction: str, reference: str | float, *, rel_tol: float = 1e-6,
-                  abs_tol: float = 1e-6) -> bool:
+def numeric_close(
+    prediction: str, reference: str | float, *, rel_tol: float = 1e-6, abs_tol: float = 1e-6
+) -> bool:
     """Whether the last number in `prediction` is within tolerance of `reference` (a
     number, or text whose last number is used: `#### 42` works)."""
     gold = reference if isinstance(reference, int | float) else last_number(str(reference))
@@ -58,6 +59,10 @@ def numeric_reward(completion: str | None, sample: Mapping[str, Any]) -> float:
     answer = sample.get("answer")
     if not completion or answer is None:
         return 0.0
-    close = numeric_close(completion, answer, rel_tol=float(sample.get("rel_tol", 1e-6)),
-                          abs_tol=float(sample.get("abs_tol", 1e-6)))
+    close = numeric_close(
+        completion,
+        answer,
+        rel_tol=float(sample.get("rel_tol", 1e-6)),
+        abs_tol=float(sample.get("abs_tol", 1e-6)),
+    )
     return 1.0 if close else 0.0

@@ -49,8 +49,9 @@ def math_equal(prediction: str, reference: str) -> bool:
             return False
         return bool(verify(gold, pred, timeout_seconds=timeout))
     except Exception:  # noqa: BLE001 - a malformed answer is a wrong answer, never a crash
-        log.debug("math-verify failed on %r vs %r", prediction[:200], reference[:200],
-                  exc_info=True)
+        log.debug(
+            "math-verify failed on %r vs %r", prediction[:200], reference[:200], exc_info=True
+        )
         return False
 
 

@@ -29,8 +29,9 @@ ADMISSION_LOCK_ID = 0x4152_4541_4C47
 """PostgreSQL advisory lock key of the admission transaction ("AREALG")."""
 
 
-def reserve_admission(engine: Engine, count: int, limit: int, ttl_s: float,
-                      *, now: float | None = None) -> tuple[str | None, int]:
+def reserve_admission(
+    engine: Engine, count: int, limit: int, ttl_s: float, *, now: float | None = None
+) -> tuple[str | None, int]:
     """Hold `count` places in a window of `limit` until `release_admission` or
     now + `ttl_s`: (the reservation's id, or None when there is no room; the places
     taken before this call: admitted sessions plus live reservations)."""
@@ -41,24 +42,31 @@ def reserve_admission(engine: Engine, count: int, limit: int, ttl_s: float,
         # A write first: on SQLite this takes the write lock, so the counts below stay
         # true until the commit.
         connection.execute(delete(AdmissionRow).where(AdmissionRow.expires_at < now))
-        admitted = (select(func.count()).select_from(SessionRow)
-                    .where(SessionRow.status != "dropped").scalar_subquery())
+        admitted = (
+            select(func.count())
+            .select_from(SessionRow)
+            .where(SessionRow.status != "dropped")
+            .scalar_subquery()
+        )
         held = select(func.coalesce(func.sum(AdmissionRow.count), 0)).scalar_subquery()
         taken = int(connection.execute(select(admitted + held)).scalar_one())
         if taken + count > limit:
             return None, taken
         reservation = uuid.uuid4().hex
-        connection.execute(insert(AdmissionRow).values(id=reservation, count=count,
-                                                       expires_at=now + ttl_s))
+        connection.execute(
+            insert(AdmissionRow).values(id=reservation, count=count, expires_at=now + ttl_s)
+        )
     return reservation, taken
 
 
 def take_admitted_place(connection: Connection, reservation: str) -> None:
     """In the transaction that inserts a session admitted under `reservation`: move one
     place from the reservation to the session."""
-    connection.execute(update(AdmissionRow)
-                       .where(AdmissionRow.id == reservation, AdmissionRow.count > 0)
-                       .values(count=AdmissionRow.count - 1))
+    connection.execute(
+        update(AdmissionRow)
+        .where(AdmissionRow.id == reservation, AdmissionRow.count > 0)
+        .values(count=AdmissionRow.count - 1)
+    )
 
 
 def release_admission(engine: Engine, reservation: str) -> None:

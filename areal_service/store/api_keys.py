@@ -42,12 +42,17 @@ class KeyStore(RowAccess):
         every stale key it has in one store trip."""
         if not key_hashes:
             return {}
-        found = self._list(ApiKeyRecord,
-                           select(ApiKeyRow).where(ApiKeyRow.key_hash.in_(list(key_hashes))))
+        found = self._list(
+            ApiKeyRecord, select(ApiKeyRow).where(ApiKeyRow.key_hash.in_(list(key_hashes)))
+        )
         return {record.key_hash: record for record in found}
 
     def list_api_keys(
-        self, *, include_revoked: bool = True, limit: int = 100, offset: int = 0,
+        self,
+        *,
+        include_revoked: bool = True,
+        limit: int = 100,
+        offset: int = 0,
         kinds: Collection[str] | None = None,
     ) -> list[ApiKeyRecord]:
         """Keys, newest first; only those of `kinds` when given (the user's own keys
@@ -81,11 +86,14 @@ class KeyStore(RowAccess):
         keeps a later time another replica already wrote."""
         if not used_at:
             return
-        statement = (update(ApiKeyRow)
-                     .where(ApiKeyRow.id == bindparam("key_id"),
-                            or_(ApiKeyRow.last_used_at.is_(None),
-                                ApiKeyRow.last_used_at < bindparam("at")))
-                     .values(last_used_at=bindparam("at")))
+        statement = (
+            update(ApiKeyRow)
+            .where(
+                ApiKeyRow.id == bindparam("key_id"),
+                or_(ApiKeyRow.last_used_at.is_(None), ApiKeyRow.last_used_at < bindparam("at")),
+            )
+            .values(last_used_at=bindparam("at"))
+        )
         with self._engine.begin() as connection:
             connection.execute(statement, [{"key_id": k, "at": t} for k, t in used_at.items()])
 
@@ -93,13 +101,17 @@ class KeyStore(RowAccess):
         """Add to `tokens_used` of many keys in one transaction (key id → tokens)."""
         if not tokens:
             return
-        statement = (update(ApiKeyRow).where(ApiKeyRow.id == bindparam("key_id"))
-                     .values(tokens_used=ApiKeyRow.tokens_used + bindparam("n")))
+        statement = (
+            update(ApiKeyRow)
+            .where(ApiKeyRow.id == bindparam("key_id"))
+            .values(tokens_used=ApiKeyRow.tokens_used + bindparam("n"))
+        )
         with self._engine.begin() as connection:
             connection.execute(statement, [{"key_id": k, "n": n} for k, n in tokens.items()])
 
-    def set_api_key_limits(self, key_id: str, limits: Mapping[str, int | None]
-                           ) -> ApiKeyRecord | None:
+    def set_api_key_limits(
+        self, key_id: str, limits: Mapping[str, int | None]
+    ) -> ApiKeyRecord | None:
         """Set some of a key's limits (`LIMITS`; None: unlimited). The key, or None if
         unknown; ValueError for another name."""
         if set(limits) - LIMITS:

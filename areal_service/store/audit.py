@@ -51,8 +51,9 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0].strip()
 
 
-def episode_audit(engine: Engine, trainer: TrainerConfig,
-                  *, at: float | None = None) -> EpisodeAudit:
+def episode_audit(
+    engine: Engine, trainer: TrainerConfig, *, at: float | None = None
+) -> EpisodeAudit:
     """The audit of every session in `store` under the trainer settings `trainer`."""
     at = now() if at is None else at
     why: dict[str, int] = {}
@@ -67,21 +68,28 @@ def episode_audit(engine: Engine, trainer: TrainerConfig,
             .where(SessionRow.status == "dropped")
             .group_by(SessionRow.drop_reason)
         ).all()
-        groups = connection.execute(
-            select(
-                SessionRow.group_id,
-                func.count(),
-                func.sum(case((SessionRow.status == "open", 1), else_=0)),
-                func.max(SessionRow.ended_at),
-            )
-            .where(
-                SessionRow.status.in_(("open", "ended")),
-                or_(SessionRow.group_id.is_(None),
-                    SessionRow.group_id.in_(
-                        select(SessionRow.group_id).where(SessionRow.status == "ended"))),
-            )
-            .group_by(SessionRow.group_id)
-        ).all() if by_status.get("ended") else []
+        groups = (
+            connection.execute(
+                select(
+                    SessionRow.group_id,
+                    func.count(),
+                    func.sum(case((SessionRow.status == "open", 1), else_=0)),
+                    func.max(SessionRow.ended_at),
+                )
+                .where(
+                    SessionRow.status.in_(("open", "ended")),
+                    or_(
+                        SessionRow.group_id.is_(None),
+                        SessionRow.group_id.in_(
+                            select(SessionRow.group_id).where(SessionRow.status == "ended")
+                        ),
+                    ),
+                )
+                .group_by(SessionRow.group_id)
+            ).all()
+            if by_status.get("ended")
+            else []
+        )
     states = {state: int(by_status.get(state, 0)) for state in STATES}
     unknown = sum(int(n) for status, n in by_status.items() if status not in STATES)
     if unknown:
@@ -106,14 +114,22 @@ def episode_audit(engine: Engine, trainer: TrainerConfig,
             continue  # waits for its open sessions (they end, at the latest, when idle)
         if size is not None and n_ended < size and trainer.partial_group_wait_s is None:
             why["partial group that never settles"] = (
-                why.get("partial group that never settles", 0) + n_ended)
+                why.get("partial group that never settles", 0) + n_ended
+            )
         elif last_end is not None and last_end < at - settle_s:
             overdue += n_ended
     return EpisodeAudit(states, dropped, overdue, sum(why.values()), why)
 
 
 def _ungrouped_overdue(engine: Engine, before: float) -> int:
-    statement = select(func.count()).select_from(SessionRow).where(
-        SessionRow.status == "ended", SessionRow.group_id.is_(None), SessionRow.ended_at < before)
+    statement = (
+        select(func.count())
+        .select_from(SessionRow)
+        .where(
+            SessionRow.status == "ended",
+            SessionRow.group_id.is_(None),
+            SessionRow.ended_at < before,
+        )
+    )
     with engine.connect() as connection:
         return int(connection.execute(statement).scalar_one())

@@ -58,8 +58,9 @@ def staleness_of(completions: Iterable[CompletionRecord], current_version: int) 
     return current_version - min(versions) if versions else 0
 
 
-def _group(ready: ReadyGroup, kept: list[SessionEpisode], staleness: int, claim_id: str
-           ) -> EpisodeGroup:
+def _group(
+    ready: ReadyGroup, kept: list[SessionEpisode], staleness: int, claim_id: str
+) -> EpisodeGroup:
     return EpisodeGroup(
         group_id=ready.key,
         session_ids=tuple(e.session_id for e in kept),
@@ -168,8 +169,14 @@ class EpisodeClaimer:
         partial_before = None if self._partial_wait_s is None else now() - self._partial_wait_s
         while len(groups) < max_groups:
             with self._engine.connect() as connection:
-                ready = ready_groups(connection, group_size, max_groups - len(groups), seen,
-                                     partial_before=partial_before, policy=self._trains)
+                ready = ready_groups(
+                    connection,
+                    group_size,
+                    max_groups - len(groups),
+                    seen,
+                    partial_before=partial_before,
+                    policy=self._trains,
+                )
             if not ready:
                 break
             seen.update(r.key for r in ready)
@@ -296,8 +303,10 @@ class EpisodeClaimer:
             if len(kept) >= least:
                 built.append(_group(ready, kept, staleness, claim_id))
             elif kept:
-                reason = (f"{INCOMPLETE}: {len(kept)} of {len(ready.session_ids)} sessions "
-                          "left (a group trains with >= 2)")
+                reason = (
+                    f"{INCOMPLETE}: {len(kept)} of {len(ready.session_ids)} sessions "
+                    "left (a group trains with >= 2)"
+                )
                 left = tuple(e.session_id for e in kept)
                 dropped.append(DroppedEpisodes(ready.key, left, reason, staleness))
         return built, dropped

@@ -146,7 +146,8 @@ def _read_only_is_disconnect(engine: Engine) -> None:
     def is_disconnect(error: DBAPIModule.Error, connection: Any, cursor: Any) -> bool:
         code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
         read_only = (code is not None and code & 0xFF == _SQLITE_READONLY) or (
-            "readonly database" in str(error))
+            "readonly database" in str(error)
+        )
         return read_only or base(error, connection, cursor)
 
     # A plain function over the bound method, on this dialect instance only (on purpose).
@@ -169,8 +170,9 @@ def scratch_postgres_database(server_url: str, prefix: str) -> Iterator[str]:
     forcing out connections left open. For tests and benchmarks. Raises
     sqlalchemy's OperationalError when the server is unreachable."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT",
-                          connect_args={"connect_timeout": 3})
+    admin = create_engine(
+        server_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
+    )
     try:
         with admin.connect() as connection:
             connection.execute(text(f'CREATE DATABASE "{name}"'))

@@ -27,8 +27,9 @@ class Coordination:
 
     # Leases (`leases.py`).
 
-    def acquire_lease(self, name: str, holder: str, ttl_s: float,
-                      *, now: float | None = None) -> bool:
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, now: float | None = None
+    ) -> bool:
         """Take or renew lease `name` for `holder`; True when it is held afterwards."""
         return leases.acquire_lease(self._engine, name, holder, ttl_s, now=now)
 
@@ -42,8 +43,9 @@ class Coordination:
 
     # Staleness-window admissions (`admissions.py`).
 
-    def reserve_admission(self, count: int, limit: int, ttl_s: float,
-                          *, now: float | None = None) -> tuple[str | None, int]:
+    def reserve_admission(
+        self, count: int, limit: int, ttl_s: float, *, now: float | None = None
+    ) -> tuple[str | None, int]:
         """Hold `count` places in a window of `limit` (None: no room) and the places
         taken before; atomic across every process on the store."""
         return admissions.reserve_admission(self._engine, count, limit, ttl_s, now=now)
@@ -54,8 +56,9 @@ class Coordination:
 
     # Signed-out console cookies (`revocations.py`).
 
-    def revoke_console_session(self, nonce: str, expires_at: float,
-                               *, now: float | None = None) -> None:
+    def revoke_console_session(
+        self, nonce: str, expires_at: float, *, now: float | None = None
+    ) -> None:
         """Refuse the console cookie with `nonce` on every process until `expires_at`."""
         revocations.revoke_console_session(self._engine, nonce, expires_at, now=now)
 
@@ -65,19 +68,31 @@ class Coordination:
 
     # Failed-credential counts shared by gateway processes (`auth_failures.py`).
 
-    def exchange_auth_failures(self, holder: str, mine: Mapping[str, AuthFailures],
-                               quiet_s: float, limit: int, *, now: float | None = None
-                               ) -> dict[str, AuthFailures]:
+    def exchange_auth_failures(
+        self,
+        holder: str,
+        mine: Mapping[str, AuthFailures],
+        quiet_s: float,
+        limit: int,
+        *,
+        now: float | None = None,
+    ) -> dict[str, AuthFailures]:
         """Publish `holder`'s changed counts; the other holders' live counts per address
         (at most `limit` addresses, the most recent first)."""
-        return auth_failures.exchange_auth_failures(self._engine, holder, mine, quiet_s,
-                                                    limit=limit, now=now)
+        return auth_failures.exchange_auth_failures(
+            self._engine, holder, mine, quiet_s, limit=limit, now=now
+        )
 
     # Per-key counts shared by gateway processes (`key_counters.py`).
 
-    def exchange_key_counts(self, holder: str, counts: Mapping[str, KeyCounts], fresh_s: float,
-                            *, now: float | None = None
-                            ) -> tuple[dict[str, KeyCounts], dict[str, int]]:
+    def exchange_key_counts(
+        self,
+        holder: str,
+        counts: Mapping[str, KeyCounts],
+        fresh_s: float,
+        *,
+        now: float | None = None,
+    ) -> tuple[dict[str, KeyCounts], dict[str, int]]:
         """Publish `holder`'s counts; the other holders' fresh counts and the stored
         `tokens_used` of the same keys."""
         return key_counters.exchange_key_counts(self._engine, holder, counts, fresh_s, now=now)

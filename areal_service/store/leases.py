@@ -22,8 +22,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from areal_service.store.schema import LeaseRow
 
 
-def acquire_lease(engine: Engine, name: str, holder: str, ttl_s: float,
-                  *, now: float | None = None) -> bool:
+def acquire_lease(
+    engine: Engine, name: str, holder: str, ttl_s: float, *, now: float | None = None
+) -> bool:
     """Take `name` for `holder` until now + `ttl_s` if it is free, expired or already
     theirs; True when `holder` holds it afterwards."""
     now = time.time() if now is None else now
@@ -32,11 +33,13 @@ def acquire_lease(engine: Engine, name: str, holder: str, ttl_s: float,
     upsert = upsert.on_conflict_do_update(
         index_elements=[LeaseRow.name],
         set_={"holder": upsert.excluded.holder, "expires_at": upsert.excluded.expires_at},
-        where=(LeaseRow.holder == holder) | (LeaseRow.expires_at < now))
+        where=(LeaseRow.holder == holder) | (LeaseRow.expires_at < now),
+    )
     with engine.begin() as connection:
         connection.execute(upsert)
         current = connection.execute(
-            select(LeaseRow.holder).where(LeaseRow.name == name)).scalar_one()
+            select(LeaseRow.holder).where(LeaseRow.name == name)
+        ).scalar_one()
     return bool(current == holder)
 
 
@@ -44,14 +47,14 @@ def release_lease(engine: Engine, name: str, holder: str) -> None:
     """Give `name` up if `holder` has it (a clean shutdown: the next holder need not wait
     for the expiry)."""
     with engine.begin() as connection:
-        connection.execute(delete(LeaseRow).where(LeaseRow.name == name,
-                                                  LeaseRow.holder == holder))
+        connection.execute(delete(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder))
 
 
 def lease_holder(engine: Engine, name: str, *, now: float | None = None) -> str | None:
     """Who holds `name` now (None: nobody, or expired)."""
     now = time.time() if now is None else now
     with engine.connect() as connection:
-        row = connection.execute(select(LeaseRow.holder, LeaseRow.expires_at)
-                                 .where(LeaseRow.name == name)).first()
+        row = connection.execute(
+            select(LeaseRow.holder, LeaseRow.expires_at).where(LeaseRow.name == name)
+        ).first()
     return None if row is None or row.expires_at < now else str(row.holder)

@@ -105,15 +105,16 @@ class PrefixIndex:
 
     def candidates(self, size: int) -> list[int]:
         """The lengths a prompt of `size` tokens may extend, ascending (a copy)."""
-        return self._lengths[:bisect.bisect_right(self._lengths, size)]
+        return self._lengths[: bisect.bisect_right(self._lengths, size)]
 
     def at(self, length: int, digest: str) -> PrefixEntry | None:
         group = self._by_length.get(length)
         return None if group is None else group.get(digest)
 
 
-def _scan(packed_prompt: memoryview, packed_output: bytes, index: PrefixIndex,
-          lengths: list[int]) -> tuple[str | None, str]:
+def _scan(
+    packed_prompt: memoryview, packed_output: bytes, index: PrefixIndex, lengths: list[int]
+) -> tuple[str | None, str]:
     """(parent id, digest of prompt+output) in ONE blake2b pass: the hash state is
     copied at each candidate length (`lengths`, ascending, from `index.candidates`), so
     the cost is O(prompt + output + lengths), however many earlier turns there are."""
@@ -135,8 +136,7 @@ def match_parent(prompt_ids: Sequence[int], entries: Iterable[PrefixEntry]) -> s
     """The id of the longest entry (newest on ties) whose prompt+output is a prefix of
     `prompt_ids`, or None."""
     index = PrefixIndex(entries)
-    return _scan(memoryview(_pack(prompt_ids)), b"", index,
-                 index.candidates(len(prompt_ids)))[0]
+    return _scan(memoryview(_pack(prompt_ids)), b"", index, index.candidates(len(prompt_ids)))[0]
 
 
 class PrefixSource(Protocol):
@@ -145,16 +145,17 @@ class PrefixSource(Protocol):
 
     def prefix_entries(self, session_id: str) -> list[PrefixEntry]: ...
 
-    def prefix_entries_of(self, session_ids: Collection[str]) -> dict[str, list[PrefixEntry]]:
-        ...
+    def prefix_entries_of(self, session_ids: Collection[str]) -> dict[str, list[PrefixEntry]]: ...
 
 
-def _linked(record: CompletionRecord, index: PrefixIndex, lengths: list[int]
-            ) -> tuple[CompletionRecord, PrefixEntry]:
+def _linked(
+    record: CompletionRecord, index: PrefixIndex, lengths: list[int]
+) -> tuple[CompletionRecord, PrefixEntry]:
     """`record` with its parent among `index`'s entries of `lengths` (an explicit
     parent_id is kept), and its own entry for the turns after it."""
-    parent, digest = _scan(memoryview(_pack(record.prompt_ids)), _pack(record.output_ids),
-                           index, lengths)
+    parent, digest = _scan(
+        memoryview(_pack(record.prompt_ids)), _pack(record.output_ids), index, lengths
+    )
     if record.parent_id is None:
         record = dataclasses.replace(record, parent_id=parent)
     size = len(record.prompt_ids) + len(record.output_ids)
@@ -234,8 +235,12 @@ class ParentLinker:
         0) link as `link_parent` does. Cost: one indexed query per batch, none per
         request on the event loop."""
         loaded = self._store.prefix_entries_of(
-            {r.session_id for r in records
-             if r.session_id is not None and self._cached(r.session_id) is None})
+            {
+                r.session_id
+                for r in records
+                if r.session_id is not None and self._cached(r.session_id) is None
+            }
+        )
         indexes = {session_id: PrefixIndex(entries) for session_id, entries in loaded.items()}
         out = []
         for record in records:

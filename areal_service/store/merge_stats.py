@@ -47,8 +47,12 @@ def merge_stats(engine: Engine, recent: int = RECENT_COMPLETIONS) -> MergeStats:
     recorded (not re-verified as `build_sequences` does), and a completion whose child
     falls outside the window counts as a leaf: a close estimate, not the export."""
     rows = (
-        select(CompletionRow.id, CompletionRow.session_id, CompletionRow.prompt_tokens,
-               CompletionRow.completion_tokens)
+        select(
+            CompletionRow.id,
+            CompletionRow.session_id,
+            CompletionRow.prompt_tokens,
+            CompletionRow.completion_tokens,
+        )
         .where(CompletionRow.session_id.is_not(None))
         .order_by(CompletionRow.created_at.desc())
         .limit(recent)
@@ -61,11 +65,10 @@ def merge_stats(engine: Engine, recent: int = RECENT_COMPLETIONS) -> MergeStats:
         func.count(),
         func.coalesce(func.sum(case((leaf, 1), else_=0)), 0),
         func.coalesce(func.sum(rows.c.completion_tokens), 0),
-        func.coalesce(func.sum(case((leaf, rows.c.prompt_tokens + rows.c.completion_tokens),
-                                    else_=0)), 0),
+        func.coalesce(
+            func.sum(case((leaf, rows.c.prompt_tokens + rows.c.completion_tokens), else_=0)), 0
+        ),
     )
     with engine.connect() as connection:
-        sessions, completions, sequences, generated, trained = connection.execute(
-            statement).one()
-    return MergeStats(int(sessions), int(completions), int(sequences), int(generated),
-                      int(trained))
+        sessions, completions, sequences, generated, trained = connection.execute(statement).one()
+    return MergeStats(int(sessions), int(completions), int(sequences), int(generated), int(trained))

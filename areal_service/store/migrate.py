@@ -79,8 +79,9 @@ def _upgrading_alone(engine: Engine) -> Iterator[None]:
             try:
                 yield
             finally:
-                connection.execute(text("SELECT pg_advisory_unlock(:key)"),
-                                   {"key": MIGRATION_LOCK_KEY})
+                connection.execute(
+                    text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY}
+                )
         return
     database = engine.url.database if engine.dialect.name == "sqlite" else None
     if not database:

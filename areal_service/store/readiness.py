@@ -147,9 +147,11 @@ def settling_counts(engine: Engine) -> SettlingCounts:
     each with indexed lookups of its rewards (correlated NOT EXISTS: the rewards table,
     which only grows, is never scanned whole)."""
     rewarded_directly = select(RewardRow.id).where(RewardRow.session_id == SessionRow.id)
-    rewarded_via_completion = select(RewardRow.id).join(
-        CompletionRow, RewardRow.completion_id == CompletionRow.id
-    ).where(CompletionRow.session_id == SessionRow.id)
+    rewarded_via_completion = (
+        select(RewardRow.id)
+        .join(CompletionRow, RewardRow.completion_id == CompletionRow.id)
+        .where(CompletionRow.session_id == SessionRow.id)
+    )
     rewarded_group = select(RewardRow.id).where(RewardRow.group_id == SessionRow.group_id)
     awaiting = (
         select(func.count())

@@ -70,8 +70,9 @@ def _target_sessions(connection: Connection, record: RewardRecord) -> Sequence[s
     if record.session_id is not None:
         return [record.session_id]
     return list(
-        connection.execute(select(SessionRow.id).where(SessionRow.group_id == record.group_id))
-        .scalars()
+        connection.execute(
+            select(SessionRow.id).where(SessionRow.group_id == record.group_id)
+        ).scalars()
     )
 
 
@@ -83,8 +84,9 @@ def _total(connection: Connection, record: RewardRecord) -> float:
     return float(total or 0.0)
 
 
-def accept_reward(engine: Engine, record: RewardRecord, *, additive: bool = False
-                  ) -> AcceptedReward:
+def accept_reward(
+    engine: Engine, record: RewardRecord, *, additive: bool = False
+) -> AcceptedReward:
     """Insert `record` if its target's sessions are all `open`/`ended` and (unless
     `additive`) no reward of the same name is on the same target; RewardRefused
     otherwise. A reward whose (owner, id) exists is returned as stored (idempotent
@@ -110,8 +112,7 @@ def _stored(connection: Connection, record: RewardRecord) -> RewardRecord | None
     return None if row is None else record_from_row(RewardRecord, row)
 
 
-def _check_and_insert(connection: Connection, record: RewardRecord, additive: bool
-                      ) -> RewardRecord:
+def _check_and_insert(connection: Connection, record: RewardRecord, additive: bool) -> RewardRecord:
     sessions = _target_sessions(connection, record)
     if sessions:
         # The lock (module docstring). PostgreSQL: FOR NO KEY UPDATE in id order (two
@@ -137,8 +138,11 @@ def _check_and_insert(connection: Connection, record: RewardRecord, additive: bo
         ).first()
         if final is not None:
             column, value = _target_filter(record)
-            what = f"group {value!r}: its session {final.id!r}" if column == "group_id" \
+            what = (
+                f"group {value!r}: its session {final.id!r}"
+                if column == "group_id"
                 else f"session {final.id!r}"
+            )
             raise RewardRefused(
                 "session_trained",
                 f"{what} is already {final.status}; its rewards can no longer change "
@@ -148,16 +152,16 @@ def _check_and_insert(connection: Connection, record: RewardRecord, additive: bo
     if not additive:
         column, value = _target_filter(record)
         same = connection.execute(
-            select(RewardRow.id, RewardRow.value).where(
-                getattr(RewardRow, column) == value, RewardRow.name == record.name
-            ).limit(1)
+            select(RewardRow.id, RewardRow.value)
+            .where(getattr(RewardRow, column) == value, RewardRow.name == record.name)
+            .limit(1)
         ).first()
         if same is not None:
             raise RewardRefused(
                 "reward_exists",
                 f"{column.removesuffix('_id')} {value!r} already has a reward named "
                 f"{record.name!r} ({same.value:g}, id {same.id!r}); rewards on one target "
-                "add up: post with \"additive\": true to add this one, or give it another "
+                'add up: post with "additive": true to add this one, or give it another '
                 "name",
                 "name",
             )

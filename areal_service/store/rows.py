@@ -41,8 +41,7 @@ def row_values(record: Any) -> dict[str, Any]:
     """A record's fields as ORM constructor keywords."""
     # ignore: mypy checks a class object against Hashable with the instances' unbound
     # __hash__ and rejects it; classes are hashable.
-    return {_attr(name): getattr(record, name)
-            for name in _names(type(record))}  # type: ignore[arg-type]
+    return {_attr(name): getattr(record, name) for name in _names(type(record))}  # type: ignore[arg-type]
 
 
 def to_record(cls: type[_R], row: Base) -> _R:

@@ -92,8 +92,9 @@ class SessionRow(Base):
     claimed_at: Mapped[float | None] = mapped_column(Float)
     trained_at: Mapped[float | None] = mapped_column(Float)
     drop_reason: Mapped[str | None] = mapped_column(String)
-    policy: Mapped[str] = mapped_column(String, index=True, default="default",
-                                        server_default="default")
+    policy: Mapped[str] = mapped_column(
+        String, index=True, default="default", server_default="default"
+    )
     """The policy that serves and trains the session; a policy's trainer claims only
     its own (`claims.py`)."""
 

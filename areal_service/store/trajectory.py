@@ -100,8 +100,11 @@ class TrajectoryStore(RowAccess):
     @classmethod
     def open(cls, url: str, config: StoreConfig) -> TrajectoryStore:
         """Create the engine for `url` and, when `config.auto_migrate`, upgrade to head."""
-        engine = create_store_engine(url, sqlite_synchronous=config.sqlite_synchronous,
-                                     sqlite_max_size_mb=config.sqlite_max_size_mb)
+        engine = create_store_engine(
+            url,
+            sqlite_synchronous=config.sqlite_synchronous,
+            sqlite_max_size_mb=config.sqlite_max_size_mb,
+        )
         if config.auto_migrate:
             upgrade_engine(engine)
         logger.info("trajectory store at %s", engine.url)
@@ -130,8 +133,7 @@ class TrajectoryStore(RowAccess):
 
     # Sessions (episodes).
 
-    def add_session(self, record: SessionRecord, admission: str | None = None
-                    ) -> SessionRecord:
+    def add_session(self, record: SessionRecord, admission: str | None = None) -> SessionRecord:
         """Insert a session (IntegrityError when the id exists). `admission`: the
         staleness-window reservation it was admitted under, which gives the session its
         place in the same transaction (`admissions.py`)."""
@@ -151,8 +153,9 @@ class TrajectoryStore(RowAccess):
         one query: the gateway's session cache reloads every stale entry at once."""
         if not session_ids:
             return {}
-        found = self._list(SessionRecord,
-                           select(SessionRow).where(SessionRow.id.in_(list(session_ids))))
+        found = self._list(
+            SessionRecord, select(SessionRow).where(SessionRow.id.in_(list(session_ids)))
+        )
         return {record.id: record for record in found}
 
     def list_sessions(
@@ -291,13 +294,16 @@ class TrajectoryStore(RowAccess):
         out: dict[str, list[PrefixEntry]] = {session_id: [] for session_id in session_ids}
         if not out:
             return out
-        statement = select(CompletionRow.session_id, CompletionRow.id, CompletionRow.full_len,
-                           CompletionRow.full_hash, CompletionRow.created_at).where(
-            CompletionRow.session_id.in_(list(out)), CompletionRow.full_hash.is_not(None))
+        statement = select(
+            CompletionRow.session_id,
+            CompletionRow.id,
+            CompletionRow.full_len,
+            CompletionRow.full_hash,
+            CompletionRow.created_at,
+        ).where(CompletionRow.session_id.in_(list(out)), CompletionRow.full_hash.is_not(None))
         with self._engine.connect() as connection:
             # IN and the WHERE drop NULL sessions and hashes (the columns' Optional).
-            rows = cast("Iterable[tuple[str, str, int, str, float]]",
-                        connection.execute(statement))
+            rows = cast("Iterable[tuple[str, str, int, str, float]]", connection.execute(statement))
             for session_id, completion_id, length, digest, created_at in rows:
                 out[session_id].append(PrefixEntry(completion_id, length, digest, created_at))
         return out
@@ -358,13 +364,13 @@ class TrajectoryStore(RowAccess):
         self._add(WeightVersionRow(**row_values(record)))
         return record
 
-    def get_weight_version(self, version: int, policy: str = DEFAULT_POLICY
-                           ) -> WeightVersionRecord | None:
+    def get_weight_version(
+        self, version: int, policy: str = DEFAULT_POLICY
+    ) -> WeightVersionRecord | None:
         """Version `version` of `policy`, or None."""
         return self._get(WeightVersionRecord, WeightVersionRow, (policy, version))
 
-    def latest_weight_version(self, policy: str = DEFAULT_POLICY
-                              ) -> WeightVersionRecord | None:
+    def latest_weight_version(self, policy: str = DEFAULT_POLICY) -> WeightVersionRecord | None:
         """`policy`'s highest published version, or None before its first publish."""
         found = self.list_weight_versions(limit=1, policy=policy)
         return found[0] if found else None
@@ -372,19 +378,27 @@ class TrajectoryStore(RowAccess):
     def latest_weight_versions(self) -> dict[str, WeightVersionRecord]:
         """Each policy's highest published version (policies without one are absent);
         one query, grouped by the primary key's leading column."""
-        newest = (select(WeightVersionRow.policy, func.max(WeightVersionRow.version)
-                         .label("version")).group_by(WeightVersionRow.policy).subquery())
-        statement = select(WeightVersionRow).join(newest, (
-            WeightVersionRow.policy == newest.c.policy)
-            & (WeightVersionRow.version == newest.c.version))
+        newest = (
+            select(WeightVersionRow.policy, func.max(WeightVersionRow.version).label("version"))
+            .group_by(WeightVersionRow.policy)
+            .subquery()
+        )
+        statement = select(WeightVersionRow).join(
+            newest,
+            (WeightVersionRow.policy == newest.c.policy)
+            & (WeightVersionRow.version == newest.c.version),
+        )
         return {r.policy: r for r in self._list(WeightVersionRecord, statement)}
 
     def list_weight_versions(
         self, *, limit: int = 100, offset: int = 0, policy: str = DEFAULT_POLICY
     ) -> list[WeightVersionRecord]:
         """`policy`'s published versions, newest first."""
-        statement = (select(WeightVersionRow).where(WeightVersionRow.policy == policy)
-                     .order_by(WeightVersionRow.version.desc()))
+        statement = (
+            select(WeightVersionRow)
+            .where(WeightVersionRow.policy == policy)
+            .order_by(WeightVersionRow.version.desc())
+        )
         return self._list(WeightVersionRecord, paged(statement, limit, offset))
 
     def update_weight_version_metadata(
@@ -409,15 +423,19 @@ class TrajectoryStore(RowAccess):
             row.meta = {**row.meta, **metadata}
             return to_record(WeightVersionRecord, row)
 
-    def live_weight_version(self, *, after: int = -1, scan: int = 16,
-                            policy: str = DEFAULT_POLICY) -> WeightVersionRecord | None:
+    def live_weight_version(
+        self, *, after: int = -1, scan: int = 16, policy: str = DEFAULT_POLICY
+    ) -> WeightVersionRecord | None:
         """The newest version above `after` the swap leader made live (`live_at` in its
         metadata), among the `scan` newest published; None when there is none. Followers
         poll this with their own live version as `after` (a few times a second), so the
         usual answer reads no row."""
-        statement = (select(WeightVersionRow)
-                     .where(WeightVersionRow.policy == policy, WeightVersionRow.version > after)
-                     .order_by(WeightVersionRow.version.desc()).limit(scan))
+        statement = (
+            select(WeightVersionRow)
+            .where(WeightVersionRow.policy == policy, WeightVersionRow.version > after)
+            .order_by(WeightVersionRow.version.desc())
+            .limit(scan)
+        )
         for record in self._list(WeightVersionRecord, statement):
             if "live_at" in record.metadata:
                 return record
@@ -432,45 +450,58 @@ class TrajectoryStore(RowAccess):
 
     def latest_train_step(self, policy: str = DEFAULT_POLICY) -> TrainStepRecord | None:
         """`policy`'s highest step, or None before its first."""
-        statement = (select(TrainStepRow).where(TrainStepRow.policy == policy)
-                     .order_by(TrainStepRow.step.desc()).limit(1))
+        statement = (
+            select(TrainStepRow)
+            .where(TrainStepRow.policy == policy)
+            .order_by(TrainStepRow.step.desc())
+            .limit(1)
+        )
         found = self._list(TrainStepRecord, statement)
         return found[0] if found else None
 
     def list_train_steps(
-        self, *, after_step: int | None = None, limit: int = 1000, offset: int = 0,
+        self,
+        *,
+        after_step: int | None = None,
+        limit: int = 1000,
+        offset: int = 0,
         policy: str = DEFAULT_POLICY,
     ) -> list[TrainStepRecord]:
         """`policy`'s steps in ascending order, optionally only those after
         `after_step`."""
-        statement = (select(TrainStepRow).where(TrainStepRow.policy == policy)
-                     .order_by(TrainStepRow.step))
+        statement = (
+            select(TrainStepRow).where(TrainStepRow.policy == policy).order_by(TrainStepRow.step)
+        )
         if after_step is not None:
             statement = statement.where(TrainStepRow.step > after_step)
         return self._list(TrainStepRecord, paged(statement, limit, offset))
 
     # Episode reads: many sessions at once (`episode_reads.py`, `session_queries.py`).
 
-    def load_completions(self, session_ids: Sequence[str], *, with_json: bool = True
-                         ) -> dict[str, list[CompletionRecord]]:
+    def load_completions(
+        self, session_ids: Sequence[str], *, with_json: bool = True
+    ) -> dict[str, list[CompletionRecord]]:
         """The completions of each session, oldest first (every given id is a key);
         `with_json=False` leaves request_json/response_json empty (one query)."""
         return episode_reads.load_completions(self._engine, session_ids, with_json=with_json)
 
-    def load_rewards(self, session_ids: Sequence[str], group_ids: Iterable[str] = ()
-                     ) -> list[RewardRecord]:
+    def load_rewards(
+        self, session_ids: Sequence[str], group_ids: Iterable[str] = ()
+    ) -> list[RewardRecord]:
         """Every reward on these sessions, on their completions or on these groups, oldest
         first (one query)."""
         return episode_reads.load_rewards(self._engine, session_ids, group_ids)
 
-    def sessions_after(self, query: SessionQuery, after: tuple[float, str] | None, limit: int
-                       ) -> list[SessionRecord]:
+    def sessions_after(
+        self, query: SessionQuery, after: tuple[float, str] | None, limit: int
+    ) -> list[SessionRecord]:
         """The next `limit` sessions of `query` after the (created_at, id) key `after`,
         oldest first (keyset paging, the export's)."""
         return session_queries.sessions_after(self._engine, query, after, limit)
 
-    def session_summaries(self, query: SessionQuery, *, limit: int, offset: int
-                          ) -> tuple[int, list[SessionSummary]]:
+    def session_summaries(
+        self, query: SessionQuery, *, limit: int, offset: int
+    ) -> tuple[int, list[SessionSummary]]:
         """(how many sessions match `query`, one page of them newest first with their
         turns, tokens and reward): the console's sessions table."""
         return session_queries.session_summaries(self._engine, query, limit=limit, offset=offset)

@@ -54,11 +54,14 @@ def probe_write(engine: Engine, *, check_room: bool = True) -> None:
             return
         page_size, page_count, free_pages, max_pages = (
             int(connection.exec_driver_sql(f"PRAGMA {name}").scalar_one())
-            for name in ("page_size", "page_count", "freelist_count", "max_page_count"))
+            for name in ("page_size", "page_count", "freelist_count", "max_page_count")
+        )
     quota_left = (max_pages - page_count + free_pages) * page_size
     if quota_left < HEADROOM_BYTES:
-        raise StoreFull(f"store quota reached: {quota_left} bytes left of "
-                        f"{max_pages * page_size} (max_page_count)")
+        raise StoreFull(
+            f"store quota reached: {quota_left} bytes left of "
+            f"{max_pages * page_size} (max_page_count)"
+        )
     database = engine.url.database
     if database:
         free = disk_free_bytes(Path(database).resolve().parent)

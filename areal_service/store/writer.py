@@ -79,7 +79,11 @@ class GroupCommitWriter:
     """
 
     def __init__(
-        self, store: TrajectoryStore, *, interval_ms: float = 2.0, max_batch: int = 512,
+        self,
+        store: TrajectoryStore,
+        *,
+        interval_ms: float = 2.0,
+        max_batch: int = 512,
         prepare: Callable[[list[CompletionRecord]], list[CompletionRecord]] | None = None,
     ) -> None:
         if max_batch < 1 or interval_ms < 0:
@@ -111,12 +115,18 @@ class GroupCommitWriter:
 
     @classmethod
     def from_config(
-        cls, store: TrajectoryStore, config: StoreConfig,
+        cls,
+        store: TrajectoryStore,
+        config: StoreConfig,
         prepare: Callable[[list[CompletionRecord]], list[CompletionRecord]] | None = None,
     ) -> GroupCommitWriter:
         """A writer with `store.commit_interval_ms` and `store.max_batch_records`."""
-        return cls(store, interval_ms=config.commit_interval_ms,
-                   max_batch=config.max_batch_records, prepare=prepare)
+        return cls(
+            store,
+            interval_ms=config.commit_interval_ms,
+            max_batch=config.max_batch_records,
+            prepare=prepare,
+        )
 
     @property
     def queued(self) -> int:

@@ -39,15 +39,27 @@ def subtract(a: float, b: float) -> float:
 TOOLS = {t.name: t for t in (add, multiply, subtract)}
 
 
-async def solve(sample: dict[str, Any], base_url: str, api_key: str, *,
-                temperature: float | None = None, max_tokens: int | None = None) -> float:
+async def solve(
+    sample: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    *,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+) -> float:
     """Tool loop on one problem; 1.0 when the final answer is right."""
     # An HTTP client per episode: langchain-openai's default one is cached process-wide
     # and bound to the first event loop that used it.
     async with httpx.AsyncClient(timeout=600) as http:
-        llm = ChatOpenAI(model="qwen2.5-7b-instruct", base_url=base_url, api_key=api_key,
-                         temperature=temperature, max_tokens=max_tokens, max_retries=2,
-                         http_async_client=http)
+        llm = ChatOpenAI(
+            model="qwen2.5-7b-instruct",
+            base_url=base_url,
+            api_key=api_key,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            max_retries=2,
+            http_async_client=http,
+        )
         answer = await _tool_loop(llm.bind_tools(list(TOOLS.values())), sample["question"])
     return math_reward(answer, sample)
 

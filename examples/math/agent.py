@@ -57,24 +57,39 @@ def divide(a: float, b: float) -> float:
 
 def make_agent(max_tokens: int | None = None) -> Agent:
     """The calculator agent."""
-    return Agent(name="math-solver", instructions=INSTRUCTIONS, model=MODEL,
-                 tools=[add, subtract, multiply, divide],
-                 model_settings=ModelSettings(max_tokens=max_tokens))
+    return Agent(
+        name="math-solver",
+        instructions=INSTRUCTIONS,
+        model=MODEL,
+        tools=[add, subtract, multiply, divide],
+        model_settings=ModelSettings(max_tokens=max_tokens),
+    )
 
 
-async def solve(sample: dict[str, Any], base_url: str, api_key: str, *,
-                temperature: float | None = None, max_tokens: int | None = None) -> float:
+async def solve(
+    sample: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    *,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+) -> float:
     """Run the agent on one problem; 1.0 when its final answer is right."""
     set_tracing_disabled(True)  # tracing would upload to api.openai.com with our key
     client = AsyncOpenAI(base_url=base_url, api_key=api_key)
     provider = OpenAIProvider(openai_client=client, use_responses=False)
     agent = make_agent(max_tokens)
     if temperature is not None:
-        agent = agent.clone(model_settings=ModelSettings(max_tokens=max_tokens,
-                                                         temperature=temperature))
+        agent = agent.clone(
+            model_settings=ModelSettings(max_tokens=max_tokens, temperature=temperature)
+        )
     try:
-        result = await Runner.run(agent, sample["question"], max_turns=MAX_TURNS,
-                                  run_config=RunConfig(model_provider=provider))
+        result = await Runner.run(
+            agent,
+            sample["question"],
+            max_turns=MAX_TURNS,
+            run_config=RunConfig(model_provider=provider),
+        )
         answer = str(result.final_output)
     except AgentsException:  # too many turns, a malformed tool call: a wrong answer
         answer = ""

@@ -26,40 +26,61 @@ def _buy(rng: random.Random) -> Problem:
     packs, per, price = rng.randint(2, 9), rng.randint(2, 12), rng.randint(1, 9)
     total = packs * per
     cost = packs * price
-    q = (f"{name} buys {packs} packs of {item}. Each pack has {per} {item} and costs "
-         f"${price}. How many dollars does {name} spend?")
-    return q, f"{name} buys {packs} packs at ${price} each, so {packs} * {price} = {cost}. " \
-        f"(That is {total} {item}.)", cost
+    q = (
+        f"{name} buys {packs} packs of {item}. Each pack has {per} {item} and costs "
+        f"${price}. How many dollars does {name} spend?"
+    )
+    return (
+        q,
+        f"{name} buys {packs} packs at ${price} each, so {packs} * {price} = {cost}. "
+        f"(That is {total} {item}.)",
+        cost,
+    )
 
 
 def _share(rng: random.Random) -> Problem:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     friends, each, left = rng.randint(2, 8), rng.randint(2, 10), rng.randint(0, 9)
     start = friends * each + left
-    q = (f"{name} has {start} {item} and gives {each} to each of {friends} friends. How "
-         f"many {item} does {name} have left?")
+    q = (
+        f"{name} has {start} {item} and gives {each} to each of {friends} friends. How "
+        f"many {item} does {name} have left?"
+    )
     given = friends * each
-    return q, f"{name} gives away {friends} * {each} = {given} {item}. " \
-        f"{start} - {given} = {left}.", left
+    return (
+        q,
+        f"{name} gives away {friends} * {each} = {given} {item}. {start} - {given} = {left}.",
+        left,
+    )
 
 
 def _save(rng: random.Random) -> Problem:
     name = rng.choice(NAMES)
     weekly, weeks, spent = rng.randint(3, 20), rng.randint(2, 10), rng.randint(1, 15)
     saved = weekly * weeks
-    q = (f"{name} saves ${weekly} every week for {weeks} weeks, then spends ${spent} on a "
-         f"gift. How many dollars are left?")
-    return q, f"{name} saves {weekly} * {weeks} = {saved} dollars. {saved} - {spent} = " \
-        f"{saved - spent}.", saved - spent
+    q = (
+        f"{name} saves ${weekly} every week for {weeks} weeks, then spends ${spent} on a "
+        f"gift. How many dollars are left?"
+    )
+    return (
+        q,
+        f"{name} saves {weekly} * {weeks} = {saved} dollars. {saved} - {spent} = {saved - spent}.",
+        saved - spent,
+    )
 
 
 def _rows(rng: random.Random) -> Problem:
     item = rng.choice(ITEMS)
     rows, per, extra = rng.randint(2, 12), rng.randint(2, 12), rng.randint(1, 20)
-    q = (f"A shelf has {rows} rows with {per} {item} in each row, and {extra} more {item} "
-         f"on top. How many {item} are there?")
-    return q, f"{rows} * {per} = {rows * per}. {rows * per} + {extra} = " \
-        f"{rows * per + extra}.", rows * per + extra
+    q = (
+        f"A shelf has {rows} rows with {per} {item} in each row, and {extra} more {item} "
+        f"on top. How many {item} are there?"
+    )
+    return (
+        q,
+        f"{rows} * {per} = {rows * per}. {rows * per} + {extra} = {rows * per + extra}.",
+        rows * per + extra,
+    )
 
 
 KINDS: list[Callable[[random.Random], Problem]] = [_buy, _share, _save, _rows]
@@ -71,8 +92,9 @@ def make_rows(n: int, seed: int) -> list[dict[str, str]]:
     rows = []
     for i in range(n):
         question, work, answer = rng.choice(KINDS)(rng)
-        rows.append({"id": f"arith-{seed}-{i}", "question": question,
-                     "answer": f"{work}\n#### {answer}"})
+        rows.append(
+            {"id": f"arith-{seed}-{i}", "question": question, "answer": f"{work}\n#### {answer}"}
+        )
     return rows
 
 

@@ -32,31 +32,55 @@ log = logging.getLogger("online-agent")
 ASK = "{question}\nGive the final answer on its own line as '#### <number>'."
 
 
-async def run_agent(base_url: str, api_key: str, samples: list[dict[str, Any]], queue: Path,
-                    *, episodes: int | None = None, max_tokens: int | None = None) -> int:
+async def run_agent(
+    base_url: str,
+    api_key: str,
+    samples: list[dict[str, Any]],
+    queue: Path,
+    *,
+    episodes: int | None = None,
+    max_tokens: int | None = None,
+) -> int:
     """Run episodes (forever when `episodes` is None); returns how many ran."""
     auth = {"authorization": f"Bearer {api_key}"}
     done = 0
-    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http, \
-            AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key) as client:
+    async with (
+        httpx.AsyncClient(base_url=base_url, timeout=120) as http,
+        AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key) as client,
+    ):
         for sample in itertools.cycle(samples):
             if episodes is not None and done >= episodes:
                 break
             # Refresh: the key's previous session ends (reason `refresh`), a new one opens.
             # Each episode is its own group of one (the trainer runs with group_size 1).
-            r = await http.post("/rl/sessions", headers=auth,
-                                json={"task_id": sample["id"], "group_id": f"online-{uuid4().hex}",
-                                      "metadata": {"sample_id": sample["id"]}})
+            r = await http.post(
+                "/rl/sessions",
+                headers=auth,
+                json={
+                    "task_id": sample["id"],
+                    "group_id": f"online-{uuid4().hex}",
+                    "metadata": {"sample_id": sample["id"]},
+                },
+            )
             r.raise_for_status()
             session_id = r.json()["session_id"]
             extra = {"max_tokens": max_tokens} if max_tokens else {}
             reply = await client.chat.completions.create(
                 model="default",
                 messages=[{"role": "user", "content": ASK.format(question=sample["question"])}],
-                **extra)
+                **extra,
+            )
             with queue.open("a") as f:  # one line per episode, appended whole
-                f.write(json.dumps({"session_id": session_id, "sample_id": sample["id"],
-                                    "reply": reply.choices[0].message.content}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "session_id": session_id,
+                            "sample_id": sample["id"],
+                            "reply": reply.choices[0].message.content,
+                        }
+                    )
+                    + "\n"
+                )
             done += 1
     return done
 
@@ -74,8 +98,16 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
     args.queue.parent.mkdir(parents=True, exist_ok=True)
     samples = load_samples(DatasetConfig(path=args.dataset))
-    ran = asyncio.run(run_agent(args.base_url, args.api_key, samples, args.queue,
-                                episodes=args.episodes, max_tokens=args.max_tokens))
+    ran = asyncio.run(
+        run_agent(
+            args.base_url,
+            args.api_key,
+            samples,
+            args.queue,
+            episodes=args.episodes,
+            max_tokens=args.max_tokens,
+        )
+    )
     log.info("ran %d episodes", ran)
 
 

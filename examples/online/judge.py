@@ -24,8 +24,15 @@ from areal_service.rewards import math_reward
 log = logging.getLogger("online-judge")
 
 
-async def judge(base_url: str, admin_key: str, samples: dict[str, dict[str, Any]],
-                queue: Path, *, stop_after: int | None = None, poll_s: float = 0.2) -> int:
+async def judge(
+    base_url: str,
+    admin_key: str,
+    samples: dict[str, dict[str, Any]],
+    queue: Path,
+    *,
+    stop_after: int | None = None,
+    poll_s: float = 0.2,
+) -> int:
     """Score queued episodes as they appear (until `stop_after` were posted, else
     forever); returns how many rewards were posted."""
     auth = {"authorization": f"Bearer {admin_key}"}
@@ -38,10 +45,16 @@ async def judge(base_url: str, admin_key: str, samples: dict[str, dict[str, Any]
             for line in fresh:
                 episode = json.loads(line)
                 value = math_reward(episode["reply"], samples[episode["sample_id"]])
-                r = await http.post("/v1/rewards", headers=auth, json={
-                    "id": f"judge-{episode['session_id']}",
-                    "session_id": episode["session_id"], "value": value,
-                    "metadata": {"judge": "math-verify"}})
+                r = await http.post(
+                    "/v1/rewards",
+                    headers=auth,
+                    json={
+                        "id": f"judge-{episode['session_id']}",
+                        "session_id": episode["session_id"],
+                        "value": value,
+                        "metadata": {"judge": "math-verify"},
+                    },
+                )
                 if r.status_code == 409:  # already trained or scored with another value
                     log.warning("reward for %s refused: %s", episode["session_id"], r.text)
                 else:
@@ -56,8 +69,9 @@ def main() -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description="judge of the online example")
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--admin-key", default=None,
-                        help="default: the key the gateway generated in --data-dir")
+    parser.add_argument(
+        "--admin-key", default=None, help="default: the key the gateway generated in --data-dir"
+    )
     parser.add_argument("--data-dir", type=Path, default=Path("data/online"))
     parser.add_argument("--dataset", type=Path, default=Path("examples/math/data/train.jsonl"))
     parser.add_argument("--queue", type=Path, default=Path("data/online/queue.jsonl"))

@@ -20,21 +20,32 @@ ASK = "{question}\nGive the final answer on its own line as '#### <number>'."
 CHECK = "Check your work step by step, then restate the final answer as '#### <number>'."
 
 
-async def single_turn(sample: dict[str, Any], base_url: str, api_key: str, *,
-                      temperature: float | None = None, max_tokens: int | None = None
-                      ) -> float:
+async def single_turn(
+    sample: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    *,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+) -> float:
     """Ask once; reward the reply."""
     async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
         reply = await client.chat.completions.create(
             model="gpt-4o-mini",
             messages=[{"role": "user", "content": ASK.format(question=sample["question"])}],
-            **_options(temperature, max_tokens))
+            **_options(temperature, max_tokens),
+        )
     return math_reward(reply.choices[0].message.content, sample)
 
 
-async def multi_turn(sample: dict[str, Any], base_url: str, api_key: str, *,
-                     temperature: float | None = None, max_tokens: int | None = None
-                     ) -> float:
+async def multi_turn(
+    sample: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    *,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+) -> float:
     """Ask, then ask for a checked final answer in the same conversation; reward the
     last reply."""
     messages: list[dict[str, Any]] = [
@@ -44,7 +55,8 @@ async def multi_turn(sample: dict[str, Any], base_url: str, api_key: str, *,
     async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
         for follow_up in (CHECK, None):
             reply = await client.chat.completions.create(
-                model="default", messages=messages, **_options(temperature, max_tokens))
+                model="default", messages=messages, **_options(temperature, max_tokens)
+            )
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
             if follow_up:
                 messages.append({"role": "user", "content": follow_up})

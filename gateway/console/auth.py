@@ -58,10 +58,13 @@ def _sign(secret: bytes, payload: str) -> str:
     return hmac.new(secret, payload.encode(), hashlib.sha256).hexdigest()
 
 
-def issue_cookie(admin_key: str, role: Role, *, now: float | None = None) -> tuple[str, ConsoleSession]:
+def issue_cookie(
+    admin_key: str, role: Role, *, now: float | None = None
+) -> tuple[str, ConsoleSession]:
     """A fresh cookie value (new nonce, so a login never reuses the pre-login CSRF token)."""
-    session = ConsoleSession(role, int(time.time() if now is None else now),
-                             secrets.token_urlsafe(16))
+    session = ConsoleSession(
+        role, int(time.time() if now is None else now), secrets.token_urlsafe(16)
+    )
     payload = f"{session.role}.{session.issued_at}.{session.nonce}"
     return f"{payload}.{_sign(_secret(admin_key), payload)}", session
 
@@ -72,8 +75,9 @@ def _same(given: str, expected: str) -> bool:
     return given.isascii() and hmac.compare_digest(given.encode(), expected.encode())
 
 
-def read_cookie(admin_key: str, value: str | None, *, now: float | None = None
-                ) -> ConsoleSession | None:
+def read_cookie(
+    admin_key: str, value: str | None, *, now: float | None = None
+) -> ConsoleSession | None:
     """The session a cookie value carries, or None when absent, forged, non-ASCII or
     expired."""
     if not value or not value.isascii() or value.count(".") != 3:
@@ -122,7 +126,7 @@ class RevokedSessions:
         self._expires = {n: t for n, t in self._expires.items() if t > now}
         if len(self._expires) >= self._max_entries:
             keep = sorted(self._expires.items(), key=lambda item: item[1])
-            self._expires = dict(keep[len(keep) - self._max_entries + 1:])
+            self._expires = dict(keep[len(keep) - self._max_entries + 1 :])
         self._expires[session.nonce] = revocation_expiry(session)
 
     def __contains__(self, session: ConsoleSession) -> bool:
@@ -134,8 +138,15 @@ class RevokedSessions:
 
 def set_cookie(response: Response, value: str, *, secure: bool) -> None:
     """Attach the session cookie: HttpOnly, SameSite=Strict, scoped to /console."""
-    response.set_cookie(COOKIE_NAME, value, max_age=MAX_AGE_S, path="/console",
-                        httponly=True, samesite="strict", secure=secure)
+    response.set_cookie(
+        COOKIE_NAME,
+        value,
+        max_age=MAX_AGE_S,
+        path="/console",
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+    )
 
 
 def clear_cookie(response: Response) -> None:
@@ -181,8 +192,7 @@ async def require_console_admin(request: Request) -> ConsoleSession:
     token (admin, virtual or session key) is never accepted here: only the cookie, and
     not one signed out on any process."""
     session = current_session(request)
-    if session is None or session.role != "admin" or await _signed_out_elsewhere(request,
-                                                                                  session):
+    if session is None or session.role != "admin" or await _signed_out_elsewhere(request, session):
         raise _login_redirect(request)
     return session
 
@@ -193,9 +203,11 @@ async def _signed_out_elsewhere(request: Request, session: ConsoleSession) -> bo
     try:
         revoked = await asyncio.to_thread(store.coordination.console_session_revoked, session.nonce)
     except Exception as exc:  # the store down: refuse rather than open a page unchecked
-        raise HTTPException(status_code=503, detail="the store is unreachable, so sign-outs "
-                            "cannot be checked; try again shortly",
-                            headers={"retry-after": "1"}) from exc
+        raise HTTPException(
+            status_code=503,
+            detail="the store is unreachable, so sign-outs cannot be checked; try again shortly",
+            headers={"retry-after": "1"},
+        ) from exc
     if not revoked:
         return False
     revoked_sessions(request).revoke(session)  # no store read for it here from now on
@@ -205,12 +217,19 @@ async def _signed_out_elsewhere(request: Request, session: ConsoleSession) -> bo
 async def sign_out(request: Request, session: ConsoleSession) -> None:
     """Refuse `session`'s cookie from now on, here and on every process on the store."""
     try:  # the store first: a sign-out that failed there changed nothing, and can be retried
-        await asyncio.to_thread(request.app.state.gateway.store.coordination.revoke_console_session,
-                                session.nonce, revocation_expiry(session))
+        await asyncio.to_thread(
+            request.app.state.gateway.store.coordination.revoke_console_session,
+            session.nonce,
+            revocation_expiry(session),
+        )
     except Exception as exc:
-        raise HTTPException(status_code=503, detail="the store is unreachable, so the "
-                            "sign-out could not be recorded and you are still signed in; "
-                            "sign out again shortly", headers={"retry-after": "1"}) from exc
+        raise HTTPException(
+            status_code=503,
+            detail="the store is unreachable, so the "
+            "sign-out could not be recorded and you are still signed in; "
+            "sign out again shortly",
+            headers={"retry-after": "1"},
+        ) from exc
     revoked_sessions(request).revoke(session)
 
 
@@ -221,8 +240,10 @@ async def checked_form(request: Request, session: ConsoleAdmin) -> FormData:
     """The posted form, after checking its CSRF token against the session (403 if not)."""
     form = await request.form()
     if not csrf_matches(admin_key_of(request), session, form.get(CSRF_FIELD)):
-        raise HTTPException(status_code=403, detail="missing or invalid CSRF token; reload "
-                            "the page and submit the form again")
+        raise HTTPException(
+            status_code=403,
+            detail="missing or invalid CSRF token; reload the page and submit the form again",
+        )
     return form
 
 

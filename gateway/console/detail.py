@@ -139,23 +139,35 @@ def message_view(item: Any) -> MessageView:
         return MessageView(role="?", text=json.dumps(item, ensure_ascii=False))
     kind = item.get("type")
     if kind == "function_call":
-        call = ToolCallView(item.get("name", ""), _pretty(item.get("arguments", "")),
-                            item.get("call_id", ""))
+        call = ToolCallView(
+            item.get("name", ""), _pretty(item.get("arguments", "")), item.get("call_id", "")
+        )
         return MessageView(role="assistant", tool_calls=(call,))
     if kind == "function_call_output":
-        return MessageView(role="tool", text=_text(item.get("output")),
-                           tool_call_id=item.get("call_id", ""))
+        return MessageView(
+            role="tool", text=_text(item.get("output")), tool_call_id=item.get("call_id", "")
+        )
     if kind == "reasoning":
-        return MessageView(role="assistant", reasoning=_text(item.get("summary") or
-                                                             item.get("content")))
+        return MessageView(
+            role="assistant", reasoning=_text(item.get("summary") or item.get("content"))
+        )
     calls = tuple(
-        ToolCallView(c.get("function", {}).get("name", ""),
-                     _pretty(c.get("function", {}).get("arguments", "")), c.get("id", ""))
-        for c in item.get("tool_calls") or [] if isinstance(c, dict))
+        ToolCallView(
+            c.get("function", {}).get("name", ""),
+            _pretty(c.get("function", {}).get("arguments", "")),
+            c.get("id", ""),
+        )
+        for c in item.get("tool_calls") or []
+        if isinstance(c, dict)
+    )
     reasoning = item.get("reasoning_content") or item.get("reasoning") or ""
-    return MessageView(role=str(item.get("role", kind or "?")), text=_text(item.get("content")),
-                       reasoning=_text(reasoning), tool_calls=calls,
-                       tool_call_id=item.get("tool_call_id", ""))
+    return MessageView(
+        role=str(item.get("role", kind or "?")),
+        text=_text(item.get("content")),
+        reasoning=_text(reasoning),
+        tool_calls=calls,
+        tool_call_id=item.get("tool_call_id", ""),
+    )
 
 
 def _display(tokenizer: ChatTokenizer, token_id: int) -> str:
@@ -164,15 +176,24 @@ def _display(tokenizer: ChatTokenizer, token_id: int) -> str:
     return text.replace("\t", "→\t").replace("\n", "↵\n")
 
 
-def token_views(tokenizer: ChatTokenizer, ids: Sequence[int], logprobs: Sequence[float],
-                versions: Sequence[int], mask: Sequence[int] | None = None
-                ) -> tuple[TokenView, ...]:
+def token_views(
+    tokenizer: ChatTokenizer,
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    versions: Sequence[int],
+    mask: Sequence[int] | None = None,
+) -> tuple[TokenView, ...]:
     """Tokens with their logprob and version; `mask` 0 marks context (no logprob)."""
     return tuple(
-        TokenView(_display(tokenizer, tid), tid, logprobs[i] if i < len(logprobs) else None,
-                  versions[i] if i < len(versions) else None,
-                  trained=mask is None or bool(mask[i]))
-        for i, tid in enumerate(ids))
+        TokenView(
+            _display(tokenizer, tid),
+            tid,
+            logprobs[i] if i < len(logprobs) else None,
+            versions[i] if i < len(versions) else None,
+            trained=mask is None or bool(mask[i]),
+        )
+        for i, tid in enumerate(ids)
+    )
 
 
 def _tree_order(completions: list[CompletionRecord]) -> list[tuple[CompletionRecord, int]]:
@@ -191,8 +212,9 @@ def _tree_order(completions: list[CompletionRecord]) -> list[tuple[CompletionRec
     return out
 
 
-def _turn_rewards(completions: list[CompletionRecord], rewards: list[RewardRecord],
-                  session: SessionRecord) -> dict[str, float]:
+def _turn_rewards(
+    completions: list[CompletionRecord], rewards: list[RewardRecord], session: SessionRecord
+) -> dict[str, float]:
     """Per-completion reward sums (the targeting rule of `episodes.compute_returns`)."""
     ids = {c.id for c in completions}
     last = completions[-1].id if completions else ""
@@ -200,9 +222,14 @@ def _turn_rewards(completions: list[CompletionRecord], rewards: list[RewardRecor
     for r in rewards:
         if r.completion_id in ids:
             sums[r.completion_id] += r.value
-        elif r.completion_id is None and last and (
-                r.session_id == session.id or (r.session_id is None
-                                               and r.group_id == session.group_id)):
+        elif (
+            r.completion_id is None
+            and last
+            and (
+                r.session_id == session.id
+                or (r.session_id is None and r.group_id == session.group_id)
+            )
+        ):
             sums[last] += r.value
     return sums
 
@@ -215,11 +242,16 @@ def session_detail(state: GatewayState, session_id: str) -> SessionDetail | None
         return None
     completions = store.list_completions(session_id)
     groups = [session.group_id] if session.group_id else []
-    rewards = [r for r in store.load_rewards([session_id], groups)
-               if r.session_id in (None, session_id)]
-    returns = compute_returns(completions, rewards, group_id=session.group_id,
-                              gamma=trainer.turn_discount,
-                              default_reward=trainer.unrewarded_return())
+    rewards = [
+        r for r in store.load_rewards([session_id], groups) if r.session_id in (None, session_id)
+    ]
+    returns = compute_returns(
+        completions,
+        rewards,
+        group_id=session.group_id,
+        gamma=trainer.turn_discount,
+        default_reward=trainer.unrewarded_return(),
+    )
     per_turn = _turn_rewards(completions, rewards, session)
     by_id = {c.id: c for c in completions}
     shown: dict[str, int] = {}
@@ -230,22 +262,47 @@ def session_detail(state: GatewayState, session_id: str) -> SessionDetail | None
         # The request repeats the parent's transcript; show only what is new.
         earlier = min(shown.get(parent.id, 0), max(len(items) - 1, 0)) if parent else 0
         shown[completion.id] = len(items)
-        turns.append(TurnView(
-            completion, depth, tuple(message_view(m) for m in items[earlier:]), earlier,
-            token_views(state.tokenizer, completion.output_ids, completion.output_logprobs,
-                        completion.output_versions),
-            per_turn.get(completion.id, 0.0), (returns or {}).get(completion.id)))
-    sequences = build_sequences(completions, returns or dict.fromkeys(by_id, 0.0),
-                                group_id=session.group_id) if completions else []
+        turns.append(
+            TurnView(
+                completion,
+                depth,
+                tuple(message_view(m) for m in items[earlier:]),
+                earlier,
+                token_views(
+                    state.tokenizer,
+                    completion.output_ids,
+                    completion.output_logprobs,
+                    completion.output_versions,
+                ),
+                per_turn.get(completion.id, 0.0),
+                (returns or {}).get(completion.id),
+            )
+        )
+    sequences = (
+        build_sequences(
+            completions, returns or dict.fromkeys(by_id, 0.0), group_id=session.group_id
+        )
+        if completions
+        else []
+    )
     first = min(completions, key=lambda c: (c.created_at, c.id)) if completions else None
     return SessionDetail(
-        session, tuple(turns), tuple(rewards),
+        session,
+        tuple(turns),
+        tuple(rewards),
         returns[first.id] if returns and first else None,
-        tuple(_sequence_view(state.tokenizer, s) for s in sequences), trainer.turn_discount)
+        tuple(_sequence_view(state.tokenizer, s) for s in sequences),
+        trainer.turn_discount,
+    )
 
 
 def _sequence_view(tokenizer: ChatTokenizer, sequence: TrainSequence) -> SequenceView:
     n = min(len(sequence.input_ids), MAX_SEQUENCE_TOKENS)
-    tokens = token_views(tokenizer, sequence.input_ids[:n], sequence.logprobs[:n],
-                         sequence.versions[:n], sequence.loss_mask[:n])
+    tokens = token_views(
+        tokenizer,
+        sequence.input_ids[:n],
+        sequence.logprobs[:n],
+        sequence.versions[:n],
+        sequence.loss_mask[:n],
+    )
     return SequenceView(sequence, tokens, len(sequence.input_ids) - n, sum(sequence.loss_mask))

@@ -82,15 +82,29 @@ def _dur(seconds: float | None) -> str:
 templates.env.filters.update(ts=_ts, num=_num, dur=_dur)
 
 
-def render(request: Request, name: str, session: ConsoleSession | None, *, status: int = 200,
-           **context: Any) -> HTMLResponse:
+def render(
+    request: Request,
+    name: str,
+    session: ConsoleSession | None,
+    *,
+    status: int = 200,
+    **context: Any,
+) -> HTMLResponse:
     """A page with the layout's common context (CSRF token, base URL, active nav)."""
     token = auth.csrf_token(auth.admin_key_of(request), session) if session else ""
     base = str(request.base_url).rstrip("/")
     response = templates.TemplateResponse(
-        request, name, {"csrf_field": CSRF_FIELD, "csrf_token": token, "base_url": base,
-                        "signed_in": session is not None and session.role == "admin",
-                        **context}, status_code=status)
+        request,
+        name,
+        {
+            "csrf_field": CSRF_FIELD,
+            "csrf_token": token,
+            "base_url": base,
+            "signed_in": session is not None and session.role == "admin",
+            **context,
+        },
+        status_code=status,
+    )
     response.headers.update(SECURITY_HEADERS)
     return response
 
@@ -136,14 +150,21 @@ async def login(request: Request) -> Response:
     session = auth.current_session(request)
     form = await request.form()
     if session is None or not auth.csrf_matches(admin_key, session, form.get(CSRF_FIELD)):
-        raise HTTPException(403, "missing or invalid CSRF token: enable cookies, reload the "
-                            "login page and try again")
+        raise HTTPException(
+            403,
+            "missing or invalid CSRF token: enable cookies, reload the login page and try again",
+        )
     key = form.get("admin_key")
     target = _safe_next(str(form.get("next") or ""))
     if not isinstance(key, str) or not admin_key_matches(key.strip(), admin_key):
-        return render(request, "login.html", session, status=401, next=target,
-                      error="That is not the admin key. Session and virtual keys cannot "
-                      "open the console.")
+        return render(
+            request,
+            "login.html",
+            session,
+            status=401,
+            next=target,
+            error="That is not the admin key. Session and virtual keys cannot open the console.",
+        )
     value, _ = auth.issue_cookie(admin_key, "admin")
     response = RedirectResponse(target, status_code=303)
     auth.set_cookie(response, value, secure=request.url.scheme == "https")
@@ -179,8 +200,7 @@ async def overview_page(request: Request, state: StateDep, session: ConsoleAdmin
 
 
 @router.get("/partials/overview")
-async def overview_partial(request: Request, state: StateDep, session: ConsoleAdmin
-                           ) -> Response:
+async def overview_partial(request: Request, state: StateDep, session: ConsoleAdmin) -> Response:
     """The overview's live figures (htmx polls this every few seconds)."""
     context = await _overview_context(request, state)
     return render(request, "_overview_stats.html", session, **context)
@@ -190,10 +210,18 @@ async def overview_partial(request: Request, state: StateDep, session: ConsoleAd
 
 
 @router.get("/sessions")
-async def sessions_list(request: Request, state: StateDep, session: ConsoleAdmin,
-                        status: str = "", group_id: str = "", task_id: str = "",
-                        key_id: str = "", since: str = "", until: str = "", page: int = 1
-                        ) -> Response:
+async def sessions_list(
+    request: Request,
+    state: StateDep,
+    session: ConsoleAdmin,
+    status: str = "",
+    group_id: str = "",
+    task_id: str = "",
+    key_id: str = "",
+    since: str = "",
+    until: str = "",
+    page: int = 1,
+) -> Response:
     """Sessions, filtered and paginated in the database."""
     if status and status not in SESSION_STATUSES:
         raise HTTPException(400, f"status must be one of {', '.join(SESSION_STATUSES)}")
@@ -203,21 +231,35 @@ async def sessions_list(request: Request, state: StateDep, session: ConsoleAdmin
                 utc_day_start(day)
             except ValueError as exc:
                 raise HTTPException(400, f"dates are YYYY-MM-DD, not {day!r}") from exc
-    filters = SessionFilters(status, group_id.strip(), task_id.strip(), key_id.strip(),
-                             since, until, max(page, 1))
+    filters = SessionFilters(
+        status, group_id.strip(), task_id.strip(), key_id.strip(), since, until, max(page, 1)
+    )
     listing = await asyncio.to_thread(sessions_page, state.store, filters)
-    return render(request, "sessions.html", session, nav="sessions", listing=listing,
-                  statuses=SESSION_STATUSES)
+    return render(
+        request,
+        "sessions.html",
+        session,
+        nav="sessions",
+        listing=listing,
+        statuses=SESSION_STATUSES,
+    )
 
 
 @router.get("/sessions/{session_id}")
-async def session_page(request: Request, state: StateDep, session: ConsoleAdmin,
-                       session_id: str) -> Response:
+async def session_page(
+    request: Request, state: StateDep, session: ConsoleAdmin, session_id: str
+) -> Response:
     """One episode: turn tree, messages, per-token outputs, rewards, training sequences."""
     found = await asyncio.to_thread(session_detail, state, session_id)
     if found is None:
-        return render(request, "not_found.html", session, status=404, nav="sessions",
-                      what=f"session {session_id}")
+        return render(
+            request,
+            "not_found.html",
+            session,
+            status=404,
+            nav="sessions",
+            what=f"session {session_id}",
+        )
     return render(request, "session.html", session, nav="sessions", d=found)
 
 
@@ -228,31 +270,48 @@ KEYS_SHOWN = 500
 session keys, so they are never among those cut)."""
 
 
-async def _keys_page(request: Request, state: StateDep, session: ConsoleSession, *,
-                     created: dict[str, Any] | None = None, show_session_keys: bool = False,
-                     status: int = 200) -> Response:
+async def _keys_page(
+    request: Request,
+    state: StateDep,
+    session: ConsoleSession,
+    *,
+    created: dict[str, Any] | None = None,
+    show_session_keys: bool = False,
+    status: int = 200,
+) -> Response:
     # The user's own keys are asked for by kind: among one session key per session ever
     # started, a newest-N page of everything would push them out of sight.
     kinds = None if show_session_keys else ("user",)
     keys = await asyncio.to_thread(state.store.keys.list_api_keys, limit=KEYS_SHOWN, kinds=kinds)
     sessions = await asyncio.to_thread(state.store.keys.count_api_keys, kinds=("session",))
-    return render(request, "keys.html", session, status=status, nav="keys", keys=keys,
-                  hidden=sessions, shown_max=KEYS_SHOWN, created=created,
-                  show_session_keys=show_session_keys,
-                  revoked=request.query_params.get("revoked", ""),
-                  limits_set=request.query_params.get("limits", ""))
+    return render(
+        request,
+        "keys.html",
+        session,
+        status=status,
+        nav="keys",
+        keys=keys,
+        hidden=sessions,
+        shown_max=KEYS_SHOWN,
+        created=created,
+        show_session_keys=show_session_keys,
+        revoked=request.query_params.get("revoked", ""),
+        limits_set=request.query_params.get("limits", ""),
+    )
 
 
 @router.get("/keys")
-async def keys_page(request: Request, state: StateDep, session: ConsoleAdmin,
-                    all: bool = False) -> Response:  # noqa: A002
+async def keys_page(
+    request: Request, state: StateDep, session: ConsoleAdmin, all: bool = False
+) -> Response:  # noqa: A002
     """Virtual keys (session keys on request), newest first."""
     return await _keys_page(request, state, session, show_session_keys=all)
 
 
 @router.post("/keys")
-async def create_key(request: Request, state: StateDep, session: ConsoleAdmin,
-                     form: CheckedForm) -> Response:
+async def create_key(
+    request: Request, state: StateDep, session: ConsoleAdmin, form: CheckedForm
+) -> Response:
     """Create a user key; the response is the only time its plaintext is shown."""
     name = str(form.get("name") or "").strip()[:200]
     plaintext, record = new_api_key(name=name)
@@ -283,8 +342,7 @@ async def set_key_limits(state: StateDep, form: CheckedForm, key_id: str) -> Res
         elif raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 2**53:
             limits[name] = int(raw)
         else:
-            raise HTTPException(400, f"{name} must be a whole number >= 1, or blank for "
-                                "no limit")
+            raise HTTPException(400, f"{name} must be a whole number >= 1, or blank for no limit")
     await admin_routes.apply_key_limits(state, key_id, limits)
     return RedirectResponse(f"/console/keys?limits={key_id}#key-{key_id}", status_code=303)
 
@@ -296,8 +354,9 @@ async def set_key_limits(state: StateDep, form: CheckedForm, key_id: str) -> Res
 async def training_page(request: Request, state: StateDep, session: ConsoleAdmin) -> Response:
     """Per-step training curves (drawn by static/training.js from `training/data.json`)."""
     steps = await asyncio.to_thread(state.store.list_train_steps, limit=100_000)
-    return render(request, "training.html", session, nav="training", steps=steps[-20:][::-1],
-                  count=len(steps))
+    return render(
+        request, "training.html", session, nav="training", steps=steps[-20:][::-1], count=len(steps)
+    )
 
 
 @router.get("/training/data.json")
@@ -313,8 +372,9 @@ async def training_data(state: StateDep, _: ConsoleAdmin) -> JSONResponse:
 async def weights_page(request: Request, state: StateDep, session: ConsoleAdmin) -> Response:
     """Published weight versions with the gateway's swap timings."""
     rows = await asyncio.to_thread(weight_rows, state.store)
-    return render(request, "weights.html", session, nav="weights", rows=rows,
-                  live_version=state.live_version)
+    return render(
+        request, "weights.html", session, nav="weights", rows=rows, live_version=state.live_version
+    )
 
 
 # Export.
@@ -324,18 +384,26 @@ async def weights_page(request: Request, state: StateDep, session: ConsoleAdmin)
 async def export_page(request: Request, state: StateDep, session: ConsoleAdmin) -> Response:
     """The export form (and the equivalent admin REST call)."""
     trainable = await asyncio.to_thread(
-        lambda: sum(state.store.count_sessions(status=s) for s in ("ended", "claimed",
-                                                                    "trained")))
+        lambda: sum(state.store.count_sessions(status=s) for s in ("ended", "claimed", "trained"))
+    )
     return render(request, "export.html", session, nav="export", trainable=trainable)
 
 
 @router.get("/export/download")
-async def export_download(state: StateDep, _: ConsoleAdmin, format: str = "jsonl",  # noqa: A002
-                          group_id: str = "", task_id: str = "") -> Response:
+async def export_download(
+    state: StateDep,
+    _: ConsoleAdmin,
+    format: str = "jsonl",  # noqa: A002
+    group_id: str = "",
+    task_id: str = "",
+) -> Response:
     """The same stream as `GET /admin/export`, authorised by the console cookie."""
     if format not in ("jsonl", "parquet"):
         raise HTTPException(400, "format must be jsonl or parquet")
-    return await admin_routes.export(state, Principal(is_admin=True), format=format,
-                                     group_id=group_id.strip() or None,
-                                     task_id=task_id.strip() or None)
-
+    return await admin_routes.export(
+        state,
+        Principal(is_admin=True),
+        format=format,
+        group_id=group_id.strip() or None,
+        task_id=task_id.strip() or None,
+    )

@@ -88,8 +88,9 @@ OVERVIEW_COUNTERS = ("areal_requests", "areal_completion_tokens", "areal_token_c
 """The counters the overview reads (one `GatewayMetrics.totals` read, every worker)."""
 
 
-def sample_rates(state: GatewayState, last: dict[str, float],
-                 totals: dict[str, dict[tuple[str, ...], float]]) -> Rates:
+def sample_rates(
+    state: GatewayState, last: dict[str, float], totals: dict[str, dict[tuple[str, ...], float]]
+) -> Rates:
     """Rates since the previous call (`last` is that call's sample, updated in place;
     one per app). The first call, or one after a long gap, averages since start."""
     now = time.time()
@@ -101,8 +102,13 @@ def sample_rates(state: GatewayState, last: dict[str, float],
         base = {"t": state.started_at or now, "requests": 0.0, "tokens": 0.0}
     interval = max(now - base["t"], 1e-9)
     last.update(t=now, requests=requests, tokens=tokens)
-    return Rates((requests - base["requests"]) / interval, (tokens - base["tokens"]) / interval,
-                 interval, requests, tokens)
+    return Rates(
+        (requests - base["requests"]) / interval,
+        (tokens - base["tokens"]) / interval,
+        interval,
+        requests,
+        tokens,
+    )
 
 
 def overview(state: GatewayState, last: dict[str, float]) -> Overview:
@@ -112,20 +118,24 @@ def overview(state: GatewayState, last: dict[str, float]) -> Overview:
     rates = sample_rates(state, last, totals)
     store, trainer = state.store, state.config.trainer
     return Overview(
-        model=state.config.gateway.model_name, live_version=state.live_version,
+        model=state.config.gateway.model_name,
+        live_version=state.live_version,
         backends=state.backends.status(),
         open_sessions=store.count_sessions(status="open"),
         started_sessions=store.count_sessions(),
         admitted_sessions=store.count_admitted_sessions(),
         staleness_window=window(state, state.live_version),
         staleness_gate=state.config.gateway.sessions.staleness_gate,
-        last_step=store.latest_train_step(), settling=store.settling_counts(),
+        last_step=store.latest_train_step(),
+        settling=store.settling_counts(),
         audit=store.episode_audit(trainer),
-        reward_wait_s=trainer.reward_wait_s, unrewarded_policy=trainer.unrewarded_policy,
+        reward_wait_s=trainer.reward_wait_s,
+        unrewarded_policy=trainer.unrewarded_policy,
         rates=rates,
         uptime_s=time.time() - state.started_at if state.started_at else 0.0,
-        merge=store.merge_stats(), continuity={
-            labels[0]: n for labels, n in totals["areal_token_continuity"].items()})
+        merge=store.merge_stats(),
+        continuity={labels[0]: n for labels, n in totals["areal_token_continuity"].items()},
+    )
 
 
 # Sessions table.
@@ -147,9 +157,16 @@ class SessionFilters:
 
     def query(self, **changes: Any) -> str:
         """This filter as a query string, with `changes` applied (for pager links)."""
-        values = {"status": self.status, "group_id": self.group_id, "task_id": self.task_id,
-                  "key_id": self.key_id, "since": self.since, "until": self.until,
-                  "page": self.page, **changes}
+        values = {
+            "status": self.status,
+            "group_id": self.group_id,
+            "task_id": self.task_id,
+            "key_id": self.key_id,
+            "since": self.since,
+            "until": self.until,
+            "page": self.page,
+            **changes,
+        }
         return urlencode({k: v for k, v in values.items() if v not in ("", None, 1)})
 
 
@@ -180,10 +197,12 @@ def _query(filters: SessionFilters) -> SessionQuery:
     until = utc_day_start(filters.until) + 86400 if filters.until else None
     return SessionQuery(
         statuses=(filters.status,) if filters.status else None,  # type: ignore[arg-type]
-        group_id=filters.group_id or None, task_id=filters.task_id or None,
+        group_id=filters.group_id or None,
+        task_id=filters.task_id or None,
         api_key_id=filters.key_id or None,
         created_from=utc_day_start(filters.since) if filters.since else None,
-        created_before=until)
+        created_before=until,
+    )
 
 
 def sessions_page(store: TrajectoryStore, filters: SessionFilters) -> SessionPage:
@@ -210,9 +229,14 @@ def train_series(steps: list[TrainStepRecord]) -> dict[str, Any]:
         out = [s.metrics.get(key) for s in steps]
         return [v if v is not None and math.isfinite(v) else None for v in out]
 
-    return {"steps": xs, "charts": [
-        {"title": title, "series": [{"name": k, "values": values(k)} for k in names]}
-        for title, names in charts if any(k in keys for k in names)]}
+    return {
+        "steps": xs,
+        "charts": [
+            {"title": title, "series": [{"name": k, "values": values(k)} for k in names]}
+            for title, names in charts
+            if any(k in keys for k in names)
+        ],
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,9 +260,17 @@ def weight_rows(store: TrajectoryStore, limit: int = 200) -> list[WeightRow]:
     for w in store.list_weight_versions(limit=limit):
         meta = w.metadata
         groups = meta.get("episodes") or {}
-        rows.append(WeightRow(
-            version=w.version, path=w.path, created_at=w.created_at, step=meta.get("step"),
-            episodes=sum(len(v) for v in groups.values()) if isinstance(groups, dict) else 0,
-            swap=meta.get("swap") or {}, swap_s=meta.get("swap_s"),
-            publish_to_live_s=meta.get("publish_to_live_s"), live_at=meta.get("live_at")))
+        rows.append(
+            WeightRow(
+                version=w.version,
+                path=w.path,
+                created_at=w.created_at,
+                step=meta.get("step"),
+                episodes=sum(len(v) for v in groups.values()) if isinstance(groups, dict) else 0,
+                swap=meta.get("swap") or {},
+                swap_s=meta.get("swap_s"),
+                publish_to_live_s=meta.get("publish_to_live_s"),
+                live_at=meta.get("live_at"),
+            )
+        )
     return rows

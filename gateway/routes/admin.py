@@ -28,8 +28,9 @@ from gateway.policies import checked_policy
 from gateway.replies import ErrorBody
 from gateway.state import GatewayState
 
-router = APIRouter(prefix="/admin", responses={
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404)})
+router = APIRouter(
+    prefix="/admin", responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404)}
+)
 
 
 LimitValue = Annotated[int | None, Field(ge=1, le=2**53)]
@@ -68,9 +69,7 @@ class KeyLimitsBody(BaseModel):
 
     def given(self) -> dict[str, int | None]:
         """Only the limits the client sent."""
-        return {name: getattr(self, name) for name in self.model_fields_set
-                if name in LIMIT_FIELDS}
-
+        return {name: getattr(self, name) for name in self.model_fields_set if name in LIMIT_FIELDS}
 
 
 class KeyCreate(KeyLimitsBody):
@@ -105,12 +104,22 @@ class KeyView(BaseModel):
 
     @classmethod
     def of(cls, key: ApiKeyRecord) -> KeyView:
-        return cls(id=key.id, name=key.name, display=key.display, kind=key.kind,
-                   session_id=key.session_id, created_at=key.created_at,
-                   last_used_at=key.last_used_at, revoked_at=key.revoked_at,
-                   rpm_limit=key.rpm_limit, tpm_limit=key.tpm_limit,
-                   max_concurrent=key.max_concurrent, token_budget=key.token_budget,
-                   tokens_used=key.tokens_used, policy=key.policy)
+        return cls(
+            id=key.id,
+            name=key.name,
+            display=key.display,
+            kind=key.kind,
+            session_id=key.session_id,
+            created_at=key.created_at,
+            last_used_at=key.last_used_at,
+            revoked_at=key.revoked_at,
+            rpm_limit=key.rpm_limit,
+            tpm_limit=key.tpm_limit,
+            max_concurrent=key.max_concurrent,
+            token_budget=key.token_budget,
+            tokens_used=key.tokens_used,
+            policy=key.policy,
+        )
 
 
 class KeyCreated(KeyView):
@@ -159,8 +168,9 @@ def key_view(key: ApiKeyRecord) -> dict[str, Any]:
 
 
 @router.post("/keys", status_code=201)
-async def create_key(state: StateDep, _: AdminDep,
-                     body: Annotated[KeyCreate | None, Body()] = None) -> KeyCreated:
+async def create_key(
+    state: StateDep, _: AdminDep, body: Annotated[KeyCreate | None, Body()] = None
+) -> KeyCreated:
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
     body = body or KeyCreate()
     policy = checked_policy(state.config, body.policy)
@@ -174,14 +184,14 @@ async def create_key(state: StateDep, _: AdminDep,
 
 
 @router.patch("/keys/{key_id}")
-async def set_key_limits(key_id: str, body: KeyLimitsBody, state: StateDep, _: AdminDep
-                         ) -> KeyView:
+async def set_key_limits(key_id: str, body: KeyLimitsBody, state: StateDep, _: AdminDep) -> KeyView:
     """Change a key's limits (effective at once on this replica)."""
     return KeyView.of(await apply_key_limits(state, key_id, body.given()))
 
 
-async def apply_key_limits(state: GatewayState, key_id: str,
-                           limits: dict[str, int | None]) -> ApiKeyRecord:
+async def apply_key_limits(
+    state: GatewayState, key_id: str, limits: dict[str, int | None]
+) -> ApiKeyRecord:
     """Store `limits` on the key and drop its cached record (404 if unknown)."""
     key = await asyncio.to_thread(state.store.keys.set_api_key_limits, key_id, limits)
     if key is None:
@@ -191,11 +201,13 @@ async def apply_key_limits(state: GatewayState, key_id: str,
 
 
 @router.get("/keys")
-async def list_keys(state: StateDep, _: AdminDep, limit: PageLimit = 100,
-                    offset: PageOffset = 0) -> KeyList:
+async def list_keys(
+    state: StateDep, _: AdminDep, limit: PageLimit = 100, offset: PageOffset = 0
+) -> KeyList:
     """Virtual keys, newest first (at most 1000 per page)."""
-    keys = await asyncio.to_thread(state.store.keys.list_api_keys, limit=min(limit, 1000),
-                                   offset=offset)
+    keys = await asyncio.to_thread(
+        state.store.keys.list_api_keys, limit=min(limit, 1000), offset=offset
+    )
     return KeyList(data=[KeyView.of(k) for k in keys])
 
 
@@ -212,7 +224,6 @@ async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> KeyView:
     return KeyView.of(revoked)
 
 
-
 @router.get("/status")
 async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
     """Live weight version, backends, open sessions and the staleness window."""
@@ -220,15 +231,24 @@ async def status(state: StateDep, _: AdminDep) -> GatewayStatus:
     started = await asyncio.to_thread(state.store.count_sessions)
     admitted = await asyncio.to_thread(state.store.count_admitted_sessions)
     return GatewayStatus(
-        live_version=state.live_version, model=state.config.gateway.model_name,
-        backends=[BackendView(url=s.url, healthy=s.healthy, in_flight=s.in_flight,
-                                last_error=s.last_error) for s in state.backends.status()],
-        open_sessions=open_sessions, started_sessions=started, admitted_sessions=admitted,
+        live_version=state.live_version,
+        model=state.config.gateway.model_name,
+        backends=[
+            BackendView(
+                url=s.url, healthy=s.healthy, in_flight=s.in_flight, last_error=s.last_error
+            )
+            for s in state.backends.status()
+        ],
+        open_sessions=open_sessions,
+        started_sessions=started,
+        admitted_sessions=admitted,
         staleness_gate=state.config.gateway.sessions.staleness_gate,
-        staleness_window=window(state, state.live_version), worker_pid=os.getpid(),
+        staleness_window=window(state, state.live_version),
+        worker_pid=os.getpid(),
         leader=state.leadership.is_leader,
         leader_holder=await asyncio.to_thread(state.store.coordination.lease_holder, LEADER_LEASE),
-        chat_template_renders_tools=state.tokenizer.renders_tools)
+        chat_template_renders_tools=state.tokenizer.renders_tools,
+    )
 
 
 class EpisodeAuditView(BaseModel):
@@ -249,9 +269,14 @@ class EpisodeAuditView(BaseModel):
 
     @classmethod
     def of(cls, audit: EpisodeAudit) -> EpisodeAuditView:
-        return cls(total=audit.total, states=audit.states,
-                   dropped_by_reason=audit.dropped_by_reason, overdue=audit.overdue,
-                   unaccounted=audit.unaccounted, unaccounted_why=audit.unaccounted_why)
+        return cls(
+            total=audit.total,
+            states=audit.states,
+            dropped_by_reason=audit.dropped_by_reason,
+            overdue=audit.overdue,
+            unaccounted=audit.unaccounted,
+            unaccounted_why=audit.unaccounted_why,
+        )
 
 
 @router.get("/episodes/audit")
@@ -262,27 +287,42 @@ async def episodes_audit(state: StateDep, _: AdminDep) -> EpisodeAuditView:
 
 
 @router.get("/export")
-async def export(state: StateDep, _: AdminDep, format: str = "jsonl",  # noqa: A002
-                 group_id: str | None = None, task_id: str | None = None) -> Response:
+async def export(
+    state: StateDep,
+    _: AdminDep,
+    format: str = "jsonl",  # noqa: A002
+    group_id: str | None = None,
+    task_id: str | None = None,
+) -> Response:
     """Training sequences as JSONL (streamed page by page) or Parquet (written to a
     temporary file in a thread, then sent)."""
     filters = ExportFilters(group_id=group_id, task_id=task_id)
     trainer = state.config.trainer
-    options: _ExportOptions = {"turn_discount": trainer.turn_discount,
-                               "default_reward": trainer.unrewarded_return()}
+    options: _ExportOptions = {
+        "turn_discount": trainer.turn_discount,
+        "default_reward": trainer.unrewarded_return(),
+    }
     if format == "jsonl":
         rows = iter_export_rows(state.store, filters, **options)
         lines = (json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
-        return StreamingResponse(iterate_in_threadpool(lines), media_type="application/x-ndjson",
-                                 headers={"content-disposition": "attachment; filename=export.jsonl"})
+        return StreamingResponse(
+            iterate_in_threadpool(lines),
+            media_type="application/x-ndjson",
+            headers={"content-disposition": "attachment; filename=export.jsonl"},
+        )
     if format != "parquet":
         raise OpenAIError(400, "format must be jsonl or parquet", param="format")
     fd, path = tempfile.mkstemp(suffix=".parquet")
     os.close(fd)
-    await asyncio.to_thread(export_sequences, state.store, fmt="parquet", out=path,
-                            filters=filters, **options)
-    return FileResponse(path, filename="export.parquet", media_type="application/octet-stream",
-                        background=BackgroundTask(os.unlink, path))
+    await asyncio.to_thread(
+        export_sequences, state.store, fmt="parquet", out=path, filters=filters, **options
+    )
+    return FileResponse(
+        path,
+        filename="export.parquet",
+        media_type="application/octet-stream",
+        background=BackgroundTask(os.unlink, path),
+    )
 
 
 class PolicyView(BaseModel):
@@ -311,9 +351,13 @@ async def list_policies(state: StateDep, _: AdminDep) -> PolicyList:
     views = []
     for name in state.config.policy_names():
         lora, version = state.config.policy_lora(name), latest.get(name)
-        views.append(PolicyView(
-            name=name, model_names=aliases.get(name, []),
-            lora_rank=None if lora is None else lora.rank,
-            latest_version=None if version is None else version.version,
-            latest_version_at=None if version is None else version.created_at))
+        views.append(
+            PolicyView(
+                name=name,
+                model_names=aliases.get(name, []),
+                lora_rank=None if lora is None else lora.rank,
+                latest_version=None if version is None else version.version,
+                latest_version_at=None if version is None else version.created_at,
+            )
+        )
     return PolicyList(data=views)

@@ -38,13 +38,15 @@ from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage, render_prompt_ids
 
 
-def _conversation(state: GatewayState, request: MessagesRequest | CountTokensRequest
-                  ) -> Conversation:
+def _conversation(
+    state: GatewayState, request: MessagesRequest | CountTokensRequest
+) -> Conversation:
     messages, tools, tool_choice, dropped = anthropic_to_chat(
-        request, hosted_tools=state.config.gateway.hosted_tools,
-        signer=reasoning_signer(state))
-    return Conversation(messages, tools, tool_choice,
-                        {"dropped_tools": dropped} if dropped else None)
+        request, hosted_tools=state.config.gateway.hosted_tools, signer=reasoning_signer(state)
+    )
+    return Conversation(
+        messages, tools, tool_choice, {"dropped_tools": dropped} if dropped else None
+    )
 
 
 class AnthropicAdapter(WireAdapter[MessagesRequest]):
@@ -55,15 +57,22 @@ class AnthropicAdapter(WireAdapter[MessagesRequest]):
     id_prefix = "msg_"
     prompt_param = "messages"
 
-    async def conversation(self, state: GatewayState, principal: Principal,
-                           request: MessagesRequest) -> Conversation:
+    async def conversation(
+        self, state: GatewayState, principal: Principal, request: MessagesRequest
+    ) -> Conversation:
         return _conversation(state, request)
 
-    def reply(self, turn: Turn[MessagesRequest], choices: Sequence[ParsedChoice],
-              usage: Usage) -> dict[str, Any]:
+    def reply(
+        self, turn: Turn[MessagesRequest], choices: Sequence[ParsedChoice], usage: Usage
+    ) -> dict[str, Any]:
         (choice,) = choices
-        return build_message(message_id=turn.completion_id, model=turn.model, choice=choice,
-                             usage=usage, signer=reasoning_signer(turn.state))
+        return build_message(
+            message_id=turn.completion_id,
+            model=turn.model,
+            choice=choice,
+            usage=usage,
+            signer=reasoning_signer(turn.state),
+        )
 
     def stream(self, turn: Turn[MessagesRequest]) -> StreamEncoder:
         return MessagesStream(turn)
@@ -74,10 +83,15 @@ class MessagesStream(StreamEncoder):
 
     def __init__(self, turn: Turn[MessagesRequest]) -> None:
         self._asm = MessageStreamAssembler(
-            turn.state.tokenizer, message_id=turn.completion_id, model=turn.model,
-            sampling=turn.spec, prompt_tokens=len(turn.prompt_ids),
-            parse_tools=turn.parse_tools, signer=reasoning_signer(turn.state),
-            tools=turn.tools)
+            turn.state.tokenizer,
+            message_id=turn.completion_id,
+            model=turn.model,
+            sampling=turn.spec,
+            prompt_tokens=len(turn.prompt_ids),
+            parse_tools=turn.parse_tools,
+            signer=reasoning_signer(turn.state),
+            tools=turn.tools,
+        )
 
     def start(self) -> str:
         return "".join(map(named_event, self._asm.start()))
@@ -94,8 +108,7 @@ class MessagesStream(StreamEncoder):
         return named_event(error_body(error))
 
 
-async def count_tokens(request: Request, state: GatewayState, principal: Principal
-                       ) -> Reply:
+async def count_tokens(request: Request, state: GatewayState, principal: Principal) -> Reply:
     """`{"input_tokens": N}`: the prompt the same request would render (no session, so
     no continuity: the count of a fresh render)."""
     _, req, _ = await read_request(request, CountTokensRequest)
@@ -106,8 +119,7 @@ async def count_tokens(request: Request, state: GatewayState, principal: Princip
         if state.large_prompts.is_large(conv.messages, conv.tools):
             # As on the generation routes: surely over the context, refused from its
             # character count; else counted off the event loop.
-            refuse_overlong(state.tokenizer, conv.messages, state.context_length,
-                            param="messages")
+            refuse_overlong(state.tokenizer, conv.messages, state.context_length, param="messages")
             ids = await state.large_prompts.run(render_prompt_ids, *args)
         else:
             ids = render_prompt_ids(*args)
@@ -119,10 +131,14 @@ async def count_tokens(request: Request, state: GatewayState, principal: Princip
 MESSAGES = AnthropicAdapter()
 
 HOT_ROUTES: dict[str, Route] = {
-    **{path: (MESSAGES.label, MESSAGES.handle, error_body)
-       for path in ("/v1/messages", "/messages")},
-    **{path: ("anthropic_count_tokens", count_tokens, error_body)
-       for path in ("/v1/messages/count_tokens", "/messages/count_tokens")},
+    **{
+        path: (MESSAGES.label, MESSAGES.handle, error_body)
+        for path in ("/v1/messages", "/messages")
+    },
+    **{
+        path: ("anthropic_count_tokens", count_tokens, error_body)
+        for path in ("/v1/messages/count_tokens", "/messages/count_tokens")
+    },
 }
 """Served by `gateway.hotpath.HotRoutes`, outside FastAPI."""
 
@@ -133,23 +149,42 @@ docs_router = APIRouter()
 _STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"description": text + ' (`{"type": "error", "error": {"type", "message"}}`)'}
-    for code, text in ((400, "invalid request"), (401, "unknown or revoked key"),
-                       (409, "the session has ended"), (503, "no backend available"))}
+    for code, text in (
+        (400, "invalid request"),
+        (401, "unknown or revoked key"),
+        (409, "the session has ended"),
+        (503, "no backend available"),
+    )
+}
 
 
-@docs_router.post("/v1/messages", responses={**_ERRORS, 200: {
-    "content": {"application/json": {"schema": {"type": "object"}}, **_STREAM},
-    "description": "a `message`, or with `stream: true` Anthropic events ending in "
-                   "`message_stop`"}})
+@docs_router.post(
+    "/v1/messages",
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {"application/json": {"schema": {"type": "object"}}, **_STREAM},
+            "description": "a `message`, or with `stream: true` Anthropic events ending in "
+            "`message_stop`",
+        },
+    },
+)
 async def messages(body: MessagesRequest = Body()) -> dict[str, Any]:
     """Anthropic Messages (Claude Code: `x-api-key` or `Authorization: Bearer`), one turn
     recorded token for token like the OpenAI routes."""
     raise AssertionError("served by gateway.hotpath.HotRoutes")
 
 
-@docs_router.post("/v1/messages/count_tokens", responses={**_ERRORS, 200: {
-    "content": {"application/json": {"schema": {"type": "object"}}},
-    "description": '`{"input_tokens": N}`'}})
+@docs_router.post(
+    "/v1/messages/count_tokens",
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {"application/json": {"schema": {"type": "object"}}},
+            "description": '`{"input_tokens": N}`',
+        },
+    },
+)
 async def messages_count_tokens(body: CountTokensRequest = Body()) -> dict[str, Any]:
     """Prompt tokens the same Messages request renders to."""
     raise AssertionError("served by gateway.hotpath.HotRoutes")

@@ -64,18 +64,20 @@ async def liveness() -> Liveness:
     return Liveness()
 
 
-@router.get("/health/readiness", response_model=Readiness,
-            responses={503: {"model": Readiness}})
+@router.get("/health/readiness", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readiness(request: Request, state: StateDep) -> Response:
     """200 when the store answers reads and writes and at least one backend is healthy,
     else 503 naming what failed."""
     db = await _db_status(request, state)
-    backends = [{"url": s.url, "healthy": s.healthy and s.failed_checks == 0,
-                 "in_flight": s.in_flight} for s in state.backends.status()]
+    backends = [
+        {"url": s.url, "healthy": s.healthy and s.failed_checks == 0, "in_flight": s.in_flight}
+        for s in state.backends.status()
+    ]
     ready = db == "ok" and any(b["healthy"] for b in backends)
     body = {"status": "ready" if ready else "unavailable", "db": db, "backends": backends}
-    return Response(json.dumps(body), status_code=200 if ready else 503,
-                    media_type="application/json")
+    return Response(
+        json.dumps(body), status_code=200 if ready else 503, media_type="application/json"
+    )
 
 
 async def _db_status(request: Request, state: GatewayState) -> str:
@@ -89,14 +91,19 @@ async def _db_status(request: Request, state: GatewayState) -> str:
     failed = state.writer.last_error
     app = request.app.state
     probe: asyncio.Future[None] | None = getattr(app, "write_probe", None)
-    trusted = (probe is not None and probe.done() and not probe.cancelled()
-               and probe.exception() is None
-               and time.monotonic() - app.write_probe_at < PROBE_INTERVAL_S)
+    trusted = (
+        probe is not None
+        and probe.done()
+        and not probe.cancelled()
+        and probe.exception() is None
+        and time.monotonic() - app.write_probe_at < PROBE_INTERVAL_S
+    )
     if failed is None and trusted:
         return "ok"
     if probe is None or probe.done():  # stale: a new one
         probe = app.write_probe = asyncio.ensure_future(
-            asyncio.to_thread(state.store.probe_write, check_room=failed is not None))
+            asyncio.to_thread(state.store.probe_write, check_room=failed is not None)
+        )
         app.write_probe_at = time.monotonic()
         probe.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
     try:

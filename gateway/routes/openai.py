@@ -50,15 +50,23 @@ class ChatAdapter(WireAdapter[ChatCompletionRequest]):
     # offload threshold is then prepared on the loop, still checked exactly after).
     conversation_in_body = True
 
-    async def conversation(self, state: GatewayState, principal: Principal,
-                           request: ChatCompletionRequest) -> Conversation:
-        return Conversation(request.message_dicts(), request.chat_tools(),
-                            request.chat_tool_choice())
+    async def conversation(
+        self, state: GatewayState, principal: Principal, request: ChatCompletionRequest
+    ) -> Conversation:
+        return Conversation(
+            request.message_dicts(), request.chat_tools(), request.chat_tool_choice()
+        )
 
-    def reply(self, turn: Turn[ChatCompletionRequest], choices: Sequence[ParsedChoice],
-              usage: Usage) -> dict[str, Any]:
-        return build_chat_completion(completion_id=turn.completion_id, model=turn.model,
-                                     created=int(turn.created), choices=choices, usage=usage)
+    def reply(
+        self, turn: Turn[ChatCompletionRequest], choices: Sequence[ParsedChoice], usage: Usage
+    ) -> dict[str, Any]:
+        return build_chat_completion(
+            completion_id=turn.completion_id,
+            model=turn.model,
+            created=int(turn.created),
+            choices=choices,
+            usage=usage,
+        )
 
     def stream(self, turn: Turn[ChatCompletionRequest]) -> StreamEncoder:
         return ChatStream(self, turn)
@@ -71,19 +79,31 @@ class ChatStream(StreamEncoder):
     def __init__(self, adapter: ChatAdapter, turn: Turn[ChatCompletionRequest]) -> None:
         self._adapter = adapter
         self._turn = turn
-        self._assemblers = [ChatStreamAssembler(
-            turn.state.tokenizer, completion_id=turn.completion_id, model=turn.model,
-            created=int(turn.created), index=i, parse_tools=turn.parse_tools,
-            stop=turn.spec.stop, logprobs=turn.logprobs, tools=turn.tools)
-            for i in range(turn.spec.n)]
+        self._assemblers = [
+            ChatStreamAssembler(
+                turn.state.tokenizer,
+                completion_id=turn.completion_id,
+                model=turn.model,
+                created=int(turn.created),
+                index=i,
+                parse_tools=turn.parse_tools,
+                stop=turn.spec.stop,
+                logprobs=turn.logprobs,
+                tools=turn.tools,
+            )
+            for i in range(turn.spec.n)
+        ]
 
     def start(self) -> str:
         return "".join(f"data: {dumps(asm.start())}\n\n" for asm in self._assemblers)
 
     def push(self, index: int, delta: GenerationDelta) -> str:
         return self._assemblers[index].push_sse(
-            delta.output_ids, delta.output_logprobs, delta.finish_reason,
-            new_top=delta.output_top_logprobs)
+            delta.output_ids,
+            delta.output_logprobs,
+            delta.finish_reason,
+            new_top=delta.output_top_logprobs,
+        )
 
     def end(self) -> StreamEnd:
         turn = self._turn
@@ -93,11 +113,14 @@ class ChatStream(StreamEncoder):
         before = ""
         options = turn.request.stream_options
         if options is not None and options.include_usage:
-            chunk = build_usage_chunk(completion_id=turn.completion_id, model=turn.model,
-                                      created=int(turn.created), usage=usage)
+            chunk = build_usage_chunk(
+                completion_id=turn.completion_id,
+                model=turn.model,
+                created=int(turn.created),
+                usage=usage,
+            )
             before = f"data: {dumps(chunk)}\n\n"
-        return StreamEnd(done, self._adapter.reply(turn, done, usage), before,
-                         "data: [DONE]\n\n")
+        return StreamEnd(done, self._adapter.reply(turn, done, usage), before, "data: [DONE]\n\n")
 
     def fail(self, error: OpenAIError) -> str:
         return f"data: {dumps(error.body())}\n\n"
@@ -114,21 +137,35 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
     id_prefix = "resp_"
     prompt_param = "input"
 
-    async def conversation(self, state: GatewayState, principal: Principal,
-                           request: ResponsesRequest) -> Conversation:
-        conv = translate_request(await with_previous_responses(state, principal, request),
-                                 hosted_tools=state.config.gateway.hosted_tools,
-                                 signer=reasoning_signer(state))
-        return Conversation(conv.messages, conv.tools, conv.tool_choice,
-                            {"dropped_tools": conv.dropped_tools} if conv.dropped_tools
-                            else None)
+    async def conversation(
+        self, state: GatewayState, principal: Principal, request: ResponsesRequest
+    ) -> Conversation:
+        conv = translate_request(
+            await with_previous_responses(state, principal, request),
+            hosted_tools=state.config.gateway.hosted_tools,
+            signer=reasoning_signer(state),
+        )
+        return Conversation(
+            conv.messages,
+            conv.tools,
+            conv.tool_choice,
+            {"dropped_tools": conv.dropped_tools} if conv.dropped_tools else None,
+        )
 
-    def reply(self, turn: Turn[ResponsesRequest], choices: Sequence[ParsedChoice],
-              usage: Usage) -> dict[str, Any]:
+    def reply(
+        self, turn: Turn[ResponsesRequest], choices: Sequence[ParsedChoice], usage: Usage
+    ) -> dict[str, Any]:
         (choice,) = choices
-        return build_response(turn.request, response_id=turn.completion_id,
-                              created_at=turn.created, model=turn.model, choice=choice,
-                              usage=usage, sampling=turn.spec, signer=reasoning_signer(turn.state))
+        return build_response(
+            turn.request,
+            response_id=turn.completion_id,
+            created_at=turn.created,
+            model=turn.model,
+            choice=choice,
+            usage=usage,
+            sampling=turn.spec,
+            signer=reasoning_signer(turn.state),
+        )
 
     def stream(self, turn: Turn[ResponsesRequest]) -> StreamEncoder:
         return ResponsesStream(turn)
@@ -139,10 +176,18 @@ class ResponsesStream(StreamEncoder):
 
     def __init__(self, turn: Turn[ResponsesRequest]) -> None:
         self._asm = ResponsesStreamAssembler(
-            turn.request, turn.state.tokenizer, response_id=turn.completion_id,
-            created_at=turn.created, model=turn.model, sampling=turn.spec,
-            prompt_tokens=len(turn.prompt_ids), parse_tools=turn.parse_tools,
-            logprobs=turn.logprobs, signer=reasoning_signer(turn.state), tools=turn.tools)
+            turn.request,
+            turn.state.tokenizer,
+            response_id=turn.completion_id,
+            created_at=turn.created,
+            model=turn.model,
+            sampling=turn.spec,
+            prompt_tokens=len(turn.prompt_ids),
+            parse_tools=turn.parse_tools,
+            logprobs=turn.logprobs,
+            signer=reasoning_signer(turn.state),
+            tools=turn.tools,
+        )
         self._final: list[dict[str, Any]] = []
 
     def start(self) -> str:
@@ -150,8 +195,12 @@ class ResponsesStream(StreamEncoder):
 
     def push(self, index: int, delta: GenerationDelta) -> str:
         out = []
-        for e in self._asm.push(delta.output_ids, delta.output_logprobs, delta.finish_reason,
-                                new_top=delta.output_top_logprobs):
+        for e in self._asm.push(
+            delta.output_ids,
+            delta.output_logprobs,
+            delta.finish_reason,
+            new_top=delta.output_top_logprobs,
+        ):
             if e["type"] == "response.completed":
                 self._final.append(e)  # sent once the record is durable
             else:
@@ -164,19 +213,25 @@ class ResponsesStream(StreamEncoder):
         return StreamEnd([asm.result], asm.response, "", "".join(map(named_event, self._final)))
 
     def fail(self, error: OpenAIError) -> str:
-        return "".join(map(named_event, self._asm.fail(error.code or "server_error",
-                                                   error.message)))
+        return "".join(
+            map(named_event, self._asm.fail(error.code or "server_error", error.message))
+        )
 
 
 CHAT = ChatAdapter()
 RESPONSES = ResponsesAdapter()
 
 HOT_ROUTES: dict[str, Route] = {
-    **{path: (adapter.label, adapter.handle)
-       for adapter, paths in ((CHAT, ("/v1/chat/completions", "/chat/completions")),
-                              (RESPONSES, ("/v1/responses", "/responses")))
-       for path in paths},
-    **anthropic.HOT_ROUTES}
+    **{
+        path: (adapter.label, adapter.handle)
+        for adapter, paths in (
+            (CHAT, ("/v1/chat/completions", "/chat/completions")),
+            (RESPONSES, ("/v1/responses", "/responses")),
+        )
+        for path in paths
+    },
+    **anthropic.HOT_ROUTES,
+}
 """Served by `gateway.hotpath.HotRoutes`, outside FastAPI (see there why); the Anthropic
 Messages routes (`routes/anthropic.py`) included."""
 
@@ -187,26 +242,49 @@ docs_router = APIRouter()
 """The hot routes as `/openapi.json` documents them; never reached (see the module
 docstring), so the endpoints below only declare bodies."""
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text} for code, text in (
-        (400, "invalid request (names the `param`)"), (401, "unknown or revoked key"),
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (400, "invalid request (names the `param`)"),
+        (401, "unknown or revoked key"),
         (404, "unknown model, session or previous response"),
-        (409, "the session has ended"), (413, "body over gateway.limits.max_request_bytes"),
-        (503, "no backend available (retry-after) or the record could not be stored"))}
+        (409, "the session has ended"),
+        (413, "body over gateway.limits.max_request_bytes"),
+        (503, "no backend available (retry-after) or the record could not be stored"),
+    )
+}
 _STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 docs_router.include_router(anthropic.docs_router)
 
 
-@docs_router.post("/v1/chat/completions", response_model=ChatCompletion, responses={
-    **_ERRORS, 200: {"content": _STREAM, "description": "a chat.completion, or with "
-                     "`stream: true` `chat.completion.chunk` events ending in `[DONE]`"}})
+@docs_router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletion,
+    responses={
+        **_ERRORS,
+        200: {
+            "content": _STREAM,
+            "description": "a chat.completion, or with "
+            "`stream: true` `chat.completion.chunk` events ending in `[DONE]`",
+        },
+    },
+)
 async def chat_completions(body: ChatCompletionRequest = Body()) -> ChatCompletion:
     """OpenAI Chat Completions, streaming or not, recorded token for token."""
     raise AssertionError("served by gateway.hotpath.HotRoutes")
 
 
-@docs_router.post("/v1/responses", response_model=Response, responses={
-    **_ERRORS, 200: {"content": _STREAM, "description": "a response, or with "
-                     "`stream: true` Responses events ending in `response.completed`"}})
+@docs_router.post(
+    "/v1/responses",
+    response_model=Response,
+    responses={
+        **_ERRORS,
+        200: {
+            "content": _STREAM,
+            "description": "a response, or with "
+            "`stream: true` Responses events ending in `response.completed`",
+        },
+    },
+)
 async def responses(body: ResponsesRequest = Body()) -> Response:
     """OpenAI Responses (the Agents SDK's default and Codex), one chat turn."""
     raise AssertionError("served by gateway.hotpath.HotRoutes")

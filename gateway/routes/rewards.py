@@ -83,34 +83,59 @@ class Reward(BaseModel):
 
     @classmethod
     def of(cls, r: RewardRecord, target_total: float) -> Reward:
-        return cls(id=r.id, name=r.name, value=r.value, completion_id=r.completion_id,
-                   session_id=r.session_id, group_id=r.group_id, metadata=r.metadata,
-                   created_at=r.created_at, target_total=target_total)
+        return cls(
+            id=r.id,
+            name=r.name,
+            value=r.value,
+            completion_id=r.completion_id,
+            session_id=r.session_id,
+            group_id=r.group_id,
+            metadata=r.metadata,
+            created_at=r.created_at,
+            target_total=target_total,
+        )
 
 
-async def _target_session(state: GatewayState, principal: Principal, body: RewardCreate
-                          ) -> SessionRecord | None:
+async def _target_session(
+    state: GatewayState, principal: Principal, body: RewardCreate
+) -> SessionRecord | None:
     """The session the reward lands on (None for a group reward), access-checked."""
     session_id = body.session_id
     if body.completion_id:
         completion = await asyncio.to_thread(state.store.get_completion, body.completion_id)
         if completion is None:
-            raise OpenAIError(404, f"completion {body.completion_id!r} does not exist",
-                              param="completion_id", code="completion_not_found")
+            raise OpenAIError(
+                404,
+                f"completion {body.completion_id!r} does not exist",
+                param="completion_id",
+                code="completion_not_found",
+            )
         if completion.session_id is None:
             if not principal.is_admin:
-                raise OpenAIError(403, "only the admin key may score a completion outside a "
-                                  "session", type="permission_error", param="completion_id")
+                raise OpenAIError(
+                    403,
+                    "only the admin key may score a completion outside a session",
+                    type="permission_error",
+                    param="completion_id",
+                )
             return None
         session_id = completion.session_id
     if session_id is None:  # a group reward
         if not principal.is_admin:
-            raise OpenAIError(403, "only the admin key may score a whole group",
-                              type="permission_error", param="group_id")
+            raise OpenAIError(
+                403,
+                "only the admin key may score a whole group",
+                type="permission_error",
+                param="group_id",
+            )
         count = await asyncio.to_thread(state.store.count_sessions, group_id=body.group_id)
         if count == 0:
-            raise OpenAIError(404, f"group {body.group_id!r} has no sessions",
-                              param="group_id", code="group_not_found")
+            raise OpenAIError(
+                404,
+                f"group {body.group_id!r} has no sessions",
+                param="group_id",
+                code="group_not_found",
+            )
         return None
     session = await load_session(state, session_id)
     check_session_access(principal, session)
@@ -119,15 +144,16 @@ async def _target_session(state: GatewayState, principal: Principal, body: Rewar
 
 @router.post("/v1/rewards", status_code=201)
 @router.post("/rewards", status_code=201, include_in_schema=False)
-async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalDep
-                      ) -> Reward:
+async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalDep) -> Reward:
     """Record a reward (see the module docstring for the rules)."""
     if not math.isfinite(body.value):
         raise bad_request(f"value must be a finite number, got {body.value}", "value")
     cap = state.config.gateway.limits.reward_max_abs
     if abs(body.value) > cap:
-        raise bad_request(f"|value| must be at most {cap:g} (gateway.limits.reward_max_abs), got "
-                          f"{body.value:g}", "value")
+        raise bad_request(
+            f"|value| must be at most {cap:g} (gateway.limits.reward_max_abs), got {body.value:g}",
+            "value",
+        )
     owner = "" if principal.is_admin else (principal.key_id or "")
     if body.id is not None:
         existing = await asyncio.to_thread(state.store.get_reward, body.id, owner)
@@ -136,12 +162,20 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
             return await _accepted(state, existing, body)
     session = await _target_session(state, principal, body)
     if session is not None and session.status in _TRAINING:  # cheap early answer
-        raise _trained(f"session {session.id!r} is already {session.status}; its rewards "
-                       "can no longer change", "session_id")
-    record = RewardRecord(id=body.id or f"rwd_{uuid.uuid4().hex}", value=body.value,
-                          name=body.name, completion_id=body.completion_id,
-                          session_id=body.session_id, group_id=body.group_id,
-                          metadata=body.metadata, owner=owner)
+        raise _trained(
+            f"session {session.id!r} is already {session.status}; its rewards can no longer change",
+            "session_id",
+        )
+    record = RewardRecord(
+        id=body.id or f"rwd_{uuid.uuid4().hex}",
+        value=body.value,
+        name=body.name,
+        completion_id=body.completion_id,
+        session_id=body.session_id,
+        group_id=body.group_id,
+        metadata=body.metadata,
+        owner=owner,
+    )
     stored = await _accepted(state, record, body)
     if body.end_session and session is not None and session.status == "open":
         await state.end_session(session.id, "reward")
@@ -152,13 +186,13 @@ async def _accepted(state: GatewayState, record: RewardRecord, body: RewardCreat
     """Store `record` (the authoritative state check, `reward_admission.py`); an earlier
     reward of the same id comes back as stored, or 409 if its values differ."""
     try:
-        accepted = await asyncio.to_thread(state.store.accept_reward, record,
-                                           additive=body.additive)
+        accepted = await asyncio.to_thread(
+            state.store.accept_reward, record, additive=body.additive
+        )
     except RewardRefused as refused:
         if refused.code == "session_trained":
             raise _trained(refused.message, refused.param) from None
-        raise OpenAIError(409, refused.message, param=refused.param,
-                          code=refused.code) from None
+        raise OpenAIError(409, refused.message, param=refused.param, code=refused.code) from None
     _same_or_conflict(accepted.record, body)  # lost a race with the same id
     return Reward.of(accepted.record, accepted.target_total)
 
@@ -168,9 +202,17 @@ def _trained(message: str, param: str) -> OpenAIError:
 
 
 def _same_or_conflict(existing: RewardRecord, body: RewardCreate) -> None:
-    same = (existing.value == body.value and existing.name == body.name
-            and existing.completion_id == body.completion_id
-            and existing.session_id == body.session_id and existing.group_id == body.group_id)
+    same = (
+        existing.value == body.value
+        and existing.name == body.name
+        and existing.completion_id == body.completion_id
+        and existing.session_id == body.session_id
+        and existing.group_id == body.group_id
+    )
     if not same:
-        raise OpenAIError(409, f"reward id {existing.id!r} was already used with other values",
-                          param="id", code="reward_id_conflict")
+        raise OpenAIError(
+            409,
+            f"reward id {existing.id!r} was already used with other values",
+            param="id",
+            code="reward_id_conflict",
+        )

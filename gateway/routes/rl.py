@@ -32,8 +32,9 @@ from gateway.replies import ErrorBody
 from gateway.sessions import check_session_access, load_session, remember_new_session
 from gateway.state import GatewayState
 
-router = APIRouter(prefix="/rl", responses={
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409)})
+router = APIRouter(
+    prefix="/rl", responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409)}
+)
 
 
 class SessionStart(BaseModel):
@@ -89,11 +90,18 @@ class SessionView(BaseModel):
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionView:
-        return cls(session_id=session.id, group_id=session.group_id, task_id=session.task_id,
-                   status=session.status, metadata=session.metadata,
-                   created_at=session.created_at, last_activity_at=session.last_activity_at,
-                   ended_at=session.ended_at, end_reason=session.end_reason,
-                   policy=session.policy)
+        return cls(
+            session_id=session.id,
+            group_id=session.group_id,
+            task_id=session.task_id,
+            status=session.status,
+            metadata=session.metadata,
+            created_at=session.created_at,
+            last_activity_at=session.last_activity_at,
+            ended_at=session.ended_at,
+            end_reason=session.end_reason,
+            policy=session.policy,
+        )
 
 
 class NewSession(SessionView):
@@ -155,35 +163,55 @@ def new_session_id() -> str:
     return f"sess_{uuid.uuid4().hex}"
 
 
-async def open_session(state: GatewayState, *, group_id: str | None, task_id: str | None,
-                       metadata: dict[str, Any], key_id: str | None,
-                       session_id: str | None = None, admission: str | None = None,
-                       policy: str = DEFAULT_POLICY) -> SessionRecord:
+async def open_session(
+    state: GatewayState,
+    *,
+    group_id: str | None,
+    task_id: str | None,
+    metadata: dict[str, Any],
+    key_id: str | None,
+    session_id: str | None = None,
+    admission: str | None = None,
+    policy: str = DEFAULT_POLICY,
+) -> SessionRecord:
     """Insert one open session (the staleness gate, when configured, runs before this
     and gives its reservation: `admission`)."""
-    record = SessionRecord(id=session_id or new_session_id(), group_id=group_id,
-                           task_id=task_id, api_key_id=key_id, metadata=metadata,
-                           policy=policy)
+    record = SessionRecord(
+        id=session_id or new_session_id(),
+        group_id=group_id,
+        task_id=task_id,
+        api_key_id=key_id,
+        metadata=metadata,
+        policy=policy,
+    )
     session = await asyncio.to_thread(state.store.add_session, record, admission)
     remember_new_session(state, session)
     return session
 
 
 @router.post("/sessions", status_code=201)
-async def start_sessions(state: StateDep, principal: PrincipalDep,
-                         body: Annotated[SessionStart | None, Body()] = None
-                         ) -> SessionsStarted | SessionRefreshed:
+async def start_sessions(
+    state: StateDep, principal: PrincipalDep, body: Annotated[SessionStart | None, Body()] = None
+) -> SessionsStarted | SessionRefreshed:
     """Open `group_size` sessions (one fresh session key each), or refresh a user key."""
     body = body or SessionStart()
     policy = checked_policy(state.config, body.policy)
     if not principal.is_admin:
         if principal.key is None or principal.key.kind != "user":
-            raise OpenAIError(403, "only the admin key or a user key may start sessions",
-                              type="permission_error", code="admin_required")
+            raise OpenAIError(
+                403,
+                "only the admin key or a user key may start sessions",
+                type="permission_error",
+                code="admin_required",
+            )
         if body.policy is not None and policy != principal.key.policy:
-            raise OpenAIError(403, "a key's sessions take the key's policy; only the admin "
-                              "key names another", type="permission_error", param="policy",
-                              code="policy_forbidden")
+            raise OpenAIError(
+                403,
+                "a key's sessions take the key's policy; only the admin key names another",
+                type="permission_error",
+                param="policy",
+                code="policy_forbidden",
+            )
         return await _refresh(state, principal.key.id, body)
     if body.api_key is not None:
         key = await asyncio.to_thread(state.store.keys.find_api_key_by_hash, hash_key(body.api_key))
@@ -200,29 +228,41 @@ async def start_sessions(state: StateDep, principal: PrincipalDep,
             plaintext, key = new_api_key(kind="session", session_id=session_id)
             key = dataclasses.replace(key, policy=policy)
             await asyncio.to_thread(state.store.keys.add_api_key, key)
-            session = await open_session(state, group_id=group_id, task_id=body.task_id,
-                                         metadata=body.metadata, key_id=key.id,
-                                         session_id=session_id, admission=admission,
-                                         policy=policy)
+            session = await open_session(
+                state,
+                group_id=group_id,
+                task_id=body.task_id,
+                metadata=body.metadata,
+                key_id=key.id,
+                session_id=session_id,
+                admission=admission,
+                policy=policy,
+            )
             state.keys.remember(key)  # its first request needs no store lookup
-            sessions.append(NewSession(**SessionView.of(session).model_dump(),
-                                       api_key=plaintext))
-    return SessionsStarted(group_id=group_id, session_id=sessions[0].session_id,
-                           api_key=sessions[0].api_key, sessions=sessions)
+            sessions.append(NewSession(**SessionView.of(session).model_dump(), api_key=plaintext))
+    return SessionsStarted(
+        group_id=group_id,
+        session_id=sessions[0].session_id,
+        api_key=sessions[0].api_key,
+        sessions=sessions,
+    )
 
 
 async def _refuse_user_group(state: GatewayState, group_id: str) -> None:
     """409 `group_in_use` when a user key's session already holds `group_id`: a user key
     may name a new group for itself, so the admin's sessions must not land in one a user
     named first (its rewards would enter their advantages)."""
-    members = await asyncio.to_thread(state.store.list_sessions, group_id=group_id,
-                                      limit=10_000)
+    members = await asyncio.to_thread(state.store.list_sessions, group_id=group_id, limit=10_000)
     for key_id in {m.api_key_id for m in members if m.api_key_id is not None}:
         key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
         if key is not None and key.kind == "user":
-            raise OpenAIError(409, f"group {group_id!r} is already used by a user key's "
-                              "sessions; choose another group id", param="group_id",
-                              code="group_in_use")
+            raise OpenAIError(
+                409,
+                f"group {group_id!r} is already used by a user key's "
+                "sessions; choose another group id",
+                param="group_id",
+                code="group_in_use",
+            )
 
 
 async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> SessionRefreshed:
@@ -232,37 +272,61 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
     key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
     assert key is not None
     if body.policy is not None and body.policy != key.policy:
-        raise OpenAIError(400, f"the key is bound to policy {key.policy!r}; its sessions "
-                          "cannot take another", param="policy", code="policy_mismatch")
+        raise OpenAIError(
+            400,
+            f"the key is bound to policy {key.policy!r}; its sessions cannot take another",
+            param="policy",
+            code="policy_mismatch",
+        )
     if body.group_id is not None:  # a group is joined only by its own keys (or the admin)
-        members = await asyncio.to_thread(state.store.list_sessions, group_id=body.group_id,
-                                          limit=10_000)
+        members = await asyncio.to_thread(
+            state.store.list_sessions, group_id=body.group_id, limit=10_000
+        )
         if any(m.api_key_id != key_id for m in members):
-            raise OpenAIError(403, f"group {body.group_id!r} belongs to another key",
-                              type="permission_error", param="group_id", code="group_not_owned")
+            raise OpenAIError(
+                403,
+                f"group {body.group_id!r} belongs to another key",
+                type="permission_error",
+                param="group_id",
+                code="group_not_owned",
+            )
     async with admit_sessions(state, 1) as admission:
         if key.session_id is not None:
             await state.end_session(key.session_id, "refresh")
-        session = await open_session(state, group_id=body.group_id, task_id=body.task_id,
-                                     metadata=body.metadata, key_id=key_id,
-                                     admission=admission, policy=key.policy)
+        session = await open_session(
+            state,
+            group_id=body.group_id,
+            task_id=body.task_id,
+            metadata=body.metadata,
+            key_id=key_id,
+            admission=admission,
+            policy=key.policy,
+        )
     await asyncio.to_thread(state.store.keys.bind_key_session, key_id, session.id)
     state.keys.forget(key.key_hash)
-    return SessionRefreshed(**SessionView.of(session).model_dump(),
-                            previous_session_id=key.session_id)
+    return SessionRefreshed(
+        **SessionView.of(session).model_dump(), previous_session_id=key.session_id
+    )
 
 
 @router.post("/sessions/{session_id}/end")
-async def end_session(session_id: str, state: StateDep, principal: PrincipalDep,
-                      body: Annotated[SessionEnd | None, Body()] = None) -> SessionEnded:
+async def end_session(
+    session_id: str,
+    state: StateDep,
+    principal: PrincipalDep,
+    body: Annotated[SessionEnd | None, Body()] = None,
+) -> SessionEnded:
     """End an open session (409 if it already ended): its episode becomes trainable once
     rewarded."""
     session = await load_session(state, session_id)
     check_session_access(principal, session)
     if session.status != "open":
-        raise OpenAIError(409, f"session {session_id!r} already {session.status} "
-                          f"({session.end_reason})", param="session_id",
-                          code="session_closed")
+        raise OpenAIError(
+            409,
+            f"session {session_id!r} already {session.status} ({session.end_reason})",
+            param="session_id",
+            code="session_closed",
+        )
     reason = "client"
     if body is not None and body.no_reward:
         reason = END_NO_REWARD
@@ -275,8 +339,7 @@ async def end_session(session_id: str, state: StateDep, principal: PrincipalDep,
 
 
 @router.get("/sessions/{session_id}")
-async def get_session(session_id: str, state: StateDep, principal: PrincipalDep
-                      ) -> SessionDetail:
+async def get_session(session_id: str, state: StateDep, principal: PrincipalDep) -> SessionDetail:
     """The session with its completion ids and rewards."""
     session = await load_session(state, session_id)
     check_session_access(principal, session)
@@ -285,21 +348,48 @@ async def get_session(session_id: str, state: StateDep, principal: PrincipalDep
     rewards = await asyncio.to_thread(state.store.load_rewards, [session_id], group)
     return SessionDetail(
         **SessionView.of(session).model_dump(),
-        completions=[CompletionSummary(
-            id=c.id, parent_id=c.parent_id, prompt_tokens=c.prompt_tokens,
-            completion_tokens=c.completion_tokens, finish_reason=c.finish_reason,
-            created_at=c.created_at) for c in completions],
-        rewards=[RewardSummary(id=r.id, name=r.name, value=r.value,
-                               completion_id=r.completion_id, session_id=r.session_id,
-                               group_id=r.group_id) for r in rewards])
+        completions=[
+            CompletionSummary(
+                id=c.id,
+                parent_id=c.parent_id,
+                prompt_tokens=c.prompt_tokens,
+                completion_tokens=c.completion_tokens,
+                finish_reason=c.finish_reason,
+                created_at=c.created_at,
+            )
+            for c in completions
+        ],
+        rewards=[
+            RewardSummary(
+                id=r.id,
+                name=r.name,
+                value=r.value,
+                completion_id=r.completion_id,
+                session_id=r.session_id,
+                group_id=r.group_id,
+            )
+            for r in rewards
+        ],
+    )
 
 
 @router.get("/sessions")
-async def list_sessions(state: StateDep, _: AdminDep, status: SessionStatus | None = None,
-                        group_id: str | None = None, task_id: str | None = None,
-                        limit: PageLimit = 100,
-                        offset: PageOffset = 0) -> SessionList:
+async def list_sessions(
+    state: StateDep,
+    _: AdminDep,
+    status: SessionStatus | None = None,
+    group_id: str | None = None,
+    task_id: str | None = None,
+    limit: PageLimit = 100,
+    offset: PageOffset = 0,
+) -> SessionList:
     """Sessions, newest first, filtered (at most 1000 per page)."""
-    rows = await asyncio.to_thread(state.store.list_sessions, status=status, group_id=group_id,
-                                   task_id=task_id, limit=min(limit, 1000), offset=offset)
+    rows = await asyncio.to_thread(
+        state.store.list_sessions,
+        status=status,
+        group_id=group_id,
+        task_id=task_id,
+        limit=min(limit, 1000),
+        offset=offset,
+    )
     return SessionList(data=[SessionView.of(s) for s in rows])

@@ -20,9 +20,21 @@ from gateway.toolparse.base import (
 from gateway.toolparse.hermes import TOOL_CLOSE, TOOL_OPEN, HermesToolFormat
 from gateway.toolparse.think import THINK_CLOSE, THINK_OPEN, ThinkReasoning
 
-__all__ = ["THINK_CLOSE", "THINK_OPEN", "TOOL_CLOSE", "TOOL_OPEN", "OutputParser",
-           "ParsedText", "ReasoningFormat", "ToolCall", "ToolFormat", "default_parser",
-           "held_suffix", "parse_output", "tool_call_id"]
+__all__ = [
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "TOOL_CLOSE",
+    "TOOL_OPEN",
+    "OutputParser",
+    "ParsedText",
+    "ReasoningFormat",
+    "ToolCall",
+    "ToolFormat",
+    "default_parser",
+    "held_suffix",
+    "parse_output",
+    "tool_call_id",
+]
 
 
 def default_parser() -> OutputParser:
@@ -31,9 +43,16 @@ def default_parser() -> OutputParser:
     return OutputParser(ThinkReasoning(), HermesToolFormat())
 
 
-def parse_output(text: str, *, parse_tools: bool, id_seed: str, final: bool = True,
-                 tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedText:
+def parse_output(
+    text: str,
+    *,
+    parse_tools: bool,
+    id_seed: str,
+    final: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> ParsedText:
     """`default_parser().parse(...)`: split generated text into reasoning, content and
     Hermes tool calls (`final=False`: `text` is a prefix; see `toolparse.base`)."""
-    return default_parser().parse(text, parse_tools=parse_tools, id_seed=id_seed, final=final,
-                          tools=tools)
+    return default_parser().parse(
+        text, parse_tools=parse_tools, id_seed=id_seed, final=final, tools=tools
+    )

@@ -37,8 +37,11 @@ class ToolCall:
 
     def to_openai(self) -> dict[str, Any]:
         """Chat Completions wire form (`message.tool_calls[i]`)."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +149,6 @@ def held_suffix(text: str, markers: Sequence[str]) -> int:
     return best
 
 
-
 class WhitespaceRun(Protocol):
     """A compiled pattern that matches the empty string, so `match` never returns None."""
 
@@ -198,8 +200,9 @@ class ToolFormat:
     """The family's chat template reads a replayed call's `arguments` as a mapping
     (`arguments|items`, `arguments|tojson`), not as the JSON string the API carries."""
 
-    def split(self, text: str, final: bool, id_seed: str,
-              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:
+    def split(
+        self, text: str, final: bool, id_seed: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, tuple[ToolCall, ...]]:
         """(content, tool calls) of the text after reasoning; `tools`: the request's tool
         definitions, for formats whose argument values take their types from a schema."""
         return text, ()
@@ -216,8 +219,9 @@ class ToolFormat:
     an open call's arguments may grow or the call close; a stream re-parses only when
     one arrives."""
 
-    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
-                  ) -> OpenCall | None:
+    def open_call(
+        self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> OpenCall | None:
         """The call being generated at the end of `text` (a partial reply after
         reasoning, whose partial parse completed `done` calls; `tools`: the request's
         definitions, as for `split`), once its name is known
@@ -253,9 +257,9 @@ class OutputParser:
     def name(self) -> str:
         return f"{self.tools.name}+{self.reasoning.name}"
 
-    def parse_open(self, text: str, *, id_seed: str,
-                   tools: Sequence[Mapping[str, Any]] | None = None
-                   ) -> tuple[ParsedText, OpenCall | None]:
+    def parse_open(
+        self, text: str, *, id_seed: str, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[ParsedText, OpenCall | None]:
         """`parse(text, parse_tools=True, final=False)` and the call being generated at its
         end (`ToolFormat.open_call`), its `args_start` an offset of `text`."""
         split = self.reasoning.split(text, False)
@@ -274,8 +278,15 @@ class OutputParser:
             return parsed, found
         return parsed, OpenCall(found.index, found.id, found.name, base + found.args_start)
 
-    def parse(self, text: str, *, parse_tools: bool, id_seed: str, final: bool = True,
-              tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedText:
+    def parse(
+        self,
+        text: str,
+        *,
+        parse_tools: bool,
+        id_seed: str,
+        final: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> ParsedText:
         """Split generated text into reasoning, content and tool calls (`final=False`:
         `text` is a prefix of the generation; see the module's streaming contract)."""
         split = self.reasoning.split(text, final)
@@ -294,8 +305,9 @@ def arguments_prefix(args: Mapping[str, Any]) -> str:
     return json.dumps(args, ensure_ascii=False)[:-1]
 
 
-def tool_properties(tools: Sequence[Mapping[str, Any]] | None, name: str
-                    ) -> Mapping[str, Any] | None:
+def tool_properties(
+    tools: Sequence[Mapping[str, Any]] | None, name: str
+) -> Mapping[str, Any] | None:
     """The JSON-schema `properties` of the request's function `name` (None: unknown)."""
     for tool in tools or ():
         fn = tool.get("function") if isinstance(tool, Mapping) else None

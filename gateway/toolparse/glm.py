@@ -31,14 +31,15 @@ class GlmToolFormat(TaggedToolFormat):
     arguments_as_mapping: ClassVar[bool] = True
     value_ends: ClassVar[tuple[str, ...]] = ("</arg_value>", TOOL_CLOSE)
 
-    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
-                  ) -> OpenCall | None:
+    def open_call(
+        self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> OpenCall | None:
         # Streamed a key/value pair at a time: a value's type is known once it is complete.
         start = text.rfind(TOOL_OPEN)
         if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
             return None
         tag = text.find("<arg_key>", start)
-        name = "" if tag < 0 else text[start + len(TOOL_OPEN):tag].strip()
+        name = "" if tag < 0 else text[start + len(TOOL_OPEN) : tag].strip()
         if not name or any(c.isspace() for c in name) or "<" in name:
             return None  # the name is known once its first key starts
         props = tool_properties(tools, name) or {}
@@ -48,12 +49,14 @@ class GlmToolFormat(TaggedToolFormat):
             if match.start() != pos:
                 break  # stray text: the final parse decides
             args[match.group(1).strip()] = coerce(
-                match.group(2), schema_types(props.get(match.group(1).strip())))
+                match.group(2), schema_types(props.get(match.group(1).strip()))
+            )
             pos = match.end()
         return OpenCall(done, None, name, -1, arguments_prefix(args))
 
-    def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
-                    ) -> tuple[str, str] | None:
+    def parse_block(
+        self, block: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, str] | None:
         head, tag, _ = block.partition("<arg_key>")
         name = head.strip()
         if not name or any(c.isspace() for c in name) or "<" in name:

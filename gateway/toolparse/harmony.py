@@ -54,7 +54,7 @@ class Message:
 
     @property
     def kind(self) -> str:
-        """"tool", "reasoning", "content" or "ignore" (vLLM's classification)."""
+        """ "tool", "reasoning", "content" or "ignore" (vLLM's classification)."""
         if self.recipient and _is_function(self.recipient):
             return "tool"
         if self.channel == "analysis":
@@ -67,8 +67,9 @@ class Message:
 def _is_function(recipient: str) -> bool:
     if recipient.startswith("functions."):
         return len(recipient) > len("functions.")
-    return recipient not in ("assistant", "browser", "python", "container") and \
-        recipient.split(".", 1)[0] not in ("browser", "python", "container")
+    return recipient not in ("assistant", "browser", "python", "container") and recipient.split(
+        ".", 1
+    )[0] not in ("browser", "python", "container")
 
 
 def messages(text: str, final: bool) -> list[Message]:
@@ -88,16 +89,30 @@ def messages(text: str, final: bool) -> list[Message]:
         ends = [(body.find(e), e) for e in ENDS if e in body]
         if ends:
             at, end = min(ends)
-            raw = (START if i else "") + head + MESSAGE + body[:at + len(end)]
-            out.append(Message(channel and channel.group(1), recipient and recipient.group(1),
-                               body[:at], True, raw))
-            rest = body[at + len(end):]
+            raw = (START if i else "") + head + MESSAGE + body[: at + len(end)]
+            out.append(
+                Message(
+                    channel and channel.group(1),
+                    recipient and recipient.group(1),
+                    body[:at],
+                    True,
+                    raw,
+                )
+            )
+            rest = body[at + len(end) :]
             if rest.strip():  # text after an end marker, outside any message
                 out.append(Message(None, None, "", False, rest))
             continue
         shown = body if final else body[: len(body) - held_suffix(body, _HELD)]
-        out.append(Message(channel and channel.group(1), recipient and recipient.group(1),
-                           shown, final, (START if i else "") + part))
+        out.append(
+            Message(
+                channel and channel.group(1),
+                recipient and recipient.group(1),
+                shown,
+                final,
+                (START if i else "") + part,
+            )
+        )
     return out
 
 
@@ -127,8 +142,9 @@ class GptOssToolFormat(ToolFormat):
     arguments_as_mapping: ClassVar[bool] = True
     """gpt-oss's template writes a replayed call's arguments with `tojson`."""
 
-    def split(self, text: str, final: bool, id_seed: str,
-              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:
+    def split(
+        self, text: str, final: bool, id_seed: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, tuple[ToolCall, ...]]:
         content: list[str] = []
         calls: list[ToolCall] = []
         for m in messages(text, final):
@@ -147,4 +163,3 @@ class GptOssToolFormat(ToolFormat):
 
     def content_only(self, text: str, final: bool) -> str:
         return self.split(text, final, "", None)[0]
-

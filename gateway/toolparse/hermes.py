@@ -38,27 +38,32 @@ class TaggedToolFormat(ToolFormat):
 
     markers: ClassVar[tuple[str, ...]] = TOOL_HELD
 
-    def split(self, text: str, final: bool, id_seed: str,
-              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:
+    def split(
+        self, text: str, final: bool, id_seed: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, tuple[ToolCall, ...]]:
         return _split_tool_calls(text, final, id_seed, lambda b: self.parse_block(b, tools))
 
-    def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
-                    ) -> tuple[str, str] | None:
+    def parse_block(
+        self, block: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, str] | None:
         """(name, arguments JSON text) of one block's body, None when malformed."""
         raise NotImplementedError
 
     def plain_prefix(self, text: str, scan: int) -> tuple[str, int] | None:
         if text.find(TOOL_OPEN, scan) >= 0:
             return None
-        return (text[: len(text) - held_suffix(text, TOOL_HELD)],
-                max(0, len(text) - len(TOOL_OPEN) + 1))
+        return (
+            text[: len(text) - held_suffix(text, TOOL_HELD)],
+            max(0, len(text) - len(TOOL_OPEN) + 1),
+        )
 
 
 class HermesToolFormat(TaggedToolFormat):
     name: ClassVar[str] = "hermes"
 
-    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
-                  ) -> OpenCall | None:
+    def open_call(
+        self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> OpenCall | None:
         start = text.rfind(TOOL_OPEN)
         if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
             return None
@@ -71,14 +76,15 @@ class HermesToolFormat(TaggedToolFormat):
             return None
         return OpenCall(done, None, name, head.end())
 
-    def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
-                    ) -> tuple[str, str] | None:
+    def parse_block(
+        self, block: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, str] | None:
         return _parse_block(block)
 
 
-def _split_tool_calls(text: str, final: bool, id_seed: str,
-                      parse_block: Callable[[str], tuple[str, str] | None]
-                      ) -> tuple[str, tuple[ToolCall, ...]]:
+def _split_tool_calls(
+    text: str, final: bool, id_seed: str, parse_block: Callable[[str], tuple[str, str] | None]
+) -> tuple[str, tuple[ToolCall, ...]]:
     """Content with valid `<tool_call>` blocks (and the one "\\n" the template puts before
     each) cut out; malformed or unclosed blocks stay in the content verbatim."""
     content: list[str] = []
@@ -99,7 +105,7 @@ def _split_tool_calls(text: str, final: bool, id_seed: str,
             content.append(segment + text[start:] if final else segment.removesuffix("\n"))
             break
         block_end = end + len(TOOL_CLOSE)
-        parsed = parse_block(text[start + len(TOOL_OPEN):end])
+        parsed = parse_block(text[start + len(TOOL_OPEN) : end])
         if parsed is None:
             content.append(segment + text[start:block_end])
         else:

@@ -28,8 +28,9 @@ class Llama3JsonToolFormat(ToolFormat):
     name: ClassVar[str] = "llama3_json"
     arguments_as_mapping: ClassVar[bool] = True
 
-    def split(self, text: str, final: bool, id_seed: str,
-              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:
+    def split(
+        self, text: str, final: bool, id_seed: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, tuple[ToolCall, ...]]:
         if not text.lstrip().startswith("{"):
             return text, ()
         if not final:
@@ -63,8 +64,13 @@ def _calls(text: str, id_seed: str) -> tuple[ToolCall, ...]:
         args = obj.get(key, {})
         if not isinstance(args, dict):
             return ()
-        calls.append(ToolCall(tool_call_id(id_seed, len(calls)), obj["name"],
-                              _raw_value(text, pos, end, key) or "{}"))
+        calls.append(
+            ToolCall(
+                tool_call_id(id_seed, len(calls)),
+                obj["name"],
+                _raw_value(text, pos, end, key) or "{}",
+            )
+        )
         sep = _SEPARATOR.match(text, end)
         pos = sep.end() if sep else end
         if pos == len(text) or text[pos:].isspace():

@@ -38,8 +38,9 @@ class MistralToolFormat(ToolFormat):
     markers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
     special_markers: ClassVar[bool] = True
 
-    def split(self, text: str, final: bool, id_seed: str,
-              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:
+    def split(
+        self, text: str, final: bool, id_seed: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, tuple[ToolCall, ...]]:
         start = text.find(TOOL_CALLS)
         if start < 0:
             return (text if final else text[: len(text) - held_suffix(text, self.markers)]), ()
@@ -48,8 +49,9 @@ class MistralToolFormat(ToolFormat):
         calls = _calls(text, start, id_seed)
         return (text[:start], calls) if calls else (text, ())
 
-    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
-                  ) -> OpenCall | None:
+    def open_call(
+        self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> OpenCall | None:
         # v11's `NAME[ARGS]{...}` (the form the templates write): each call has its own
         # marker, so the last one is the call being generated, and the markers before it
         # count the calls before it (the partial parse completes none: a call has no end).
@@ -70,8 +72,10 @@ class MistralToolFormat(ToolFormat):
     def plain_prefix(self, text: str, scan: int) -> tuple[str, int] | None:
         if text.find(TOOL_CALLS, scan) >= 0:
             return None
-        return (text[: len(text) - held_suffix(text, self.markers)],
-                max(0, len(text) - len(TOOL_CALLS) + 1))
+        return (
+            text[: len(text) - held_suffix(text, self.markers)],
+            max(0, len(text) - len(TOOL_CALLS) + 1),
+        )
 
 
 def _calls(text: str, pos: int, id_seed: str) -> tuple[ToolCall, ...]:
@@ -89,8 +93,9 @@ def _calls(text: str, pos: int, id_seed: str) -> tuple[ToolCall, ...]:
             return ()
         calls += found[0]
         pos = _WS.match(text, found[1]).end()
-    return tuple(ToolCall(tool_call_id(id_seed, i), name, args)
-                 for i, (name, args) in enumerate(calls))
+    return tuple(
+        ToolCall(tool_call_id(id_seed, i), name, args) for i, (name, args) in enumerate(calls)
+    )
 
 
 def _named_call(text: str, pos: int) -> tuple[list[tuple[str, str]], int] | None:
@@ -123,8 +128,11 @@ def _array_calls(text: str, pos: int) -> tuple[list[tuple[str, str]], int] | Non
         return None
     calls = []
     for item in items:
-        if not (isinstance(item, dict) and isinstance(item.get("name"), str)
-                and isinstance(item.get("arguments", {}), dict)):
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("arguments", {}), dict)
+        ):
             return None
         calls.append((item["name"], json.dumps(item.get("arguments", {}), ensure_ascii=False)))
     return calls, end

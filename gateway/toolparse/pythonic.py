@@ -27,8 +27,9 @@ class PythonicToolFormat(ToolFormat):
     special_markers: ClassVar[bool] = True
     arguments_as_mapping: ClassVar[bool] = True
 
-    def split(self, text: str, final: bool, id_seed: str,
-              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:
+    def split(
+        self, text: str, final: bool, id_seed: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, tuple[ToolCall, ...]]:
         head = text.lstrip()
         if not (head.startswith(("[", PY_START)) or PY_START.startswith(head)):
             return text, ()
@@ -52,7 +53,7 @@ def _calls(text: str, id_seed: str) -> tuple[ToolCall, ...]:
     """The calls of a reply that is only a call list, else ()."""
     body = text.strip()
     if body.startswith(PY_START):
-        body = body[len(PY_START):].removesuffix(PY_END).strip()
+        body = body[len(PY_START) :].removesuffix(PY_END).strip()
     if not body.startswith("["):
         return ()
     try:
@@ -72,8 +73,9 @@ def _calls(text: str, id_seed: str) -> tuple[ToolCall, ...]:
             return ()
         if name is None or None in args:
             return ()
-        calls.append(ToolCall(tool_call_id(id_seed, len(calls)), name,
-                              json.dumps(args, ensure_ascii=False)))
+        calls.append(
+            ToolCall(tool_call_id(id_seed, len(calls)), name, json.dumps(args, ensure_ascii=False))
+        )
     return tuple(calls)
 
 
@@ -93,8 +95,7 @@ def _literal(node: ast.expr) -> Any:
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.Dict):
-        if any(not isinstance(k, ast.Constant) or not isinstance(k.value, str)
-               for k in node.keys):
+        if any(not isinstance(k, ast.Constant) or not isinstance(k.value, str) for k in node.keys):
             raise ValueError("dict keys must be strings")
         return {k.value: _literal(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[union-attr]
     if isinstance(node, (ast.List, ast.Tuple)):
@@ -104,7 +105,8 @@ def _literal(node: ast.expr) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return -value
         raise ValueError("not a number")
-    if isinstance(node, ast.Constant) and (node.value is None or isinstance(
-            node.value, (str, int, float, bool))):
+    if isinstance(node, ast.Constant) and (
+        node.value is None or isinstance(node.value, (str, int, float, bool))
+    ):
         return node.value
     raise ValueError("not a literal")

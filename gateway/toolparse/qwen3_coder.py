@@ -44,8 +44,9 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
     arguments_as_mapping: ClassVar[bool] = True
     value_ends: ClassVar[tuple[str, ...]] = ("</parameter>", TOOL_CLOSE)
 
-    def parse_block(self, block: str, tools: Sequence[Mapping[str, Any]] | None
-                    ) -> tuple[str, str] | None:
+    def parse_block(
+        self, block: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, str] | None:
         match = _FUNCTION.fullmatch(block)
         if match is None:
             return None
@@ -54,7 +55,7 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
         args: dict[str, Any] = {}
         pos = 0
         for param in _PARAM.finditer(body):
-            if body[pos:param.start()].strip():
+            if body[pos : param.start()].strip():
                 return None  # stray text between parameters: not this format
             pos = param.end()
             value = param.group(2).removeprefix("\n").removesuffix("\n")
@@ -64,8 +65,9 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
             return None
         return name, json.dumps(args, ensure_ascii=False)
 
-    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
-                  ) -> OpenCall | None:
+    def open_call(
+        self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> OpenCall | None:
         # Streamed a parameter at a time: a value's type is known once it is complete.
         start = text.rfind(TOOL_OPEN)
         if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
@@ -78,7 +80,7 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
         args: dict[str, Any] = {}
         pos = head.end()
         for param in _PARAM.finditer(text, pos):
-            if text[pos:param.start()].strip():
+            if text[pos : param.start()].strip():
                 break  # stray text: the final parse decides
             pos = param.end()
             value = param.group(2).removeprefix("\n").removesuffix("\n")
@@ -90,8 +92,9 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
         args = json_object_or_none(arguments)
         if args is None:
             return arguments  # not an object: the template's own error names it
-        return {k: v if isinstance(v, (str, dict, list)) else json.dumps(v)
-                for k, v in args.items()}
+        return {
+            k: v if isinstance(v, (str, dict, list)) else json.dumps(v) for k, v in args.items()
+        }
 
 
 def schema_types(schema: Any) -> set[str]:

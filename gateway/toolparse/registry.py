@@ -86,14 +86,23 @@ NOT_SUPPORTED: tuple[tuple[str, str], ...] = (
     ("Granite", "<|tool_call|>"),
 )
 """(family, a string its template contains) of formats recognized but not parsed."""
-_ARCHITECTURES = {"Qwen2ForCausalLM": "hermes", "Qwen2MoeForCausalLM": "hermes",
-                  "Qwen3ForCausalLM": "hermes", "Qwen3MoeForCausalLM": "hermes"}
+_ARCHITECTURES = {
+    "Qwen2ForCausalLM": "hermes",
+    "Qwen2MoeForCausalLM": "hermes",
+    "Qwen3ForCausalLM": "hermes",
+    "Qwen3MoeForCausalLM": "hermes",
+}
 """Fallback by `config.json` `architectures[0]` when the template names no format. Only
 architectures one family uses: `LlamaForCausalLM` also serves SmolLM2, Llama 2 and
 distilled models that write other formats, so a Llama 3 checkpoint is recognized by its
 template (or set `gateway.tool_parser=llama3_json`)."""
-_FAMILY_REASONING = {"llama3_json": "none", "mistral": "none", "llama4_pythonic": "none",
-                     "gpt_oss": "harmony", "glm45": "glm"}
+_FAMILY_REASONING = {
+    "llama3_json": "none",
+    "mistral": "none",
+    "llama4_pythonic": "none",
+    "gpt_oss": "harmony",
+    "glm45": "glm",
+}
 """Reasoning of the families that write no `<think>` block (the default is `think`: a
 leading `<think>` block, as the gateway has always parsed); Mistral's is `mistral`
 (Magistral's `[THINK]` block) where the template writes `[THINK]`; GLM's is its
@@ -107,10 +116,16 @@ class Selection:
     """How it was chosen (logged once at start-up)."""
 
 
-def select_parser(template: str | Mapping[str, str] | None, model_config: Mapping[str, Any],
-                  *, renders_tools: bool = True, generation_prompt: str = "",
-                  tool_parser: str | None = None, reasoning_parser: str | None = None,
-                  source: str = "the model") -> Selection:
+def select_parser(
+    template: str | Mapping[str, str] | None,
+    model_config: Mapping[str, Any],
+    *,
+    renders_tools: bool = True,
+    generation_prompt: str = "",
+    tool_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    source: str = "the model",
+) -> Selection:
     """The parser for a model whose chat template text is `template` (named templates:
     all of them) and whose `config.json` is `model_config`. `tool_parser` /
     `reasoning_parser`: the settings' overrides (validated by the config). Logs one
@@ -134,8 +149,9 @@ def select_parser(template: str | Mapping[str, str] | None, model_config: Mappin
     return Selection(parser, reason)
 
 
-def _tool_format(text: str, model_config: Mapping[str, Any], source: str,
-                 renders_tools: bool) -> tuple[str, str]:
+def _tool_format(
+    text: str, model_config: Mapping[str, Any], source: str, renders_tools: bool
+) -> tuple[str, str]:
     for name, markers in _TEMPLATE_MARKERS:
         if all(m in text for m in markers):
             return name, "chat template"
@@ -149,5 +165,8 @@ def _tool_format(text: str, model_config: Mapping[str, Any], source: str,
             "%s renders tool calls in a format this gateway does not parse%s: its tool "
             "calls will come back as text (the Hermes <tool_call> format is still read). "
             "Set gateway.tool_parser to one of %s if the model writes one of those",
-            source, f" ({unknown})" if unknown else "", ", ".join(sorted(TOOL_FORMATS)))
+            source,
+            f" ({unknown})" if unknown else "",
+            ", ".join(sorted(TOOL_FORMATS)),
+        )
     return "hermes", "default (format not recognized)"

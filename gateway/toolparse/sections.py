@@ -46,8 +46,9 @@ class SectionToolFormat(ToolFormat):
     call_close: ClassVar[str]
     special_markers: ClassVar[bool] = True
 
-    def split(self, text: str, final: bool, id_seed: str,
-              tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, tuple[ToolCall, ...]]:
+    def split(
+        self, text: str, final: bool, id_seed: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[str, tuple[ToolCall, ...]]:
         start = text.find(self.section_open)
         if start < 0:
             if final:
@@ -60,12 +61,11 @@ class SectionToolFormat(ToolFormat):
             if not text.startswith(self.call_open, at):
                 break
             end = text.find(self.call_close, at)
-            parsed = None if end < 0 else self.parse_call(text[at + len(self.call_open):end])
+            parsed = None if end < 0 else self.parse_call(text[at + len(self.call_open) : end])
             if parsed is None:
                 break
             name, arguments, given_id = parsed
-            calls.append(ToolCall(given_id or tool_call_id(id_seed, len(calls)), name,
-                                  arguments))
+            calls.append(ToolCall(given_id or tool_call_id(id_seed, len(calls)), name, arguments))
             pos = end + len(self.call_close)
         content = text[:start]
         if final:
@@ -79,16 +79,19 @@ class SectionToolFormat(ToolFormat):
     def plain_prefix(self, text: str, scan: int) -> tuple[str, int] | None:
         if text.find(self.section_open, scan) >= 0:
             return None
-        return (text[: len(text) - held_suffix(text, (self.section_open,))],
-                max(0, len(text) - len(self.section_open) + 1))
+        return (
+            text[: len(text) - held_suffix(text, (self.section_open,))],
+            max(0, len(text) - len(self.section_open) + 1),
+        )
 
     def parse_call(self, body: str) -> tuple[str, str, str | None] | None:
         """(name, arguments JSON text, the model's call id or None) of one call's body,
         None when malformed."""
         raise NotImplementedError
 
-    def open_call(self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
-                  ) -> OpenCall | None:
+    def open_call(
+        self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> OpenCall | None:
         section = text.find(self.section_open)
         start = text.rfind(self.call_open)
         if section < 0 or start < section or text.find(self.call_close, start) >= 0:
@@ -131,7 +134,7 @@ class DeepSeekV3ToolFormat(SectionToolFormat):
     def call_head(self, text: str, body: int) -> tuple[str, str | None, int] | None:
         sep = text.find(self.sep, body)
         fence = -1 if sep < 0 else text.find("\n```json\n", sep)
-        name = "" if fence < 0 else text[sep + len(self.sep):fence].strip()
+        name = "" if fence < 0 else text[sep + len(self.sep) : fence].strip()
         return (name, None, fence + len("\n```json\n")) if name else None
 
     def parse_call(self, body: str) -> tuple[str, str, str | None] | None:

@@ -30,13 +30,13 @@ class ThinkReasoning(ReasoningFormat):
                 return None
             return None, text
         close = text.find(closing, len(opening))
-        body = text[len(opening):] if close < 0 else text[len(opening):close]
+        body = text[len(opening) :] if close < 0 else text[len(opening) : close]
         body = body.removeprefix("\n")
         if close < 0:
             if not final:
                 body = body[: len(body) - held_suffix(body, ("\n" + closing, closing))]
             return body or None, ""
-        rest = text[close + len(closing):]
+        rest = text[close + len(closing) :]
         if not final and rest in ("", "\n"):
             rest = ""  # cannot tell yet whether the "\n\n" separator follows
         else:
@@ -88,14 +88,14 @@ class GlmThink(ThinkReasoning):
             return None, text
         close = body.find(THINK_CLOSE, len(THINK_OPEN))
         if close < 0:
-            reasoning = body[len(THINK_OPEN):]
+            reasoning = body[len(THINK_OPEN) :]
             if not final:
                 reasoning = reasoning[: len(reasoning) - held_suffix(reasoning, (THINK_CLOSE,))]
             return reasoning or None, ""
-        rest = body[close + len(THINK_CLOSE):]
+        rest = body[close + len(THINK_CLOSE) :]
         if not final and rest == "":
-            return body[len(THINK_OPEN):close] or None, ""
-        return body[len(THINK_OPEN):close] or None, rest.removeprefix("\n")
+            return body[len(THINK_OPEN) : close] or None, ""
+        return body[len(THINK_OPEN) : close] or None, rest.removeprefix("\n")
 
     def pending(self, text: str) -> bool:
         body = text[1:] if text.startswith("\n") else text

@@ -26,12 +26,12 @@ def upgrade() -> None:
         batch.add_column(sa.Column("tpm_limit", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("max_concurrent", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("token_budget", sa.BigInteger(), nullable=True))
-        batch.add_column(sa.Column("tokens_used", sa.BigInteger(), nullable=False,
-                                   server_default="0"))
+        batch.add_column(
+            sa.Column("tokens_used", sa.BigInteger(), nullable=False, server_default="0")
+        )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("api_keys") as batch:
-        for column in ("tokens_used", "token_budget", "max_concurrent", "tpm_limit",
-                       "rpm_limit"):
+        for column in ("tokens_used", "token_budget", "max_concurrent", "tpm_limit", "rpm_limit"):
             batch.drop_column(column)

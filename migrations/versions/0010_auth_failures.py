@@ -30,8 +30,9 @@ def upgrade() -> None:
         sa.Column("locked_until", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint("address", "holder", name=op.f("pk_auth_failures")),
     )
-    op.create_index(op.f("ix_auth_failures_last_failure"), "auth_failures", ["last_failure"],
-                    unique=False)
+    op.create_index(
+        op.f("ix_auth_failures_last_failure"), "auth_failures", ["last_failure"], unique=False
+    )
 
 
 def downgrade() -> None:

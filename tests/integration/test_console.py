@@ -22,8 +22,11 @@ from areal_service.types import (
 from gateway.console import auth, router
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
-PUBLIC = {("GET", "/console/login"), ("POST", "/console/login"),
-          ("GET", "/console/static/{path:path}")}
+PUBLIC = {
+    ("GET", "/console/login"),
+    ("POST", "/console/login"),
+    ("GET", "/console/static/{path:path}"),
+}
 
 
 def _csrf(html: str) -> str:
@@ -34,8 +37,10 @@ def _login(gw, key: str = ADMIN_KEY) -> tuple[httpx.Client, httpx.Response]:
     http = httpx.Client(base_url=gw.url, timeout=60)
     page = http.get("/console/login")
     assert page.status_code == 200
-    done = http.post("/console/login", data={"csrf_token": _csrf(page.text), "admin_key": key,
-                                             "next": "/console/keys"})
+    done = http.post(
+        "/console/login",
+        data={"csrf_token": _csrf(page.text), "admin_key": key, "next": "/console/keys"},
+    )
     return http, done
 
 
@@ -173,11 +178,15 @@ def test_session_detail_shows_tokens_reward_and_sequence(gateway):
     sid, key = started["session_id"], started["api_key"]
     client = openai.OpenAI(base_url=gateway.v1, api_key=key, max_retries=0)
     reply = client.chat.completions.create(
-        model=gateway.config.gateway.model_name, max_tokens=6,
-        messages=[{"role": "user", "content": "Name a colour, please."}])
-    reward = http.post("/v1/rewards", json={"session_id": sid, "value": 0.75,
-                                            "end_session": True},
-                       headers={"authorization": f"Bearer {key}"})
+        model=gateway.config.gateway.model_name,
+        max_tokens=6,
+        messages=[{"role": "user", "content": "Name a colour, please."}],
+    )
+    reward = http.post(
+        "/v1/rewards",
+        json={"session_id": sid, "value": 0.75, "end_session": True},
+        headers={"authorization": f"Bearer {key}"},
+    )
     assert reward.status_code == 201, reward.text
 
     admin = _admin_client(gateway)
@@ -189,21 +198,25 @@ def test_session_detail_shows_tokens_reward_and_sequence(gateway):
     assert re.search(r'class="num reward-value">0\.75<', html)
     assert re.search(r'id="session-return">0\.75', html)
     # Every output token is drawn with its id, logprob and version in the hover title.
-    for token_id, logprob, version in zip(stored.output_ids, stored.output_logprobs,
-                                          stored.output_versions, strict=True):
+    for token_id, logprob, version in zip(
+        stored.output_ids, stored.output_logprobs, stored.output_versions, strict=True
+    ):
         assert f'title="id {token_id} · logprob {logprob:.4f}' in html
         assert f"· version {version}" in html
     # The training sequence: prompt tokens as context, output tokens trained.
     assert "Training sequences" in html
-    assert f"{len(stored.prompt_ids) + len(stored.output_ids)} tokens, " \
-           f"{len(stored.output_ids)} trained" in html
+    assert (
+        f"{len(stored.prompt_ids) + len(stored.output_ids)} tokens, "
+        f"{len(stored.output_ids)} trained" in html
+    )
     assert html.count("context (loss mask 0)") == len(stored.prompt_ids)
 
     listing = admin.get("/console/sessions", params={"task_id": "console-task"}).text
     assert sid in listing and "0.75" in listing
     assert sid not in admin.get("/console/sessions", params={"status": "open"}).text
-    exported = admin.get("/console/export/download", params={"format": "jsonl",
-                                                            "task_id": "console-task"})
+    exported = admin.get(
+        "/console/export/download", params={"format": "jsonl", "task_id": "console-task"}
+    )
     assert exported.status_code == 200 and sid in exported.text
     assert admin.get("/console/sessions/sess_nope").status_code == 404
 
@@ -212,18 +225,46 @@ def test_sessions_pages_training_and_weights(gateway, tiny_model_dir):
     store = gateway.state.store
     now = time.time()
     for i in range(55):
-        store.add_session(SessionRecord(id=f"sess_bulk{i:03d}", task_id="bulk",
-                                        status="ended", created_at=now + i))
+        store.add_session(
+            SessionRecord(
+                id=f"sess_bulk{i:03d}", task_id="bulk", status="ended", created_at=now + i
+            )
+        )
     for step in range(1, 4):
-        store.add_train_step(TrainStepRecord(step, step, {
-            "task_reward": 0.1 * step, "loss": -0.5 / step, "time_train_s": 1.5,
-            "mismatch_kl": 0.01 * step, "mismatch_masked_ratio": 0.125}))
+        store.add_train_step(
+            TrainStepRecord(
+                step,
+                step,
+                {
+                    "task_reward": 0.1 * step,
+                    "loss": -0.5 / step,
+                    "time_train_s": 1.5,
+                    "mismatch_kl": 0.01 * step,
+                    "mismatch_masked_ratio": 0.125,
+                },
+            )
+        )
     # Version 2 points at the served checkpoint: the gateway's syncer really swaps to it
     # and replaces the stand-in swap record with its own timings.
-    store.add_weight_version(WeightVersionRecord(2, str(tiny_model_dir), metadata={
-        "step": 2, "swap": {"http://b1": {"pause_s": 0.01, "update_s": 0.2,
-                                          "continue_s": 0.003, "total_s": 0.213}},
-        "swap_s": 0.22, "publish_to_live_s": 0.45}))
+    store.add_weight_version(
+        WeightVersionRecord(
+            2,
+            str(tiny_model_dir),
+            metadata={
+                "step": 2,
+                "swap": {
+                    "http://b1": {
+                        "pause_s": 0.01,
+                        "update_s": 0.2,
+                        "continue_s": 0.003,
+                        "total_s": 0.213,
+                    }
+                },
+                "swap_s": 0.22,
+                "publish_to_live_s": 0.45,
+            },
+        )
+    )
     deadline = time.monotonic() + 30
     while gateway.state.live_version != 2:
         assert time.monotonic() < deadline, "the gateway never swapped to version 2"
@@ -238,20 +279,29 @@ def test_sessions_pages_training_and_weights(gateway, tiny_model_dir):
     assert "sess_bulk054" in first and "sess_bulk000" in second  # newest first
     today = time.strftime("%Y-%m-%d", time.gmtime(now))
     yesterday = time.strftime("%Y-%m-%d", time.gmtime(now - 86400))
-    assert "55 matching" in admin.get("/console/sessions", params={
-        "task_id": "bulk", "since": today, "until": today}).text
-    assert "0 matching" in admin.get("/console/sessions", params={
-        "task_id": "bulk", "until": yesterday}).text
+    assert (
+        "55 matching"
+        in admin.get(
+            "/console/sessions", params={"task_id": "bulk", "since": today, "until": today}
+        ).text
+    )
+    assert (
+        "0 matching"
+        in admin.get("/console/sessions", params={"task_id": "bulk", "until": yesterday}).text
+    )
     assert admin.get("/console/sessions", params={"since": "22/11/2026"}).status_code == 400
 
     data = admin.get("/console/training/data.json").json()
     assert data["steps"] == [1, 2, 3]
     charts = {c["title"]: c["series"] for c in data["charts"]}
-    assert charts["Task reward"] == [{"name": "task_reward",
-                                      "values": pytest.approx([0.1, 0.2, 0.3])}]
+    assert charts["Task reward"] == [
+        {"name": "task_reward", "values": pytest.approx([0.1, 0.2, 0.3])}
+    ]
     assert charts["Step time (s)"][0]["name"] == "time_train_s"
     assert [series["name"] for series in charts["Train-inference mismatch"]] == [
-        "mismatch_kl", "mismatch_masked_ratio"]
+        "mismatch_kl",
+        "mismatch_masked_ratio",
+    ]
     assert "0.125" in admin.get("/console/training").text  # the steps table's Masked
     assert "Entropy" not in charts  # no step reported it
     weights = admin.get("/console/weights").text
@@ -265,9 +315,12 @@ def test_sessions_pages_training_and_weights(gateway, tiny_model_dir):
 
 def test_empty_states_show_the_gateway_url(gateway):
     admin = _admin_client(gateway)
-    for path, expect in (("/console", "/rl/sessions"), ("/console/sessions", "/rl/sessions"),
-                         ("/console/training", "areal-service trainer --config"),
-                         ("/console/weights", "No weight versions")):
+    for path, expect in (
+        ("/console", "/rl/sessions"),
+        ("/console/sessions", "/rl/sessions"),
+        ("/console/training", "areal-service trainer --config"),
+        ("/console/weights", "No weight versions"),
+    ):
         page = admin.get(path)
         assert page.status_code == 200 and expect in page.text, path
     assert f"{gateway.url}/v1/chat/completions" in admin.get("/console").text
@@ -275,8 +328,7 @@ def test_empty_states_show_the_gateway_url(gateway):
 
 def test_static_assets_are_served_and_confined(gateway):
     http = httpx.Client(base_url=gateway.url, timeout=60)
-    for name in ("vendor/htmx.min.js", "vendor/uPlot.iife.min.js", "console.css",
-                 "training.js"):
+    for name in ("vendor/htmx.min.js", "vendor/uPlot.iife.min.js", "console.css", "training.js"):
         assert http.get(f"/console/static/{name}").status_code == 200, name
     assert http.get("/console/static/..%2Froutes.py").status_code == 404
     assert http.get("/console/static/vendor").status_code == 404

@@ -20,8 +20,10 @@ def _csrf(html: str) -> str:
 def _signed_in(gw) -> httpx.Client:
     http = httpx.Client(base_url=gw.url, timeout=60)
     page = http.get("/console/login")
-    done = http.post("/console/login", data={"csrf_token": _csrf(page.text),
-                                             "admin_key": ADMIN_KEY, "next": "/console"})
+    done = http.post(
+        "/console/login",
+        data={"csrf_token": _csrf(page.text), "admin_key": ADMIN_KEY, "next": "/console"},
+    )
     assert done.status_code == 303, done.text
     return http
 
@@ -47,18 +49,29 @@ def _raw_requests(url: str, requests: list[bytes]) -> list[int]:
 
 def test_non_ascii_cookie_is_not_signed_in_and_connection_survives(gateway):
     sig = "é" * 64
-    cookies = [f"admin.1.nonce.{sig}".encode(), f"admin.1.nonce.{sig}".encode("latin-1"),
-               "anon.١٢.n.x".encode(), b"\xff\xfe.\x80.\x81.\x82"]
+    cookies = [
+        f"admin.1.nonce.{sig}".encode(),
+        f"admin.1.nonce.{sig}".encode("latin-1"),
+        "anon.١٢.n.x".encode(),
+        b"\xff\xfe.\x80.\x81.\x82",
+    ]
     requests = []
     for cookie in cookies:
-        requests.append(b"GET /console HTTP/1.1\r\nhost: x\r\ncookie: areal_console=" + cookie
-                        + b"\r\n\r\n")
-        requests.append(b"GET /console/login HTTP/1.1\r\nhost: x\r\ncookie: areal_console="
-                        + cookie + b"\r\n\r\n")
+        requests.append(
+            b"GET /console HTTP/1.1\r\nhost: x\r\ncookie: areal_console=" + cookie + b"\r\n\r\n"
+        )
+        requests.append(
+            b"GET /console/login HTTP/1.1\r\nhost: x\r\ncookie: areal_console="
+            + cookie
+            + b"\r\n\r\n"
+        )
         form = b"csrf_token=x&admin_key=y"
-        requests.append(b"POST /console/login HTTP/1.1\r\nhost: x\r\ncookie: areal_console="
-                        + cookie + b"\r\ncontent-type: application/x-www-form-urlencoded\r\n"
-                        b"content-length: " + str(len(form)).encode() + b"\r\n\r\n" + form)
+        requests.append(
+            b"POST /console/login HTTP/1.1\r\nhost: x\r\ncookie: areal_console="
+            + cookie
+            + b"\r\ncontent-type: application/x-www-form-urlencoded\r\n"
+            b"content-length: " + str(len(form)).encode() + b"\r\n\r\n" + form
+        )
     requests.append(b"GET /health/liveness HTTP/1.1\r\nhost: x\r\n\r\n")
     statuses = _raw_requests(gateway.url, requests)
     assert statuses[-1] == 200
@@ -89,14 +102,14 @@ def test_sign_out_revokes_the_cookie_server_side(gateway):
     out = admin.post("/console/logout", data={"csrf_token": token})
     assert out.status_code == 303
     # A client that kept the old cookie (copied, or a browser that ignored the clearing).
-    stale = httpx.Client(base_url=gateway.url, timeout=60,
-                         cookies={auth.COOKIE_NAME: old_cookie})
+    stale = httpx.Client(base_url=gateway.url, timeout=60, cookies={auth.COOKIE_NAME: old_cookie})
     assert stale.get("/console").status_code == 303
     assert stale.get("/console/keys").headers["location"].startswith("/console/login")
     created = stale.post("/console/keys", data={"csrf_token": token, "name": "after-logout"})
     assert created.status_code == 303 and "after-logout" not in created.text
-    assert not [k for k in gateway.state.store.keys.list_api_keys(limit=50)
-                if k.name == "after-logout"]
+    assert not [
+        k for k in gateway.state.store.keys.list_api_keys(limit=50) if k.name == "after-logout"
+    ]
     # A fresh sign-in works as before.
     assert _signed_in(gateway).get("/console").status_code == 200
 
@@ -113,16 +126,18 @@ def test_revoked_sessions_are_bounded_and_expire():
     assert sessions[-1] in revoked and sessions[0] not in revoked
 
 
-def test_sign_out_on_one_process_is_refused_by_another(tmp_path, tiny_model_dir, engine_url,
-                                                       gateway_factory):
+def test_sign_out_on_one_process_is_refused_by_another(
+    tmp_path, tiny_model_dir, engine_url, gateway_factory
+):
     """Two gateway processes on one store (workers or replicas): a cookie signed out on
     one no longer opens the other, at once."""
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as one, \
-            gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as other:
+    with (
+        gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as one,
+        gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as other,
+    ):
         admin = _signed_in(one)
         cookie = admin.cookies[auth.COOKIE_NAME]
-        elsewhere = httpx.Client(base_url=other.url, timeout=60,
-                                 cookies={auth.COOKIE_NAME: cookie})
+        elsewhere = httpx.Client(base_url=other.url, timeout=60, cookies={auth.COOKIE_NAME: cookie})
         page = elsewhere.get("/console/keys")
         assert page.status_code == 200  # one admin cookie opens every process
         out = admin.post("/console/logout", data={"csrf_token": _csrf(page.text)})
@@ -130,8 +145,12 @@ def test_sign_out_on_one_process_is_refused_by_another(tmp_path, tiny_model_dir,
         refused = elsewhere.get("/console/keys")
         assert refused.status_code == 303
         assert refused.headers["location"].startswith("/console/login")
-        assert elsewhere.post("/console/keys", data={"csrf_token": _csrf(page.text),
-                                                     "name": "after"}).status_code == 303
+        assert (
+            elsewhere.post(
+                "/console/keys", data={"csrf_token": _csrf(page.text), "name": "after"}
+            ).status_code
+            == 303
+        )
         assert not [k for k in other.state.store.keys.list_api_keys(limit=50) if k.name == "after"]
 
 

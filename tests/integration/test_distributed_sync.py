@@ -26,14 +26,20 @@ ROUNDS = 4
 DEFAULT_BUCKET = 1024 * 2**20  # trainer.weight_sync_bucket_mb's default
 
 
-def _publish_distributed(sender: WeightBroadcaster, store: TrajectoryStore, version: int,
-                         variant: Path, bucket_bytes: int) -> dict:
+def _publish_distributed(
+    sender: WeightBroadcaster,
+    store: TrajectoryStore,
+    version: int,
+    variant: Path,
+    bucket_bytes: int,
+) -> dict:
     """What trainer rank 0 does: insert the row with the offer, then broadcast."""
     sender.bucket_bytes = bucket_bytes
     state = variant_state(variant)
     offer, buckets = sender.offer(version, state)
-    store.add_weight_version(WeightVersionRecord(
-        version=version, path=str(variant), metadata={"sync": offer}))
+    store.add_weight_version(
+        WeightVersionRecord(version=version, path=str(variant), metadata={"sync": offer})
+    )
     return sender.send(version, state, offer, buckets)
 
 
@@ -51,14 +57,19 @@ def test_plan_buckets_splits_by_bytes(tiny_model_dir):
 def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_dir):
     """Round 0 in 64 KB buckets (many calls), the others in the default 1 GB (one call,
     what a real run of the tiny model does); only those are timed against disk."""
-    variants = [make_weight_variant(tiny_model_dir, tmp_path / f"w{i}", seed=300 + i)
-                for i in range(ROUNDS)]
-    with start_engine_in_thread(tiny_model_dir) as engine, \
-            run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
-                        "gateway.router.weight_poll_interval_s=0.01") as gw:
+    variants = [
+        make_weight_variant(tiny_model_dir, tmp_path / f"w{i}", seed=300 + i) for i in range(ROUNDS)
+    ]
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(
+            tmp_path / "gw", tiny_model_dir, [engine], "gateway.router.weight_poll_interval_s=0.01"
+        ) as gw,
+    ):
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)  # the trainer's own
-        sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=DEFAULT_BUCKET,
-                                   timeout_s=60, address="127.0.0.1")
+        sender = WeightBroadcaster(
+            store, backend="gloo", bucket_bytes=DEFAULT_BUCKET, timeout_s=60, address="127.0.0.1"
+        )
         try:
             before = greedy(engine)
             dist_s, disk_s, version = [], [], 0
@@ -89,10 +100,12 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
                 assert by_broadcast[:2] == from_disk[:2]  # ids and logprobs, bit-exact
                 assert by_broadcast[:2] != before[:2]  # the weights did change
             n = len(dist_s)
-            print(f"\ngateway swap time of the tiny model ({n} rounds each, one bucket, "
-                  f"gloo): distributed min {min(dist_s) * 1e3:.1f} ms median "
-                  f"{sorted(dist_s)[n // 2] * 1e3:.1f} ms; disk min {min(disk_s) * 1e3:.1f} ms "
-                  f"median {sorted(disk_s)[n // 2] * 1e3:.1f} ms")
+            print(
+                f"\ngateway swap time of the tiny model ({n} rounds each, one bucket, "
+                f"gloo): distributed min {min(dist_s) * 1e3:.1f} ms median "
+                f"{sorted(dist_s)[n // 2] * 1e3:.1f} ms; disk min {min(disk_s) * 1e3:.1f} ms "
+                f"median {sorted(disk_s)[n // 2] * 1e3:.1f} ms"
+            )
         finally:
             sender.close()
             store.close()
@@ -101,14 +114,30 @@ def test_distributed_update_serves_new_version_bit_exactly(tmp_path, tiny_model_
 def test_expired_offer_falls_back_to_disk(tmp_path, tiny_model_dir):
     """Nobody broadcasts (the trainer gave up): the gateway swaps from the disk copy."""
     variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=7)
-    with start_engine_in_thread(tiny_model_dir) as engine, \
-            run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
-                        "gateway.router.weight_poll_interval_s=0.01") as gw:
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(
+            tmp_path / "gw", tiny_model_dir, [engine], "gateway.router.weight_poll_interval_s=0.01"
+        ) as gw,
+    ):
         store = gw.state.store
-        store.add_weight_version(WeightVersionRecord(version=1, path=str(variant), metadata={
-            "sync": {"mode": "distributed", "master_address": "127.0.0.1", "master_port": 1,
-                     "group_name": "g", "backend": "gloo", "buckets": [],
-                     "expires_at": time.time() - 1}}))
+        store.add_weight_version(
+            WeightVersionRecord(
+                version=1,
+                path=str(variant),
+                metadata={
+                    "sync": {
+                        "mode": "distributed",
+                        "master_address": "127.0.0.1",
+                        "master_port": 1,
+                        "group_name": "g",
+                        "backend": "gloo",
+                        "buckets": [],
+                        "expires_at": time.time() - 1,
+                    }
+                },
+            )
+        )
         row = wait_live(gw.state.store, 1)
         assert row.metadata["swap_mode"] == "disk"
         assert greedy(engine)[2] == "1"
@@ -121,12 +150,12 @@ def test_trainer_gives_up_when_no_gateway_takes_the_offer(tmp_path, tiny_model_d
     cfg = load_config(overrides=[f"data_dir={tmp_path}", f"engine.model={tiny_model_dir}"])
     store = TrajectoryStore.open(cfg.database_url(), cfg.store)
     try:
-        sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=2**20, timeout_s=0.3,
-                                   address="127.0.0.1")
+        sender = WeightBroadcaster(
+            store, backend="gloo", bucket_bytes=2**20, timeout_s=0.3, address="127.0.0.1"
+        )
         state = variant_state(Path(tiny_model_dir))
         offer, buckets = sender.offer(1, state)
-        store.add_weight_version(WeightVersionRecord(version=1, path="x",
-                                                     metadata={"sync": offer}))
+        store.add_weight_version(WeightVersionRecord(version=1, path="x", metadata={"sync": offer}))
         result: dict = {}
         t = threading.Thread(target=lambda: result.update(sender.send(1, state, offer, buckets)))
         t.start()
@@ -144,12 +173,21 @@ def _episodes(gw, n_groups: int) -> None:
         assert started.status_code == 201, started.text
         for j, s in enumerate(started.json()["sessions"]):
             auth = {"authorization": f"Bearer {s['api_key']}"}
-            reply = http.post("/v1/chat/completions", headers=auth, json={
-                "model": "areal-policy", "max_tokens": 8,
-                "messages": [{"role": "user", "content": f"count to {g}"}]})
+            reply = http.post(
+                "/v1/chat/completions",
+                headers=auth,
+                json={
+                    "model": "areal-policy",
+                    "max_tokens": 8,
+                    "messages": [{"role": "user", "content": f"count to {g}"}],
+                },
+            )
             assert reply.status_code == 200, reply.text
-            reward = http.post("/v1/rewards", headers=auth, json={
-                "session_id": s["session_id"], "value": float(j), "end_session": True})
+            reward = http.post(
+                "/v1/rewards",
+                headers=auth,
+                json={"session_id": s["session_id"], "value": float(j), "end_session": True},
+            )
             assert reward.status_code == 201, reward.text
 
 
@@ -157,12 +195,20 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
     """The real trainer loop (FSDP2, world size 1) with `trainer.weight_sync=distributed`:
     both versions reach the engine by broadcast (the second in the reused group), and
     what it serves equals a disk load of the copy the trainer wrote."""
-    overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
-                 "trainer.total_steps=2", "gateway.sessions.staleness_gate=false",
-                 "trainer.weight_sync=distributed", "trainer.weight_sync_address=127.0.0.1",
-                 "gateway.router.weight_poll_interval_s=0.01")
-    with start_engine_in_thread(tiny_model_dir) as engine, \
-            run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
+    overrides = (
+        "trainer.group_size=2",
+        "trainer.batch_groups=2",
+        "trainer.lr=1e-3",
+        "trainer.total_steps=2",
+        "gateway.sessions.staleness_gate=false",
+        "trainer.weight_sync=distributed",
+        "trainer.weight_sync_address=127.0.0.1",
+        "gateway.router.weight_poll_interval_s=0.01",
+    )
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw,
+    ):
         _episodes(gw, n_groups=4)
         train_in_thread(gw.config, timeout_s=180)
         rows = [wait_live(gw.state.store, v) for v in (1, 2)]
@@ -172,8 +218,9 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
         by_broadcast = greedy(engine)
         assert by_broadcast[2] == "2"
         store = gw.state.store
-        store.add_weight_version(WeightVersionRecord(version=3, path=str(tmp_path / "weights"
-                                                                             / "v2")))
+        store.add_weight_version(
+            WeightVersionRecord(version=3, path=str(tmp_path / "weights" / "v2"))
+        )
         assert wait_live(gw.state.store, 3).metadata["swap_mode"] == "disk"
         from_disk = greedy(engine)
         assert by_broadcast[:2] == from_disk[:2]
@@ -182,12 +229,17 @@ def test_trainer_publishes_by_broadcast_end_to_end(tmp_path, tiny_model_dir):
 def test_two_backends_join_as_ranks_1_and_2(tmp_path, tiny_model_dir):
     """Two engines: one group of world size 3 (trainer + 2), both serve the broadcast."""
     variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=11)
-    with start_engine_in_thread(tiny_model_dir) as a, start_engine_in_thread(tiny_model_dir) as b, \
-            run_gateway(tmp_path / "gw", tiny_model_dir, [a, b],
-                        "gateway.router.weight_poll_interval_s=0.01") as gw:
+    with (
+        start_engine_in_thread(tiny_model_dir) as a,
+        start_engine_in_thread(tiny_model_dir) as b,
+        run_gateway(
+            tmp_path / "gw", tiny_model_dir, [a, b], "gateway.router.weight_poll_interval_s=0.01"
+        ) as gw,
+    ):
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)
-        sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=256 * 1024,
-                                   timeout_s=60, address="127.0.0.1")
+        sender = WeightBroadcaster(
+            store, backend="gloo", bucket_bytes=256 * 1024, timeout_s=60, address="127.0.0.1"
+        )
         try:
             sent = _publish_distributed(sender, store, 1, variant, 256 * 1024)
             assert sent["sync_sent"]["world_size"] == 3, sent

@@ -57,7 +57,9 @@ def _body(prompt: list[int], n: int, **sampling) -> dict:
     }
 
 
-async def _stream(client: httpx.AsyncClient, body: dict, first: asyncio.Event | None = None) -> list:
+async def _stream(
+    client: httpx.AsyncClient, body: dict, first: asyncio.Event | None = None
+) -> list:
     """All SSE payloads (dicts, then the string "[DONE]")."""
     chunks: list = []
     async with client.stream("POST", "/generate", json={**body, "stream": True}) as resp:
@@ -86,9 +88,13 @@ async def _until(predicate, timeout: float = 20.0) -> None:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
-async def test_logprobs_equal_transformers_forward(engine_url: str, reference, temperature: float) -> None:
+async def test_logprobs_equal_transformers_forward(
+    engine_url: str, reference, temperature: float
+) -> None:
     async with _client(engine_url) as client:
-        resp = await client.post("/generate", json=_body(PROMPT, 12, temperature=temperature, seed=5))
+        resp = await client.post(
+            "/generate", json=_body(PROMPT, 12, temperature=temperature, seed=5)
+        )
     assert resp.status_code == 200
     out = resp.json()
     meta = out["meta_info"]
@@ -109,18 +115,24 @@ async def test_logprobs_equal_transformers_forward(engine_url: str, reference, t
 async def test_concurrent_requests_of_different_lengths(engine_url: str, reference) -> None:
     """Left padding, rows joining and leaving: every request still equals its own forward."""
     gen = torch.Generator().manual_seed(3)
-    cases = [(torch.randint(3, 600, (n,), generator=gen).tolist(), m, t)
-             for n, m, t in [(3, 20, 1.0), (25, 5, 0.7), (9, 14, 0.0), (40, 9, 1.0), (1, 17, 0.5)]]
+    cases = [
+        (torch.randint(3, 600, (n,), generator=gen).tolist(), m, t)
+        for n, m, t in [(3, 20, 1.0), (25, 5, 0.7), (9, 14, 0.0), (40, 9, 1.0), (1, 17, 0.5)]
+    ]
     async with _client(engine_url) as client:
-        resps = await asyncio.gather(*(
-            client.post("/generate", json=_body(p, m, temperature=t, seed=i))
-            for i, (p, m, t) in enumerate(cases)
-        ))
+        resps = await asyncio.gather(
+            *(
+                client.post("/generate", json=_body(p, m, temperature=t, seed=i))
+                for i, (p, m, t) in enumerate(cases)
+            )
+        )
     for (prompt, max_new, temp), resp in zip(cases, resps, strict=True):
         out = resp.json()
         assert out["meta_info"]["completion_tokens"] == max_new
         got = [t[0] for t in out["meta_info"]["output_token_logprobs"]]
-        assert got == pytest.approx(_ref_logprobs(reference, prompt, out["output_ids"], temp), abs=1e-4)
+        assert got == pytest.approx(
+            _ref_logprobs(reference, prompt, out["output_ids"], temp), abs=1e-4
+        )
 
 
 async def test_stream_is_cumulative_and_ends_like_non_stream(engine_url: str) -> None:
@@ -147,9 +159,9 @@ async def test_stream_is_cumulative_and_ends_like_non_stream(engine_url: str) ->
 async def test_concurrent_requests_share_forward_calls(engine_url: str) -> None:
     async with _client(engine_url) as client:
         before = (await _server_state(client))["forward_calls"]
-        resps = await asyncio.gather(*(
-            client.post("/generate", json=_body(PROMPT[: 2 + i], 16, seed=i)) for i in range(8)
-        ))
+        resps = await asyncio.gather(
+            *(client.post("/generate", json=_body(PROMPT[: 2 + i], 16, seed=i)) for i in range(8))
+        )
         calls = (await _server_state(client))["forward_calls"] - before
     assert all(r.json()["meta_info"]["completion_tokens"] == 16 for r in resps)
     # One at a time would take 8 prefills + 8 * 15 decode steps = 128 forwards.
@@ -162,16 +174,30 @@ async def test_stop_token_and_stop_string(engine_url: str) -> None:
         ids = free["output_ids"]
         stop_id = ids[4]
         first = ids.index(stop_id)
-        by_id = (await client.post("/generate", json={
-            "input_ids": PROMPT, "sampling_params": {
-                "max_new_tokens": 12, "temperature": 0, "stop_token_ids": [stop_id]},
-        })).json()
+        by_id = (
+            await client.post(
+                "/generate",
+                json={
+                    "input_ids": PROMPT,
+                    "sampling_params": {
+                        "max_new_tokens": 12,
+                        "temperature": 0,
+                        "stop_token_ids": [stop_id],
+                    },
+                },
+            )
+        ).json()
         text = free["text"]
         stop_str = text[len(text) // 2 : len(text) // 2 + 2]
-        by_str = (await client.post("/generate", json={
-            "input_ids": PROMPT, "sampling_params": {
-                "max_new_tokens": 12, "temperature": 0, "stop": [stop_str]},
-        })).json()
+        by_str = (
+            await client.post(
+                "/generate",
+                json={
+                    "input_ids": PROMPT,
+                    "sampling_params": {"max_new_tokens": 12, "temperature": 0, "stop": [stop_str]},
+                },
+            )
+        ).json()
     assert by_id["output_ids"] == ids[: first + 1]
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
     assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_str}
@@ -185,13 +211,20 @@ async def test_logit_bias_and_penalties_change_what_is_sampled(engine_url: str, 
     async with _client(engine_url) as client:
         plain = (await client.post("/generate", json=_body(PROMPT, 8, temperature=0))).json()
         target = (plain["output_ids"][0] + 1) % 50 + 10
-        biased = (await client.post("/generate", json=_body(
-            PROMPT, 4, temperature=0, logit_bias={str(target): 100.0}))).json()
+        biased = (
+            await client.post(
+                "/generate", json=_body(PROMPT, 4, temperature=0, logit_bias={str(target): 100.0})
+            )
+        ).json()
         assert biased["output_ids"] == [target] * 4
         assert all(t[0] > -1e-3 for t in biased["meta_info"]["output_token_logprobs"])
         counts = Counter(plain["output_ids"])
-        penalized = (await client.post("/generate", json=_body(
-            PROMPT, 8, temperature=0, frequency_penalty=2.0, presence_penalty=2.0))).json()
+        penalized = (
+            await client.post(
+                "/generate",
+                json=_body(PROMPT, 8, temperature=0, frequency_penalty=2.0, presence_penalty=2.0),
+            )
+        ).json()
     # The prompt's greedy run repeats a token (deterministic), so the penalty must act.
     assert max(counts.values()) > 1, plain["output_ids"]
     assert penalized["output_ids"] != plain["output_ids"]
@@ -223,7 +256,9 @@ async def test_logit_bias_and_penalties_change_what_is_sampled(engine_url: str, 
         ({"input_ids": [1], "sampling_params": {"logit_bias": {"1000000": 1}}}, "logit_bias"),
     ],
 )
-async def test_bad_input_is_400_with_error_envelope(engine_url: str, body: dict, needle: str) -> None:
+async def test_bad_input_is_400_with_error_envelope(
+    engine_url: str, body: dict, needle: str
+) -> None:
     async with _client(engine_url) as client:
         resp = await client.post("/generate", json=body)
     assert resp.status_code == 400
@@ -233,8 +268,12 @@ async def test_bad_input_is_400_with_error_envelope(engine_url: str, body: dict,
 async def test_duplicate_rid_and_prefix_abort(engine_url: str) -> None:
     async with _client(engine_url) as client:
         long = {"sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
-        jobs = [asyncio.create_task(client.post("/generate", json={**long, "input_ids": PROMPT, "rid": rid}))
-                for rid in ("job-1", "job-12", "other")]
+        jobs = [
+            asyncio.create_task(
+                client.post("/generate", json={**long, "input_ids": PROMPT, "rid": rid})
+            )
+            for rid in ("job-1", "job-12", "other")
+        ]
         await _until(lambda: _running_is(client, 3))
         dup = await client.post("/generate", json={"input_ids": PROMPT, "rid": "job-1"})
         assert dup.status_code == 400 and "Duplicate request ID" in dup.json()["error"]["message"]
@@ -296,19 +335,26 @@ async def test_pause_in_place_keeps_requests(engine_url: str) -> None:
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 400}
 
 
-async def test_update_weights_from_disk_changes_outputs(tiny_model_dir: Path, variant_dir: Path) -> None:
+async def test_update_weights_from_disk_changes_outputs(
+    tiny_model_dir: Path, variant_dir: Path
+) -> None:
     variant = AutoModelForCausalLM.from_pretrained(variant_dir).eval()
     body = _body(PROMPT, 10, temperature=1.0, seed=3)
     with start_engine_in_thread(tiny_model_dir, device="cpu") as url:
         async with _client(url) as client:
             before = (await client.post("/generate", json=body)).json()
-            bad = await client.post("/update_weights_from_disk", json={"model_path": "/nonexistent"})
+            bad = await client.post(
+                "/update_weights_from_disk", json={"model_path": "/nonexistent"}
+            )
             assert bad.status_code == 400 and bad.json()["success"] is False
-            resp = await client.post("/update_weights_from_disk", json={
-                "model_path": str(variant_dir), "weight_version": "v1"})
+            resp = await client.post(
+                "/update_weights_from_disk",
+                json={"model_path": str(variant_dir), "weight_version": "v1"},
+            )
             assert resp.status_code == 200
             assert resp.json() == {
-                "success": True, "num_paused_requests": 0,
+                "success": True,
+                "num_paused_requests": 0,
                 "message": "Succeeded to update model weights. Weight version updated to v1.",
             }
             after = (await client.post("/generate", json=body)).json()
@@ -334,8 +380,10 @@ async def test_retract_survives_swap_and_recomputes_with_new_weights(
             await client.post("/pause_generation", json={"mode": "retract"})
             state = await _server_state(client)
             assert state["running"] == 0 and state["waiting"] == 1  # back in the queue, KV freed
-            resp = await client.post("/update_weights_from_disk", json={
-                "model_path": str(variant_dir), "weight_version": "v1"})
+            resp = await client.post(
+                "/update_weights_from_disk",
+                json={"model_path": str(variant_dir), "weight_version": "v1"},
+            )
             assert resp.json()["success"]
             await client.post("/continue_generation", json={})
             chunks = await job
@@ -347,7 +395,9 @@ async def test_retract_survives_swap_and_recomputes_with_new_weights(
     cut = len(old[-1]["output_ids"])
     assert 0 < cut < 400
     # Tokens after the swap are the new model's greedy continuation of everything before.
-    tail_logprobs = _ref_logprobs(variant, PROMPT + final["output_ids"][:cut], final["output_ids"][cut:], 0.0)
+    tail_logprobs = _ref_logprobs(
+        variant, PROMPT + final["output_ids"][:cut], final["output_ids"][cut:], 0.0
+    )
     got = [t[0] for t in final["meta_info"]["output_token_logprobs"][cut:]]
     assert got == pytest.approx(tail_logprobs, abs=1e-4)
 
@@ -359,8 +409,12 @@ async def test_unpaused_update_waits_for_in_flight_requests(
         async with _client(url) as client:
             job = asyncio.create_task(client.post("/generate", json=_body(PROMPT, 400)))
             await _until(lambda: _running_is(client, 1))
-            update = asyncio.create_task(client.post("/update_weights_from_disk", json={
-                "model_path": str(variant_dir), "weight_version": "v1"}))
+            update = asyncio.create_task(
+                client.post(
+                    "/update_weights_from_disk",
+                    json={"model_path": str(variant_dir), "weight_version": "v1"},
+                )
+            )
             await _until(lambda: _update_pending(client))
             queued = asyncio.create_task(client.post("/generate", json=_body(PROMPT, 3)))
             out = (await job).json()
@@ -379,14 +433,18 @@ async def test_in_place_pause_update_recomputes_running_rows(
     engine retracts them instead, so their KV is rebuilt from the new weights."""
     with start_engine_in_thread(tiny_model_dir, device="cpu", max_running_requests=1) as url:
         async with _client(url) as client:
-            jobs = [asyncio.create_task(client.put("/generate", json=_body(PROMPT, 300)))
-                    for _ in range(2)]
+            jobs = [
+                asyncio.create_task(client.put("/generate", json=_body(PROMPT, 300)))
+                for _ in range(2)
+            ]
             await _until(lambda: _running_is(client, 1))
             await client.post("/pause_generation", json={"mode": "in_place"})
             state = await _server_state(client)
             assert state["running"] == 1 and state["waiting"] == 1  # max_running_requests=1
-            resp = await client.post("/update_weights_from_disk", json={
-                "model_path": str(variant_dir), "weight_version": "v1", "flush_cache": True})
+            resp = await client.post(
+                "/update_weights_from_disk",
+                json={"model_path": str(variant_dir), "weight_version": "v1", "flush_cache": True},
+            )
             assert resp.json()["success"]
             assert (await _server_state(client))["waiting"] == 2
             await client.post("/continue_generation", json={})
@@ -410,9 +468,19 @@ async def test_info_endpoints(engine_url: str) -> None:
         health = await client.get("/health_generate")
     assert info == alias
     assert info["is_generation"] is True and info["model_type"] == "qwen2"
-    assert info["architectures"] == ["Qwen2ForCausalLM"] and info["preferred_sampling_params"] is None
-    for key in ("served_model_name", "model_path", "weight_version", "context_length",
-                "max_running_requests", "device", "dtype", "version"):
+    assert (
+        info["architectures"] == ["Qwen2ForCausalLM"] and info["preferred_sampling_params"] is None
+    )
+    for key in (
+        "served_model_name",
+        "model_path",
+        "weight_version",
+        "context_length",
+        "max_running_requests",
+        "device",
+        "dtype",
+        "version",
+    ):
         assert key in server
     assert server["device"] == "cpu" and server["dtype"] == "float32"
     assert models["data"][0]["id"] == server["served_model_name"]

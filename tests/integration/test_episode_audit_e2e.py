@@ -21,9 +21,14 @@ def _post(gateway: Any, path: str, headers: dict[str, str], **body: Any) -> http
 
 
 def _chat(gateway: Any, key: str) -> None:
-    chat = _post(gateway, "/v1/chat/completions", {"Authorization": f"Bearer {key}"},
-                 model="gpt-4o-mini", max_tokens=4,
-                 messages=[{"role": "user", "content": "What is 2 + 3?"}])
+    chat = _post(
+        gateway,
+        "/v1/chat/completions",
+        {"Authorization": f"Bearer {key}"},
+        model="gpt-4o-mini",
+        max_tokens=4,
+        messages=[{"role": "user", "content": "What is 2 + 3?"}],
+    )
     assert chat.status_code == 200, chat.text
 
 
@@ -34,10 +39,22 @@ def test_walkthrough_and_auto_session_episodes_are_trained_and_audited(gateway: 
     session = _post(gateway, "/rl/sessions", ADMIN, task_id="curl-demo").json()
     key = session["api_key"]
     _chat(gateway, key)
-    assert _post(gateway, "/v1/rewards", {"Authorization": f"Bearer {key}"},
-                 session_id=session["session_id"], value=1.0).status_code == 201
-    assert _post(gateway, f"/rl/sessions/{session['session_id']}/end",
-                 {"Authorization": f"Bearer {key}"}).status_code == 200
+    assert (
+        _post(
+            gateway,
+            "/v1/rewards",
+            {"Authorization": f"Bearer {key}"},
+            session_id=session["session_id"],
+            value=1.0,
+        ).status_code
+        == 201
+    )
+    assert (
+        _post(
+            gateway, f"/rl/sessions/{session['session_id']}/end", {"Authorization": f"Bearer {key}"}
+        ).status_code
+        == 200
+    )
     # A virtual key with no session: its first call opens one (auto_session).
     user_key = _post(gateway, "/admin/keys", ADMIN, name="agent").json()["api_key"]
     _chat(gateway, user_key)
@@ -47,11 +64,16 @@ def test_walkthrough_and_auto_session_episodes_are_trained_and_audited(gateway: 
     assert _post(gateway, f"/rl/sessions/{auto.id}/end", ADMIN).status_code == 200
 
     claimer = EpisodeClaimer.from_config(store, cfg)
-    result = claimer.claim_groups(group_size=claim_group_size(cfg), max_groups=4,
-                                  current_version=0, max_staleness=cfg.max_staleness,
-                                  claimer="test")
+    result = claimer.claim_groups(
+        group_size=claim_group_size(cfg),
+        max_groups=4,
+        current_version=0,
+        max_staleness=cfg.max_staleness,
+        claimer="test",
+    )
     assert sorted(g.session_ids[0] for g in result.groups) == sorted(
-        [session["session_id"], auto.id])
+        [session["session_id"], auto.id]
+    )
     assert all(not g.grouped for g in result.groups) and result.dropped == ()
     advantages = sequence_advantages(result.groups, cfg.advantage, cfg.adv_eps)
     assert sorted(a for advs in advantages for a in advs) == pytest.approx([-1.0, 1.0], rel=1e-5)

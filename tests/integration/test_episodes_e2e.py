@@ -24,18 +24,33 @@ async def _agent(gw, http: httpx.AsyncClient, session: dict, index: int) -> list
     ids = []
     try:
         for turn in range(TURNS):
-            reply = await client.chat.completions.create(model="areal-policy", max_tokens=4,
-                                                         messages=messages)
+            reply = await client.chat.completions.create(
+                model="areal-policy", max_tokens=4, messages=messages
+            )
             ids.append(reply.id)
-            r = await http.post("/v1/rewards", headers=auth, json={
-                "id": f"{session['session_id']}-t{turn}", "completion_id": reply.id,
-                "value": 0.1 * turn})
+            r = await http.post(
+                "/v1/rewards",
+                headers=auth,
+                json={
+                    "id": f"{session['session_id']}-t{turn}",
+                    "completion_id": reply.id,
+                    "value": 0.1 * turn,
+                },
+            )
             assert r.status_code == 201, r.text
-            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                         {"role": "user", "content": f"turn {turn + 1}"}]
-        r = await http.post("/v1/rewards", headers=auth, json={
-            "session_id": session["session_id"], "value": float(index % 2),
-            "end_session": True})
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": f"turn {turn + 1}"},
+            ]
+        r = await http.post(
+            "/v1/rewards",
+            headers=auth,
+            json={
+                "session_id": session["session_id"],
+                "value": float(index % 2),
+                "end_session": True,
+            },
+        )
         assert r.status_code == 201, r.text
     finally:
         await client.close()
@@ -45,16 +60,23 @@ async def _agent(gw, http: httpx.AsyncClient, session: dict, index: int) -> list
 def test_concurrent_agents_rewards_and_double_claims(gateway, tmp_path):
     async def drive():
         async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
-            started = await http.post("/rl/sessions", json={"group_size": AGENTS // 4},
-                                      headers={"authorization": f"Bearer {ADMIN_KEY}"})
+            started = await http.post(
+                "/rl/sessions",
+                json={"group_size": AGENTS // 4},
+                headers={"authorization": f"Bearer {ADMIN_KEY}"},
+            )
             groups = [started.json()["sessions"]]
             for _ in range(3):
-                more = await http.post("/rl/sessions", json={"group_size": AGENTS // 4},
-                                       headers={"authorization": f"Bearer {ADMIN_KEY}"})
+                more = await http.post(
+                    "/rl/sessions",
+                    json={"group_size": AGENTS // 4},
+                    headers={"authorization": f"Bearer {ADMIN_KEY}"},
+                )
                 groups.append(more.json()["sessions"])
             sessions = [s for g in groups for s in g]
-            ids = await asyncio.gather(*(_agent(gateway, http, s, i)
-                                         for i, s in enumerate(sessions)))
+            ids = await asyncio.gather(
+                *(_agent(gateway, http, s, i) for i, s in enumerate(sessions))
+            )
             return sessions, ids
 
     sessions, ids = asyncio.run(drive())
@@ -70,7 +92,7 @@ def test_concurrent_agents_rewards_and_double_claims(gateway, tmp_path):
         # client replays it as text, or be cut off by max_tokens: then no parent).
         for parent, child in zip(stored, stored[1:], strict=False):
             full = parent.prompt_ids + parent.output_ids
-            is_prefix = child.prompt_ids[:len(full)] == full
+            is_prefix = child.prompt_ids[: len(full)] == full
             assert (child.parent_id == parent.id) == is_prefix
             linked += is_prefix
 
@@ -82,8 +104,13 @@ def test_concurrent_agents_rewards_and_double_claims(gateway, tmp_path):
     def claim(name: str) -> None:
         claimer = EpisodeClaimer(store)
         for _ in range(10):
-            result = claimer.claim_groups(group_size=AGENTS // 4, max_groups=1,
-                                          current_version=0, max_staleness=None, claimer=name)
+            result = claimer.claim_groups(
+                group_size=AGENTS // 4,
+                max_groups=1,
+                current_version=0,
+                max_staleness=None,
+                claimer=name,
+            )
             for group in result.groups:
                 claimed[name].extend(group.session_ids)
 

@@ -77,11 +77,13 @@ def test_online_agent_refreshes_its_key_and_the_judge_scores_every_episode(gatew
     async def both() -> tuple[int, int]:
         return await asyncio.gather(
             run_agent(gateway.url, user_key, SAMPLES, queue, episodes=3, max_tokens=8),
-            judge(gateway.url, "sk-test-admin", by_id, queue, stop_after=3, poll_s=0.05))
+            judge(gateway.url, "sk-test-admin", by_id, queue, stop_after=3, poll_s=0.05),
+        )
 
     assert asyncio.run(both()) == [3, 3]
-    sessions = [__import__("json").loads(line)["session_id"]
-                for line in queue.read_text().splitlines()]
+    sessions = [
+        __import__("json").loads(line)["session_id"] for line in queue.read_text().splitlines()
+    ]
     assert len(set(sessions)) == 3
     views = [_session_view(gateway, sid) for sid in sessions]
     assert [v["end_reason"] for v in views[:2]] == ["refresh", "refresh"]
@@ -97,8 +99,12 @@ def test_online_agent_refreshes_its_key_and_the_judge_scores_every_episode(gatew
 @pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl and jq")
 def test_curl_walkthrough(gateway):
     out = subprocess.run(
-        ["bash", str(ROOT / "examples/curl/walkthrough.sh")], capture_output=True, text=True,
-        timeout=60, env={**os.environ, "BASE": gateway.url, "ADMIN": "sk-test-admin"})
+        ["bash", str(ROOT / "examples/curl/walkthrough.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BASE": gateway.url, "ADMIN": "sk-test-admin"},
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("session sess_") and lines[1].startswith("reply: ")
@@ -121,32 +127,44 @@ def test_online_example_trains_while_the_agent_runs(tmp_path):
     from launcher.driver_config import load_driver_config
     from launcher.stack import local_stack
 
-    _, config = load_driver_config(ROOT / "examples/online/online.yaml", [
-        f"data_dir={tmp_path / 'data'}", f"engine.port={free_port()}",
-        f"gateway.port={free_port()}", "gateway.sampling.default_max_tokens=8",
-        "trainer.batch_groups=4", "gateway.auth.admin_key=sk-test-admin"])
-    samples = load_samples(DatasetConfig(path=ROOT / "examples/math/data/train.jsonl",
-                                         limit=8))
+    _, config = load_driver_config(
+        ROOT / "examples/online/online.yaml",
+        [
+            f"data_dir={tmp_path / 'data'}",
+            f"engine.port={free_port()}",
+            f"gateway.port={free_port()}",
+            "gateway.sampling.default_max_tokens=8",
+            "trainer.batch_groups=4",
+            "gateway.auth.admin_key=sk-test-admin",
+        ],
+    )
+    samples = load_samples(DatasetConfig(path=ROOT / "examples/math/data/train.jsonl", limit=8))
     queue = tmp_path / "queue.jsonl"
     with local_stack(config, tmp_path / "run", trainer=True) as stack:
         admin = {"authorization": f"Bearer {config.gateway.auth.admin_key.get_secret_value()}"}
-        made = httpx.post(f"{stack.gateway_url}/admin/keys", headers=admin,
-                          json={"name": "online"})
+        made = httpx.post(f"{stack.gateway_url}/admin/keys", headers=admin, json={"name": "online"})
         # One gateway process in front of the local CPU engine (the workers default).
         assert "x-areal-worker" not in made.headers
         assert made.status_code == 201, made.text
         key = made.json()["api_key"]
 
         async def scenario() -> int:
-            judging = asyncio.create_task(judge(
-                stack.gateway_url, config.gateway.auth.admin_key.get_secret_value(),
-                {s["id"]: s for s in samples}, queue, poll_s=0.05))
+            judging = asyncio.create_task(
+                judge(
+                    stack.gateway_url,
+                    config.gateway.auth.admin_key.get_secret_value(),
+                    {s["id"]: s for s in samples},
+                    queue,
+                    poll_s=0.05,
+                )
+            )
             try:
                 deadline = asyncio.get_running_loop().time() + 180
                 version = 0
                 while version < 2 and asyncio.get_running_loop().time() < deadline:
-                    await run_agent(stack.gateway_url, key, samples, queue, episodes=4,
-                                    max_tokens=8)
+                    await run_agent(
+                        stack.gateway_url, key, samples, queue, episodes=4, max_tokens=8
+                    )
                     status = httpx.get(f"{stack.gateway_url}/admin/status", headers=admin)
                     version = status.json()["live_version"]
                 return version

@@ -30,8 +30,7 @@ from support.harness import ADMIN_KEY
 from gateway.routes import health
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
-CHAT = {"model": "areal-policy", "max_tokens": 2,
-        "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {"model": "areal-policy", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 RECOVERY_BOUND_S = health.PROBE_TIMEOUT_S + 1.0
 """Readiness is ready again at the first call after the fault is gone (each call probes
 while the last capture failed); slack for a loaded machine."""
@@ -50,8 +49,14 @@ def _until(fn: Callable[[], bool], timeout_s: float) -> float:
     return time.monotonic() - start
 
 
-def _fault_cycle(gw, inject: Callable[[], None], remove: Callable[[], None],
-                 db_error: str, *, seen_without_traffic: bool) -> None:
+def _fault_cycle(
+    gw,
+    inject: Callable[[], None],
+    remove: Callable[[], None],
+    db_error: str,
+    *,
+    seen_without_traffic: bool,
+) -> None:
     """Chat, inject the fault, check the 503s and readiness, remove it, check recovery;
     every completion acknowledged with a 200 is in the store at the end."""
     http = httpx.Client(base_url=gw.url, timeout=60, headers=ADMIN)
@@ -63,8 +68,10 @@ def _fault_cycle(gw, inject: Callable[[], None], remove: Callable[[], None],
     inject()
     try:
         if seen_without_traffic:  # no request has failed yet: the periodic probe sees it
-            took = _until(lambda: _ready(http).status_code == 503,
-                          health.PROBE_INTERVAL_S + health.PROBE_TIMEOUT_S + 2)
+            took = _until(
+                lambda: _ready(http).status_code == 503,
+                health.PROBE_INTERVAL_S + health.PROBE_TIMEOUT_S + 2,
+            )
             assert took < health.PROBE_INTERVAL_S + health.PROBE_TIMEOUT_S + 1, took
         for _ in range(300):  # a full store may take a few more before it refuses
             reply = http.post("/v1/chat/completions", json=CHAT)
@@ -93,8 +100,9 @@ def _fault_cycle(gw, inject: Callable[[], None], remove: Callable[[], None],
     assert not missing, f"acknowledged but not stored: {missing}"
 
 
-def test_read_only_database_503_not_ready_then_recovers(tmp_path, tiny_model_dir, engine_url,
-                                                       gateway_factory, monkeypatch):
+def test_read_only_database_503_not_ready_then_recovers(
+    tmp_path, tiny_model_dir, engine_url, gateway_factory, monkeypatch
+):
     probe = tmp_path / "chattr-probe"
     probe.touch()
     if not (chattr("+i", probe) and chattr("-i", probe)):
@@ -104,13 +112,18 @@ def test_read_only_database_503_not_ready_then_recovers(tmp_path, tiny_model_dir
     # Not -shm: SQLite maps it, and a store to an immutable mapping is SIGBUS.
     files = (db, Path(f"{db}-wal"))
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as gw:
-        _fault_cycle(gw, lambda: chattr("+i", *files), lambda: chattr("-i", *files),
-                     r"^error: writes failing \(.*(disk I/O error|readonly database)",
-                     seen_without_traffic=True)
+        _fault_cycle(
+            gw,
+            lambda: chattr("+i", *files),
+            lambda: chattr("-i", *files),
+            r"^error: writes failing \(.*(disk I/O error|readonly database)",
+            seen_without_traffic=True,
+        )
 
 
-def test_store_at_its_size_quota_503_not_ready_then_recovers(tmp_path, tiny_model_dir,
-                                                            engine_url, gateway_factory):
+def test_store_at_its_size_quota_503_not_ready_then_recovers(
+    tmp_path, tiny_model_dir, engine_url, gateway_factory
+):
     quota_mb = 2
     db = tmp_path / "areal.db"
 
@@ -127,10 +140,16 @@ def test_store_at_its_size_quota_503_not_ready_then_recovers(tmp_path, tiny_mode
         raw.execute("DROP TABLE filler")
         raw.close()
 
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         f"store.sqlite_max_size_mb={quota_mb}") as gw:
-        _fault_cycle(gw, fill, free, r"^error: writes failing \(StoreFull: store quota reached",
-                     seen_without_traffic=False)
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], f"store.sqlite_max_size_mb={quota_mb}"
+    ) as gw:
+        _fault_cycle(
+            gw,
+            fill,
+            free,
+            r"^error: writes failing \(StoreFull: store quota reached",
+            seen_without_traffic=False,
+        )
         with gw.state.store.engine.connect() as connection:
             pages = connection.exec_driver_sql("PRAGMA page_count").scalar_one()
             page = connection.exec_driver_sql("PRAGMA page_size").scalar_one()
@@ -151,22 +170,30 @@ def _fill_disk(path: Path) -> None:
         os.close(fd)
 
 
-def test_full_disk_503_not_ready_then_recovers(tmp_path, tiny_model_dir, engine_url,
-                                               gateway_factory):
+def test_full_disk_503_not_ready_then_recovers(
+    tmp_path, tiny_model_dir, engine_url, gateway_factory
+):
     data = tmp_path / "disk"
     data.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data)],
-                             capture_output=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data)],
+        capture_output=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
     filler = data / "filler"
     try:
         with gateway_factory(data, tiny_model_dir, [engine_url]) as gw:
-            _fault_cycle(gw, lambda: _fill_disk(filler), filler.unlink,
-                         # the probe's own write, or the room check after it
-                         r"^error: writes failing \(.*(database or disk is full"
-                         r"|StoreFull: disk full: \d+ bytes free)",
-                         seen_without_traffic=False)
+            _fault_cycle(
+                gw,
+                lambda: _fill_disk(filler),
+                filler.unlink,
+                # the probe's own write, or the room check after it
+                r"^error: writes failing \(.*(database or disk is full"
+                r"|StoreFull: disk full: \d+ bytes free)",
+                seen_without_traffic=False,
+            )
     finally:
         if subprocess.run(["umount", str(data)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(data)], capture_output=True)

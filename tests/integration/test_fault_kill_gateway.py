@@ -23,16 +23,21 @@ ADMIN_KEY = "sk-test-admin"
 
 
 def _client_loop(url: str, stop: threading.Event, acked: list[str], stream: bool) -> None:
-    body = {"model": "m", "max_tokens": 8, "stream": stream,
-            "messages": [{"role": "user", "content": "count"}]}
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "count"}],
+    }
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     with httpx.Client(base_url=url, timeout=10) as client:
         while not stop.is_set():
             try:
                 if stream:
                     ids, done = set(), False
-                    with client.stream("POST", "/v1/chat/completions", json=body,
-                                       headers=headers) as resp:
+                    with client.stream(
+                        "POST", "/v1/chat/completions", json=body, headers=headers
+                    ) as resp:
                         for line in resp.iter_lines():
                             if line == "data: [DONE]":
                                 done = True
@@ -52,12 +57,26 @@ def test_kill_9_under_load_loses_no_acknowledged_completion(tmp_path, tiny_model
     echo = start_echo_backend(tokens=8)
     port = free_port()
     proc = subprocess.Popen(
-        cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={tiny_model_dir}",
-                 "--set", f"gateway.port={port}", "--set", f"gateway.router.backends=[{echo.url}]",
-                 "--set", f"gateway.auth.admin_key={ADMIN_KEY}",
-                 # one process: the one killed is the one that acknowledges and writes
-                 "--set", "gateway.scale.workers=1"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        cli_argv(
+            "serve",
+            "--set",
+            f"data_dir={tmp_path}",
+            "--set",
+            f"engine.model={tiny_model_dir}",
+            "--set",
+            f"gateway.port={port}",
+            "--set",
+            f"gateway.router.backends=[{echo.url}]",
+            "--set",
+            f"gateway.auth.admin_key={ADMIN_KEY}",
+            # one process: the one killed is the one that acknowledges and writes
+            "--set",
+            "gateway.scale.workers=1",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     stop, acked = threading.Event(), []
     clients = []
@@ -70,8 +89,10 @@ def test_kill_9_under_load_loses_no_acknowledged_completion(tmp_path, tiny_model
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        clients = [threading.Thread(target=_client_loop, args=(url, stop, acked, i % 2 == 1))
-                   for i in range(16)]
+        clients = [
+            threading.Thread(target=_client_loop, args=(url, stop, acked, i % 2 == 1))
+            for i in range(16)
+        ]
         for thread in clients:
             thread.start()
         while len(acked) < 200 and time.monotonic() < deadline:
@@ -88,8 +109,9 @@ def test_kill_9_under_load_loses_no_acknowledged_completion(tmp_path, tiny_model
     assert len(acked) >= 200
     db = sqlite3.connect(tmp_path / "areal.db")
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    stored = {row[0]: row[1] for row in db.execute(
-        "SELECT id, length(output_ids) FROM completions")}
+    stored = {
+        row[0]: row[1] for row in db.execute("SELECT id, length(output_ids) FROM completions")
+    }
     missing = [cid for cid in acked if cid not in stored]
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged completions lost"
     assert all(stored[cid] > 0 for cid in acked)

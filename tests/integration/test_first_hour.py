@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)
+    return subprocess.run(
+        cli_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -35,8 +36,14 @@ def _one_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def _ports(tmp_path: Path) -> list[str]:
-    return ["--set", f"data_dir={tmp_path / 'data'}", "--set", f"gateway.port={free_port()}",
-            "--set", f"engine.port={free_port()}"]
+    return [
+        "--set",
+        f"data_dir={tmp_path / 'data'}",
+        "--set",
+        f"gateway.port={free_port()}",
+        "--set",
+        f"engine.port={free_port()}",
+    ]
 
 
 def test_serve_with_a_missing_model_names_the_path(tmp_path):
@@ -46,7 +53,8 @@ def test_serve_with_a_missing_model_names_the_path(tmp_path):
     assert _one_line(result) == (
         f"areal-service: model {tmp_path / 'nope'} does not exist: engine.model (or --model) "
         "must be a folder holding a Hugging Face checkpoint; leave engine.model unset for "
-        "the tiny model")
+        "the tiny model"
+    )
     assert time.monotonic() - started < 30  # no engine was started and waited on
     assert not (tmp_path / "data" / "logs" / "engine.log").exists()
 
@@ -55,11 +63,18 @@ def test_eval_with_a_missing_version_lists_the_published_ones(tmp_path):
     weights = tmp_path / "data" / "weights"
     for v in ("v2", "v10"):
         (weights / v).mkdir(parents=True)
-    result = _run("eval", "--config", "examples/math/eval.yaml", "--model",
-                  str(weights / "v12"), *_ports(tmp_path))
+    result = _run(
+        "eval",
+        "--config",
+        "examples/math/eval.yaml",
+        "--model",
+        str(weights / "v12"),
+        *_ports(tmp_path),
+    )
     assert result.returncode == 1
-    assert (f"model {weights / 'v12'} does not exist (published versions in {weights}: "
-            "v2, v10)") in _one_line(result)
+    assert (
+        f"model {weights / 'v12'} does not exist (published versions in {weights}: v2, v10)"
+    ) in _one_line(result)
 
 
 def test_a_folder_that_is_not_a_model_is_refused(tmp_path):
@@ -67,24 +82,30 @@ def test_a_folder_that_is_not_a_model_is_refused(tmp_path):
     result = _run("serve", "--set", f"engine.model={tmp_path / 'notamodel'}", *_ports(tmp_path))
     assert result.returncode == 1
     assert _one_line(result).startswith(
-        f"areal-service: {tmp_path / 'notamodel'} is not a model checkpoint (no config.json")
+        f"areal-service: {tmp_path / 'notamodel'} is not a model checkpoint (no config.json"
+    )
 
 
 def test_a_child_that_dies_before_ready_names_its_log(tmp_path):
     log = tmp_path / "engine.log"
-    child = ChildProcess("engine", [sys.executable, "-c",
-                                    "print('OSError: weights.safetensors not found'); exit(3)"],
-                         log_path=log)
+    child = ChildProcess(
+        "engine",
+        [sys.executable, "-c", "print('OSError: weights.safetensors not found'); exit(3)"],
+        log_path=log,
+    )
     with pytest.raises(StartError) as info:
         child.wait_http_ok(f"http://127.0.0.1:{free_port()}/health", timeout_s=30)
     child.stop()
-    assert str(info.value) == ("engine exited with code 3 before it was ready; last log line: "
-                               f"OSError: weights.safetensors not found; full log: {log}")
+    assert str(info.value) == (
+        "engine exited with code 3 before it was ready; last log line: "
+        f"OSError: weights.safetensors not found; full log: {log}"
+    )
 
 
-@pytest.mark.parametrize(("command", "busy"), [("demo", "gateway.port"),
-                                               ("demo", "engine.port"),
-                                               ("serve", "gateway.port")])
+@pytest.mark.parametrize(
+    ("command", "busy"),
+    [("demo", "gateway.port"), ("demo", "engine.port"), ("serve", "gateway.port")],
+)
 def test_commands_refuse_ports_another_server_holds(tmp_path, command, busy):
     """A demo beside a running `serve` used to run against that server and exit 0; a
     second `serve` started its engine, then died on the port with a traceback."""
@@ -98,7 +119,8 @@ def test_commands_refuse_ports_another_server_holds(tmp_path, command, busy):
     assert _one_line(result) == (
         f"areal-service: port {port} on 127.0.0.1 ({busy}) is already in use, probably by "
         "another `areal-service serve` or `demo`: stop it, or choose free ports with "
-        "--set gateway.port=... --set engine.port=...")
+        "--set gateway.port=... --set engine.port=..."
+    )
     assert "summary" not in result.stdout
 
 
@@ -114,7 +136,8 @@ def test_a_second_demo_in_the_same_folder_says_how_to_start_fresh(tmp_path):
         f"{data / 'weights'}): the demo would resume it, train nothing and measure the "
         "trained model as its baseline. Start over with `areal-service demo --fresh` "
         "(deletes that run, keeps the model and the admin key), or use another folder: "
-        "--set data_dir=...")
+        "--set data_dir=..."
+    )
 
 
 def test_fresh_deletes_the_run_and_keeps_model_and_key(tmp_path):
@@ -159,10 +182,23 @@ def test_ctrl_c_during_eval_is_one_clean_line(tmp_path):
     server, accepted = _silent_server()
     url = f"http://127.0.0.1:{server.getsockname()[1]}"
     proc = subprocess.Popen(
-        cli_argv("eval", "--config", "examples/math/eval.yaml", "--gateway", url,
-                 "--api-key", "sk-x", "--set", f"data_dir={tmp_path}"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # SIGABRT then dumps every thread
+        cli_argv(
+            "eval",
+            "--config",
+            "examples/math/eval.yaml",
+            "--gateway",
+            url,
+            "--api-key",
+            "sk-x",
+            "--set",
+            f"data_dir={tmp_path}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )  # SIGABRT then dumps every thread
     try:
         assert accepted.wait(60), "eval never reached the gateway"
         time.sleep(0.5)
@@ -172,16 +208,16 @@ def test_ctrl_c_during_eval_is_one_clean_line(tmp_path):
         except subprocess.TimeoutExpired:  # say where it hangs, not only that it does
             os.kill(proc.pid, signal.SIGABRT)
             out, err = proc.communicate(timeout=30)
-            pytest.fail(f"eval still ran 60 s after Ctrl-C; where its threads were:\n"
-                        f"{err[-8000:]}")
+            pytest.fail(f"eval still ran 60 s after Ctrl-C; where its threads were:\n{err[-8000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
         server.close()
     assert proc.returncode == 130
     assert "Traceback" not in err and "never retrieved" not in err, err
-    assert "interrupted (0 of 1 dataset(s) finished); every process was stopped; nothing " \
-           "saved" in out
+    assert (
+        "interrupted (0 of 1 dataset(s) finished); every process was stopped; nothing saved" in out
+    )
     assert not (tmp_path / "eval" / "results.json").exists()
 
 

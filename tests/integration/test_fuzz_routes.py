@@ -34,17 +34,25 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def fuzzed_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                   tiny_model_dir: Path) -> Iterator[str]:
+def fuzzed_gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[str]:
     """The gateway on each store backend (PostgreSQL refuses what SQLite takes, e.g. a
     NUL in a string: the fuzz must find no 500 on either)."""
     with contextlib.ExitStack() as stack:
-        store = ([f"store.url={stack.enter_context(_postgres())}"]
-                 if request.param == "postgres" else [])
+        store = (
+            [f"store.url={stack.enter_context(_postgres())}"] if request.param == "postgres" else []
+        )
         echo = stack.enter_context(start_echo_backend(tokens=4))
-        gw = stack.enter_context(run_gateway(
-            tmp_path_factory.mktemp("fuzz"), tiny_model_dir, [echo.url],
-            "gateway.sampling.default_max_tokens=4", *store))
+        gw = stack.enter_context(
+            run_gateway(
+                tmp_path_factory.mktemp("fuzz"),
+                tiny_model_dir,
+                [echo.url],
+                "gateway.sampling.default_max_tokens=4",
+                *store,
+            )
+        )
         yield gw.url
 
 
@@ -62,22 +70,31 @@ def _operations(url: str) -> list[schemathesis.specs.openapi.schemas.APIOperatio
     return [result.ok() for result in loaded.get_all_operations()]
 
 
-def _fuzz(operation, mode: GenerationMode, examples: int, statuses: Counter[int]
-          ) -> tuple[int, list[str]]:
+def _fuzz(
+    operation, mode: GenerationMode, examples: int, statuses: Counter[int]
+) -> tuple[int, list[str]]:
     """(examples sent, failure descriptions) for one operation in one mode."""
     sent, failures = 0, []
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate],
+    )
     def run(case: schemathesis.Case) -> None:
         nonlocal sent
         sent += 1
         response = case.call(headers=ADMIN, timeout=30)
         statuses[response.status_code] += 1
         if response.status_code >= 500:
-            failures.append(f"{operation.label} [{mode.value}] -> {response.status_code}: "
-                            f"{response.text[:300]} (curl: {case.as_curl_command()[:400]})")
+            failures.append(
+                f"{operation.label} [{mode.value}] -> {response.status_code}: "
+                f"{response.text[:300]} (curl: {case.as_curl_command()[:400]})"
+            )
 
     try:
         run()
@@ -90,18 +107,28 @@ def test_no_route_answers_a_server_error(fuzzed_gateway: str) -> None:
     operations = _operations(fuzzed_gateway)
     labels = {op.label for op in operations}
     # Every public route is in the schema (the fuzzer's reach is the schema's).
-    assert {"POST /v1/chat/completions", "POST /v1/responses", "POST /v1/rewards",
-            "POST /rl/sessions", "GET /admin/keys", "GET /metrics"} <= labels, labels
+    assert {
+        "POST /v1/chat/completions",
+        "POST /v1/responses",
+        "POST /v1/rewards",
+        "POST /rl/sessions",
+        "GET /admin/keys",
+        "GET /metrics",
+    } <= labels, labels
     sent, failures, statuses = 0, [], Counter()
     started = time.monotonic()
     for operation in operations:
-        for mode, examples in ((GenerationMode.POSITIVE, POSITIVE),
-                               (GenerationMode.NEGATIVE, NEGATIVE)):
+        for mode, examples in (
+            (GenerationMode.POSITIVE, POSITIVE),
+            (GenerationMode.NEGATIVE, NEGATIVE),
+        ):
             n, failed = _fuzz(operation, mode, examples, statuses)
             sent += n
             failures += failed
-    print(f"fuzzed {sent} requests over {len(operations)} operations in "
-          f"{time.monotonic() - started:.1f} s: {dict(sorted(statuses.items()))}")
+    print(
+        f"fuzzed {sent} requests over {len(operations)} operations in "
+        f"{time.monotonic() - started:.1f} s: {dict(sorted(statuses.items()))}"
+    )
     assert not failures, "\n".join(failures[:20])
     assert sent >= 200, sent
 
@@ -111,6 +138,10 @@ def test_gateway_is_healthy_after_fuzzing(fuzzed_gateway: str) -> None:
     assert httpx.get(f"{fuzzed_gateway}/health/liveness").status_code == 200
     ready = httpx.get(f"{fuzzed_gateway}/health/readiness")
     assert ready.status_code == 200, ready.text
-    chat = httpx.post(f"{fuzzed_gateway}/v1/chat/completions", headers=ADMIN, timeout=30,
-                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    chat = httpx.post(
+        f"{fuzzed_gateway}/v1/chat/completions",
+        headers=ADMIN,
+        timeout=30,
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert chat.status_code == 200, chat.text

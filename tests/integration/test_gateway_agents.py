@@ -33,29 +33,37 @@ GREEDY = RunConfig(model_settings=ModelSettings(temperature=0))
 
 
 def _client(gw: Gateway) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=gw.v1, api_key=gw.config.gateway.auth.admin_key.get_secret_value(),
-                       max_retries=0)
+    return AsyncOpenAI(
+        base_url=gw.v1, api_key=gw.config.gateway.auth.admin_key.get_secret_value(), max_retries=0
+    )
 
 
 def _assert_two_turns(gw: Gateway, completions_of: Completions, kind: str) -> None:
     """Two recorded model calls of `kind`; the second prompt extends the first prompt +
     output token for token (the property the trainer's turn chaining relies on)."""
-    records = [r for r in completions_of(gw.state.store)
-               if ("messages" in r.request_json) == (kind == "chat")]
+    records = [
+        r
+        for r in completions_of(gw.state.store)
+        if ("messages" in r.request_json) == (kind == "chat")
+    ]
     assert len(records) == 2
     first, second = records
     assert first.finish_reason == "tool_calls" and second.finish_reason == "stop"
-    assert second.prompt_ids[:len(first.prompt_ids) + len(first.output_ids)] == \
-        first.prompt_ids + first.output_ids
+    assert (
+        second.prompt_ids[: len(first.prompt_ids) + len(first.output_ids)]
+        == first.prompt_ids + first.output_ids
+    )
 
 
-async def test_agent_over_chat_completions(tool_gateway: Gateway, completions_of: Completions
-                                           ) -> None:
+async def test_agent_over_chat_completions(
+    tool_gateway: Gateway, completions_of: Completions
+) -> None:
     set_tracing_disabled(True)
     calls: list[tuple[str, int, int]] = []
     client = _client(tool_gateway)
-    model = OpenAIChatCompletionsModel(model=tool_gateway.config.gateway.model_name,
-                                       openai_client=client)
+    model = OpenAIChatCompletionsModel(
+        model=tool_gateway.config.gateway.model_name, openai_client=client
+    )
     result = await Runner.run(calculator_agent(model, calls), AGENT_INPUT, run_config=GREEDY)
     await client.close()
     assert calls == [("add", 2, 3)]
@@ -64,37 +72,45 @@ async def test_agent_over_chat_completions(tool_gateway: Gateway, completions_of
 
 
 @pytest.mark.parametrize("chained", [False, True], ids=["replayed", "previous_response_id"])
-async def test_agent_over_responses(tool_gateway: Gateway, completions_of: Completions,
-                                    chained: bool) -> None:
+async def test_agent_over_responses(
+    tool_gateway: Gateway, completions_of: Completions, chained: bool
+) -> None:
     """The Responses path, the SDK replaying the whole conversation each turn, or
     (`auto_previous_response_id`) sending only the new items plus the id of its last
     response, which the gateway rebuilds from the store into the very same prompt."""
     set_tracing_disabled(True)
     calls: list[tuple[str, int, int]] = []
     client = _client(tool_gateway)
-    model = OpenAIResponsesModel(model=tool_gateway.config.gateway.model_name,
-                                 openai_client=client)
-    result = await Runner.run(calculator_agent(model, calls), AGENT_INPUT, run_config=GREEDY,
-                              auto_previous_response_id=chained)
+    model = OpenAIResponsesModel(model=tool_gateway.config.gateway.model_name, openai_client=client)
+    result = await Runner.run(
+        calculator_agent(model, calls),
+        AGENT_INPUT,
+        run_config=GREEDY,
+        auto_previous_response_id=chained,
+    )
     await client.close()
     assert calls == [("add", 2, 3)]
     assert result.final_output == ANSWER_TEXT
     if chained:
         first, second = completions_of(tool_gateway.state.store)
         assert second.request_json.get("previous_response_id") == first.id
-        assert all(item.get("type") == "function_call_output"
-                   for item in second.request_json["input"])  # only the new item was sent
+        assert all(
+            item.get("type") == "function_call_output" for item in second.request_json["input"]
+        )  # only the new item was sent
     _assert_two_turns(tool_gateway, completions_of, "responses")
 
 
-async def test_agent_default_provider_streamed(tool_gateway: Gateway, completions_of: Completions
-                                               ) -> None:
+async def test_agent_default_provider_streamed(
+    tool_gateway: Gateway, completions_of: Completions
+) -> None:
     """The SDK's default provider (Responses) with a model name only, streamed."""
     set_tracing_disabled(True)
     calls: list[tuple[str, int, int]] = []
     client = _client(tool_gateway)
-    config = RunConfig(model_provider=OpenAIProvider(openai_client=client),
-                       model_settings=ModelSettings(temperature=0))
+    config = RunConfig(
+        model_provider=OpenAIProvider(openai_client=client),
+        model_settings=ModelSettings(temperature=0),
+    )
     agent = calculator_agent(tool_gateway.config.gateway.model_name, calls)
     run = Runner.run_streamed(agent, AGENT_INPUT, run_config=config)
     raw = [e.data async for e in run.stream_events() if e.type == "raw_response_event"]
@@ -105,8 +121,11 @@ async def test_agent_default_provider_streamed(tool_gateway: Gateway, completion
     assert "".join(deltas) == ANSWER_TEXT
     # The call streamed as generated: its item (name, empty arguments) first, then the
     # arguments in several deltas that add up to the generated text.
-    (added,) = [e.item for e in raw if e.type == "response.output_item.added"
-                and e.item.type == "function_call"]
+    (added,) = [
+        e.item
+        for e in raw
+        if e.type == "response.output_item.added" and e.item.type == "function_call"
+    ]
     assert (added.name, added.arguments) == ("add", "")
     arguments = [e.delta for e in raw if e.type == "response.function_call_arguments.delta"]
     assert len(arguments) > 1 and "".join(arguments) == CALL_ARGUMENTS
@@ -114,15 +133,18 @@ async def test_agent_default_provider_streamed(tool_gateway: Gateway, completion
 
 
 @pytest.mark.parametrize("name", ["gpt-4o-mini", "default"])
-async def test_agent_keeps_its_own_model_name(tool_gateway: Gateway, completions_of: Completions,
-                                              name: str) -> None:
+async def test_agent_keeps_its_own_model_name(
+    tool_gateway: Gateway, completions_of: Completions, name: str
+) -> None:
     """An agent written for another provider, only base_url and api_key swapped: its
     model name is served by the policy and recorded as the name it asked for."""
     set_tracing_disabled(True)
     calls: list[tuple[str, int, int]] = []
     client = _client(tool_gateway)
-    config = RunConfig(model_provider=OpenAIProvider(openai_client=client),
-                       model_settings=ModelSettings(temperature=0))
+    config = RunConfig(
+        model_provider=OpenAIProvider(openai_client=client),
+        model_settings=ModelSettings(temperature=0),
+    )
     result = await Runner.run(calculator_agent(name, calls), AGENT_INPUT, run_config=config)
     await client.close()
     assert calls == [("add", 2, 3)]

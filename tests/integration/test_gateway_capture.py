@@ -44,10 +44,12 @@ def hf_tokenizer(tiny_model_dir: Path) -> Any:
 
 
 @pytest.fixture()
-def client_gw(tmp_path: Path, tiny_model_dir: Path, engine_url: str,
-              gateway_factory: Factory) -> Iterator[Gateway]:
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.sampling.mode=client") as gw:
+def client_gw(
+    tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory
+) -> Iterator[Gateway]:
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.sampling.mode=client"
+    ) as gw:
         yield gw
 
 
@@ -65,21 +67,32 @@ class Checker:
         assert record is not None, f"{completion_id} not durable when the reply arrived"
         return record
 
-    def check(self, completion_id: str, messages: list[dict[str, Any]], text: str,
-              temperature: float, reasoning: str | None = None) -> CompletionRecord:
+    def check(
+        self,
+        completion_id: str,
+        messages: list[dict[str, Any]],
+        text: str,
+        temperature: float,
+        reasoning: str | None = None,
+    ) -> CompletionRecord:
         """The record of `completion_id`: template prompt ids, output decoding to `text`
         (or, where the reply carried `reasoning`, to a leading `<think>` block holding it
         and then `text`: the random tiny model samples `<think>` now and then),
         behaviour logprobs equal to a reference forward at `temperature`."""
         record = self.record(completion_id)
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False)
-        assert list(record.prompt_ids) == self.tokenizer.encode(rendered,
-                                                                add_special_tokens=False)
+        rendered = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        assert list(record.prompt_ids) == self.tokenizer.encode(rendered, add_special_tokens=False)
         assert record.prompt_tokens == len(record.prompt_ids)
         assert record.temperature == pytest.approx(temperature)
-        assert len(record.output_ids) == len(record.output_logprobs) == \
-            len(record.output_versions) == record.completion_tokens > 0
+        assert (
+            len(record.output_ids)
+            == len(record.output_logprobs)
+            == len(record.output_versions)
+            == record.completion_tokens
+            > 0
+        )
         decoded = self.tokenizer.decode(record.output_ids, skip_special_tokens=True)
         if reasoning:
             assert decoded.lstrip().startswith("<think>") and reasoning.strip() in decoded, decoded
@@ -90,13 +103,14 @@ class Checker:
         assert list(record.output_logprobs) == pytest.approx(expected, abs=1e-4)
         return record
 
-    def logprobs(self, prompt: tuple[int, ...], output: tuple[int, ...], temperature: float
-                 ) -> list[float]:
+    def logprobs(
+        self, prompt: tuple[int, ...], output: tuple[int, ...], temperature: float
+    ) -> list[float]:
         """log softmax(logits / T) at each output token; greedy (T = 0) reports T = 1."""
         with torch.no_grad():
             logits = self.reference(torch.tensor([[*prompt, *output]])).logits[0].float()
         scale = temperature if temperature >= 1e-6 else 1.0
-        logp = torch.log_softmax(logits[len(prompt) - 1:-1] / scale, dim=-1)
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1] / scale, dim=-1)
         return logp.gather(1, torch.tensor(output)[:, None]).squeeze(1).tolist()
 
     def close(self) -> None:
@@ -112,8 +126,7 @@ def checker(gateway: Gateway, reference: Any, hf_tokenizer: Any) -> Iterator[Che
 
 
 @pytest.fixture()
-def client_checker(client_gw: Gateway, reference: Any, hf_tokenizer: Any
-                   ) -> Iterator[Checker]:
+def client_checker(client_gw: Gateway, reference: Any, hf_tokenizer: Any) -> Iterator[Checker]:
     """Checks records of a gateway that honours the client's sampling fields."""
     c = Checker(client_gw, reference, hf_tokenizer)
     yield c
@@ -121,15 +134,17 @@ def client_checker(client_gw: Gateway, reference: Any, hf_tokenizer: Any
 
 
 def _client(gw: Gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.v1, api_key=gw.config.gateway.auth.admin_key.get_secret_value(),
-                         max_retries=0)
+    return openai.OpenAI(
+        base_url=gw.v1, api_key=gw.config.gateway.auth.admin_key.get_secret_value(), max_retries=0
+    )
 
 
 def _session_client(gw: Gateway) -> openai.OpenAI:
     """A client on a fresh RL session's key (turns that may be trained on)."""
     admin = gw.config.gateway.auth.admin_key.get_secret_value()
-    started = httpx.post(f"{gw.url}/rl/sessions", json={},
-                         headers={"Authorization": f"Bearer {admin}"}, timeout=30)
+    started = httpx.post(
+        f"{gw.url}/rl/sessions", json={}, headers={"Authorization": f"Bearer {admin}"}, timeout=30
+    )
     return openai.OpenAI(base_url=gw.v1, api_key=started.json()["api_key"], max_retries=0)
 
 
@@ -138,10 +153,14 @@ def test_chat_record_matches_served_tokens(checker: Checker) -> None:
     the recorded one (1.0) is the one the logprobs were computed at."""
     messages = [SYSTEM, USER]
     completion = _session_client(checker.gw).chat.completions.create(
-        model=checker.gw.config.gateway.model_name, messages=messages, max_tokens=12,
-        temperature=0.2)
-    record = checker.check(completion.id, messages, completion.choices[0].message.content,
-                           temperature=1.0)
+        model=checker.gw.config.gateway.model_name,
+        messages=messages,
+        max_tokens=12,
+        temperature=0.2,
+    )
+    record = checker.check(
+        completion.id, messages, completion.choices[0].message.content, temperature=1.0
+    )
     assert record.request_json["temperature"] == 0.2
     assert record.response_json["id"] == completion.id
     assert record.finish_reason == completion.choices[0].finish_reason
@@ -150,10 +169,15 @@ def test_chat_record_matches_served_tokens(checker: Checker) -> None:
 def test_client_temperature_is_recorded(client_checker: Checker) -> None:
     messages = [USER]
     completion = _client(client_checker.gw).chat.completions.create(
-        model=client_checker.gw.config.gateway.model_name, messages=messages, max_tokens=12,
-        temperature=0.6, seed=3)
-    record = client_checker.check(completion.id, messages,
-                                  completion.choices[0].message.content, temperature=0.6)
+        model=client_checker.gw.config.gateway.model_name,
+        messages=messages,
+        max_tokens=12,
+        temperature=0.6,
+        seed=3,
+    )
+    record = client_checker.check(
+        completion.id, messages, completion.choices[0].message.content, temperature=0.6
+    )
     at_one = client_checker.logprobs(record.prompt_ids, record.output_ids, 1.0)
     assert list(record.output_logprobs) != pytest.approx(at_one, abs=1e-3)
 
@@ -162,16 +186,20 @@ def test_n2_records_every_choice(checker: Checker) -> None:
     messages = [USER]
     name = checker.gw.config.gateway.model_name
     client = _client(checker.gw)
-    completion = client.chat.completions.create(model=name, messages=messages, n=2,
-                                                max_tokens=8)
-    for choice, rid in zip(completion.choices, (completion.id, f"{completion.id}.1"),
-                           strict=True):
-        checker.check(rid, messages, choice.message.content or "", temperature=1.0,
-                      reasoning=getattr(choice.message, "reasoning_content", None))
+    completion = client.chat.completions.create(model=name, messages=messages, n=2, max_tokens=8)
+    for choice, rid in zip(completion.choices, (completion.id, f"{completion.id}.1"), strict=True):
+        checker.check(
+            rid,
+            messages,
+            choice.message.content or "",
+            temperature=1.0,
+            reasoning=getattr(choice.message, "reasoning_content", None),
+        )
 
     texts, reasonings = ["", ""], ["", ""]
-    stream = client.chat.completions.create(model=name, messages=messages, n=2, max_tokens=8,
-                                            stream=True)
+    stream = client.chat.completions.create(
+        model=name, messages=messages, n=2, max_tokens=8, stream=True
+    )
     stream_id = ""
     for chunk in stream:
         stream_id = chunk.id
@@ -179,19 +207,23 @@ def test_n2_records_every_choice(checker: Checker) -> None:
             texts[c.index] += c.delta.content or ""
             reasonings[c.index] += getattr(c.delta, "reasoning_content", None) or ""
     for index, rid in enumerate((stream_id, f"{stream_id}.1")):
-        checker.check(rid, messages, texts[index], temperature=1.0,
-                      reasoning=reasonings[index])
+        checker.check(rid, messages, texts[index], temperature=1.0, reasoning=reasonings[index])
 
 
 def test_stream_is_durable_before_done(checker: Checker) -> None:
     """Read the record the moment `data: [DONE]` arrives, on a raw SSE connection."""
     gw = checker.gw
-    body = {"model": gw.config.gateway.model_name, "messages": [USER], "max_tokens": 10,
-            "stream": True}
+    body = {
+        "model": gw.config.gateway.model_name,
+        "messages": [USER],
+        "max_tokens": 10,
+        "stream": True,
+    }
     headers = {"Authorization": f"Bearer {gw.config.gateway.auth.admin_key.get_secret_value()}"}
     texts, completion_id, record = [], "", None
-    with httpx.stream("POST", gw.v1 + "/chat/completions", json=body, headers=headers,
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", gw.v1 + "/chat/completions", json=body, headers=headers, timeout=60
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
             if line == "data: [DONE]":
@@ -209,26 +241,35 @@ def test_responses_records(checker: Checker) -> None:
     client = _client(checker.gw)
     name = checker.gw.config.gateway.model_name
     messages = [{"role": "system", "content": "Count."}, USER]
-    response = client.responses.create(model=name, instructions="Count.",
-                                       input=USER["content"], max_output_tokens=9)
+    response = client.responses.create(
+        model=name, instructions="Count.", input=USER["content"], max_output_tokens=9
+    )
     checker.check(response.id, messages, response.output_text, temperature=1.0)
 
-    with client.responses.stream(model=name, instructions="Count.",
-                                 input=[{"role": "user", "content": USER["content"]}],
-                                 max_output_tokens=9) as stream:
+    with client.responses.stream(
+        model=name,
+        instructions="Count.",
+        input=[{"role": "user", "content": USER["content"]}],
+        max_output_tokens=9,
+    ) as stream:
         final = stream.get_final_response()
     checker.check(final.id, messages, final.output_text, temperature=1.0)
 
 
-def test_stream_interrupted_by_pause_is_recorded_whole(client_checker: Checker,
-                                                       engine_url: str) -> None:
+def test_stream_interrupted_by_pause_is_recorded_whole(
+    client_checker: Checker, engine_url: str
+) -> None:
     """A pause (abort mode, as in a weight swap) in the middle of a stream: the gateway
     resubmits prompt + partial output, the client sees one stream, and the record holds
     every token with logprobs that match a single uninterrupted forward."""
     gw = client_checker.gw
     stream = _client(gw).chat.completions.create(
-        model=gw.config.gateway.model_name, messages=[USER], max_tokens=150, temperature=0,
-        stream=True)
+        model=gw.config.gateway.model_name,
+        messages=[USER],
+        max_tokens=150,
+        temperature=0,
+        stream=True,
+    )
     texts: list[str] = []
     finish, completion_id, resumed = None, "", threading.Event()
     for chunk in stream:
@@ -237,10 +278,16 @@ def test_stream_interrupted_by_pause_is_recorded_whole(client_checker: Checker,
         texts.append(delta)
         finish = chunk.choices[0].finish_reason or finish
         if delta and not resumed.is_set():
-            httpx.post(engine_url + "/pause_generation", json={"mode": "abort"},
-                       timeout=30).raise_for_status()
-            timer = threading.Timer(0.3, lambda: (httpx.post(
-                engine_url + "/continue_generation", timeout=30), resumed.set()))
+            httpx.post(
+                engine_url + "/pause_generation", json={"mode": "abort"}, timeout=30
+            ).raise_for_status()
+            timer = threading.Timer(
+                0.3,
+                lambda: (
+                    httpx.post(engine_url + "/continue_generation", timeout=30),
+                    resumed.set(),
+                ),
+            )
             timer.start()
     timer.join()
     assert resumed.is_set() and finish == "length"
@@ -253,14 +300,19 @@ async def test_concurrent_requests_record_their_own_tokens(checker: Checker) -> 
     """Eight requests at once (batched together by the engine), half streamed: each
     record holds its own prompt and output, logprobs as a lone forward computes them."""
     gw = checker.gw
-    client = openai.AsyncOpenAI(base_url=gw.v1, max_retries=0,
-                                api_key=gw.config.gateway.auth.admin_key.get_secret_value())
-    prompts = [[{"role": "user", "content": f"What is {i} + {i * 7}?" + " please" * i}]
-               for i in range(8)]
+    client = openai.AsyncOpenAI(
+        base_url=gw.v1, max_retries=0, api_key=gw.config.gateway.auth.admin_key.get_secret_value()
+    )
+    prompts = [
+        [{"role": "user", "content": f"What is {i} + {i * 7}?" + " please" * i}] for i in range(8)
+    ]
 
     async def one(i: int) -> tuple[str, str]:
-        kwargs = {"model": gw.config.gateway.model_name, "messages": prompts[i],
-                  "max_tokens": 6 + 3 * i}
+        kwargs = {
+            "model": gw.config.gateway.model_name,
+            "messages": prompts[i],
+            "max_tokens": 6 + 3 * i,
+        }
         if i % 2:
             stream = await client.chat.completions.create(stream=True, **kwargs)
             parts = [(c.id, c.choices[0].delta.content or "") async for c in stream]

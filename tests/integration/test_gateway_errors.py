@@ -36,20 +36,31 @@ def _admin(gw: Gateway) -> Gateway:
 
 
 @pytest.fixture()
-def short_gw(tmp_path: Path, tiny_model_dir: Path, engine_url: str,
-             gateway_factory: Factory) -> Iterator[Gateway]:
+def short_gw(
+    tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory
+) -> Iterator[Gateway]:
     """A gateway with a 64-token context and 2-token default replies (fuzzing is fast)."""
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url], "engine.context_length=64",
-                         "gateway.sampling.default_max_tokens=2", "gateway.sampling.mode=client") as gw:
+    with gateway_factory(
+        tmp_path,
+        tiny_model_dir,
+        [engine_url],
+        "engine.context_length=64",
+        "gateway.sampling.default_max_tokens=2",
+        "gateway.sampling.mode=client",
+    ) as gw:
         yield _admin(gw)
 
 
-def _post(gw: Gateway, path: str, body: Any, headers: dict[str, str] | None = None
-          ) -> httpx.Response:
+def _post(
+    gw: Gateway, path: str, body: Any, headers: dict[str, str] | None = None
+) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(gw.url + path, content=content, timeout=60,
-                      headers={"content-type": "application/json",
-                               **(AUTH if headers is None else headers)})
+    return httpx.post(
+        gw.url + path,
+        content=content,
+        timeout=60,
+        headers={"content-type": "application/json", **(AUTH if headers is None else headers)},
+    )
 
 
 def _error(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -68,8 +79,12 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
 def test_missing_or_bad_key_is_401(gateway: Gateway) -> None:
     _admin(gateway)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    for headers in ({}, {"Authorization": "Bearer"}, {"Authorization": "Basic abc"},
-                    {"Authorization": "Bearer sk-wrong"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer sk-wrong"},
+    ):
         error = _error(_post(gateway, "/v1/chat/completions", body, headers), 401)
         assert error["code"] == "invalid_api_key"
         assert error["type"] == "invalid_request_error"
@@ -83,11 +98,12 @@ def test_missing_or_bad_key_is_401(gateway: Gateway) -> None:
         client.responses.create(model=MODEL, input="hi")
 
 
-def test_unknown_model_is_404_in_strict_mode(tmp_path: Path, tiny_model_dir: Path,
-                                             engine_url: str, gateway_factory: Factory
-                                             ) -> None:
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.model_names=[gpt-4o-mini]") as gateway:
+def test_unknown_model_is_404_in_strict_mode(
+    tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory
+) -> None:
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.model_names=[gpt-4o-mini]"
+    ) as gateway:
         _unknown_model_is_404(_admin(gateway))
 
 
@@ -97,8 +113,9 @@ def _unknown_model_is_404(gateway: Gateway) -> None:
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
     assert err.value.code == "model_not_found" and err.value.param == "model"
     with pytest.raises(openai.NotFoundError) as err:
-        client.chat.completions.create(model="gpt-9", stream=True,
-                                       messages=[{"role": "user", "content": "x"}])
+        client.chat.completions.create(
+            model="gpt-9", stream=True, messages=[{"role": "user", "content": "x"}]
+        )
     assert err.value.code == "model_not_found"
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.create(model="gpt-9", input="x")
@@ -128,27 +145,39 @@ CHAT_CASES: list[tuple[Any, str | None]] = [
     ({"model": MODEL, "messages": [{"content": "hi"}]}, "messages[0].role"),
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-     "messages[0].content"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
-     "messages[0].content"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": [5]}]},
-     "messages[0].content"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": ["text"]}]}]},
-     "messages[0].content"),
-    ({"model": MODEL, "messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
-     "messages[0].tool_calls[0].function"),
+    (
+        {
+            "model": MODEL,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+                }
+            ],
+        },
+        "messages[0].content",
+    ),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        "messages[0].content",
+    ),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [5]}]}, "messages[0].content"),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": ["text"]}]}]},
+        "messages[0].content",
+    ),
+    (
+        {"model": MODEL, "messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+        "messages[0].tool_calls[0].function",
+    ),
     ({"messages": _MESSAGES}, "model"),
     ({"model": 5, "messages": _MESSAGES}, "model"),
     ({"model": MODEL, "messages": _MESSAGES, "temperature": "hot"}, "temperature"),
     ({"model": MODEL, "messages": _MESSAGES, "temperature": 3}, "temperature"),
     ({"model": MODEL, "messages": _MESSAGES, "n": 0}, "n"),
-    ({"model": MODEL, "messages": _MESSAGES, "functions": [{"description": "x"}]},
-     "functions"),
+    ({"model": MODEL, "messages": _MESSAGES, "functions": [{"description": "x"}]}, "functions"),
     ({"model": MODEL, "messages": _MESSAGES, "max_tokens": 0}, "max_tokens"),
-    ({"model": MODEL, "messages": _MESSAGES, "max_completion_tokens": -3},
-     "max_completion_tokens"),
+    ({"model": MODEL, "messages": _MESSAGES, "max_completion_tokens": -3}, "max_completion_tokens"),
     ({"model": MODEL, "messages": _MESSAGES, "top_logprobs": 50}, "top_logprobs"),
     ({"model": MODEL, "messages": _MESSAGES, "stop": 5}, "stop"),
     ({"model": MODEL, "messages": _MESSAGES, "tools": [{"type": "web_search"}]}, "tools"),
@@ -166,15 +195,24 @@ RESPONSES_CASES: list[tuple[Any, str | None]] = [
     ({"model": MODEL, "input": [5]}, "input"),
     ({"model": MODEL, "input": [{"role": "user", "content": 5}]}, "input[0].content"),
     ({"model": MODEL, "input": [{"role": "user", "content": [5]}]}, "input[0].content[0]"),
-    ({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
-     "input[0].content[0]"),
+    (
+        {"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+        "input[0].content[0]",
+    ),
     ({"model": MODEL, "input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
     ({"model": MODEL, "input": [{"role": ["user"], "content": "x"}]}, "input[0].role"),
-    ({"model": MODEL, "input": [{"type": "function_call_output", "call_id": "c",
-                                 "output": {"x": 1}}]}, "input[0].output"),
+    (
+        {
+            "model": MODEL,
+            "input": [{"type": "function_call_output", "call_id": "c", "output": {"x": 1}}],
+        },
+        "input[0].output",
+    ),
     ({"model": MODEL, "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
-    ({"model": MODEL, "input": [{"type": "function_call_output", "output": "5"}]},
-     "input[0].call_id"),
+    (
+        {"model": MODEL, "input": [{"type": "function_call_output", "output": "5"}]},
+        "input[0].call_id",
+    ),
     ({"model": MODEL, "input": [{"type": "web_search_call"}]}, "input[0]"),
     ({"model": MODEL, "input": "hi", "tools": [{"type": "namespace", "name": "n"}]}, "tools"),
     ({"model": MODEL, "input": "hi", "conversation": "conv_1"}, "conversation"),
@@ -192,8 +230,7 @@ def test_malformed_chat_body_is_400(short_gw: Gateway, body: Any, param: str | N
 
 
 @pytest.mark.parametrize(("body", "param"), RESPONSES_CASES)
-def test_malformed_responses_body_is_400(short_gw: Gateway, body: Any, param: str | None
-                                         ) -> None:
+def test_malformed_responses_body_is_400(short_gw: Gateway, body: Any, param: str | None) -> None:
     error = _error(_post(short_gw, "/v1/responses", body), 400)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
@@ -214,16 +251,46 @@ def _random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == "float":
         return rng.choice([0.5, -1e308, 1e308, 2.5])
     if kind == "str":
-        return rng.choice(["", "user", "assistant", "tool", "function", "text", "auto",
-                           "\x00", "é" * 3, "<|im_end|>", "{", MODEL, "system"])
+        return rng.choice(
+            [
+                "",
+                "user",
+                "assistant",
+                "tool",
+                "function",
+                "text",
+                "auto",
+                "\x00",
+                "é" * 3,
+                "<|im_end|>",
+                "{",
+                MODEL,
+                "system",
+            ]
+        )
     if kind == "bool":
         return rng.random() < 0.5
     if kind == "none":
         return None
     if kind == "list":
         return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    keys = ["role", "content", "type", "text", "name", "arguments", "function", "tool_calls",
-            "tool_call_id", "call_id", "output", "id", "status", "include_usage", "x"]
+    keys = [
+        "role",
+        "content",
+        "type",
+        "text",
+        "name",
+        "arguments",
+        "function",
+        "tool_calls",
+        "tool_call_id",
+        "call_id",
+        "output",
+        "id",
+        "status",
+        "include_usage",
+        "x",
+    ]
     return {rng.choice(keys): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
 
 
@@ -235,21 +302,44 @@ def _first_item(body: dict[str, Any], field: str) -> dict[str, Any] | None:
 def _mutate(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
     """`body` with a few fields replaced by random values, dropped, or added."""
     body = json.loads(json.dumps(body))
-    fields = ["model", "messages", "input", "tools", "tool_choice", "stop", "n", "stream",
-              "max_tokens", "temperature", "top_p", "logprobs", "top_logprobs", "seed",
-              "stream_options", "instructions", "metadata", "functions", "function_call",
-              "max_output_tokens", "include", "text", "response_format"]
+    fields = [
+        "model",
+        "messages",
+        "input",
+        "tools",
+        "tool_choice",
+        "stop",
+        "n",
+        "stream",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "logprobs",
+        "top_logprobs",
+        "seed",
+        "stream_options",
+        "instructions",
+        "metadata",
+        "functions",
+        "function_call",
+        "max_output_tokens",
+        "include",
+        "text",
+        "response_format",
+    ]
     for _ in range(rng.randint(1, 3)):
         action = rng.random()
         field = rng.choice(fields)
         if action < 0.15:
             body.pop(field, None)
         elif action < 0.4 and _first_item(body, "messages") is not None:
-            body["messages"][0][rng.choice(["role", "content", "tool_calls", "name"])] = \
+            body["messages"][0][rng.choice(["role", "content", "tool_calls", "name"])] = (
                 _random_value(rng)
+            )
         elif action < 0.55 and _first_item(body, "input") is not None:
-            body["input"][0][rng.choice(["role", "content", "type", "call_id"])] = \
-                _random_value(rng)
+            body["input"][0][rng.choice(["role", "content", "type", "call_id"])] = _random_value(
+                rng
+            )
         else:
             body[field] = _random_value(rng)
     return body
@@ -257,14 +347,17 @@ def _mutate(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
 
 def test_fuzzed_bodies_never_500_or_html(short_gw: Gateway) -> None:
     rng = random.Random(20240607)
-    chat_seed = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                 "max_tokens": 2}
-    responses_seed = {"model": MODEL, "input": [{"role": "user", "content": "hi"}],
-                      "max_output_tokens": 2}
+    chat_seed = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    responses_seed = {
+        "model": MODEL,
+        "input": [{"role": "user", "content": "hi"}],
+        "max_output_tokens": 2,
+    }
     statuses: dict[int, int] = {}
     for i in range(80):
-        path, seed = (("/v1/chat/completions", chat_seed) if i % 2 else
-                      ("/v1/responses", responses_seed))
+        path, seed = (
+            ("/v1/chat/completions", chat_seed) if i % 2 else ("/v1/responses", responses_seed)
+        )
         body = _mutate(rng, seed)
         response = _post(short_gw, path, body)
         statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
@@ -274,8 +367,13 @@ def test_fuzzed_bodies_never_500_or_html(short_gw: Gateway) -> None:
             assert _error(response, response.status_code)
         else:
             assert ctype.startswith(("application/json", "text/event-stream")), ctype
-    for raw in (b"\xff\xfe", b"null", b"1e999", b'{"model": "' + b"a" * 10_000 + b'"}',
-                b'{"messages": [' * 50 + b"]" * 50 + b"}"):
+    for raw in (
+        b"\xff\xfe",
+        b"null",
+        b"1e999",
+        b'{"model": "' + b"a" * 10_000 + b'"}',
+        b'{"messages": [' * 50 + b"]" * 50 + b"}",
+    ):
         response = _post(short_gw, "/v1/chat/completions", raw)
         assert response.status_code in (400, 404), response.text
         assert _error(response, response.status_code)
@@ -311,15 +409,29 @@ def test_reply_budget_past_the_context_is_400_on_chat(short_gw: Gateway) -> None
     assert err.value.body["message"] == (
         f"This model's maximum context length is 64 tokens. However, you requested "
         f"{int(prompt) + 1000} tokens ({prompt} in the messages, 1000 in the completion). "
-        "Please reduce the length of the messages or completion.")
-    assert _error(_post(short_gw, "/v1/chat/completions", {
-        "model": MODEL, "messages": _MESSAGES, "max_tokens": 10**9}), 400)["code"] == \
-        "context_length_exceeded"
-    fits = client.chat.completions.create(model=MODEL, messages=_MESSAGES, temperature=0,
-                                          max_tokens=64 - int(prompt))
+        "Please reduce the length of the messages or completion."
+    )
+    assert (
+        _error(
+            _post(
+                short_gw,
+                "/v1/chat/completions",
+                {"model": MODEL, "messages": _MESSAGES, "max_tokens": 10**9},
+            ),
+            400,
+        )["code"]
+        == "context_length_exceeded"
+    )
+    fits = client.chat.completions.create(
+        model=MODEL, messages=_MESSAGES, temperature=0, max_tokens=64 - int(prompt)
+    )
     assert fits.usage.total_tokens == 64 and fits.choices[0].finish_reason == "length"
-    cut = httpx.post(short_gw.url + "/v1/messages", timeout=60, headers=AUTH, json={
-        "model": MODEL, "max_tokens": 32000, "messages": _MESSAGES})
+    cut = httpx.post(
+        short_gw.url + "/v1/messages",
+        timeout=60,
+        headers=AUTH,
+        json={"model": MODEL, "max_tokens": 32000, "messages": _MESSAGES},
+    )
     assert cut.status_code == 200, cut.text
     assert cut.json()["stop_reason"] == "max_tokens"
 
@@ -329,23 +441,28 @@ def test_error_texts_say_what_to_fix(gateway: Gateway) -> None:
     column, no pydantic "Value error," prefix, a missing key said as missing, and an
     unknown route named."""
     chat = _error(_post(gateway, "/v1/chat/completions", b'{"model": '), 400)["message"]
-    assert chat == ("the request body is not valid JSON: Expecting value: line 1 column 11 "
-                    "(char 10)")
+    assert chat == (
+        "the request body is not valid JSON: Expecting value: line 1 column 11 (char 10)"
+    )
     for path in ("/v1/rewards", "/rl/sessions"):
         assert _error(_post(gateway, path, b'{"model": '), 400)["message"] == chat, path
     both = _error(_post(gateway, "/v1/rewards", {"value": 1}), 400)["message"]
     assert both == "name exactly one target: completion_id, session_id or group_id (at body)"
     missing = _error(_post(gateway, "/v1/chat/completions", {}, headers={}), 401)
-    assert missing["message"].startswith("You didn't provide an API key. Send it in an "
-                                         "Authorization header (Authorization: Bearer")
+    assert missing["message"].startswith(
+        "You didn't provide an API key. Send it in an Authorization header (Authorization: Bearer"
+    )
     assert "none" not in missing["message"]
-    wrong = _error(_post(gateway, "/v1/chat/completions", {}, {"Authorization": "Bearer sk-wr"}),
-                   401)
+    wrong = _error(
+        _post(gateway, "/v1/chat/completions", {}, {"Authorization": "Bearer sk-wr"}), 401
+    )
     assert wrong["message"].startswith("Incorrect API key provided: sk-wr…")
     unknown = _error(httpx.get(gateway.url + "/v1/nothing-here", headers=AUTH), 404)
-    assert unknown["message"] == ("Invalid URL (GET /v1/nothing-here): this gateway has no "
-                                  "such route; the OpenAI routes are under /v1 (all of them "
-                                  "at /docs)")
+    assert unknown["message"] == (
+        "Invalid URL (GET /v1/nothing-here): this gateway has no "
+        "such route; the OpenAI routes are under /v1 (all of them "
+        "at /docs)"
+    )
     method = _error(httpx.get(gateway.url + "/v1/rewards", headers=AUTH), 405)
     assert method["message"] == "Invalid method (GET /v1/rewards): /v1/rewards does not take GET"
 
@@ -359,15 +476,22 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_backend_down_is_503_with_retry_after(tmp_path: Path, tiny_model_dir: Path,
-                                              gateway_factory: Factory) -> None:
-    with gateway_factory(tmp_path, tiny_model_dir, [f"http://127.0.0.1:{_closed_port()}"],
-                         "gateway.router.backend_unavailable_deadline_s=0.5") as gw:
+def test_backend_down_is_503_with_retry_after(
+    tmp_path: Path, tiny_model_dir: Path, gateway_factory: Factory
+) -> None:
+    with gateway_factory(
+        tmp_path,
+        tiny_model_dir,
+        [f"http://127.0.0.1:{_closed_port()}"],
+        "gateway.router.backend_unavailable_deadline_s=0.5",
+    ) as gw:
         _admin(gw)
         body = {"model": MODEL, "messages": _MESSAGES, "max_tokens": 2}
-        for path, extra in (("/v1/chat/completions", {}),
-                            ("/v1/chat/completions", {"stream": True}),
-                            ("/v1/responses", {"input": "hi", "stream": True})):
+        for path, extra in (
+            ("/v1/chat/completions", {}),
+            ("/v1/chat/completions", {"stream": True}),
+            ("/v1/responses", {"input": "hi", "stream": True}),
+        ):
             response = _post(gw, path, {**body, **extra})
             error = _error(response, 503)
             assert error["code"] == "backend_unavailable" and error["type"] == "server_error"
@@ -382,21 +506,23 @@ def _engine_call(engine_url: str, path: str, body: dict[str, Any] | None = None)
     httpx.post(engine_url + path, json=body or {}, timeout=30).raise_for_status()
 
 
-def test_paused_backend_holds_request_until_continue(tmp_path: Path, tiny_model_dir: Path,
-                                                      engine_url: str,
-                                                      gateway_factory: Factory) -> None:
+def test_paused_backend_holds_request_until_continue(
+    tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory
+) -> None:
     """A paused backend (a weight swap) is ridden out: the request waits past
     `backend_unavailable_deadline_s` (which bounds waiting for an unreachable backend)
     and completes once generation continues."""
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.router.backend_unavailable_deadline_s=0.3") as gw:
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.router.backend_unavailable_deadline_s=0.3"
+    ) as gw:
         _admin(gw)
         client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
         result: dict[str, Any] = {}
 
         def call() -> None:
             result["completion"] = client.chat.completions.create(
-                model=MODEL, messages=_MESSAGES, max_tokens=3)
+                model=MODEL, messages=_MESSAGES, max_tokens=3
+            )
 
         _engine_call(engine_url, "/pause_generation", {"mode": "abort"})
         try:
@@ -412,18 +538,21 @@ def test_paused_backend_holds_request_until_continue(tmp_path: Path, tiny_model_
         assert gw.state.store.get_completion(completion.id) is not None
 
 
-def test_backend_paused_past_request_timeout_is_503(tmp_path: Path, tiny_model_dir: Path,
-                                                    engine_url: str,
-                                                    gateway_factory: Factory) -> None:
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.router.request_timeout_s=1.0") as gw:
+def test_backend_paused_past_request_timeout_is_503(
+    tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory
+) -> None:
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.router.request_timeout_s=1.0"
+    ) as gw:
         _admin(gw)
         _engine_call(engine_url, "/pause_generation", {"mode": "abort"})
         try:
             for stream in (False, True):
-                response = _post(gw, "/v1/chat/completions",
-                                 {"model": MODEL, "messages": _MESSAGES, "max_tokens": 2,
-                                  "stream": stream})
+                response = _post(
+                    gw,
+                    "/v1/chat/completions",
+                    {"model": MODEL, "messages": _MESSAGES, "max_tokens": 2, "stream": stream},
+                )
                 assert _error(response, 503)["code"] == "backend_unavailable"
                 assert response.headers["retry-after"]
         finally:
@@ -431,11 +560,13 @@ def test_backend_paused_past_request_timeout_is_503(tmp_path: Path, tiny_model_d
 
 
 def test_oversized_bodies_are_413_before_they_are_read_whole(
-        tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory) -> None:
+    tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Factory
+) -> None:
     """Declared (content-length) and undeclared (chunked) bodies past the limit both get
     413 `request_too_large` in the OpenAI shape, on the hot routes and the others."""
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.limits.max_request_bytes=4096") as gw:
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.limits.max_request_bytes=4096"
+    ) as gw:
         gw = _admin(gw)
         big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
         for path in ("/v1/chat/completions", "/v1/responses", "/v1/rewards"):
@@ -448,8 +579,12 @@ def test_oversized_bodies_are_413_before_they_are_read_whole(
                 yield b"y" * 1000
             yield b'"}]}'
 
-        response = httpx.post(gw.url + "/v1/chat/completions", content=chunked(), timeout=60,
-                              headers={"content-type": "application/json", **AUTH})
+        response = httpx.post(
+            gw.url + "/v1/chat/completions",
+            content=chunked(),
+            timeout=60,
+            headers={"content-type": "application/json", **AUTH},
+        )
         assert "content-length" not in response.request.headers
         assert _error(response, 413)["code"] == "request_too_large"
         small = {"model": MODEL, "messages": _MESSAGES, "max_tokens": 2}

@@ -26,8 +26,9 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
-       engine_url: str) -> Iterator[Any]:
+def gw(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, engine_url: str
+) -> Iterator[Any]:
     from support.harness import run_gateway
 
     with run_gateway(tmp_path_factory.mktemp("names"), tiny_model_dir, [engine_url]) as gateway:
@@ -38,20 +39,20 @@ def _client(gw: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
 
 
-def _record(gw: Any, completions_of: Callable[[TrajectoryStore], list[CompletionRecord]],
-            completion_id: str) -> CompletionRecord:
+def _record(
+    gw: Any, completions_of: Callable[[TrajectoryStore], list[CompletionRecord]], completion_id: str
+) -> CompletionRecord:
     return next(r for r in completions_of(gw.state.store) if r.id == completion_id)
 
 
 @pytest.mark.parametrize("name", ["gpt-4o-mini", "default", "qwen2.5-7b-instruct"])
 def test_any_model_name_is_served_echoed_and_recorded(
-        gw: Any, completions_of: Callable[[TrajectoryStore], list[CompletionRecord]],
-        name: str) -> None:
+    gw: Any, completions_of: Callable[[TrajectoryStore], list[CompletionRecord]], name: str
+) -> None:
     client = _client(gw)
     chat = client.chat.completions.create(model=name, messages=USER, max_tokens=2)
     assert chat.model == name
-    stream = client.chat.completions.create(model=name, messages=USER, max_tokens=2,
-                                            stream=True)
+    stream = client.chat.completions.create(model=name, messages=USER, max_tokens=2, stream=True)
     chunks = list(stream)
     assert {c.model for c in chunks} == {name}
     response = client.responses.create(model=name, input="hi", max_output_tokens=2)
@@ -67,10 +68,15 @@ def test_models_lists_the_policy(gw: Any) -> None:
 
 
 @pytest.fixture()
-def strict_gw(tmp_path: Path, tiny_model_dir: Path, engine_url: str,
-              gateway_factory: Callable[..., AbstractContextManager[Any]]) -> Iterator[Any]:
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.model_names=[gpt-4o-mini, default]") as gateway:
+def strict_gw(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    engine_url: str,
+    gateway_factory: Callable[..., AbstractContextManager[Any]],
+) -> Iterator[Any]:
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.model_names=[gpt-4o-mini, default]"
+    ) as gateway:
         yield gateway
 
 
@@ -78,14 +84,16 @@ def test_strict_mode_serves_aliases_and_refuses_the_rest(strict_gw: Any) -> None
     client = _client(strict_gw)
     assert [m.id for m in client.models.list().data] == [POLICY, "gpt-4o-mini", "default"]
     for name in (POLICY, "gpt-4o-mini", "default"):
-        assert client.chat.completions.create(model=name, messages=USER,
-                                              max_tokens=1).model == name
+        assert client.chat.completions.create(model=name, messages=USER, max_tokens=1).model == name
         assert client.models.retrieve(name).id == name
-    assert client.responses.create(model="default", input="hi",
-                                   max_output_tokens=1).model == "default"
-    for call in (lambda: client.chat.completions.create(model="gpt-4o", messages=USER),
-                 lambda: client.responses.create(model="gpt-4o", input="hi"),
-                 lambda: client.models.retrieve("gpt-4o")):
+    assert (
+        client.responses.create(model="default", input="hi", max_output_tokens=1).model == "default"
+    )
+    for call in (
+        lambda: client.chat.completions.create(model="gpt-4o", messages=USER),
+        lambda: client.responses.create(model="gpt-4o", input="hi"),
+        lambda: client.models.retrieve("gpt-4o"),
+    ):
         with pytest.raises(openai.NotFoundError) as err:
             call()
         assert err.value.code == "model_not_found" and err.value.param == "model"
@@ -104,14 +112,13 @@ def test_console_shows_the_name_the_client_used(gw: Any) -> None:
     console.post("/console/login", data={"csrf_token": csrf.group(1), "admin_key": ADMIN_KEY})
     page = console.get(f"/console/sessions/{session['session_id']}")
     assert page.status_code == 200
-    assert f'{POLICY} (asked as <span class="mono requested-model">gpt-4o-mini</span>)' \
-        in page.text
+    assert f'{POLICY} (asked as <span class="mono requested-model">gpt-4o-mini</span>)' in page.text
 
 
 @pytest.mark.parametrize("name", ["gpt-4o-mini", "default"])
 def test_langchain_agent_keeps_its_model_name(
-        gw: Any, completions_of: Callable[[TrajectoryStore], list[CompletionRecord]],
-        name: str) -> None:
+    gw: Any, completions_of: Callable[[TrajectoryStore], list[CompletionRecord]], name: str
+) -> None:
     """LangChain's `ChatOpenAI`, with tools bound, as an author writes it for OpenAI."""
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -121,8 +128,9 @@ def test_langchain_agent_keeps_its_model_name(
         """Add two numbers."""
         return a + b
 
-    llm = ChatOpenAI(model=name, base_url=gw.v1, api_key=ADMIN_KEY, max_tokens=4,
-                     max_retries=0).bind_tools([add])
+    llm = ChatOpenAI(
+        model=name, base_url=gw.v1, api_key=ADMIN_KEY, max_tokens=4, max_retries=0
+    ).bind_tools([add])
     reply = llm.invoke("what is 2 + 3?")
     assert reply.response_metadata["model_name"] == name
     record = _record(gw, completions_of, reply.response_metadata["id"])

@@ -25,11 +25,13 @@ USER = [{"role": "user", "content": "Hello there"}]
 
 
 @pytest.fixture()
-def gw(tmp_path: Path, tiny_model_dir: Path, engine_url: str,
-       gateway_factory: Callable[..., Any]) -> Iterator[Gateway]:
+def gw(
+    tmp_path: Path, tiny_model_dir: Path, engine_url: str, gateway_factory: Callable[..., Any]
+) -> Iterator[Gateway]:
     """A fresh gateway honouring the client's sampling fields."""
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.sampling.mode=client") as g:
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.sampling.mode=client"
+    ) as g:
         yield g
 
 
@@ -57,7 +59,8 @@ def _record(gw: Gateway, completion_id: str) -> CompletionRecord:
 
 def test_chat_request_id_is_response_id_and_record(gw: Gateway) -> None:
     raw = _client(gw).chat.completions.with_raw_response.create(
-        model=gw.config.gateway.model_name, messages=USER, max_tokens=6)
+        model=gw.config.gateway.model_name, messages=USER, max_tokens=6
+    )
     completion = raw.parse()
     assert raw.headers["x-request-id"] == completion.id
     assert completion.id.startswith("chatcmpl-")
@@ -80,8 +83,7 @@ def test_stream_sends_usage_only_when_asked(gw: Gateway) -> None:
     assert all(c.choices[0].finish_reason is None for c in plain[:-1])
     assert len({c.id for c in plain}) == 1
 
-    chunks = list(_chat(gw, max_tokens=6, stream=True,
-                        stream_options={"include_usage": True}))
+    chunks = list(_chat(gw, max_tokens=6, stream=True, stream_options={"include_usage": True}))
     *body, last = chunks
     assert last.choices == [] and last.usage is not None
     assert all(c.usage is None and c.choices for c in body)
@@ -107,8 +109,11 @@ def test_max_tokens_and_max_completion_tokens(gw: Gateway) -> None:
     `max_completion_tokens` wins over the deprecated `max_tokens`."""
     full = _record(gw, _chat(gw, temperature=0, max_tokens=20).id)
     assert len(full.output_ids) == 20, "the tiny model should not stop within 20 tokens"
-    for kwargs in ({"max_tokens": 4}, {"max_completion_tokens": 4},
-                   {"max_tokens": 50, "max_completion_tokens": 4}):
+    for kwargs in (
+        {"max_tokens": 4},
+        {"max_completion_tokens": 4},
+        {"max_tokens": 50, "max_completion_tokens": 4},
+    ):
         completion = _chat(gw, temperature=0, **kwargs)
         assert completion.choices[0].finish_reason == "length"
         assert completion.usage.completion_tokens == 4
@@ -121,11 +126,11 @@ def test_stop_string_cuts_reply(gw: Gateway) -> None:
     assert stop and full.index(stop) > 0
     for stops in (stop, [stop, "never-seen"]):
         completion = _chat(gw, temperature=0, max_tokens=30, stop=stops)
-        assert completion.choices[0].message.content == full[:full.index(stop)]
+        assert completion.choices[0].message.content == full[: full.index(stop)]
         assert completion.choices[0].finish_reason == "stop"
     streamed = _chat(gw, temperature=0, max_tokens=30, stop=[stop], stream=True)
     chunks = list(streamed)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[:full.index(stop)]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[: full.index(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
@@ -154,10 +159,10 @@ def test_logprobs_only_when_asked(gw: Gateway) -> None:
     assert "".join(e.token for e in entries) == choice.message.content
 
     streamed = list(_chat(gw, temperature=0, max_tokens=8, logprobs=True, stream=True))
-    stream_entries = [e for c in streamed if c.choices[0].logprobs
-                      for e in c.choices[0].logprobs.content]
-    assert [(e.token, e.logprob) for e in stream_entries] == \
-        [(e.token, e.logprob) for e in entries]
+    stream_entries = [
+        e for c in streamed if c.choices[0].logprobs for e in c.choices[0].logprobs.content
+    ]
+    assert [(e.token, e.logprob) for e in stream_entries] == [(e.token, e.logprob) for e in entries]
 
 
 def test_top_logprobs_alternatives(gw: Gateway) -> None:
@@ -167,29 +172,55 @@ def test_top_logprobs_alternatives(gw: Gateway) -> None:
         assert entry.top_logprobs[0].logprob >= entry.logprob
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[2].logprob
     streamed = _chat(gw, max_tokens=4, logprobs=True, top_logprobs=2, stream=True)
-    entries = [e for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
-               for e in chunk.choices[0].logprobs.content]
+    entries = [
+        e
+        for chunk in streamed
+        if chunk.choices and chunk.choices[0].logprobs
+        for e in chunk.choices[0].logprobs.content
+    ]
     assert entries and all(len(e.top_logprobs) == 2 for e in entries)
 
 
 def test_unknown_fields_and_headers_accepted(gw: Gateway) -> None:
-    client = openai.OpenAI(base_url=gw.v1, api_key=_key(gw), max_retries=0,
-                           organization="org-x", project="proj-y",
-                           default_headers={"OpenAI-Beta": "assistants=v2",
-                                            "X-Stainless-Custom": "1"})
+    client = openai.OpenAI(
+        base_url=gw.v1,
+        api_key=_key(gw),
+        max_retries=0,
+        organization="org-x",
+        project="proj-y",
+        default_headers={"OpenAI-Beta": "assistants=v2", "X-Stainless-Custom": "1"},
+    )
     raw = client.chat.completions.with_raw_response.create(
-        model=gw.config.gateway.model_name, max_completion_tokens=3,
-        messages=[{"role": "developer", "content": "Be brief."},
-                  {"role": "user", "name": "ann",
-                   "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]},
-                  {"role": "assistant", "content": "Hello.", "refusal": None},
-                  {"role": "user", "content": "Again?"}],
-        store=True, metadata={"team": "rl"}, user="user-1", service_tier="auto",
-        reasoning_effort="low", response_format={"type": "json_object"},
-        parallel_tool_calls=False, logit_bias={"5": 1}, presence_penalty=0.1,
-        frequency_penalty=0.1, top_p=0.9, safety_identifier="sid", prompt_cache_key="pck",
-        verbosity="low", stream_options=None, extra_headers={"X-Stainless-Retry-Count": "0"},
-        extra_body={"some_future_field": {"x": [1, 2]}, "top_k": 20})
+        model=gw.config.gateway.model_name,
+        max_completion_tokens=3,
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "name": "ann",
+                "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}],
+            },
+            {"role": "assistant", "content": "Hello.", "refusal": None},
+            {"role": "user", "content": "Again?"},
+        ],
+        store=True,
+        metadata={"team": "rl"},
+        user="user-1",
+        service_tier="auto",
+        reasoning_effort="low",
+        response_format={"type": "json_object"},
+        parallel_tool_calls=False,
+        logit_bias={"5": 1},
+        presence_penalty=0.1,
+        frequency_penalty=0.1,
+        top_p=0.9,
+        safety_identifier="sid",
+        prompt_cache_key="pck",
+        verbosity="low",
+        stream_options=None,
+        extra_headers={"X-Stainless-Retry-Count": "0"},
+        extra_body={"some_future_field": {"x": [1, 2]}, "top_k": 20},
+    )
     assert raw.status_code == 200
     record = _record(gw, raw.parse().id)
     assert record.request_json["some_future_field"] == {"x": [1, 2]}
@@ -203,8 +234,14 @@ def test_responses_plain_and_streamed(gw: Gateway) -> None:
     client = _client(gw)
     name = gw.config.gateway.model_name
     raw = client.responses.with_raw_response.create(
-        model=name, instructions="Be brief.", input="Hello there", max_output_tokens=5,
-        store=False, include=[], metadata={"k": "v"})
+        model=name,
+        instructions="Be brief.",
+        input="Hello there",
+        max_output_tokens=5,
+        store=False,
+        include=[],
+        metadata={"k": "v"},
+    )
     response = raw.parse()
     assert raw.headers["x-request-id"] == response.id and response.id.startswith("resp_")
     record = _record(gw, response.id)
@@ -220,8 +257,7 @@ def test_responses_plain_and_streamed(gw: Gateway) -> None:
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1].response
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert text == final.output_text == gw.state.tokenizer.decode(
-        _record(gw, final.id).output_ids)
+    assert text == final.output_text == gw.state.tokenizer.decode(_record(gw, final.id).output_ids)
 
 
 def test_previous_response_id_continues_a_stored_response(gw: Gateway) -> None:
@@ -230,30 +266,44 @@ def test_previous_response_id_continues_a_stored_response(gw: Gateway) -> None:
     key's responses are 404."""
     client = _client(gw)
     name = gw.config.gateway.model_name
-    first = client.responses.create(model=name, instructions="Be brief.",
-                                    input="Hello there", max_output_tokens=4)
-    second = client.responses.create(model=name, input="And then?", max_output_tokens=4,
-                                     previous_response_id=first.id)
+    first = client.responses.create(
+        model=name, instructions="Be brief.", input="Hello there", max_output_tokens=4
+    )
+    second = client.responses.create(
+        model=name, input="And then?", max_output_tokens=4, previous_response_id=first.id
+    )
     assert second.previous_response_id == first.id
-    third = client.responses.create(model=name, input=[{"role": "user", "content": "More"}],
-                                    max_output_tokens=4, previous_response_id=second.id)
+    third = client.responses.create(
+        model=name,
+        input=[{"role": "user", "content": "More"}],
+        max_output_tokens=4,
+        previous_response_id=second.id,
+    )
     r1, r2, r3 = (_record(gw, r.id) for r in (first, second, third))
     # Instructions are not carried over (as on OpenAI): the second prompt starts with the
     # first one's conversation without its system message.
-    expected_messages = [{"role": "user", "content": "Hello there"},
-                         {"role": "assistant", "content": first.output_text},
-                         {"role": "user", "content": "And then?"}]
+    expected_messages = [
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And then?"},
+    ]
     tok = gw.state.tokenizer
     assert list(r2.prompt_ids) == tok.encode(tok.render(expected_messages, None))
-    expected_messages += [{"role": "assistant", "content": second.output_text},
-                          {"role": "user", "content": "More"}]
+    expected_messages += [
+        {"role": "assistant", "content": second.output_text},
+        {"role": "user", "content": "More"},
+    ]
     assert list(r3.prompt_ids) == tok.encode(tok.render(expected_messages, None))
 
     with pytest.raises(openai.NotFoundError) as missing:
         client.responses.create(model=name, input="x", previous_response_id="resp_nope")
     assert missing.value.code == "previous_response_not_found"
-    created = httpx.post(gw.url + "/admin/keys", json={"name": "other"}, timeout=30,
-                         headers={"Authorization": f"Bearer {_key(gw)}"})
+    created = httpx.post(
+        gw.url + "/admin/keys",
+        json={"name": "other"},
+        timeout=30,
+        headers={"Authorization": f"Bearer {_key(gw)}"},
+    )
     other = created.json()["api_key"]
     stranger = openai.OpenAI(base_url=gw.v1, api_key=other, max_retries=0)
     with pytest.raises(openai.NotFoundError):
@@ -262,8 +312,9 @@ def test_previous_response_id_continues_a_stored_response(gw: Gateway) -> None:
 
 def _metric(text: str, name: str) -> float:
     """The value of one sample line `name ...` of a Prometheus text exposition."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name + " ")]
+    values = [
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
+    ]
     assert len(values) == 1, f"{name} not exposed exactly once"
     return values[0]
 
@@ -273,8 +324,9 @@ def test_prometheus_metrics_count_what_was_served(gw: Gateway) -> None:
     list(_chat(gw, max_tokens=3, stream=True))
     with pytest.raises(openai.BadRequestError):
         _chat(gw, n=0)
-    text = httpx.get(gw.url + "/metrics", timeout=10,
-                     headers={"authorization": f"Bearer {_key(gw)}"}).text
+    text = httpx.get(
+        gw.url + "/metrics", timeout=10, headers={"authorization": f"Bearer {_key(gw)}"}
+    ).text
     assert _metric(text, 'areal_requests_total{route="chat",status="200"}') == 2
     assert _metric(text, 'areal_requests_total{route="chat",status="400"}') == 1
     assert _metric(text, 'areal_request_latency_seconds_count{route="chat"}') == 3
@@ -311,10 +363,20 @@ def calc_request(agent_requests: dict[str, CompletionRecord]) -> dict[str, Any]:
 
 
 def _tool_turn(call_id: str) -> list[dict[str, Any]]:
-    return [{"role": "assistant", "content": None, "tool_calls": [{
-                "id": call_id, "type": "function",
-                "function": {"name": "add", "arguments": CALL_ARGUMENTS}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": TOOL_RESULT}]
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "add", "arguments": CALL_ARGUMENTS},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": TOOL_RESULT},
+    ]
 
 
 def test_tool_call_round_trip(tool_gateway: Gateway, calc_request: dict[str, Any]) -> None:
@@ -328,40 +390,50 @@ def test_tool_call_round_trip(tool_gateway: Gateway, calc_request: dict[str, Any
     assert call.function.name == "add"
     assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
 
-    messages = [*calc_request["messages"], choice.message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.id, "content": TOOL_RESULT}]
-    second = client.chat.completions.create(model=name, temperature=0, messages=messages,
-                                            tools=calc_request["tools"])
+    messages = [
+        *calc_request["messages"],
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": TOOL_RESULT},
+    ]
+    second = client.chat.completions.create(
+        model=name, temperature=0, messages=messages, tools=calc_request["tools"]
+    )
     assert second.choices[0].message.content == ANSWER_TEXT
     assert second.choices[0].finish_reason == "stop"
     assert not second.choices[0].message.tool_calls
 
     parent, child = _record(tool_gateway, first.id), _record(tool_gateway, second.id)
     assert parent.finish_reason == "tool_calls"
-    assert child.prompt_ids[:len(parent.prompt_ids) + len(parent.output_ids)] == \
-        parent.prompt_ids + parent.output_ids
+    assert (
+        child.prompt_ids[: len(parent.prompt_ids) + len(parent.output_ids)]
+        == parent.prompt_ids + parent.output_ids
+    )
 
 
 def test_tool_call_streamed(tool_gateway: Gateway, calc_request: dict[str, Any]) -> None:
     client = _client(tool_gateway)
     name = tool_gateway.config.gateway.model_name
-    chunks = list(client.chat.completions.create(model=name, temperature=0, stream=True,
-                                                 **calc_request))
+    chunks = list(
+        client.chat.completions.create(model=name, temperature=0, stream=True, **calc_request)
+    )
     fragments = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
     head, *rest = fragments
     assert head.index == 0 and head.id.startswith("call_") and head.type == "function"
     assert head.function.name == "add"
-    assert rest and all(f.index == 0 and f.id is None and f.type is None and
-                        f.function.name is None for f in rest)
+    assert rest and all(
+        f.index == 0 and f.id is None and f.type is None and f.function.name is None for f in rest
+    )
     arguments = (head.function.arguments or "") + "".join(f.function.arguments for f in rest)
     assert json.loads(arguments) == {"a": 2, "b": 3}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not "".join(c.choices[0].delta.content or "" for c in chunks)
 
     messages = [*calc_request["messages"], *_tool_turn(head.id)]
-    answer = list(client.chat.completions.create(model=name, temperature=0, stream=True,
-                                                 messages=messages,
-                                                 tools=calc_request["tools"]))
+    answer = list(
+        client.chat.completions.create(
+            model=name, temperature=0, stream=True, messages=messages, tools=calc_request["tools"]
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in answer) == ANSWER_TEXT
     assert answer[-1].choices[0].finish_reason == "stop"
 
@@ -372,13 +444,17 @@ def test_training_sampling_binds_session_turns_only(gateway: Gateway) -> None:
     outside any session (the admin key: an evaluation, say) samples as asked."""
     model = gateway.config.gateway.model_name
     admin = openai.OpenAI(base_url=gateway.v1, api_key=ADMIN_KEY, max_retries=0)
-    started = httpx.post(f"{gateway.url}/rl/sessions", json={},
-                         headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
-    session = openai.OpenAI(base_url=gateway.v1, api_key=started.json()["api_key"],
-                            max_retries=0)
+    started = httpx.post(
+        f"{gateway.url}/rl/sessions",
+        json={},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=30,
+    )
+    session = openai.OpenAI(base_url=gateway.v1, api_key=started.json()["api_key"], max_retries=0)
     for client, expected in ((admin, 0.0), (session, 1.0)):
-        completion = client.chat.completions.create(model=model, messages=USER,
-                                                    temperature=0, max_tokens=4)
+        completion = client.chat.completions.create(
+            model=model, messages=USER, temperature=0, max_tokens=4
+        )
         record = _record(gateway, completion.id)
         assert record.temperature == expected
         assert (record.session_id is None) == (client is admin)

@@ -14,8 +14,11 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def _chat(text: str) -> dict:
-    return {"model": "areal-policy", "max_tokens": 4,
-            "messages": [{"role": "user", "content": text}]}
+    return {
+        "model": "areal-policy",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": text}],
+    }
 
 
 def _counting(monkeypatch, core, calls: dict[str, int]) -> None:
@@ -30,8 +33,9 @@ def _counting(monkeypatch, core, calls: dict[str, int]) -> None:
         monkeypatch.setattr(core, name, counted)
 
 
-def test_overlong_prompt_refused_before_render_and_tokenization(tmp_path, tiny_model_dir,
-                                                                gateway_factory, monkeypatch):
+def test_overlong_prompt_refused_before_render_and_tokenization(
+    tmp_path, tiny_model_dir, gateway_factory, monkeypatch
+):
     echo = start_echo_backend(tokens=3)
     try:
         with gateway_factory(tmp_path, tiny_model_dir, [echo.url]) as gw:

@@ -20,12 +20,12 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
-       engine_url: str) -> Iterator[Any]:
+def gw(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, engine_url: str
+) -> Iterator[Any]:
     from support.harness import run_gateway
 
-    with run_gateway(tmp_path_factory.mktemp("rewards"), tiny_model_dir,
-                     [engine_url]) as gateway:
+    with run_gateway(tmp_path_factory.mktemp("rewards"), tiny_model_dir, [engine_url]) as gateway:
         yield gateway
 
 
@@ -36,14 +36,21 @@ def _session(gw: Any, **body: Any) -> dict[str, Any]:
 
 
 def _reward(gw: Any, key: str, **body: Any) -> httpx.Response:
-    return httpx.post(gw.url + "/v1/rewards", json=body, timeout=30,
-                      headers={"Authorization": f"Bearer {key}"})
+    return httpx.post(
+        gw.url + "/v1/rewards", json=body, timeout=30, headers={"Authorization": f"Bearer {key}"}
+    )
 
 
 def test_reward_ids_are_scoped_to_the_posting_key(gw: Any) -> None:
     a, b = _session(gw), _session(gw)
-    first = _reward(gw, b["api_key"], id="r-1", session_id=b["session_id"], value=0.5,
-                    metadata={"secret": "b's judge notes"})
+    first = _reward(
+        gw,
+        b["api_key"],
+        id="r-1",
+        session_id=b["session_id"],
+        value=0.5,
+        metadata={"secret": "b's judge notes"},
+    )
     assert first.status_code == 201, first.text
     # A replaying B's exact body is refused by B's session (403), not answered with
     # B's record.
@@ -57,8 +64,11 @@ def test_reward_ids_are_scoped_to_the_posting_key(gw: Any) -> None:
     again = _reward(gw, b["api_key"], id="r-1", session_id=b["session_id"], value=0.5)
     assert again.status_code == 201 and again.json()["metadata"] == {"secret": "b's judge notes"}
     store = gw.state.store
-    owners = {r.owner for sid in (a["session_id"], b["session_id"])
-              for r in store.list_rewards(session_id=sid)}
+    owners = {
+        r.owner
+        for sid in (a["session_id"], b["session_id"])
+        for r in store.list_rewards(session_id=sid)
+    }
     assert len(owners) == 2 and "" not in owners  # one "r-1" per key
     assert store.get_reward("r-1") is None  # nor is it the admin's
     detail = httpx.get(f"{gw.url}/rl/sessions/{b['session_id']}", headers=ADMIN).json()
@@ -80,8 +90,11 @@ def test_a_reward_beyond_the_cap_is_400(gw: Any, target: str) -> None:
     them can overflow: two rewards of 1e308 (a return of inf) are never both stored."""
     started = _session(gw, group_size=2)
     session = started["sessions"][0]
-    where = ({"session_id": session["session_id"]} if target == "session"
-             else {"group_id": started["group_id"]})
+    where = (
+        {"session_id": session["session_id"]}
+        if target == "session"
+        else {"group_id": started["group_id"]}
+    )
     key = session["api_key"] if target == "session" else "sk-test-admin"
     cap = gw.state.config.gateway.limits.reward_max_abs
     assert cap == 1e6
@@ -102,9 +115,12 @@ def test_migration_keeps_existing_rewards_as_the_admins(tmp_path: Path) -> None:
     command.upgrade(alembic_config(url), "0003_requested_model")
     engine = create_engine(url)
     with engine.begin() as connection:
-        connection.execute(text(
-            "INSERT INTO rewards (id, value, name, metadata, created_at, group_id) "
-            "VALUES ('old-1', 0.25, 'reward', '{}', 1.0, 'g')"))
+        connection.execute(
+            text(
+                "INSERT INTO rewards (id, value, name, metadata, created_at, group_id) "
+                "VALUES ('old-1', 0.25, 'reward', '{}', 1.0, 'g')"
+            )
+        )
     upgrade_database(url)
     with engine.connect() as connection:
         rows = connection.execute(text("SELECT id, owner, value FROM rewards")).all()

@@ -25,15 +25,37 @@ def test_sigterm_answers_sessions_waiting_for_admission(tmp_path, tiny_model_dir
     port = free_port()
     log = tmp_path / "gateway.log"
     proc = subprocess.Popen(
-        cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set",
-                 f"engine.model={tiny_model_dir}", "--set", f"gateway.port={port}",
-                 "--set", f"gateway.router.backends=[{echo.url}]", "--set",
-                 "gateway.auth.admin_key=sk-test-admin", "--set", "gateway.scale.workers=1",
-                 "--set", "gateway.sessions.staleness_gate=true", "--set", "gateway.sessions.admit_wait_s=60",
-                 "--set", "trainer.max_staleness=0", "--set", "trainer.batch_groups=1",
-                 "--set", "trainer.group_size=1", "--set", "trainer.advantage=batch"),
-        stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
-        start_new_session=True)
+        cli_argv(
+            "serve",
+            "--set",
+            f"data_dir={tmp_path}",
+            "--set",
+            f"engine.model={tiny_model_dir}",
+            "--set",
+            f"gateway.port={port}",
+            "--set",
+            f"gateway.router.backends=[{echo.url}]",
+            "--set",
+            "gateway.auth.admin_key=sk-test-admin",
+            "--set",
+            "gateway.scale.workers=1",
+            "--set",
+            "gateway.sessions.staleness_gate=true",
+            "--set",
+            "gateway.sessions.admit_wait_s=60",
+            "--set",
+            "trainer.max_staleness=0",
+            "--set",
+            "trainer.batch_groups=1",
+            "--set",
+            "trainer.group_size=1",
+            "--set",
+            "trainer.advantage=batch",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     replies: list[httpx.Response] = []
 
@@ -69,8 +91,10 @@ def test_sigterm_answers_sessions_waiting_for_admission(tmp_path, tiny_model_dir
     assert [r.status_code for r in replies] == [503] * 3
     error = replies[0].json()["error"]
     assert error["code"] == "shutting_down" and replies[0].headers["retry-after"]
-    assert error["message"] == ("the gateway is shutting down; the session was not started "
-                                "(retry once a gateway is serving again)")
+    assert error["message"] == (
+        "the gateway is shutting down; the session was not started "
+        "(retry once a gateway is serving again)"
+    )
     text = log.read_text()
     assert "Exception in ASGI application" not in text and "CancelledError" not in text, text
     assert " ERROR " not in text, text

@@ -56,14 +56,34 @@ def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.
     port = free_port()
     with open(tmp_path / "serve.log", "wb") as log:  # the child keeps its own copy
         proc = subprocess.Popen(
-            cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
-                     "--set", f"gateway.port={port}", "--set", f"engine.port={free_port()}",
-                     "--set", "gateway.auth.admin_key=sk-test-admin", "--set", "gateway.scale.workers=2",
-                     "--set", f"gateway.scale.leader_lease_s={LEASE_S}", "--set", f"store.url={store_url}",
-                     "--set", f"gateway.limits.key_limits_sync_s={SYNC_S}",
-                     # the revocation checks below send many refused keys from one address
-                     "--set", "gateway.auth.free_failures=10000"),
-            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            cli_argv(
+                "serve",
+                "--set",
+                f"data_dir={tmp_path}",
+                "--set",
+                f"engine.model={model_dir}",
+                "--set",
+                f"gateway.port={port}",
+                "--set",
+                f"engine.port={free_port()}",
+                "--set",
+                "gateway.auth.admin_key=sk-test-admin",
+                "--set",
+                "gateway.scale.workers=2",
+                "--set",
+                f"gateway.scale.leader_lease_s={LEASE_S}",
+                "--set",
+                f"store.url={store_url}",
+                "--set",
+                f"gateway.limits.key_limits_sync_s={SYNC_S}",
+                # the revocation checks below send many refused keys from one address
+                "--set",
+                "gateway.auth.free_failures=10000",
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -93,12 +113,18 @@ def _stop(proc: subprocess.Popen) -> None:
 def _fresh(url: str) -> httpx.Client:
     """A client that opens a new connection per request, so requests spread over both
     workers (a kept connection stays on the worker that accepted it)."""
-    return httpx.Client(base_url=url, timeout=60,
-                        limits=httpx.Limits(max_keepalive_connections=0))
+    return httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def _workers(url: str, path: str, headers: dict[str, str], *, tries: int,
-             method: str = "GET", json: object = None) -> dict[str, list[int]]:
+def _workers(
+    url: str,
+    path: str,
+    headers: dict[str, str],
+    *,
+    tries: int,
+    method: str = "GET",
+    json: object = None,
+) -> dict[str, list[int]]:
     """`tries` requests on fresh connections: worker pid -> statuses it answered."""
     seen: dict[str, list[int]] = {}
     with _fresh(url) as http:
@@ -110,13 +136,19 @@ def _workers(url: str, path: str, headers: dict[str, str], *, tries: int,
 
 def _chat(http: httpx.Client, key: str, stream: bool) -> tuple[str | None, str]:
     """One chat; (acknowledged completion id or None, answering worker)."""
-    body = {"model": "gpt-4o-mini", "max_tokens": 6, "stream": stream,
-            "messages": [{"role": "user", "content": "count"}]}
+    body = {
+        "model": "gpt-4o-mini",
+        "max_tokens": 6,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "count"}],
+    }
     headers = {"Authorization": f"Bearer {key}"}
     if not stream:
         resp = http.post("/v1/chat/completions", json=body, headers=headers)
-        return (resp.json()["id"] if resp.status_code == 200 else None,
-                resp.headers["x-areal-worker"])
+        return (
+            resp.json()["id"] if resp.status_code == 200 else None,
+            resp.headers["x-areal-worker"],
+        )
     ids, done = set(), False
     with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
         for line in resp.iter_lines():
@@ -189,12 +221,16 @@ def _one_sequence_across_workers(url: str, store: TrajectoryStore) -> None:
     workers: list[str] = []
     for turn in range(6):  # each turn on the other worker
         messages.append({"role": "user", "content": f"turn {turn}"})
-        resp = clients[turn % 2].post("/v1/chat/completions", headers=headers, json={
-            "model": "my-agent", "max_tokens": 6, "messages": messages})
+        resp = clients[turn % 2].post(
+            "/v1/chat/completions",
+            headers=headers,
+            json={"model": "my-agent", "max_tokens": 6, "messages": messages},
+        )
         assert resp.status_code == 200, resp.text
         workers.append(resp.headers["x-areal-worker"])
-        messages.append({k: v for k, v in resp.json()["choices"][0]["message"].items()
-                         if v is not None})
+        messages.append(
+            {k: v for k, v in resp.json()["choices"][0]["message"].items() if v is not None}
+        )
     for c in clients:
         c.close()
     assert all(a != b for a, b in itertools.pairwise(workers)), workers
@@ -208,32 +244,40 @@ def _one_sequence_across_workers(url: str, store: TrajectoryStore) -> None:
 def _until_both_synced(store: TrajectoryStore, key_id: str) -> None:
     """Both workers published 2 requests of `key_id`, then each exchanged again (and so
     read the other's count)."""
+
     def rows() -> list:
         with store.engine.connect() as db:
-            return db.execute(select(KeyCounterRow.requests, KeyCounterRow.updated_at)
-                              .where(KeyCounterRow.key_id == key_id)).all()
+            return db.execute(
+                select(KeyCounterRow.requests, KeyCounterRow.updated_at).where(
+                    KeyCounterRow.key_id == key_id
+                )
+            ).all()
 
-    _wait("both workers' counts published",
-          lambda: sorted(r.requests for r in rows()) == [2, 2], 30)
+    _wait(
+        "both workers' counts published", lambda: sorted(r.requests for r in rows()) == [2, 2], 30
+    )
     published = max(r.updated_at for r in rows())
-    _wait("both workers read the other's", lambda: min(r.updated_at for r in rows())
-          > published, 30)
+    _wait(
+        "both workers read the other's", lambda: min(r.updated_at for r in rows()) > published, 30
+    )
 
 
 def _rate_limit_across_workers(url: str, store: TrajectoryStore) -> None:
-    key = httpx.post(f"{url}/admin/keys", json={"name": "limited", "rpm_limit": 4},
-                     headers=ADMIN).json()
+    key = httpx.post(
+        f"{url}/admin/keys", json={"name": "limited", "rpm_limit": 4}, headers=ADMIN
+    ).json()
     headers = {"Authorization": f"Bearer {key['api_key']}"}
-    body = {"model": "my-agent", "max_tokens": 2,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": "my-agent", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     clients = _one_client_per_worker(url)
     try:
-        statuses = [c.post("/v1/chat/completions", json=body, headers=headers).status_code
-                    for c in clients for _ in range(2)]
+        statuses = [
+            c.post("/v1/chat/completions", json=body, headers=headers).status_code
+            for c in clients
+            for _ in range(2)
+        ]
         assert statuses == [200] * 4  # two on each worker: four a minute in all
         _until_both_synced(store, key["id"])
-        refused = [c.post("/v1/chat/completions", json=body, headers=headers)
-                   for c in clients]
+        refused = [c.post("/v1/chat/completions", json=body, headers=headers) for c in clients]
         assert [r.status_code for r in refused] == [429, 429], [r.text for r in refused]
         assert {r.json()["error"]["code"] for r in refused} == {"rate_limit_exceeded"}
     finally:
@@ -241,8 +285,9 @@ def _rate_limit_across_workers(url: str, store: TrajectoryStore) -> None:
             c.close()
 
 
-def _refused_by_both(url: str, path: str, headers: dict[str, str], *, method: str = "GET",
-                     json: object = None) -> bool:
+def _refused_by_both(
+    url: str, path: str, headers: dict[str, str], *, method: str = "GET", json: object = None
+) -> bool:
     seen = _workers(url, path, headers, tries=10, method=method, json=json)
     return len(seen) == 2 and all(s >= 400 for statuses in seen.values() for s in statuses)
 
@@ -250,17 +295,21 @@ def _refused_by_both(url: str, path: str, headers: dict[str, str], *, method: st
 def _leaders(url: str) -> list[str]:
     """Pids of the workers that hold the leader lease, once both answered /admin/status."""
     statuses: dict[str, dict] = {}
-    _wait("both workers answered /admin/status",
-          lambda: len(statuses.update(_status(url)) or statuses) == 2, 30)
+    _wait(
+        "both workers answered /admin/status",
+        lambda: len(statuses.update(_status(url)) or statuses) == 2,
+        30,
+    )
     return [pid for pid, s in statuses.items() if s["leader"]]
 
 
 def _one_leader_among_two(url: str, gone: str) -> bool:
     statuses = _status(url)
-    return (len(statuses) == 2 and gone not in statuses
-            and sum(s["leader"] for s in statuses.values()) == 1)
-
-
+    return (
+        len(statuses) == 2
+        and gone not in statuses
+        and sum(s["leader"] for s in statuses.values()) == 1
+    )
 
 
 # ---- the shared server and load -----------------------------------------------------
@@ -284,18 +333,19 @@ class Served:
         return version
 
 
-@pytest.fixture(scope="module",
-                params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-           tiny_model_dir: Path) -> Iterator[Served]:
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[Served]:
     """Two workers on one port and one store (a fresh PostgreSQL database, or SQLite)."""
     data_dir = tmp_path_factory.mktemp(f"workers-{request.param}")
     with contextlib.ExitStack() as stack:
         if request.param == "sqlite":
             store_url = f"sqlite:///{data_dir / 'areal.db'}"
         else:
-            store_url = stack.enter_context(
-                contextlib.contextmanager(fresh_postgres_database)())
+            store_url = stack.enter_context(contextlib.contextmanager(fresh_postgres_database)())
         proc, url = _serve(data_dir, tiny_model_dir, store_url)
         store = TrajectoryStore.open(store_url, StoreConfig())
         try:
@@ -347,8 +397,10 @@ def load(served: Served) -> Load:
     for t in threads:
         t.join(120)
     with served.store.engine.connect() as db:
-        stored = [tuple(row) for row in
-                  db.execute(select(CompletionRow.id, CompletionRow.api_key_id)).all()]
+        stored = [
+            tuple(row)
+            for row in db.execute(select(CompletionRow.id, CompletionRow.api_key_id)).all()
+        ]
     with _fresh(url) as http:
         metrics = [http.get("/metrics", headers=ADMIN).text for _ in range(4)]
     return Load(key, acked, failures, by_worker, stored, metrics)
@@ -375,8 +427,12 @@ def test_completions_are_stored_under_the_calling_key(load: Load) -> None:
 
 def test_metrics_sum_both_workers(load: Load) -> None:
     for text in load.metrics:
-        total = sum(float(v) for v in re.findall(
-            r'^areal_requests_total\{route="chat",status="200"\} (\S+)$', text, re.M))
+        total = sum(
+            float(v)
+            for v in re.findall(
+                r'^areal_requests_total\{route="chat",status="200"\} (\S+)$', text, re.M
+            )
+        )
         assert total == len(load.acked), text[:2000]
 
 
@@ -393,42 +449,54 @@ def test_one_worker_holds_the_leader_lease(served: Served) -> None:
     assert len(_leaders(served.url)) == 1
 
 
-def test_a_published_version_is_swapped_once_and_live_on_every_worker(served: Served
-                                                                      ) -> None:
+def test_a_published_version_is_swapped_once_and_live_on_every_worker(served: Served) -> None:
     version = served.publish()
-    _wait(f"v{version} live on both workers",
-          lambda: {s["live_version"] for s in _status(served.url).values()} == {version}, 60)
+    _wait(
+        f"v{version} live on both workers",
+        lambda: {s["live_version"] for s in _status(served.url).values()} == {version},
+        60,
+    )
     time.sleep(1.0)  # a second swap would come within a poll interval
     assert _loaded_weights(served.data_dir, version) == 1
 
 
-def test_a_revoked_key_is_refused_by_every_worker_within_the_cache_bound(served: Served
-                                                                        ) -> None:
+def test_a_revoked_key_is_refused_by_every_worker_within_the_cache_bound(served: Served) -> None:
     url = served.url
     key = httpx.post(f"{url}/admin/keys", json={"name": "revoked"}, headers=ADMIN).json()
     bearer = {"Authorization": f"Bearer {key['api_key']}"}
-    assert {tuple(set(v)) for v in _workers(url, "/v1/models", bearer, tries=10).values()
-            } == {(200,)}
+    assert {tuple(set(v)) for v in _workers(url, "/v1/models", bearer, tries=10).values()} == {
+        (200,)
+    }
     revoked_at = time.monotonic()
     assert httpx.post(f"{url}/admin/keys/{key['id']}/revoke", headers=ADMIN).status_code == 200
-    took = _wait("the revoked key refused on both workers",
-                 lambda: _refused_by_both(url, "/v1/models", bearer), KEY_BOUND_S)
+    took = _wait(
+        "the revoked key refused on both workers",
+        lambda: _refused_by_both(url, "/v1/models", bearer),
+        KEY_BOUND_S,
+    )
     assert time.monotonic() - revoked_at <= KEY_BOUND_S, took
 
 
-def test_an_ended_session_is_refused_by_every_worker_within_the_cache_bound(
-        served: Served) -> None:
+def test_an_ended_session_is_refused_by_every_worker_within_the_cache_bound(served: Served) -> None:
     url = served.url
     started = httpx.post(f"{url}/rl/sessions", json={}, headers=ADMIN).json()
     session_key = {"Authorization": f"Bearer {started['api_key']}"}
     chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
-    assert {tuple(set(v)) for v in _workers(url, "/v1/chat/completions", session_key,
-                                            tries=6, method="POST", json=chat).values()
-            } == {(200,)}
+    assert {
+        tuple(set(v))
+        for v in _workers(
+            url, "/v1/chat/completions", session_key, tries=6, method="POST", json=chat
+        ).values()
+    } == {(200,)}
     ended = httpx.post(f"{url}/rl/sessions/{started['session_id']}/end", headers=ADMIN)
     assert ended.status_code == 200, ended.text
-    _wait("the ended session refused on both workers", lambda: _refused_by_both(
-        url, "/v1/chat/completions", session_key, method="POST", json=chat), SESSION_BOUND_S)
+    _wait(
+        "the ended session refused on both workers",
+        lambda: _refused_by_both(
+            url, "/v1/chat/completions", session_key, method="POST", json=chat
+        ),
+        SESSION_BOUND_S,
+    )
 
 
 # These two change the shared server: they stay last.
@@ -439,11 +507,13 @@ def test_when_the_leader_dies_another_takes_over_and_swaps_once(served: Served) 
     version is again swapped exactly once."""
     [leader] = _leaders(served.url)
     os.kill(int(leader), signal.SIGKILL)
-    _wait("a new leader", lambda: _one_leader_among_two(served.url, gone=leader),
-          LEASE_S * 3 + 30)
+    _wait("a new leader", lambda: _one_leader_among_two(served.url, gone=leader), LEASE_S * 3 + 30)
     version = served.publish()
-    _wait(f"v{version} live on both workers",
-          lambda: {s["live_version"] for s in _status(served.url).values()} == {version}, 60)
+    _wait(
+        f"v{version} live on both workers",
+        lambda: {s["live_version"] for s in _status(served.url).values()} == {version},
+        60,
+    )
     time.sleep(1.0)
     assert _loaded_weights(served.data_dir, version) == 1
 

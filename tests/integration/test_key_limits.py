@@ -20,11 +20,19 @@ from gateway.errors import OpenAIError
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def _chat(http: httpx.Client, key: str, max_tokens: int = 2, stream: bool = False
-          ) -> httpx.Response:
-    return http.post("/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                     json={"model": "m", "max_tokens": max_tokens, "stream": stream,
-                           "messages": [{"role": "user", "content": "hi"}]})
+def _chat(
+    http: httpx.Client, key: str, max_tokens: int = 2, stream: bool = False
+) -> httpx.Response:
+    return http.post(
+        "/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={
+            "model": "m",
+            "max_tokens": max_tokens,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
 
 
 def _key(http: httpx.Client, **limits) -> tuple[str, str]:
@@ -40,32 +48,43 @@ def _assert_429(response: httpx.Response, code: str, max_wait: int = 60) -> None
     assert 1 <= int(response.headers["retry-after"]) <= max_wait
 
 
-def test_limits_are_set_and_validated_through_the_admin_api(tmp_path: Path,
-                                                            tiny_model_dir: Path) -> None:
-    with start_echo_backend(tokens=4) as echo, run_gateway(
-            tmp_path, tiny_model_dir, [echo.url]) as gw:
+def test_limits_are_set_and_validated_through_the_admin_api(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    with (
+        start_echo_backend(tokens=4) as echo,
+        run_gateway(tmp_path, tiny_model_dir, [echo.url]) as gw,
+    ):
         http = httpx.Client(base_url=gw.url, timeout=30)
         key_id, _ = _key(http, rpm_limit=60, token_budget=1000)
-        patched = http.patch(f"/admin/keys/{key_id}", headers=ADMIN,
-                             json={"tpm_limit": 500, "token_budget": None})
+        patched = http.patch(
+            f"/admin/keys/{key_id}", headers=ADMIN, json={"tpm_limit": 500, "token_budget": None}
+        )
         assert patched.status_code == 200, patched.text
         view = patched.json()
-        assert (view["rpm_limit"], view["tpm_limit"], view["max_concurrent"],
-                view["token_budget"], view["tokens_used"]) == (60, 500, None, None, 0)
-        for bad in ({"rpm_limit": 0}, {"rpm_limit": "10"}, {"rpm_limit": 1.5},
-                    {"burst": 3}):
+        assert (
+            view["rpm_limit"],
+            view["tpm_limit"],
+            view["max_concurrent"],
+            view["token_budget"],
+            view["tokens_used"],
+        ) == (60, 500, None, None, 0)
+        for bad in ({"rpm_limit": 0}, {"rpm_limit": "10"}, {"rpm_limit": 1.5}, {"burst": 3}):
             refused = http.patch(f"/admin/keys/{key_id}", headers=ADMIN, json=bad)
             assert refused.status_code == 400, (bad, refused.text)
-        assert http.patch("/admin/keys/key_nope", headers=ADMIN,
-                          json={"rpm_limit": 1}).status_code == 404
+        assert (
+            http.patch("/admin/keys/key_nope", headers=ADMIN, json={"rpm_limit": 1}).status_code
+            == 404
+        )
         listed = {k["id"]: k for k in http.get("/admin/keys", headers=ADMIN).json()["data"]}
         assert listed[key_id]["tpm_limit"] == 500
 
 
-def test_requests_per_minute_and_tokens_per_minute(tmp_path: Path, tiny_model_dir: Path
-                                                   ) -> None:
-    with start_echo_backend(tokens=4) as echo, run_gateway(
-            tmp_path, tiny_model_dir, [echo.url]) as gw:
+def test_requests_per_minute_and_tokens_per_minute(tmp_path: Path, tiny_model_dir: Path) -> None:
+    with (
+        start_echo_backend(tokens=4) as echo,
+        run_gateway(tmp_path, tiny_model_dir, [echo.url]) as gw,
+    ):
         http = httpx.Client(base_url=gw.url, timeout=30)
         _, rpm_key = _key(http, rpm_limit=2)
         assert [_chat(http, rpm_key).status_code for _ in range(2)] == [200, 200]
@@ -83,13 +102,16 @@ def test_requests_per_minute_and_tokens_per_minute(tmp_path: Path, tiny_model_di
 def test_concurrent_requests_streams_included(tmp_path: Path, tiny_model_dir: Path) -> None:
     # 4 tokens x 500 ms: the first request holds its slot for 2 s, time enough for the
     # second to arrive even on a loaded machine.
-    with start_echo_backend(tokens=4, token_delay_ms=500) as echo, run_gateway(
-            tmp_path, tiny_model_dir, [echo.url]) as gw:
+    with (
+        start_echo_backend(tokens=4, token_delay_ms=500) as echo,
+        run_gateway(tmp_path, tiny_model_dir, [echo.url]) as gw,
+    ):
         http = httpx.Client(base_url=gw.url, timeout=30)
         _, key = _key(http, max_concurrent=1)
         results: list[int] = []
-        slow = threading.Thread(target=lambda: results.append(
-            _chat(http, key, max_tokens=4).status_code))
+        slow = threading.Thread(
+            target=lambda: results.append(_chat(http, key, max_tokens=4).status_code)
+        )
         slow.start()
         # Admitted before it reaches the backend: once the echo backend runs it, it holds
         # the key's one slot (waited on, not slept for).
@@ -101,10 +123,20 @@ def test_concurrent_requests_streams_included(tmp_path: Path, tiny_model_dir: Pa
         slow.join()
         assert results == [200]
         # A stream holds its slot until its last event, then frees it.
-        with httpx.Client(base_url=gw.url, timeout=30) as other, other.stream(
-                "POST", "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                json={"model": "m", "max_tokens": 4, "stream": True,
-                      "messages": [{"role": "user", "content": "hi"}]}) as streamed:
+        with (
+            httpx.Client(base_url=gw.url, timeout=30) as other,
+            other.stream(
+                "POST",
+                "/v1/chat/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={
+                    "model": "m",
+                    "max_tokens": 4,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            ) as streamed,
+        ):
             assert streamed.status_code == 200
             lines = streamed.iter_lines()
             next(lines)
@@ -118,8 +150,9 @@ def test_concurrent_requests_streams_included(tmp_path: Path, tiny_model_dir: Pa
 
 def test_token_budget_survives_a_restart(tmp_path: Path, tiny_model_dir: Path) -> None:
     with start_echo_backend(tokens=4) as echo:
-        with run_gateway(tmp_path, tiny_model_dir, [echo.url],
-                         "gateway.auth.key_usage_interval_s=0.2") as gw:
+        with run_gateway(
+            tmp_path, tiny_model_dir, [echo.url], "gateway.auth.key_usage_interval_s=0.2"
+        ) as gw:
             http = httpx.Client(base_url=gw.url, timeout=30)
             key_id, key = _key(http, token_budget=20)
             used = 0
@@ -134,15 +167,18 @@ def test_token_budget_survives_a_restart(tmp_path: Path, tiny_model_dir: Path) -
             view = {k["id"]: k for k in http.get("/admin/keys", headers=ADMIN).json()["data"]}
             assert view[key_id]["tokens_used"] == used
             _assert_429(_chat(http, key), "token_budget_exhausted")
-            raised = http.patch(f"/admin/keys/{key_id}", headers=ADMIN,
-                                json={"token_budget": used + 100})
+            raised = http.patch(
+                f"/admin/keys/{key_id}", headers=ADMIN, json={"token_budget": used + 100}
+            )
             assert raised.status_code == 200
             assert _chat(http, key).status_code == 200
 
 
 def test_console_shows_and_edits_limits(tmp_path: Path, tiny_model_dir: Path) -> None:
-    with start_echo_backend(tokens=4) as echo, run_gateway(
-            tmp_path, tiny_model_dir, [echo.url]) as gw:
+    with (
+        start_echo_backend(tokens=4) as echo,
+        run_gateway(tmp_path, tiny_model_dir, [echo.url]) as gw,
+    ):
         http = httpx.Client(base_url=gw.url, timeout=30)
         key_id, _ = _key(http, rpm_limit=7)
         page = http.get("/console/login")
@@ -152,21 +188,35 @@ def test_console_shows_and_edits_limits(tmp_path: Path, tiny_model_dir: Path) ->
         row = re.search(rf'<tr id="key-{key_id}".*?</tr>', keys, re.S).group(0)
         assert "7 req/min" in row and "∞ tok/min" in row and "0 tokens used" in row
         token = re.search(r'name="csrf_token" value="([^"]+)"', keys).group(1)
-        saved = http.post(f"/console/keys/{key_id}/limits", data={
-            "csrf_token": token, "rpm_limit": "", "tpm_limit": "1,000",
-            "max_concurrent": "2", "token_budget": "50000"})
+        saved = http.post(
+            f"/console/keys/{key_id}/limits",
+            data={
+                "csrf_token": token,
+                "rpm_limit": "",
+                "tpm_limit": "1,000",
+                "max_concurrent": "2",
+                "token_budget": "50000",
+            },
+        )
         assert saved.status_code == 303, saved.text
         key = gw.state.store.keys.get_api_key(key_id)
         assert (key.rpm_limit, key.tpm_limit, key.max_concurrent, key.token_budget) == (
-            None, 1000, 2, 50000)
-        row = re.search(rf'<tr id="key-{key_id}".*?</tr>',
-                        http.get(saved.headers["location"]).text, re.S).group(0)
+            None,
+            1000,
+            2,
+            50000,
+        )
+        row = re.search(
+            rf'<tr id="key-{key_id}".*?</tr>', http.get(saved.headers["location"]).text, re.S
+        ).group(0)
         assert "∞ req/min" in row and "1,000 tok/min" in row and "of 50,000" in row
-        bad = http.post(f"/console/keys/{key_id}/limits", data={
-            "csrf_token": token, "rpm_limit": "-3"})
+        bad = http.post(
+            f"/console/keys/{key_id}/limits", data={"csrf_token": token, "rpm_limit": "-3"}
+        )
         assert bad.status_code == 400
-        assert http.post(f"/console/keys/{key_id}/limits", data={
-            "rpm_limit": "5"}).status_code == 403  # CSRF as on every form
+        assert (
+            http.post(f"/console/keys/{key_id}/limits", data={"rpm_limit": "5"}).status_code == 403
+        )  # CSRF as on every form
 
 
 async def test_a_stream_never_iterated_still_frees_its_slot() -> None:

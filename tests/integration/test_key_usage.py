@@ -22,10 +22,10 @@ def _wait_for(predicate, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def test_last_used_at_is_written_and_shown(tmp_path, tiny_model_dir, engine_url,
-                                           gateway_factory):
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.auth.key_usage_interval_s=0.3") as gw:
+def test_last_used_at_is_written_and_shown(tmp_path, tiny_model_dir, engine_url, gateway_factory):
+    with gateway_factory(
+        tmp_path, tiny_model_dir, [engine_url], "gateway.auth.key_usage_interval_s=0.3"
+    ) as gw:
         http = httpx.Client(base_url=gw.url, timeout=30)
         created = http.post("/admin/keys", json={"name": "used"}, headers=ADMIN).json()
         unused = http.post("/admin/keys", json={"name": "unused"}, headers=ADMIN).json()
@@ -50,8 +50,7 @@ def test_last_used_at_is_written_and_shown(tmp_path, tiny_model_dir, engine_url,
         row = re.search(rf'<tr id="key-{created["id"]}".*?</tr>', keys_page, re.S).group(0)
         shown = time.strftime("%Y-%m-%d", time.gmtime(used_at()))
         assert row.count(shown) == 2, row  # created and last used
-        unused_row = re.search(rf'<tr id="key-{unused["id"]}".*?</tr>', keys_page,
-                               re.S).group(0)
+        unused_row = re.search(rf'<tr id="key-{unused["id"]}".*?</tr>', keys_page, re.S).group(0)
         assert unused_row.count(shown) == 1
 
 
@@ -83,7 +82,6 @@ async def test_flush_writes_one_batch_and_keeps_times_on_failure(tmp_path, monke
     store.keys.touch_api_keys({keys[0].id: 40.0})  # an older time never moves it back
     assert store.keys.get_api_key(keys[0].id).last_used_at == 50.0
     usage.note(keys[2].id, now=70.0)
-
 
     def locked(_: object) -> None:
         raise RuntimeError("database is locked")

@@ -18,8 +18,9 @@ AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 def _big_text(chars: int, seed: int) -> str:
     """Text the tokenizer has never seen (its segment cache cannot shortcut it)."""
     rng = random.Random(seed)
-    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9)))
-             for _ in range(5000)]
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
+    ]
     out, size = [], 0
     while size < chars:
         word = rng.choice(words)
@@ -29,8 +30,15 @@ def _big_text(chars: int, seed: int) -> str:
 
 
 async def _chat(client: httpx.AsyncClient, content: str, max_tokens: int = 2) -> httpx.Response:
-    return await client.post("/v1/chat/completions", headers=AUTH, json={
-        "model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]})
+    return await client.post(
+        "/v1/chat/completions",
+        headers=AUTH,
+        json={
+            "model": "m",
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content}],
+        },
+    )
 
 
 async def _while_big_is_in_flight(gateway, big_chars: int) -> tuple[httpx.Response, list[float]]:
@@ -66,18 +74,25 @@ def test_a_large_prompt_does_not_stall_health_or_small_chats(gateway, monkeypatc
     assert len(waits) >= 3, f"the large prompt took only {took:.2f} s: too small to tell"
 
 
-def test_large_prompts_over_the_bound_are_503_server_busy(gateway_factory, tmp_path,
-                                                          tiny_model_dir, engine_url):
+def test_large_prompts_over_the_bound_are_503_server_busy(
+    gateway_factory, tmp_path, tiny_model_dir, engine_url
+):
     async def run(gw) -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
-            return await asyncio.gather(*(_chat(client, _big_text(400_000, seed=i))
-                                          for i in range(3)))
+            return await asyncio.gather(
+                *(_chat(client, _big_text(400_000, seed=i)) for i in range(3))
+            )
 
     # engine.context_length: past the character pre-check (400k chars need at least ~8k
     # tokens), under the prompts' real length (~250k tokens).
-    with gateway_factory(tmp_path, tiny_model_dir, [engine_url],
-                         "gateway.limits.offload_prompt_chars=100000", "engine.context_length=40000",
-                         "gateway.limits.offload_max_prompts=1") as gw:
+    with gateway_factory(
+        tmp_path,
+        tiny_model_dir,
+        [engine_url],
+        "gateway.limits.offload_prompt_chars=100000",
+        "engine.context_length=40000",
+        "gateway.limits.offload_max_prompts=1",
+    ) as gw:
         replies = asyncio.run(run(gw))
     busy = [r for r in replies if r.status_code == 503]
     assert busy and all(r.json()["error"]["code"] == "server_busy" for r in busy)

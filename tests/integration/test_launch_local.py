@@ -40,13 +40,30 @@ def _children(pid: int) -> list[int]:
 def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
     gw_port = free_port()
     log = tmp_path / "launch.log"
-    proc = subprocess.Popen(cli_argv(
-        "launch", "--scheduler", "local", "--set", f"data_dir={tmp_path}",
-        "--set", f"engine.model={tiny_model_dir}", "--set", f"engine.port={free_port()}",
-        "--set", f"gateway.port={gw_port}", "--set", "gateway.auth.admin_key=sk-launch",
-        "--set", "engine.torch_threads=1", "--set", "trainer.torch_threads=1"),
-        stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
-        start_new_session=True)
+    proc = subprocess.Popen(
+        cli_argv(
+            "launch",
+            "--scheduler",
+            "local",
+            "--set",
+            f"data_dir={tmp_path}",
+            "--set",
+            f"engine.model={tiny_model_dir}",
+            "--set",
+            f"engine.port={free_port()}",
+            "--set",
+            f"gateway.port={gw_port}",
+            "--set",
+            "gateway.auth.admin_key=sk-launch",
+            "--set",
+            "engine.torch_threads=1",
+            "--set",
+            "trainer.torch_threads=1",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{gw_port}"
         deadline = time.monotonic() + 180
@@ -58,9 +75,11 @@ def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        reply = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-launch", max_retries=0) \
-            .chat.completions.create(model="areal-policy", max_tokens=4,
-                                     messages=[{"role": "user", "content": "hi"}])
+        reply = openai.OpenAI(
+            base_url=f"{url}/v1", api_key="sk-launch", max_retries=0
+        ).chat.completions.create(
+            model="areal-policy", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
         assert reply.choices[0].message is not None
         deadline = time.monotonic() + 30
         while "trainer" not in log.read_text() and time.monotonic() < deadline:

@@ -24,16 +24,31 @@ def _start_serve(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen, int
     gw_port, engine_port = free_port(), free_port()
     log_path = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        cli_argv("serve", "--set", f"data_dir={tmp_path}", "--set", f"engine.model={model_dir}",
-                 "--set", f"gateway.port={gw_port}", "--set", f"engine.port={engine_port}",
-                 "--set", "gateway.auth.admin_key=sk-test-admin"),
-        stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"),  # noqa: SIM115
-        start_new_session=True)
+        cli_argv(
+            "serve",
+            "--set",
+            f"data_dir={tmp_path}",
+            "--set",
+            f"engine.model={model_dir}",
+            "--set",
+            f"gateway.port={gw_port}",
+            "--set",
+            f"engine.port={engine_port}",
+            "--set",
+            "gateway.auth.admin_key=sk-test-admin",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=open(log_path, "wb"),  # noqa: SIM115
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, log_path.read_text()
         try:
-            if httpx.get(f"http://127.0.0.1:{gw_port}/health/liveness", timeout=1).status_code == 200:
+            if (
+                httpx.get(f"http://127.0.0.1:{gw_port}/health/liveness", timeout=1).status_code
+                == 200
+            ):
                 break
         except httpx.HTTPError:
             pass
@@ -46,8 +61,9 @@ def _start_serve(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen, int
     return proc, int(found.group(1))
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL],
-                         ids=["sigterm", "sigint", "sigkill"])
+@pytest.mark.parametrize(
+    "how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["sigterm", "sigint", "sigkill"]
+)
 def test_serve_stops_its_engine_however_it_is_stopped(tmp_path, tiny_model_dir, how):
     proc, engine_pid = _start_serve(tmp_path, tiny_model_dir)
     try:

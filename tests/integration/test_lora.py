@@ -29,35 +29,58 @@ def _run_groups(gw, n_groups: int) -> None:
         for j, s in enumerate(started.json()["sessions"]):
             client = openai.OpenAI(base_url=gw.v1, api_key=s["api_key"], max_retries=0)
             client.chat.completions.create(
-                model="areal-policy", max_tokens=8,
-                messages=[{"role": "user", "content": f"count to {g}"}])
-            reward = http.post("/v1/rewards", json={
-                "session_id": s["session_id"], "value": float(j) + 0.25 * g,
-                "end_session": True}, headers={"authorization": f"Bearer {s['api_key']}"})
+                model="areal-policy",
+                max_tokens=8,
+                messages=[{"role": "user", "content": f"count to {g}"}],
+            )
+            reward = http.post(
+                "/v1/rewards",
+                json={
+                    "session_id": s["session_id"],
+                    "value": float(j) + 0.25 * g,
+                    "end_session": True,
+                },
+                headers={"authorization": f"Bearer {s['api_key']}"},
+            )
             assert reward.status_code == 201, reward.text
 
 
 def test_lora_trainer_publishes_adapters_and_engine_serves_them(tmp_path, tiny_model_dir):
-    overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-2",
-                 "trainer.total_steps=2", "gateway.sessions.staleness_gate=false",
-                 "trainer.lora.rank=8", "trainer.lora.alpha=16")
-    with start_engine_in_thread(tiny_model_dir) as engine, \
-            run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
+    overrides = (
+        "trainer.group_size=2",
+        "trainer.batch_groups=2",
+        "trainer.lr=1e-2",
+        "trainer.total_steps=2",
+        "gateway.sessions.staleness_gate=false",
+        "trainer.lora.rank=8",
+        "trainer.lora.alpha=16",
+    )
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw,
+    ):
         _run_groups(gw, n_groups=4)
         train_in_thread(gw.config, timeout_s=180)
         store = gw.state.store
         assert [(s.step, s.version) for s in store.list_train_steps()] == [(1, 1), (2, 2)]
         v2 = tmp_path / "weights" / "v2"
         assert sorted(p.name for p in v2.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
-        assert any(t.abs().max() > 0 for k, t in load_file(v2 / ADAPTER_WEIGHTS).items()
-                   if "lora_B" in k)
+        assert any(
+            t.abs().max() > 0 for k, t in load_file(v2 / ADAPTER_WEIGHTS).items() if "lora_B" in k
+        )
 
         assert _wait_version(engine, "2"), "the engine never served v2"
         key = httpx.post(f"{gw.url}/rl/sessions", json={}, headers=ADMIN).json()["api_key"]
         client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
-        replies = [client.chat.completions.create(
-            model="areal-policy", messages=[{"role": "user", "content": f"hi {t}"}],
-            max_tokens=12, temperature=t) for t in (1.0, 0.7)]
+        replies = [
+            client.chat.completions.create(
+                model="areal-policy",
+                messages=[{"role": "user", "content": f"hi {t}"}],
+                max_tokens=12,
+                temperature=t,
+            )
+            for t in (1.0, 0.7)
+        ]
         served = [served_sequence(store, r.id) for r in replies]
         for seq in served:
             assert {v for v in seq.versions if v >= 0} == {2}

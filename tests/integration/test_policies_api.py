@@ -16,22 +16,25 @@ import pytest
 from areal_service.types import WeightVersionRecord
 
 ADMIN = {"Authorization": "Bearer sk-test-admin"}
-POLICIES = ("trainer.lora.rank=4", "policies=[{name: solver, model_names: [solver-model]},"
-            " {name: verifier}]")
+POLICIES = (
+    "trainer.lora.rank=4",
+    "policies=[{name: solver, model_names: [solver-model]}, {name: verifier}]",
+)
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
-       engine_url: str) -> Iterator[Any]:
+def gw(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, engine_url: str
+) -> Iterator[Any]:
     from support.harness import run_gateway
 
-    with run_gateway(tmp_path_factory.mktemp("policies"), tiny_model_dir, [engine_url],
-                     *POLICIES) as gateway:
+    with run_gateway(
+        tmp_path_factory.mktemp("policies"), tiny_model_dir, [engine_url], *POLICIES
+    ) as gateway:
         yield gateway
 
 
-def _post(gw: Any, path: str, body: dict[str, Any], key: str | None = None
-          ) -> httpx.Response:
+def _post(gw: Any, path: str, body: dict[str, Any], key: str | None = None) -> httpx.Response:
     headers = ADMIN if key is None else {"Authorization": f"Bearer {key}"}
     return httpx.post(gw.url + path, json=body, headers=headers, timeout=30)
 
@@ -45,8 +48,10 @@ def _key(gw: Any, **body: Any) -> dict[str, Any]:
 def test_keys_bind_policies_and_their_sessions_take_them(gw: Any) -> None:
     solver, plain = _key(gw, name="a", policy="solver"), _key(gw, name="b")
     assert solver["policy"] == "solver" and plain["policy"] == "default"
-    listed = {k["id"]: k["policy"] for k in httpx.get(gw.url + "/admin/keys",
-                                                      headers=ADMIN).json()["data"]}
+    listed = {
+        k["id"]: k["policy"]
+        for k in httpx.get(gw.url + "/admin/keys", headers=ADMIN).json()["data"]
+    }
     assert listed[solver["id"]] == "solver"
     # A user key opens (refreshes) its session: the key's policy.
     started = _post(gw, "/rl/sessions", {}, key=solver["api_key"])
@@ -79,10 +84,8 @@ def test_unknown_policy_is_a_400_in_the_openai_shape(gw: Any, path: str) -> None
 
 def test_policies_list_their_latest_version(gw: Any) -> None:
     store = gw.state.store
-    store.add_weight_version(WeightVersionRecord(version=1, path="/w/solver/v1",
-                                                 policy="solver"))
-    store.add_weight_version(WeightVersionRecord(version=2, path="/w/solver/v2",
-                                                 policy="solver"))
+    store.add_weight_version(WeightVersionRecord(version=1, path="/w/solver/v1", policy="solver"))
+    store.add_weight_version(WeightVersionRecord(version=2, path="/w/solver/v2", policy="solver"))
     # Versions count per policy: the default policy's v1 is another row.
     store.add_weight_version(WeightVersionRecord(version=1, path="/w/v1"))
     listed = httpx.get(gw.url + "/admin/policies", headers=ADMIN)
@@ -96,16 +99,22 @@ def test_policies_list_their_latest_version(gw: Any) -> None:
     assert store.latest_weight_version().path == "/w/v1"
     assert store.latest_weight_version("solver").path == "/w/solver/v2"
     user = _key(gw, policy="solver")
-    assert httpx.get(gw.url + "/admin/policies", timeout=30, headers={
-        "Authorization": f"Bearer {user['api_key']}"}).status_code in (401, 403)
+    assert httpx.get(
+        gw.url + "/admin/policies",
+        timeout=30,
+        headers={"Authorization": f"Bearer {user['api_key']}"},
+    ).status_code in (401, 403)
 
 
 def test_tenants_on_two_policies_cannot_touch_each_other(gw: Any) -> None:
     a, b = _key(gw, policy="solver"), _key(gw, policy="verifier")
     sa = _post(gw, "/rl/sessions", {}, key=a["api_key"]).json()["session_id"]
     sb = _post(gw, "/rl/sessions", {}, key=b["api_key"]).json()["session_id"]
-    read = httpx.get(f"{gw.url}/rl/sessions/{sb}", timeout=30,
-                     headers={"Authorization": f"Bearer {a['api_key']}"})
+    read = httpx.get(
+        f"{gw.url}/rl/sessions/{sb}",
+        timeout=30,
+        headers={"Authorization": f"Bearer {a['api_key']}"},
+    )
     assert read.status_code == 403
     reward = _post(gw, "/v1/rewards", {"session_id": sb, "value": 1.0}, key=a["api_key"])
     assert reward.status_code == 403

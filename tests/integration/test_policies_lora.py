@@ -23,34 +23,48 @@ from engine.testing import start_engine_in_thread
 from trainer.train import main
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
-OVERRIDES = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-2",
-             "trainer.total_steps=1", "gateway.sessions.staleness_gate=false",
-             "trainer.lora.rank=8", "trainer.lora.alpha=16",
-             "policies=[{name: solver, model_names: [solver-model]}, {name: verifier}]")
+OVERRIDES = (
+    "trainer.group_size=2",
+    "trainer.batch_groups=2",
+    "trainer.lr=1e-2",
+    "trainer.total_steps=1",
+    "gateway.sessions.staleness_gate=false",
+    "trainer.lora.rank=8",
+    "trainer.lora.alpha=16",
+    "policies=[{name: solver, model_names: [solver-model]}, {name: verifier}]",
+)
 
 
 def _episodes(gw: Any, policy: str, n_groups: int) -> None:
     """`n_groups` rewarded groups of 2 sessions opened by the admin for `policy`."""
     http = httpx.Client(base_url=gw.url, timeout=60)
     for g in range(n_groups):
-        started = http.post("/rl/sessions", json={"group_size": 2, "policy": policy},
-                            headers=ADMIN)
+        started = http.post("/rl/sessions", json={"group_size": 2, "policy": policy}, headers=ADMIN)
         assert started.status_code == 201, started.text
         for j, s in enumerate(started.json()["sessions"]):
             client = openai.OpenAI(base_url=gw.v1, api_key=s["api_key"], max_retries=0)
             client.chat.completions.create(
-                model="my-agent", max_tokens=8,
-                messages=[{"role": "user", "content": f"{policy} count to {g}"}])
-            reward = http.post("/v1/rewards", json={
-                "session_id": s["session_id"], "value": float(j) + 0.25 * g,
-                "end_session": True}, headers={"authorization": f"Bearer {s['api_key']}"})
+                model="my-agent",
+                max_tokens=8,
+                messages=[{"role": "user", "content": f"{policy} count to {g}"}],
+            )
+            reward = http.post(
+                "/v1/rewards",
+                json={
+                    "session_id": s["session_id"],
+                    "value": float(j) + 0.25 * g,
+                    "end_session": True,
+                },
+                headers={"authorization": f"Bearer {s['api_key']}"},
+            )
             assert reward.status_code == 201, reward.text
 
 
 def _train(gw: Any, policy: str) -> None:
     """One trainer process's run for `policy` (a thread here; `trainer --policy`)."""
-    config = gw.config.model_copy(update={"trainer": gw.config.trainer.model_copy(
-        update={"policy": policy})})
+    config = gw.config.model_copy(
+        update={"trainer": gw.config.trainer.model_copy(update={"policy": policy})}
+    )
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -75,9 +89,15 @@ def _wait_swapped(gw: Any, policy: str, version: int, timeout_s: float = 60) -> 
 
 def _served(gw: Any, key: str, model: str = "my-agent") -> list[TrainSequence]:
     client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
-    replies = [client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": f"hi {t}"}],
-        max_tokens=10, temperature=t) for t in (1.0, 0.7)]
+    replies = [
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": f"hi {t}"}],
+            max_tokens=10,
+            temperature=t,
+        )
+        for t in (1.0, 0.7)
+    ]
     return [served_sequence(gw.state.store, r.id) for r in replies]
 
 
@@ -92,19 +112,28 @@ def _max_gap(model_dir: Path, sequences: list[TrainSequence], adapter: Path | No
 
 
 def test_two_policies_train_and_swap_apart(tmp_path: Path, tiny_model_dir: Path) -> None:
-    with start_engine_in_thread(tiny_model_dir) as engine, \
-            run_gateway(tmp_path, tiny_model_dir, [engine], *OVERRIDES) as gw:
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(tmp_path, tiny_model_dir, [engine], *OVERRIDES) as gw,
+    ):
         store = gw.state.store
-        keys = {p: httpx.post(f"{gw.url}/admin/keys", json={"policy": p}, headers=ADMIN,
-                              timeout=30).json()["api_key"] for p in ("solver", "verifier")}
+        keys = {
+            p: httpx.post(
+                f"{gw.url}/admin/keys", json={"policy": p}, headers=ADMIN, timeout=30
+            ).json()["api_key"]
+            for p in ("solver", "verifier")
+        }
         _episodes(gw, "solver", 2)
         _episodes(gw, "verifier", 2)
 
         _train(gw, "solver")  # trains only the solver's episodes
         assert [(s.step, s.version) for s in store.list_train_steps(policy="solver")] == [(1, 1)]
         assert store.list_train_steps() == [] == store.list_train_steps(policy="verifier")
-        assert {store.get_session(s.id).status for s in store.list_sessions(limit=100)
-                if s.policy == "verifier"} == {"ended"}
+        assert {
+            store.get_session(s.id).status
+            for s in store.list_sessions(limit=100)
+            if s.policy == "verifier"
+        } == {"ended"}
         solver_v1 = tmp_path / "weights" / "solver" / "v1"
         assert store.latest_weight_version("solver").path == str(solver_v1.resolve())
         _wait_swapped(gw, "solver", 1)

@@ -23,11 +23,20 @@ def test_ray_places_engine_gateway_and_trainer(tmp_path, tiny_model_dir):
 
     from launcher.ray_cluster import RayDeployment
 
-    cfg = load_config(None, [
-        f"data_dir={tmp_path}", f"engine.model={tiny_model_dir}",
-        f"engine.port={free_port()}", f"gateway.port={free_port()}",
-        "gateway.auth.admin_key=sk-ray-admin", "engine.torch_threads=1",
-        "trainer.torch_threads=1", "cluster.n_nodes=1", "cluster.n_gpus_per_node=0"])
+    cfg = load_config(
+        None,
+        [
+            f"data_dir={tmp_path}",
+            f"engine.model={tiny_model_dir}",
+            f"engine.port={free_port()}",
+            f"gateway.port={free_port()}",
+            "gateway.auth.admin_key=sk-ray-admin",
+            "engine.torch_threads=1",
+            "trainer.torch_threads=1",
+            "cluster.n_nodes=1",
+            "cluster.n_gpus_per_node=0",
+        ],
+    )
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     deployment = RayDeployment(cfg, tmp_path / "launch")
     pids: list[int] = []
@@ -43,12 +52,14 @@ def test_ray_places_engine_gateway_and_trainer(tmp_path, tiny_model_dir):
         assert deployment.trainers[0].node["node_id"] == tables[1]["bundles_to_node_id"][0]
         # the same code paths: the gateway routes to the engine Ray placed
         assert deployment.backends == [
-            f"http://{deployment.engines[0].node['ip']}:{cfg.engine.port}"]
-        client = openai.OpenAI(base_url=f"{deployment.gateway_url}/v1",
-                               api_key="sk-ray-admin", max_retries=0)
+            f"http://{deployment.engines[0].node['ip']}:{cfg.engine.port}"
+        ]
+        client = openai.OpenAI(
+            base_url=f"{deployment.gateway_url}/v1", api_key="sk-ray-admin", max_retries=0
+        )
         reply = client.chat.completions.create(
-            model=cfg.gateway.model_name, max_tokens=4,
-            messages=[{"role": "user", "content": "hi"}])
+            model=cfg.gateway.model_name, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
         assert reply.choices[0].message.content is not None
         # the trainer runs (waiting for episodes) under its actor
         time.sleep(2)

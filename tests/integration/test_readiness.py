@@ -29,8 +29,9 @@ def _poll(fn, timeout_s: float, step_s: float = 0.02):
     return value
 
 
-def test_locked_database_is_not_ready_until_released(tmp_path, tiny_model_dir, engine_url,
-                                                     gateway_factory, monkeypatch):
+def test_locked_database_is_not_ready_until_released(
+    tmp_path, tiny_model_dir, engine_url, gateway_factory, monkeypatch
+):
     monkeypatch.setattr(connect, "SQLITE_BUSY_TIMEOUT_MS", 300)  # fail in 0.3 s, not 30
     with gateway_factory(tmp_path, tiny_model_dir, [engine_url]) as gw:
         http = httpx.Client(base_url=gw.url, timeout=60, headers=ADMIN)
@@ -54,13 +55,19 @@ def test_locked_database_is_not_ready_until_released(tmp_path, tiny_model_dir, e
         assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
-def test_dead_backend_reported_then_fail_fast_then_recovery(tmp_path, tiny_model_dir,
-                                                             gateway_factory):
+def test_dead_backend_reported_then_fail_fast_then_recovery(
+    tmp_path, tiny_model_dir, gateway_factory
+):
     port = free_port()
     echo = start_echo_backend(port, tokens=3)
-    with gateway_factory(tmp_path, tiny_model_dir, [echo.url], "gateway.router.health_interval_s=0.3",
-                         "gateway.router.no_backend_fail_fast_s=1",
-                         "gateway.router.backend_unavailable_deadline_s=30") as gw:
+    with gateway_factory(
+        tmp_path,
+        tiny_model_dir,
+        [echo.url],
+        "gateway.router.health_interval_s=0.3",
+        "gateway.router.no_backend_fail_fast_s=1",
+        "gateway.router.backend_unavailable_deadline_s=30",
+    ) as gw:
         http = httpx.Client(base_url=gw.url, timeout=60, headers=ADMIN)
         assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
         assert http.get("/health/readiness").status_code == 200
@@ -87,8 +94,11 @@ def test_dead_backend_reported_then_fail_fast_then_recovery(tmp_path, tiny_model
         # The backend comes back on the same address: requests succeed again.
         echo = start_echo_backend(port, tokens=3)
         try:
-            _poll(lambda: http.post("/v1/chat/completions", json=CHAT).status_code == 200,
-                  timeout_s=15, step_s=0.2)
+            _poll(
+                lambda: http.post("/v1/chat/completions", json=CHAT).status_code == 200,
+                timeout_s=15,
+                step_s=0.2,
+            )
             assert http.get("/health/readiness").status_code == 200
         finally:
             echo.stop()

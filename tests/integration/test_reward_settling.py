@@ -21,7 +21,8 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 def _one_turn(gw, key: str) -> str:
     client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
     return client.chat.completions.create(
-        model="areal-policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4).id
+        model="areal-policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    ).id
 
 
 def _console(gw) -> httpx.Client:
@@ -33,8 +34,9 @@ def _console(gw) -> httpx.Client:
 
 
 def _claim(claimer: EpisodeClaimer, group_size: int | None):
-    return claimer.claim_groups(group_size=group_size, max_groups=4, current_version=0,
-                                max_staleness=None, claimer="test")
+    return claimer.claim_groups(
+        group_size=group_size, max_groups=4, current_version=0, max_staleness=None, claimer="test"
+    )
 
 
 def test_late_reward_is_trained_with_its_value_and_no_reward_settles(gateway):
@@ -43,12 +45,18 @@ def test_late_reward_is_trained_with_its_value_and_no_reward_settles(gateway):
     s1, s2 = started["sessions"]
     for s in (s1, s2):
         _one_turn(gateway, s["api_key"])
-        ended = http.post(f"/rl/sessions/{s['session_id']}/end",
-                          headers={"authorization": f"Bearer {s['api_key']}"})
+        ended = http.post(
+            f"/rl/sessions/{s['session_id']}/end",
+            headers={"authorization": f"Bearer {s['api_key']}"},
+        )
         assert ended.status_code == 200 and ended.json()["end_reason"] == "client"
     ended_at = time.time()
-    assert http.post("/v1/rewards", json={"session_id": s1["session_id"], "value": 1.0},
-                     headers=ADMIN).status_code == 201
+    assert (
+        http.post(
+            "/v1/rewards", json={"session_id": s1["session_id"], "value": 1.0}, headers=ADMIN
+        ).status_code
+        == 201
+    )
     # The trainer's claimer, as `areal-service trainer` builds it (default window: 60 s).
     claimer = EpisodeClaimer.from_config(gateway.state.store, TrainerConfig(group_size=2))
     assert _claim(claimer, 2).groups == ()  # s2's judge has not scored yet
@@ -57,8 +65,12 @@ def test_late_reward_is_trained_with_its_value_and_no_reward_settles(gateway):
     assert re.search(r'id="awaiting-reward">1 awaiting reward<', overview), overview
 
     time.sleep(max(0.0, ended_at + 1.0 - time.time()))  # the judge scores 1 s after the end
-    assert http.post("/v1/rewards", json={"session_id": s2["session_id"], "value": 1.0},
-                     headers=ADMIN).status_code == 201
+    assert (
+        http.post(
+            "/v1/rewards", json={"session_id": s2["session_id"], "value": 1.0}, headers=ADMIN
+        ).status_code
+        == 201
+    )
     (group,) = _claim(claimer, 2).groups
     assert group.session_ids == (s1["session_id"], s2["session_id"])
     assert group.session_returns == (1.0, 1.0)  # not (1.0, 0.0): advantages (+1, -1)
@@ -68,8 +80,11 @@ def test_late_reward_is_trained_with_its_value_and_no_reward_settles(gateway):
     # (drop_group) it is dropped at once instead of waiting out the window.
     solo = http.post("/rl/sessions", json={}, headers=ADMIN).json()
     _one_turn(gateway, solo["api_key"])
-    ended = http.post(f"/rl/sessions/{solo['session_id']}/end", json={"no_reward": True},
-                      headers={"authorization": f"Bearer {solo['api_key']}"})
+    ended = http.post(
+        f"/rl/sessions/{solo['session_id']}/end",
+        json={"no_reward": True},
+        headers={"authorization": f"Bearer {solo['api_key']}"},
+    )
     assert ended.status_code == 200 and ended.json()["end_reason"] == "no_reward"
     result = _claim(claimer, None)
     assert result.groups == ()

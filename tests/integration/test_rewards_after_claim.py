@@ -25,8 +25,9 @@ ADMIN = {"Authorization": "Bearer sk-test-admin"}
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def gw(request: pytest.FixtureRequest, tmp_path: Path, tiny_model_dir: Path,
-       engine_url: str) -> Iterator[Any]:
+def gw(
+    request: pytest.FixtureRequest, tmp_path: Path, tiny_model_dir: Path, engine_url: str
+) -> Iterator[Any]:
     from support.harness import run_gateway
     from support.postgres_db import fresh_postgres_database
 
@@ -50,11 +51,19 @@ def _group(gw: Any, size: int) -> dict[str, Any]:
     started = _post(gw, "/rl/sessions", group_size=size, task_id="t")
     assert started.status_code == 201, started.text
     for session in started.json()["sessions"]:
-        chat = _post(gw, "/v1/chat/completions", session["api_key"], model="m", max_tokens=2,
-                     messages=[{"role": "user", "content": "hi"}])
+        chat = _post(
+            gw,
+            "/v1/chat/completions",
+            session["api_key"],
+            model="m",
+            max_tokens=2,
+            messages=[{"role": "user", "content": "hi"}],
+        )
         assert chat.status_code == 200, chat.text
-        assert _post(gw, f"/rl/sessions/{session['session_id']}/end",
-                     session["api_key"]).status_code == 200
+        assert (
+            _post(gw, f"/rl/sessions/{session['session_id']}/end", session["api_key"]).status_code
+            == 200
+        )
     return started.json()
 
 
@@ -66,7 +75,8 @@ def test_a_group_reward_after_the_claim_is_refused_and_export_shows_the_trained(
     assert _post(gw, "/v1/rewards", session_id=second, value=0.0).status_code == 201
     store = gw.state.store
     claimed = EpisodeClaimer(store).claim_groups(
-        group_size=2, max_groups=1, current_version=0, max_staleness=None, claimer="t")
+        group_size=2, max_groups=1, current_version=0, max_staleness=None, claimer="t"
+    )
     assert [g.session_returns for g in claimed.groups] == [(1.0, 0.0)]
     late = _post(gw, "/v1/rewards", group_id=gid, value=5.0)
     assert late.status_code == 409, late.text
@@ -105,13 +115,16 @@ def _hold_claim(url: str, sid: str) -> tuple[Any, Any]:
     if url.startswith("sqlite"):
         raw = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
         raw.execute("BEGIN IMMEDIATE")
-        raw.execute("UPDATE sessions SET status = 'claimed', claim_id = 'held' WHERE id = ?",
-                    (sid,))
+        raw.execute(
+            "UPDATE sessions SET status = 'claimed', claim_id = 'held' WHERE id = ?", (sid,)
+        )
         return (lambda: raw.execute("COMMIT")), raw.close
     engine = create_engine(url)
     connection = engine.connect()
-    connection.execute(text("UPDATE sessions SET status = 'claimed', claim_id = 'held' "
-                            "WHERE id = :sid"), {"sid": sid})
+    connection.execute(
+        text("UPDATE sessions SET status = 'claimed', claim_id = 'held' WHERE id = :sid"),
+        {"sid": sid},
+    )
     return connection.commit, lambda: (connection.close(), engine.dispose())
 
 
@@ -122,8 +135,9 @@ def test_a_reward_racing_a_claim_is_refused_not_lost(gw: Any, target: str):
     body = {"session_id": sid} if target == "session" else {"group_id": group["group_id"]}
     commit, close = _hold_claim(gw.state.config.database_url(), sid)
     replies: list[httpx.Response] = []
-    poster = threading.Thread(target=lambda: replies.append(
-        _post(gw, "/v1/rewards", value=1.0, **body)))
+    poster = threading.Thread(
+        target=lambda: replies.append(_post(gw, "/v1/rewards", value=1.0, **body))
+    )
     try:
         poster.start()
         time.sleep(1.0)

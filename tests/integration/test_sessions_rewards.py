@@ -15,8 +15,8 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 def _chat(gw, key, content="hi", **extra):
     client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
     return client.chat.completions.create(
-        model="areal-policy", messages=[{"role": "user", "content": content}], max_tokens=6,
-        **extra)
+        model="areal-policy", messages=[{"role": "user", "content": content}], max_tokens=6, **extra
+    )
 
 
 def test_group_sessions_completions_rewards(gateway, engine_url):
@@ -35,38 +35,55 @@ def test_group_sessions_completions_rewards(gateway, engine_url):
 
     # A second turn replaying the first: its parent is the first completion.
     client = openai.OpenAI(base_url=gateway.v1, api_key=s1["api_key"], max_retries=0)
-    second = client.chat.completions.create(model="areal-policy", max_tokens=6, messages=[
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": first.choices[0].message.content},
-        {"role": "user", "content": "more"}])
+    second = client.chat.completions.create(
+        model="areal-policy",
+        max_tokens=6,
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "more"},
+        ],
+    )
     child = gateway.state.store.get_completion(second.id)
     if first.choices[0].finish_reason == "stop":  # a cut-off reply cannot be a prefix
         assert child.parent_id == first.id
 
     key1 = {"authorization": f"Bearer {s1['api_key']}"}
     key2 = {"authorization": f"Bearer {s2['api_key']}"}
-    r = http.post("/v1/rewards", json={"id": "r1", "completion_id": first.id, "value": 0.5},
-                  headers=key1)
+    r = http.post(
+        "/v1/rewards", json={"id": "r1", "completion_id": first.id, "value": 0.5}, headers=key1
+    )
     assert r.status_code == 201, r.text
-    again = http.post("/v1/rewards", json={"id": "r1", "completion_id": first.id,
-                                           "value": 0.5}, headers=key1)
+    again = http.post(
+        "/v1/rewards", json={"id": "r1", "completion_id": first.id, "value": 0.5}, headers=key1
+    )
     assert again.json()["id"] == "r1"
     assert len(gateway.state.store.list_rewards(completion_id=first.id)) == 1
-    conflict = http.post("/v1/rewards", json={"id": "r1", "completion_id": first.id,
-                                              "value": 0.9}, headers=key1)
+    conflict = http.post(
+        "/v1/rewards", json={"id": "r1", "completion_id": first.id, "value": 0.9}, headers=key1
+    )
     assert conflict.status_code == 409
     assert conflict.json()["error"]["code"] == "reward_id_conflict"
     # Another session's key may not score this session.
-    forbidden = http.post("/v1/rewards", json={"session_id": s1["session_id"], "value": 1},
-                          headers=key2)
+    forbidden = http.post(
+        "/v1/rewards", json={"session_id": s1["session_id"], "value": 1}, headers=key2
+    )
     assert forbidden.status_code == 403
-    assert http.post("/v1/rewards", json={"completion_id": "chatcmpl-nope", "value": 1},
-                     headers=ADMIN).status_code == 404
-    nan = http.post("/v1/rewards", content=b'{"session_id": "%s", "value": NaN}'
-                    % s1["session_id"].encode(), headers=key1)
+    assert (
+        http.post(
+            "/v1/rewards", json={"completion_id": "chatcmpl-nope", "value": 1}, headers=ADMIN
+        ).status_code
+        == 404
+    )
+    nan = http.post(
+        "/v1/rewards",
+        content=b'{"session_id": "%s", "value": NaN}' % s1["session_id"].encode(),
+        headers=key1,
+    )
     assert nan.status_code == 400 and nan.json()["error"]["param"] == "value"
-    two_targets = http.post("/v1/rewards", json={"session_id": "a", "group_id": "b",
-                                                 "value": 1}, headers=ADMIN)
+    two_targets = http.post(
+        "/v1/rewards", json={"session_id": "a", "group_id": "b", "value": 1}, headers=ADMIN
+    )
     assert two_targets.status_code == 400
 
     end = http.post(f"/rl/sessions/{s1['session_id']}/end", headers=key1)
@@ -77,8 +94,7 @@ def test_group_sessions_completions_rewards(gateway, engine_url):
     detail = http.get(f"/rl/sessions/{s1['session_id']}", headers=key1).json()
     assert detail["status"] == "ended" and len(detail["rewards"]) == 1
     assert http.get(f"/rl/sessions/{s1['session_id']}", headers=key2).status_code == 403
-    group = http.post("/v1/rewards", json={"group_id": body["group_id"], "value": 1},
-                      headers=ADMIN)
+    group = http.post("/v1/rewards", json={"group_id": body["group_id"], "value": 1}, headers=ADMIN)
     assert group.status_code == 201
 
 
@@ -90,8 +106,9 @@ def test_user_key_auto_session_refresh_and_header(gateway):
     sa = gateway.state.store.get_completion(a.id).session_id
     assert sa is not None and gateway.state.store.get_completion(b.id).session_id == sa
 
-    refreshed = http.post("/rl/sessions", json={"task_id": "next"},
-                          headers={"authorization": f"Bearer {key}"})
+    refreshed = http.post(
+        "/rl/sessions", json={"task_id": "next"}, headers={"authorization": f"Bearer {key}"}
+    )
     assert refreshed.status_code == 201, refreshed.text
     assert refreshed.json()["previous_session_id"] == sa
     assert gateway.state.store.get_session(sa).end_reason == "refresh"
@@ -107,9 +124,13 @@ def test_user_key_auto_session_refresh_and_header(gateway):
 
 
 def test_idle_sessions_time_out(tmp_path, tiny_model_dir, engine_url):
-    with run_gateway(tmp_path, tiny_model_dir, [engine_url],
-                     "gateway.sessions.idle_timeout_s=0.3",
-                     "gateway.sessions.sweep_interval_s=0.1") as gw:
+    with run_gateway(
+        tmp_path,
+        tiny_model_dir,
+        [engine_url],
+        "gateway.sessions.idle_timeout_s=0.3",
+        "gateway.sessions.sweep_interval_s=0.1",
+    ) as gw:
         opened = httpx.post(f"{gw.url}/rl/sessions", json={}, headers=ADMIN).json()
         deadline = time.monotonic() + 10
         while gw.state.store.get_session(opened["session_id"]).status == "open":

@@ -50,31 +50,50 @@ def _ok(url: str) -> bool:
         return False
 
 
-def chat_capture_swap(tmp_path: Path, model_dir: Path, python: str, env: dict[str, str],
-                      ready_s: float) -> None:
+def chat_capture_swap(
+    tmp_path: Path, model_dir: Path, python: str, env: dict[str, str], ready_s: float
+) -> None:
     engine_port, gw_port = free_port(), free_port()
     backend = f"http://127.0.0.1:{engine_port}"
-    cfg = load_config(None, [
-        f"data_dir={tmp_path}", "engine.backend=sglang", f"engine.model={model_dir}",
-        f"engine.port={engine_port}", f"gateway.port={gw_port}", f"gateway.auth.admin_key={KEY}",
-        "engine.sglang.gpus=[0]", "engine.sglang.servers=1", f"engine.sglang.python={python}",
-        "engine.sglang.mem_fraction_static=0.6", f"engine.sglang.ready_timeout_s={ready_s}",
-        "gateway.router.weight_poll_interval_s=0.05"])
+    cfg = load_config(
+        None,
+        [
+            f"data_dir={tmp_path}",
+            "engine.backend=sglang",
+            f"engine.model={model_dir}",
+            f"engine.port={engine_port}",
+            f"gateway.port={gw_port}",
+            f"gateway.auth.admin_key={KEY}",
+            "engine.sglang.gpus=[0]",
+            "engine.sglang.servers=1",
+            f"engine.sglang.python={python}",
+            "engine.sglang.mem_fraction_static=0.6",
+            f"engine.sglang.ready_timeout_s={ready_s}",
+            "gateway.router.weight_poll_interval_s=0.05",
+        ],
+    )
     log = tmp_path / "serve.log"
     serve = subprocess.Popen(
         cli_argv("serve", "--config", str(save_config(cfg, tmp_path / "cfg.yaml"))),
-        stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
-        env={**os.environ, **env}, start_new_session=True)
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
     store = None
     try:
         gw = f"http://127.0.0.1:{gw_port}"
-        _wait(lambda: serve.poll() is None and _ok(f"{gw}/health/liveness"), ready_s + 60,
-              f"gateway not up: {log.read_text()[-3000:] if log.exists() else ''}")
+        _wait(
+            lambda: serve.poll() is None and _ok(f"{gw}/health/liveness"),
+            ready_s + 60,
+            f"gateway not up: {log.read_text()[-3000:] if log.exists() else ''}",
+        )
         assert _ok(f"{backend}/health_generate")  # the server serve launched
         client = openai.OpenAI(base_url=f"{gw}/v1", api_key=KEY, max_retries=0, timeout=300)
         messages = [{"role": "user", "content": "Name three colours."}]
-        first = client.chat.completions.create(model=cfg.gateway.model_name,
-                                               messages=messages, max_tokens=24)
+        first = client.chat.completions.create(
+            model=cfg.gateway.model_name, messages=messages, max_tokens=24
+        )
         assert first.usage.completion_tokens > 0
         store = TrajectoryStore.open(cfg.database_url(), cfg.store)
         rec = store.get_completion(first.id)
@@ -89,9 +108,14 @@ def chat_capture_swap(tmp_path: Path, model_dir: Path, python: str, env: dict[st
         info = httpx.get(f"{backend}/model_info", timeout=30).json()
         assert info["weight_version"] == "1"
         second = client.chat.completions.create(
-            model=cfg.gateway.model_name, max_tokens=24,
-            messages=[*messages, {"role": "assistant", "content": first.choices[0].message.content},
-                      {"role": "user", "content": "And three more."}])
+            model=cfg.gateway.model_name,
+            max_tokens=24,
+            messages=[
+                *messages,
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And three more."},
+            ],
+        )
         assert set(store.get_completion(second.id).output_versions) == {1}
     finally:
         if store is not None:
@@ -116,6 +140,10 @@ def test_sglang_on_gpu_chat_capture_swap(tmp_path):
 @pytest.mark.slow
 def test_sglang_path_on_cpu_with_standin(tmp_path, tiny_model_dir):
     path = os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    chat_capture_swap(tmp_path, tiny_model_dir, sys.executable,
-                      {"PYTHONPATH": path, "SGLANG_STANDIN_DATA_DIR": str(tmp_path),
-                       "CUDA_VISIBLE_DEVICES": ""}, ready_s=120)
+    chat_capture_swap(
+        tmp_path,
+        tiny_model_dir,
+        sys.executable,
+        {"PYTHONPATH": path, "SGLANG_STANDIN_DATA_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
+        ready_s=120,
+    )

@@ -35,9 +35,11 @@ from launcher.sglang_servers import register_with_router
 from trainer.weight_broadcast import WeightBroadcaster
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install "
-                    "'areal-service[sglang]' or sglang-router==0.3.2)")
-
+pytest.importorskip(
+    "sglang_router",
+    reason="sglang-router is not installed (pip install "
+    "'areal-service[sglang]' or sglang-router==0.3.2)",
+)
 
 
 @contextmanager
@@ -46,11 +48,25 @@ def run_router(workers: list[str], log: Path) -> Iterator[str]:
     port = free_port()
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-             "--port", str(port), *(["--worker-urls", *workers] if workers else []),
-             "--policy", "manual",
-             "--health-check-interval-secs", "1", "--log-level", "warn"],
-            stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *(["--worker-urls", *workers] if workers else []),
+                "--policy",
+                "manual",
+                "--health-check-interval-secs",
+                "1",
+                "--log-level",
+                "warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -58,7 +74,8 @@ def run_router(workers: list[str], log: Path) -> Iterator[str]:
             assert proc.poll() is None, log.read_text()[-2000:]
             try:  # up (ready once it has a healthy worker)
                 if httpx.get(f"{url}/readiness", timeout=2).status_code == (
-                        200 if workers else 503):
+                    200 if workers else 503
+                ):
                     break
             except httpx.HTTPError:
                 pass
@@ -80,18 +97,25 @@ def _generated(engine: str) -> int:
 
 
 def greedy(max_new: int = 8) -> GenerateRequest:
-    return GenerateRequest.for_tokens(PROMPT, {"max_new_tokens": max_new, "temperature": 0,
-                                               "ignore_eos": True}, rid=uuid.uuid4().hex)
+    return GenerateRequest.for_tokens(
+        PROMPT,
+        {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
+        rid=uuid.uuid4().hex,
+    )
 
 
 async def test_real_router_routes_generation_and_each_worker_swaps_once(
-        tmp_path: Path, tiny_model_dir: Path) -> None:
-    variants = [make_weight_variant(tiny_model_dir, tmp_path / f"w{i}", seed=500 + i)
-                for i in range(2)]
-    cfg = load_config(overrides=[f"data_dir={tmp_path / 'data'}",
-                                 f"engine.model={tiny_model_dir}"])
-    with start_engine_in_thread(tiny_model_dir) as a, start_engine_in_thread(tiny_model_dir) as b, \
-            run_router([], tmp_path / "router.log") as router:
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    variants = [
+        make_weight_variant(tiny_model_dir, tmp_path / f"w{i}", seed=500 + i) for i in range(2)
+    ]
+    cfg = load_config(overrides=[f"data_dir={tmp_path / 'data'}", f"engine.model={tiny_model_dir}"])
+    with (
+        start_engine_in_thread(tiny_model_dir) as a,
+        start_engine_in_thread(tiny_model_dir) as b,
+        run_router([], tmp_path / "router.log") as router,
+    ):
         register_with_router(router, [a, b])  # what the launcher does (POST /workers)
         pool = BackendPool([], router_url=router)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
@@ -124,37 +148,44 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
             assert set(from_disk.output_versions) == {1}
 
             # distributed over gloo: the trainer (rank 0) broadcasts to both workers
-            sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=2**30,
-                                       timeout_s=60, address="127.0.0.1")
+            sender = WeightBroadcaster(
+                store, backend="gloo", bucket_bytes=2**30, timeout_s=60, address="127.0.0.1"
+            )
             try:
                 weights = variant_state(variants[1])
                 offer, buckets = sender.offer(2, weights)
-                store.add_weight_version(WeightVersionRecord(
-                    version=2, path=str(variants[1]), metadata={"sync": offer}))
+                store.add_weight_version(
+                    WeightVersionRecord(version=2, path=str(variants[1]), metadata={"sync": offer})
+                )
                 sent, synced = await asyncio.gather(
                     asyncio.to_thread(sender.send, 2, weights, offer, buckets),
-                    sync_weights_once(state, SyncGroup()))
+                    sync_weights_once(state, SyncGroup()),
+                )
             finally:
                 sender.close()
             assert synced == 2 and sent["sync_sent"]["world_size"] == 3, sent
             state.live_version = 2
             assert store.get_weight_version(2).metadata["swap_mode"] == "distributed"
-            by_broadcast = [await pool.generate_interruptible(greedy(), session_id=s)
-                            for s in ("s1", "s2")]  # one per worker
+            by_broadcast = [
+                await pool.generate_interruptible(greedy(), session_id=s) for s in ("s1", "s2")
+            ]  # one per worker
 
             store.add_weight_version(WeightVersionRecord(version=3, path=str(variants[1])))
             assert await sync_weights_once(state) == 3
-            again = [await pool.generate_interruptible(greedy(), session_id=s)
-                     for s in ("s1", "s2")]
+            again = [
+                await pool.generate_interruptible(greedy(), session_id=s) for s in ("s1", "s2")
+            ]
             for dist, disk in zip(by_broadcast, again, strict=True):
                 assert set(dist.output_versions) == {2} and set(disk.output_versions) == {3}
                 assert dist.output_ids == disk.output_ids  # bit-exact: same weights
                 assert dist.output_logprobs == disk.output_logprobs
             assert by_broadcast[0].output_logprobs != from_disk.output_logprobs  # new weights
             swap_s = {v: store.get_weight_version(v).metadata["swap_s"] for v in (1, 2, 3)}
-            print(f"\nswap of both workers behind the router: disk {swap_s[1] * 1e3:.1f} / "
-                  f"{swap_s[3] * 1e3:.1f} ms, gloo broadcast {swap_s[2] * 1e3:.1f} ms "
-                  "(first, forms the group)")
+            print(
+                f"\nswap of both workers behind the router: disk {swap_s[1] * 1e3:.1f} / "
+                f"{swap_s[3] * 1e3:.1f} ms, gloo broadcast {swap_s[2] * 1e3:.1f} ms "
+                "(first, forms the group)"
+            )
         finally:
             await pool.aclose()
             store.close()

@@ -68,8 +68,10 @@ def _episode(gw, key: str, i: int) -> None:
     client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
     messages = [{"role": "user", "content": f"count to {i}"}]
     first = client.chat.completions.create(model="areal-policy", messages=messages, max_tokens=8)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-                 {"role": "user", "content": "again"}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "again"},
+    ]
     client.chat.completions.create(model="areal-policy", messages=messages, max_tokens=8)
 
 
@@ -81,9 +83,15 @@ def _run_groups(gw, n_groups: int) -> list[str]:
         assert started.status_code == 201, started.text
         for j, s in enumerate(started.json()["sessions"]):
             _episode(gw, s["api_key"], g)
-            reward = http.post("/v1/rewards", json={
-                "session_id": s["session_id"], "value": float(j) + 0.25 * g,
-                "end_session": True}, headers={"authorization": f"Bearer {s['api_key']}"})
+            reward = http.post(
+                "/v1/rewards",
+                json={
+                    "session_id": s["session_id"],
+                    "value": float(j) + 0.25 * g,
+                    "end_session": True,
+                },
+                headers={"authorization": f"Bearer {s['api_key']}"},
+            )
             assert reward.status_code == 201, reward.text
             session_ids.append(s["session_id"])
     return session_ids
@@ -99,11 +107,19 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
 def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
     """Two steps with a KL penalty against the initial model; the engine swaps to v2 and
     its logprobs equal the trainer's forward_logprobs on the v2 weights."""
-    overrides = ("trainer.group_size=2", "trainer.batch_groups=2", "trainer.lr=1e-3",
-                 "trainer.total_steps=2", "gateway.sessions.staleness_gate=false",
-                 "trainer.kl_coef=0.05", "trainer.mismatch_mask=sequence")
-    with start_engine_in_thread(tiny_model_dir) as engine, \
-            run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw:
+    overrides = (
+        "trainer.group_size=2",
+        "trainer.batch_groups=2",
+        "trainer.lr=1e-3",
+        "trainer.total_steps=2",
+        "gateway.sessions.staleness_gate=false",
+        "trainer.kl_coef=0.05",
+        "trainer.mismatch_mask=sequence",
+    )
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(tmp_path, tiny_model_dir, [engine], *overrides) as gw,
+    ):
         sessions = _run_groups(gw, n_groups=4)
         train_in_thread(gw.config, timeout_s=120)
 
@@ -135,13 +151,22 @@ def test_trainer_trains_publishes_and_engine_swaps(tmp_path, tiny_model_dir):
         assert (run_dir / "config.json").is_file() and list(run_dir.glob("events.out.tfevents.*"))
 
         # The gateway's syncer swaps the engine to v2; new tokens carry version 2.
-        _wait(lambda: httpx.get(f"{engine}/model_info").json()["weight_version"] == "2",
-              30, "the engine to serve v2")
+        _wait(
+            lambda: httpx.get(f"{engine}/model_info").json()["weight_version"] == "2",
+            30,
+            "the engine to serve v2",
+        )
         key = httpx.post(f"{gw.url}/rl/sessions", json={}, headers=ADMIN).json()["api_key"]
         client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
-        replies = [client.chat.completions.create(
-            model="areal-policy", messages=[{"role": "user", "content": f"hi {t}"}],
-            max_tokens=12, temperature=t) for t in (1.0, 0.7)]
+        replies = [
+            client.chat.completions.create(
+                model="areal-policy",
+                messages=[{"role": "user", "content": f"hi {t}"}],
+                max_tokens=12,
+                temperature=t,
+            )
+            for t in (1.0, 0.7)
+        ]
         served = [served_sequence(store, r.id) for r in replies]
         for seq in served:
             assert {v for v in seq.versions if v >= 0} == {2}
@@ -172,10 +197,18 @@ def _seed_episodes(store: TrajectoryStore, groups: range) -> list[str]:
             store.add_session(SessionRecord(id=sid, group_id=group))
             prompt = tuple(range(10 + g, 22 + g))
             output = tuple(range(40 + j, 48 + j))
-            store.add_completion(CompletionRecord(
-                id=f"chatcmpl-{uuid.uuid4().hex}", model="areal-policy", prompt_ids=prompt,
-                output_ids=output, output_logprobs=(-3.0,) * len(output),
-                output_versions=(0,) * len(output), finish_reason="stop", session_id=sid))
+            store.add_completion(
+                CompletionRecord(
+                    id=f"chatcmpl-{uuid.uuid4().hex}",
+                    model="areal-policy",
+                    prompt_ids=prompt,
+                    output_ids=output,
+                    output_logprobs=(-3.0,) * len(output),
+                    output_versions=(0,) * len(output),
+                    finish_reason="stop",
+                    session_id=sid,
+                )
+            )
             store.add_reward(RewardRecord(id=f"r-{sid}", value=float(j), session_id=sid))
             store.end_session(sid, "reward")
             ids.append(sid)
@@ -183,10 +216,17 @@ def _seed_episodes(store: TrajectoryStore, groups: range) -> list[str]:
 
 
 def _trainer(data_dir: Path, model_dir: Path, log_path: Path, *extra: str) -> subprocess.Popen:
-    sets = [f"data_dir={data_dir}", f"engine.model={model_dir}", "trainer.group_size=2",
-            "trainer.batch_groups=1", "trainer.lr=1e-3", "trainer.checkpoint_every=1",
-            # every seeded episode was sampled by v0 and must stay trainable
-            f"trainer.max_staleness={N_GROUPS}", *extra]
+    sets = [
+        f"data_dir={data_dir}",
+        f"engine.model={model_dir}",
+        "trainer.group_size=2",
+        "trainer.batch_groups=1",
+        "trainer.lr=1e-3",
+        "trainer.checkpoint_every=1",
+        # every seeded episode was sampled by v0 and must stay trainable
+        f"trainer.max_staleness={N_GROUPS}",
+        *extra,
+    ]
     argv = [sys.executable, "-m", "trainer.train"]
     for item in sets:
         argv += ["--set", item]
@@ -203,12 +243,16 @@ def test_killed_trainer_resumes_and_never_trains_twice(tmp_path, tiny_model_dir)
     # The first trainer gets half the episodes, so it is killed (at whatever point it
     # reached: training, publishing, marking, checkpointing or waiting) before the end.
     sessions = _seed_episodes(store, range(N_GROUPS // 2))
-    first = _trainer(data_dir, tiny_model_dir, tmp_path / "first.log",
-                     f"trainer.total_steps={N_GROUPS}")
+    first = _trainer(
+        data_dir, tiny_model_dir, tmp_path / "first.log", f"trainer.total_steps={N_GROUPS}"
+    )
     try:
         checkpointed = data_dir / "checkpoints" / "latest"
-        _wait(lambda: first.poll() is not None or checkpointed.exists(), 90,
-              "the first trainer's first checkpoint")
+        _wait(
+            lambda: first.poll() is not None or checkpointed.exists(),
+            90,
+            "the first trainer's first checkpoint",
+        )
         assert first.poll() is None, (tmp_path / "first.log").read_text()
         first.send_signal(signal.SIGKILL)  # our own child, by handle
     finally:
@@ -219,9 +263,13 @@ def test_killed_trainer_resumes_and_never_trains_twice(tmp_path, tiny_model_dir)
     # Online mode (no total_steps): trains what is left, then waits until SIGTERM.
     second = _trainer(data_dir, tiny_model_dir, tmp_path / "second.log")
     try:
-        _wait(lambda: second.poll() is not None
-              or store.count_sessions(status="trained") == len(sessions), 120,
-              "the second trainer to train every session")
+        _wait(
+            lambda: (
+                second.poll() is not None or store.count_sessions(status="trained") == len(sessions)
+            ),
+            120,
+            "the second trainer to train every session",
+        )
         assert second.poll() is None, (tmp_path / "second.log").read_text()
         second.send_signal(signal.SIGTERM)  # finishes the step in hand, then exits 0
         assert second.wait(60) == 0, (tmp_path / "second.log").read_text()
@@ -246,7 +294,6 @@ def test_killed_trainer_resumes_and_never_trains_twice(tmp_path, tiny_model_dir)
     store.close()
 
 
-
 # ---- checkpoint round trip, recovery rules, rank sharding -----------------------------
 
 CFG = TrainerConfig(lr=1e-3, weight_decay=0.0, max_tokens_per_mb=10_000)
@@ -257,10 +304,18 @@ def _sequences(n: int = 4) -> list[TrainSequence]:
     for i in range(n):
         ids = tuple((7 * i + 3 * k) % 600 for k in range(6 + 2 * i))
         mask = (0,) * 3 + (1,) * (len(ids) - 3)
-        out.append(TrainSequence(
-            session_id=f"s{i}", group_id="g", completion_ids=(f"c{i}",), input_ids=ids,
-            loss_mask=mask, logprobs=tuple(-4.0 * m for m in mask),
-            versions=tuple(0 if m else -1 for m in mask), reward=float(i % 2)))
+        out.append(
+            TrainSequence(
+                session_id=f"s{i}",
+                group_id="g",
+                completion_ids=(f"c{i}",),
+                input_ids=ids,
+                loss_mask=mask,
+                logprobs=tuple(-4.0 * m for m in mask),
+                versions=tuple(0 if m else -1 for m in mask),
+                reward=float(i % 2),
+            )
+        )
     return out
 
 
@@ -269,8 +324,13 @@ def _roundtrip(rank: int, world: int, port: int, model_dir: str, out_dir: str) -
     optimizer, train the same step (B). A == B only if model, Adam state and RNG all
     came back."""
     if world > 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+        )
         torch.set_num_threads(1)
     info = init_distributed("cpu")
     info = dataclasses.replace(info, device=torch.device("cpu"))
@@ -294,8 +354,16 @@ def _roundtrip(rank: int, world: int, port: int, model_dir: str, out_dir: str) -
     after_restore = torch.rand(4)
     train_step(model, optimizer, mbs, CFG)
     resumed = full_state_dict(model)
-    torch.save({"state": state, "rng": (after_save, after_restore), "continued": continued,
-                "resumed": resumed, "n_mbs": len(mbs)}, Path(out_dir) / f"rank{rank}.pt")
+    torch.save(
+        {
+            "state": state,
+            "rng": (after_save, after_restore),
+            "continued": continued,
+            "resumed": resumed,
+            "n_mbs": len(mbs),
+        },
+        Path(out_dir) / f"rank{rank}.pt",
+    )
     if world > 1:
         destroy_distributed()
 
@@ -334,8 +402,10 @@ def test_shard_micro_batches_pads_every_rank_to_the_same_count():
     advs = [[1.0, -1.0, 0.5]]
     rows = build_micro_batches(seqs, advs[0], 12)
     assert len(rows) == 3
-    shards = [shard_micro_batches(groups, advs, 12, DistInfo(r, 2, r, torch.device("cpu")))
-              for r in range(2)]
+    shards = [
+        shard_micro_batches(groups, advs, 12, DistInfo(r, 2, r, torch.device("cpu")))
+        for r in range(2)
+    ]
     assert [len(s) for s in shards] == [2, 2]
     filler = shards[1][1]
     assert filler.n_tokens == 1 and filler.advantages.tolist() == [0.0]
@@ -349,14 +419,20 @@ def test_recover_claims_and_resume_point(tmp_path):
     store = TrajectoryStore.open(config.database_url(), config.store)
     _seed_episodes(store, range(3))
     claimer = EpisodeClaimer(store)
-    claimed = claimer.claim_groups(group_size=2, max_groups=3, current_version=0,
-                                   max_staleness=None, claimer="dead-trainer").groups
+    claimed = claimer.claim_groups(
+        group_size=2, max_groups=3, current_version=0, max_staleness=None, claimer="dead-trainer"
+    ).groups
     published, lost, kept = claimed
     claimer.mark_trained(kept.claim_id)
     # v1 committed `published` but the trainer died before mark_trained; `lost` was
     # being trained when it died.
-    store.add_weight_version(WeightVersionRecord(1, str(tmp_path / "v1"), metadata={
-        "step": 1, "episodes": {published.claim_id: list(published.session_ids)}}))
+    store.add_weight_version(
+        WeightVersionRecord(
+            1,
+            str(tmp_path / "v1"),
+            metadata={"step": 1, "episodes": {published.claim_id: list(published.session_ids)}},
+        )
+    )
     assert recover_claims(store, claimer) == (2, 2)
     assert {store.get_session(s).status for s in published.session_ids} == {"trained"}
     assert {store.get_session(s).status for s in lost.session_ids} == {"ended"}

@@ -44,12 +44,21 @@ def _seed(data_dir: Path, groups: range) -> list[str]:
                 store.add_session(SessionRecord(id=sid, group_id=f"grp_{g}"))
                 prompt = tuple(range(10 + 3 * g, 30 + 3 * g))
                 output = tuple(range(40 + 5 * j + g, 56 + 5 * j + g))
-                store.add_completion(CompletionRecord(
-                    id=f"chatcmpl-{g:03d}{j}", model="areal-policy", prompt_ids=prompt,
-                    output_ids=output, output_logprobs=(-3.0,) * len(output),
-                    output_versions=(0,) * len(output), finish_reason="stop", session_id=sid))
-                store.add_reward(RewardRecord(id=f"r-{sid}", value=float(j) + 0.1 * g,
-                                              session_id=sid))
+                store.add_completion(
+                    CompletionRecord(
+                        id=f"chatcmpl-{g:03d}{j}",
+                        model="areal-policy",
+                        prompt_ids=prompt,
+                        output_ids=output,
+                        output_logprobs=(-3.0,) * len(output),
+                        output_versions=(0,) * len(output),
+                        finish_reason="stop",
+                        session_id=sid,
+                    )
+                )
+                store.add_reward(
+                    RewardRecord(id=f"r-{sid}", value=float(j) + 0.1 * g, session_id=sid)
+                )
                 store.end_session(sid, "reward")
                 ids.append(sid)
     finally:
@@ -57,21 +66,44 @@ def _seed(data_dir: Path, groups: range) -> list[str]:
     return ids
 
 
-def _train(data_dir: Path, model_dir: Path, log: Path, *, procs: int, steps: int,
-           timeout_s: float = 240) -> str:
-    sets = [f"data_dir={data_dir}", f"engine.model={model_dir}", "trainer.group_size=2",
-            f"trainer.batch_groups={GROUPS}", "trainer.lr=1e-3", "trainer.checkpoint_every=1",
-            "trainer.max_staleness=10", f"trainer.total_steps={steps}", "trainer.torch_threads=1",
-            "trainer.max_tokens_per_mb=80"]  # several micro-batches, split across ranks
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={procs}", "-m", "trainer.train"]
+def _train(
+    data_dir: Path, model_dir: Path, log: Path, *, procs: int, steps: int, timeout_s: float = 240
+) -> str:
+    sets = [
+        f"data_dir={data_dir}",
+        f"engine.model={model_dir}",
+        "trainer.group_size=2",
+        f"trainer.batch_groups={GROUPS}",
+        "trainer.lr=1e-3",
+        "trainer.checkpoint_every=1",
+        "trainer.max_staleness=10",
+        f"trainer.total_steps={steps}",
+        "trainer.torch_threads=1",
+        "trainer.max_tokens_per_mb=80",
+    ]  # several micro-batches, split across ranks
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={procs}",
+        "-m",
+        "trainer.train",
+    ]
     for item in sets:
         argv += ["--set", item]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AREAL_")}
     env["OMP_NUM_THREADS"] = "1"
     with log.open("wb") as out:
-        proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            check=False,
+        )
     text = log.read_text()
     assert proc.returncode == 0, text[-4000:]
     return text
@@ -88,9 +120,10 @@ def test_two_process_trainer_matches_one_process_and_resumes(tmp_path, tiny_mode
     assert _seed(two, range(GROUPS)) == sessions
     # Both runs at once (the box has two cores; each process gets one intra-op thread).
     with cf.ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(_train, d, tiny_model_dir, tmp_path / f"{name}.log",
-                                     procs=p, steps=1)
-                   for name, d, p in (("one", one, 1), ("two", two, 2))}
+        futures = {
+            name: pool.submit(_train, d, tiny_model_dir, tmp_path / f"{name}.log", procs=p, steps=1)
+            for name, d, p in (("one", one, 1), ("two", two, 2))
+        }
         logs = {name: f.result() for name, f in futures.items()}
     assert "[rank1]" in logs["two"] and "[rank1]" not in logs["one"]
 
@@ -119,12 +152,15 @@ def test_two_process_trainer_matches_one_process_and_resumes(tmp_path, tiny_mode
     assert diff <= 1e-5 + 1e-3 * moved, f"1 vs 2 processes differ by {diff} (moved {moved})"
     for key in ("loss", "grad_norm", "entropy", "importance_weight", "task_reward"):
         assert abs(results["one"][key] - results["two"][key]) <= 1e-4 * max(
-            1.0, abs(results["one"][key])), (key, results["one"][key], results["two"][key])
+            1.0, abs(results["one"][key])
+        ), (key, results["one"][key], results["two"][key])
     per_proc_1 = results["one"]["tokens_per_s"]
     per_proc_2 = results["two"]["tokens_per_s"] / 2
-    print("\ntrain step tokens/s per process, same batch "
-          f"(run side by side): 1 process {per_proc_1:.0f}, "
-          f"2 processes {per_proc_2:.0f} ({per_proc_2 / per_proc_1:.2f}x)")
+    print(
+        "\ntrain step tokens/s per process, same batch "
+        f"(run side by side): 1 process {per_proc_1:.0f}, "
+        f"2 processes {per_proc_2:.0f} ({per_proc_2 / per_proc_1:.2f}x)"
+    )
 
     # Resume: new episodes, a second 2-process run continues from step 1.
     more = _seed(two, range(GROUPS, 2 * GROUPS))

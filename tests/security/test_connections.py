@@ -43,10 +43,15 @@ def _read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, floa
 
 
 @pytest.fixture(params=["httptools", "h11"])
-def fast_gw(request: pytest.FixtureRequest, serve: Callable[..., AbstractContextManager[Any]]
-            ) -> Iterator[Any]:
-    with serve(*FAST, "gateway.limits.max_connections=8",
-               "gateway.limits.max_anonymous_requests=1", http=request.param) as gw:
+def fast_gw(
+    request: pytest.FixtureRequest, serve: Callable[..., AbstractContextManager[Any]]
+) -> Iterator[Any]:
+    with serve(
+        *FAST,
+        "gateway.limits.max_connections=8",
+        "gateway.limits.max_anonymous_requests=1",
+        http=request.param,
+    ) as gw:
         yield gw
 
 
@@ -83,9 +88,12 @@ def test_silent_connection_is_closed(fast_gw: Any) -> None:
 
 def test_stalled_body_is_closed_and_the_next_request_served(fast_gw: Any) -> None:
     with _connect(fast_gw.url) as sock:
-        sock.sendall(b"POST /rl/sessions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
-                     + ADMIN.encode() + b"\r\ncontent-type: application/json\r\n"
-                     b"content-length: 1000\r\n\r\n{\"metadata\": ")
+        sock.sendall(
+            b"POST /rl/sessions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+            + ADMIN.encode()
+            + b"\r\ncontent-type: application/json\r\n"
+            b'content-length: 1000\r\n\r\n{"metadata": '
+        )
         data, took = _read_until_closed(sock, 6)
     assert took < 4, took
     assert data == b"" or data.startswith(b"HTTP/1.1 408"), data
@@ -95,11 +103,16 @@ def test_stalled_body_is_closed_and_the_next_request_served(fast_gw: Any) -> Non
 def test_a_slow_reply_is_not_a_slow_client(fast_gw: Any) -> None:
     """The timeouts bound what the client owes, never a reply being generated: a chat
     completion taking longer than both still completes."""
-    response = httpx.post(fast_gw.url + "/v1/chat/completions", headers={
-        "authorization": f"Bearer {ADMIN}"}, json={
-        "model": "areal-policy", "max_tokens": 64, "messages": [{"role": "user",
-                                                                  "content": "hi"}]},
-        timeout=30)
+    response = httpx.post(
+        fast_gw.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {ADMIN}"},
+        json={
+            "model": "areal-policy",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        timeout=30,
+    )
     assert response.status_code == 200, response.text
 
 
@@ -120,9 +133,11 @@ def test_wrong_key_is_refused_before_its_body_is_read(fast_gw: Any) -> None:
     """A 30 MB body announced with a wrong key: 401 at once, not after the body (the
     audit's 32 MiB per stalled connection before authentication)."""
     with _connect(fast_gw.url) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: "
-                     b"Bearer sk-wrong\r\ncontent-type: application/json\r\n"
-                     b"content-length: 30000000\r\n\r\n{\"messages\": [")
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: "
+            b"Bearer sk-wrong\r\ncontent-type: application/json\r\n"
+            b'content-length: 30000000\r\n\r\n{"messages": ['
+        )
         started = time.monotonic()
         first = sock.recv(65536)
         took = time.monotonic() - started
@@ -132,17 +147,28 @@ def test_wrong_key_is_refused_before_its_body_is_read(fast_gw: Any) -> None:
 
 def test_body_limits_by_route_and_key(fast_gw: Any) -> None:
     # No key: a small body only (the console's sign-in form is the largest such).
-    r = httpx.post(fast_gw.url + "/rl/sessions", content=b"{" + b" " * 100_000 + b"}",
-                   headers={"content-type": "application/json"}, timeout=10)
+    r = httpx.post(
+        fast_gw.url + "/rl/sessions",
+        content=b"{" + b" " * 100_000 + b"}",
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
     # A key, on a route that generates nothing: gateway.limits.control_body_bytes (4 MiB).
-    r = httpx.post(fast_gw.url + "/v1/rewards", content=b"{" + b" " * 5_000_000 + b"}",
-                   headers={"authorization": f"Bearer {ADMIN}",
-                            "content-type": "application/json"}, timeout=10)
+    r = httpx.post(
+        fast_gw.url + "/v1/rewards",
+        content=b"{" + b" " * 5_000_000 + b"}",
+        headers={"authorization": f"Bearer {ADMIN}", "content-type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 413, r.text
     # Chunked (no length): counted as it arrives, same limit.
-    r = httpx.post(fast_gw.url + "/rl/sessions", content=iter([b"{", b" " * 100_000, b"}"]),
-                   headers={"content-type": "application/json"}, timeout=10)
+    r = httpx.post(
+        fast_gw.url + "/rl/sessions",
+        content=iter([b"{", b" " * 100_000, b"}"]),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 413, r.text
 
 
@@ -150,12 +176,15 @@ def test_requests_without_a_key_are_capped(fast_gw: Any) -> None:
     """gateway.limits.max_anonymous_requests=1: one stalled sign-in holds the only slot; another
     keyless post gets 503, liveness is still answered, a keyed request still served."""
     with _connect(fast_gw.url) as sock:
-        sock.sendall(b"POST /console/login HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                     b"application/x-www-form-urlencoded\r\ncontent-length: 100\r\n\r\nkey=")
+        sock.sendall(
+            b"POST /console/login HTTP/1.1\r\nhost: x\r\ncontent-type: "
+            b"application/x-www-form-urlencoded\r\ncontent-length: 100\r\n\r\nkey="
+        )
         time.sleep(0.3)
         r = httpx.post(fast_gw.url + "/console/login", data={"key": "x"}, timeout=5)
         assert r.status_code == 503, r.text
         assert httpx.get(fast_gw.url + "/health/liveness", timeout=5).status_code == 200
-        r = httpx.get(fast_gw.url + "/admin/keys", headers={"authorization": f"Bearer {ADMIN}"},
-                      timeout=5)
+        r = httpx.get(
+            fast_gw.url + "/admin/keys", headers={"authorization": f"Bearer {ADMIN}"}, timeout=5
+        )
         assert r.status_code == 200, r.text

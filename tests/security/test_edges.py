@@ -17,8 +17,12 @@ ADMIN = {"authorization": "Bearer sk-test-admin"}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-       tiny_model_dir: Path, sec_engine_url: str) -> Iterator[Any]:
+def gw(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model_dir: Path,
+    sec_engine_url: str,
+) -> Iterator[Any]:
     """One gateway per store backend (PostgreSQL's text refuses NUL, SQLite's takes it;
     the PostgreSQL leg skips without a server)."""
     with contextlib.ExitStack() as stack:
@@ -27,9 +31,15 @@ def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
             databases = fresh_postgres_database()
             store = [f"store.url={next(databases)}"]
             stack.callback(databases.close)
-        yield stack.enter_context(serve_gateway(
-            tmp_path_factory.mktemp("edges"), tiny_model_dir, [sec_engine_url],
-            "gateway.sampling.default_max_tokens=2", *store))
+        yield stack.enter_context(
+            serve_gateway(
+                tmp_path_factory.mktemp("edges"),
+                tiny_model_dir,
+                [sec_engine_url],
+                "gateway.sampling.default_max_tokens=2",
+                *store,
+            )
+        )
 
 
 @pytest.fixture()
@@ -47,8 +57,9 @@ def _is_400(response: httpx.Response) -> dict[str, Any]:
 
 @pytest.mark.parametrize("path", ["/admin/keys", "/rl/sessions"])
 @pytest.mark.parametrize("offset", [2**63, 2**63 - 1, 2**70, 10**40])
-def test_huge_offsets_are_400_and_the_connection_lives(http: httpx.Client, path: str,
-                                                       offset: int) -> None:
+def test_huge_offsets_are_400_and_the_connection_lives(
+    http: httpx.Client, path: str, offset: int
+) -> None:
     _is_400(http.get(path, params={"offset": offset}))
     _is_400(http.get(path, params={"limit": offset}))
     assert http.get(path, params={"offset": 1_000_000_000}).status_code == 200
@@ -61,48 +72,72 @@ def test_console_page_beyond_any_offset_is_an_empty_page(gw: Any) -> None:
     with httpx.Client(base_url=gw.url, timeout=30) as console:
         page = console.get("/console/login")
         csrf = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
-        assert console.post("/console/login", data={
-            "csrf_token": csrf, "admin_key": "sk-test-admin"}).status_code == 303
+        assert (
+            console.post(
+                "/console/login", data={"csrf_token": csrf, "admin_key": "sk-test-admin"}
+            ).status_code
+            == 303
+        )
         assert console.get("/console/sessions", params={"page": 2**70}).status_code == 200
 
 
 def _chat(**extra: Any) -> dict[str, Any]:
-    return {"model": "areal-policy", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2, **extra}
+    return {
+        "model": "areal-policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        **extra,
+    }
 
 
 def _nested_tool_body(path: str, depth: int) -> str:
     """A body for `path` whose one tool has a JSON schema `depth` objects deep (built as
     text: the client's own encoder would give up first)."""
-    schema = '{"type": "object", "properties": {"x": ' * depth + '{"type": "string"}' + \
-        "}}" * depth
+    schema = '{"type": "object", "properties": {"x": ' * depth + '{"type": "string"}' + "}}" * depth
     hi = '[{"role": "user", "content": "hi"}]'
     if path == "/v1/chat/completions":
-        return (f'{{"model": "m", "max_tokens": 2, "messages": {hi}, "tools": [{{"type": '
-                f'"function", "function": {{"name": "f", "parameters": {schema}}}}}]}}')
+        return (
+            f'{{"model": "m", "max_tokens": 2, "messages": {hi}, "tools": [{{"type": '
+            f'"function", "function": {{"name": "f", "parameters": {schema}}}}}]}}'
+        )
     if path == "/v1/responses":
-        return (f'{{"model": "m", "max_output_tokens": 16, "input": "hi", "tools": [{{"type":'
-                f' "function", "name": "f", "parameters": {schema}}}]}}')
-    return (f'{{"model": "m", "max_tokens": 2, "messages": {hi}, "tools": [{{"name": "f", '
-            f'"input_schema": {schema}}}]}}')
+        return (
+            f'{{"model": "m", "max_output_tokens": 16, "input": "hi", "tools": [{{"type":'
+            f' "function", "name": "f", "parameters": {schema}}}]}}'
+        )
+    return (
+        f'{{"model": "m", "max_tokens": 2, "messages": {hi}, "tools": [{{"name": "f", '
+        f'"input_schema": {schema}}}]}}'
+    )
 
 
 @pytest.mark.parametrize("depth", [400, 480])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
-def test_deeply_nested_tool_schema_is_never_a_500(http: httpx.Client, path: str,
-                                                  depth: int) -> None:
-    response = http.post(path, content=_nested_tool_body(path, depth),
-                         headers={"content-type": "application/json"})
+def test_deeply_nested_tool_schema_is_never_a_500(
+    http: httpx.Client, path: str, depth: int
+) -> None:
+    response = http.post(
+        path, content=_nested_tool_body(path, depth), headers={"content-type": "application/json"}
+    )
     assert response.status_code < 500, response.text
     assert http.get("/health/liveness").status_code == 200
 
 
-@pytest.mark.parametrize("extra", [{"top_k": 2**70}, {"top_k": 2**31}, {"top_k": -2},
-                                   {"seed": 2**70}, {"model": "areal-policy\u0000"},
-                                   {"model": "a" * 10_000}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"top_k": 2**70},
+        {"top_k": 2**31},
+        {"top_k": -2},
+        {"seed": 2**70},
+        {"model": "areal-policy\u0000"},
+        {"model": "a" * 10_000},
+    ],
+)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
-def test_bad_sampling_values_and_models_are_400(http: httpx.Client, extra: dict[str, Any],
-                                                path: str) -> None:
+def test_bad_sampling_values_and_models_are_400(
+    http: httpx.Client, extra: dict[str, Any], path: str
+) -> None:
     if "seed" in extra and path == "/v1/messages":
         pytest.skip("Anthropic's Messages API has no seed")
     _is_400(http.post(path, json=_chat(**extra)))
@@ -111,33 +146,44 @@ def test_bad_sampling_values_and_models_are_400(http: httpx.Client, extra: dict[
 NUL = "a\u0000b"
 
 
-@pytest.mark.parametrize(("method", "path", "body"), [
-    ("POST", "/rl/sessions", {"task_id": NUL}),
-    ("POST", "/rl/sessions", {"metadata": {"k": NUL}}),
-    ("POST", "/rl/sessions", {"metadata": {NUL: 1}}),
-    ("POST", "/v1/rewards", {"session_id": NUL, "value": 1}),
-    ("POST", "/v1/rewards", {"group_id": "g", "value": 1, "id": NUL}),
-    ("POST", "/admin/keys", {"name": NUL}),
-    ("POST", "/v1/chat/completions", _chat(metadata={"session_id": NUL})),
-    ("POST", "/v1/chat/completions", {**_chat(), "model": NUL}),
-    ("POST", "/v1/responses", {"model": "m", "input": "hi", "previous_response_id": NUL}),
-    ("GET", "/rl/sessions?task_id=a%00b", None),
-])
-def test_nul_characters_are_400(http: httpx.Client, method: str, path: str,
-                                body: dict[str, Any] | None) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/rl/sessions", {"task_id": NUL}),
+        ("POST", "/rl/sessions", {"metadata": {"k": NUL}}),
+        ("POST", "/rl/sessions", {"metadata": {NUL: 1}}),
+        ("POST", "/v1/rewards", {"session_id": NUL, "value": 1}),
+        ("POST", "/v1/rewards", {"group_id": "g", "value": 1, "id": NUL}),
+        ("POST", "/admin/keys", {"name": NUL}),
+        ("POST", "/v1/chat/completions", _chat(metadata={"session_id": NUL})),
+        ("POST", "/v1/chat/completions", {**_chat(), "model": NUL}),
+        ("POST", "/v1/responses", {"model": "m", "input": "hi", "previous_response_id": NUL}),
+        ("GET", "/rl/sessions?task_id=a%00b", None),
+    ],
+)
+def test_nul_characters_are_400(
+    http: httpx.Client, method: str, path: str, body: dict[str, Any] | None
+) -> None:
     error = _is_400(http.request(method, path, json=body))
     assert "NUL" in error["message"]
     assert http.get("/rl/sessions").status_code == 200
 
 
-def test_a_nul_in_the_conversation_is_served_and_stored(http: httpx.Client, gw: Any
-                                                       ) -> None:
+def test_a_nul_in_the_conversation_is_served_and_stored(http: httpx.Client, gw: Any) -> None:
     """Models emit NUL bytes and agents send their output back: a conversation's text
     may hold one, on every backend (stored as JSON)."""
-    response = http.post("/v1/chat/completions", json={
-        "model": "areal-policy", "max_tokens": 2, "messages": [
-            {"role": "user", "content": "hi"}, {"role": "assistant", "content": NUL},
-            {"role": "user", "content": NUL}]})
+    response = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "areal-policy",
+            "max_tokens": 2,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": NUL},
+                {"role": "user", "content": NUL},
+            ],
+        },
+    )
     assert response.status_code == 200, response.text
     stored = gw.state.store.get_completion(response.json()["id"])
     assert stored is not None and stored.request_json["messages"][1]["content"] == NUL
@@ -145,7 +191,12 @@ def test_a_nul_in_the_conversation_is_served_and_stored(http: httpx.Client, gw: 
 
 def test_a_literal_backslash_u0000_is_not_a_nul(http: httpx.Client) -> None:
     text = "printf('\\u0000')"  # the six characters, as code an agent might quote
-    response = http.post("/v1/chat/completions", json={
-        "model": "areal-policy", "max_tokens": 2,
-        "messages": [{"role": "user", "content": text}]})
+    response = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "areal-policy",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": text}],
+        },
+    )
     assert response.status_code == 200, response.text

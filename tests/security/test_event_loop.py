@@ -16,8 +16,9 @@ import httpx
 ADMIN = {"authorization": "Bearer sk-test-admin", "content-type": "application/json"}
 
 
-def _worst_liveness_while(gw: Any, send: Callable[[], httpx.Response]
-                          ) -> tuple[httpx.Response, float]:
+def _worst_liveness_while(
+    gw: Any, send: Callable[[], httpx.Response]
+) -> tuple[httpx.Response, float]:
     """(the response of `send()`, the slowest liveness answer while it ran)."""
     worst = 0.0
     done = threading.Event()
@@ -42,30 +43,39 @@ def _worst_liveness_while(gw: Any, send: Callable[[], httpx.Response]
 
 
 def _body(count: int) -> bytes:
-    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": ""}
-                for i in range(count)]
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": ""} for i in range(count)
+    ]
     messages[-1] = {"role": "user", "content": "hi"}
-    return json.dumps({"model": "areal-policy", "max_tokens": 2,
-                       "messages": messages}).encode()
+    return json.dumps({"model": "areal-policy", "max_tokens": 2, "messages": messages}).encode()
 
 
 def test_600k_empty_messages_are_refused_and_liveness_answered(
-        serve: Callable[..., AbstractContextManager[Any]]) -> None:
+    serve: Callable[..., AbstractContextManager[Any]],
+) -> None:
     with serve() as gw:
         body = _body(600_000)
-        response, worst = _worst_liveness_while(gw, lambda: httpx.post(
-            gw.url + "/v1/chat/completions", content=body, headers=ADMIN, timeout=120))
+        response, worst = _worst_liveness_while(
+            gw,
+            lambda: httpx.post(
+                gw.url + "/v1/chat/completions", content=body, headers=ADMIN, timeout=120
+            ),
+        )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "too_many_messages"
     assert worst < 1.0, f"liveness took {worst:.2f} s"
 
 
 def test_many_messages_under_the_cap_are_served_off_the_loop(
-        serve: Callable[..., AbstractContextManager[Any]]) -> None:
+    serve: Callable[..., AbstractContextManager[Any]],
+) -> None:
     with serve("engine.context_length=1000000") as gw:
         body = _body(19_999)
-        response, worst = _worst_liveness_while(gw, lambda: httpx.post(
-            gw.url + "/v1/messages/count_tokens", content=body, headers=ADMIN,
-            timeout=120))
+        response, worst = _worst_liveness_while(
+            gw,
+            lambda: httpx.post(
+                gw.url + "/v1/messages/count_tokens", content=body, headers=ADMIN, timeout=120
+            ),
+        )
     assert response.status_code == 200, response.text
     assert worst < 1.0, f"liveness took {worst:.2f} s"

@@ -31,10 +31,12 @@ def narrow_engine(tiny_model_dir: Path) -> Iterator[str]:
         yield url
 
 
-def test_n_times_max_tokens_is_capped(tmp_path: Path, tiny_model_dir: Path,
-                                      narrow_engine: str) -> None:
-    with serve_gateway(tmp_path, tiny_model_dir, [narrow_engine],
-                       "gateway.limits.max_n_tokens=1000") as gw:
+def test_n_times_max_tokens_is_capped(
+    tmp_path: Path, tiny_model_dir: Path, narrow_engine: str
+) -> None:
+    with serve_gateway(
+        tmp_path, tiny_model_dir, [narrow_engine], "gateway.limits.max_n_tokens=1000"
+    ) as gw:
         url = gw.url + "/v1/chat/completions"
         r = httpx.post(url, headers=ADMIN, json=_chat(n=128, max_tokens=4000), timeout=30)
         assert r.status_code == 400, r.text
@@ -49,15 +51,25 @@ def test_n_times_max_tokens_is_capped(tmp_path: Path, tiny_model_dir: Path,
 
 
 def test_a_small_request_is_not_queued_behind_a_greedy_one(
-        tmp_path: Path, tiny_model_dir: Path, narrow_engine: str) -> None:
-    with serve_gateway(tmp_path, tiny_model_dir, [narrow_engine], "gateway.sampling.mode=client",
-                       "gateway.limits.max_choices_in_flight=1") as gw:
+    tmp_path: Path, tiny_model_dir: Path, narrow_engine: str
+) -> None:
+    with serve_gateway(
+        tmp_path,
+        tiny_model_dir,
+        [narrow_engine],
+        "gateway.sampling.mode=client",
+        "gateway.limits.max_choices_in_flight=1",
+    ) as gw:
         url = gw.url + "/v1/chat/completions"
         greedy_done = threading.Event()
 
         def greedy() -> None:
-            r = httpx.post(url, headers=ADMIN, timeout=300, json=_chat(
-                n=4, max_tokens=1500, ignore_eos=True, temperature=1.0))
+            r = httpx.post(
+                url,
+                headers=ADMIN,
+                timeout=300,
+                json=_chat(n=4, max_tokens=1500, ignore_eos=True, temperature=1.0),
+            )
             assert r.status_code == 200, r.text
             greedy_done.set()
 

@@ -59,16 +59,23 @@ def test_rss_stays_bounded_after_10mb_inputs(big_gw: Any) -> None:
     """Three different 10 MB conversations counted and kept in the cache as far as it
     allows: the process grows by at most the cache bound plus a transient allowance."""
     url = big_gw.url + "/v1/messages/count_tokens"
-    r = httpx.post(url, headers=ADMIN, json={"model": "areal-policy", "messages": [
-        {"role": "user", "content": "warm up"}]}, timeout=60)
+    r = httpx.post(
+        url,
+        headers=ADMIN,
+        json={"model": "areal-policy", "messages": [{"role": "user", "content": "warm up"}]},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     gc.collect()
     before = _rss()
     for seed in range(3):
-        messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t}
-                    for i, t in enumerate(_texts(1001, 10_000, seed))]
-        r = httpx.post(url, headers=ADMIN, json={"model": "areal-policy",
-                                                 "messages": messages}, timeout=120)
+        messages = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": t}
+            for i, t in enumerate(_texts(1001, 10_000, seed))
+        ]
+        r = httpx.post(
+            url, headers=ADMIN, json={"model": "areal-policy", "messages": messages}, timeout=120
+        )
         assert r.status_code == 200, r.text
         assert httpx.get(big_gw.url + "/health/liveness", timeout=10).status_code == 200
         del messages, r
@@ -80,16 +87,23 @@ def test_rss_stays_bounded_after_10mb_inputs(big_gw: Any) -> None:
 
 
 def test_count_tokens_refuses_a_surely_overlong_prompt(
-        serve: Callable[..., AbstractContextManager[Any]]) -> None:
+    serve: Callable[..., AbstractContextManager[Any]],
+) -> None:
     with serve() as gw:
         assert gw.state.context_length < 1_000_000
         for role in ("user", "system"):
-            body: dict[str, Any] = {"model": "areal-policy", "messages": [
-                {"role": "user", "content": "x " * 1_000_000}]}
+            body: dict[str, Any] = {
+                "model": "areal-policy",
+                "messages": [{"role": "user", "content": "x " * 1_000_000}],
+            }
             if role == "system":
-                body = {"model": "areal-policy", "system": "x " * 1_000_000,
-                        "messages": [{"role": "user", "content": "hi"}]}
-            r = httpx.post(gw.url + "/v1/messages/count_tokens", headers=ADMIN, json=body,
-                           timeout=60)
+                body = {
+                    "model": "areal-policy",
+                    "system": "x " * 1_000_000,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+            r = httpx.post(
+                gw.url + "/v1/messages/count_tokens", headers=ADMIN, json=body, timeout=60
+            )
             assert r.status_code == 400, r.text
             assert "context" in r.text

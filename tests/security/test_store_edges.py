@@ -26,17 +26,19 @@ def _fill(db: Path, quota_mb: int) -> None:
 
 
 def test_a_full_store_is_503_on_every_write_route(
-        serve: Callable[..., AbstractContextManager[Any]]) -> None:
+    serve: Callable[..., AbstractContextManager[Any]],
+) -> None:
     with serve("store.sqlite_max_size_mb=2") as gw:
         http = httpx.Client(base_url=gw.url, headers=ADMIN, timeout=30)
         group = http.post("/rl/sessions", json={"group_size": 1}).json()
         _fill(gw.config.data_dir / "areal.db", 2)
-        writes = [("/rl/sessions", {"group_size": 4, "metadata": {"x": "y" * 3000}}),
-                  ("/admin/keys", {"name": "k" * 200, "metadata": {"x": "y" * 3000}}),
-                  # additive: each try adds (a repeated reward of one name is refused)
-                  ("/v1/rewards", {"session_id": group["session_id"], "value": 1.0,
-                                   "additive": True}),
-                  (f"/rl/sessions/{group['session_id']}/end", {})]
+        writes = [
+            ("/rl/sessions", {"group_size": 4, "metadata": {"x": "y" * 3000}}),
+            ("/admin/keys", {"name": "k" * 200, "metadata": {"x": "y" * 3000}}),
+            # additive: each try adds (a repeated reward of one name is refused)
+            ("/v1/rewards", {"session_id": group["session_id"], "value": 1.0, "additive": True}),
+            (f"/rl/sessions/{group['session_id']}/end", {}),
+        ]
         codes = {}
         for path, body in writes:
             for _ in range(50):  # the last free pages may take a few writes
@@ -52,8 +54,7 @@ def test_a_full_store_is_503_on_every_write_route(
         assert http.get("/health/liveness").status_code == 200
 
 
-def test_the_database_file_is_private(serve: Callable[..., AbstractContextManager[Any]]
-                                      ) -> None:
+def test_the_database_file_is_private(serve: Callable[..., AbstractContextManager[Any]]) -> None:
     with serve() as gw:
         data = gw.config.data_dir
         for name in ("areal.db", "areal.db-wal", "areal.db-shm"):

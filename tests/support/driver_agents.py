@@ -14,7 +14,8 @@ async def per_completion(sample: dict[str, Any], base_url: str, api_key: str) ->
         ids = []
         for _ in range(2):
             reply = await client.chat.completions.create(
-                model="my-agent-model", messages=sample["messages"], max_tokens=4)
+                model="my-agent-model", messages=sample["messages"], max_tokens=4
+            )
             ids.append(reply.id)
     return {ids[0]: 0.25, ids[1]: 0.5}
 

@@ -10,7 +10,11 @@ from pathlib import Path
 def chattr(flag: str, *paths: Path) -> bool:
     """`chattr FLAG PATHS`; False when it is unavailable or refused."""
     try:
-        return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True,
-                              check=False).returncode == 0
+        return (
+            subprocess.run(
+                ["chattr", flag, *map(str, paths)], capture_output=True, check=False
+            ).returncode
+            == 0
+        )
     except FileNotFoundError:
         return False

@@ -42,21 +42,30 @@ class Gateway:
 
 
 @contextmanager
-def run_gateway(tmp_dir: Path, model_dir: Path, backends: list[str],
-                *overrides: str) -> Iterator[Gateway]:
+def run_gateway(
+    tmp_dir: Path, model_dir: Path, backends: list[str], *overrides: str
+) -> Iterator[Gateway]:
     """A gateway on a free loopback port with its own SQLite store under `tmp_dir`."""
     port = free_port()
-    cfg = load_config(overrides=[
-        f"data_dir={tmp_dir}", f"engine.model={model_dir}", f"gateway.port={port}",
-        f"gateway.router.backends={backends}", f"gateway.auth.admin_key={ADMIN_KEY}",
-        "gateway.router.backend_unavailable_deadline_s=2", *overrides])
+    cfg = load_config(
+        overrides=[
+            f"data_dir={tmp_dir}",
+            f"engine.model={model_dir}",
+            f"gateway.port={port}",
+            f"gateway.router.backends={backends}",
+            f"gateway.auth.admin_key={ADMIN_KEY}",
+            "gateway.router.backend_unavailable_deadline_s=2",
+            *overrides,
+        ]
+    )
     with serve_app(cfg, {"host": "127.0.0.1", "port": port, "log_level": "warning"}) as gw:
         yield gw
 
 
 @contextmanager
-def serve_app(cfg: ServiceConfig, options: dict[str, object],
-              thread_name: str = "gateway-uvicorn") -> Iterator[Gateway]:
+def serve_app(
+    cfg: ServiceConfig, options: dict[str, object], thread_name: str = "gateway-uvicorn"
+) -> Iterator[Gateway]:
     """`create_app(cfg)` under uvicorn with `options` in a thread, until the block ends."""
     app = create_app(cfg)
     server = uvicorn.Server(uvicorn.Config(app, **{"lifespan": "on", **options}))  # type: ignore[arg-type]
@@ -77,8 +86,7 @@ def serve_app(cfg: ServiceConfig, options: dict[str, object],
 def stored_completions(store: TrajectoryStore) -> list[CompletionRecord]:
     """Every completion in `store`, oldest first (tests read what the gateway recorded)."""
     with Session(store.engine) as session:
-        rows = session.scalars(select(CompletionRow).order_by(CompletionRow.created_at,
-                                                              CompletionRow.id))
+        rows = session.scalars(
+            select(CompletionRow).order_by(CompletionRow.created_at, CompletionRow.id)
+        )
         return [completion_from_row(row) for row in rows]
-
-

@@ -58,10 +58,21 @@ class StandInRouter:
         async def workers(_: web.Request) -> web.Response:
             if self.legacy:
                 return web.Response(status=404)
-            return web.json_response({"workers": [
-                {"id": str(i), "url": u, "worker_type": "regular", "is_healthy": True,
-                 "metadata": {"tp_size": "1", "dp_size": "1"}}
-                for i, u in enumerate(self.workers)], "total": len(self.workers)})
+            return web.json_response(
+                {
+                    "workers": [
+                        {
+                            "id": str(i),
+                            "url": u,
+                            "worker_type": "regular",
+                            "is_healthy": True,
+                            "metadata": {"tp_size": "1", "dp_size": "1"},
+                        }
+                        for i, u in enumerate(self.workers)
+                    ],
+                    "total": len(self.workers),
+                }
+            )
 
         async def list_workers(_: web.Request) -> web.Response:
             if not self.legacy:
@@ -88,9 +99,13 @@ class StandInRouter:
             if self.legacy:
                 return web.Response(status=404)
             if self.ready and self.workers:
-                return web.json_response({"status": "ready",
-                                          "healthy_workers": len(self.workers),
-                                          "total_workers": len(self.workers)})
+                return web.json_response(
+                    {
+                        "status": "ready",
+                        "healthy_workers": len(self.workers),
+                        "total_workers": len(self.workers),
+                    }
+                )
             return web.json_response({"status": "not ready"}, status=503)
 
         async def health(_: web.Request) -> web.Response:
@@ -102,10 +117,12 @@ class StandInRouter:
             self.routed.append((worker, key))
             body = await request.read()
             async with (await client()).post(
-                    worker + "/generate", data=body,
-                    headers={"Content-Type": "application/json"}) as r:
-                reply = web.StreamResponse(status=r.status, headers={
-                    "Content-Type": r.headers.get("Content-Type", "application/json")})
+                worker + "/generate", data=body, headers={"Content-Type": "application/json"}
+            ) as r:
+                reply = web.StreamResponse(
+                    status=r.status,
+                    headers={"Content-Type": r.headers.get("Content-Type", "application/json")},
+                )
                 await reply.prepare(request)
                 async for piece in r.content.iter_any():
                     await reply.write(piece)

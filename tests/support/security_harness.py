@@ -15,15 +15,28 @@ from support.loopback import free_port
 
 
 @contextmanager
-def serve_gateway(tmp_dir: Path, model_dir: Path, backends: list[str], *overrides: str,
-                  http: HttpImpl = "httptools") -> Iterator[Gateway]:
+def serve_gateway(
+    tmp_dir: Path,
+    model_dir: Path,
+    backends: list[str],
+    *overrides: str,
+    http: HttpImpl = "httptools",
+) -> Iterator[Gateway]:
     """A gateway on a free loopback port with the served process's uvicorn options
     (`http`: which of uvicorn's HTTP/1.1 implementations), its own SQLite store."""
     port = free_port()
-    cfg = load_config(overrides=[
-        f"data_dir={tmp_dir}", f"engine.model={model_dir}", f"gateway.port={port}",
-        f"gateway.router.backends={backends}", f"gateway.auth.admin_key={ADMIN_KEY}",
-        "gateway.router.backend_unavailable_deadline_s=2", "log_level=warning", *overrides])
+    cfg = load_config(
+        overrides=[
+            f"data_dir={tmp_dir}",
+            f"engine.model={model_dir}",
+            f"gateway.port={port}",
+            f"gateway.router.backends={backends}",
+            f"gateway.auth.admin_key={ADMIN_KEY}",
+            "gateway.router.backend_unavailable_deadline_s=2",
+            "log_level=warning",
+            *overrides,
+        ]
+    )
     options = uvicorn_options(cfg, http) | {"loop": "asyncio"}
     with serve_app(cfg, options, thread_name="sec-gateway") as gw:
         yield gw

@@ -9,21 +9,26 @@ from gateway.tokenizer import ChatTokenizer
 from support.output_corpus import TOOLS
 
 
-def stream_call_fragments(tok: ChatTokenizer, text: str, steps: list[int]
-                          ) -> tuple[str, str | None, list[tuple[str, str, str]], list[int]]:
+def stream_call_fragments(
+    tok: ChatTokenizer, text: str, steps: list[int]
+) -> tuple[str, str | None, list[tuple[str, str, str]], list[int]]:
     """`text`'s tokens through a chat stream (`call_fragments`) in steps of `steps`:
     (content, reasoning, [(id, name, arguments)] per call index as the fragments add up,
     how many argument fragments each call had)."""
     ids = tok.core.encode(text)
-    stream = ChoiceStream(tok, completion_id="chatcmpl-t", parse_tools=True, tools=TOOLS,
-                          call_fragments=True)
+    stream = ChoiceStream(
+        tok, completion_id="chatcmpl-t", parse_tools=True, tools=TOOLS, call_fragments=True
+    )
     content, reasoning, pos = "", "", 0
     calls: list[list[str]] = []
     pieces: list[int] = []
     for step in steps:
         last = pos + step >= len(ids)
-        delta = stream.push(ids[pos:pos + step], [0.0] * len(ids[pos:pos + step]),
-                            FinishReason("length", length=len(ids)) if last else None)
+        delta = stream.push(
+            ids[pos : pos + step],
+            [0.0] * len(ids[pos : pos + step]),
+            FinishReason("length", length=len(ids)) if last else None,
+        )
         content += delta.content
         reasoning += delta.reasoning
         for frag in delta.call_fragments:

@@ -22,8 +22,10 @@ IM_END = "<|im_end|>"
 CALL_ARGUMENTS = '{"a": 2, "b": 3}'
 CALL_TEXT = f'<tool_call>\n{{"name": "add", "arguments": {CALL_ARGUMENTS}}}\n</tool_call>'
 TOOL_RESULT = "5"
-TOOL_TURN_TEXT = (f"\n<|im_start|>user\n<tool_response>\n{TOOL_RESULT}\n</tool_response>"
-                  f"{IM_END}\n<|im_start|>assistant\n")
+TOOL_TURN_TEXT = (
+    f"\n<|im_start|>user\n<tool_response>\n{TOOL_RESULT}\n</tool_response>"
+    f"{IM_END}\n<|im_start|>assistant\n"
+)
 """What the chat template renders after the assistant's `<|im_end|>` for one tool result
 message, up to the next generation prompt."""
 ANSWER_TEXT = "The answer is 5."
@@ -50,10 +52,11 @@ def round_trip_examples(tokenizer: Any, first_prompt_ids: Sequence[int]) -> list
     `add(2, 3)` call; then (that prompt + the call + the tool result `5`, the next prompt
     exactly when the gateway keeps its prefix property) → the final answer."""
     call = reply_ids(tokenizer, CALL_TEXT)
-    second = (*first_prompt_ids, *call,
-              *tokenizer.encode(TOOL_TURN_TEXT, add_special_tokens=False))
-    return [ToolExample(tuple(first_prompt_ids), call),
-            ToolExample(second, reply_ids(tokenizer, ANSWER_TEXT))]
+    second = (*first_prompt_ids, *call, *tokenizer.encode(TOOL_TURN_TEXT, add_special_tokens=False))
+    return [
+        ToolExample(tuple(first_prompt_ids), call),
+        ToolExample(second, reply_ids(tokenizer, ANSWER_TEXT)),
+    ]
 
 
 def _pack(examples: Sequence[ToolExample]) -> list[tuple[list[int], list[tuple[int, int]]]]:
@@ -62,8 +65,8 @@ def _pack(examples: Sequence[ToolExample]) -> list[tuple[list[int], list[tuple[i
     rows: list[tuple[list[int], list[tuple[int, int]]]] = []
     for ex in sorted(examples, key=lambda e: len(e.prompt_ids)):
         for ids, spans in rows:
-            if tuple(ex.prompt_ids[:len(ids)]) == tuple(ids):
-                ids.extend(ex.prompt_ids[len(ids):])
+            if tuple(ex.prompt_ids[: len(ids)]) == tuple(ids):
+                ids.extend(ex.prompt_ids[len(ids) :])
                 spans.append((len(ids), len(ids) + len(ex.target_ids)))
                 ids.extend(ex.target_ids)
                 break
@@ -86,8 +89,9 @@ def _margins(model: Any, batch: Any, labels: Any) -> Any:
     return (chosen - others)[mask]
 
 
-def _fit(model: Any, batch: Any, attention: Any, labels: Any, *, steps: int, lr: float,
-         min_margin: float) -> tuple[int, float]:
+def _fit(
+    model: Any, batch: Any, attention: Any, labels: Any, *, steps: int, lr: float, min_margin: float
+) -> tuple[int, float]:
     """AdamW steps until every target's margin reaches `min_margin`: (steps, margin)."""
     import torch
 
@@ -107,9 +111,16 @@ def _fit(model: Any, batch: Any, attention: Any, labels: Any, *, steps: int, lr:
     return steps, margin
 
 
-def train_tool_model(base_dir: Path | str, out_dir: Path | str,
-                     examples: Sequence[ToolExample], *, steps: int = 400, lr: float = 3e-3,
-                     min_margin: float = 3.0, seed: int = 0) -> Path:
+def train_tool_model(
+    base_dir: Path | str,
+    out_dir: Path | str,
+    examples: Sequence[ToolExample],
+    *,
+    steps: int = 400,
+    lr: float = 3e-3,
+    min_margin: float = 3.0,
+    seed: int = 0,
+) -> Path:
     """Fine-tune the model in `base_dir` (AdamW, cross-entropy on target tokens only, all
     examples in one right-padded batch, multi-turn examples packed into one row) until greedy decoding reproduces every target
     with a logit margin of at least `min_margin` (robust to batched-KV float noise), and
@@ -126,26 +137,37 @@ def train_tool_model(base_dir: Path | str, out_dir: Path | str,
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (ids, spans) in enumerate(rows):
-        batch[i, :len(ids)] = torch.tensor(ids)
-        attention[i, :len(ids)] = 1
+        batch[i, : len(ids)] = torch.tensor(ids)
+        attention[i, : len(ids)] = 1
         for start, end in spans:
             labels[i, start:end] = batch[i, start:end]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 1M-parameter model: more threads only contend (2 cores)
     try:
-        done, margin = _fit(model, batch, attention, labels, steps=steps, lr=lr,
-                            min_margin=min_margin)
+        done, margin = _fit(
+            model, batch, attention, labels, steps=steps, lr=lr, min_margin=min_margin
+        )
     finally:
         torch.set_num_threads(threads)
     if margin < min_margin:
-        raise RuntimeError(f"tool model did not converge in {steps} steps "
-                           f"(min margin {margin:.2f} < {min_margin})")
+        raise RuntimeError(
+            f"tool model did not converge in {steps} steps (min margin {margin:.2f} < {min_margin})"
+        )
     log.info("tool model trained in %d steps (min margin %.2f)", done, margin)
     model.save_pretrained(out, safe_serialization=True)
     for f in base.iterdir():
-        if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
-                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
-                "added_tokens.json", "generation_config.json")):
+        if f.is_file() and (
+            f.name.startswith("tokenizer")
+            or f.name
+            in (
+                "special_tokens_map.json",
+                "chat_template.jinja",
+                "vocab.json",
+                "merges.txt",
+                "added_tokens.json",
+                "generation_config.json",
+            )
+        ):
             shutil.copy2(f, out / f.name)
     return out
 
@@ -159,6 +181,7 @@ def calculator_agent(model: Any, calls: list[tuple[str, int, int]]) -> Any:
         def run(a: int, b: int) -> int:
             calls.append((name, a, b))
             return op(a, b)
+
         return run
 
     add_impl, mul_impl = logged("add", lambda a, b: a + b), logged("multiply", lambda a, b: a * b)
@@ -173,8 +196,9 @@ def calculator_agent(model: Any, calls: list[tuple[str, int, int]]) -> Any:
         """Multiply two integers."""
         return mul_impl(a, b)
 
-    return Agent(name="calculator", instructions=AGENT_INSTRUCTIONS, model=model,
-                 tools=[add, multiply])
+    return Agent(
+        name="calculator", instructions=AGENT_INSTRUCTIONS, model=model, tools=[add, multiply]
+    )
 
 
 async def record_agent_requests(base_url: str, api_key: str, model_name: str) -> None:
@@ -196,8 +220,10 @@ async def record_agent_requests(base_url: str, api_key: str, model_name: str) ->
     set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     settings = RunConfig(model_settings=ModelSettings(temperature=0, max_tokens=1))
-    for model in (OpenAIChatCompletionsModel(model=model_name, openai_client=client),
-                  OpenAIResponsesModel(model=model_name, openai_client=client)):
+    for model in (
+        OpenAIChatCompletionsModel(model=model_name, openai_client=client),
+        OpenAIResponsesModel(model=model_name, openai_client=client),
+    ):
         try:
             await Runner.run(calculator_agent(model, []), AGENT_INPUT, run_config=settings)
         except ModelBehaviorError:

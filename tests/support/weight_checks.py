@@ -22,12 +22,25 @@ PROMPT = [5, 17, 42, 9, 3, 28, 11]
 
 def greedy(engine: str, max_new_tokens: int = 12) -> tuple[list[int], list[float], str]:
     """(output ids, their logprobs, weight_version) of a greedy `/generate` of PROMPT."""
-    reply = httpx.post(f"{engine}/generate", json={
-        "input_ids": PROMPT, "return_logprob": True,
-        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
-                            "ignore_eos": True}}, timeout=60).json()
+    reply = httpx.post(
+        f"{engine}/generate",
+        json={
+            "input_ids": PROMPT,
+            "return_logprob": True,
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        },
+        timeout=60,
+    ).json()
     meta = reply["meta_info"]
-    return reply["output_ids"], [t[0] for t in meta["output_token_logprobs"]], meta["weight_version"]
+    return (
+        reply["output_ids"],
+        [t[0] for t in meta["output_token_logprobs"]],
+        meta["weight_version"],
+    )
 
 
 def variant_state(variant: Path) -> dict:
@@ -38,8 +51,7 @@ def variant_state(variant: Path) -> dict:
     return state
 
 
-def wait_live(store: TrajectoryStore, version: int, timeout_s: float = 60
-              ) -> WeightVersionRecord:
+def wait_live(store: TrajectoryStore, version: int, timeout_s: float = 60) -> WeightVersionRecord:
     """The version's row once the weight syncer recorded its swap (`swap_mode`)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -56,14 +68,21 @@ def served_sequence(store: TrajectoryStore, completion_id: str) -> TrainSequence
     c = store.get_completion(completion_id)
     n_prompt, n_out = len(c.prompt_ids), len(c.output_ids)
     return TrainSequence(
-        session_id=c.session_id or "", group_id=None, completion_ids=(c.id,),
-        input_ids=c.prompt_ids + c.output_ids, loss_mask=(0,) * n_prompt + (1,) * n_out,
+        session_id=c.session_id or "",
+        group_id=None,
+        completion_ids=(c.id,),
+        input_ids=c.prompt_ids + c.output_ids,
+        loss_mask=(0,) * n_prompt + (1,) * n_out,
         logprobs=(0.0,) * n_prompt + c.output_logprobs,
-        versions=(-1,) * n_prompt + c.output_versions, reward=0.0, temperature=c.temperature)
+        versions=(-1,) * n_prompt + c.output_versions,
+        reward=0.0,
+        temperature=c.temperature,
+    )
 
 
-def trainer_logprobs(model_dir: Path, sequences: list[TrainSequence], adapter: Path | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def trainer_logprobs(
+    model_dir: Path, sequences: list[TrainSequence], adapter: Path | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(trainer's logprobs, engine's logprobs) of the sequences' output tokens: the
     trainer's own path (FSDP2 policy at world size 1, packed micro-batch,
     forward_logprobs) on the weights in `model_dir`, with the published LoRA `adapter`

@@ -27,8 +27,9 @@ class GateState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def gate(store: TrajectoryStore, *, eta: int, batch_groups: int = 1, group_size: int = 2
-         ) -> GateState:
+def gate(
+    store: TrajectoryStore, *, eta: int, batch_groups: int = 1, group_size: int = 2
+) -> GateState:
     trainer = TrainerConfig(max_staleness=eta, batch_groups=batch_groups, group_size=group_size)
     gateway = GatewayConfig(sessions=SessionsConfig(staleness_gate=True, admit_wait_s=0.0))
     return GateState(ServiceConfig(trainer=trainer, gateway=gateway), store)
@@ -59,17 +60,30 @@ def refused(state: GateState, count: int = 1) -> bool:
 def finish(store: TrajectoryStore, ids: list[str], *, version: int = 0) -> None:
     """One completion generated at `version`, a reward and the end, for each session."""
     for sid in ids:
-        store.add_completion(CompletionRecord(
-            id=f"{sid}-c", model="m", prompt_ids=(1, 2), output_ids=(3,),
-            output_logprobs=(-0.1,), output_versions=(version,), finish_reason="stop",
-            session_id=sid))
+        store.add_completion(
+            CompletionRecord(
+                id=f"{sid}-c",
+                model="m",
+                prompt_ids=(1, 2),
+                output_ids=(3,),
+                output_logprobs=(-0.1,),
+                output_versions=(version,),
+                finish_reason="stop",
+                session_id=sid,
+            )
+        )
         store.add_reward(RewardRecord(id=f"{sid}-r", value=1.0, session_id=sid))
         store.end_session(sid, "reward")
 
 
 def claim(claimer: EpisodeClaimer, version: int, max_staleness: int):
-    return claimer.claim_groups(group_size=2, max_groups=8, current_version=version,
-                                max_staleness=max_staleness, claimer="t")
+    return claimer.claim_groups(
+        group_size=2,
+        max_groups=8,
+        current_version=version,
+        max_staleness=max_staleness,
+        claimer="t",
+    )
 
 
 def test_window_boundary_is_exactly_eta_plus_version_plus_one_batches(store):

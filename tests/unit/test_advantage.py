@@ -98,15 +98,26 @@ def test_sequence_advantages_follow_their_session():
 
 
 def _solo(sid: str, value: float, task: str | None) -> EpisodeGroup:
-    return EpisodeGroup(group_id=sid, session_ids=(sid,), sequences=(_seq(sid, value),),
-                        session_returns=(value,), staleness=0, grouped=False, task_id=task)
+    return EpisodeGroup(
+        group_id=sid,
+        session_ids=(sid,),
+        sequences=(_seq(sid, value),),
+        session_returns=(value,),
+        staleness=0,
+        grouped=False,
+        task_id=task,
+    )
 
 
 def test_groups_of_one_get_the_batch_baseline_under_group_kinds():
     """An ungrouped session next to GRPO groups used to get A = 0 (nothing learnt)."""
-    pair = EpisodeGroup(group_id="g", session_ids=("a", "b"),
-                        sequences=(_seq("a", 1.0), _seq("b", 0.0)),
-                        session_returns=(1.0, 0.0), staleness=0)
+    pair = EpisodeGroup(
+        group_id="g",
+        session_ids=("a", "b"),
+        sequences=(_seq("a", 1.0), _seq("b", 0.0)),
+        session_returns=(1.0, 0.0),
+        staleness=0,
+    )
     solos = [_solo("x", 3.0, "t"), _solo("y", 1.0, "t")]
     assert sequence_advantages([pair, *solos], "grpo", 0.0) == [[1.0, -1.0], [1.0], [-1.0]]
     # One alone in its step: centred on itself, 0 (a task_mean baseline learns across steps).

@@ -37,32 +37,49 @@ def test_worker_header_is_outermost_with_several_workers(tmp_path: Path) -> None
     assert chain[1:3] == [AuthThrottleMiddleware, HotRoutes], chain
 
 
-def test_hot_routes_skip_fastapis_per_request_telemetry_check(tmp_path: Path,
-                                                              tiny_model_dir: Path) -> None:
+def test_hot_routes_skip_fastapis_per_request_telemetry_check(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     """FastAPI's `__call__` reads the environment for an OpenTelemetry provider on every
     request (~5 µs); a completion never enters it, any other route still does."""
-    with start_echo_backend(tokens=4) as backend, \
-            run_gateway(tmp_path, tiny_model_dir, [backend.url]) as gw:
+    with (
+        start_echo_backend(tokens=4) as backend,
+        run_gateway(tmp_path, tiny_model_dir, [backend.url]) as gw,
+    ):
         telemetry = gw.app._native_telemetry  # type: ignore[attr-defined]
         checks: list[str] = []
         real = telemetry.enabled
         telemetry.enabled = lambda: checks.append("checked") or real()
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-        r = httpx.post(f"{gw.v1}/chat/completions", headers=admin, timeout=30, json={
-            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        r = httpx.post(
+            f"{gw.v1}/chat/completions",
+            headers=admin,
+            timeout=30,
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
         assert r.status_code == 200, r.text
         assert checks == []
         assert httpx.get(f"{gw.url}/health/liveness", timeout=10).status_code == 200
         assert checks == ["checked"]
 
 
-def test_wrong_keys_on_a_hot_route_lock_the_address_out(tmp_path: Path,
-                                                        tiny_model_dir: Path) -> None:
+def test_wrong_keys_on_a_hot_route_lock_the_address_out(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     """The hot routes count their own 401s (their `send` is not wrapped for it)."""
-    with start_echo_backend(tokens=4) as backend, \
-            run_gateway(tmp_path, tiny_model_dir, [backend.url], "gateway.auth.free_failures=2",
-                        "gateway.auth.backoff_s=30") as gw:
+    with (
+        start_echo_backend(tokens=4) as backend,
+        run_gateway(
+            tmp_path,
+            tiny_model_dir,
+            [backend.url],
+            "gateway.auth.free_failures=2",
+            "gateway.auth.backoff_s=30",
+        ) as gw,
+    ):
         wrong = {"Authorization": "Bearer sk-guess"}
-        codes = [httpx.post(f"{gw.v1}/chat/completions", headers=wrong, json={},
-                            timeout=30).status_code for _ in range(4)]
+        codes = [
+            httpx.post(f"{gw.v1}/chat/completions", headers=wrong, json={}, timeout=30).status_code
+            for _ in range(4)
+        ]
         assert codes == [401, 401, 401, 429]

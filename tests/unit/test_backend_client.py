@@ -45,8 +45,9 @@ def slow_echo() -> Iterator[EchoBackendHandle]:
 
 
 def req(max_new: int, *, rid: str | None = None, **kw: object) -> GenerateRequest:
-    return GenerateRequest.for_tokens(PROMPT, {"max_new_tokens": max_new},
-                                      rid=rid or uuid.uuid4().hex, **kw)
+    return GenerateRequest.for_tokens(
+        PROMPT, {"max_new_tokens": max_new}, rid=rid or uuid.uuid4().hex, **kw
+    )
 
 
 async def wait_for(cond: object, timeout: float = 2.0) -> None:
@@ -87,8 +88,10 @@ async def test_generate_stream_cumulative_chunks(echo: EchoBackendHandle) -> Non
 
 def test_coalescing_keeps_the_newest_cumulative_chunk_and_every_marker() -> None:
     def chunk(ids: list[int], total: int | None = None) -> bytes:
-        meta = {"completion_tokens": len(ids) if total is None else total,
-                "output_token_logprobs": [[-0.5, i, None] for i in ids]}
+        meta = {
+            "completion_tokens": len(ids) if total is None else total,
+            "output_token_logprobs": [[-0.5, i, None] for i in ids],
+        }
         return json.dumps({"output_ids": ids, "meta_info": meta}).encode()
 
     def parsed(raw: bytes) -> GenerateResponse:
@@ -97,8 +100,7 @@ def test_coalescing_keeps_the_newest_cumulative_chunk_and_every_marker() -> None
     cumulative = [chunk([1]), chunk([1, 2]), chunk([1, 2, 3])]
     assert chunk_objects(cumulative, coalesce=True) == [parsed(cumulative[-1])]
     assert chunk_objects(cumulative, coalesce=False) == [parsed(c) for c in cumulative]
-    assert chunk_objects([*cumulative, b"[DONE]"], coalesce=True) == [
-        parsed(cumulative[-1]), None]
+    assert chunk_objects([*cumulative, b"[DONE]"], coalesce=True) == [parsed(cumulative[-1]), None]
     # Incremental chunks (--incremental-streaming-output) each carry new tokens.
     incremental = [chunk([1], 1), chunk([2], 2), chunk([3], 3)]
     assert chunk_objects(incremental, coalesce=True) == [parsed(c) for c in incremental]
@@ -107,13 +109,15 @@ def test_coalescing_keeps_the_newest_cumulative_chunk_and_every_marker() -> None
     got = chunk_objects([chunk([1]), error, chunk([1, 2])], coalesce=True)
     assert got[1] == ErrorEvent(500, "boom") and len(got) == 3
     # Text that mentions "error": inside a JSON string does not disable coalescing.
-    text = json.dumps({"text": 'say "error": no', "output_ids": [1],
-                       "meta_info": {"completion_tokens": 1}}).encode()
+    text = json.dumps(
+        {"text": 'say "error": no', "output_ids": [1], "meta_info": {"completion_tokens": 1}}
+    ).encode()
     assert chunk_objects([text, chunk([1, 2])], coalesce=True) == [parsed(chunk([1, 2]))]
 
 
 async def test_coalesced_stream_of_a_slow_reader_has_the_same_tokens(
-        echo: EchoBackendHandle) -> None:
+    echo: EchoBackendHandle,
+) -> None:
     """A reader that falls behind gets fewer, larger deltas, never different tokens."""
     async with SGLangClient(echo.url) as client:
         deltas = []
@@ -365,8 +369,12 @@ async def test_a_down_backend_is_probed_with_backoff_and_readmitted() -> None:
             return await super().health(timeout_s)
 
     with start_echo_backend() as a, start_echo_backend() as b:
-        pool = BackendPool([a.url, b.url], probe_interval_s=0.05, max_probe_interval_s=0.4,
-                           client_factory=lambda url: Counting(url))
+        pool = BackendPool(
+            [a.url, b.url],
+            probe_interval_s=0.05,
+            max_probe_interval_s=0.4,
+            client_factory=lambda url: Counting(url),
+        )
         pool._rr = 1
         assert pool.pick("s").url == b.url
         b.call(lambda: setattr(b.backend, "healthy", False))
@@ -401,24 +409,44 @@ async def test_echo_backend_subprocess_mode() -> None:
 
 
 async def test_an_aborted_rounds_last_chunk_keeps_the_rounds_version(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """SGLang stamps `weight_version` when it emits an output, so the final chunk of a
     pause-aborted round can carry the version the swap just loaded. Its tokens were
     generated before the pause: they keep the round's version. (A scripted stream: a
     real backend cannot be made to emit this late on demand.)"""
+
     def chunk(ids: list[int], version: str, finish: FinishReason | None) -> GenerateResponse:
-        return GenerateResponse(output_ids=ids, meta_info=MetaInfo(
-            id="r", finish_reason=finish, weight_version=version, prompt_tokens=4,
-            completion_tokens=len(ids), output_token_logprobs=[(-0.5, i, None) for i in ids]))
+        return GenerateResponse(
+            output_ids=ids,
+            meta_info=MetaInfo(
+                id="r",
+                finish_reason=finish,
+                weight_version=version,
+                prompt_tokens=4,
+                completion_tokens=len(ids),
+                output_token_logprobs=[(-0.5, i, None) for i in ids],
+            ),
+        )
 
-    rounds = iter([
-        [chunk([1], "3", None), chunk([1, 2], "3", None),
-         chunk([1, 2, 3, 4], "4", FinishReason("abort"))],  # emitted after the swap
-        [chunk([5], "4", None), chunk([5, 6], "4", FinishReason("length", length=6))],
-    ])
+    rounds = iter(
+        [
+            [
+                chunk([1], "3", None),
+                chunk([1, 2], "3", None),
+                chunk([1, 2, 3, 4], "4", FinishReason("abort")),
+            ],  # emitted after the swap
+            [chunk([5], "4", None), chunk([5, 6], "4", FinishReason("length", length=6))],
+        ]
+    )
 
-    async def scripted(_: GenerateRequest, *, coalesce: bool = False,  # noqa: ANN202
-                       new_only: bool = False, routing_key: str | None = None):
+    async def scripted(
+        _: GenerateRequest,
+        *,
+        coalesce: bool = False,  # noqa: ANN202
+        new_only: bool = False,
+        routing_key: str | None = None,
+    ):
         for item in next(rounds):
             yield item
 

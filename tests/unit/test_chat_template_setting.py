@@ -30,8 +30,9 @@ from gateway.translate import normalize_messages, render_prompt_ids
 
 @pytest.fixture(scope="module")
 def smol_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tokenizer_dir_with_template(tiny_model_dir, tmp_path_factory.mktemp("smol") / "ckpt",
-                          SMOLLM2_TEMPLATE)
+    return tokenizer_dir_with_template(
+        tiny_model_dir, tmp_path_factory.mktemp("smol") / "ckpt", SMOLLM2_TEMPLATE
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,7 @@ def smol(smol_dir: Path) -> ChatTokenizer:
 # ---------------------------------------------------------------- template failures
 
 
-def test_template_failure_is_a_chat_template_error(smol: ChatTokenizer, smol_dir: Path
-                                                   ) -> None:
+def test_template_failure_is_a_chat_template_error(smol: ChatTokenizer, smol_dir: Path) -> None:
     """Raw messages with `content: None`: the template reads an undefined field, as it
     does under transformers (which drops None keys too); the gateway's error is a 400
     naming the template's own words."""
@@ -53,8 +53,10 @@ def test_template_failure_is_a_chat_template_error(smol: ChatTokenizer, smol_dir
     with pytest.raises(ChatTemplateError) as failed:
         smol.render(TOOL_ROUND, None)
     error = failed.value
-    assert error.message == ("the model's chat template cannot render this conversation: "
-                             "UndefinedError: 'dict object' has no attribute 'content'")
+    assert error.message == (
+        "the model's chat template cannot render this conversation: "
+        "UndefinedError: 'dict object' has no attribute 'content'"
+    )
     assert error.code == "chat_template_error"
     assert type(error.__cause__).__name__ == "UndefinedError"
 
@@ -76,7 +78,8 @@ def test_tool_call_turn_without_content_renders(smol: ChatTokenizer, smol_dir: P
 
 
 def test_normalised_empty_content_renders_as_none_in_the_project_template(
-        tok: ChatTokenizer) -> None:
+    tok: ChatTokenizer,
+) -> None:
     """Templates that test the content render "" as they rendered no content: the
     project's own template gives the same text (token continuity's re-renders agree)."""
     messages = normalize_messages(TOOL_ROUND)
@@ -90,7 +93,8 @@ def test_normalised_empty_content_renders_as_none_in_the_project_template(
 def test_renders_tools_probe(smol: ChatTokenizer, tok: ChatTokenizer) -> None:
     assert smol.renders_tools is False
     assert smol.render([{"role": "user", "content": "hi"}], TOOLS) == smol.render(
-        [{"role": "user", "content": "hi"}], None)  # tools silently dropped by the template
+        [{"role": "user", "content": "hi"}], None
+    )  # tools silently dropped by the template
     assert tok.renders_tools is True  # the tiny model's template: engine/chat_template.jinja
 
 
@@ -105,7 +109,9 @@ def test_template_that_cannot_render_a_tool_call_renders_no_tools() -> None:
         def __init__(self) -> None:
             self._template = ChatTemplate(
                 "{% if tools %}{{ raise_exception('no tools here') }}{% endif %}"
-                "{% for m in messages %}{{ m['content'] }}{% endfor %}", {})
+                "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                {},
+            )
 
         def encode(self, text: str) -> list[int]:
             return [ord(c) for c in text]
@@ -119,10 +125,12 @@ def test_template_that_cannot_render_a_tool_call_renders_no_tools() -> None:
         def id_to_piece(self, token_id: int) -> str | None:
             return chr(token_id)
 
-        def render(self, messages: list[dict[str, Any]], tools: Any, *,
-                   add_generation_prompt: bool = True) -> str:
-            return self._template.render(messages, tools,
-                                         add_generation_prompt=add_generation_prompt)
+        def render(
+            self, messages: list[dict[str, Any]], tools: Any, *, add_generation_prompt: bool = True
+        ) -> str:
+            return self._template.render(
+                messages, tools, add_generation_prompt=add_generation_prompt
+            )
 
     tokenizer = ChatTokenizer(Core())
     assert tokenizer.renders_tools is False
@@ -130,9 +138,9 @@ def test_template_that_cannot_render_a_tool_call_renders_no_tools() -> None:
         tokenizer.render([{"role": "user", "content": "x"}], TOOLS)
 
 
-def test_startup_warning_names_the_model_and_the_setting(smol_dir: Path, tiny_model_dir: Path,
-                                                         caplog: pytest.LogCaptureFixture
-                                                         ) -> None:
+def test_startup_warning_names_the_model_and_the_setting(
+    smol_dir: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="gateway.tokenizer"):
         ChatTokenizer.from_pretrained(smol_dir)
     (record,) = [r for r in caplog.records if r.name == "gateway.tokenizer"]
@@ -154,8 +162,7 @@ def test_builtin_chatml_tools_is_the_engine_template() -> None:
     assert template_setting_text("builtin:chatml-tools") == tiny_chat_template()
 
 
-def test_builtin_template_replaces_the_checkpoints(smol_dir: Path, tok: ChatTokenizer
-                                                   ) -> None:
+def test_builtin_template_replaces_the_checkpoints(smol_dir: Path, tok: ChatTokenizer) -> None:
     """SmolLM2 with `builtin:chatml-tools` renders tools and tool calls exactly as the
     tiny model (whose own template is that file) does."""
     served = ChatTokenizer.from_pretrained(smol_dir, chat_template="builtin:chatml-tools")
@@ -168,18 +175,22 @@ def test_builtin_template_replaces_the_checkpoints(smol_dir: Path, tok: ChatToke
 
 def test_template_file_setting(smol_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "mine.jinja"
-    path.write_text("{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
-                    "{% if tools %}TOOLS {{ tools | map(attribute='function.name') | join(',') }}"
-                    "{% endif %}")
+    path.write_text(
+        "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+        "{% if tools %}TOOLS {{ tools | map(attribute='function.name') | join(',') }}"
+        "{% endif %}"
+    )
     served = ChatTokenizer.from_pretrained(smol_dir, chat_template=str(path))
-    assert served.render([{"role": "user", "content": "hi"}], TOOLS) == \
-        "[user:hi]TOOLS get_weather"
+    assert served.render([{"role": "user", "content": "hi"}], TOOLS) == "[user:hi]TOOLS get_weather"
     assert served.renders_tools is True
 
 
 def test_bad_template_settings_name_the_setting(smol_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"engine.chat_template: unknown built-in template "
-                                         r"'builtin:nope' \(known: builtin:chatml-tools"):
+    with pytest.raises(
+        ValueError,
+        match=r"engine.chat_template: unknown built-in template "
+        r"'builtin:nope' \(known: builtin:chatml-tools",
+    ):
         ChatTokenizer.from_pretrained(smol_dir, chat_template="builtin:nope")
     missing = tmp_path / "absent.jinja"
     with pytest.raises(ValueError, match="engine.chat_template: cannot read the template file"):
@@ -187,13 +198,16 @@ def test_bad_template_settings_name_the_setting(smol_dir: Path, tmp_path: Path) 
 
 
 def test_setting_replaces_the_template_of_a_transformers_loaded_tokenizer(
-        smol_dir: Path, tmp_path: Path) -> None:
+    smol_dir: Path, tmp_path: Path
+) -> None:
     """A checkpoint this loader hands to transformers (a model-specific class) gets the
     setting's template too."""
     ckpt = tmp_path / "gpt2"
     shutil.copytree(smol_dir, ckpt)
-    for name, changes in (("config.json", {"model_type": "gpt2"}),
-                          ("tokenizer_config.json", {"tokenizer_class": "GPT2Tokenizer"})):
+    for name, changes in (
+        ("config.json", {"model_type": "gpt2"}),
+        ("tokenizer_config.json", {"tokenizer_class": "GPT2Tokenizer"}),
+    ):
         data = json.loads((ckpt / name).read_text())
         data.update(changes)
         (ckpt / name).write_text(json.dumps(data))
@@ -205,7 +219,8 @@ def test_setting_replaces_the_template_of_a_transformers_loaded_tokenizer(
 
 
 def test_config_accepts_the_setting(tmp_path: Path) -> None:
-    config = load_config(overrides=[f"data_dir={tmp_path}",
-                                    "engine.chat_template=builtin:chatml-tools"])
+    config = load_config(
+        overrides=[f"data_dir={tmp_path}", "engine.chat_template=builtin:chatml-tools"]
+    )
     assert config.engine.chat_template == "builtin:chatml-tools"
     assert load_config(overrides=[f"data_dir={tmp_path}"]).engine.chat_template is None

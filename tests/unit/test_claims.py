@@ -155,8 +155,7 @@ def test_a_member_without_completions_is_dropped_alone_the_rest_trains(store):
     result = claim(EpisodeClaimer(store, reward_wait_s=0), group_size=4)
     (group,) = result.groups
     assert group.session_ids == ("m-0", "m-1", "m-2")
-    assert [(d.session_ids, d.reason) for d in result.dropped] == [
-        (("m-empty",), "no completions")]
+    assert [(d.session_ids, d.reason) for d in result.dropped] == [(("m-empty",), "no completions")]
     assert store.get_session("m-empty").status == "dropped"
     # The advantages are those of a group of three: centred and scaled over the kept.
     (advantages,) = group_advantages([group.session_returns], "grpo", 1e-6)
@@ -191,7 +190,8 @@ def test_a_partial_group_settles_after_the_window_with_its_real_size(store):
     add_episode(store, "lone", group_id="one", at=9.0)
     result = claim(EpisodeClaimer(store, partial_group_wait_s=0), group_size=4)
     assert [(d.session_ids, d.reason) for d in result.dropped] == [
-        (("lone",), "group incomplete: 1 of 1 sessions left (a group trains with >= 2)")]
+        (("lone",), "group incomplete: 1 of 1 sessions left (a group trains with >= 2)")
+    ]
     assert result.groups == () and store.get_session("lone").status == "dropped"
 
 
@@ -231,8 +231,9 @@ def _claims_clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None
     monkeypatch.setattr(claims_module, "now", lambda: now() + seconds)
 
 
-def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore,
-                                                      monkeypatch: pytest.MonkeyPatch):
+def test_unrewarded_group_is_dropped_after_the_window(
+    store: TrajectoryStore, monkeypatch: pytest.MonkeyPatch
+):
     claimer = EpisodeClaimer(store, reward_wait_s=30)  # drop_group: the default policy
     for sid in ("a", "b"):
         add_episode(store, sid, group_id="g", at=1.0, reward=None, end=False)
@@ -256,7 +257,8 @@ def test_unrewarded_group_is_dropped_after_the_window(store: TrajectoryStore,
 
 
 def test_default_reward_policy_trains_the_unrewarded_with_the_default(
-        store: TrajectoryStore, monkeypatch: pytest.MonkeyPatch):
+    store: TrajectoryStore, monkeypatch: pytest.MonkeyPatch
+):
     config = TrainerConfig(
         group_size=2,
         reward_wait_s=30,
@@ -400,8 +402,9 @@ def test_settling_counts_every_way_a_session_is_rewarded(store: TrajectoryStore)
     """Ended sessions count as awaiting a reward unless one names the session, one of its
     completions or its group, or it ended with no_reward."""
     for sid in ("direct", "via-completion", "via-group", "declined", "waiting", "alone"):
-        add_episode(store, sid, group_id=None if sid == "alone" else f"g-{sid}", reward=None,
-                    end=False)
+        add_episode(
+            store, sid, group_id=None if sid == "alone" else f"g-{sid}", reward=None, end=False
+        )
         store.end_session(sid, "no_reward" if sid == "declined" else "client")
     add_episode(store, "open", group_id="g-open", reward=None, end=False)  # not ended
     store.add_reward(RewardRecord(id="r1", value=1.0, session_id="direct"))

@@ -62,8 +62,21 @@ def test_config_show_cli_masks_secret():
 def test_cli_flags_ratchet():
     """Keep the CLI small: new top-level commands must be added here on purpose."""
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-    assert names == {"config", "db", "keys", "make-tiny-model", "make-model", "engine", "serve", "train", "export",
-                     "demo", "trainer", "eval", "launch"}
+    assert names == {
+        "config",
+        "db",
+        "keys",
+        "make-tiny-model",
+        "make-model",
+        "engine",
+        "serve",
+        "train",
+        "export",
+        "demo",
+        "trainer",
+        "eval",
+        "launch",
+    }
 
 
 def test_foreign_areal_env_vars_are_ignored(monkeypatch):
@@ -81,14 +94,19 @@ def test_workers_default_follows_where_generation_runs(monkeypatch: pytest.Monke
     assert load_config(None, []).gateway.worker_count() == 1
     external = load_config(None, ["gateway.router.backends=[http://10.0.0.1:30000]"]).gateway
     assert external.worker_count() == 4 and not external.shares_store()  # not yet resolved
-    assert load_config(None, ["gateway.router.url=http://10.0.0.1:30000"]
-                       ).gateway.worker_count() == 4
+    assert (
+        load_config(None, ["gateway.router.url=http://10.0.0.1:30000"]).gateway.worker_count() == 4
+    )
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     assert external.worker_count() == 8
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert external.worker_count() == 1
-    assert load_config(None, ["gateway.router.backends=[http://10.0.0.1:30000]",
-                              "gateway.scale.workers=3"]).gateway.worker_count() == 3
+    assert (
+        load_config(
+            None, ["gateway.router.backends=[http://10.0.0.1:30000]", "gateway.scale.workers=3"]
+        ).gateway.worker_count()
+        == 3
+    )
     assert load_config(None, ["gateway.scale.workers=3"]).gateway.shares_store()
 
 
@@ -140,10 +158,13 @@ def test_config_errors_are_one_line_each_with_a_suggestion(tmp_path):
         "  - `engine.port`: Input should be a valid integer, unable to parse string as an "
         "integer (got 'abc')",
         "  - `engine.prot` is not a setting; did you mean `engine.port`?",
-        "  - `gatway` is not a setting; did you mean `gateway`?"]
+        "  - `gatway` is not a setting; did you mean `gateway`?",
+    ]
     one = _cli("config", "show", "--set", "engine.port=8000", "--set", "gateway.port=8000")
-    assert one.output == ("areal-service: config error in the --set / AREAL_* overrides: "
-                          "engine.port and gateway.port are both 8000; change one\n")
+    assert one.output == (
+        "areal-service: config error in the --set / AREAL_* overrides: "
+        "engine.port and gateway.port are both 8000; change one\n"
+    )
     driver = _cli("config", "show", "--config", "examples/math/eval.yaml", "--set", "datset.x=1")
     assert "`datset` is not a setting; did you mean `dataset`?" in driver.output
     assert "errors.pydantic.dev" not in result.output + one.output + driver.output
@@ -155,17 +176,21 @@ def test_list_items_and_eval_limit_are_settable():
 
     driver, _ = load_driver_config(Path("examples/math/eval.yaml"), ["eval.limit=5"])
     assert [d.limit for d in driver.eval_datasets()] == [5]
-    driver, _ = load_driver_config(Path("examples/math/eval.yaml"),
-                                   ["eval.datasets.0.limit=3", "eval.limit=5"])
+    driver, _ = load_driver_config(
+        Path("examples/math/eval.yaml"), ["eval.datasets.0.limit=3", "eval.limit=5"]
+    )
     assert [d.limit for d in driver.eval_datasets()] == [3]
     assert driver.eval_datasets()[0].name == "arith-test"  # the rest of the item is kept
-    wrong = _cli("config", "show", "--config", "examples/math/eval.yaml",
-                 "--set", "eval.datasets.1.limit=3")
+    wrong = _cli(
+        "config", "show", "--config", "examples/math/eval.yaml", "--set", "eval.datasets.1.limit=3"
+    )
     assert "'1' is not an index of a list of 1 item(s)" in wrong.output
-    guess = _cli("config", "show", "--config", "examples/math/eval.yaml", "--set",
-                 "dataset.limit=5")
-    assert guess.output.endswith("`dataset.path` is required (to use fewer rows in `eval`, "
-                                 "set eval.limit=N)\n")
+    guess = _cli(
+        "config", "show", "--config", "examples/math/eval.yaml", "--set", "dataset.limit=5"
+    )
+    assert guess.output.endswith(
+        "`dataset.path` is required (to use fewer rows in `eval`, set eval.limit=N)\n"
+    )
 
 
 def test_help_starts_with_what_a_newcomer_runs():
@@ -173,8 +198,11 @@ def test_help_starts_with_what_a_newcomer_runs():
     no type placeholders for options, and `--version` answers."""
     top = _cli("--help").output
     assert "(typer)" not in top and top.split("Commands:")[0].count("AReaL Service") == 1
-    listed = [ln.split()[0] for ln in top.split("Commands:")[1].splitlines()
-              if ln.startswith("  ") and not ln.startswith("   ")]
+    listed = [
+        ln.split()[0]
+        for ln in top.split("Commands:")[1].splitlines()
+        if ln.startswith("  ") and not ln.startswith("   ")
+    ]
     assert listed[:4] == ["demo", "serve", "train", "eval"]
     for command in ("demo", "serve", "train", "eval", "engine", "launch"):
         options = _cli(command, "--help").output.split("Options:")[1]
@@ -206,8 +234,11 @@ def test_keys_list_shows_own_keys_with_utc_times(tmp_path):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", listed[0]["created_at"])
     assert "…" in listed[0]["display"] and "\\u2026" not in result.stdout
     assert "(150 session keys not listed: --all lists them)" in result.stderr
-    every = json.loads(CliRunner().invoke(app, ["keys", "list", "--all", "--limit", "500",
-                                                "--set", f"data_dir={tmp_path}"]).stdout)
+    every = json.loads(
+        CliRunner()
+        .invoke(app, ["keys", "list", "--all", "--limit", "500", "--set", f"data_dir={tmp_path}"])
+        .stdout
+    )
     assert len(every) == 151
 
 

@@ -39,8 +39,7 @@ gateway:
 """
 
 
-def _load(path: Path | None = None, overrides: list[str] | None = None
-          ) -> tuple[dict, list[str]]:
+def _load(path: Path | None = None, overrides: list[str] | None = None) -> tuple[dict, list[str]]:
     """The resolved config as a tree, and every deprecation warning the load raised (the
     "always" filter: a key warned twice would show twice)."""
     with warnings.catch_warnings(record=True) as caught:
@@ -60,35 +59,42 @@ def test_flat_yaml_keys_load_with_the_same_values_and_one_warning_each(tmp_path:
     assert old == new and none == []
     assert new["gateway"]["limits"]["max_request_bytes"] == 2048
     assert new["gateway"]["sampling"]["mode"] == "client"
-    assert sorted(warned) == sorted([
-        "gateway.max_request_bytes is deprecated: use gateway.limits.max_request_bytes",
-        "gateway.workers is deprecated: use gateway.scale.workers",
-        "gateway.admin_key is deprecated: use gateway.auth.admin_key",
-        "gateway.auth_free_failures is deprecated: use gateway.auth.free_failures",
-        "gateway.token_continuity is deprecated: use gateway.continuity.enabled",
-        "gateway.session_from is deprecated: use gateway.sessions.sources",
-        "gateway.sampling is deprecated: use gateway.sampling.mode",
-        "gateway.router_url is deprecated: use gateway.router.url"])
+    assert sorted(warned) == sorted(
+        [
+            "gateway.max_request_bytes is deprecated: use gateway.limits.max_request_bytes",
+            "gateway.workers is deprecated: use gateway.scale.workers",
+            "gateway.admin_key is deprecated: use gateway.auth.admin_key",
+            "gateway.auth_free_failures is deprecated: use gateway.auth.free_failures",
+            "gateway.token_continuity is deprecated: use gateway.continuity.enabled",
+            "gateway.session_from is deprecated: use gateway.sessions.sources",
+            "gateway.sampling is deprecated: use gateway.sampling.mode",
+            "gateway.router_url is deprecated: use gateway.router.url",
+        ]
+    )
 
 
-def test_a_flat_key_in_several_sources_warns_once(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flat_key_in_several_sources_warns_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("gateway:\n  max_request_bytes: 2048\n")
     monkeypatch.setenv("AREAL_GATEWAY__MAX_REQUEST_BYTES", "4096")
     tree, warned = _load(cfg, ["gateway.max_request_bytes=8192"])
     assert tree["gateway"]["limits"]["max_request_bytes"] == 8192  # CLI > env > YAML
-    assert warned == ["gateway.max_request_bytes is deprecated: "
-                      "use gateway.limits.max_request_bytes"]
+    assert warned == [
+        "gateway.max_request_bytes is deprecated: use gateway.limits.max_request_bytes"
+    ]
 
 
 def test_flat_and_nested_keys_keep_their_sources_priorities(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A flat key in one source and its new path in another: the higher source wins, as
     if both were spelt the same way."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("gateway:\n  sampling: client\n  limits: {max_request_bytes: 2048}\n"
-                   "  workers: 2\n")
+    cfg.write_text(
+        "gateway:\n  sampling: client\n  limits: {max_request_bytes: 2048}\n  workers: 2\n"
+    )
     monkeypatch.setenv("AREAL_GATEWAY__MAX_REQUEST_BYTES", "4096")  # old env over new YAML
     monkeypatch.setenv("AREAL_GATEWAY__SCALE__WORKERS", "5")  # new env over old YAML
     tree, _ = _load(cfg, ["gateway.sampling.mode=training"])  # new CLI over old YAML
@@ -101,12 +107,18 @@ def test_flat_and_nested_keys_keep_their_sources_priorities(
 
 def test_nested_keys_from_every_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("gateway:\n  limits:\n    max_messages: 77\n  router:\n"
-                   "    backends: [http://a:1]\n")
+    cfg.write_text(
+        "gateway:\n  limits:\n    max_messages: 77\n  router:\n    backends: [http://a:1]\n"
+    )
     monkeypatch.setenv("AREAL_GATEWAY__AUTH__PUBLIC_DOCS", "true")
-    tree, warned = _load(cfg, ["gateway.limits.max_request_bytes=4096",
-                               "gateway.sessions.auto_open=false",
-                               "gateway.router.backends.0=http://b:2"])
+    tree, warned = _load(
+        cfg,
+        [
+            "gateway.limits.max_request_bytes=4096",
+            "gateway.sessions.auto_open=false",
+            "gateway.router.backends.0=http://b:2",
+        ],
+    )
     gw = tree["gateway"]
     assert gw["limits"]["max_messages"] == 77 and gw["limits"]["max_request_bytes"] == 4096
     assert gw["auth"]["public_docs"] is True and gw["sessions"]["auto_open"] is False
@@ -115,8 +127,11 @@ def test_nested_keys_from_every_source(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_an_unknown_nested_key_gets_a_suggestion() -> None:
-    with pytest.raises(ConfigError, match="`gateway.limits.max_request_byte` is not a setting; "
-                                          "did you mean `gateway.limits.max_request_bytes`"):
+    with pytest.raises(
+        ConfigError,
+        match="`gateway.limits.max_request_byte` is not a setting; "
+        "did you mean `gateway.limits.max_request_bytes`",
+    ):
         load_config(None, ["gateway.limits.max_request_byte=4096"])
     with pytest.raises(ConfigError, match="did you mean `gateway.scale`"):
         load_config(None, ["gateway.scael.workers=2"])
@@ -127,18 +142,31 @@ def test_an_unknown_nested_key_gets_a_suggestion() -> None:
 def test_a_flat_key_and_its_new_path_in_one_source_is_an_error(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("gateway:\n  workers: 2\n  scale: {workers: 3}\n")
-    with pytest.raises(ConfigError, match="gateway.workers and gateway.scale.workers are both "
-                                          "set; keep gateway.scale.workers"):
+    with pytest.raises(
+        ConfigError,
+        match="gateway.workers and gateway.scale.workers are both set; keep gateway.scale.workers",
+    ):
         load_config(cfg)
 
 
 def test_config_show_prints_the_nested_form() -> None:
     """The CLI names a renamed setting in one plain line on stderr, the JSON on stdout."""
-    result = CliRunner().invoke(app, ["config", "show", "--set", "gateway.max_request_bytes=2048",
-                                      "--set", "gateway.limits.max_messages=9"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "config",
+            "show",
+            "--set",
+            "gateway.max_request_bytes=2048",
+            "--set",
+            "gateway.limits.max_messages=9",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.stderr == ("areal-service: warning: gateway.max_request_bytes is deprecated: "
-                             "use gateway.limits.max_request_bytes\n")
+    assert result.stderr == (
+        "areal-service: warning: gateway.max_request_bytes is deprecated: "
+        "use gateway.limits.max_request_bytes\n"
+    )
     shown = json.loads(result.stdout)
     assert shown["gateway"]["limits"]["max_request_bytes"] == 2048
     assert shown["gateway"]["limits"]["max_messages"] == 9
@@ -148,9 +176,10 @@ def test_config_show_prints_the_nested_form() -> None:
 def test_a_saved_config_reloads_without_warnings(tmp_path: Path) -> None:
     """What a command hands its child processes is already nested: they do not warn."""
     old, _ = _load(None, ["gateway.workers=2", "gateway.admin_key=sk-saved"])
-    saved = save_config(load_config(None, ["gateway.scale.workers=2",
-                                           "gateway.auth.admin_key=sk-saved"]),
-                        tmp_path / "saved.yaml")
+    saved = save_config(
+        load_config(None, ["gateway.scale.workers=2", "gateway.auth.admin_key=sk-saved"]),
+        tmp_path / "saved.yaml",
+    )
     again, warned = _load(saved)
     assert warned == [] and again == old
 

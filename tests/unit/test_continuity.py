@@ -27,10 +27,19 @@ from gateway.tokenizer import ChatTokenizer
 from gateway.translate import GeneratedChoice, normalize_messages, parse_choice
 
 IM_END = 2  # the tiny model's <|im_end|>
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"type": "integer"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
 SESSION = "sess-1"
 
 
@@ -51,14 +60,23 @@ def non_canonical_ids(tok: ChatTokenizer, text: str) -> list[int]:
     return ids
 
 
-def turn(cont: Continuity, tok: ChatTokenizer, messages: list[dict[str, Any]],
-         output: list[int], finish: FinishReason, tools: Any = None
-         ) -> tuple[list[int], dict[str, Any], Any]:
+def turn(
+    cont: Continuity,
+    tok: ChatTokenizer,
+    messages: list[dict[str, Any]],
+    output: list[int],
+    finish: FinishReason,
+    tools: Any = None,
+) -> tuple[list[int], dict[str, Any], Any]:
     """One turn: prompt ids, then `output` generated; (prompt ids, the assistant message
     the gateway returns, the parsed choice)."""
     prompt, lineage = cont.prompt(SESSION, messages, tools, None)
-    choice = parse_choice(tok, GeneratedChoice(tuple(output), finish=finish),
-                          completion_id="chatcmpl-1", parse_tools=bool(tools))
+    choice = parse_choice(
+        tok,
+        GeneratedChoice(tuple(output), finish=finish),
+        completion_id="chatcmpl-1",
+        parse_tools=bool(tools),
+    )
     cont.remember(lineage, [SimpleNamespace(output_ids=tuple(output))], [choice])
     return prompt, choice.to_message(), choice
 
@@ -76,23 +94,24 @@ def test_next_prompt_is_earlier_ids_plus_new_tokens(tok: ChatTokenizer) -> None:
     new = tok.encode("\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n")
     assert p2 == p1 + out + new
     assert p2 != full  # what re-rendering gives: the sampled ids are lost
-    assert full[-len(new):] == new  # the new part tokenizes as in place
+    assert full[-len(new) :] == new  # the new part tokenizes as in place
     assert count(counter, "continued") == 1 and count(counter, "no_match") == 1
 
 
-@pytest.mark.parametrize("finish", [FinishReason("length", length=5),
-                                    FinishReason("stop", matched="STOP")])
-def test_end_of_turn_added_when_output_lacks_it(tok: ChatTokenizer,
-                                                finish: FinishReason) -> None:
+@pytest.mark.parametrize(
+    "finish", [FinishReason("length", length=5), FinishReason("stop", matched="STOP")]
+)
+def test_end_of_turn_added_when_output_lacks_it(tok: ChatTokenizer, finish: FinishReason) -> None:
     cont, _ = make(tok)
     first = [{"role": "user", "content": "Count"}]
     out = non_canonical_ids(tok, "one two STOP")
     p1, reply, _ = turn(cont, tok, first, out, finish)
     second = [*first, reply, {"role": "user", "content": "more"}]
     p2, _ = cont.prompt(SESSION, second, None, None)
-    assert p2[:len(p1) + len(out)] == p1 + out
-    assert p2[len(p1) + len(out):] == tok.encode(
-        "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
+    assert p2[: len(p1) + len(out)] == p1 + out
+    assert p2[len(p1) + len(out) :] == tok.encode(
+        "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_tool_calls_continue_in_chat_and_responses_shapes(tok: ChatTokenizer) -> None:
@@ -101,21 +120,24 @@ def test_tool_calls_continue_in_chat_and_responses_shapes(tok: ChatTokenizer) ->
     for shape in ("chat", "responses"):
         cont, counter = make(tok)
         first = [{"role": "user", "content": "add 2 and 3"}]
-        p1, reply, choice = turn(cont, tok, first, out, FinishReason("stop", matched=IM_END),
-                                 TOOLS)
+        p1, reply, choice = turn(cont, tok, first, out, FinishReason("stop", matched=IM_END), TOOLS)
         assert reply["content"] is None and reply["tool_calls"]
         call_id = reply["tool_calls"][0]["id"]
         if shape == "chat":
             second = [*first, reply, {"role": "tool", "tool_call_id": call_id, "content": "5"}]
         else:  # the client replays our output items as input items
-            items = [*first, *output_items("resp_1", choice),
-                     {"type": "function_call_output", "call_id": call_id, "output": "5"}]
+            items = [
+                *first,
+                *output_items("resp_1", choice),
+                {"type": "function_call_output", "call_id": call_id, "output": "5"},
+            ]
             second, _, _ = responses_to_chat(ResponsesRequest(model="m", input=items))
         p2, _ = cont.prompt(SESSION, second, TOOLS, None)
         assert count(counter, "continued") == 1, shape
         assert p2 == p1 + out + tok.encode(
             "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
-            "<|im_start|>assistant\n")
+            "<|im_start|>assistant\n"
+        )
 
 
 def test_no_match_renders_fully(tok: ChatTokenizer) -> None:
@@ -124,10 +146,11 @@ def test_no_match_renders_fully(tok: ChatTokenizer) -> None:
     out = [*non_canonical_ids(tok, "Hello there"), IM_END]
     _, reply, _ = turn(cont, tok, first, out, FinishReason("stop", matched=IM_END))
     edited = {**reply, "content": "Hello there!"}  # the client changed our reply
-    for messages, tools in (([*first, edited, {"role": "user", "content": "x"}], None),
-                            ([*first, reply, {"role": "user", "content": "x"}], TOOLS),
-                            ([{"role": "user", "content": "Hey"}, reply,
-                              {"role": "user", "content": "x"}], None)):
+    for messages, tools in (
+        ([*first, edited, {"role": "user", "content": "x"}], None),
+        ([*first, reply, {"role": "user", "content": "x"}], TOOLS),
+        ([{"role": "user", "content": "Hey"}, reply, {"role": "user", "content": "x"}], None),
+    ):
         ids, _ = cont.prompt(SESSION, messages, tools, None)
         assert ids == tok.encode(tok.render(normalize_messages(messages), tools))
     assert count(counter, "continued") == 0 and count(counter, "no_match") == 4
@@ -150,23 +173,31 @@ DROPS_EARLIER_REASONING = (
     "{%- if m.role == 'assistant' and m.reasoning_content and loop.index0 > ns.last_user -%}"
     "<think>\n{{ m.reasoning_content }}\n</think>\n\n{%- endif -%}"
     "{{ m.content }}<|im_end|>\n{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
-COUNTS_MESSAGES = ("<|im_start|>system\n{{ messages|length }} messages<|im_end|>\n"
-                   "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}"
-                   "<|im_end|>\n{%- endfor -%}"
-                   "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
-PLAIN_TEXT = ("{%- for m in messages -%}{{ m.role }}: {{ m.content }}\n{%- endfor -%}"
-              "{%- if add_generation_prompt -%}assistant:{%- endif -%}")
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+COUNTS_MESSAGES = (
+    "<|im_start|>system\n{{ messages|length }} messages<|im_end|>\n"
+    "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "<|im_end|>\n{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+PLAIN_TEXT = (
+    "{%- for m in messages -%}{{ m.role }}: {{ m.content }}\n{%- endfor -%}"
+    "{%- if add_generation_prompt -%}assistant:{%- endif -%}"
+)
 
 
-@pytest.mark.parametrize(("template", "outcome", "reasoning"), [
-    (DROPS_EARLIER_REASONING, "not_prefix_stable", True),
-    (COUNTS_MESSAGES, "prefix_changed", False),
-    (PLAIN_TEXT, "no_end_of_turn", False),
-])
-def test_not_prefix_stable_templates_fall_back(tiny_model_dir: Path, tmp_path: Path,
-                                              template: str, outcome: str,
-                                              reasoning: bool) -> None:
+@pytest.mark.parametrize(
+    ("template", "outcome", "reasoning"),
+    [
+        (DROPS_EARLIER_REASONING, "not_prefix_stable", True),
+        (COUNTS_MESSAGES, "prefix_changed", False),
+        (PLAIN_TEXT, "no_end_of_turn", False),
+    ],
+)
+def test_not_prefix_stable_templates_fall_back(
+    tiny_model_dir: Path, tmp_path: Path, template: str, outcome: str, reasoning: bool
+) -> None:
     tok = with_template(tiny_model_dir, tmp_path, template)
     cont, counter = make(tok)
     first = [{"role": "user", "content": "Hi"}]
@@ -182,8 +213,12 @@ def test_not_prefix_stable_templates_fall_back(tiny_model_dir: Path, tmp_path: P
 
 
 def test_assistant_key_treats_none_and_empty_content_alike() -> None:
-    base = {"role": "assistant", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    base = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
     assert assistant_key({**base, "content": None}) == assistant_key({**base, "content": ""})
     assert assistant_key({**base, "content": "x"}) != assistant_key({**base, "content": ""})
 
@@ -199,8 +234,12 @@ def test_cache_is_bounded_lru(tok: ChatTokenizer) -> None:
     first = [{"role": "user", "content": "Hi"}]
     out = [*non_canonical_ids(tok, "Hello"), IM_END]
     _, lineage = cont.prompt(SESSION, first, None, None)
-    choice = parse_choice(tok, GeneratedChoice(tuple(out), finish=FinishReason("stop")),
-                          completion_id="c", parse_tools=False)
+    choice = parse_choice(
+        tok,
+        GeneratedChoice(tuple(out), finish=FinishReason("stop")),
+        completion_id="c",
+        parse_tools=False,
+    )
     gen = [SimpleNamespace(output_ids=tuple(out))]
     cont.remember(lineage, gen, [choice])
     one = cont.cache.bytes
@@ -225,8 +264,12 @@ def test_cache_bytes_count_only_the_entries_a_session_keeps(tok: ChatTokenizer) 
         first = [{"role": "user", "content": "Hi " * (i + 1)}]
         out = [*non_canonical_ids(tok, "Hello"), IM_END]
         _, lineage = cont.prompt(f"t{i}", first, None, None)
-        choice = parse_choice(tok, GeneratedChoice(tuple(out), finish=FinishReason("stop")),
-                              completion_id="c", parse_tools=False)
+        choice = parse_choice(
+            tok,
+            GeneratedChoice(tuple(out), finish=FinishReason("stop")),
+            completion_id="c",
+            parse_tools=False,
+        )
         cont.remember(lineage, [SimpleNamespace(output_ids=tuple(out))], [choice])
         entries += cont.cache.entries(f"t{i}")
     cache = ContinuityCache(max_bytes=1 << 30)
@@ -250,14 +293,21 @@ def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> N
     a = Continuity(tok, enabled=True, max_bytes=1 << 24, recent=lambda *_: [])
     first = [{"role": "user", "content": "add 2 and 3"}]
     p1, lineage = a.prompt(SESSION, first, TOOLS, None)
-    choice = parse_choice(tok, GeneratedChoice(tuple(out), finish=FinishReason(
-        "stop", matched=IM_END)), completion_id="chatcmpl-1", parse_tools=True)
+    choice = parse_choice(
+        tok,
+        GeneratedChoice(tuple(out), finish=FinishReason("stop", matched=IM_END)),
+        completion_id="chatcmpl-1",
+        parse_tools=True,
+    )
     (key,) = a.keys(lineage, [choice])
     assert key is not None and key.startswith("1:")
     stored = [RecentTurn("chatcmpl-1", key, pack_int32(p1), pack_int32(out))]
     reply = choice.to_message()
-    second = [*first, reply,
-              {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "5"}]
+    second = [
+        *first,
+        reply,
+        {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "5"},
+    ]
     reads: list[str] = []
 
     def recent(session_id: str, n: int) -> list[RecentTurn]:
@@ -265,14 +315,20 @@ def test_recall_continues_a_turn_another_process_served(tok: ChatTokenizer) -> N
         return stored
 
     recalls = Counter("recalls", "test", ["result"], registry=CollectorRegistry())
-    b = Continuity(tok, enabled=True, max_bytes=1 << 24, recent=recent, recalls=recalls,
-                   counter=Counter("c", "test", ["outcome"], registry=CollectorRegistry()))
+    b = Continuity(
+        tok,
+        enabled=True,
+        max_bytes=1 << 24,
+        recent=recent,
+        recalls=recalls,
+        counter=Counter("c", "test", ["outcome"], registry=CollectorRegistry()),
+    )
     assert not b.wants_recall(SESSION, first)  # no assistant message: nothing to extend
     assert not b.wants_recall(None, second)
     assert b.wants_recall(SESSION, second)
     assert b.recall(SESSION, second, TOOLS, None) and reads == [SESSION]
     p2, _ = b.prompt(SESSION, second, TOOLS, None)
-    assert p2[:len(p1) + len(out)] == p1 + out
+    assert p2[: len(p1) + len(out)] == p1 + out
     assert not b.wants_recall(SESSION, second)  # remembered now
     assert count(recalls, "found") == 1
 

@@ -11,8 +11,10 @@ import pytest
 
 from areal_service.datasets import DatasetConfig, load_samples
 
-ROWS = [{"question": "1 + 1?", "answer": "#### 2"},
-        {"question": "2 * 3?", "answer": "#### 6", "id": "q-two"}]
+ROWS = [
+    {"question": "1 + 1?", "answer": "#### 2"},
+    {"question": "2 * 3?", "answer": "#### 6", "id": "q-two"},
+]
 
 
 def _write_all(tmp_path):
@@ -20,13 +22,17 @@ def _write_all(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps(ROWS))
     table = pa.Table.from_pylist([{**r, "id": r.get("id")} for r in ROWS])
     pq.write_table(table, tmp_path / "d.parquet")
-    with pa.OSFile(str(tmp_path / "d.arrow"), "wb") as sink, \
-            pa.ipc.new_file(sink, table.schema) as writer:
+    with (
+        pa.OSFile(str(tmp_path / "d.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
         writer.write_table(table)
     folder = tmp_path / "hf"  # what datasets.save_to_disk writes: stream-format shards
     folder.mkdir()
-    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink, \
-            pa.ipc.new_stream(sink, table.schema) as writer:
+    with (
+        pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink,
+        pa.ipc.new_stream(sink, table.schema) as writer,
+    ):
         writer.write_table(table)
     return ["d.jsonl", "d.json", "d.parquet", "d.arrow", "hf"]
 
@@ -35,7 +41,8 @@ def test_every_format_gives_the_same_samples(tmp_path):
     for name in _write_all(tmp_path):
         samples = load_samples(DatasetConfig(path=tmp_path / name, name="math"))
         assert [s["messages"] for s in samples] == [
-            [{"role": "user", "content": "1 + 1?"}], [{"role": "user", "content": "2 * 3?"}]
+            [{"role": "user", "content": "1 + 1?"}],
+            [{"role": "user", "content": "2 * 3?"}],
         ], name
         assert [s["answer"] for s in samples] == ["#### 2", "#### 6"], name
         assert samples[1]["id"] == "q-two" and samples[1]["question"] == "2 * 3?", name
@@ -45,17 +52,31 @@ def test_every_format_gives_the_same_samples(tmp_path):
 
 def test_messages_prompt_template_system_prompt_and_limit(tmp_path):
     path = tmp_path / "chat.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in [
-        {"messages": [{"role": "user", "content": "hi"}], "label": "x"},
-        {"prompt": "plain", "label": "y"},
-        {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
-         "label": "z"},
-    ]))
-    cfg = DatasetConfig(path=path, answer_field="label", system_prompt="be brief",
-                        prompt_template="Q: {prompt}")
+    path.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"messages": [{"role": "user", "content": "hi"}], "label": "x"},
+                {"prompt": "plain", "label": "y"},
+                {
+                    "prompt": [
+                        {"role": "system", "content": "s"},
+                        {"role": "user", "content": "u"},
+                    ],
+                    "label": "z",
+                },
+            ]
+        )
+    )
+    cfg = DatasetConfig(
+        path=path, answer_field="label", system_prompt="be brief", prompt_template="Q: {prompt}"
+    )
     a, b, c = load_samples(cfg)
-    assert a["messages"] == [{"role": "system", "content": "be brief"},
-                             {"role": "user", "content": "hi"}] and a["answer"] == "x"
+    assert (
+        a["messages"]
+        == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+        and a["answer"] == "x"
+    )
     assert b["messages"][1] == {"role": "user", "content": "Q: plain"}
     assert c["messages"][0] == {"role": "system", "content": "s"} and len(c["messages"]) == 2
     assert len(load_samples(cfg.model_copy(update={"limit": 1}))) == 1

@@ -18,7 +18,8 @@ def test_config_reference_is_current():
     # setting added, removed or re-documented without re-rendering fails here.
     render = runpy.run_path(str(ROOT / "scripts" / "config_reference.py"))["render"]
     assert (ROOT / "docs" / "config.md").read_text() == render(), (
-        "docs/config.md is stale: run `python scripts/config_reference.py`")
+        "docs/config.md is stale: run `python scripts/config_reference.py`"
+    )
 
 
 def test_readme_is_a_front_door():
@@ -34,8 +35,11 @@ def test_readme_is_a_front_door():
 
 def _relative_targets(markdown: str) -> list[str]:
     targets = re.findall(r"\]\(([^)\s]+)\)", markdown)
-    return [t.split("#", 1)[0] for t in targets
-            if not t.startswith(("http://", "https://", "#", "mailto:"))]
+    return [
+        t.split("#", 1)[0]
+        for t in targets
+        if not t.startswith(("http://", "https://", "#", "mailto:"))
+    ]
 
 
 def test_readme_and_example_links_resolve():

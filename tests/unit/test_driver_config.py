@@ -22,8 +22,7 @@ gateway: {{port: 18001}}
 def test_sections_split_and_overrides_reach_both(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text(CONFIG.format(data=tmp_path / "d"))
-    driver, config = load_driver_config(path, ["rollout.epochs=3", "trainer.lr=2e-5",
-                                               "eval.k=[2]"])
+    driver, config = load_driver_config(path, ["rollout.epochs=3", "trainer.lr=2e-5", "eval.k=[2]"])
     assert driver.agent == "examples.math.agent:solve"
     assert driver.rollout.epochs == 3 and driver.rollout.group_size == 2
     assert driver.eval.k == [2] and driver.eval_datasets() == [driver.dataset]
@@ -57,8 +56,13 @@ def test_epoch_order_is_deterministic_and_differs_per_epoch():
 
 def test_state_round_trip_and_fingerprint(tmp_path):
     path = tmp_path / "driver" / "state.json"
-    state = DriverState(fingerprint={"samples": 10}, epoch=1, done=[3, 1],
-                        in_flight={"4": ["sess_a", "sess_b"]}, episodes=12)
+    state = DriverState(
+        fingerprint={"samples": 10},
+        epoch=1,
+        done=[3, 1],
+        in_flight={"4": ["sess_a", "sess_b"]},
+        episodes=12,
+    )
     state.save(path)
     assert DriverState.load(path, {"samples": 10}) == state
     assert DriverState.load(path, {"samples": 11}).done == []  # another run: start over

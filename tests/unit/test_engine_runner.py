@@ -97,8 +97,11 @@ def test_seeded_sampling_is_reproducible(runner: ModelRunner) -> None:
     logits = torch.zeros(1, 600)
     draw = [
         [runner.sample(logits, [SamplingSpec()], [g], [0]).tokens[0] for _ in range(8)]
-        for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7),
-                  torch.Generator().manual_seed(8))
+        for g in (
+            torch.Generator().manual_seed(7),
+            torch.Generator().manual_seed(7),
+            torch.Generator().manual_seed(8),
+        )
     ]
     assert draw[0] == draw[1]
     assert draw[0] != draw[2]

@@ -16,8 +16,9 @@ from engine.scheduler import Request, Scheduler
 
 @pytest.fixture
 def scheduler(tiny_model_dir: Path) -> Iterator[Scheduler]:
-    sched = Scheduler(str(tiny_model_dir), device="cpu", dtype="float32", max_running=8,
-                      weight_version="0")
+    sched = Scheduler(
+        str(tiny_model_dir), device="cpu", dtype="float32", max_running=8, weight_version="0"
+    )
     sched.start()
     assert sched.ready.wait(120), sched.error
     yield sched
@@ -32,15 +33,23 @@ def submit(sched: Scheduler, rid: str, n: int) -> tuple[Request, threading.Event
         if holder and holder[0].finish is not None:
             finished.set()
 
-    req = Request(rid=rid, prompt_ids=[5, 17, 250, 33], params=SamplingParams(temperature=0),
-                  max_new_tokens=n, stop_token_ids=frozenset(), notify=notify, stream=False)
+    req = Request(
+        rid=rid,
+        prompt_ids=[5, 17, 250, 33],
+        params=SamplingParams(temperature=0),
+        max_new_tokens=n,
+        stop_token_ids=frozenset(),
+        notify=notify,
+        stream=False,
+    )
     holder.append(req)
     sched.submit(req).result(10)
     return req, finished
 
 
 def test_a_failing_step_aborts_its_batch_and_the_engine_keeps_serving(
-        scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> None:
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = scheduler.runner
     assert runner is not None
     real_decode = runner.decode

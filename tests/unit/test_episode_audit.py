@@ -43,8 +43,9 @@ def test_every_session_is_counted_once_and_unaccounted_ones_are_named(store: Tra
     assert store.episode_audit(TrainerConfig(group_size=2), at=late).overdue == 1
     # A drop without a reason is a lost episode too.
     with store.engine.begin() as connection:
-        connection.execute(update(SessionRow).where(SessionRow.id == "old")
-                           .values(drop_reason=None))
+        connection.execute(
+            update(SessionRow).where(SessionRow.id == "old").values(drop_reason=None)
+        )
     audit = store.episode_audit(TrainerConfig(group_size=2))
     assert audit.unaccounted_why == {"dropped without a reason": 1}
     assert audit.dropped_by_reason == {"stale": 1, "failed": 1, "group incomplete": 1}

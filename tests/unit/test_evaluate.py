@@ -45,8 +45,10 @@ def test_pass_at_k_matches_the_combinatorial_definition():
 def test_table_row_averages_questions():
     # two questions, n = 4 sampled runs each: 1 and 3 correct; greedy right on the first
     greedy = [(True, 10), (False, 20)]
-    sampled = [[(True, 8), (False, 12), (False, 10), (False, 10)],
-               [(True, 30), (True, 30), (True, 30), (False, None)]]
+    sampled = [
+        [(True, 8), (False, 12), (False, 10), (False, 10)],
+        [(True, 30), (True, 30), (True, 30), (False, None)],
+    ]
     row = table_row("toy", greedy, sampled, [1, 2, 4])
     assert row["dataset"] == "toy" and row["num_questions"] == 2
     assert row["greedy_acc"] == 0.5 and row["greedy_length"] == 15.0
@@ -59,12 +61,22 @@ def test_table_row_averages_questions():
 
 
 def test_table_is_printed_and_saved(tmp_path):
-    rows = [table_row("a", [(True, 3)], [[(True, 3), (False, 5)]], [1, 2]),
-            table_row("b", [], [[(False, None), (False, None)]], [1, 2])]
+    rows = [
+        table_row("a", [(True, 3)], [[(True, 3), (False, 5)]], [1, 2]),
+        table_row("b", [], [[(False, None), (False, None)]], [1, 2]),
+    ]
     text = format_table(rows)
     header, first, second = text.splitlines()
-    assert header.split() == ["dataset", "num_questions", "greedy_length", "sample_length",
-                              "greedy_acc", "sample_pass@1", "pass@1", "pass@2"]
+    assert header.split() == [
+        "dataset",
+        "num_questions",
+        "greedy_length",
+        "sample_length",
+        "greedy_acc",
+        "sample_pass@1",
+        "pass@1",
+        "pass@2",
+    ]
     assert first.split() == ["a", "1", "3.0", "4.0", "1.0000", "0.5000", "0.5000", "1.0000"]
     assert second.split()[2:5] == ["-", "-", "-"]
     json_path, csv_path = save_results(rows, tmp_path / "out")

@@ -123,8 +123,12 @@ def test_tied_head_file_for_vllm_holds_the_trained_embedding(group, tiny_model_d
     from trainer.model import TIED_HEAD_FILE
 
     model = apply_fsdp2(load_policy(tiny_model_dir), mixed_precision=False)
-    train_step(model, build_optimizer(model, CFG), build_micro_batches(
-        _sequences(), ADVS, max_tokens_per_mb=10_000), CFG)
+    train_step(
+        model,
+        build_optimizer(model, CFG),
+        build_micro_batches(_sequences(), ADVS, max_tokens_per_mb=10_000),
+        CFG,
+    )
     plain = save_hf_checkpoint(model, tiny_model_dir, tmp_path / "plain")
     out = save_hf_checkpoint(model, tiny_model_dir, tmp_path / "v1", tied_head_file=True)
     assert not (plain / TIED_HEAD_FILE).exists() and tied_head_missing(plain)
@@ -170,11 +174,16 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_reference_model_is_loaded_only_for_a_kl_penalty(group, tiny_model_dir, tmp_path):
     missing = tmp_path / "no-such-checkpoint"
-    assert reference_model(TrainerConfig(ref_model=str(missing)), missing,
-                           mixed_precision=False) is None  # kl_coef = 0: nothing read
+    assert (
+        reference_model(TrainerConfig(ref_model=str(missing)), missing, mixed_precision=False)
+        is None
+    )  # kl_coef = 0: nothing read
     with pytest.raises(OSError):
-        reference_model(TrainerConfig(kl_coef=0.1, ref_model=str(missing)), tiny_model_dir,
-                        mixed_precision=False)
+        reference_model(
+            TrainerConfig(kl_coef=0.1, ref_model=str(missing)),
+            tiny_model_dir,
+            mixed_precision=False,
+        )
     ref = reference_model(TrainerConfig(kl_coef=0.1), tiny_model_dir, mixed_precision=False)
     assert isinstance(ref, FSDPModule) and not ref.training
     assert all(not p.requires_grad for p in ref.parameters())
@@ -186,8 +195,11 @@ def _sequence_logprobs(model, seq: TrainSequence) -> list[float]:
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([seq.input_ids])).logits[0].double()
     logp = torch.log_softmax(logits, -1)
-    return [float(logp[k - 1, seq.input_ids[k]]) for k in range(1, len(seq.input_ids))
-            if seq.loss_mask[k]]
+    return [
+        float(logp[k - 1, seq.input_ids[k]])
+        for k in range(1, len(seq.input_ids))
+        if seq.loss_mask[k]
+    ]
 
 
 def test_kl_penalty_against_a_frozen_reference(group, tiny_model_dir):
@@ -207,8 +219,9 @@ def test_kl_penalty_against_a_frozen_reference(group, tiny_model_dir):
 
     # One update later the policy differs from the reference: the penalty changes the
     # gradient by exactly the gradient of the KL term alone (advantages 0).
-    with_ref = [replace(mb, ref_logprobs=lp)
-                for mb, lp in zip(mbs, compute_logprobs(ref, mbs), strict=True)]
+    with_ref = [
+        replace(mb, ref_logprobs=lp) for mb, lp in zip(mbs, compute_logprobs(ref, mbs), strict=True)
+    ]
     accumulate_gradients(model, with_ref, CFG)
     g_off = _grads(model)
     accumulate_gradients(model, with_ref, kl_cfg)
@@ -241,8 +254,7 @@ def test_config_upper_clip_reaches_the_step(group, tiny_model_dir):
     eps_clip 0.2 clips every token (no gradient) while eps_clip_higher 0.3 does not."""
     model = apply_fsdp2(load_policy(tiny_model_dir), mixed_precision=False)
     mbs = build_micro_batches(_sequences(), [1.0] * 4, max_tokens_per_mb=10_000)
-    mbs = [replace(mb, prox_logprobs=forward_logprobs(model, mb)[0].detach() - 0.25)
-           for mb in mbs]
+    mbs = [replace(mb, prox_logprobs=forward_logprobs(model, mb)[0].detach() - 0.25) for mb in mbs]
     cap_off = {"behav_imp_weight_cap": None}
     _, clipped = accumulate_gradients(model, mbs, CFG.model_copy(update=cap_off))
     assert clipped.summary().clip_ratio == 1.0
@@ -290,8 +302,11 @@ def test_two_ranks_match_one_process(group, tiny_model_dir, tmp_path, sync_every
     token mean over the whole batch: a wrong cross-rank scale fails here) and, where
     that gradient is well above float noise, the same Adam step. Also with gradients
     reduced only after a step's last micro-batch (two micro-batches a rank)."""
-    cfg = CFG if sync_every_mb else CFG.model_copy(
-        update={"grad_sync_every_mb": False, "max_tokens_per_mb": 2})  # a sequence each
+    cfg = (
+        CFG
+        if sync_every_mb
+        else CFG.model_copy(update={"grad_sync_every_mb": False, "max_tokens_per_mb": 2})
+    )  # a sequence each
     mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path), cfg), nprocs=2)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)

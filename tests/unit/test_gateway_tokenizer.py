@@ -127,22 +127,44 @@ FEATURE_TEMPLATE = """{{- bos_token }}
 namespace, dict, strftime_now, tojson arguments, loop controls, `{% generation %}`."""
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two numbers – exactly.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                         "b": {"type": "integer"}},
-                       "required": ["a", "b"]}}},
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Wetter für eine Stadt 🌦",
-        "parameters": {"type": "object",
-                       "properties": {"city": {"type": "string", "enum": ["Zürich", "東京"]}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers – exactly.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Wetter für eine Stadt 🌦",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Zürich", "東京"]}},
+            },
+        },
+    },
 ]
 
-CALL = {"id": "call_1", "type": "function",
-        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
-CALL_UNICODE = {"id": "call_2", "type": "function",
-                "function": {"name": "get_weather",
-                             "arguments": '{"city": "東京", "note": "naïve \\"quoted\\""}'}}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+}
+CALL_UNICODE = {
+    "id": "call_2",
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "arguments": '{"city": "東京", "note": "naïve \\"quoted\\""}',
+    },
+}
 
 CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
     "single_user": [{"role": "user", "content": "Hello"}],
@@ -150,37 +172,49 @@ CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 2 + 3?"},
         {"role": "assistant", "content": "5."},
-        {"role": "user", "content": "And 40 + 2?"}],
+        {"role": "user", "content": "And 40 + 2?"},
+    ],
     "content_parts": [
-        {"role": "user", "content": [{"type": "text", "text": "part one"},
-                                     {"type": "text", "text": "part two 🙂"}]}],
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "part one"},
+                {"type": "text", "text": "part two 🙂"},
+            ],
+        }
+    ],
     "tool_round_trip": [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "Please add 2 and 3."},
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
         {"role": "assistant", "content": "The answer is 5."},
-        {"role": "user", "content": "Weather in Tokyo?"}],
+        {"role": "user", "content": "Weather in Tokyo?"},
+    ],
     "parallel_calls": [
         {"role": "user", "content": "Both, please."},
         {"role": "assistant", "content": "Calling both.", "tool_calls": [CALL, CALL_UNICODE]},
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
-        {"role": "tool", "tool_call_id": "call_2", "content": "{\"temp\": 21.5}"}],
+        {"role": "tool", "tool_call_id": "call_2", "content": '{"temp": 21.5}'},
+    ],
     "unicode": [
         {"role": "user", "content": "Ünïcödé: café / cafe\u0301 東京 👨‍👩‍👧 ｆｕｌｌ مرحبا"},
         {"role": "assistant", "content": "12345678 + 0.25 = ?\t\n  \n\n"},
-        {"role": "user", "content": "   leading and trailing   "}],
+        {"role": "user", "content": "   leading and trailing   "},
+    ],
     "empty_content": [
         {"role": "system", "content": ""},
         {"role": "user", "content": ""},
         {"role": "assistant", "content": ""},
-        {"role": "user", "content": "ok"}],
+        {"role": "user", "content": "ok"},
+    ],
     "reasoning": [
         {"role": "user", "content": "Think first."},
         {"role": "assistant", "content": "4", "reasoning_content": "2 + 2 is 4"},
         {"role": "user", "content": "Again."},
         {"role": "assistant", "content": "6", "reasoning": "3 + 3"},
-        {"role": "user", "content": "<think>literal markers</think> and <|im_end|> inside"}],
+        {"role": "user", "content": "<think>literal markers</think> and <|im_end|> inside"},
+    ],
 }
 
 
@@ -216,13 +250,26 @@ def make_qwen25_layout(src: Path, dst: Path) -> Path:
     added = _added_tokens_decoder(src)
     added["651"]["special"] = True  # </tool_response>
     added["1"]["special"] = False  # <|im_start|>
-    (dst / "tokenizer_config.json").write_text(json.dumps({
-        "add_prefix_space": False, "added_tokens_decoder": added,
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": None,
-        "chat_template": QWEN25_TEMPLATE, "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 131072,
-        "pad_token": "<|endoftext|>", "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}, indent=2))
+    (dst / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "add_prefix_space": False,
+                "added_tokens_decoder": added,
+                "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+                "bos_token": None,
+                "chat_template": QWEN25_TEMPLATE,
+                "clean_up_tokenization_spaces": False,
+                "eos_token": "<|im_end|>",
+                "errors": "replace",
+                "model_max_length": 131072,
+                "pad_token": "<|endoftext|>",
+                "split_special_tokens": False,
+                "tokenizer_class": "Qwen2Tokenizer",
+                "unk_token": None,
+            },
+            indent=2,
+        )
+    )
     return dst
 
 
@@ -232,9 +279,13 @@ def make_generic_layout(src: Path, dst: Path, tokenizer_class: str) -> Path:
     _copy_tokenizer_files(src, dst)
     (dst / "chat_template.jinja").write_text(FEATURE_TEMPLATE)
     _edit_json(dst / "config.json", model_type="llama", architectures=["LlamaForCausalLM"])
-    _edit_json(dst / "tokenizer_config.json", tokenizer_class=tokenizer_class,
-               bos_token="<|endoftext|>", image_token="<tool_response>",
-               clean_up_tokenization_spaces=True)
+    _edit_json(
+        dst / "tokenizer_config.json",
+        tokenizer_class=tokenizer_class,
+        bos_token="<|endoftext|>",
+        image_token="<tool_response>",
+        clean_up_tokenization_spaces=True,
+    )
     return dst
 
 
@@ -244,31 +295,38 @@ def make_named_templates_layout(src: Path, dst: Path) -> Path:
     _copy_tokenizer_files(src, dst)
     tool_use = (dst / "chat_template.jinja").read_text()
     (dst / "chat_template.jinja").unlink()
-    _edit_json(dst / "tokenizer_config.json", chat_template=[
-        {"name": "default", "template": QWEN25_TEMPLATE},
-        {"name": "tool_use", "template": "TOOLS {{ tools | length }} " + tool_use}])
+    _edit_json(
+        dst / "tokenizer_config.json",
+        chat_template=[
+            {"name": "default", "template": QWEN25_TEMPLATE},
+            {"name": "tool_use", "template": "TOOLS {{ tools | length }} " + tool_use},
+        ],
+    )
     return dst
 
 
 @pytest.fixture(scope="module")
-def variants(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-             ) -> dict[str, Path]:
+def variants(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tokenizer_variants")
     return {
         "tiny": tiny_model_dir,
         "qwen25_v4": make_qwen25_layout(tiny_model_dir, root / "qwen25"),
-        "llama3_generic": make_generic_layout(tiny_model_dir, root / "llama3",
-                                              "PreTrainedTokenizerFast"),
-        "llama_named_bytelevel": make_generic_layout(tiny_model_dir, root / "llama_bl",
-                                                     "LlamaTokenizerFast"),
+        "llama3_generic": make_generic_layout(
+            tiny_model_dir, root / "llama3", "PreTrainedTokenizerFast"
+        ),
+        "llama_named_bytelevel": make_generic_layout(
+            tiny_model_dir, root / "llama_bl", "LlamaTokenizerFast"
+        ),
         "named_templates": make_named_templates_layout(tiny_model_dir, root / "named"),
     }
 
 
 @pytest.fixture(scope="module")
 def pairs(variants: dict[str, Path]) -> dict[str, tuple[ChatTokenizer, Any]]:
-    return {name: (ChatTokenizer.from_pretrained(path), AutoTokenizer.from_pretrained(path))
-            for name, path in variants.items()}
+    return {
+        name: (ChatTokenizer.from_pretrained(path), AutoTokenizer.from_pretrained(path))
+        for name, path in variants.items()
+    }
 
 
 VARIANTS = ["tiny", "qwen25_v4", "llama3_generic", "llama_named_bytelevel", "named_templates"]
@@ -278,8 +336,9 @@ VARIANTS = ["tiny", "qwen25_v4", "llama3_generic", "llama_named_bytelevel", "nam
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_backend_equals_transformers_backend(pairs: dict[str, Any], variants: dict[str, Path],
-                                             name: str) -> None:
+def test_backend_equals_transformers_backend(
+    pairs: dict[str, Any], variants: dict[str, Path], name: str
+) -> None:
     tok, hf = pairs[name]
     assert isinstance(tok.core, RustTokenizer)
     # The whole serialized Rust tokenizer: pipeline, BPE options, added tokens and flags.
@@ -288,7 +347,8 @@ def test_backend_equals_transformers_backend(pairs: dict[str, Any], variants: di
     model_config = json.loads((variants[name] / "config.json").read_text())
     resolved = auto_tokenizer_class(variants[name], config, model_config)
     assert resolved == type(hf).__name__ or (
-        resolved in _GENERIC_CLASSES and type(hf).__name__ == "TokenizersBackend")
+        resolved in _GENERIC_CLASSES and type(hf).__name__ == "TokenizersBackend"
+    )
     assert tok.core._template._special == hf.special_tokens_map
     assert dict(tok.core.added_tokens) == {i: t.content for i, t in hf.added_tokens_decoder.items()}
 
@@ -302,10 +362,12 @@ def test_tables_match_installed_transformers() -> None:
     from gateway.tokenizer import _CLASS_PIPELINES, _HUB_CLASS_OVERRIDES
 
     assert _HUB_CLASS_OVERRIDES == {
-        m: auto.TOKENIZER_MAPPING_NAMES[m] for m in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS}
+        m: auto.TOKENIZER_MAPPING_NAMES[m] for m in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+    }
     assert _CLASS_PIPELINES["Qwen2Tokenizer"].split_regex == tokenization_qwen2.PRETOKENIZE_REGEX
-    assert (_CLASS_PIPELINES["Qwen3_5Tokenizer"].split_regex
-            == tokenization_qwen3_5.PRETOKENIZE_REGEX)
+    assert (
+        _CLASS_PIPELINES["Qwen3_5Tokenizer"].split_regex == tokenization_qwen3_5.PRETOKENIZE_REGEX
+    )
     assert list(NAMED_SPECIAL_TOKENS) == PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES
 
 
@@ -317,14 +379,17 @@ def test_module_imports_neither_torch_nor_transformers(tiny_model_dir: Path) -> 
         "ids = t.encode(t.render([{'role': 'user', 'content': 'hi'}], None))\n"
         "assert ids and t.decode(ids) == 'user\\nhi\\nassistant\\n', t.decode(ids)\n"
         "assert type(t.core).__name__ == 'RustTokenizer'\n"
-        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
 
 
-def test_slow_only_checkpoint_loads_through_transformers(tiny_model_dir: Path,
-                                                        tmp_path: Path) -> None:
+def test_slow_only_checkpoint_loads_through_transformers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """No tokenizer.json: vocab.json + merges.txt, loaded by transformers, same ids."""
     data = json.loads((tiny_model_dir / "tokenizer.json").read_text())
     (tmp_path / "vocab.json").write_text(json.dumps(data["model"]["vocab"]))
@@ -332,10 +397,14 @@ def test_slow_only_checkpoint_loads_through_transformers(tiny_model_dir: Path,
     (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
     for name in ("config.json", "chat_template.jinja", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, tmp_path / name)
-    _edit_json(tmp_path / "tokenizer_config.json",
-               added_tokens_decoder=_added_tokens_decoder(tiny_model_dir))
-    tok, reference = ChatTokenizer.from_pretrained(tmp_path), ChatTokenizer.from_pretrained(
-        tiny_model_dir)
+    _edit_json(
+        tmp_path / "tokenizer_config.json",
+        added_tokens_decoder=_added_tokens_decoder(tiny_model_dir),
+    )
+    tok, reference = (
+        ChatTokenizer.from_pretrained(tmp_path),
+        ChatTokenizer.from_pretrained(tiny_model_dir),
+    )
     assert isinstance(tok.core, TransformersTokenizer)
     conversation = CONVERSATIONS["tool_round_trip"]
     text = tok.render(conversation, TOOLS)
@@ -343,8 +412,9 @@ def test_slow_only_checkpoint_loads_through_transformers(tiny_model_dir: Path,
     assert tok.encode(text) == reference.encode(text)
 
 
-def test_model_specific_class_falls_back_to_transformers(tiny_model_dir: Path,
-                                                         tmp_path: Path) -> None:
+def test_model_specific_class_falls_back_to_transformers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """A class whose transformers `__init__` rebuilds a pipeline not reproduced here."""
     _copy_tokenizer_files(tiny_model_dir, tmp_path / "gpt2")
     _edit_json(tmp_path / "gpt2" / "config.json", model_type="gpt2")
@@ -376,13 +446,15 @@ def test_rust_tokenizer_has_no_hf(pairs: dict[str, Any]) -> None:
 @pytest.mark.parametrize("tools", [None, TOOLS], ids=["no_tools", "tools"])
 @pytest.mark.parametrize("conversation", list(CONVERSATIONS))
 @pytest.mark.parametrize("name", VARIANTS)
-def test_render_and_encode_equal_transformers(pairs: dict[str, Any], name: str,
-                                              conversation: str, tools: Any) -> None:
+def test_render_and_encode_equal_transformers(
+    pairs: dict[str, Any], name: str, conversation: str, tools: Any
+) -> None:
     tok, hf = pairs[name]
     messages = CONVERSATIONS[conversation]
     try:
-        rendered = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                          tokenize=False)
+        rendered = hf.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
     except TypeError:  # Qwen2.5's template concatenates content parts as a string
         with pytest.raises(TypeError):
             tok.core.render(messages, tools)
@@ -413,25 +485,37 @@ def test_memoized_renders_equal_transformers(pairs: dict[str, Any], name: str) -
                 for add in (True, False):
                     try:
                         rendered = hf.apply_chat_template(
-                            messages, tools=tools, add_generation_prompt=add, tokenize=False)
+                            messages, tools=tools, add_generation_prompt=add, tokenize=False
+                        )
                     except TypeError:
                         continue
                     assert tok.render(messages, tools, add_generation_prompt=add) == rendered
                     before = template.memo_hits
-                    again = tok.render([dict(m) for m in messages], tools,
-                                       add_generation_prompt=add)
+                    again = tok.render(
+                        [dict(m) for m in messages], tools, add_generation_prompt=add
+                    )
                     assert again == rendered
                     assert template.memo_hits == before + 1
 
 
 def test_memo_keys_keep_types_and_order_apart() -> None:
     """Inputs that differ only in type (1, "1", 1.0, True) or in key order render apart."""
-    template = ChatTemplate("{% for m in messages %}{{ m.content|tojson }}"
-                            "{% for k in m %}{{ k }},{% endfor %};{% endfor %}", {})
-    for content, shown in [(1, "1"), ("1", '"1"'), (1.0, "1.0"), (True, "true"),
-                           (1, "1"), ("1", '"1"')]:
+    template = ChatTemplate(
+        "{% for m in messages %}{{ m.content|tojson }}"
+        "{% for k in m %}{{ k }},{% endfor %};{% endfor %}",
+        {},
+    )
+    for content, shown in [
+        (1, "1"),
+        ("1", '"1"'),
+        (1.0, "1.0"),
+        (True, "true"),
+        (1, "1"),
+        ("1", '"1"'),
+    ]:
         assert template.render([{"role": "user", "content": content}], None) == (
-            f"{shown}role,content,;")
+            f"{shown}role,content,;"
+        )
     assert template.render([{"content": "x", "role": "user"}], None) == '"x"content,role,;'
     assert template.memo_hits == 2
 
@@ -471,8 +555,9 @@ def test_template_files_win_over_tokenizer_config(tiny_model_dir: Path, tmp_path
     (ckpt / "additional_chat_templates" / "tool_use.jinja").write_text("TOOL {{ tools|length }}")
     tok, hf = ChatTokenizer.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
     for tools in (None, TOOLS):
-        expected = hf.apply_chat_template(CONVERSATIONS["multi_turn"], tools=tools,
-                                          add_generation_prompt=True, tokenize=False)
+        expected = hf.apply_chat_template(
+            CONVERSATIONS["multi_turn"], tools=tools, add_generation_prompt=True, tokenize=False
+        )
         assert tok.render(CONVERSATIONS["multi_turn"], tools) == expected
     assert tok.render(CONVERSATIONS["multi_turn"], TOOLS) == "TOOL 2"
     config = json.loads((ckpt / "tokenizer_config.json").read_text())
@@ -498,8 +583,12 @@ def test_template_errors_like_transformers(pairs: dict[str, Any]) -> None:
 
 def test_loop_controls_and_sandbox(pairs: dict[str, Any]) -> None:
     tok, hf = pairs["llama3_generic"]
-    messages = [{"role": "user", "content": "SKIP"}, {"role": "user", "content": "kept"},
-                {"role": "user", "content": "STOP"}, {"role": "user", "content": "dropped"}]
+    messages = [
+        {"role": "user", "content": "SKIP"},
+        {"role": "user", "content": "kept"},
+        {"role": "user", "content": "STOP"},
+        {"role": "user", "content": "dropped"},
+    ]
     text = tok.render(messages, None)
     assert text == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert "kept" in text and "dropped" not in text
@@ -512,8 +601,9 @@ def test_loop_controls_and_sandbox(pairs: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", ["tiny", "qwen25_v4", "llama3_generic"])
-def test_every_token_decodes_and_describes_like_transformers(pairs: dict[str, Any],
-                                                              name: str) -> None:
+def test_every_token_decodes_and_describes_like_transformers(
+    pairs: dict[str, Any], name: str
+) -> None:
     tok, hf = pairs[name]
     via_hf = ChatTokenizer(hf)
     ids = list(range(len(hf)))
@@ -535,9 +625,14 @@ def test_plain_template_data() -> None:
         def upper(self) -> str:  # would leak if the template saw the subclass
             return "LEAKED"
 
-    template = ChatTemplate("{% for m in messages %}{{ m.content.upper() }}|"
-                            "{{ m.parts[0].text if m.parts is defined else '' }}|"
-                            "{{ m.thinking if m.thinking is defined else '' }};{% endfor %}", {})
-    messages = [{"role": "user", "content": Shout("hi"), "parts": (Part(text="p"),)},
-                {"role": "assistant", "content": "ok", "reasoning": "r", "tool_calls": None}]
+    template = ChatTemplate(
+        "{% for m in messages %}{{ m.content.upper() }}|"
+        "{{ m.parts[0].text if m.parts is defined else '' }}|"
+        "{{ m.thinking if m.thinking is defined else '' }};{% endfor %}",
+        {},
+    )
+    messages = [
+        {"role": "user", "content": Shout("hi"), "parts": (Part(text="p"),)},
+        {"role": "assistant", "content": "ok", "reasoning": "r", "tool_calls": None},
+    ]
     assert template.render(messages, None) == "HI|p|;OK||r;"

@@ -71,8 +71,12 @@ async def raw_server() -> AsyncIterator[Callable[[Handler], Awaitable[RawServer]
 
 
 def reply(body: bytes, *, status: int = 200, extra: bytes = b"") -> bytes:
-    return (b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
-            % (status, len(body), extra, body))
+    return b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        status,
+        len(body),
+        extra,
+        body,
+    )
 
 
 async def echo_length(_: asyncio.StreamReader, w: asyncio.StreamWriter, req: bytes) -> bool:
@@ -192,8 +196,7 @@ async def test_failures_are_typed(raw_server) -> None:  # noqa: ANN001
     assert asyncio.get_running_loop().time() - t0 < 2
 
 
-async def test_idle_connections_expire_and_server_side_closes_are_noticed(
-        raw_server) -> None:  # noqa: ANN001
+async def test_idle_connections_expire_and_server_side_closes_are_noticed(raw_server) -> None:  # noqa: ANN001
     srv = await raw_server(echo_length)
     pool = Http1Pool(srv.url, keepalive_s=0.05)
     async with pool.post("/generate", b"{}", timeout_s=5) as r:

@@ -16,8 +16,9 @@ from gateway.limits import KeyLimits, sync_key_limits
 
 
 def _key(store: TrajectoryStore, key_id: str = "k1", **limits: int) -> ApiKeyRecord:
-    return store.keys.add_api_key(ApiKeyRecord(id=key_id, key_hash=f"hash-{key_id}",
-                                          display="sk-…", **limits))
+    return store.keys.add_api_key(
+        ApiKeyRecord(id=key_id, key_hash=f"hash-{key_id}", display="sk-…", **limits)
+    )
 
 
 def test_exchange_sums_the_other_fresh_holders(store: TrajectoryStore) -> None:
@@ -27,7 +28,9 @@ def test_exchange_sums_the_other_fresh_holders(store: TrajectoryStore) -> None:
     mine = {"k1": KeyCounts(3, 30, 1, 7)}
     assert store.coordination.exchange_key_counts("a", mine, 5, now=100.0) == ({}, {"k1": 500})
     store.coordination.exchange_key_counts("b", {"k1": KeyCounts(2, 20, 2, 4)}, 5, now=101.0)
-    store.coordination.exchange_key_counts("c", {"k1": KeyCounts(1, 10, 0, 0)}, 5, now=90.0)  # stale
+    store.coordination.exchange_key_counts(
+        "c", {"k1": KeyCounts(1, 10, 0, 0)}, 5, now=90.0
+    )  # stale
     peers, used = store.coordination.exchange_key_counts("a", mine, 5, now=102.0)
     assert peers == {"k1": KeyCounts(2, 20, 2, 4)} and used == {"k1": 500}
     peers, _ = store.coordination.exchange_key_counts("b", {"k1": KeyCounts()}, 5, now=103.0)
@@ -35,7 +38,9 @@ def test_exchange_sums_the_other_fresh_holders(store: TrajectoryStore) -> None:
     store.coordination.forget_key_counts("a")
     assert store.coordination.exchange_key_counts("b", {"k1": KeyCounts()}, 5, now=104.0)[0] == {}
     # an hour-old row is deleted by the next exchange
-    store.coordination.exchange_key_counts("z", {"k1": KeyCounts()}, 5, now=104.0 + FORGET_AFTER_S + 1)
+    store.coordination.exchange_key_counts(
+        "z", {"k1": KeyCounts()}, 5, now=104.0 + FORGET_AFTER_S + 1
+    )
     with engine.connect() as connection:
         holders = connection.exec_driver_sql("SELECT holder FROM key_counters").scalars().all()
     assert sorted(holders) == ["z"]
@@ -44,8 +49,16 @@ def test_exchange_sums_the_other_fresh_holders(store: TrajectoryStore) -> None:
 def test_limits_count_the_other_processes() -> None:
     now = [1000.0]
     limits = KeyLimits(clock=lambda: now[0])
-    key = ApiKeyRecord(id="k1", key_hash="h", display="d", rpm_limit=5, max_concurrent=3,
-                       tpm_limit=100, token_budget=1000, tokens_used=0)
+    key = ApiKeyRecord(
+        id="k1",
+        key_hash="h",
+        display="d",
+        rpm_limit=5,
+        max_concurrent=3,
+        tpm_limit=100,
+        token_budget=1000,
+        tokens_used=0,
+    )
     assert limits.admit(key)
     mine = limits.counts({})
     assert mine == {"k1": KeyCounts(1, 0, 1, 0)}
@@ -60,8 +73,11 @@ def test_limits_count_the_other_processes() -> None:
     with pytest.raises(OpenAIError, match="tokens per minute"):
         limits.admit(key)
     # the budget: stored total + this process's and the others' unflushed tokens
-    limits.apply({"k1": KeyCounts(unflushed_tokens=300)},
-                 {"k1": KeyCounts(unflushed_tokens=200)}, {"k1": 500})
+    limits.apply(
+        {"k1": KeyCounts(unflushed_tokens=300)},
+        {"k1": KeyCounts(unflushed_tokens=200)},
+        {"k1": 500},
+    )
     with pytest.raises(OpenAIError, match="token budget"):
         limits.admit(key)
     limits.apply(mine, {}, {"k1": 100})
@@ -79,8 +95,10 @@ def test_two_processes_share_a_rate_limit(store: TrajectoryStore) -> None:
 
     async def run() -> list[bool]:
         a, b = KeyLimits(), KeyLimits()
-        tasks = [asyncio.create_task(sync_key_limits(limits, dict, store.coordination, name, 0.05))
-                 for limits, name in ((a, "a"), (b, "b"))]
+        tasks = [
+            asyncio.create_task(sync_key_limits(limits, dict, store.coordination, name, 0.05))
+            for limits, name in ((a, "a"), (b, "b"))
+        ]
         try:
             admitted = [a.admit(key), a.admit(key), b.admit(key)]
             deadline = asyncio.get_running_loop().time() + 10

@@ -86,15 +86,15 @@ async def test_forget_during_a_lookup_is_not_undone(store: TrajectoryStore):
     assert store.keys.lookups == 2
 
 
-async def test_unknown_key_is_401_and_a_failed_lookup_reaches_every_waiter(
-        store: TrajectoryStore):
+async def test_unknown_key_is_401_and_a_failed_lookup_reaches_every_waiter(store: TrajectoryStore):
     resolver = KeyResolver(store, "admin")
     with pytest.raises(OpenAIError) as raised:
         await resolver.resolve("sk-areal-unknown")
     assert raised.value.status == 401
     store.keys.fail = RuntimeError("database gone")
-    results = await asyncio.gather(*(resolver.resolve("sk-areal-other") for _ in range(3)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(resolver.resolve("sk-areal-other") for _ in range(3)), return_exceptions=True
+    )
     assert [type(r) for r in results] == [RuntimeError] * 3
     assert store.keys.lookups == 2  # one for the unknown key, one shared by the three
     store.keys.fail = None

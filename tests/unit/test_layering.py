@@ -58,8 +58,10 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             # `from pkg import sub` imports the submodule; `from pkg import name`, the package.
-            candidates = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
-                          for alias in node.names]
+            candidates = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                for alias in node.names
+            ]
         else:
             continue
         for candidate in candidates:
@@ -143,8 +145,9 @@ def test_the_core_loads_no_torch_transformers_or_peer():
         "{'torch', 'transformers', 'gateway', 'trainer', 'engine', 'launcher', 'fastapi'})\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     assert out.stdout.strip() == ""
 
 
@@ -161,8 +164,11 @@ def test_sql_lives_in_the_store():
                 used = [node.module]
             else:
                 continue
-            wrong += [f"{name}: {m}" for m in used
-                      if m.split(".")[0] == "sqlalchemy" or m.startswith("areal_service.store.schema")]
+            wrong += [
+                f"{name}: {m}"
+                for m in used
+                if m.split(".")[0] == "sqlalchemy" or m.startswith("areal_service.store.schema")
+            ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -170,14 +176,19 @@ def test_sql_lives_in_the_store():
 # (`KeyStore`) and `store.coordination` (`Coordination`). Callers outside the package use
 # these objects' methods; the modules whose functions take the engine are theirs alone.
 
+
 def _outside_the_store() -> dict[str, Path]:
-    return {name: path for name, path in _modules().items()
-            if name != "areal_service.store" and not name.startswith("areal_service.store.")}
+    return {
+        name: path
+        for name, path in _modules().items()
+        if name != "areal_service.store" and not name.startswith("areal_service.store.")
+    }
 
 
 def _public_methods(cls: type) -> set[str]:
-    return {name for name, _ in inspect.getmembers(cls, inspect.isfunction)
-            if not name.startswith("_")}
+    return {
+        name for name, _ in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_")
+    }
 
 
 def _takes_the_engine(function: object) -> bool:
@@ -203,21 +214,33 @@ def test_no_function_that_takes_the_engine_is_imported_outside_the_store():
     for name, path in _outside_the_store().items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                    "areal_service.store"):
+                "areal_service.store"
+            ):
                 module = importlib.import_module(node.module or "")
                 for alias in node.names:
                     found = getattr(module, alias.name, None)
-                    members = ([v for _, v in inspect.getmembers(found, inspect.isfunction)
-                                if v.__module__ == found.__name__]
-                               if inspect.ismodule(found) else [found])
-                    wrong += [f"{name}: {node.module}.{alias.name}"
-                              for f in members if _takes_the_engine(f)][:1]
+                    members = (
+                        [
+                            v
+                            for _, v in inspect.getmembers(found, inspect.isfunction)
+                            if v.__module__ == found.__name__
+                        ]
+                        if inspect.ismodule(found)
+                        else [found]
+                    )
+                    wrong += [
+                        f"{name}: {node.module}.{alias.name}"
+                        for f in members
+                        if _takes_the_engine(f)
+                    ][:1]
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.startswith("areal_service.store."):
                         module = importlib.import_module(alias.name)
-                        if any(_takes_the_engine(f) and f.__module__ == alias.name
-                               for _, f in inspect.getmembers(module, inspect.isfunction)):
+                        if any(
+                            _takes_the_engine(f) and f.__module__ == alias.name
+                            for _, f in inspect.getmembers(module, inspect.isfunction)
+                        ):
                             wrong.append(f"{name}: import {alias.name}")
     assert not wrong, "\n".join(wrong)
 
@@ -225,25 +248,33 @@ def test_no_function_that_takes_the_engine_is_imported_outside_the_store():
 def _store_like(node: ast.expr) -> bool:
     """`store`, `_store`, `x.store` or `x._store`."""
     return (isinstance(node, ast.Name) and node.id in ("store", "_store")) or (
-        isinstance(node, ast.Attribute) and node.attr in ("store", "_store"))
+        isinstance(node, ast.Attribute) and node.attr in ("store", "_store")
+    )
 
 
 def test_nothing_outside_the_store_holds_its_engine():
-    wrong = [f"{name}:{node.lineno}"
-             for name, path in _outside_the_store().items()
-             for node in ast.walk(ast.parse(path.read_text(), str(path)))
-             if isinstance(node, ast.Attribute) and node.attr == "engine"
-             and _store_like(node.value)]
+    wrong = [
+        f"{name}:{node.lineno}"
+        for name, path in _outside_the_store().items()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "engine" and _store_like(node.value)
+    ]
     assert not wrong, "store.engine outside the store:\n" + "\n".join(wrong)
 
 
 def _protocol_methods(tree: ast.Module) -> set[str]:
     """Methods of the module's own `Protocol` classes (a module may ask for just the one
     method it calls, which the app fills with the domain's object)."""
-    return {item.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-            and any(getattr(base, "id", getattr(base, "attr", None)) == "Protocol"
-                    for base in node.bases)
-            for item in node.body if isinstance(item, ast.FunctionDef)}
+    return {
+        item.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(
+            getattr(base, "id", getattr(base, "attr", None)) == "Protocol" for base in node.bases
+        )
+        for item in node.body
+        if isinstance(item, ast.FunctionDef)
+    }
 
 
 def test_keys_and_coordination_are_reached_through_their_objects():
@@ -260,7 +291,8 @@ def test_keys_and_coordination_are_reached_through_their_objects():
             for domain, methods in domains.items():
                 via = node.value
                 through = (isinstance(via, ast.Attribute) and via.attr == domain) or (
-                    isinstance(via, ast.Name) and via.id == domain)
+                    isinstance(via, ast.Name) and via.id == domain
+                )
                 if node.attr in methods and not through:
                     wrong.append(f"{name}:{node.lineno}: .{node.attr} not via .{domain}")
     assert not wrong, "\n".join(wrong)

@@ -52,7 +52,8 @@ async def test_one_leader_and_takeover(store: TrajectoryStore) -> None:
 
 
 async def test_a_failed_renewal_keeps_the_lease_until_its_expiry(
-        store: TrajectoryStore, monkeypatch) -> None:  # noqa: ANN001
+    store: TrajectoryStore, monkeypatch
+) -> None:  # noqa: ANN001
     """The database down for a moment: a leader keeps leading until the expiry everyone
     else sees (nobody can take the row before it); a follower does not become leader."""
     leader, follower = Leadership(store, ttl_s=30), Leadership(store, ttl_s=30)

@@ -33,11 +33,18 @@ def _sequences(n: int = 4) -> list[TrainSequence]:
     for i in range(n):
         n_prompt, n_out = rng.randint(3, 8), rng.randint(4, 10)
         mask = (0,) * n_prompt + (1,) * n_out
-        out.append(TrainSequence(
-            session_id=f"s{i}", group_id="g", completion_ids=(f"c{i}",),
-            input_ids=tuple(rng.randrange(600) for _ in mask), loss_mask=mask,
-            logprobs=tuple(-6.0 if m else 0.0 for m in mask),
-            versions=tuple(0 if m else -1 for m in mask), reward=float(i % 2)))
+        out.append(
+            TrainSequence(
+                session_id=f"s{i}",
+                group_id="g",
+                completion_ids=(f"c{i}",),
+                input_ids=tuple(rng.randrange(600) for _ in mask),
+                loss_mask=mask,
+                logprobs=tuple(-6.0 if m else 0.0 for m in mask),
+                versions=tuple(0 if m else -1 for m in mask),
+                reward=float(i % 2),
+            )
+        )
     return out
 
 
@@ -69,8 +76,9 @@ def test_lora_trains_only_the_adapter_and_publishes_it_alone(group, tiny_model_d
     before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
     optimizer = build_optimizer(model, CFG)
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(names)
-    stats = train_step(model, optimizer, build_micro_batches(_sequences(), [1, -1, .5, -.5],
-                                                             10_000), CFG)
+    stats = train_step(
+        model, optimizer, build_micro_batches(_sequences(), [1, -1, 0.5, -0.5], 10_000), CFG
+    )
     assert stats.grad_norm > 0
     after = {n: p.full_tensor() for n, p in model.named_parameters()}
     frozen_moved = [n for n in after if n not in names and not after[n].equal(before[n])]
@@ -112,8 +120,9 @@ def _published_adapter(tiny_model_dir, out, seed: int, lora: LoRAConfig = CFG.lo
     return model.eval()
 
 
-def test_engine_serves_the_adapter_like_the_trainer_and_swaps_in_place(group, tiny_model_dir,
-                                                                       tmp_path):
+def test_engine_serves_the_adapter_like_the_trainer_and_swaps_in_place(
+    group, tiny_model_dir, tmp_path
+):
     runner = ModelRunner(tiny_model_dir, device="cpu", dtype="float32")
     ids = torch.tensor([[5, 17, 42, 9, 3, 28, 11]])
     with torch.no_grad():
@@ -138,7 +147,9 @@ def test_engine_serves_the_adapter_like_the_trainer_and_swaps_in_place(group, ti
         assert float((served - expected).abs().max()) <= 1e-5
         assert float((served - base).abs().max()) > 1e-2
         # every version is copied into the modules injected once
-        assert [m for n, m in runner.model.named_modules() if n.endswith("lora_A.default")] == layers
+        assert [
+            m for n, m in runner.model.named_modules() if n.endswith("lora_A.default")
+        ] == layers
     assert runner.model_dir == tmp_path / "v2"
 
     # An adapter of another rank, or a damaged file, is refused; v2 keeps serving.
@@ -158,8 +169,9 @@ def test_vllm_launch_flags_and_a_full_weights_backend_refuses_an_adapter(tmp_pat
     from launcher.vllm_servers import max_lora_rank, vllm_argv, vllm_env
 
     assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
-    config = load_config(None, [f"data_dir={tmp_path}", "engine.backend=vllm",
-                                "trainer.lora.rank=12"])
+    config = load_config(
+        None, [f"data_dir={tmp_path}", "engine.backend=vllm", "trainer.lora.rank=12"]
+    )
     argv = vllm_argv(config, 9000, on_gpu=False)
     flags = " ".join(argv)
     assert "--enable-lora --max-loras 1 --max-lora-rank 16" in flags
@@ -180,20 +192,28 @@ def test_vllm_launch_flags_and_a_full_weights_backend_refuses_an_adapter(tmp_pat
 def _lora_rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     import os
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(1)
     torch.manual_seed(1 + rank)  # as the trainer seeds each rank (seed + rank)
     init_distributed("cpu")
     model = apply_fsdp2(wrap_lora(load_policy(model_dir), CFG.lora))
-    seqs, advs = _sequences()[rank::2], [1, -1, .5, -.5][rank::2]
-    stats = train_step(model, build_optimizer(model, CFG), build_micro_batches(seqs, advs, 10_000),
-                       CFG)
+    seqs, advs = _sequences()[rank::2], [1, -1, 0.5, -0.5][rank::2]
+    stats = train_step(
+        model, build_optimizer(model, CFG), build_micro_batches(seqs, advs, 10_000), CFG
+    )
     out = save_adapter(model, Path(out_dir) / "v1")
     fresh = apply_fsdp2(wrap_lora(load_policy(model_dir), CFG.lora))
     load_adapter_weights(fresh, out)  # resume at world size 2
-    same = all(torch.equal(a.full_tensor(), b.full_tensor()) for (_, a), (_, b) in
-               zip(model.named_parameters(), fresh.named_parameters(), strict=True))
+    same = all(
+        torch.equal(a.full_tensor(), b.full_tensor())
+        for (_, a), (_, b) in zip(model.named_parameters(), fresh.named_parameters(), strict=True)
+    )
     torch.save({"grad_norm": stats.grad_norm, "same": same}, Path(out_dir) / f"rank{rank}.pt")
     destroy_distributed()
 
@@ -211,8 +231,12 @@ def test_lora_two_ranks_train_publish_and_resume_like_one(group, tiny_model_dir,
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert r0["same"] and r1["same"]
     model = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), CFG.lora))
-    single = train_step(model, build_optimizer(model, CFG),
-                        build_micro_batches(_sequences(), [1, -1, .5, -.5], 10_000), CFG)
+    single = train_step(
+        model,
+        build_optimizer(model, CFG),
+        build_micro_batches(_sequences(), [1, -1, 0.5, -0.5], 10_000),
+        CFG,
+    )
     assert r0["grad_norm"] == pytest.approx(single.grad_norm, rel=1e-4)
     saved = load_file(tmp_path / "v1" / ADAPTER_WEIGHTS)
     assert saved.keys() == adapter_state(model).keys()

@@ -183,8 +183,17 @@ def test_token_mismatch_mask_closed_form():
     """IcePop-style: tokens whose w leaves [a, b] = [0.6, 1.8] are out (tok1: 2, tok2: 0.5);
     tok3 stays counted as capped, not masked; N stays 5."""
     logp, prox, behave, adv = _inputs()
-    loss, stats = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0,
-                           mismatch_mask="token", mismatch_low=0.6, mismatch_high=1.8)
+    loss, stats = ppo_loss(
+        logp,
+        prox,
+        behave,
+        adv,
+        eps_clip=0.2,
+        behav_imp_weight_cap=5.0,
+        mismatch_mask="token",
+        mismatch_low=0.6,
+        mismatch_high=1.8,
+    )
     keep = [1, 0, 0, 0, 1]
     expected = sum(k * w * pg for k, w, pg in zip(keep, W, PG, strict=True)) / 5
     assert loss.item() == pytest.approx(expected, rel=1e-6)
@@ -205,17 +214,35 @@ def test_sequence_mismatch_mask_closed_form():
     masked whole (tok3 counts as capped), sequence 0 trains."""
     logp, prox, behave, adv = _inputs()
     seq_ids = torch.tensor([0, 0, 1, 1, 1])
-    loss, stats = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0,
-                           mismatch_mask="sequence", mismatch_low=0.5, mismatch_high=1.8,
-                           seq_ids=seq_ids)
+    loss, stats = ppo_loss(
+        logp,
+        prox,
+        behave,
+        adv,
+        eps_clip=0.2,
+        behav_imp_weight_cap=5.0,
+        mismatch_mask="sequence",
+        mismatch_low=0.5,
+        mismatch_high=1.8,
+        seq_ids=seq_ids,
+    )
     keep = [1, 1, 0, 0, 0]
     expected = sum(k * w * pg for k, w, pg in zip(keep, W, PG, strict=True)) / 5
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert stats.summary().mismatch_masked_ratio == pytest.approx(2 / 5)
     # Within [0.5, 2.0] both sequences train (as with no mask).
-    wide, _ = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0,
-                       mismatch_mask="sequence", mismatch_low=0.5, mismatch_high=2.0,
-                       seq_ids=seq_ids)
+    wide, _ = ppo_loss(
+        logp,
+        prox,
+        behave,
+        adv,
+        eps_clip=0.2,
+        behav_imp_weight_cap=5.0,
+        mismatch_mask="sequence",
+        mismatch_low=0.5,
+        mismatch_high=2.0,
+        seq_ids=seq_ids,
+    )
     plain, _ = ppo_loss(logp, prox, behave, adv, eps_clip=0.2, behav_imp_weight_cap=5.0)
     assert wide.item() == pytest.approx(plain.item(), rel=1e-6)
     with pytest.raises(ValueError, match="seq_ids"):

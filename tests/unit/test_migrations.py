@@ -19,12 +19,24 @@ from areal_service.store.connect import create_store_engine
 from areal_service.store.migrate import migrations_dir
 from areal_service.store.schema import Base
 
-TABLES = {"api_keys", "sessions", "completions", "rewards", "weight_versions", "train_steps",
-          "leases", "key_counters", "admissions", "console_revocations", "auth_failures"}
+TABLES = {
+    "api_keys",
+    "sessions",
+    "completions",
+    "rewards",
+    "weight_versions",
+    "train_steps",
+    "leases",
+    "key_counters",
+    "admissions",
+    "console_revocations",
+    "auth_failures",
+}
 
 
 HEAD = "0011_policies"
 """The newest revision: what an upgraded database stands at."""
+
 
 def _state(url: str) -> tuple[list, str | None, set[str]]:
     """(autogenerate diff against schema.py, current revision, table names)."""

@@ -41,14 +41,18 @@ SEED = id_seed("chatcmpl-t", 0)
 
 def parser_for(family: str) -> OutputParser:
     tool_format, generation_prompt = FAMILY_PARSERS[family]
-    return select_parser(None, {}, tool_parser=tool_format, renders_tools=False,
-                         reasoning_parser="mistral" if family == "magistral" else None,
-                         generation_prompt=generation_prompt).parser
+    return select_parser(
+        None,
+        {},
+        tool_parser=tool_format,
+        renders_tools=False,
+        reasoning_parser="mistral" if family == "magistral" else None,
+        generation_prompt=generation_prompt,
+    ).parser
 
 
 def parse(family: str, text: str, final: bool = True) -> ParsedText:
-    return parser_for(family).parse(text, parse_tools=True, id_seed=SEED, final=final,
-                                         tools=TOOLS)
+    return parser_for(family).parse(text, parse_tools=True, id_seed=SEED, final=final, tools=TOOLS)
 
 
 # ---------------------------------------------------------------- the registry
@@ -59,39 +63,53 @@ def test_settings_list_exactly_the_registered_formats() -> None:
     assert set(ReasoningParserName.__args__) == set(REASONING_FORMATS)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("template", "config", "expected"), [
-    (QWEN3_CODER_TEMPLATE, {}, "qwen3_coder+think"),
-    (LLAMA31_TEMPLATE, {}, "llama3_json+none"),
-    (MISTRAL_TOOLS_TEMPLATE, {}, "mistral+none"),
-    ("{{ '[THINK]' + '[TOOL_CALLS]' }}", {}, "mistral+mistral"),
-    (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
-    (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
-    (GLM45_TEMPLATE, {}, "glm45+glm"),
-    (GPT_OSS_TEMPLATE, {}, "gpt_oss+harmony"),
-    (LLAMA4_PYTHONIC_TEMPLATE, {}, "llama4_pythonic+none"),
-    ("{{ '<tool_call>' }}", {}, "hermes+think"),
-    ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
-    (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
-    (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
-], ids=["qwen3_coder", "llama31", "mistral", "magistral", "deepseek_v3", "kimi_k2", "glm45", "gpt_oss",
-        "llama4_pythonic", "hermes", "named_templates", "arch_llama_too_generic",
-        "arch_qwen3"])
-def test_chosen_from_template_then_architecture(template: str, config: dict,
-                                                expected: str) -> None:
+@pytest.mark.parametrize(
+    ("template", "config", "expected"),
+    [
+        (QWEN3_CODER_TEMPLATE, {}, "qwen3_coder+think"),
+        (LLAMA31_TEMPLATE, {}, "llama3_json+none"),
+        (MISTRAL_TOOLS_TEMPLATE, {}, "mistral+none"),
+        ("{{ '[THINK]' + '[TOOL_CALLS]' }}", {}, "mistral+mistral"),
+        (DEEPSEEK_V3_TEMPLATE, {}, "deepseek_v3+think"),
+        (KIMI_K2_TEMPLATE, {}, "kimi_k2+think"),
+        (GLM45_TEMPLATE, {}, "glm45+glm"),
+        (GPT_OSS_TEMPLATE, {}, "gpt_oss+harmony"),
+        (LLAMA4_PYTHONIC_TEMPLATE, {}, "llama4_pythonic+none"),
+        ("{{ '<tool_call>' }}", {}, "hermes+think"),
+        ({"default": "x", "tool_use": QWEN3_CODER_TEMPLATE}, {}, "qwen3_coder+think"),
+        (SMOLLM2_TEMPLATE, {"architectures": ["LlamaForCausalLM"]}, "hermes+think"),
+        (SMOLLM2_TEMPLATE, {"architectures": ["Qwen3ForCausalLM"]}, "hermes+think"),
+    ],
+    ids=[
+        "qwen3_coder",
+        "llama31",
+        "mistral",
+        "magistral",
+        "deepseek_v3",
+        "kimi_k2",
+        "glm45",
+        "gpt_oss",
+        "llama4_pythonic",
+        "hermes",
+        "named_templates",
+        "arch_llama_too_generic",
+        "arch_qwen3",
+    ],
+)
+def test_chosen_from_template_then_architecture(template: str, config: dict, expected: str) -> None:
     assert select_parser(template, config).parser.name == expected
 
 
 def test_settings_override_the_choice() -> None:
-    chosen = select_parser(QWEN3_CODER_TEMPLATE, {}, tool_parser="hermes",
-                           reasoning_parser="none")
+    chosen = select_parser(QWEN3_CODER_TEMPLATE, {}, tool_parser="hermes", reasoning_parser="none")
     assert chosen.parser.name == "hermes+none"
     assert "gateway.tool_parser" in chosen.reason
 
 
-def test_unknown_format_warns_once_at_load(tiny_model_dir: Path, tmp_path: Path,
-                                           caplog: pytest.LogCaptureFixture) -> None:
-    minimax = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m",
-                                          MINIMAX_LIKE_TEMPLATE)
+def test_unknown_format_warns_once_at_load(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    minimax = tokenizer_dir_with_template(tiny_model_dir, tmp_path / "m", MINIMAX_LIKE_TEMPLATE)
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
         tok = ChatTokenizer.from_pretrained(minimax)
         assert tok.renders_tools
@@ -105,19 +123,21 @@ def test_unknown_format_warns_once_at_load(tiny_model_dir: Path, tmp_path: Path,
     with caplog.at_level(logging.WARNING, logger="gateway.toolparse.registry"):
         ChatTokenizer.from_pretrained(minimax, tool_parser="none")  # the user decided
         ChatTokenizer.from_pretrained(  # renders no tools: the tokenizer's own warning
-            tokenizer_dir_with_template(tiny_model_dir, tmp_path / "s", SMOLLM2_TEMPLATE))
+            tokenizer_dir_with_template(tiny_model_dir, tmp_path / "s", SMOLLM2_TEMPLATE)
+        )
     assert not [r for r in caplog.records if r.name == "gateway.toolparse.registry"]
 
 
-def test_tokenizer_loads_with_the_templates_parser(tiny_model_dir: Path, tmp_path: Path
-                                                   ) -> None:
+def test_tokenizer_loads_with_the_templates_parser(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert ChatTokenizer.from_pretrained(tiny_model_dir).output_parser.name == "hermes+think"
-    coder = ChatTokenizer.from_pretrained(tiny_model_dir,
-                                          chat_template=str(_write(tmp_path, QWEN3_CODER_TEMPLATE)))
+    coder = ChatTokenizer.from_pretrained(
+        tiny_model_dir, chat_template=str(_write(tmp_path, QWEN3_CODER_TEMPLATE))
+    )
     assert coder.output_parser.name == "qwen3_coder+think"
     assert coder.think_close_id is not None  # the tiny model has </think> as one token
-    llama = ChatTokenizer.from_pretrained(tiny_model_dir, tool_parser="llama3_json",
-                                          reasoning_parser="none")
+    llama = ChatTokenizer.from_pretrained(
+        tiny_model_dir, tool_parser="llama3_json", reasoning_parser="none"
+    )
     assert (llama.output_parser.name, llama.think_close_id) == ("llama3_json+none", None)
 
 
@@ -136,11 +156,14 @@ def test_qwen3_coder_values_take_their_types_from_the_schema() -> None:
     assert [c.name for c in out.tool_calls] == ["get_weather", "search"]
     assert [json.loads(c.arguments) for c in out.tool_calls] == [
         {"city": "Paris", "metric": True},
-        {"query": "rain", "filters": {"a": [1, {"b": None}]}, "tags": ["x", "ü"], "limit": 2.5}]
-    assert json.loads(parse("qwen3_coder", case["untyped_string_like_number"].text)
-                      .tool_calls[0].arguments) == {"query": "42"}  # the schema says string
-    no_schema = parser_for("qwen3_coder").parse(case["one_call"].text, parse_tools=True,
-                                                id_seed=SEED)
+        {"query": "rain", "filters": {"a": [1, {"b": None}]}, "tags": ["x", "ü"], "limit": 2.5},
+    ]
+    assert json.loads(
+        parse("qwen3_coder", case["untyped_string_like_number"].text).tool_calls[0].arguments
+    ) == {"query": "42"}  # the schema says string
+    no_schema = parser_for("qwen3_coder").parse(
+        case["one_call"].text, parse_tools=True, id_seed=SEED
+    )
     assert json.loads(no_schema.tool_calls[0].arguments) == {"city": "Paris", "days": "3"}
     assert parse("qwen3_coder", case["think_then_call"].text).reasoning == "Need the weather."
 
@@ -167,8 +190,7 @@ def test_llama3_calls_are_the_whole_reply() -> None:
 def test_section_formats() -> None:
     """DeepSeek V3 / V3.1 and Kimi K2: content before the section, calls in order, Kimi's
     own call ids kept (its template writes them back), a cut-off section kept as text."""
-    case = {f: {c.name: c for c in FAMILIES[f]} for f in ("deepseek_v3", "deepseek_v31",
-                                                          "kimi_k2")}
+    case = {f: {c.name: c for c in FAMILIES[f]} for f in ("deepseek_v3", "deepseek_v31", "kimi_k2")}
     for family in case:
         out = parse(family, case[family]["content_then_call"].text)
         assert out.content == "Let me check.", family
@@ -189,7 +211,8 @@ def test_glm_values_take_their_types_from_the_schema() -> None:
     two = parse("glm45", case["two_calls"].text)
     assert [(c.name, json.loads(c.arguments)) for c in two.tool_calls] == [
         ("get_weather", {"city": "Paris", "metric": True}),
-        ("search", {"query": "東京 ☔", "filters": {"a": [1, {"b": None}]}, "tags": ["x"]})]
+        ("search", {"query": "東京 ☔", "filters": {"a": [1, {"b": None}]}, "tags": ["x"]}),
+    ]
     assert parse("glm45", case["content_then_call"].text).content == "Let me check."
     assert parse("glm45", case["think_then_call"].text).reasoning == "Need the weather."
     stray = "<tool_call>f\nstray<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"
@@ -201,9 +224,11 @@ def test_llama4_pythonic_literals_become_json() -> None:
     two = parse("llama4_pythonic", case["two_calls"].text)
     assert [(c.name, json.loads(c.arguments)) for c in two.tool_calls] == [
         ("get_weather", {"city": "Paris", "metric": True}),
-        ("search", {"query": "東京 ☔", "filters": {"a": [1, {"b": None}]}, "limit": -2.5})]
-    assert json.loads(parse("llama4_pythonic", case["json_names"].text).tool_calls[0]
-                      .arguments)["filters"] == {"on": True, "off": None}
+        ("search", {"query": "東京 ☔", "filters": {"a": [1, {"b": None}]}, "limit": -2.5}),
+    ]
+    assert json.loads(parse("llama4_pythonic", case["json_names"].text).tool_calls[0].arguments)[
+        "filters"
+    ] == {"on": True, "off": None}
     for text in ("[get_weather(city=open('x'))]", "[get_weather('Paris')]", "[f(x=1)] and"):
         assert parse("llama4_pythonic", text) == ParsedText(text, None, ())
 
@@ -214,19 +239,24 @@ def test_corpus_call_counts(family: str) -> None:
         assert len(parse(family, case.text).tool_calls) == case.calls, case.name
 
 
-def test_prompt_opened_think_reads_the_reply_as_reasoning_first(tiny_model_dir: Path,
-                                                                tmp_path: Path) -> None:
-    opened = QWEN3_CODER_TEMPLATE.replace("'<|im_start|>assistant\\n' }}",
-                                          "'<|im_start|>assistant\\n<think>\\n' }}")
+def test_prompt_opened_think_reads_the_reply_as_reasoning_first(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    opened = QWEN3_CODER_TEMPLATE.replace(
+        "'<|im_start|>assistant\\n' }}", "'<|im_start|>assistant\\n<think>\\n' }}"
+    )
     assert opened != QWEN3_CODER_TEMPLATE
     tok = ChatTokenizer.from_pretrained(
-        tokenizer_dir_with_template(tiny_model_dir, tmp_path / "t", opened))
+        tokenizer_dir_with_template(tiny_model_dir, tmp_path / "t", opened)
+    )
     assert tok.output_parser.reasoning.name == "think(opened by the prompt)"
     case = {c.name: c for c in FAMILIES["qwen3_thinking"]}
-    assert parse("qwen3_thinking", case["reasoning_then_content"].text) == \
-        ParsedText("It is 5.", "Let me think 🤔.", ())
-    assert parse("qwen3_thinking", case["cut_in_reasoning"].text) == \
-        ParsedText("", "Still thinking about Köln", ())
+    assert parse("qwen3_thinking", case["reasoning_then_content"].text) == ParsedText(
+        "It is 5.", "Let me think 🤔.", ()
+    )
+    assert parse("qwen3_thinking", case["cut_in_reasoning"].text) == ParsedText(
+        "", "Still thinking about Köln", ()
+    )
     assert parse("qwen3_thinking", case["open_repeated"].text) == ParsedText("OK.", "Hmm.", ())
     assert parse("hermes", case["reasoning_then_content"].text).reasoning is None
 
@@ -244,41 +274,60 @@ def test_stream_deltas_add_up_to_the_whole_parse(tok: ChatTokenizer, family: str
     for case in FAMILIES[family]:
         ids = tok.core.encode(case.text)
         assert tok.decode(ids) == case.text, case.name
-        whole = tok.output_parser.parse(case.text, parse_tools=True, id_seed=SEED,
-                                        tools=TOOLS)
+        whole = tok.output_parser.parse(case.text, parse_tools=True, id_seed=SEED, tools=TOOLS)
         for _ in range(8):
-            stream = ChoiceStream(tok, completion_id="chatcmpl-t", parse_tools=True,
-                                  tools=TOOLS)
+            stream = ChoiceStream(tok, completion_id="chatcmpl-t", parse_tools=True, tools=TOOLS)
             reasoning = content = ""
             calls: list = []
             pos = 0
             while pos < len(ids):
                 step = rng.randint(1, 6)
                 last = pos + step >= len(ids)
-                delta = stream.push(ids[pos:pos + step], [0.0] * len(ids[pos:pos + step]),
-                                    FinishReason("length", length=len(ids)) if last else None)
+                delta = stream.push(
+                    ids[pos : pos + step],
+                    [0.0] * len(ids[pos : pos + step]),
+                    FinishReason("length", length=len(ids)) if last else None,
+                )
                 reasoning += delta.reasoning
                 content += delta.content
                 calls += delta.tool_calls
                 pos += step
-            assert (content, reasoning or None, tuple(calls)) == \
-                (whole.content, whole.reasoning, whole.tool_calls), case.name
+            assert (content, reasoning or None, tuple(calls)) == (
+                whole.content,
+                whole.reasoning,
+                whole.tool_calls,
+            ), case.name
         for cut in range(len(case.text) + 1):
-            part = tok.output_parser.parse(case.text[:cut], parse_tools=True, id_seed=SEED,
-                                           final=False, tools=TOOLS)
+            part = tok.output_parser.parse(
+                case.text[:cut], parse_tools=True, id_seed=SEED, final=False, tools=TOOLS
+            )
             assert whole.content.startswith(part.content), (case.name, cut)
             assert (whole.reasoning or "").startswith(part.reasoning or ""), (case.name, cut)
-            assert whole.tool_calls[:len(part.tool_calls)] == part.tool_calls, (case.name, cut)
+            assert whole.tool_calls[: len(part.tool_calls)] == part.tool_calls, (case.name, cut)
 
 
-STREAMED_ARGUMENTS = {"hermes", "qwen3_thinking", "mistral", "magistral", "deepseek_v3",
-                      "deepseek_v31", "kimi_k2", "qwen3_coder", "glm45"}
+STREAMED_ARGUMENTS = {
+    "hermes",
+    "qwen3_thinking",
+    "mistral",
+    "magistral",
+    "deepseek_v3",
+    "deepseek_v31",
+    "kimi_k2",
+    "qwen3_coder",
+    "glm45",
+}
 """Families whose arguments stream as they are generated (the model's JSON text; for
 Qwen3-Coder and GLM a typed value at a time); the others' calls come whole when they
 close (or with the last delta)."""
-PARTIAL_CALL_STREAMED = {("hermes", "truncated"), ("mistral", "truncated"),
-                         ("deepseek_v31", "truncated"), ("kimi_k2", "truncated"),
-                         ("qwen3_coder", "truncated"), ("glm45", "truncated")}
+PARTIAL_CALL_STREAMED = {
+    ("hermes", "truncated"),
+    ("mistral", "truncated"),
+    ("deepseek_v31", "truncated"),
+    ("kimi_k2", "truncated"),
+    ("qwen3_coder", "truncated"),
+    ("glm45", "truncated"),
+}
 """Cut-off calls whose name and first arguments were streamed before the cut: the whole
 reply keeps their text as content (so does the stream's last delta)."""
 
@@ -292,12 +341,12 @@ def test_call_fragments_add_up_to_the_whole_calls(tok: ChatTokenizer, family: st
     tok = ChatTokenizer(tok.core, output_parser=parser_for(family))
     rng = random.Random(family)
     for case in FAMILIES[family]:
-        whole = tok.output_parser.parse(case.text, parse_tools=True, id_seed=SEED,
-                                        tools=TOOLS)
+        whole = tok.output_parser.parse(case.text, parse_tools=True, id_seed=SEED, tools=TOOLS)
         expected = [(c.id, c.name, c.arguments) for c in whole.tool_calls]
         budget = 4 * len(case.text) + 8
-        for steps in [[1] * budget] + [[rng.randint(1, 7) for _ in range(budget)]
-                                       for _ in range(6)]:
+        for steps in [[1] * budget] + [
+            [rng.randint(1, 7) for _ in range(budget)] for _ in range(6)
+        ]:
             content, _, calls, pieces = stream_call_fragments(tok, case.text, steps)
             assert content == whole.content, case.name
             if (family, case.name) in PARTIAL_CALL_STREAMED:
@@ -310,8 +359,7 @@ def test_call_fragments_add_up_to_the_whole_calls(tok: ChatTokenizer, family: st
                 assert min(pieces) > 1, (case.name, pieces)
 
 
-def test_special_token_markers_survive_the_decode(tiny_model_dir: Path, tmp_path: Path
-                                                  ) -> None:
+def test_special_token_markers_survive_the_decode(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Mistral's `[TOOL_CALLS]` and `[ARGS]` are special tokens: a Mistral model's replies
     are decoded keeping them (whole and streamed), other models' still drop specials."""
     from transformers import AutoTokenizer
@@ -331,9 +379,11 @@ def test_special_token_markers_survive_the_decode(tiny_model_dir: Path, tmp_path
     content, calls, pos = "", [], 0
     while pos < len(ids):
         step = rng.randint(1, 3)
-        delta = stream.push(ids[pos:pos + step], [0.0] * len(ids[pos:pos + step]),
-                            FinishReason("length", length=len(ids))
-                            if pos + step >= len(ids) else None)
+        delta = stream.push(
+            ids[pos : pos + step],
+            [0.0] * len(ids[pos : pos + step]),
+            FinishReason("length", length=len(ids)) if pos + step >= len(ids) else None,
+        )
         content, calls, pos = content + delta.content, calls + list(delta.tool_calls), pos + step
     assert content == "Let me check."
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Köln"}')]
@@ -344,17 +394,33 @@ def test_special_token_markers_survive_the_decode(tiny_model_dir: Path, tmp_path
 # ---------------------------------------------------------------- reverse direction
 
 REPLAY = {
-    "qwen3_coder": (QWEN3_CODER_TEMPLATE, "<|im_end|>", ("one_call", "content_then_call",
-                                                        "two_calls", "multiline_value",
-                                                        "untyped_string_like_number")),
+    "qwen3_coder": (
+        QWEN3_CODER_TEMPLATE,
+        "<|im_end|>",
+        (
+            "one_call",
+            "content_then_call",
+            "two_calls",
+            "multiline_value",
+            "untyped_string_like_number",
+        ),
+    ),
     "llama3_json": (LLAMA31_TEMPLATE, "<|eot_id|>", ("one_call", "plain")),
-    "deepseek_v3": (DEEPSEEK_V3_TEMPLATE, "<|im_end|>", ("plain", "one_call",
-                                                         "content_then_call", "two_calls")),
-    "kimi_k2": (KIMI_K2_TEMPLATE, "<|im_end|>", ("plain", "one_call", "content_then_call",
-                                                 "two_calls")),
-    "mistral": (MISTRAL_TOOLS_TEMPLATE, "<|im_end|>", ("plain", "one_call",
-                                                       "content_then_call", "two_calls",
-                                                       "compact_json")),
+    "deepseek_v3": (
+        DEEPSEEK_V3_TEMPLATE,
+        "<|im_end|>",
+        ("plain", "one_call", "content_then_call", "two_calls"),
+    ),
+    "kimi_k2": (
+        KIMI_K2_TEMPLATE,
+        "<|im_end|>",
+        ("plain", "one_call", "content_then_call", "two_calls"),
+    ),
+    "mistral": (
+        MISTRAL_TOOLS_TEMPLATE,
+        "<|im_end|>",
+        ("plain", "one_call", "content_then_call", "two_calls", "compact_json"),
+    ),
 }
 """Family -> (template, its end of turn, cases whose replay must render back exactly).
 Llama 3.1's template writes arguments with `tojson` (`", "`, `": "` separators) and one
@@ -362,24 +428,34 @@ call per turn, so only replies written that way replay exactly."""
 
 
 @pytest.mark.parametrize("family", sorted(REPLAY))
-def test_replayed_reply_renders_back_to_the_generated_text(tiny_model_dir: Path,
-                                                           tmp_path: Path, family: str) -> None:
+def test_replayed_reply_renders_back_to_the_generated_text(
+    tiny_model_dir: Path, tmp_path: Path, family: str
+) -> None:
     template, end, names = REPLAY[family]
     tok = ChatTokenizer.from_pretrained(
-        tokenizer_dir_with_template(tiny_model_dir, tmp_path / family, template))
+        tokenizer_dir_with_template(tiny_model_dir, tmp_path / family, template)
+    )
     assert tok.output_parser.tools.name == family  # chosen from the template
     user = [{"role": "user", "content": "Weather in Paris?"}]
     cases = {c.name: c for c in FAMILIES[family]}
     for name in names:
         text = cases[name].text
         parsed = tok.output_parser.parse(text, parse_tools=True, id_seed=SEED, tools=TOOLS)
-        message = {"role": "assistant", "content": parsed.content or "",
-                   "tool_calls": [{"id": c.id, "type": "function",
-                                   "function": {"name": c.name, "arguments": c.arguments}}
-                                  for c in parsed.tool_calls]}
+        message = {
+            "role": "assistant",
+            "content": parsed.content or "",
+            "tool_calls": [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in parsed.tool_calls
+            ],
+        }
         if not parsed.tool_calls:
             del message["tool_calls"]
         prompt = tok.render(user, TOOLS)
         history = tok.render([*user, message], TOOLS, add_generation_prompt=False)
         assert history.startswith(prompt), name
-        assert history[len(prompt):].startswith(text + end), (name, history[len(prompt):])
+        assert history[len(prompt) :].startswith(text + end), (name, history[len(prompt) :])

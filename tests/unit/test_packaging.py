@@ -19,8 +19,11 @@ def test_python_floor_is_311_everywhere():
     project = PYPROJECT["project"]
     assert project["requires-python"] == ">=3.11"
     assert PYPROJECT["tool"]["ruff"]["target-version"] == "py311"
-    versions = {c.rsplit(" :: ", 1)[-1] for c in project["classifiers"]
-                if c.startswith("Programming Language :: Python :: 3.")}
+    versions = {
+        c.rsplit(" :: ", 1)[-1]
+        for c in project["classifiers"]
+        if c.startswith("Programming Language :: Python :: 3.")
+    }
     assert min(versions, key=lambda v: tuple(map(int, v.split(".")))) == "3.11"
     assert "3.10" not in (ROOT / "README.md").read_text().split("## Set-up")[1][:400]
 
@@ -35,8 +38,7 @@ def test_no_unused_settings_dependency():
             assert "pydantic_settings" not in path.read_text(), path
 
 
-TORCH_SIDE = {"torch", "transformers", "safetensors", "tensorboard", "gguf", "accelerate",
-              "peft"}
+TORCH_SIDE = {"torch", "transformers", "safetensors", "tensorboard", "gguf", "accelerate", "peft"}
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -62,8 +64,12 @@ def test_each_extras_module_is_in_its_extra():
     # extra that really brings that package.
     from launcher.extras import EXTRA_OF_MODULE
 
-    package_of = {"prometheus_client": "prometheus-client", "agents": "openai-agents",
-                  "math_verify": "math-verify", "starlette": "fastapi"}
+    package_of = {
+        "prometheus_client": "prometheus-client",
+        "agents": "openai-agents",
+        "math_verify": "math-verify",
+        "starlette": "fastapi",
+    }
     extras = PYPROJECT["project"]["optional-dependencies"]
     for module, extra in EXTRA_OF_MODULE.items():
         assert package_of.get(module, module) in _names(extras[extra]), (module, extra)

@@ -25,38 +25,57 @@ def test_no_policies_is_the_single_default_policy(tmp_path) -> None:
 
 
 def test_declared_policies_take_trainer_lora_unless_given(tmp_path) -> None:
-    config = _config(data_dir=str(tmp_path), policies=[
-        {"name": "solver", "model_names": ["solver-model"]},
-        {"name": "verifier", "lora": {"rank": 16, "alpha": 32.0}},
-    ], )
+    config = _config(
+        data_dir=str(tmp_path),
+        policies=[
+            {"name": "solver", "model_names": ["solver-model"]},
+            {"name": "verifier", "lora": {"rank": 16, "alpha": 32.0}},
+        ],
+    )
     assert config.policy_names() == ["default", "solver", "verifier"]
     solver, verifier = config.policy_lora("solver"), config.policy_lora("verifier")
     assert solver is not None and solver.rank == 4
     assert verifier is not None and verifier.rank == 16
     with pytest.raises(KeyError):
         config.policy_lora("nobody")
-    trainer = _config(data_dir=str(tmp_path), policies=[{"name": "solver"}],
-                      )
-    trainer = trainer.model_copy(update={"trainer": trainer.trainer.model_copy(
-        update={"policy": "solver"})})
+    trainer = _config(
+        data_dir=str(tmp_path),
+        policies=[{"name": "solver"}],
+    )
+    trainer = trainer.model_copy(
+        update={"trainer": trainer.trainer.model_copy(update={"policy": "solver"})}
+    )
     assert trainer.weights_dir() == tmp_path / "weights" / "solver"
     assert trainer.checkpoint_dir() == tmp_path / "checkpoints" / "solver"
 
 
-@pytest.mark.parametrize(("tree", "message"), [
-    ({"policies": [{"name": "a"}], "trainer": {}}, "set trainer.lora"),
-    ({"policies": [{"name": "Bad Name"}]}, "should match pattern"),
-    ({"policies": [{"name": "default"}]}, "reserved"),
-    ({"policies": [{"name": "areal-lora"}]}, "reserved"),
-    ({"policies": [{"name": "v3"}]}, "version directory"),
-    ({"policies": [{"name": "a"}, {"name": "a"}]}, "duplicate name"),
-    ({"policies": [{"name": "a", "model_names": ["m"]},
-                   {"name": "b", "model_names": ["m"]}]}, "more than one policy"),
-    ({"policies": [{"name": "a"}], "trainer": {"lora": LORA, "policy": "b"}},
-     "not a declared policy"),
-])
-def test_bad_policies_are_refused_when_the_config_loads(tree: dict[str, object],
-                                                        message: str) -> None:
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"policies": [{"name": "a"}], "trainer": {}}, "set trainer.lora"),
+        ({"policies": [{"name": "Bad Name"}]}, "should match pattern"),
+        ({"policies": [{"name": "default"}]}, "reserved"),
+        ({"policies": [{"name": "areal-lora"}]}, "reserved"),
+        ({"policies": [{"name": "v3"}]}, "version directory"),
+        ({"policies": [{"name": "a"}, {"name": "a"}]}, "duplicate name"),
+        (
+            {
+                "policies": [
+                    {"name": "a", "model_names": ["m"]},
+                    {"name": "b", "model_names": ["m"]},
+                ]
+            },
+            "more than one policy",
+        ),
+        (
+            {"policies": [{"name": "a"}], "trainer": {"lora": LORA, "policy": "b"}},
+            "not a declared policy",
+        ),
+    ],
+)
+def test_bad_policies_are_refused_when_the_config_loads(
+    tree: dict[str, object], message: str
+) -> None:
     with pytest.raises(ValidationError, match=message):
         ServiceConfig.model_validate({"trainer": {"lora": LORA}, **tree})
 
@@ -70,8 +89,14 @@ def test_cli_keys_create_binds_the_policy(tmp_path) -> None:
     from areal_service.store import TrajectoryStore
     from launcher.cli import app
 
-    sets = ["--set", f"data_dir={tmp_path}", "--set", "trainer.lora.rank=4",
-            "--set", "policies=[{name: solver}]"]
+    sets = [
+        "--set",
+        f"data_dir={tmp_path}",
+        "--set",
+        "trainer.lora.rank=4",
+        "--set",
+        "policies=[{name: solver}]",
+    ]
     runner = CliRunner()
     created = runner.invoke(app, ["keys", "create", "--policy", "solver", *sets])
     assert created.exit_code == 0, created.output
@@ -92,12 +117,26 @@ def _episode(store, sid: str, policy: str, group_id: str | None = None) -> None:
     """An ended, rewarded one-turn session of `policy`."""
     from areal_service.types import CompletionRecord, RewardRecord, SessionRecord
 
-    store.add_session(SessionRecord(id=sid, group_id=group_id, created_at=1.0,
-                                    last_activity_at=1.0, policy=policy))
-    store.add_completions([CompletionRecord(
-        id=f"{sid}-c", model="m", prompt_ids=(1, 2, 3), output_ids=(10, 20),
-        output_logprobs=(-0.5, -0.25), output_versions=(0, 0), finish_reason="stop",
-        session_id=sid, created_at=1.0)])
+    store.add_session(
+        SessionRecord(
+            id=sid, group_id=group_id, created_at=1.0, last_activity_at=1.0, policy=policy
+        )
+    )
+    store.add_completions(
+        [
+            CompletionRecord(
+                id=f"{sid}-c",
+                model="m",
+                prompt_ids=(1, 2, 3),
+                output_ids=(10, 20),
+                output_logprobs=(-0.5, -0.25),
+                output_versions=(0, 0),
+                finish_reason="stop",
+                session_id=sid,
+                created_at=1.0,
+            )
+        ]
+    )
     store.add_reward(RewardRecord(id=f"r-{sid}", value=1.0, session_id=sid))
     store.end_session(sid, "client", at=2.0)
 
@@ -111,19 +150,16 @@ def test_a_policys_trainer_claims_and_releases_only_its_own_episodes(store) -> N
     # The same group id under two policies stays two groups: each trainer its own.
     _episode(store, "sol-shared", "solver", group_id="g-shared")
     _episode(store, "def-shared", DEFAULT_POLICY, group_id="g-shared")
-    args = {"group_size": None, "max_groups": 10, "current_version": 0,
-            "max_staleness": None}
+    args = {"group_size": None, "max_groups": 10, "current_version": 0, "max_staleness": None}
     solver = EpisodeClaimer(store, reward_wait_s=0, policy="solver")
     got = solver.claim_groups(claimer="solver-trainer", **args)
-    assert sorted(s for g in got.groups for s in g.session_ids) == [
-        "sol-0", "sol-1", "sol-shared"]
+    assert sorted(s for g in got.groups for s in g.session_ids) == ["sol-0", "sol-1", "sol-shared"]
     # A default trainer starting up releases stale claims: never the solver's.
     default = EpisodeClaimer(store, reward_wait_s=0)
     assert default.release_stale_claims(0) == 0
     assert {store.get_session(s).status for s in ("sol-0", "sol-shared")} == {"claimed"}
     mine = default.claim_groups(claimer="default-trainer", **args)
-    assert sorted(s for g in mine.groups for s in g.session_ids) == [
-        "def-0", "def-1", "def-shared"]
+    assert sorted(s for g in mine.groups for s in g.session_ids) == ["def-0", "def-1", "def-shared"]
     assert solver.release_stale_claims(0) == 3
     assert store.get_session("sol-0").status == "ended"
     assert store.get_session("def-0").status == "claimed"
@@ -133,10 +169,10 @@ def test_versions_and_steps_count_per_policy(store) -> None:
     from areal_service.types import TrainStepRecord, WeightVersionRecord
     from trainer.resume import resume_point
 
-    store.add_weight_version(WeightVersionRecord(version=3, path="/d3",
-                                                 metadata={"step": 3}))
-    store.add_weight_version(WeightVersionRecord(version=1, path="/s1", policy="solver",
-                                                 metadata={"step": 1}))
+    store.add_weight_version(WeightVersionRecord(version=3, path="/d3", metadata={"step": 3}))
+    store.add_weight_version(
+        WeightVersionRecord(version=1, path="/s1", policy="solver", metadata={"step": 1})
+    )
     for step in (1, 2, 3):
         store.add_train_step(TrainStepRecord(step=step, version=step))
     store.add_train_step(TrainStepRecord(step=1, version=1, policy="solver"))
@@ -157,13 +193,25 @@ def test_cli_trainer_policy_must_be_declared(tmp_path) -> None:
 
     from launcher.cli import app
 
-    ran = CliRunner().invoke(app, [
-        "trainer", "--policy", "nobody", "--set", f"data_dir={tmp_path}",
-        "--set", "trainer.lora.rank=4", "--set", "policies=[{name: solver}]"])
+    ran = CliRunner().invoke(
+        app,
+        [
+            "trainer",
+            "--policy",
+            "nobody",
+            "--set",
+            f"data_dir={tmp_path}",
+            "--set",
+            "trainer.lora.rank=4",
+            "--set",
+            "policies=[{name: solver}]",
+        ],
+    )
     assert ran.exit_code != 0 and "not a declared policy" in ran.output
 
 
 def test_policies_need_the_local_engine() -> None:
     with pytest.raises(ValidationError, match="local engine only"):
-        ServiceConfig.model_validate({"trainer": {"lora": LORA}, "engine": {"backend": "vllm"},
-                                      "policies": [{"name": "a"}]})
+        ServiceConfig.model_validate(
+            {"trainer": {"lora": LORA}, "engine": {"backend": "vllm"}, "policies": [{"name": "a"}]}
+        )

@@ -53,9 +53,11 @@ def test_each_row_runs_under_its_own_adapter(group, tiny_model_dir, tmp_path) ->
     solver = _adapter(tiny_model_dir, tmp_path / "s1", 2, LoRAConfig(rank=4, alpha=8))
     runner.load_weights(tmp_path / "d1")
     runner.load_weights(tmp_path / "s1", adapter="solver")
-    expected = {None: [_last_logits(default, p) for p in PROMPTS],
-                "solver": [_last_logits(solver, p) for p in PROMPTS],
-                "verifier": base}  # not loaded yet: its version 0 is the base model
+    expected = {
+        None: [_last_logits(default, p) for p in PROMPTS],
+        "solver": [_last_logits(solver, p) for p in PROMPTS],
+        "verifier": base,
+    }  # not loaded yet: its version 0 is the base model
     rows: list[str | None] = [None, "solver", "verifier"]
     pre = runner.prefill(PROMPTS, rows)
     for row, name in enumerate(rows):
@@ -68,8 +70,10 @@ def test_each_row_runs_under_its_own_adapter(group, tiny_model_dir, tmp_path) ->
     step = runner.decode(nxt, rows)
     for row, name in enumerate(rows):
         model = {None: default, "solver": solver, "verifier": None}[name]
-        want = _last_logits(model if model is not None else
-                            load_policy(tiny_model_dir).eval(), PROMPTS[row] + [nxt[row]])
+        want = _last_logits(
+            model if model is not None else load_policy(tiny_model_dir).eval(),
+            PROMPTS[row] + [nxt[row]],
+        )
         assert float((step[row] - want).abs().max()) <= 1e-4, name
     runner.reset_batch()
 
@@ -83,8 +87,9 @@ def test_each_row_runs_under_its_own_adapter(group, tiny_model_dir, tmp_path) ->
     runner.reset_batch()
     # A third adapter on more modules than the solver's (new LoRA layers, hooked too):
     # every row still runs under its own adapter only.
-    narrow = _adapter(tiny_model_dir, tmp_path / "n1", 5, LoRAConfig(
-        rank=4, target_modules=["q_proj"]))
+    narrow = _adapter(
+        tiny_model_dir, tmp_path / "n1", 5, LoRAConfig(rank=4, target_modules=["q_proj"])
+    )
     wide = _adapter(tiny_model_dir, tmp_path / "w1", 6, LoRAConfig(rank=4))
     fresh = ModelRunner(tiny_model_dir, device="cpu", dtype="float32")
     fresh.load_weights(tmp_path / "n1", adapter="narrow")
@@ -101,18 +106,32 @@ def test_each_row_runs_under_its_own_adapter(group, tiny_model_dir, tmp_path) ->
 
 def test_tokens_carry_their_own_adapters_version(group, tiny_model_dir, tmp_path) -> None:
     _adapter(tiny_model_dir, tmp_path / "s1", 2, LoRAConfig(rank=4))
-    scheduler = Scheduler(str(tiny_model_dir), device="cpu", dtype="float32", max_running=4,
-                          weight_version="7")
+    scheduler = Scheduler(
+        str(tiny_model_dir), device="cpu", dtype="float32", max_running=4, weight_version="7"
+    )
     scheduler.start()
     try:
-        loaded = scheduler.update_weights(str(tmp_path / "s1"), weight_version="3",
-                                          flush_cache=True, abort_all=False,
-                                          lora_name="solver").result(timeout=120)
+        loaded = scheduler.update_weights(
+            str(tmp_path / "s1"),
+            weight_version="3",
+            flush_cache=True,
+            abort_all=False,
+            lora_name="solver",
+        ).result(timeout=120)
         assert loaded.success, loaded.message
-        reqs = [Request(rid=f"r{i}", prompt_ids=PROMPTS[i], max_new_tokens=3,
-                        params=SamplingParams(temperature=0, max_new_tokens=3),
-                        stop_token_ids=frozenset(), notify=lambda: None, stream=False,
-                        lora=lora) for i, lora in enumerate((None, "solver", "verifier"))]
+        reqs = [
+            Request(
+                rid=f"r{i}",
+                prompt_ids=PROMPTS[i],
+                max_new_tokens=3,
+                params=SamplingParams(temperature=0, max_new_tokens=3),
+                stop_token_ids=frozenset(),
+                notify=lambda: None,
+                stream=False,
+                lora=lora,
+            )
+            for i, lora in enumerate((None, "solver", "verifier"))
+        ]
         futures = [scheduler.submit(r) for r in reqs]
         for f in futures:
             f.result(timeout=120)

@@ -38,9 +38,18 @@ def test_bound_holds_on_texts_built_to_beat_it(tok: ChatTokenizer):
     longest = max(vocab, key=len)
     pieces = sorted(vocab, key=len)[-50:]
     hangul = "\u1100\u1161\u11a8"  # L+V+T jamo: NFC makes one syllable of three
-    texts = [" " * 5000, "\n" * 3000, "\t \n" * 1000, longest * 500, "".join(pieces) * 20,
-             "".join(tok.core.added_tokens.values()) * 200, hangul * 2000,
-             "e\u0301" * 2000, "\U0001f600" * 1000, "abc" * 3000]
+    texts = [
+        " " * 5000,
+        "\n" * 3000,
+        "\t \n" * 1000,
+        longest * 500,
+        "".join(pieces) * 20,
+        "".join(tok.core.added_tokens.values()) * 200,
+        hangul * 2000,
+        "e\u0301" * 2000,
+        "\U0001f600" * 1000,
+        "abc" * 3000,
+    ]
     for text in texts:
         _holds(tok, text)
 
@@ -52,11 +61,18 @@ def test_bound_holds_on_random_text(tok: ChatTokenizer, text: str):
 
 
 def test_min_prompt_tokens_is_below_the_rendered_prompt(tok: ChatTokenizer):
-    messages = [{"role": "system", "content": "s" * 500},
-                {"role": "user", "content": "  hello world  " * 300},
-                {"role": "assistant", "content": "<think>a</think>b" * 200},
-                {"role": "user", "content": [{"type": "text", "text": "x y " * 400},
-                                             {"type": "image_url", "image_url": {"url": "u"}}]}]
+    messages = [
+        {"role": "system", "content": "s" * 500},
+        {"role": "user", "content": "  hello world  " * 300},
+        {"role": "assistant", "content": "<think>a</think>b" * 200},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "x y " * 400},
+                {"type": "image_url", "image_url": {"url": "u"}},
+            ],
+        },
+    ]
     least = tok.min_prompt_tokens(messages)
     chars = 500 + len(("  hello world  " * 300).strip()) + len(("x y " * 400).strip()) + 1
     assert least == -(-chars // tok.chars_per_token)  # of an assistant text: after </think>
@@ -84,8 +100,9 @@ def test_no_bound_where_text_can_vanish(tiny_model_dir: Path):
     eating = _backend(tiny_model_dir)
     eating.add_tokens([AddedToken("<mask>", lstrip=True)])
     removing = _backend(tiny_model_dir)
-    removing.pre_tokenizer = pre.Sequence([pre.Split(Regex(r"\s+"), behavior="removed"),
-                                           pre.ByteLevel(add_prefix_space=False)])
+    removing.pre_tokenizer = pre.Sequence(
+        [pre.Split(Regex(r"\s+"), behavior="removed"), pre.ByteLevel(add_prefix_space=False)]
+    )
     wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     wordpiece.pre_tokenizer = pre.Whitespace()
     for backend in (stripping, eating, removing, wordpiece):
@@ -93,8 +110,10 @@ def test_no_bound_where_text_can_vanish(tiny_model_dir: Path):
 
 
 def test_roles_a_template_drops_do_not_count(tiny_model_dir: Path):
-    drops_tools = ("{% for m in messages %}{% if m.role != 'tool' %}<|im_start|>{{ m.role }}\n"
-                   "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>assistant\n")
+    drops_tools = (
+        "{% for m in messages %}{% if m.role != 'tool' %}<|im_start|>{{ m.role }}\n"
+        "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>assistant\n"
+    )
     tok = ChatTokenizer(RustTokenizer(_backend(tiny_model_dir), ChatTemplate(drops_tools, {})))
     assert tok.rendered_roles == ("system", "user", "assistant")
     tool_only = [{"role": "tool", "tool_call_id": "c", "content": "t" * 10_000}]

@@ -31,8 +31,16 @@ ANTHROPIC_EVENTS: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStr
 RESPONSES_EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 SIGNER = Signer("k")
 FINISH = FinishReason("stop")
-SPEC = SamplingSpec(max_new_tokens=512, temperature=1.0, top_p=1.0, top_k=-1, seed=None,
-                    stop=(), n=1, mode="training")
+SPEC = SamplingSpec(
+    max_new_tokens=512,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=-1,
+    seed=None,
+    stop=(),
+    n=1,
+    mode="training",
+)
 RESPONSE_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 
 
@@ -61,17 +69,31 @@ def setup(tok: ChatTokenizer, family: str, name: str) -> tuple[ChatTokenizer, li
 
 @pytest.mark.parametrize("family,name", cases())
 def test_anthropic_stream_opens_calls_early_and_rebuilds_the_message(
-        tok: ChatTokenizer, family: str, name: str) -> None:
+    tok: ChatTokenizer, family: str, name: str
+) -> None:
     tok, ids = setup(tok, family, name)
-    whole_choice = parse_choice(tok, GeneratedChoice(tuple(ids), (0.0,) * len(ids), FINISH),
-                                completion_id="msg_1", parse_tools=True, tools=TOOLS)
-    whole = build_message(message_id="msg_1", model="m", choice=whole_choice,
-                          usage=Usage(10, len(ids)), signer=SIGNER)
+    whole_choice = parse_choice(
+        tok,
+        GeneratedChoice(tuple(ids), (0.0,) * len(ids), FINISH),
+        completion_id="msg_1",
+        parse_tools=True,
+        tools=TOOLS,
+    )
+    whole = build_message(
+        message_id="msg_1", model="m", choice=whole_choice, usage=Usage(10, len(ids)), signer=SIGNER
+    )
     partial = (family, name) in PARTIAL_CALL_STREAMED
     for steps in chunkings(len(ids), family):
-        asm = MessageStreamAssembler(tok, message_id="msg_1", model="m", sampling=SPEC,
-                                     prompt_tokens=10, parse_tools=True, signer=SIGNER,
-                                     tools=TOOLS)
+        asm = MessageStreamAssembler(
+            tok,
+            message_id="msg_1",
+            model="m",
+            sampling=SPEC,
+            prompt_tokens=10,
+            parse_tools=True,
+            signer=SIGNER,
+            tools=TOOLS,
+        )
         events, pos = asm.start(), 0
         for step in steps:
             end = min(pos + step, len(ids))
@@ -81,8 +103,11 @@ def test_anthropic_stream_opens_calls_early_and_rebuilds_the_message(
         snapshot, bufs = None, {}
         for raw in events:
             if raw["type"] != "ping":  # the SDK's SSE decoder skips these
-                snapshot = accumulate_event(event=ANTHROPIC_EVENTS.validate_python(raw),
-                                            current_snapshot=snapshot, json_bufs=bufs)
+                snapshot = accumulate_event(
+                    event=ANTHROPIC_EVENTS.validate_python(raw),
+                    current_snapshot=snapshot,
+                    json_bufs=bufs,
+                )
         assert snapshot is not None and asm.message == whole
         # Blocks never interleave: each one's deltas come between its start and stop.
         open_block = None
@@ -105,8 +130,11 @@ def test_anthropic_stream_opens_calls_early_and_rebuilds_the_message(
             assert len(fragments) <= 1 and not whole_choice.tool_calls
             continue
         rebuilt = snapshot.model_dump(exclude_none=True)["content"]
-        assert rebuilt == Message.model_validate(whole).model_dump(exclude_none=True)[
-            "content"], (family, name, steps[:3])
+        assert rebuilt == Message.model_validate(whole).model_dump(exclude_none=True)["content"], (
+            family,
+            name,
+            steps[:3],
+        )
         calls = whole_choice.tool_calls
         assert len(fragments) == len(calls)
         for parts, call in zip(fragments.values(), calls, strict=True):
@@ -119,28 +147,47 @@ def test_anthropic_stream_opens_calls_early_and_rebuilds_the_message(
 
 @pytest.mark.parametrize("family,name", cases())
 def test_responses_stream_opens_calls_early_and_rebuilds_the_response(
-        tok: ChatTokenizer, family: str, name: str) -> None:
+    tok: ChatTokenizer, family: str, name: str
+) -> None:
     tok, ids = setup(tok, family, name)
-    req = ResponsesRequest.model_validate({"model": "m", "input": "go",
-                                           "tools": RESPONSE_TOOLS})
-    whole_choice = parse_choice(tok, GeneratedChoice(tuple(ids), (0.0,) * len(ids), FINISH),
-                                completion_id="resp_1", parse_tools=True, tools=TOOLS)
-    whole = build_response(req, response_id="resp_1", created_at=1.0, model="m",
-                           choice=whole_choice, usage=Usage.of(10, [whole_choice]),
-                           sampling=SPEC)
+    req = ResponsesRequest.model_validate({"model": "m", "input": "go", "tools": RESPONSE_TOOLS})
+    whole_choice = parse_choice(
+        tok,
+        GeneratedChoice(tuple(ids), (0.0,) * len(ids), FINISH),
+        completion_id="resp_1",
+        parse_tools=True,
+        tools=TOOLS,
+    )
+    whole = build_response(
+        req,
+        response_id="resp_1",
+        created_at=1.0,
+        model="m",
+        choice=whole_choice,
+        usage=Usage.of(10, [whole_choice]),
+        sampling=SPEC,
+    )
     partial = (family, name) in PARTIAL_CALL_STREAMED
     for steps in chunkings(len(ids), family):
-        asm = ResponsesStreamAssembler(req, tok, response_id="resp_1", created_at=1.0,
-                                       model="m", sampling=SPEC, prompt_tokens=10,
-                                       parse_tools=True, tools=TOOLS)
+        asm = ResponsesStreamAssembler(
+            req,
+            tok,
+            response_id="resp_1",
+            created_at=1.0,
+            model="m",
+            sampling=SPEC,
+            prompt_tokens=10,
+            parse_tools=True,
+            tools=TOOLS,
+        )
         events, pos = asm.start(), 0
         for step in steps:
             end = min(pos + step, len(ids))
-            events += asm.push(ids[pos:end], [0.0] * (end - pos),
-                               FINISH if end == len(ids) else None)
+            events += asm.push(
+                ids[pos:end], [0.0] * (end - pos), FINISH if end == len(ids) else None
+            )
             pos = end
-        state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit,
-                                                              text_format=omit)
+        state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
         for raw in events:
             state.handle_event(RESPONSES_EVENTS.validate_python(raw))
         assert [e["sequence_number"] for e in events] == list(range(len(events)))

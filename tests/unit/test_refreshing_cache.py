@@ -28,8 +28,7 @@ class CountingReads:
 
 
 def add_keys(store: TrajectoryStore, n: int) -> list[ApiKeyRecord]:
-    keys = [ApiKeyRecord(id=f"key-{i}", key_hash=f"{i:064x}", display=f"k{i}")
-            for i in range(n)]
+    keys = [ApiKeyRecord(id=f"key-{i}", key_hash=f"{i:064x}", display=f"k{i}") for i in range(n)]
     for key in keys:
         store.keys.add_api_key(key)
     return keys
@@ -67,10 +66,10 @@ async def test_misses_share_one_read_and_unknown_is_none(store: TrajectoryStore)
     assert await cache.get(keys[0].key_hash) == keys[0] and len(reads.calls) == 1  # fresh
 
     sessions = CountingReads(store.get_sessions)
-    session_cache: RefreshingCache[str, object] = RefreshingCache(sessions, ttl_s=1.0,
-                                                                  stale_s=30.0)
-    assert [s and s.id for s in await asyncio.gather(
-        session_cache.get("s1"), session_cache.get("nope"))] == ["s1", None]
+    session_cache: RefreshingCache[str, object] = RefreshingCache(sessions, ttl_s=1.0, stale_s=30.0)
+    assert [
+        s and s.id for s in await asyncio.gather(session_cache.get("s1"), session_cache.get("nope"))
+    ] == ["s1", None]
     assert sessions.calls == [["nope", "s1"]]
 
 
@@ -100,8 +99,7 @@ async def test_forget_during_a_read_keeps_its_result_out(store: TrajectoryStore)
     assert cache.peek(key.key_hash) is None  # but it is not cached
 
 
-async def test_a_failed_read_reaches_its_callers_and_the_next_get_retries(
-        store: TrajectoryStore):
+async def test_a_failed_read_reaches_its_callers_and_the_next_get_retries(store: TrajectoryStore):
     (key,) = add_keys(store, 1)
     failures = [RuntimeError("database briefly unavailable")]
 
@@ -111,8 +109,9 @@ async def test_a_failed_read_reaches_its_callers_and_the_next_get_retries(
         return store.keys.find_api_keys_by_hashes(hashes)
 
     cache: RefreshingCache[str, object] = RefreshingCache(flaky_read, ttl_s=5.0, stale_s=60.0)
-    results = await asyncio.gather(cache.get(key.key_hash), cache.get(key.key_hash),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        cache.get(key.key_hash), cache.get(key.key_hash), return_exceptions=True
+    )
     assert [type(r) for r in results] == [RuntimeError, RuntimeError]
     assert await cache.get(key.key_hash) == key
 
@@ -120,7 +119,8 @@ async def test_a_failed_read_reaches_its_callers_and_the_next_get_retries(
 async def test_a_cancelled_caller_does_not_cancel_the_read_for_others(store: TrajectoryStore):
     (key,) = add_keys(store, 1)
     cache: RefreshingCache[str, object] = RefreshingCache(
-        store.keys.find_api_keys_by_hashes, ttl_s=5.0, stale_s=60.0)
+        store.keys.find_api_keys_by_hashes, ttl_s=5.0, stale_s=60.0
+    )
     leaving = asyncio.ensure_future(cache.get(key.key_hash))
     staying = asyncio.ensure_future(cache.get(key.key_hash))
     await asyncio.sleep(0)

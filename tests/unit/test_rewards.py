@@ -20,25 +20,31 @@ from areal_service.rewards import (
 )
 
 
-@pytest.mark.parametrize(("prediction", "reference"), [
-    ("The answer is \\boxed{42}.", "42"),
-    ("Natalia sold 48/2 = 24 clips. 48+24 = 72\n#### 72", "#### 72"),
-    ("so she pays $\\frac{1}{2}$ dollar", "0.5"),
-    ("\\boxed{\\dfrac{3}{4}}", "0.75"),
-    ("The farm has 1,000 sheep.", "She counts them all. #### 1,000"),
-    ("so $x = \\sqrt{4}$", "2"),
-])
+@pytest.mark.parametrize(
+    ("prediction", "reference"),
+    [
+        ("The answer is \\boxed{42}.", "42"),
+        ("Natalia sold 48/2 = 24 clips. 48+24 = 72\n#### 72", "#### 72"),
+        ("so she pays $\\frac{1}{2}$ dollar", "0.5"),
+        ("\\boxed{\\dfrac{3}{4}}", "0.75"),
+        ("The farm has 1,000 sheep.", "She counts them all. #### 1,000"),
+        ("so $x = \\sqrt{4}$", "2"),
+    ],
+)
 def test_math_equal_accepts_equivalent_answers(prediction: str, reference: str):
     assert math_equal(prediction, reference)
 
 
-@pytest.mark.parametrize(("prediction", "reference"), [
-    ("The answer is \\boxed{41}.", "42"),
-    ("first 72, then 3", "#### 72"),  # the last number is the answer
-    ("I don't know", "7"),
-    ("", "7"),
-    ("\\boxed{\\frac{1}{3}}", "0.33"),
-])
+@pytest.mark.parametrize(
+    ("prediction", "reference"),
+    [
+        ("The answer is \\boxed{41}.", "42"),
+        ("first 72, then 3", "#### 72"),  # the last number is the answer
+        ("I don't know", "7"),
+        ("", "7"),
+        ("\\boxed{\\frac{1}{3}}", "0.33"),
+    ],
+)
 def test_math_equal_rejects_wrong_answers(prediction: str, reference: str):
     assert not math_equal(prediction, reference)
 
@@ -82,14 +88,21 @@ def test_numeric_tolerance():
 def test_load_reward_by_builtin_name_and_import_path(tmp_path, monkeypatch):
     assert load_reward("math") is math_reward
     assert load_reward("areal_service.rewards.match:numeric_reward") is numeric_reward
-    assert load_reward("areal_service.rewards.match.exact_match_reward")("a", {"answer": "A"}) == 1.0
+    assert (
+        load_reward("areal_service.rewards.match.exact_match_reward")("a", {"answer": "A"}) == 1.0
+    )
     # a user's async function in their own module: the caller awaits it
     (tmp_path / "my_rewards.py").write_text(
-        "async def judge(completion, sample):\n    return 0.5\n")
+        "async def judge(completion, sample):\n    return 0.5\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     fn = load_reward("my_rewards:judge")
     assert asyncio.run(fn("x", {"answer": "x"})) == 0.5
-    for bad in ("nope", "no_such_module:f", "areal_service.rewards:nothing",
-                "areal_service.rewards.math:PARSE_TIMEOUT_S"):
+    for bad in (
+        "nope",
+        "no_such_module:f",
+        "areal_service.rewards:nothing",
+        "areal_service.rewards.math:PARSE_TIMEOUT_S",
+    ):
         with pytest.raises(ValueError):
             load_reward(bad)

@@ -33,13 +33,15 @@ SWAP = ["pause_generation", "update_weights_from_disk", "continue_generation"]
 
 
 def req(max_new: int = 4) -> GenerateRequest:
-    return GenerateRequest.for_tokens(PROMPT, {"max_new_tokens": max_new},
-                                      rid=uuid.uuid4().hex)
+    return GenerateRequest.for_tokens(PROMPT, {"max_new_tokens": max_new}, rid=uuid.uuid4().hex)
 
 
 async def test_generation_through_the_router_swaps_to_each_worker_once(tmp_path: Path) -> None:
-    with start_echo_backend() as a, start_echo_backend() as b, \
-            run_standin_router([a.url, b.url]) as router:
+    with (
+        start_echo_backend() as a,
+        start_echo_backend() as b,
+        run_standin_router([a.url, b.url]) as router,
+    ):
         pool = BackendPool([], router_url=router.url)
         try:
             await pool.check_health()  # lists the workers and admits them
@@ -47,8 +49,9 @@ async def test_generation_through_the_router_swaps_to_each_worker_once(tmp_path:
             assert all(w.healthy for w in pool.backends)
             for session in ("s1", "s2", "s1", "s2", None):
                 gen = await pool.generate_interruptible(req(), session_id=session)
-                assert list(gen.output_ids) == [echo_token(PROMPT[0], len(PROMPT) + i)
-                                                for i in range(4)]
+                assert list(gen.output_ids) == [
+                    echo_token(PROMPT[0], len(PROMPT) + i) for i in range(4)
+                ]
                 assert gen.backend == router.url
             # every generation went through the router, the session as its routing key,
             # and a session stayed on one worker
@@ -67,10 +70,12 @@ async def test_generation_through_the_router_swaps_to_each_worker_once(tmp_path:
             await pool.aclose()
 
 
-async def test_a_newly_listed_worker_is_synced_and_a_dropped_one_forgotten(tmp_path: Path
-                                                                          ) -> None:
-    with start_echo_backend() as a, start_echo_backend() as b, \
-            run_standin_router([a.url]) as router:
+async def test_a_newly_listed_worker_is_synced_and_a_dropped_one_forgotten(tmp_path: Path) -> None:
+    with (
+        start_echo_backend() as a,
+        start_echo_backend() as b,
+        run_standin_router([a.url]) as router,
+    ):
         pool = BackendPool([], router_url=router.url)
         try:
             await pool.check_health()
@@ -90,8 +95,7 @@ async def test_a_newly_listed_worker_is_synced_and_a_dropped_one_forgotten(tmp_p
 
 async def test_router_down_means_not_ready_and_no_generation() -> None:
     with start_echo_backend() as a, run_standin_router([a.url]) as router:
-        pool = BackendPool([], router_url=router.url, unhealthy_after=1,
-                           probe_interval_s=0.05)
+        pool = BackendPool([], router_url=router.url, unhealthy_after=1, probe_interval_s=0.05)
         try:
             await pool.check_health()
             assert [s.healthy for s in pool.status()] == [True, True]
@@ -111,8 +115,11 @@ async def test_router_down_means_not_ready_and_no_generation() -> None:
 
 
 async def test_aborts_fan_out_to_every_worker_and_old_routers_list_urls() -> None:
-    with start_echo_backend() as a, start_echo_backend() as b, \
-            run_standin_router([f"{a.url}@0", f"{a.url}@1", b.url], legacy=True) as router:
+    with (
+        start_echo_backend() as a,
+        start_echo_backend() as b,
+        run_standin_router([f"{a.url}@0", f"{a.url}@1", b.url], legacy=True) as router,
+    ):
         pool = BackendPool([], router_url=router.url)
         try:
             await pool.check_health()  # /list_workers and /health of an older router
@@ -129,16 +136,21 @@ def test_from_config_builds_router_mode() -> None:
     pool = BackendPool.from_config(cfg)
     assert pool.router is not None and pool.router.url == "http://127.0.0.1:39999"
     assert pool.backends == []
-    direct = BackendPool.from_config(load_config(overrides=[
-        "gateway.router.backends=[http://127.0.0.1:1, http://127.0.0.1:2]"]))
+    direct = BackendPool.from_config(
+        load_config(overrides=["gateway.router.backends=[http://127.0.0.1:1, http://127.0.0.1:2]"])
+    )
     assert direct.router is None and len(direct.backends) == 2
 
 
 def test_router_worker_urls_shapes() -> None:
-    assert router_worker_urls({"workers": [{"url": "http://h:1/"}, {"url": "http://h:2"}]}) \
-        == ["http://h:1", "http://h:2"]
-    assert router_worker_urls({"urls": ["http://h:1@0", "http://h:1@1", "http://h:3"]}) \
-        == ["http://h:1", "http://h:3"]
+    assert router_worker_urls({"workers": [{"url": "http://h:1/"}, {"url": "http://h:2"}]}) == [
+        "http://h:1",
+        "http://h:2",
+    ]
+    assert router_worker_urls({"urls": ["http://h:1@0", "http://h:1@1", "http://h:3"]}) == [
+        "http://h:1",
+        "http://h:3",
+    ]
     assert router_worker_urls({"workers": []}) == []
 
 
@@ -154,19 +166,21 @@ def test_weight_group_ranks_follow_sglang() -> None:
         weight_group_ranks({"tp_size": 1, "dp_size": 2})
     with pytest.raises(ValueError, match="pp_size=2"):
         weight_group_ranks({"tp_size": 2, "pp_size": 2})
-    world, offsets = weight_group_layout([{"tp_size": 1}, {"tp_size": 2},
-                                          {"tp_size": 4, "dp_size": 2,
-                                           "enable_dp_attention": True}])
+    world, offsets = weight_group_layout(
+        [{"tp_size": 1}, {"tp_size": 2}, {"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}]
+    )
     # trainer = rank 0; servers take 1, 2-3, 4-7
     assert (world, offsets) == (8, [1, 2, 4])
 
 
 def test_dp_replica_lists_in_a_disk_reply_are_folded() -> None:
     ok = UpdateWeightsResponse.model_validate(
-        {"success": [True, True], "message": ["a", "b"], "num_paused_requests": [0, 1]})
+        {"success": [True, True], "message": ["a", "b"], "num_paused_requests": [0, 1]}
+    )
     assert (ok.success, ok.message, ok.num_paused_requests) == (True, "a | b", 1)
     assert not UpdateWeightsResponse.model_validate(
-        {"success": [True, False], "message": "x"}).success
+        {"success": [True, False], "message": "x"}
+    ).success
 
 
 async def test_a_dp_server_is_refused_before_anything_is_paused() -> None:
@@ -182,12 +196,14 @@ async def test_a_dp_server_is_refused_before_anything_is_paused() -> None:
 
         backend.client.server_info = dp_server_info  # type: ignore[method-assign]
         state = SimpleNamespace(backends=pool, store=None)
-        offer = {"group_name": "g", "master_address": "127.0.0.1", "master_port": 1,
-                 "buckets": []}
+        offer = {"group_name": "g", "master_address": "127.0.0.1", "master_port": 1, "buckets": []}
         try:
             with pytest.raises(ValueError, match="dp_size=2"):
-                await swap_distributed(state, WeightVersionRecord(version=1, path="x"),  # type: ignore[arg-type]
-                                       offer)
+                await swap_distributed(
+                    state,
+                    WeightVersionRecord(version=1, path="x"),  # type: ignore[arg-type]
+                    offer,
+                )
             assert a.backend.calls == []
         finally:
             await pool.aclose()
@@ -205,8 +221,12 @@ def test_launched_servers_are_added_to_the_router(legacy: bool) -> None:
 
 
 def test_dp_attention_servers_take_tp_gpus() -> None:
-    base = ["engine.sglang.gpus=[0,1,2,3,4,5,6,7]", "engine.sglang.tp_size=2",
-            "engine.sglang.dp_size=2", "engine.model=/m"]
+    base = [
+        "engine.sglang.gpus=[0,1,2,3,4,5,6,7]",
+        "engine.sglang.tp_size=2",
+        "engine.sglang.dp_size=2",
+        "engine.model=/m",
+    ]
     assert len(sglang_specs(load_config(overrides=base))) == 2  # 4 GPUs per server
     dpa = load_config(overrides=[*base, "engine.sglang.extra_args=[--enable-dp-attention]"])
     specs = sglang_specs(dpa)

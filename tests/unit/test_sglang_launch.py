@@ -30,15 +30,31 @@ PY = sys.executable
 
 
 def _cfg(*overrides: str):
-    return load_config(None, ["engine.backend=sglang", "engine.model=/ckpt/qwen",
-                              *overrides])
+    return load_config(None, ["engine.backend=sglang", "engine.model=/ckpt/qwen", *overrides])
 
 
 def _common(port: int, *, tp: int = 1, dp: int = 1) -> list[str]:
-    return [PY, "-m", "sglang.launch_server", "--model-path", "/ckpt/qwen",
-            "--served-model-name", "/ckpt/qwen", "--weight-version", "default",
-            "--host", "127.0.0.1", "--port", str(port), "--tp-size", str(tp),
-            "--dp-size", str(dp), "--log-level", "info"]
+    return [
+        PY,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/ckpt/qwen",
+        "--served-model-name",
+        "/ckpt/qwen",
+        "--weight-version",
+        "default",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp),
+        "--dp-size",
+        str(dp),
+        "--log-level",
+        "info",
+    ]
 
 
 def test_tp2_on_eight_gpus_is_four_servers_on_consecutive_ports():
@@ -50,21 +66,55 @@ def test_tp2_on_eight_gpus_is_four_servers_on_consecutive_ports():
 
 
 def test_dp_inside_one_server_with_memory_dtype_context_and_extra_flags():
-    cfg = _cfg("engine.sglang.dp_size=2", "engine.sglang.servers=1",
-               "engine.sglang.gpus=['4','5','6','7']", "engine.sglang.mem_fraction_static=0.7",
-               "engine.sglang.enable_metrics=false", "engine.dtype=bfloat16",
-               "engine.context_length=8192", "engine.port=31000", "engine.weight_version=v3",
-               "engine.served_model_name=policy", "engine.sglang.python=/venvs/sglang/bin/python",
-               "engine.sglang.max_running_requests=48",
-               "engine.sglang.extra_args=['--chunked-prefill-size','4096']", "log_level=warning")
+    cfg = _cfg(
+        "engine.sglang.dp_size=2",
+        "engine.sglang.servers=1",
+        "engine.sglang.gpus=['4','5','6','7']",
+        "engine.sglang.mem_fraction_static=0.7",
+        "engine.sglang.enable_metrics=false",
+        "engine.dtype=bfloat16",
+        "engine.context_length=8192",
+        "engine.port=31000",
+        "engine.weight_version=v3",
+        "engine.served_model_name=policy",
+        "engine.sglang.python=/venvs/sglang/bin/python",
+        "engine.sglang.max_running_requests=48",
+        "engine.sglang.extra_args=['--chunked-prefill-size','4096']",
+        "log_level=warning",
+    )
     [spec] = sglang_specs(cfg)
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "4,5"}  # one server asked for: the first group
     assert list(spec.argv) == [
-        "/venvs/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/ckpt/qwen",
-        "--served-model-name", "policy", "--weight-version", "v3", "--host", "127.0.0.1",
-        "--port", "31000", "--tp-size", "1", "--dp-size", "2", "--log-level", "warning",
-        "--max-running-requests", "48", "--mem-fraction-static", "0.7",
-        "--context-length", "8192", "--dtype", "bfloat16", "--chunked-prefill-size", "4096"]
+        "/venvs/sglang/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/ckpt/qwen",
+        "--served-model-name",
+        "policy",
+        "--weight-version",
+        "v3",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31000",
+        "--tp-size",
+        "1",
+        "--dp-size",
+        "2",
+        "--log-level",
+        "warning",
+        "--max-running-requests",
+        "48",
+        "--mem-fraction-static",
+        "0.7",
+        "--context-length",
+        "8192",
+        "--dtype",
+        "bfloat16",
+        "--chunked-prefill-size",
+        "4096",
+    ]
 
 
 def test_gpus_default_to_cuda_visible_devices_and_wildcard_host_is_advertised(monkeypatch):
@@ -97,18 +147,35 @@ def _wait(predicate, timeout_s: float) -> bool:
 def test_supervisor_runs_local_engine_restarts_it_on_death_and_stops_it(tmp_path, tiny_model_dir):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    spec = ServerSpec("engine-0", tuple(cli_argv(
-        "engine", "--model", str(tiny_model_dir), "--port", str(port),
-        "--set", f"data_dir={tmp_path}", "--set", "engine.torch_threads=1")), url,
-        env={"CUDA_VISIBLE_DEVICES": ""})
-    sup = Supervisor([spec], log_dir=tmp_path / "logs", ready_timeout_s=120,
-                     backoff_s=0.1, poll_s=0.1)
+    spec = ServerSpec(
+        "engine-0",
+        tuple(
+            cli_argv(
+                "engine",
+                "--model",
+                str(tiny_model_dir),
+                "--port",
+                str(port),
+                "--set",
+                f"data_dir={tmp_path}",
+                "--set",
+                "engine.torch_threads=1",
+            )
+        ),
+        url,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+    sup = Supervisor(
+        [spec], log_dir=tmp_path / "logs", ready_timeout_s=120, backoff_s=0.1, poll_s=0.1
+    )
     sup.start()
     try:
         assert sup.urls == [url]
         wait_healthy([url], 5)  # attach to the running engine
-        cfg = load_config(None, [f"data_dir={tmp_path}", "engine.backend=sglang",
-                                 f"engine.sglang.attach=['{url}/']"])
+        cfg = load_config(
+            None,
+            [f"data_dir={tmp_path}", "engine.backend=sglang", f"engine.sglang.attach=['{url}/']"],
+        )
         with sglang_backends(cfg) as attached:
             assert attached.gateway.router.backends == [url]
         [first] = sup.pids()
@@ -143,10 +210,20 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 @pytest.mark.processes
 def test_supervisor_gives_up_after_max_consecutive_deaths(tmp_path):
     port = free_port()
-    spec = ServerSpec("flaky", (PY, "-c", _FLAKY, str(port), str(tmp_path / "started")),
-                      f"http://127.0.0.1:{port}")
-    sup = Supervisor([spec], log_dir=tmp_path, ready_timeout_s=30, backoff_s=0.05,
-                     max_backoff_s=0.2, max_restarts=2, poll_s=0.05)
+    spec = ServerSpec(
+        "flaky",
+        (PY, "-c", _FLAKY, str(port), str(tmp_path / "started")),
+        f"http://127.0.0.1:{port}",
+    )
+    sup = Supervisor(
+        [spec],
+        log_dir=tmp_path,
+        ready_timeout_s=30,
+        backoff_s=0.05,
+        max_backoff_s=0.2,
+        max_restarts=2,
+        poll_s=0.05,
+    )
     sup.start()
     try:
         os.kill(sup.pids()[0], signal.SIGKILL)
@@ -161,10 +238,14 @@ def test_supervisor_gives_up_after_max_consecutive_deaths(tmp_path):
 @pytest.mark.processes
 def test_start_failure_stops_the_servers_already_started(tmp_path):
     good_port = free_port()
-    good = ServerSpec("good", (PY, "-c", _FLAKY, str(good_port), str(tmp_path / "m")),
-                      f"http://127.0.0.1:{good_port}")
-    bad = ServerSpec("bad", (PY, "-c", "import sys; sys.exit(7)"),
-                     f"http://127.0.0.1:{free_port()}")
+    good = ServerSpec(
+        "good",
+        (PY, "-c", _FLAKY, str(good_port), str(tmp_path / "m")),
+        f"http://127.0.0.1:{good_port}",
+    )
+    bad = ServerSpec(
+        "bad", (PY, "-c", "import sys; sys.exit(7)"), f"http://127.0.0.1:{free_port()}"
+    )
     sup = Supervisor([good, bad], log_dir=tmp_path, ready_timeout_s=30)
     with pytest.raises(RuntimeError, match="bad exited with code 7"):
         sup.start()
@@ -202,8 +283,11 @@ def test_a_restarted_server_dies_with_a_supervisor_killed_outright(tmp_path):
     life (PR_SET_PDEATHSIG on that thread), so SIGKILL of the launcher leaves no server."""
     import subprocess
 
-    proc = subprocess.Popen([PY, "-c", _SUPERVISED, str(free_port()), "m", str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "-c", _SUPERVISED, str(free_port()), "m", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Bounded: a launcher that never prints (stuck starting or restarting) fails the
         # test instead of hanging the run.

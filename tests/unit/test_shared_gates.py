@@ -37,7 +37,10 @@ def test_a_session_takes_its_place_from_its_reservation(store: TrajectoryStore) 
     reservation, taken = store.coordination.reserve_admission(2, 4, 10, now=100.0)
     assert reservation is not None and taken == 0
     store.add_session(SessionRecord(id="s1"), reservation)
-    assert store.coordination.reserve_admission(3, 4, 10, now=101.0) == (None, 2)  # 1 admitted + 1 held
+    assert store.coordination.reserve_admission(3, 4, 10, now=101.0) == (
+        None,
+        2,
+    )  # 1 admitted + 1 held
     store.add_session(SessionRecord(id="s2"), reservation)
     assert store.coordination.reserve_admission(3, 4, 10, now=101.0) == (None, 2)  # 2 admitted
     store.coordination.release_admission(reservation)
@@ -105,15 +108,19 @@ def test_a_sign_out_is_seen_by_every_process(store_url: str) -> None:
 def test_auth_failures_are_summed_over_the_other_processes(store: TrajectoryStore) -> None:
     engine, t = store.engine, 1_000_000.0
 
-    def exchange(holder: str, mine: dict[str, AuthFailures], at: float, limit: int = 100
-                 ) -> dict[str, AuthFailures]:
+    def exchange(
+        holder: str, mine: dict[str, AuthFailures], at: float, limit: int = 100
+    ) -> dict[str, AuthFailures]:
         return store.coordination.exchange_auth_failures(holder, mine, 300, limit, now=t + at)
 
     assert exchange("p1", {"a": AuthFailures(3, t, 0.0)}, 0) == {}
-    assert exchange("p2", {"a": AuthFailures(2, t + 1, t + 11),
-                           "b": AuthFailures(1, t + 1, 0.0)}, 1) == {"a": AuthFailures(3, t, 0.0)}
-    assert exchange("p3", {}, 2) == {"a": AuthFailures(5, t + 1, t + 11),  # a read only
-                                     "b": AuthFailures(1, t + 1, 0.0)}
+    assert exchange(
+        "p2", {"a": AuthFailures(2, t + 1, t + 11), "b": AuthFailures(1, t + 1, 0.0)}, 1
+    ) == {"a": AuthFailures(3, t, 0.0)}
+    assert exchange("p3", {}, 2) == {
+        "a": AuthFailures(5, t + 1, t + 11),  # a read only
+        "b": AuthFailures(1, t + 1, 0.0),
+    }
     exchange("p1", {"a": AuthFailures(4, t + 3, t + 13)}, 3)  # p1's row is replaced
     assert exchange("p3", {}, 3)["a"] == AuthFailures(6, t + 3, t + 13)
     assert list(exchange("p3", {}, 3, limit=1)) == ["a"]  # the most recent first

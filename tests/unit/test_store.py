@@ -341,10 +341,12 @@ def test_batched_key_and_session_reads(store: TrajectoryStore):
     for key in keys:
         store.keys.add_api_key(key)
     assert store.keys.find_api_keys_by_hashes([k.key_hash for k in keys] + ["ee" * 32]) == {
-        k.key_hash: k for k in keys}
+        k.key_hash: k for k in keys
+    }
     assert store.keys.find_api_keys_by_hashes([]) == {}
-    sessions = [SessionRecord(id=f"s{i}", created_at=1.0 + i, last_activity_at=1.0 + i)
-                for i in range(3)]
+    sessions = [
+        SessionRecord(id=f"s{i}", created_at=1.0 + i, last_activity_at=1.0 + i) for i in range(3)
+    ]
     for session in sessions:
         store.add_session(session)
     assert store.get_sessions(["s0", "s2", "nope"]) == {"s0": sessions[0], "s2": sessions[2]}

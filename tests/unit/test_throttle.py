@@ -29,8 +29,7 @@ def test_backoff_doubles_to_the_cap_and_resets_after_quiet():
 
 
 def test_addresses_are_bounded():
-    throttle = AuthThrottle(free_failures=0, backoff_s=1, max_backoff_s=10,
-                            max_addresses=100)
+    throttle = AuthThrottle(free_failures=0, backoff_s=1, max_backoff_s=10, max_addresses=100)
     for i in range(1000):
         throttle.failed(f"10.0.{i // 256}.{i % 256}", now=float(i))
     assert len(throttle._records) <= 100
@@ -100,10 +99,16 @@ def test_self_reporting_paths_get_the_servers_send_and_count_their_own_401s():
             note_auth_failure(scope)
         await send({"type": "http.response.start", "status": 401, "headers": []})
 
-    app = AuthThrottleMiddleware(inner, throttle_of=lambda _: throttle,
-                                 known_good_of=lambda _: None, self_reporting={"/hot"})
-    scope = {"type": "http", "path": "/hot", "method": "POST", "client": ("10.0.0.1", 1),
-             "headers": [(b"authorization", b"Bearer sk-wrong")]}
+    app = AuthThrottleMiddleware(
+        inner, throttle_of=lambda _: throttle, known_good_of=lambda _: None, self_reporting={"/hot"}
+    )
+    scope = {
+        "type": "http",
+        "path": "/hot",
+        "method": "POST",
+        "client": ("10.0.0.1", 1),
+        "headers": [(b"authorization", b"Bearer sk-wrong")],
+    }
     send, _ = _run(app, scope)
     assert seen[-1] is send
     assert throttle.retry_after("10.0.0.1") > 0
@@ -113,8 +118,13 @@ def test_self_reporting_paths_get_the_servers_send_and_count_their_own_401s():
 
 
 def test_the_token_is_read_once_per_request():
-    scope = {"headers": [(b"x-api-key", b"sk-2"), (b"authorization", b"Bearer sk-1"),
-                         (b"authorization", b"Bearer sk-3")]}
+    scope = {
+        "headers": [
+            (b"x-api-key", b"sk-2"),
+            (b"authorization", b"Bearer sk-1"),
+            (b"authorization", b"Bearer sk-3"),
+        ]
+    }
     assert request_token(scope) == "sk-1"
     scope["headers"] = []
     assert request_token(scope) == "sk-1"  # remembered in the scope

@@ -49,14 +49,17 @@ def test_ids_are_deterministic_per_seed_and_index() -> None:
     assert other.tool_calls[0].id != a
 
 
-@pytest.mark.parametrize("body", [
-    '{"name": "add", "arguments": {"a": 1}',            # unbalanced
-    '{"name": "add", "arguments": {"a": 1}} trailing',  # garbage after the object
-    '{"arguments": {"a": 1}}',                          # no name
-    '{"name": 3, "arguments": {}}',                     # name not a string
-    '{"name": "add", "arguments": [1, 2]}',             # arguments not an object
-    'not json at all',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "add", "arguments": {"a": 1}',  # unbalanced
+        '{"name": "add", "arguments": {"a": 1}} trailing',  # garbage after the object
+        '{"arguments": {"a": 1}}',  # no name
+        '{"name": 3, "arguments": {}}',  # name not a string
+        '{"name": "add", "arguments": [1, 2]}',  # arguments not an object
+        "not json at all",
+    ],
+)
 def test_malformed_block_stays_content(body: str) -> None:
     text = f"Before\n<tool_call>\n{body}\n</tool_call>"
     out = parse(text)

@@ -26,13 +26,26 @@ from gateway.translate import (
     resolve_sampling,
 )
 
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two integers.", "strict": True,
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"type": "integer"}},
-                   "required": ["a", "b"], "additionalProperties": False}}}]
-HISTORY = [{"role": "system", "content": "You are a calculator."},
-           {"role": "user", "content": "What is 2 + 3? 😀"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+HISTORY = [
+    {"role": "system", "content": "You are a calculator."},
+    {"role": "user", "content": "What is 2 + 3? 😀"},
+]
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 OUTPUTS = {
     "plain": "The answer is 5. 😀",
@@ -40,7 +53,7 @@ OUTPUTS = {
     "call": CALL,
     "content_and_two_calls": "Let me add.\n" + CALL + "\n" + CALL.replace("2", "7"),
     "think_and_call": "<think>\nuse the tool\n</think>\n\n" + CALL,
-    "malformed_call": "<tool_call>\n{\"name\": add}\n</tool_call>",
+    "malformed_call": '<tool_call>\n{"name": add}\n</tool_call>',
 }
 
 
@@ -65,8 +78,12 @@ def generated(tok: ChatTokenizer, text: str, *, finish: str = "eos") -> Generate
 
 
 def whole_encode(tok: ChatTokenizer, messages: list[dict[str, Any]], tools: Any) -> list[int]:
-    return encode(tok, hf().apply_chat_template(
-        normalize_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False))
+    return encode(
+        tok,
+        hf().apply_chat_template(
+            normalize_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False
+        ),
+    )
 
 
 # ---------------------------------------------------------------- rendering
@@ -75,11 +92,21 @@ def whole_encode(tok: ChatTokenizer, messages: list[dict[str, Any]], tools: Any)
 def test_every_role_renders(tok: ChatTokenizer) -> None:
     messages = [
         {"role": "developer", "content": "Dev rules."},
-        {"role": "user", "content": [{"type": "text", "text": "part one"},
-                                     {"type": "text", "text": "part two"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "add", "arguments": '{"a": 1,"b":2}'}}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 1,"b":2}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "3"}]},
         {"role": "function", "name": "add", "content": "3 again"},
         {"role": "assistant", "content": "Done.", "reasoning_content": "checked"},
@@ -91,39 +118,67 @@ def test_every_role_renders(tok: ChatTokenizer) -> None:
     assert '"name": "add"' in text
     assert "<|im_start|>user\npart one\npart two<|im_end|>" in text
     # arguments string rendered verbatim (odd spacing preserved)
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1,"b":2}}' \
-        in text
-    assert "<tool_response>\n3\n</tool_response>\n<tool_response>\n3 again\n</tool_response>" \
-        in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1,"b":2}}' in text
+    )
+    assert (
+        "<tool_response>\n3\n</tool_response>\n<tool_response>\n3 again\n</tool_response>" in text
+    )
     assert "<|im_start|>assistant\n<think>\nchecked\n</think>\n\nDone.<|im_end|>" in text
     assert "<|im_start|>system\nLate system note.<|im_end|>" in text
     assert text.endswith("<|im_start|>user\nthanks<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_developer_renders_as_system_and_parts_as_text(tok: ChatTokenizer) -> None:
-    a = render_prompt_ids(tok, [{"role": "developer", "content": "x"},
-                                {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                          None, None)
-    b = render_prompt_ids(tok, [{"role": "system", "content": "x"},
-                                {"role": "user", "content": "hi"}], None, None)
+    a = render_prompt_ids(
+        tok,
+        [
+            {"role": "developer", "content": "x"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ],
+        None,
+        None,
+    )
+    b = render_prompt_ids(
+        tok, [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}], None, None
+    )
     assert a == b
 
 
 def test_legacy_function_call_message(tok: ChatTokenizer) -> None:
-    msg = {"role": "assistant", "content": None,
-           "function_call": {"name": "add", "arguments": '{"a": 1}'}}
+    msg = {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "add", "arguments": '{"a": 1}'},
+    }
     text = hf().decode(render_prompt_ids(tok, [*HISTORY, msg], TOOLS, None))
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>' in text
 
 
 def test_request_model_messages_render(tok: ChatTokenizer) -> None:
-    req = ChatCompletionRequest.model_validate({
-        "model": "m", "messages": [*HISTORY, {"role": "assistant", "content": None,
-                                              "tool_calls": [{"id": "c1", "type": "function",
-                                                              "function": {"name": "add",
-                                                                           "arguments": "{}"}}]},
-                                   {"role": "tool", "tool_call_id": "c1", "content": "5"}],
-        "tools": TOOLS, "store": False, "unknown_field": {"x": 1}})
+    req = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                *HISTORY,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "add", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "5"},
+            ],
+            "tools": TOOLS,
+            "store": False,
+            "unknown_field": {"x": 1},
+        }
+    )
     ids = render_prompt_ids(tok, req.message_dicts(), req.chat_tools(), req.chat_tool_choice())
     assert ids == whole_encode(tok, req.message_dicts(), TOOLS)
 
@@ -131,8 +186,9 @@ def test_request_model_messages_render(tok: ChatTokenizer) -> None:
 def test_tool_choice_none_drops_tools_required_keeps_them(tok: ChatTokenizer) -> None:
     none = hf().decode(render_prompt_ids(tok, HISTORY, TOOLS, "none"))
     required = hf().decode(render_prompt_ids(tok, HISTORY, TOOLS, "required"))
-    named = hf().decode(render_prompt_ids(
-        tok, HISTORY, TOOLS, {"type": "function", "function": {"name": "add"}}))
+    named = hf().decode(
+        render_prompt_ids(tok, HISTORY, TOOLS, {"type": "function", "function": {"name": "add"}})
+    )
     assert "# Tools" not in none
     assert "# Tools" in required and required == named
 
@@ -141,8 +197,11 @@ def test_segment_cache_equals_whole_prompt_encoding(tok: ChatTokenizer) -> None:
     assert tok._split_at == "<|im_start|>"  # the probe accepted this tokenizer
     conversations = [
         HISTORY,
-        [*HISTORY, {"role": "assistant", "content": "  spaced \n\n"},
-         {"role": "user", "content": "\n<|im_start|> literal marker and 🤔"}],
+        [
+            *HISTORY,
+            {"role": "assistant", "content": "  spaced \n\n"},
+            {"role": "user", "content": "\n<|im_start|> literal marker and 🤔"},
+        ],
         [{"role": "user", "content": ""}],
     ]
     for messages in conversations:
@@ -166,20 +225,27 @@ def test_no_double_bos_and_generation_prompt(tok: ChatTokenizer) -> None:
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
 @pytest.mark.parametrize("finish", ["eos", "length"])
-def test_next_turn_prompt_extends_prompt_plus_output(tok: ChatTokenizer, name: str,
-                                                     finish: str) -> None:
+def test_next_turn_prompt_extends_prompt_plus_output(
+    tok: ChatTokenizer, name: str, finish: str
+) -> None:
     """The parent's prompt ids + output ids (with <|im_end|>) prefix the child's prompt
     when the assistant message is the one build_chat_completion returned."""
     prompt = render_prompt_ids(tok, HISTORY, TOOLS, "auto")
     choice = generated(tok, OUTPUTS[name], finish=finish)
     parsed = parse_choice(tok, choice, completion_id="chatcmpl-p", parse_tools=True)
-    body = build_chat_completion(completion_id="chatcmpl-p", model="m", created=1,
-                                 choices=[parsed], usage=Usage.of(len(prompt), [parsed]))
-    message = ChatCompletion.model_validate(body).choices[0].message.model_dump(
-        exclude_none=True)
+    body = build_chat_completion(
+        completion_id="chatcmpl-p",
+        model="m",
+        created=1,
+        choices=[parsed],
+        usage=Usage.of(len(prompt), [parsed]),
+    )
+    message = ChatCompletion.model_validate(body).choices[0].message.model_dump(exclude_none=True)
     history = [*HISTORY, message]
-    history += [{"role": "tool", "tool_call_id": c["id"], "content": "5"}
-                for c in message.get("tool_calls", [])] or [{"role": "user", "content": "ok"}]
+    history += [
+        {"role": "tool", "tool_call_id": c["id"], "content": "5"}
+        for c in message.get("tool_calls", [])
+    ] or [{"role": "user", "content": "ok"}]
     child = render_prompt_ids(tok, history, TOOLS, "auto")
     parent = prompt + list(choice.output_ids)
     if finish == "length":
@@ -192,29 +258,54 @@ def test_next_turn_prompt_extends_prompt_plus_output(tok: ChatTokenizer, name: s
 
 def test_context_length_exceeded() -> None:
     with pytest.raises(ContextLengthExceeded) as info:
-        resolve_sampling(ClientSampling(), prompt_tokens=100, context_length=100,
-                         default_max_tokens=16, mode="client")
+        resolve_sampling(
+            ClientSampling(),
+            prompt_tokens=100,
+            context_length=100,
+            default_max_tokens=16,
+            mode="client",
+        )
     err = info.value
     assert (err.prompt_tokens, err.limit, err.code, err.param) == (
-        100, 100, "context_length_exceeded", "messages")
+        100,
+        100,
+        "context_length_exceeded",
+        "messages",
+    )
     assert "maximum context length is 100 tokens" in err.message
     assert "resulted in 100 tokens" in err.message
 
 
 def test_max_tokens_clamped_and_defaulted() -> None:
-    spec = resolve_sampling(ClientSampling(max_tokens=500), prompt_tokens=90,
-                            context_length=100, default_max_tokens=16, mode="client")
+    spec = resolve_sampling(
+        ClientSampling(max_tokens=500),
+        prompt_tokens=90,
+        context_length=100,
+        default_max_tokens=16,
+        mode="client",
+    )
     assert spec.max_new_tokens == 10
-    spec = resolve_sampling(ClientSampling(), prompt_tokens=10, context_length=100,
-                            default_max_tokens=16, mode="client")
+    spec = resolve_sampling(
+        ClientSampling(), prompt_tokens=10, context_length=100, default_max_tokens=16, mode="client"
+    )
     assert spec.max_new_tokens == 16
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
-                                max_tokens=50, max_completion_tokens=7, stop="END")
-    spec = resolve_sampling(req.client_sampling(), prompt_tokens=5, context_length=100,
-                            default_max_tokens=16, mode="client")
+    req = ChatCompletionRequest(
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=50,
+        max_completion_tokens=7,
+        stop="END",
+    )
+    spec = resolve_sampling(
+        req.client_sampling(),
+        prompt_tokens=5,
+        context_length=100,
+        default_max_tokens=16,
+        mode="client",
+    )
     assert spec.max_new_tokens == 7
     assert spec.stop == ("END",)
 
@@ -222,40 +313,71 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
 def test_vllm_length_extensions_reach_the_engine_in_both_modes() -> None:
     """`min_tokens` and `ignore_eos` (vLLM's chat extensions) decide where an output ends;
     a client moving from vLLM's own endpoint keeps its lengths, training or not."""
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
-                                max_tokens=12, min_tokens=30, ignore_eos=True)
+    req = ChatCompletionRequest(
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=12,
+        min_tokens=30,
+        ignore_eos=True,
+    )
     for mode in ("client", "training"):
-        spec = resolve_sampling(req.client_sampling(), prompt_tokens=5, context_length=100,
-                                default_max_tokens=16, mode=mode)
+        spec = resolve_sampling(
+            req.client_sampling(),
+            prompt_tokens=5,
+            context_length=100,
+            default_max_tokens=16,
+            mode=mode,
+        )
         params = spec.to_sampling_params()
         assert params["ignore_eos"] is True
         assert params["min_new_tokens"] == 12  # never above the length limit
-    plain = resolve_sampling(ClientSampling(), prompt_tokens=5, context_length=100,
-                             default_max_tokens=16, mode="client").to_sampling_params()
+    plain = resolve_sampling(
+        ClientSampling(), prompt_tokens=5, context_length=100, default_max_tokens=16, mode="client"
+    ).to_sampling_params()
     assert "ignore_eos" not in plain and "min_new_tokens" not in plain
 
 
 def test_client_mode_honours_client_values() -> None:
-    client = ClientSampling(temperature=0.0, top_p=0.5, top_k=20, seed=7, stop=("\n",), n=3,
-                            presence_penalty=0.5)
-    spec = resolve_sampling(client, prompt_tokens=5, context_length=100,
-                            default_max_tokens=16, mode="client")
+    client = ClientSampling(
+        temperature=0.0, top_p=0.5, top_k=20, seed=7, stop=("\n",), n=3, presence_penalty=0.5
+    )
+    spec = resolve_sampling(
+        client, prompt_tokens=5, context_length=100, default_max_tokens=16, mode="client"
+    )
     assert (spec.temperature, spec.top_p, spec.top_k, spec.n) == (0.0, 0.5, 20, 3)
     params = spec.to_sampling_params(choice_index=2)
-    assert params == {"max_new_tokens": 16, "temperature": 0.0, "top_p": 0.5, "top_k": 20,
-                      "stop": ["\n"], "sampling_seed": 9, "presence_penalty": 0.5}
-    default = resolve_sampling(ClientSampling(), prompt_tokens=5, context_length=100,
-                               default_max_tokens=16, mode="client")
+    assert params == {
+        "max_new_tokens": 16,
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "top_k": 20,
+        "stop": ["\n"],
+        "sampling_seed": 9,
+        "presence_penalty": 0.5,
+    }
+    default = resolve_sampling(
+        ClientSampling(), prompt_tokens=5, context_length=100, default_max_tokens=16, mode="client"
+    )
     assert (default.temperature, default.top_p, default.top_k) == (1.0, 1.0, -1)
 
 
 def test_training_mode_forces_training_values() -> None:
-    client = ClientSampling(temperature=0.0, top_p=0.3, top_k=5, stop=("X",),
-                            frequency_penalty=1.0)
-    spec = resolve_sampling(client, prompt_tokens=5, context_length=100,
-                            default_max_tokens=16, mode="training", training_temperature=0.8)
-    assert spec.to_sampling_params() == {"max_new_tokens": 16, "temperature": 0.8,
-                                         "top_p": 1.0, "top_k": -1, "stop": ["X"]}
+    client = ClientSampling(temperature=0.0, top_p=0.3, top_k=5, stop=("X",), frequency_penalty=1.0)
+    spec = resolve_sampling(
+        client,
+        prompt_tokens=5,
+        context_length=100,
+        default_max_tokens=16,
+        mode="training",
+        training_temperature=0.8,
+    )
+    assert spec.to_sampling_params() == {
+        "max_new_tokens": 16,
+        "temperature": 0.8,
+        "top_p": 1.0,
+        "top_k": -1,
+        "stop": ["X"],
+    }
     assert spec.mode == "training"
 
 
@@ -265,8 +387,13 @@ def test_training_mode_forces_training_values() -> None:
 def test_chat_completion_body_validates(tok: ChatTokenizer) -> None:
     choice = generated(tok, OUTPUTS["think_and_call"])
     parsed = parse_choice(tok, choice, completion_id="chatcmpl-a", parse_tools=True)
-    body = build_chat_completion(completion_id="chatcmpl-a", model="alias", created=123,
-                                 choices=[parsed], usage=Usage.of(40, [parsed], 8))
+    body = build_chat_completion(
+        completion_id="chatcmpl-a",
+        model="alias",
+        created=123,
+        choices=[parsed],
+        usage=Usage.of(40, [parsed], 8),
+    )
     cc = ChatCompletion.model_validate(body)
     assert cc.id == "chatcmpl-a" and cc.model == "alias" and cc.object == "chat.completion"
     c = cc.choices[0]
@@ -279,13 +406,14 @@ def test_chat_completion_body_validates(tok: ChatTokenizer) -> None:
     assert cc.usage.total_tokens == 40 + len(choice.output_ids)
     assert cc.usage.prompt_tokens_details.cached_tokens == 8
     think_close = hf().convert_tokens_to_ids("</think>")
-    assert cc.usage.completion_tokens_details.reasoning_tokens == \
-        choice.output_ids.index(think_close) + 1
+    assert (
+        cc.usage.completion_tokens_details.reasoning_tokens
+        == choice.output_ids.index(think_close) + 1
+    )
 
 
 def test_plain_reply_strips_eos_and_stop_string(tok: ChatTokenizer) -> None:
-    parsed = parse_choice(tok, generated(tok, "Hi there"), completion_id="c",
-                          parse_tools=False)
+    parsed = parse_choice(tok, generated(tok, "Hi there"), completion_id="c", parse_tools=False)
     assert (parsed.content, parsed.finish_reason) == ("Hi there", "stop")
     ids = tuple(encode(tok, "Thought: go\nObservation: 5"))
     stopped = GeneratedChoice(ids, (0.0,) * len(ids), FinishReason("stop", "Observation:"))
@@ -297,15 +425,15 @@ def test_plain_reply_strips_eos_and_stop_string(tok: ChatTokenizer) -> None:
 def test_cut_off_finish_reasons(tok: ChatTokenizer, kind: str, expected: str) -> None:
     ids = tuple(encode(tok, "partial answ"))
     choice = GeneratedChoice(ids, (0.0,) * len(ids), FinishReason(kind))  # type: ignore[arg-type]
-    assert parse_choice(tok, choice, completion_id="c", parse_tools=True).finish_reason == \
-        expected
+    assert parse_choice(tok, choice, completion_id="c", parse_tools=True).finish_reason == expected
 
 
 def test_logprobs_shape_and_bytes(tok: ChatTokenizer) -> None:
     choice = generated(tok, OUTPUTS["plain"])
     parsed = parse_choice(tok, choice, completion_id="c", parse_tools=False, logprobs=2)
-    body = build_chat_completion(completion_id="c", model="m", created=1, choices=[parsed],
-                                 usage=Usage.of(3, [parsed]))
+    body = build_chat_completion(
+        completion_id="c", model="m", created=1, choices=[parsed], usage=Usage.of(3, [parsed])
+    )
     lp = body["choices"][0]["logprobs"]
     assert lp["refusal"] is None
     assert set(lp["content"][0]) == {"token", "logprob", "bytes", "top_logprobs"}
@@ -318,11 +446,13 @@ def test_logprobs_shape_and_bytes(tok: ChatTokenizer) -> None:
 
 
 def test_several_choices(tok: ChatTokenizer) -> None:
-    parsed = [parse_choice(tok, generated(tok, OUTPUTS[k]), completion_id="c", index=i,
-                           parse_tools=True)
-              for i, k in enumerate(["call", "call", "plain"])]
-    body = build_chat_completion(completion_id="c", model="m", created=1, choices=parsed,
-                                 usage=Usage.of(10, parsed))
+    parsed = [
+        parse_choice(tok, generated(tok, OUTPUTS[k]), completion_id="c", index=i, parse_tools=True)
+        for i, k in enumerate(["call", "call", "plain"])
+    ]
+    body = build_chat_completion(
+        completion_id="c", model="m", created=1, choices=parsed, usage=Usage.of(10, parsed)
+    )
     cc = ChatCompletion.model_validate(body)
     assert [c.index for c in cc.choices] == [0, 1, 2]
     assert [c.finish_reason for c in cc.choices] == ["tool_calls", "tool_calls", "stop"]
@@ -333,25 +463,48 @@ def test_several_choices(tok: ChatTokenizer) -> None:
 # ---------------------------------------------------------------- streaming
 
 
-def stream(tok: ChatTokenizer, choice: GeneratedChoice, *, step: int = 1, parse_tools: bool,
-           logprobs: int | None = None, stop: tuple[str, ...] = (), deltas: bool = False
-           ) -> tuple[list[dict[str, Any]], ParsedChoice | None]:
+def stream(
+    tok: ChatTokenizer,
+    choice: GeneratedChoice,
+    *,
+    step: int = 1,
+    parse_tools: bool,
+    logprobs: int | None = None,
+    stop: tuple[str, ...] = (),
+    deltas: bool = False,
+) -> tuple[list[dict[str, Any]], ParsedChoice | None]:
     """Feed `choice` to an assembler `step` tokens at a time, as cumulative outputs
     (SGLang's stream) or as new-token deltas (the backend client's stream)."""
-    asm = ChatStreamAssembler(tok, completion_id="chatcmpl-s", model="m", created=5,
-                              parse_tools=parse_tools, logprobs=logprobs, stop=stop)
+    asm = ChatStreamAssembler(
+        tok,
+        completion_id="chatcmpl-s",
+        model="m",
+        created=5,
+        parse_tools=parse_tools,
+        logprobs=logprobs,
+        stop=stop,
+    )
     chunks: list[dict[str, Any]] = []
     n = len(choice.output_ids)
     start = 0
     for end in [*range(step, n, step), n]:
         finish = choice.finish if end == n else None
         if deltas:
-            chunks += asm.push(choice.output_ids[start:end], choice.output_logprobs[start:end],
-                               finish, new_top=choice.top_logprobs[start:end])
+            chunks += asm.push(
+                choice.output_ids[start:end],
+                choice.output_logprobs[start:end],
+                finish,
+                new_top=choice.top_logprobs[start:end],
+            )
         else:
-            chunks += asm.update(GeneratedChoice(
-                choice.output_ids[:end], choice.output_logprobs[:end], finish,
-                choice.top_logprobs[:end]))
+            chunks += asm.update(
+                GeneratedChoice(
+                    choice.output_ids[:end],
+                    choice.output_logprobs[:end],
+                    finish,
+                    choice.top_logprobs[:end],
+                )
+            )
         start = end
     return chunks, asm.result
 
@@ -380,13 +533,12 @@ def accumulate(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
 @pytest.mark.parametrize("step,deltas", [(1, False), (3, False), (2, True)])
-def test_stream_adds_up_to_the_non_streaming_message(tok: ChatTokenizer, name: str,
-                                                     step: int, deltas: bool) -> None:
+def test_stream_adds_up_to_the_non_streaming_message(
+    tok: ChatTokenizer, name: str, step: int, deltas: bool
+) -> None:
     choice = generated(tok, OUTPUTS[name])
-    expected = parse_choice(tok, choice, completion_id="chatcmpl-s", parse_tools=True,
-                            logprobs=2)
-    chunks, result = stream(tok, choice, step=step, parse_tools=True, logprobs=2,
-                            deltas=deltas)
+    expected = parse_choice(tok, choice, completion_id="chatcmpl-s", parse_tools=True, logprobs=2)
+    chunks, result = stream(tok, choice, step=step, parse_tools=True, logprobs=2, deltas=deltas)
     assert result == expected
     got = accumulate(chunks)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -395,8 +547,9 @@ def test_stream_adds_up_to_the_non_streaming_message(tok: ChatTokenizer, name: s
     assert sum(c["choices"][0]["finish_reason"] is not None for c in chunks) == 1
     assert got["content"] == (expected.content or "")
     assert got["reasoning_content"] == (expected.reasoning_content or "")
-    assert [(t["id"], t["name"], t["arguments"]) for t in got["tool_calls"].values()] == \
-        [(c.id, c.name, c.arguments) for c in expected.tool_calls]
+    assert [(t["id"], t["name"], t["arguments"]) for t in got["tool_calls"].values()] == [
+        (c.id, c.name, c.arguments) for c in expected.tool_calls
+    ]
     assert got["logprobs"] == [t.to_openai() for t in expected.logprobs]
     for chunk in chunks:
         delta = chunk["choices"][0]["delta"]
@@ -437,8 +590,7 @@ def test_stream_without_logprobs_sends_no_empty_chunks(tok: ChatTokenizer) -> No
 
 
 def test_usage_chunk(tok: ChatTokenizer) -> None:
-    chunk = build_usage_chunk(completion_id="c", model="m", created=1,
-                              usage=Usage(10, 5, 2, 1))
+    chunk = build_usage_chunk(completion_id="c", model="m", created=1, usage=Usage(10, 5, 2, 1))
     parsed = ChatCompletionChunk.model_validate(chunk)
     assert parsed.choices == [] and parsed.usage.total_tokens == 15
     assert parsed.usage.prompt_tokens_details.cached_tokens == 2

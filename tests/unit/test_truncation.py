@@ -17,15 +17,28 @@ EOS = frozenset({2})
 def _seq(sid: str, output: tuple[int, ...]) -> TrainSequence:
     ids = (1, 1, *output)
     mask = (0, 0) + (1,) * len(output)
-    return TrainSequence(session_id=sid, group_id="g", completion_ids=(f"c-{sid}",),
-                         input_ids=ids, loss_mask=mask, logprobs=(0.0,) * len(ids),
-                         versions=(0,) * len(ids), reward=0.0, temperature=1.0)
+    return TrainSequence(
+        session_id=sid,
+        group_id="g",
+        completion_ids=(f"c-{sid}",),
+        input_ids=ids,
+        loss_mask=mask,
+        logprobs=(0.0,) * len(ids),
+        versions=(0,) * len(ids),
+        reward=0.0,
+        temperature=1.0,
+    )
 
 
 def _group() -> EpisodeGroup:
     stopped, cut = _seq("a", (5, 6, 2)), _seq("b", (5, 6, 7, 8, 9))
-    return EpisodeGroup(group_id="g", session_ids=("a", "b"), sequences=(stopped, cut),
-                        session_returns=(1.0, 1.0), staleness=0)
+    return EpisodeGroup(
+        group_id="g",
+        session_ids=("a", "b"),
+        sequences=(stopped, cut),
+        session_returns=(1.0, 1.0),
+        staleness=0,
+    )
 
 
 def test_truncation_is_a_missing_final_eos():
@@ -64,11 +77,28 @@ def test_dapo_overlong_shaping_closed_form():
 
 def test_per_step_line_shows_the_no_eos_policy(tmp_path):
     writer = MetricsWriter(tmp_path, total_steps=None, no_eos="mask")
-    metrics = dict.fromkeys(("task_reward", "advantage", "loss", "approx_kl", "ref_kl",
-                             "clip_ratio", "entropy", "grad_norm", "episodes",
-                             "dropped_episodes", "avg_seq_len", "staleness_mean",
-                             "staleness_max", "tokens_per_s", "time_wait_s", "time_train_s",
-                             "time_publish_s"), 0.0)
+    metrics = dict.fromkeys(
+        (
+            "task_reward",
+            "advantage",
+            "loss",
+            "approx_kl",
+            "ref_kl",
+            "clip_ratio",
+            "entropy",
+            "grad_norm",
+            "episodes",
+            "dropped_episodes",
+            "avg_seq_len",
+            "staleness_mean",
+            "staleness_max",
+            "tokens_per_s",
+            "time_wait_s",
+            "time_train_s",
+            "time_publish_s",
+        ),
+        0.0,
+    )
     metrics.update(no_eos_ratio=0.5, mismatch_kl=0.0123, mismatch_masked_ratio=0.25)
     line = writer.write(1, 1, metrics)
     writer.close()

@@ -19,11 +19,30 @@ from benchmarks.vllm_gateway import (
 )
 
 
-def _run(path: str, mode: str, c: int, latencies: list[float], *, window: float = 10.0,
-         ttfts: list[float] | None = None, cpu: dict[str, float] | None = None,
-         round_: int = 1, done: float | None = None) -> Run:
-    return Run(path, mode, c, round_, window, len(latencies) if done is None else done,
-               sorted(latencies), sorted(ttfts or []), [32] * len(latencies), cpu or {})
+def _run(
+    path: str,
+    mode: str,
+    c: int,
+    latencies: list[float],
+    *,
+    window: float = 10.0,
+    ttfts: list[float] | None = None,
+    cpu: dict[str, float] | None = None,
+    round_: int = 1,
+    done: float | None = None,
+) -> Run:
+    return Run(
+        path,
+        mode,
+        c,
+        round_,
+        window,
+        len(latencies) if done is None else done,
+        sorted(latencies),
+        sorted(ttfts or []),
+        [32] * len(latencies),
+        cpu or {},
+    )
 
 
 def test_pct_nearest_rank_and_empty():
@@ -48,26 +67,42 @@ def test_window_share_credits_the_part_inside():
 
 
 def test_pool_sums_windows_and_weights_cpu_by_requests():
-    a = _run("gateway", "stream", 8, [0.1] * 10, window=5.0, ttfts=[0.01] * 10,
-             cpu={"vllm": 10.0, "gateway": 2.0})
-    b = _run("gateway", "stream", 8, [0.3] * 30, window=5.0, ttfts=[0.03] * 30,
-             cpu={"vllm": 20.0, "gateway": 4.0}, done=30.5)
+    a = _run(
+        "gateway",
+        "stream",
+        8,
+        [0.1] * 10,
+        window=5.0,
+        ttfts=[0.01] * 10,
+        cpu={"vllm": 10.0, "gateway": 2.0},
+    )
+    b = _run(
+        "gateway",
+        "stream",
+        8,
+        [0.3] * 30,
+        window=5.0,
+        ttfts=[0.03] * 30,
+        cpu={"vllm": 20.0, "gateway": 4.0},
+        done=30.5,
+    )
     s = pool([a, b])
     assert s.n == 40
     assert s.rps == 4.05  # 40.5 requests' work over 10 s of windows
     assert s.p50_ms == 300.0
     assert s.ttft_p50_ms == 30.0
     assert s.tokens_per_req == 32.0
-    assert s.cpu_ms == {"gateway": (2 * 10 + 4 * 30.5) / 40.5,
-                        "vllm": (10 * 10 + 20 * 30.5) / 40.5}
+    assert s.cpu_ms == {"gateway": (2 * 10 + 4 * 30.5) / 40.5, "vllm": (10 * 10 + 20 * 30.5) / 40.5}
 
 
 def test_summarize_rows_ratio_added_and_targets():
-    runs = [_run("direct", "non-stream", 1, [1.000] * 10),
-            _run("gateway", "non-stream", 1, [1.004] * 10),
-            _run("direct", "stream", 1, [1.0] * 10, ttfts=[0.05] * 10),
-            _run("gateway", "stream", 1, [1.1] * 9, ttfts=[0.06] * 9),
-            _run("direct", "stream", 8, [1.0] * 80)]  # no gateway run: no row
+    runs = [
+        _run("direct", "non-stream", 1, [1.000] * 10),
+        _run("gateway", "non-stream", 1, [1.004] * 10),
+        _run("direct", "stream", 1, [1.0] * 10, ttfts=[0.05] * 10),
+        _run("gateway", "stream", 1, [1.1] * 9, ttfts=[0.06] * 9),
+        _run("direct", "stream", 8, [1.0] * 80),
+    ]  # no gateway run: no row
     rows = summarize(runs)
     assert [(r.mode, r.concurrency) for r in rows] == [("non-stream", 1), ("stream", 1)]
     ns, st = rows
@@ -92,8 +127,12 @@ def test_run_order_abab_first_path_alternates():
     assert len(order) == 8
     assert [o[3] for o in order[:4]] == [("direct", "gateway")] * 4
     assert [o[3] for o in order[4:]] == [("gateway", "direct")] * 4
-    assert [(o[1], o[2]) for o in order[:4]] == [("non-stream", 1), ("non-stream", 8),
-                                                 ("stream", 1), ("stream", 8)]
+    assert [(o[1], o[2]) for o in order[:4]] == [
+        ("non-stream", 1),
+        ("non-stream", 8),
+        ("stream", 1),
+        ("stream", 8),
+    ]
 
 
 def test_first_content_waits_for_complete_lines_and_content():
@@ -106,9 +145,11 @@ def test_first_content_waits_for_complete_lines_and_content():
 
 
 def test_usage_tokens_from_the_stream_tail():
-    tail = (b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
-            b'data: {"choices":[],"usage":{"prompt_tokens":36,"completion_tokens":32}}\n\n'
-            b"data: [DONE]\n\n")
+    tail = (
+        b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":36,"completion_tokens":32}}\n\n'
+        b"data: [DONE]\n\n"
+    )
     assert _usage_tokens(tail) == 32
     assert _usage_tokens(tail[40:]) == 32  # a cut first line is skipped
     assert _usage_tokens(b"data: [DONE]\n\n") is None

@@ -18,8 +18,12 @@ from gateway.server import _forget_dead_workers
 def test_dead_workers_live_gauges_are_dropped_counters_kept(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    files = [f"gauge_livesum_{gone.pid}.db", f"gauge_livesum_{os.getpid()}.db",
-             f"counter_{gone.pid}.db", f"histogram_{gone.pid}.db"]
+    files = [
+        f"gauge_livesum_{gone.pid}.db",
+        f"gauge_livesum_{os.getpid()}.db",
+        f"counter_{gone.pid}.db",
+        f"histogram_{gone.pid}.db",
+    ]
     for name in files:
         (tmp_path / name).write_bytes(b"")
     _forget_dead_workers(tmp_path)

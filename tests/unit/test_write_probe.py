@@ -23,9 +23,15 @@ MIB = 1 << 20
 
 
 def _record(cid: str, n: int = 2000) -> CompletionRecord:
-    return CompletionRecord(id=cid, model="m", prompt_ids=tuple(range(n)),
-                            output_ids=(1, 2), output_logprobs=(-0.5, -0.5),
-                            output_versions=(0, 0), finish_reason="stop")
+    return CompletionRecord(
+        id=cid,
+        model="m",
+        prompt_ids=tuple(range(n)),
+        output_ids=(1, 2),
+        output_logprobs=(-0.5, -0.5),
+        output_versions=(0, 0),
+        finish_reason="stop",
+    )
 
 
 def _wal_size(db: Path) -> int:
@@ -128,8 +134,11 @@ def test_full_disk_is_reported_even_when_a_page_write_still_fits(tmp_path: Path)
     so on a full disk the probe's one-page commit succeeds while growth fails."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                             capture_output=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+        capture_output=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
     try:

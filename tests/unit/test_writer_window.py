@@ -15,9 +15,15 @@ from areal_service.types import CompletionRecord
 
 
 def record(cid: str) -> CompletionRecord:
-    return CompletionRecord(id=cid, model="m", prompt_ids=(1, 2, 3), output_ids=(7, 8),
-                            output_logprobs=(-0.5, -0.25), output_versions=(0, 0),
-                            finish_reason="stop")
+    return CompletionRecord(
+        id=cid,
+        model="m",
+        prompt_ids=(1, 2, 3),
+        output_ids=(7, 8),
+        output_logprobs=(-0.5, -0.25),
+        output_versions=(0, 0),
+        finish_reason="stop",
+    )
 
 
 @pytest.fixture
