@@ -541,34 +541,44 @@ def load_tokenizer_core(path: str | Path, *, chat_template: str | None = None) -
     template(s) (`template_setting_text`; ValueError when it cannot be read)."""
     path = Path(path)
     template = None if chat_template is None else template_setting_text(chat_template)
-    reason = transformers_reason(path)
+    config = _read_json(path / "tokenizer_config.json")
+    reason, class_name = _transformers_reason(path, config)
     if reason is not None:
         return TransformersTokenizer.load(path, reason, chat_template=template)
-    config = _read_json(path / "tokenizer_config.json")
-    class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
     backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    return RustTokenizer.build(
-        backend, path, config, _CLASS_PIPELINES.get(class_name or ""), chat_template=template
-    )
+    pipeline = _CLASS_PIPELINES.get(class_name or "")
+    if pipeline is not None and not isinstance(backend.model, models.BPE):
+        return TransformersTokenizer.load(path, _non_bpe(class_name), chat_template=template)
+    return RustTokenizer.build(backend, path, config, pipeline, chat_template=template)
 
 
 def transformers_reason(path: Path) -> str | None:
     """Why checkpoint `path`'s tokenizer must be loaded by transformers (which imports
-    torch), or None when the Rust loader reproduces it. Cheap: reads JSON files only, so
-    start-up checks call it before any process starts."""
-    config = _read_json(path / "tokenizer_config.json")
+    torch), or None when the Rust loader reproduces it: what `load_tokenizer_core`
+    decides, from the files alone, for start-up checks made before any process starts
+    (tokenizer.json is parsed only for a class whose rebuild needs BPE)."""
+    reason, class_name = _transformers_reason(path, _read_json(path / "tokenizer_config.json"))
+    if reason is None and class_name in _CLASS_PIPELINES and not _tokenizer_json_is_bpe(path):
+        return _non_bpe(class_name)
+    return reason
+
+
+def _transformers_reason(path: Path, config: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(why transformers must load it, or None; the class transformers would pick) as far
+    as the JSON beside tokenizer.json tells; the BPE check is the caller's."""
     if not (path / "tokenizer.json").is_file():
-        return "no tokenizer.json"
+        return "no tokenizer.json", None
     auto_map = config.get("auto_map")
     if isinstance(auto_map, list) or isinstance(auto_map, dict) and "AutoTokenizer" in auto_map:
-        return "custom tokenizer code (auto_map)"
+        return "custom tokenizer code (auto_map)", None
     class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
-    pipeline = _CLASS_PIPELINES.get(class_name or "")
-    if class_name not in _GENERIC_CLASSES and pipeline is None:
-        return f"tokenizer class {class_name}"
-    if pipeline is not None and not _tokenizer_json_is_bpe(path):
-        return f"{class_name} over a non-BPE tokenizer.json"
-    return None
+    if class_name not in _GENERIC_CLASSES and class_name not in _CLASS_PIPELINES:
+        return f"tokenizer class {class_name}", class_name
+    return None, class_name
+
+
+def _non_bpe(class_name: str | None) -> str:
+    return f"{class_name} over a non-BPE tokenizer.json"
 
 
 def _tokenizer_json_is_bpe(path: Path) -> bool:
