@@ -551,9 +551,15 @@ the gateway sends), the `weights/<policy>/` directory and a store column value: 
 case, digits, `-` and `_`, at most 63 characters."""
 
 
+PolicyWeights = Literal["lora", "full"]
+"""How a named policy differs from the base model: `lora`, an adapter served beside the
+others on the main backends; `full`, its own full weights on its own backends."""
+
+
 class PolicyConfig(BaseModel):
     """One entry of `policies:`: a named policy on the shared base model with its own LoRA
-    adapter, trained by its own trainer process (`trainer.policy`)."""
+    adapter (or, with `weights: full`, its own full weights on its own backends), trained
+    by its own trainer process (`trainer.policy`)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -566,6 +572,37 @@ class PolicyConfig(BaseModel):
     """Request model names served by this policy whatever the key's own policy (a
     multi-agent client picks a role's policy by model name). Any other name goes to the
     key's (the session's) policy."""
+    weights: PolicyWeights = "lora"
+    """`lora`: a LoRA adapter on the shared base, served by the main backends. `full`:
+    full fine-tuning; every weight is the policy's own, so it is served by backends of
+    its own (`backends`, else a local engine the launcher starts on `port`), which only
+    its versions are swapped onto."""
+    backends: list[str] = Field(default_factory=list)
+    """`weights: full` only: URLs of the engines serving this policy (as
+    `gateway.router.backends` for the main pool). Empty: the local engine that `serve`
+    starts for it at `engine.host`:`port`."""
+    port: int | None = Field(None, ge=1, le=65535)
+    """`weights: full` only: the port of the local engine started for it. None:
+    `engine.port` + its place among the full-weight policies (1, 2, ...)."""
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> PolicyConfig:
+        if self.weights == "full" and self.lora is not None:
+            raise ValueError(
+                f"policy {self.name!r}: weights full trains every weight; drop its lora "
+                "section (or use weights: lora)"
+            )
+        if self.weights == "lora" and (self.backends or self.port is not None):
+            raise ValueError(
+                f"policy {self.name!r}: backends and port are for weights: full (a LoRA "
+                "policy is served by the main backends beside the others)"
+            )
+        if self.backends and self.port is not None:
+            raise ValueError(
+                f"policy {self.name!r}: give either backends (engines you run) or port "
+                "(the local engine started for it), not both"
+            )
+        return self
 
     @field_validator("name")
     @classmethod
@@ -867,8 +904,9 @@ class ServiceConfig(BaseModel):
     """Where `areal-service launch` places engines, gateway and trainer (Ray, Slurm)."""
     policies: list[PolicyConfig] = Field(default_factory=list)
     """Named policies on the one base model, each with its own LoRA adapter (needs
-    `trainer.lora`: the base stays shared). Empty: the single `default` policy, as
-    before. The `default` policy always exists besides the declared ones."""
+    `trainer.lora`: the base stays shared) or its own full weights on its own backends
+    (`weights: full`). Empty: the single `default` policy, as before. The `default`
+    policy always exists besides the declared ones."""
 
     @model_validator(mode="after")
     def _check_ports(self) -> ServiceConfig:
@@ -902,11 +940,13 @@ class ServiceConfig(BaseModel):
         return self
 
     def _check_policies(self) -> None:
-        if self.policies and self.trainer.lora is None:
+        if self.trainer.lora is None and any(p.weights == "lora" for p in self.policies):
             raise ValueError(
                 "policies share the base model and differ by their LoRA "
-                "adapter: set trainer.lora (e.g. --set trainer.lora.rank=8)"
+                "adapter: set trainer.lora (e.g. --set trainer.lora.rank=8), "
+                "or give a policy its own full weights (weights: full)"
             )
+        self._check_full_policies()
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies: duplicate name in {names}")
@@ -925,18 +965,75 @@ class ServiceConfig(BaseModel):
                 f"policy (known: {', '.join(self.policy_names())})"
             )
 
+    def _check_full_policies(self) -> None:
+        full = self.full_weight_policies()
+        if self.trainer.policy in full and self.trainer.weight_sync == "distributed":
+            raise ValueError(
+                f"policy {self.trainer.policy!r} (weights full) is swapped from disk "
+                "onto its own backends: set trainer.weight_sync=disk"
+            )
+        ports = {self.gateway.port: "gateway.port", self.engine.port: "engine.port"}
+        main = set(self.backend_urls())
+        for name in full:
+            if self.engine.port == 0 and self.policy_engine_port(name) is not None:
+                raise ValueError(
+                    f"policy {name!r}: engine.port 0 (a free port) leaves no port to "
+                    "derive its engine's from; set policies[].port or policies[].backends"
+                )
+            for url in self.policy_backend_urls(name):
+                if url in main:
+                    raise ValueError(
+                        f"policy {name!r}: backend {url} also serves the main pool; a "
+                        "full-weight policy needs engines of its own"
+                    )
+            port = self.policy_engine_port(name)
+            if port is not None:
+                if port in ports:
+                    raise ValueError(
+                        f"policy {name!r}: port {port} is also {ports[port]}; set policies[].port"
+                    )
+                ports[port] = f"policy {name!r}'s port"
+
     # Policies.
+    def full_weight_policies(self) -> list[str]:
+        """The declared policies with their own full weights (`weights: full`), in order:
+        each is served by its own backend pool."""
+        return [p.name for p in self.policies if p.weights == "full"]
+
+    def policy_engine_port(self, name: str) -> int | None:
+        """The port of the local engine the launcher starts for full-weight policy
+        `name`; None when it is served by the `backends` given for it. KeyError when
+        `name` is not a full-weight policy."""
+        full = [p for p in self.policies if p.weights == "full"]
+        place, policy = next(((i, p) for i, p in enumerate(full) if p.name == name), (-1, None))
+        if policy is None:
+            raise KeyError(name)
+        if policy.backends:
+            return None
+        return policy.port or self.engine.port + 1 + place
+
+    def policy_backend_urls(self, name: str) -> list[str]:
+        """The backends serving full-weight policy `name`: its `backends`, else its local
+        engine. KeyError when `name` is not a full-weight policy."""
+        port = self.policy_engine_port(name)
+        if port is None:
+            policy = next(p for p in self.policies if p.name == name)
+            return [u.rstrip("/") for u in policy.backends]
+        return [f"http://{self.engine.host}:{port}"]
+
     def policy_names(self) -> list[str]:
         """Every policy: `default`, then the declared ones in order."""
         return [DEFAULT_POLICY, *(p.name for p in self.policies)]
 
     def policy_lora(self, name: str) -> LoRAConfig | None:
-        """The LoRA settings of policy `name` (its own, else `trainer.lora`); KeyError
-        for an unknown policy."""
+        """The LoRA settings of policy `name` (its own, else `trainer.lora`; None for a
+        full-weight policy); KeyError for an unknown policy."""
         if name == DEFAULT_POLICY:
             return self.trainer.lora
         for policy in self.policies:
             if policy.name == name:
+                if policy.weights == "full":
+                    return None
                 return policy.lora or self.trainer.lora
         raise KeyError(name)
 

@@ -31,6 +31,7 @@ from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
+from gateway.policy_pools import build_policy_pools, close_policy_pools, start_policy_pools
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
@@ -236,6 +237,9 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         leadership = Leadership(store, ttl_s=gw.scale.leader_lease_s)
         await leadership.renew()  # a lone gateway leads from its first request on
         pool.may_swap = lambda: leadership.is_leader
+        # Full-weight policies (`policies[].weights: full`): a pool each, on their own engines.
+        policy_pools = build_policy_pools(config, lambda: leadership.is_leader)
+        await start_policy_pools(policy_pools)
         app.state.gateway = GatewayState(
             config=config,
             store=store,
@@ -246,6 +250,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                 usage_interval_s=config.gateway.auth.key_usage_interval_s,
             ),
             backends=pool,
+            policy_pools=policy_pools,
             tokenizer=tokenizer,
             context_length=context_length_of(config, tokenizer_dir),
             linker=linker,
@@ -310,6 +315,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                     log.warning("could not delete this process's key counts: %s", e)
             app.state.gateway.large_prompts.close()
             await pool.aclose()
+            await close_policy_pools(policy_pools)
             await asyncio.to_thread(writer.stop)
             store.close()
 

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from areal_service.sglang_protocol import FinishReason, GenerateRequest
 from gateway.backend import BackendError, BackendUnavailable, Generation, GenerationDelta
 from gateway.errors import OpenAIError, backend_unavailable
+from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.translate import SamplingSpec
 
@@ -76,13 +77,18 @@ def _choice_slots(state: GatewayState, choices: int) -> asyncio.Semaphore | None
 
 
 async def generate_all(
-    state: GatewayState, requests: Sequence[GenerateRequest], session_id: str | None
+    state: GatewayState,
+    requests: Sequence[GenerateRequest],
+    session_id: str | None,
+    pool: BackendPool | None = None,
 ) -> list[Generation]:
-    """Every choice, generated concurrently (interruptible: swaps are ridden out)."""
+    """Every choice, generated concurrently (interruptible: swaps are ridden out).
+    `pool`: a full-weight policy's own backends (None: the main pool)."""
     deadline = state.config.gateway.router.backend_unavailable_deadline_s
+    backends = state.backends if pool is None else pool
     if len(requests) == 1:  # the common case: awaited here, no task and no gather (~5 µs)
         try:
-            generation = await state.backends.generate_interruptible(
+            generation = await backends.generate_interruptible(
                 requests[0], session_id=session_id, deadline_s=deadline
             )
         except BackendError as exc:
@@ -94,7 +100,7 @@ async def generate_all(
 
     async def one(request: GenerateRequest) -> Generation:
         async with slots or contextlib.nullcontext():
-            return await state.backends.generate_interruptible(
+            return await backends.generate_interruptible(
                 request, session_id=session_id, deadline_s=deadline
             )
 
@@ -145,13 +151,17 @@ class StreamedChoice:
 
 
 async def stream_all(
-    state: GatewayState, requests: Sequence[GenerateRequest], session_id: str | None
+    state: GatewayState,
+    requests: Sequence[GenerateRequest],
+    session_id: str | None,
+    pool: BackendPool | None = None,
 ) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
     """(choice index, delta) from every choice's stream, interleaved as they arrive.
-    Backend failures surface as `OpenAIError` (503/400/502)."""
+    Backend failures surface as `OpenAIError` (503/400/502). `pool`: as `generate_all`."""
     deadline = state.config.gateway.router.backend_unavailable_deadline_s
+    backends = state.backends if pool is None else pool
     streams = [
-        state.backends.generate_interruptible_stream(r, session_id=session_id, deadline_s=deadline)
+        backends.generate_interruptible_stream(r, session_id=session_id, deadline_s=deadline)
         for r in requests
     ]
     try:

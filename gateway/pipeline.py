@@ -38,6 +38,7 @@ from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
 from gateway.policies import serving_adapter
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
+from gateway.routing import BackendPool
 from gateway.sessions import session_for_request
 from gateway.state import GatewayState
 from gateway.translate import (
@@ -112,6 +113,9 @@ class Turn(Generic[RequestT]):
     adapter: str | None = None
     """The policy adapter the generations run under (`gateway/policies.py`); None: the
     default policy."""
+    pool: BackendPool | None = None
+    """A full-weight policy's own backends (`gateway/policy_pools.py`); None: the main
+    pool."""
     notes: dict[str, Any] | None = None
     """`Conversation.notes`."""
 
@@ -249,6 +253,9 @@ async def begin(
         if state.config.policies
         else None
     )
+    # A full-weight policy is served by its own pool, under its engines' own weights (no
+    # adapter); one dict lookup, and none without a named policy.
+    pool = state.policy_pools.get(lora) if lora is not None else None
     return Turn(
         state=state,
         principal=principal,
@@ -263,11 +270,14 @@ async def begin(
         parse_tools=tools_enabled(conv.tools, conv.tool_choice),
         tools=conv.tools,
         logprobs=logprobs,
-        generate=generate_requests(prompt_ids, spec, completion_id, logprobs, lora),
+        generate=generate_requests(
+            prompt_ids, spec, completion_id, logprobs, lora if pool is None else None
+        ),
         started=started,
         lineage=lineage,
         notes=conv.notes,
         adapter=lora,
+        pool=pool,
     )
 
 
@@ -291,7 +301,7 @@ async def recall_previous_turn(
 
 async def reply_complete(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> JsonReply:
     """Generate every choice, build the reply, make the record durable, reply."""
-    generations = await generate_all(turn.state, turn.generate, turn.session_id)
+    generations = await generate_all(turn.state, turn.generate, turn.session_id, turn.pool)
     choices = [
         parse_choice(
             turn.state.tokenizer,
@@ -317,7 +327,7 @@ async def reply_stream(adapter: WireAdapter[RequestT], turn: Turn[RequestT]) -> 
     """Start the backend streams and wait for the first delta before answering, so a
     failure until then is still a plain HTTP error (503/400) rather than an error event
     inside a 200 stream."""
-    deltas = stream_all(turn.state, turn.generate, turn.session_id)
+    deltas = stream_all(turn.state, turn.generate, turn.session_id, turn.pool)
     try:
         first = await anext(deltas, None)
     except BaseException:

@@ -49,6 +49,9 @@ class GatewayState:
     policy_versions: dict[str, int] = field(default_factory=dict)
     """The live adapter version of each declared policy (`policies:`; the default
     policy's is `live_version`), swapped and followed like it."""
+    policy_pools: dict[str, BackendPool] = field(default_factory=dict)
+    """The backend pool of each policy with its own full weights (`weights: full`,
+    `gateway/policy_pools.py`); every other policy is served by `backends`."""
     model_policies: dict[str, str] = field(init=False)
     """Request model name -> policy (`policies[].model_names`), built once."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

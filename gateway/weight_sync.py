@@ -47,6 +47,7 @@ from areal_service.sglang_protocol import (
 )
 from areal_service.types import WeightVersionRecord
 from gateway.backend import BackendError, BackendUnavailable, SGLangClient, SwapTimings
+from gateway.policy_pools import follow_full_policies, sync_full_policies_once
 from gateway.routing import Backend, BackendPool
 from gateway.state import GatewayState
 
@@ -271,6 +272,8 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
     pairs swapped. One store read per policy per poll."""
     swapped = []
     for policy in state.config.policies:
+        if policy.weights == "full":  # its own pool: `sync_full_policies_once`
+            continue
         latest = await asyncio.to_thread(state.store.latest_weight_version, policy.name)
         if latest is None or latest.version <= state.policy_versions.get(policy.name, 0):
             continue
@@ -304,6 +307,8 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
 async def follow_policies(state: GatewayState) -> None:
     """A follower's round for the declared policies: adopt each live adapter version."""
     for policy in state.config.policies:
+        if policy.weights == "full":  # `follow_full_policies`
+            continue
         live = await asyncio.to_thread(
             state.store.live_weight_version,
             policy=policy.name,
@@ -342,9 +347,11 @@ async def run_weight_syncer(state: GatewayState) -> None:
             if state.leadership.is_leader:
                 await sync_weights_once(state, group)
                 await sync_policies_once(state)
+                await sync_full_policies_once(state)
             else:
                 await follow_live_version(state)
                 await follow_policies(state)
+                await follow_full_policies(state)
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
         await asyncio.sleep(state.config.gateway.router.weight_poll_interval_s)

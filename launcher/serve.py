@@ -8,6 +8,11 @@ from areal_service.admin_key import DefaultAdminKeyError
 from areal_service.config import ServiceConfig, with_admin_key
 from engine.tiny_model import ensure_tiny_model
 from gateway.server import run_gateway
+from launcher.policy_engines import (
+    check_policy_ports_free,
+    start_policy_engines,
+    stop_policy_engines,
+)
 from launcher.preflight import check_model_dir, check_port_free, check_tokenizer_loadable
 from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm, save_config
 
@@ -66,11 +71,16 @@ def serve(config: ServiceConfig) -> None:
         check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
         if local:
             check_port_free(config.engine.host, config.engine.port, "engine.port")
+        check_policy_ports_free(config)
         if not local:  # a torch-free install serves external backends: its tokenizer too?
             check_tokenizer_loadable(config.gateway.tokenizer or config.model_dir())
         engine = start_local_engine(config) if local else None
+        policy_engines = []
         try:
+            # Full-weight policies without given backends: an engine each, beside it.
+            policy_engines = start_policy_engines(config)
             run_gateway(config)
         finally:
+            stop_policy_engines(policy_engines)
             if engine is not None:
                 engine.stop()

@@ -41,8 +41,11 @@ def build_policy(config: ServiceConfig, info: DistInfo) -> Policy:
     cfg = config.trainer
     model_dir = prepare_model_dir(config)
     model = load_policy(model_dir)
-    if cfg.lora is not None:  # frozen base + trainable adapter, same step code
-        model = wrap_lora(model, cfg.lora, seed=cfg.seed)  # one init on every rank
+    # The trained policy's own adapter shape; None (every weight trains) without
+    # trainer.lora or for a policy with its own full weights (`weights: full`).
+    lora = config.policy_lora(cfg.policy)
+    if lora is not None:  # frozen base + trainable adapter, same step code
+        model = wrap_lora(model, lora, seed=cfg.seed)  # one init on every rank
     eos_ids = eos_token_ids(model)
     bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
     model = apply_fsdp2(model, mixed_precision=bf16)

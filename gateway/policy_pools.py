@@ -1,0 +1,118 @@
+"""The backend pools of the policies with their own full weights (`policies[].weights:
+full`): one `BackendPool` per such policy, over its own engines
+(`ServiceConfig.policy_backend_urls`), built and closed with the app.
+
+Why separate pools: a full-weight policy's weights differ from every other policy's in
+every tensor, so no engine can serve it beside the shared base. Its requests go to its
+pool (the request path looks the pool up in `GatewayState.policy_pools`, one dict
+lookup), its versions (`weights/<policy>/v{N}/`) are swapped onto that pool only, with
+the pause and abort on that pool only, and a backend of that pool coming back is
+re-synced to the policy's live version (the pool's `target`, as the main pool's is the
+default policy's). LoRA policies and the default policy keep the main pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from areal_service.config import ServiceConfig
+from gateway.backend import SGLangClient
+from gateway.routing import BackendPool
+from gateway.state import GatewayState
+from gateway.vllm_backend import VLLMClient
+
+log = logging.getLogger(__name__)
+
+
+def build_policy_pools(
+    config: ServiceConfig, may_swap: Callable[[], bool] | None = None
+) -> dict[str, BackendPool]:
+    """A pool per full-weight policy, with the main pool's routing settings; not started
+    (`start_policy_pools`). `may_swap`: whether this process may re-sync a returning
+    backend itself (the swap leader)."""
+    router = config.gateway.router
+    make: Callable[[str], SGLangClient] | None = None
+    if config.engine.backend == "vllm":  # full weights: no adapter name on the requests
+
+        def make(url: str) -> SGLangClient:
+            return VLLMClient(url, timeout_s=router.request_timeout_s)
+
+    pools = {}
+    for name in config.full_weight_policies():
+        pool = BackendPool(
+            config.policy_backend_urls(name),
+            timeout_s=router.request_timeout_s,
+            health_interval_s=router.health_interval_s,
+            fail_fast_s=router.no_backend_fail_fast_s,
+            client_factory=make,
+        )
+        if may_swap is not None:
+            pool.may_swap = may_swap
+        pools[name] = pool
+    return pools
+
+
+async def start_policy_pools(pools: dict[str, BackendPool]) -> None:
+    """Start every pool's health checks."""
+    for pool in pools.values():
+        await pool.start()
+
+
+async def close_policy_pools(pools: dict[str, BackendPool]) -> None:
+    """Stop every pool's health checks and close its clients."""
+    for pool in pools.values():
+        await pool.aclose()
+
+
+async def sync_full_policies_once(state: GatewayState) -> list[tuple[str, int]]:
+    """Swap each full-weight policy whose newest published version is newer than its live
+    one onto that policy's pool (pause → load the full checkpoint → continue, on that
+    pool's backends only); the other pools, adapters and versions are untouched. Returns
+    the (policy, version) pairs swapped. One store read per full-weight policy per poll."""
+    swapped = []
+    for name, pool in state.policy_pools.items():
+        latest = await asyncio.to_thread(state.store.latest_weight_version, name)
+        if latest is None or latest.version <= state.policy_versions.get(name, 0):
+            continue
+        t0 = time.perf_counter()
+        # lora_name None: the engine's own (full) weights; sets pool.target for re-syncs.
+        timings = await pool.swap_weights(latest.path, latest.version)
+        swapped_at = time.time()
+        state.policy_versions[name] = latest.version
+        await asyncio.to_thread(
+            state.store.update_weight_version_metadata,
+            latest.version,
+            {
+                "swap": {url: dataclasses.asdict(t) for url, t in timings.items()},
+                "swap_s": time.perf_counter() - t0,
+                "swap_mode": "disk",
+                "live_at": swapped_at,
+                "publish_to_live_s": swapped_at - latest.created_at,
+            },
+            name,
+        )
+        log.info(
+            "policy %s: full weights v%d live on %d backend(s) of its pool in %.3f s",
+            name,
+            latest.version,
+            len(timings),
+            time.perf_counter() - t0,
+        )
+        swapped.append((name, latest.version))
+    return swapped
+
+
+async def follow_full_policies(state: GatewayState) -> None:
+    """A follower's round: adopt each full-weight policy's live version, so its pool
+    re-syncs a returning backend to it once the leader has."""
+    for name, pool in state.policy_pools.items():
+        live = await asyncio.to_thread(
+            state.store.live_weight_version, policy=name, after=state.policy_versions.get(name, 0)
+        )
+        if live is not None:
+            state.policy_versions[name] = live.version
+            pool.target = (live.path, live.version)
