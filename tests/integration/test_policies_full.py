@@ -1,0 +1,201 @@
+"""A named policy with its own full weights (`policies[].weights: full`), end to end on
+the real local engine (issue 29): two engines, one for the main pool (the default policy
+and the LoRA policy `solver`) and one for the full-weight policy `critic`. A key bound to
+`critic` is served by the critic's engine only; the critic's trainer (`trainer.policy`,
+no LoRA) fine-tunes every weight, trains a step and publishes a full checkpoint under
+`weights/critic/`; the gateway swaps it onto the critic's engine only (the main engine
+keeps its version and is never paused); the critic's served logprobs equal its trainer's
+forward on the published checkpoint, while the other policies still serve the base
+model; a critic engine that restarts is re-synced to the critic's live version before
+it serves again."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from safetensors.torch import load_file
+from support.harness import ADMIN_KEY, run_gateway
+from support.trainer_run import train_in_thread
+from support.weight_checks import served_sequence, trainer_logprobs
+
+from areal_service.types import TrainSequence
+from engine.testing import start_engine_in_thread
+
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def _overrides(critic_url: str) -> tuple[str, ...]:
+    return (
+        "trainer.group_size=2",
+        "trainer.batch_groups=2",
+        "trainer.lr=1e-2",
+        "trainer.total_steps=1",
+        "gateway.sessions.staleness_gate=false",
+        "gateway.router.health_interval_s=0.5",
+        "trainer.lora.rank=8",
+        f"policies=[{{name: solver}}, {{name: critic, weights: full, backends: [{critic_url}]}}]",
+    )
+
+
+def _episodes(gw: Any, policy: str, n_groups: int) -> None:
+    """`n_groups` rewarded groups of 2 sessions opened by the admin for `policy`."""
+    http = httpx.Client(base_url=gw.url, timeout=60)
+    for g in range(n_groups):
+        started = http.post("/rl/sessions", json={"group_size": 2, "policy": policy}, headers=ADMIN)
+        assert started.status_code == 201, started.text
+        for j, s in enumerate(started.json()["sessions"]):
+            client = openai.OpenAI(base_url=gw.v1, api_key=s["api_key"], max_retries=0)
+            client.chat.completions.create(
+                model="my-agent",
+                max_tokens=8,
+                messages=[{"role": "user", "content": f"{policy} count to {g}"}],
+            )
+            reward = http.post(
+                "/v1/rewards",
+                json={
+                    "session_id": s["session_id"],
+                    "value": float(j) + 0.25 * g,
+                    "end_session": True,
+                },
+                headers={"authorization": f"Bearer {s['api_key']}"},
+            )
+            assert reward.status_code == 201, reward.text
+
+
+def _served(gw: Any, key: str, *, stream: bool = False) -> list[TrainSequence]:
+    """Two completions under `key` (the second streamed when `stream`), as stored."""
+    client = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0)
+    ids = []
+    for t in (1.0, 0.7):
+        messages = [{"role": "user", "content": f"hi {t}"}]
+        if stream and t == 0.7:
+            chunks = client.chat.completions.create(
+                model="my-agent", messages=messages, max_tokens=10, temperature=t, stream=True
+            )
+            ids.append({c.id for c in chunks}.pop())
+        else:
+            ids.append(
+                client.chat.completions.create(
+                    model="my-agent", messages=messages, max_tokens=10, temperature=t
+                ).id
+            )
+    return [served_sequence(gw.state.store, i) for i in ids]
+
+
+def _backends(gw: Any, sequences: list[TrainSequence]) -> set[str]:
+    return {gw.state.store.get_completion(s.completion_ids[0]).backend for s in sequences}
+
+
+def _versions(sequences: list[TrainSequence]) -> set[int]:
+    return {v for s in sequences for v in s.versions if v >= 0}
+
+
+def _max_gap(model_dir: Path, sequences: list[TrainSequence], adapter: Path | None = None) -> float:
+    trainer, engine = trainer_logprobs(model_dir, sequences, adapter=adapter)
+    assert engine.numel() > 2
+    return float((trainer - engine).abs().max())
+
+
+def _weight_version(url: str) -> str:
+    return str(httpx.get(f"{url}/model_info", timeout=10).json()["weight_version"])
+
+
+def _wait(condition: Any, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_full_weight_policy_is_served_trained_and_swapped_on_its_own_pool(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # The critic's engine in a stack of its own: the test stops and restarts it.
+    with start_engine_in_thread(tiny_model_dir) as main_url, ExitStack() as critic:
+        critic_url = critic.enter_context(start_engine_in_thread(tiny_model_dir))
+        with run_gateway(tmp_path, tiny_model_dir, [main_url], *_overrides(critic_url)) as gw:
+            _scenario(gw, tmp_path, tiny_model_dir, main_url, critic, critic_url)
+
+
+def _scenario(
+    gw: Any, tmp_path: Path, model_dir: Path, main_url: str, critic: ExitStack, critic_url: str
+) -> None:
+    """The test's body (`critic`: the critic engine's stack, restarted once here)."""
+    store = gw.state.store
+    assert set(gw.state.policy_pools) == {"critic"}
+    keys = {
+        p: httpx.post(f"{gw.url}/admin/keys", json={"policy": p}, headers=ADMIN, timeout=30).json()[
+            "api_key"
+        ]
+        for p in ("critic", "solver", "default")
+    }
+    # Routing: the critic's key is served by the critic's engine, the others by the main one.
+    before = {p: _served(gw, k, stream=True) for p, k in keys.items()}
+    assert _backends(gw, before["critic"]) == {critic_url}
+    assert _backends(gw, before["solver"]) == {main_url} == _backends(gw, before["default"])
+    assert {store.get_completion(s.completion_ids[0]).model for s in before["critic"]} == {"critic"}
+
+    _episodes(gw, "critic", 2)
+    _episodes(gw, "solver", 1)  # not the critic's: its trainer must leave them
+    config = gw.config.model_copy(
+        update={"trainer": gw.config.trainer.model_copy(update={"policy": "critic"})}
+    )
+    train_in_thread(config, timeout_s=240)
+    assert [(s.step, s.version) for s in store.list_train_steps(policy="critic")] == [(1, 1)]
+    assert store.list_train_steps() == [] == store.list_train_steps(policy="solver")
+
+    # A full checkpoint (every weight trained), not an adapter.
+    critic_v1 = tmp_path / "weights" / "critic" / "v1"
+    assert (critic_v1 / "config.json").is_file()
+    assert not (critic_v1 / "adapter_config.json").exists()
+    published = {k: v for f in critic_v1.glob("*.safetensors") for k, v in load_file(f).items()}
+    base = {k: v for f in model_dir.glob("*.safetensors") for k, v in load_file(f).items()}
+    moved = [k for k in base if k in published and not published[k].equal(base[k])]
+    assert len(moved) >= len(base) // 2, f"only {len(moved)} of {len(base)} tensors trained"
+
+    # The swap: the critic's pool only, the critic's version only.
+    def swapped() -> bool:  # the syncer records the swap on the row last
+        row = store.latest_weight_version("critic")
+        return row is not None and "swap_mode" in row.metadata
+
+    _wait(swapped, "critic v1 never went live")
+    row = store.latest_weight_version("critic")
+    assert row is not None and row.version == 1 and gw.state.policy_versions["critic"] == 1
+    assert set(row.metadata["swap"]) == {critic_url}
+    assert _weight_version(critic_url) == "1"
+    assert _weight_version(main_url) == "default"  # never swapped (nor paused by a swap)
+    assert gw.state.live_version == 0 and "solver" not in gw.state.policy_versions
+    assert gw.state.policy_pools["critic"].target == (row.path, 1)
+    assert gw.state.backends.target is None
+
+    after = {p: _served(gw, k, stream=True) for p, k in keys.items()}
+    assert _versions(after["critic"]) == {1}
+    assert _versions(after["solver"]) == {0} == _versions(after["default"])
+    assert _backends(gw, after["critic"]) == {critic_url}
+    gaps = {
+        "critic on v1": _max_gap(critic_v1, after["critic"]),
+        "critic on the base": _max_gap(model_dir, after["critic"]),
+        "solver on the base": _max_gap(model_dir, after["solver"]),
+        "default on the base": _max_gap(model_dir, after["default"]),
+    }
+    print("max |served - trainer| logprob:", {k: f"{v:.2e}" for k, v in gaps.items()})
+    assert gaps["critic on v1"] <= 1e-4
+    assert gaps["critic on the base"] > 1e-3  # the training moved it
+    assert gaps["solver on the base"] <= 1e-4 and gaps["default on the base"] <= 1e-4
+
+    # The critic's engine restarts (on the base weights): re-synced to v1 before serving.
+    critic.close()
+    pool = gw.state.policy_pools["critic"]
+    _wait(lambda: not pool.backends[0].healthy, "the stopped critic engine stayed in rotation")
+    port = int(critic_url.rsplit(":", 1)[1])
+    assert critic.enter_context(start_engine_in_thread(model_dir, port=port)) == critic_url
+    _wait(lambda: pool.backends[0].healthy, "the restarted critic engine never came back")
+    assert _weight_version(critic_url) == "1"
+    again = _served(gw, keys["critic"])
+    assert _versions(again) == {1} and _max_gap(critic_v1, again) <= 1e-4
+    assert _weight_version(main_url) == "default"
