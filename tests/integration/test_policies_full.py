@@ -188,14 +188,32 @@ def _scenario(
     assert gaps["critic on the base"] > 1e-3  # the training moved it
     assert gaps["solver on the base"] <= 1e-4 and gaps["default on the base"] <= 1e-4
 
-    # The critic's engine restarts (on the base weights): re-synced to v1 before serving.
+    # A restarted critic trainer resumes from its own checkpoint: step 2 publishes v2.
+    _episodes(gw, "critic", 2)
+    resumed = config.model_copy(
+        update={"trainer": config.trainer.model_copy(update={"total_steps": 2})}
+    )
+    train_in_thread(resumed, timeout_s=240)
+    assert [(s.step, s.version) for s in store.list_train_steps(policy="critic")] == [
+        (1, 1),
+        (2, 2),
+    ]
+    critic_v2 = tmp_path / "weights" / "critic" / "v2"
+    _wait(lambda: _weight_version(critic_url) == "2", "critic v2 never reached its engine")
+    _wait(lambda: gw.state.policy_pools["critic"].target == (str(critic_v2.resolve()), 2), "v2")
+    assert _weight_version(main_url) == "default" and gw.state.backends.target is None
+    assert store.latest_weight_version() is None  # the default policy published nothing
+    v2 = _served(gw, keys["critic"])
+    assert _versions(v2) == {2} and _max_gap(critic_v2, v2) <= 1e-4
+
+    # The critic's engine restarts (on the base weights): re-synced to v2 before serving.
     critic.close()
     pool = gw.state.policy_pools["critic"]
     _wait(lambda: not pool.backends[0].healthy, "the stopped critic engine stayed in rotation")
     port = int(critic_url.rsplit(":", 1)[1])
     assert critic.enter_context(start_engine_in_thread(model_dir, port=port)) == critic_url
     _wait(lambda: pool.backends[0].healthy, "the restarted critic engine never came back")
-    assert _weight_version(critic_url) == "1"
+    assert _weight_version(critic_url) == "2"
     again = _served(gw, keys["critic"])
-    assert _versions(again) == {1} and _max_gap(critic_v1, again) <= 1e-4
+    assert _versions(again) == {2} and _max_gap(critic_v2, again) <= 1e-4
     assert _weight_version(main_url) == "default"
