@@ -32,6 +32,29 @@ def policy_engine_config(config: ServiceConfig, port: int) -> ServiceConfig:
     )
 
 
+def with_policy_engines_as_backends(config: ServiceConfig) -> ServiceConfig:
+    """`config` with each local policy engine named as its policy's `backends`: for the
+    gateway of a process tree that started those engines itself (`launcher/stack.py`),
+    as its `gateway.router.backends` names the main engine, so that `serve` starts none."""
+    local = local_policy_engines(config)
+    host = config.engine.host
+    policies = [
+        p.model_copy(update={"backends": [f"http://{host}:{local[p.name]}"], "port": None})
+        if p.name in local
+        else p
+        for p in config.policies
+    ]
+    return config.model_copy(update={"policies": policies})
+
+
+def policy_engine_argv(config: ServiceConfig, name: str, port: int) -> list[str]:
+    """argv of policy `name`'s engine on `port`, its config saved under the data dir."""
+    cfg_path = save_config(
+        policy_engine_config(config, port), config.data_dir / "serve" / f"engine-{name}.yaml"
+    )
+    return cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir()))
+
+
 def check_policy_ports_free(config: ServiceConfig) -> None:
     """StartError, before anything starts, when a policy engine's port is taken."""
     for name, port in local_policy_engines(config).items():
@@ -46,13 +69,9 @@ def start_policy_engines(config: ServiceConfig) -> list[ChildProcess]:
     started: list[ChildProcess] = []
     try:
         for name, port in local_policy_engines(config).items():
-            cfg_path = save_config(
-                policy_engine_config(config, port),
-                config.data_dir / "serve" / f"engine-{name}.yaml",
-            )
             child = ChildProcess(
                 f"engine-{name}",
-                cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
+                policy_engine_argv(config, name, port),
                 log_path=logs / f"engine-{name}.log",
             )
             started.append(child)

@@ -16,6 +16,12 @@ import typer
 
 from areal_service.config import ServiceConfig, with_gateway_section
 from engine.tiny_model import ensure_tiny_model
+from launcher.policy_engines import (
+    check_policy_ports_free,
+    local_policy_engines,
+    policy_engine_argv,
+    with_policy_engines_as_backends,
+)
 from launcher.preflight import check_model_dir, check_port_free
 from launcher.processes import ChildProcess, cli_argv, save_config
 
@@ -93,6 +99,7 @@ def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Itera
     check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
     if local_engine:
         check_port_free(config.engine.host, config.engine.port, "engine.port")
+    check_policy_ports_free(config)
     if config.engine.model is None:
         ensure_tiny_model(config.model_dir())
     else:
@@ -107,6 +114,7 @@ def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Itera
     served = with_gateway_section(
         served, "scale", workers=config.gateway.scale.workers or (1 if local_engine else 0)
     )
+    served = with_policy_engines_as_backends(served)  # the ones started below
     gateway_cfg = save_config(served, run_dir / "gateway.yaml")
     stack = Stack(config, run_dir)
     try:
@@ -115,6 +123,13 @@ def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Itera
                 "engine",
                 cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
                 f"{backends[0]}/health",
+            )
+        # Full-weight policies without given backends: an engine each (their own pools).
+        for name, port in local_policy_engines(config).items():
+            stack.start(
+                f"engine-{name}",
+                policy_engine_argv(config, name, port),
+                f"http://{config.engine.host}:{port}/health",
             )
         stack.start(
             "gateway",

@@ -18,11 +18,14 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 from safetensors.torch import load_file
 from support.harness import ADMIN_KEY, run_gateway
 from support.trainer_run import train_in_thread
 from support.weight_checks import served_sequence, trainer_logprobs
 
+from areal_service.config import load_config
+from areal_service.store import TrajectoryStore
 from areal_service.types import TrainSequence
 from engine.testing import start_engine_in_thread
 
@@ -217,3 +220,49 @@ def _scenario(
     again = _served(gw, keys["critic"])
     assert _versions(again) == {2} and _max_gap(critic_v2, again) <= 1e-4
     assert _weight_version(main_url) == "default"
+
+
+def test_the_local_stack_starts_an_engine_for_a_full_weight_policy(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`demo`/`train`'s process tree (`local_stack`) starts the critic's engine beside the
+    main one, the gateway routes the critic's key to it, and all of them stop after."""
+    from support.loopback import free_port
+
+    from launcher.stack import local_stack
+
+    critic_port = free_port()
+    config = load_config(
+        overrides=[
+            f"data_dir={tmp_path / 'data'}",
+            f"engine.model={tiny_model_dir}",
+            f"engine.port={free_port()}",
+            f"gateway.port={free_port()}",
+            f"gateway.auth.admin_key={ADMIN_KEY}",
+            "engine.torch_threads=1",
+            f"policies=[{{name: critic, weights: full, port: {critic_port}}}]",
+        ]
+    )
+    critic_url = f"http://127.0.0.1:{critic_port}"
+    with local_stack(config, tmp_path / "run", trainer=False) as stack:
+        assert [c.name for c in stack.children] == ["engine", "engine-critic", "gateway"]
+        made = httpx.post(
+            f"{stack.gateway_url}/admin/keys", json={"policy": "critic"}, headers=ADMIN, timeout=30
+        )
+        assert made.status_code == 201, made.text
+        client = openai.OpenAI(
+            base_url=f"{stack.gateway_url}/v1", api_key=made.json()["api_key"], max_retries=0
+        )
+        reply = client.chat.completions.create(
+            model="my-agent", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        children = list(stack.children)
+    assert all(c.proc.poll() is not None for c in children)
+    store = TrajectoryStore.open(config.database_url(), config.store)
+    try:
+        served = store.get_completion(reply.id)
+        assert (served.model, served.backend) == ("critic", critic_url)
+    finally:
+        store.close()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{critic_url}/health", timeout=2)
