@@ -104,6 +104,20 @@ def _max_gap(model_dir: Path, sequences: list[TrainSequence], adapter: Path | No
     return float((trainer - engine).abs().max())
 
 
+def _count_pauses(client: Any) -> list[str]:
+    """The pause modes `client` is asked for from now on (it still pauses: this only
+    records the call)."""
+    calls: list[str] = []
+    pause = client.pause_generation
+
+    async def counted(mode: str = "abort") -> Any:
+        calls.append(mode)
+        return await pause(mode)
+
+    client.pause_generation = counted
+    return calls
+
+
 def _weight_version(url: str) -> str:
     return str(httpx.get(f"{url}/model_info", timeout=10).json()["weight_version"])
 
@@ -143,6 +157,10 @@ def _scenario(
     assert _backends(gw, before["solver"]) == {main_url} == _backends(gw, before["default"])
     assert {store.get_completion(s.completion_ids[0]).model for s in before["critic"]} == {"critic"}
 
+    pauses = {
+        "main": _count_pauses(gw.state.backends.backends[0].client),
+        "critic": _count_pauses(gw.state.policy_pools["critic"].backends[0].client),
+    }
     _episodes(gw, "critic", 2)
     _episodes(gw, "solver", 1)  # not the critic's: its trainer must leave them
     config = gw.config.model_copy(
@@ -208,6 +226,8 @@ def _scenario(
     assert store.latest_weight_version() is None  # the default policy published nothing
     v2 = _served(gw, keys["critic"])
     assert _versions(v2) == {2} and _max_gap(critic_v2, v2) <= 1e-4
+    # Each swap paused the critic's engine; the main engine's traffic was never paused.
+    assert (len(pauses["main"]), len(pauses["critic"])) == (0, 2)
 
     # The critic's engine restarts (on the base weights): re-synced to v2 before serving.
     critic.close()
