@@ -233,6 +233,16 @@ def _scenario(
     critic.close()
     pool = gw.state.policy_pools["critic"]
     _wait(lambda: not pool.backends[0].healthy, "the stopped critic engine stayed in rotation")
+    # Meanwhile the critic's requests get a 503 in the OpenAI error shape, and the other
+    # policies are served as before.
+    down = openai.OpenAI(base_url=gw.v1, api_key=keys["critic"], max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        down.chat.completions.create(
+            model="my-agent", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    assert refused.value.status_code == 503, refused.value
+    assert "unavailable" in refused.value.message
+    assert _backends(gw, _served(gw, keys["solver"])) == {main_url}
     port = int(critic_url.rsplit(":", 1)[1])
     assert critic.enter_context(start_engine_in_thread(model_dir, port=port)) == critic_url
     _wait(lambda: pool.backends[0].healthy, "the restarted critic engine never came back")

@@ -5,6 +5,7 @@ the local engine `serve` starts for such a policy (a real child process)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -193,3 +194,34 @@ def test_serve_starts_and_stops_a_local_engine_per_full_weight_policy(
     assert all(e.proc.poll() is not None for e in engines)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+async def test_a_follower_adopts_each_full_weight_policys_live_version(store) -> None:
+    """A gateway process that does not lead the swaps takes each full-weight policy's
+    version once the leader made it live, and aims its pool's re-syncs at it."""
+    from types import SimpleNamespace
+
+    from areal_service.types import WeightVersionRecord
+    from gateway.policy_pools import follow_full_policies
+
+    config = _config(
+        policies=[
+            {"name": "critic", "weights": "full", "backends": ["http://127.0.0.1:1"]},
+            {"name": "judge", "weights": "full", "backends": ["http://127.0.0.1:2"]},
+        ]
+    )
+    pools = build_policy_pools(config, lambda: False)
+    state: Any = SimpleNamespace(policy_pools=pools, store=store, policy_versions={})
+    try:
+        store.add_weight_version(WeightVersionRecord(version=1, path="/c1", policy="critic"))
+        await follow_full_policies(state)  # published, not live yet: nothing to adopt
+        assert state.policy_versions == {} and pools["critic"].target is None
+        store.update_weight_version_metadata(1, {"live_at": 5.0}, "critic")
+        store.add_weight_version(WeightVersionRecord(version=2, path="/c2", policy="critic"))
+        store.add_weight_version(WeightVersionRecord(version=1, path="/d1", metadata={}))
+        store.update_weight_version_metadata(1, {"live_at": 6.0})  # the default policy's v1
+        await follow_full_policies(state)
+        assert state.policy_versions == {"critic": 1}
+        assert pools["critic"].target == ("/c1", 1) and pools["judge"].target is None
+    finally:
+        await close_policy_pools(pools)
