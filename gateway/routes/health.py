@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from gateway.deps import StateDep
 from gateway.metrics import audit_exposition
+from gateway.routing import BackendStatus
 from gateway.state import GatewayState
 
 router = APIRouter()
@@ -55,6 +56,17 @@ class Readiness(BaseModel):
     db: str
     """`ok` or `error: <exception>`."""
     backends: list[BackendHealth]
+    policy_backends: dict[str, list[BackendHealth]] = {}
+    """The own backends of each full-weight policy (`policies[].weights: full`); only
+    reported: one policy's engines being down leaves the others served, so it does not
+    make the gateway unavailable (that policy's requests get 503)."""
+
+
+def _health(statuses: list[BackendStatus]) -> list[dict[str, object]]:
+    return [
+        {"url": s.url, "healthy": s.healthy and s.failed_checks == 0, "in_flight": s.in_flight}
+        for s in statuses
+    ]
 
 
 @router.get("/health/liveness")
@@ -69,12 +81,17 @@ async def readiness(request: Request, state: StateDep) -> Response:
     """200 when the store answers reads and writes and at least one backend is healthy,
     else 503 naming what failed."""
     db = await _db_status(request, state)
-    backends = [
-        {"url": s.url, "healthy": s.healthy and s.failed_checks == 0, "in_flight": s.in_flight}
-        for s in state.backends.status()
-    ]
+    backends = _health(state.backends.status())
     ready = db == "ok" and any(b["healthy"] for b in backends)
-    body = {"status": "ready" if ready else "unavailable", "db": db, "backends": backends}
+    body: dict[str, object] = {
+        "status": "ready" if ready else "unavailable",
+        "db": db,
+        "backends": backends,
+    }
+    if state.policy_pools:
+        body["policy_backends"] = {
+            name: _health(pool.status()) for name, pool in state.policy_pools.items()
+        }
     return Response(
         json.dumps(body), status_code=200 if ready else 503, media_type="application/json"
     )

@@ -243,6 +243,11 @@ def _scenario(
     assert refused.value.status_code == 503, refused.value
     assert "unavailable" in refused.value.message
     assert _backends(gw, _served(gw, keys["solver"])) == {main_url}
+    ready = httpx.get(f"{gw.url}/health/readiness", timeout=10)
+    assert ready.status_code == 200, ready.text  # the main pool serves: still ready
+    assert ready.json()["policy_backends"] == {
+        "critic": [{"url": critic_url, "healthy": False, "in_flight": 0}]
+    }
     port = int(critic_url.rsplit(":", 1)[1])
     assert critic.enter_context(start_engine_in_thread(model_dir, port=port)) == critic_url
     _wait(lambda: pool.backends[0].healthy, "the restarted critic engine never came back")
