@@ -9,17 +9,30 @@ console read the sum over all workers from there.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Summary,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from areal_service.store.audit import EpisodeAudit
 
+if TYPE_CHECKING:
+    from gateway.policy_figures import PolicyFigures
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SESSION_STATES = ("open", "ended", "claimed", "trained", "dropped")
+SWAP_PHASES = ("pause", "update", "continue", "total")
+"""Per-backend phases of a swap (`gateway.backend.SwapTimings`, recorded as `<phase>_s`)."""
 
 
 class GatewayMetrics:
@@ -80,10 +93,39 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        # Per policy (`policy` = a policy name, `default` for the default policy): the
+        # label values are policy names the gateway checked (config, keys, sessions), so
+        # the cardinality is the number of policies. Off the request path: the syncer
+        # sets the version and observes swaps, the rewards route observes rewards.
+        self.policy_version = Gauge(
+            "areal_policy_version",
+            "The policy's adapter (weights) version this gateway serves",
+            ["policy"],
+            registry=self.registry,
+            # Versions only grow; every worker adopts the same one (swapped or followed).
+            multiprocess_mode="max",
+        )
+        self.policy_swap = Histogram(
+            "areal_policy_swap_seconds",
+            "Weight/adapter swap seconds per policy: per backend by phase (pause, update, "
+            "continue, total) and the whole swap over every backend (swap)",
+            ["policy", "phase"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.policy_reward = Summary(
+            "areal_policy_reward",
+            "Rewards posted on the policy's sessions and completions (count and sum; a "
+            "group reward counts once under each policy of the group's sessions)",
+            ["policy"],
+            registry=self.registry,
+        )
+
         # Labelled children, made once: prometheus_client's `labels()` takes a lock and
         # validates the values on every call (~1.5 µs; a completion made three calls).
         self._counted: dict[tuple[str, int], Any] = {}
         self._timed: dict[str, Any] = {}
+        self._policy_children: dict[tuple[int | str, ...], Any] = {}
 
     def count_request(self, route: str, status: int) -> None:
         """`requests{route, status}` + 1."""
@@ -98,6 +140,34 @@ class GatewayMetrics:
         if child is None:
             child = self._timed[route] = self.latency.labels(route)
         child.observe(seconds)
+
+    def _policy_child(self, metric: Gauge | Histogram | Summary, *labels: str) -> Any:
+        """The cached child of `metric` for `labels` (made on first use)."""
+        key: tuple[int | str, ...] = (id(metric), *labels)
+        child = self._policy_children.get(key)
+        if child is None:
+            child = self._policy_children[key] = metric.labels(*labels)
+        return child
+
+    def set_policy_version(self, policy: str, version: int) -> None:
+        """`policy_version{policy}` = `version` (the syncer, each poll)."""
+        self._policy_child(self.policy_version, policy).set(version)
+
+    def observe_swap(
+        self, policy: str, per_backend: Mapping[str, Mapping[str, float]], swap_s: float
+    ) -> None:
+        """One swap of `policy`: each backend's `{pause_s, update_s, continue_s, total_s}`
+        by phase, and the whole swap's `swap_s`."""
+        for timings in per_backend.values():
+            for phase in SWAP_PHASES:
+                seconds = timings.get(f"{phase}_s")
+                if seconds is not None:
+                    self._policy_child(self.policy_swap, policy, phase).observe(seconds)
+        self._policy_child(self.policy_swap, policy, "swap").observe(swap_s)
+
+    def observe_reward(self, policy: str, value: float) -> None:
+        """A reward posted on a session (or completion, group) of `policy`."""
+        self._policy_child(self.policy_reward, policy).observe(value)
 
     def exposition(self) -> Collector:
         """What `/metrics` serves: this process's registry, or the sum over every
@@ -157,4 +227,63 @@ def audit_exposition(audit: EpisodeAudit) -> bytes:
     scrape (the same numbers from every worker, so not kept in a worker's registry)."""
     registry = CollectorRegistry()
     registry.register(_AuditCollector(audit))
+    return generate_latest(registry)
+
+
+class _PolicyCollector(Collector):
+    def __init__(self, figures: Sequence[PolicyFigures]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        sessions = GaugeMetricFamily(
+            "areal_policy_sessions", "Sessions per policy and state", labels=["policy", "state"]
+        )
+        admitted = GaugeMetricFamily(
+            "areal_policy_admitted_sessions",
+            "Sessions holding a place in the policy's staleness window (not dropped)",
+            labels=["policy"],
+        )
+        windows = GaugeMetricFamily(
+            "areal_policy_staleness_window",
+            "Sessions the staleness rule allows at the policy's live version",
+            labels=["policy"],
+        )
+        published = GaugeMetricFamily(
+            "areal_policy_published_version",
+            "The policy's newest published version (0 before the first)",
+            labels=["policy"],
+        )
+        step = GaugeMetricFamily(
+            "areal_policy_train_step", "The policy's newest train step", labels=["policy"]
+        )
+        loss = GaugeMetricFamily(
+            "areal_policy_train_loss", "Loss of the policy's newest train step", labels=["policy"]
+        )
+        reward = GaugeMetricFamily(
+            "areal_policy_train_reward",
+            "Mean session return (task_reward) of the policy's newest train step",
+            labels=["policy"],
+        )
+        for f in self._figures:
+            for state in SESSION_STATES:
+                sessions.add_metric([f.name, state], f.sessions.get(state, 0))
+            admitted.add_metric([f.name], f.admitted)
+            windows.add_metric([f.name], f.staleness_window)
+            published.add_metric([f.name], f.published_version)
+            if f.last_step is not None:
+                step.add_metric([f.name], f.last_step.step)
+                if "loss" in f.last_step.metrics:
+                    loss.add_metric([f.name], f.last_step.metrics["loss"])
+                if "task_reward" in f.last_step.metrics:
+                    reward.add_metric([f.name], f.last_step.metrics["task_reward"])
+        yield from (sessions, admitted, windows, published, step, loss, reward)
+
+
+def policy_exposition(figures: Sequence[PolicyFigures]) -> bytes:
+    """Per-policy figures read from the store per scrape (`gateway/policy_figures.py`):
+    sessions by state, admitted sessions, staleness window, newest published version and
+    the newest train step's loss and reward. Like the audit, the same numbers from every
+    worker, so not kept in a worker's registry."""
+    registry = CollectorRegistry()
+    registry.register(_PolicyCollector(figures))
     return generate_latest(registry)
