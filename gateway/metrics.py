@@ -9,8 +9,8 @@ console read the sum over all workers from there.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,11 +26,7 @@ from prometheus_client.registry import Collector
 
 from areal_service.store.audit import EpisodeAudit
 
-if TYPE_CHECKING:
-    from gateway.policy_figures import PolicyFigures
-
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-SESSION_STATES = ("open", "ended", "claimed", "trained", "dropped")
 SWAP_PHASES = ("pause", "update", "continue", "total")
 """Per-backend phases of a swap (`gateway.backend.SwapTimings`, recorded as `<phase>_s`)."""
 
@@ -227,63 +223,4 @@ def audit_exposition(audit: EpisodeAudit) -> bytes:
     scrape (the same numbers from every worker, so not kept in a worker's registry)."""
     registry = CollectorRegistry()
     registry.register(_AuditCollector(audit))
-    return generate_latest(registry)
-
-
-class _PolicyCollector(Collector):
-    def __init__(self, figures: Sequence[PolicyFigures]) -> None:
-        self._figures = figures
-
-    def collect(self) -> Iterator[Metric]:
-        sessions = GaugeMetricFamily(
-            "areal_policy_sessions", "Sessions per policy and state", labels=["policy", "state"]
-        )
-        admitted = GaugeMetricFamily(
-            "areal_policy_admitted_sessions",
-            "Sessions holding a place in the policy's staleness window (not dropped)",
-            labels=["policy"],
-        )
-        windows = GaugeMetricFamily(
-            "areal_policy_staleness_window",
-            "Sessions the staleness rule allows at the policy's live version",
-            labels=["policy"],
-        )
-        published = GaugeMetricFamily(
-            "areal_policy_published_version",
-            "The policy's newest published version (0 before the first)",
-            labels=["policy"],
-        )
-        step = GaugeMetricFamily(
-            "areal_policy_train_step", "The policy's newest train step", labels=["policy"]
-        )
-        loss = GaugeMetricFamily(
-            "areal_policy_train_loss", "Loss of the policy's newest train step", labels=["policy"]
-        )
-        reward = GaugeMetricFamily(
-            "areal_policy_train_reward",
-            "Mean session return (task_reward) of the policy's newest train step",
-            labels=["policy"],
-        )
-        for f in self._figures:
-            for state in SESSION_STATES:
-                sessions.add_metric([f.name, state], f.sessions.get(state, 0))
-            admitted.add_metric([f.name], f.admitted)
-            windows.add_metric([f.name], f.staleness_window)
-            published.add_metric([f.name], f.published_version)
-            if f.last_step is not None:
-                step.add_metric([f.name], f.last_step.step)
-                if "loss" in f.last_step.metrics:
-                    loss.add_metric([f.name], f.last_step.metrics["loss"])
-                if "task_reward" in f.last_step.metrics:
-                    reward.add_metric([f.name], f.last_step.metrics["task_reward"])
-        yield from (sessions, admitted, windows, published, step, loss, reward)
-
-
-def policy_exposition(figures: Sequence[PolicyFigures]) -> bytes:
-    """Per-policy figures read from the store per scrape (`gateway/policy_figures.py`):
-    sessions by state, admitted sessions, staleness window, newest published version and
-    the newest train step's loss and reward. Like the audit, the same numbers from every
-    worker, so not kept in a worker's registry."""
-    registry = CollectorRegistry()
-    registry.register(_PolicyCollector(figures))
     return generate_latest(registry)

@@ -22,8 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from gateway.deps import StateDep
-from gateway.metrics import audit_exposition, policy_exposition
-from gateway.policy_figures import policy_figures
+from gateway.metrics import audit_exposition
+from gateway.policy_figures import policy_exposition, policy_figures
 from gateway.state import GatewayState
 
 router = APIRouter()
