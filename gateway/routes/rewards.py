@@ -177,7 +177,9 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
         owner=owner,
     )
     stored = await _accepted(state, record, body)
-    if stored.id == record.id and stored.created_at == record.created_at:  # not a replay
+    # A retry that lost a race to its own id gets the earlier reward back (its own
+    # created_at): counted by the post that stored it, not again.
+    if stored.id == record.id and stored.created_at == record.created_at:
         await _observe_reward(state, session, body)
     if body.end_session and session is not None and session.status == "open":
         await state.end_session(session.id, "reward")
