@@ -356,7 +356,13 @@ async def training_page(request: Request, state: StateDep, session: ConsoleAdmin
     """Per-step training curves (drawn by static/training.js from `training/data.json`)."""
     steps = await asyncio.to_thread(state.store.list_train_steps, limit=100_000)
     return render(
-        request, "training.html", session, nav="training", steps=steps[-20:][::-1], count=len(steps)
+        request,
+        "training.html",
+        session,
+        nav="training",
+        steps=steps[-20:][::-1],
+        count=len(steps),
+        named_policies=bool(state.config.policies),
     )
 
 
@@ -374,7 +380,13 @@ async def weights_page(request: Request, state: StateDep, session: ConsoleAdmin)
     """Published weight versions with the gateway's swap timings."""
     rows = await asyncio.to_thread(weight_rows, state.store)
     return render(
-        request, "weights.html", session, nav="weights", rows=rows, live_version=state.live_version
+        request,
+        "weights.html",
+        session,
+        nav="weights",
+        rows=rows,
+        live_version=state.live_version,
+        named_policies=bool(state.config.policies),
     )
 
 

@@ -90,6 +90,9 @@ def test_policies_pages_show_both_policies(page, trained, screenshot) -> None:
     page.wait_for_selector("#charts .chart canvas")
     assert page.inner_text("#policy-live-version") == "v1"
     assert "1 step" in page.inner_text("h1") and "steps" not in page.inner_text("h1")
+    for other in ("training", "weights"):  # the default policy's pages point to these
+        page.goto(f"{trained.url}/console/{other}")
+        assert page.get_attribute("#policy-note a", "href") == "/console/policies"
     page.goto(f"{trained.url}/console/policies/default")
     assert "No training steps yet" in page.inner_text("main")
     assert "No version published yet" in page.inner_text("main")
