@@ -9,10 +9,17 @@ console read the sum over all workers from there.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Summary,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -20,6 +27,8 @@ from prometheus_client.registry import Collector
 from areal_service.store.audit import EpisodeAudit
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SWAP_PHASES = ("pause", "update", "continue", "total")
+"""Per-backend phases of a swap (`gateway.backend.SwapTimings`, recorded as `<phase>_s`)."""
 
 
 class GatewayMetrics:
@@ -80,10 +89,39 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        # Per policy (`policy` = a policy name, `default` for the default policy): the
+        # label values are policy names the gateway checked (config, keys, sessions), so
+        # the cardinality is the number of policies. Off the request path: the syncer
+        # sets the version and observes swaps, the rewards route observes rewards.
+        self.policy_version = Gauge(
+            "areal_policy_version",
+            "The policy's adapter (weights) version this gateway serves",
+            ["policy"],
+            registry=self.registry,
+            # Versions only grow; every worker adopts the same one (swapped or followed).
+            multiprocess_mode="max",
+        )
+        self.policy_swap = Histogram(
+            "areal_policy_swap_seconds",
+            "Weight/adapter swap seconds per policy: per backend by phase (pause, update, "
+            "continue, total) and the whole swap over every backend (swap)",
+            ["policy", "phase"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.policy_reward = Summary(
+            "areal_policy_reward",
+            "Rewards posted on the policy's sessions and completions (count and sum; a "
+            "group reward counts once under each policy of the group's sessions)",
+            ["policy"],
+            registry=self.registry,
+        )
+
         # Labelled children, made once: prometheus_client's `labels()` takes a lock and
         # validates the values on every call (~1.5 µs; a completion made three calls).
         self._counted: dict[tuple[str, int], Any] = {}
         self._timed: dict[str, Any] = {}
+        self._policy_children: dict[tuple[int | str, ...], Any] = {}
 
     def count_request(self, route: str, status: int) -> None:
         """`requests{route, status}` + 1."""
@@ -98,6 +136,34 @@ class GatewayMetrics:
         if child is None:
             child = self._timed[route] = self.latency.labels(route)
         child.observe(seconds)
+
+    def _policy_child(self, metric: Gauge | Histogram | Summary, *labels: str) -> Any:
+        """The cached child of `metric` for `labels` (made on first use)."""
+        key: tuple[int | str, ...] = (id(metric), *labels)
+        child = self._policy_children.get(key)
+        if child is None:
+            child = self._policy_children[key] = metric.labels(*labels)
+        return child
+
+    def set_policy_version(self, policy: str, version: int) -> None:
+        """`policy_version{policy}` = `version` (the syncer, each poll)."""
+        self._policy_child(self.policy_version, policy).set(version)
+
+    def observe_swap(
+        self, policy: str, per_backend: Mapping[str, Mapping[str, float]], swap_s: float
+    ) -> None:
+        """One swap of `policy`: each backend's `{pause_s, update_s, continue_s, total_s}`
+        by phase, and the whole swap's `swap_s`."""
+        for timings in per_backend.values():
+            for phase in SWAP_PHASES:
+                seconds = timings.get(f"{phase}_s")
+                if seconds is not None:
+                    self._policy_child(self.policy_swap, policy, phase).observe(seconds)
+        self._policy_child(self.policy_swap, policy, "swap").observe(swap_s)
+
+    def observe_reward(self, policy: str, value: float) -> None:
+        """A reward posted on a session (or completion, group) of `policy`."""
+        self._policy_child(self.policy_reward, policy).observe(value)
 
     def exposition(self) -> Collector:
         """What `/metrics` serves: this process's registry, or the sum over every

@@ -45,7 +45,7 @@ from areal_service.sglang_protocol import (
     UpdateWeightsFromDistributedRequest,
     weight_group_layout,
 )
-from areal_service.types import WeightVersionRecord
+from areal_service.types import DEFAULT_POLICY, WeightVersionRecord
 from gateway.backend import BackendError, BackendUnavailable, SGLangClient, SwapTimings
 from gateway.policy_pools import follow_full_policies, sync_full_policies_once
 from gateway.routing import Backend, BackendPool
@@ -243,12 +243,14 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
     swapped_at = time.time()
     state.live_version = latest.version
     swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
+    swap_s = time.perf_counter() - t0
+    state.metrics.observe_swap(DEFAULT_POLICY, swap, swap_s)
     await asyncio.to_thread(
         state.store.update_weight_version_metadata,
         latest.version,
         {
             "swap": swap,
-            "swap_s": time.perf_counter() - t0,
+            "swap_s": swap_s,
             "swap_mode": mode,
             "live_at": swapped_at,
             "publish_to_live_s": swapped_at - latest.created_at,
@@ -281,12 +283,15 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         timings = await state.backends.swap_weights(latest.path, latest.version, policy.name)
         swapped_at = time.time()
         state.policy_versions[policy.name] = latest.version
+        swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
+        swap_s = time.perf_counter() - t0
+        state.metrics.observe_swap(policy.name, swap, swap_s)
         await asyncio.to_thread(
             state.store.update_weight_version_metadata,
             latest.version,
             {
-                "swap": {url: dataclasses.asdict(t) for url, t in timings.items()},
-                "swap_s": time.perf_counter() - t0,
+                "swap": swap,
+                "swap_s": swap_s,
                 "swap_mode": "disk",
                 "live_at": swapped_at,
                 "publish_to_live_s": swapped_at - latest.created_at,
@@ -339,6 +344,14 @@ async def follow_live_version(state: GatewayState) -> int | None:
     return live.version
 
 
+def export_live_versions(state: GatewayState) -> None:
+    """`areal_policy_version{policy}` from the live versions (every poll, leader or
+    follower: a few dict reads and cached gauge children)."""
+    state.metrics.set_policy_version(DEFAULT_POLICY, state.live_version)
+    for policy in state.config.policies:
+        state.metrics.set_policy_version(policy.name, state.policy_versions.get(policy.name, 0))
+
+
 async def run_weight_syncer(state: GatewayState) -> None:
     """Poll forever (until cancelled): swap while this process leads, else follow."""
     group = SyncGroup()
@@ -354,4 +367,5 @@ async def run_weight_syncer(state: GatewayState) -> None:
                 await follow_full_policies(state)
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
+        export_live_versions(state)
         await asyncio.sleep(state.config.gateway.router.weight_poll_interval_s)

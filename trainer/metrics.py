@@ -1,7 +1,9 @@
 """Per-step trainer metrics: computed from the claimed batch and the step's StepStats,
-written to TensorBoard (`data_dir/runs/<run>`, skipped with a warning when tensorboard
-is missing) and as one readable log line with progress and ETA. train.py writes the
-same dict to the store (`TrainStepRecord.metrics`, plotted by the console).
+written to TensorBoard (`data_dir/runs/<run>`, or `runs/<run>-<policy>` for a named
+policy: one run per policy; skipped with a warning when tensorboard is missing) and as
+one readable log line with progress and ETA (prefixed `[<policy>]` for a named policy).
+train.py writes the same dict to the store (`TrainStepRecord.metrics`, with its policy,
+plotted by the console per policy).
 
 Batch definitions (over every sequence of the batch unless said otherwise):
   task_reward     mean session return (what GRPO normalises), over sessions
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from areal_service.types import EpisodeGroup
+from areal_service.types import DEFAULT_POLICY, EpisodeGroup
 from trainer.step import StepStats
 
 log = logging.getLogger(__name__)
@@ -116,8 +118,18 @@ def _duration(seconds: float) -> str:
 class MetricsWriter:
     """TensorBoard scalars + one log line per step. Rank 0 only."""
 
-    def __init__(self, run_dir: Path, *, total_steps: int | None, no_eos: str = "train") -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        total_steps: int | None,
+        no_eos: str = "train",
+        policy: str = DEFAULT_POLICY,
+    ) -> None:
         self._total = total_steps
+        self._policy = policy
+        """Named in each log line unless it is the default policy (several trainers, one
+        per policy, may share a log); TensorBoard keeps one run directory per policy."""
         self._no_eos = no_eos
         self._created = time.monotonic()
         self._origin: int | None = None
@@ -144,6 +156,8 @@ class MetricsWriter:
 
     def _line(self, step: int, version: int, m: dict[str, float]) -> str:
         progress = f"step {step}" + (f"/{self._total}" if self._total else "")
+        if self._policy != DEFAULT_POLICY:
+            progress = f"[{self._policy}] {progress}"
         eta = ""
         if self._origin is None:
             self._origin = step - 1

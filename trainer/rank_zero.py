@@ -87,7 +87,9 @@ class RankZero:
             / "runs"
             / (RUN_NAME if cfg.policy == DEFAULT_POLICY else f"{RUN_NAME}-{cfg.policy}")
         )
-        writer = MetricsWriter(run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos)
+        writer = MetricsWriter(
+            run_dir, total_steps=cfg.total_steps, no_eos=cfg.no_eos, policy=cfg.policy
+        )
         cleanup.callback(writer.close)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
         broadcaster = None

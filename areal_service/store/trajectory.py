@@ -441,6 +441,31 @@ class TrajectoryStore(RowAccess):
                 return record
         return None
 
+    def group_policies(self, group_id: str) -> list[str]:
+        """The policies of the group's sessions, sorted (a group id used under two
+        policies makes two groups; a group reward lands on both)."""
+        statement = (
+            select(SessionRow.policy)
+            .where(SessionRow.group_id == group_id)
+            .distinct()
+            .order_by(SessionRow.policy)
+        )
+        with self._engine.connect() as connection:
+            return [str(p) for p in connection.execute(statement).scalars()]
+
+    def count_sessions_by_policy(self) -> dict[str, dict[str, int]]:
+        """Sessions per policy and status, `{policy: {status: n}}` (statuses without a
+        session are absent): one grouped COUNT, for the console and `/metrics` (admin
+        paths, never per request)."""
+        statement = select(SessionRow.policy, SessionRow.status, func.count()).group_by(
+            SessionRow.policy, SessionRow.status
+        )
+        out: dict[str, dict[str, int]] = {}
+        with self._engine.connect() as connection:
+            for policy, status, n in connection.execute(statement):
+                out.setdefault(policy, {})[status] = int(n)
+        return out
+
     # Train steps.
 
     def add_train_step(self, record: TrainStepRecord) -> TrainStepRecord:
@@ -458,6 +483,20 @@ class TrajectoryStore(RowAccess):
         )
         found = self._list(TrainStepRecord, statement)
         return found[0] if found else None
+
+    def latest_train_steps(self) -> dict[str, TrainStepRecord]:
+        """Each policy's highest step (policies without one are absent); one query,
+        grouped by the primary key's leading column."""
+        newest = (
+            select(TrainStepRow.policy, func.max(TrainStepRow.step).label("step"))
+            .group_by(TrainStepRow.policy)
+            .subquery()
+        )
+        statement = select(TrainStepRow).join(
+            newest,
+            (TrainStepRow.policy == newest.c.policy) & (TrainStepRow.step == newest.c.step),
+        )
+        return {r.policy: r for r in self._list(TrainStepRecord, statement)}
 
     def list_train_steps(
         self,

@@ -22,6 +22,7 @@ from gateway.auth import Principal
 from gateway.console import auth
 from gateway.console.auth import CSRF_FIELD, CheckedForm, ConsoleAdmin, ConsoleSession
 from gateway.console.detail import session_detail
+from gateway.console.policies import policy_list, policy_page
 from gateway.console.views import (
     SESSION_STATUSES,
     SessionFilters,
@@ -355,7 +356,13 @@ async def training_page(request: Request, state: StateDep, session: ConsoleAdmin
     """Per-step training curves (drawn by static/training.js from `training/data.json`)."""
     steps = await asyncio.to_thread(state.store.list_train_steps, limit=100_000)
     return render(
-        request, "training.html", session, nav="training", steps=steps[-20:][::-1], count=len(steps)
+        request,
+        "training.html",
+        session,
+        nav="training",
+        steps=steps[-20:][::-1],
+        count=len(steps),
+        named_policies=bool(state.config.policies),
     )
 
 
@@ -373,8 +380,59 @@ async def weights_page(request: Request, state: StateDep, session: ConsoleAdmin)
     """Published weight versions with the gateway's swap timings."""
     rows = await asyncio.to_thread(weight_rows, state.store)
     return render(
-        request, "weights.html", session, nav="weights", rows=rows, live_version=state.live_version
+        request,
+        "weights.html",
+        session,
+        nav="weights",
+        rows=rows,
+        live_version=state.live_version,
+        named_policies=bool(state.config.policies),
     )
+
+
+# Policies.
+
+
+@router.get("/policies")
+async def policies_page(request: Request, state: StateDep, session: ConsoleAdmin) -> Response:
+    """Every policy: aliases, LoRA rank, live and published versions, sessions, window."""
+    rows = await asyncio.to_thread(policy_list, state)
+    return render(
+        request,
+        "policies.html",
+        session,
+        nav="policies",
+        rows=rows,
+        staleness_gate=state.config.gateway.sessions.staleness_gate,
+    )
+
+
+def _policy_missing(request: Request, session: ConsoleSession, name: str) -> Response:
+    return render(
+        request, "not_found.html", session, status=404, nav="policies", what=f"policy {name}"
+    )
+
+
+@router.get("/policies/{name}")
+async def policy_detail_page(
+    request: Request, state: StateDep, session: ConsoleAdmin, name: str
+) -> Response:
+    """One policy: reward and loss curves, its versions with swap timings, its window."""
+    page = await asyncio.to_thread(policy_page, state, name)
+    if page is None:
+        return _policy_missing(request, session, name)
+    return render(request, "policy.html", session, nav="policies", p=page)
+
+
+@router.get("/policies/{name}/data.json")
+async def policy_data(state: StateDep, _: ConsoleAdmin, name: str) -> JSONResponse:
+    """Chart series of the policy's train steps (as `training/data.json`)."""
+    if name not in state.config.policy_names():
+        raise HTTPException(404, f"no policy {name!r}")
+    steps = await asyncio.to_thread(state.store.list_train_steps, limit=100_000, policy=name)
+    body = train_series(steps)
+    body["generated_at"] = time.time()
+    return JSONResponse(body, headers={"cache-control": "no-store"})
 
 
 # Export.

@@ -18,7 +18,7 @@ from areal_service.store.audit import EpisodeAudit
 from areal_service.store.merge_stats import MergeStats
 from areal_service.store.readiness import SettlingCounts
 from areal_service.store.session_queries import SessionQuery, SessionSummary
-from areal_service.types import SessionStatus, TrainStepRecord
+from areal_service.types import DEFAULT_POLICY, SessionStatus, TrainStepRecord
 from gateway.admission import window
 from gateway.routing import BackendStatus
 from gateway.state import GatewayState
@@ -254,10 +254,13 @@ class WeightRow:
     live_at: float | None
 
 
-def weight_rows(store: TrajectoryStore, limit: int = 200) -> list[WeightRow]:
-    """Newest first; `episodes` counts the sessions the version was trained on."""
+def weight_rows(
+    store: TrajectoryStore, limit: int = 200, policy: str = DEFAULT_POLICY
+) -> list[WeightRow]:
+    """`policy`'s versions, newest first; `episodes` counts the sessions the version was
+    trained on."""
     rows = []
-    for w in store.list_weight_versions(limit=limit):
+    for w in store.list_weight_versions(limit=limit, policy=policy):
         meta = w.metadata
         groups = meta.get("episodes") or {}
         rows.append(

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from gateway.deps import StateDep
 from gateway.metrics import audit_exposition
+from gateway.policy_figures import policy_exposition, policy_figures
 from gateway.routing import BackendStatus
 from gateway.state import GatewayState
 
@@ -140,4 +141,8 @@ async def metrics(state: StateDep) -> Response:
     # In a thread: with several workers this reads every worker's metric files.
     text = await asyncio.to_thread(generate_latest, state.metrics.exposition())
     audit = await asyncio.to_thread(state.store.episode_audit, state.config.trainer)
-    return Response(text + audit_exposition(audit), media_type=CONTENT_TYPE_LATEST)
+    figures = await asyncio.to_thread(policy_figures, state)
+    return Response(
+        text + audit_exposition(audit) + policy_exposition(figures),
+        media_type=CONTENT_TYPE_LATEST,
+    )

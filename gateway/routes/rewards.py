@@ -28,7 +28,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from areal_service.store.reward_admission import RewardRefused
-from areal_service.types import RewardRecord, SessionRecord
+from areal_service.types import DEFAULT_POLICY, RewardRecord, SessionRecord
 from gateway.auth import Principal
 from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import OpenAIError, bad_request
@@ -177,9 +177,32 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
         owner=owner,
     )
     stored = await _accepted(state, record, body)
+    # A retry that lost a race to its own id gets the earlier reward back (its own
+    # created_at): counted by the post that stored it, not again.
+    if stored.id == record.id and stored.created_at == record.created_at:
+        await _observe_reward(state, session, body)
     if body.end_session and session is not None and session.status == "open":
         await state.end_session(session.id, "reward")
     return stored
+
+
+async def _observe_reward(
+    state: GatewayState, session: SessionRecord | None, body: RewardCreate
+) -> None:
+    """`areal_policy_reward{policy}` observes a newly stored reward: under its session's
+    policy, or once under each policy of a scored group. Without declared policies every
+    session is the default policy's (no query); a group reward with them reads the
+    group's policies (one indexed query; group rewards come from the admin only)."""
+    if session is not None:
+        policies = [session.policy]
+    elif body.group_id is None:  # a completion outside a session: no policy trains it
+        return
+    elif not state.config.policies:
+        policies = [DEFAULT_POLICY]
+    else:
+        policies = await asyncio.to_thread(state.store.group_policies, body.group_id)
+    for policy in policies:
+        state.metrics.observe_reward(policy, body.value)
 
 
 async def _accepted(state: GatewayState, record: RewardRecord, body: RewardCreate) -> Reward:

@@ -262,3 +262,4 @@ def test_training_page_draws_the_curves(page, console_gateway, recorded, screens
     (backend,) = swap
     assert backend == console_gateway.state.backends.status()[0].url and backend in table
     screenshot("weights")
+    assert page.locator("#policy-note").count() == 0  # no named policies here

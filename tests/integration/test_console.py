@@ -58,7 +58,11 @@ def _route_calls(session_id: str, key_id: str) -> list[tuple[str, str]]:
         for method in route.methods:
             if (method, route.path) in PUBLIC:
                 continue
-            url = route.path.replace("{session_id}", session_id).replace("{key_id}", key_id)
+            url = (
+                route.path.replace("{session_id}", session_id)
+                .replace("{key_id}", key_id)
+                .replace("{name}", "default")  # a policy: the default one always exists
+            )
             assert "{" not in url, url
             calls.append((method, url))
     return calls

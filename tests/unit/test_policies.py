@@ -215,3 +215,32 @@ def test_policies_need_the_local_engine() -> None:
         ServiceConfig.model_validate(
             {"trainer": {"lora": LORA}, "engine": {"backend": "vllm"}, "policies": [{"name": "a"}]}
         )
+
+
+def test_per_policy_figures_read_in_grouped_queries(store) -> None:
+    """What the console's Policies pages and `areal_policy_*` read: sessions by policy and
+    status, each policy's newest train step, a group's policies."""
+    from areal_service.types import SessionRecord, TrainStepRecord
+
+    assert store.count_sessions_by_policy() == {} and store.latest_train_steps() == {}
+    for i in range(2):
+        _episode(store, f"sol-{i}", "solver", group_id="g-shared")
+    _episode(store, "def-0", DEFAULT_POLICY, group_id="g-shared")
+    store.add_session(
+        SessionRecord(id="def-1", group_id="g-def", created_at=1.0, last_activity_at=1.0)
+    )
+    assert store.count_sessions_by_policy() == {
+        "solver": {"ended": 2},
+        DEFAULT_POLICY: {"ended": 1, "open": 1},
+    }
+    assert store.group_policies("g-shared") == [DEFAULT_POLICY, "solver"]
+    assert store.group_policies("g-def") == [DEFAULT_POLICY]
+    assert store.group_policies("g-none") == []
+    for step in (1, 2):
+        store.add_train_step(TrainStepRecord(step=step, version=step, metrics={"loss": -step}))
+    store.add_train_step(TrainStepRecord(step=5, version=5, metrics={"loss": 0.5}, policy="solver"))
+    latest = store.latest_train_steps()
+    assert {p: (s.step, s.metrics["loss"]) for p, s in latest.items()} == {
+        DEFAULT_POLICY: (2, -2),
+        "solver": (5, 0.5),
+    }
