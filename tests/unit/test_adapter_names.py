@@ -154,3 +154,17 @@ def test_launch_flags_make_room_for_every_policys_adapters(tmp_path: Path) -> No
     ) in argv
     assert "--lora-paths" not in argv
     assert "--enable-lora" not in " ".join(sglang_argv(ServiceConfig(), 30000))
+
+
+def test_a_follower_adopts_the_leaders_versions_and_leaves_the_unload_to_it() -> None:
+    client = VLLMClient("http://127.0.0.1:9", adapters=AdapterNames(default_policy="default"))
+    assert client.adapters is not None
+    client.adopt_adapter("solver", 1)
+    client.adopt_adapter("solver", 2)
+    assert client.adapters.current("solver") == Lease("solver@v2", 2)
+    assert client.adapters.retired() == []  # the leader unloads solver@v1, not us
+    client.adopt_adapter(None, 3)  # the default policy's version, followed
+    assert client.adapters.current("default") == Lease("default@v3", 3)
+    plain = VLLMClient("http://127.0.0.1:9")
+    plain.adopt_adapter("solver", 1)  # no versioned names: nothing to follow
+    assert plain.adapters is None
