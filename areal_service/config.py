@@ -925,10 +925,16 @@ class ServiceConfig(BaseModel):
                 "trainer.lora publishes adapters, which the backends load from "
                 "disk: set trainer.weight_sync=disk"
             )
-        if self.trainer.lora is not None and self.engine.backend == "sglang":
+        if (
+            self.trainer.lora is not None
+            and self.engine.backend == "sglang"
+            and self.gateway.router.url
+        ):
             raise ValueError(
-                "trainer.lora is served by the local engine and vLLM; SGLang's "
-                "LoRA endpoints are not wired yet (engine.backend local or vllm)"
+                "trainer.lora on SGLang loads versioned adapters on each server "
+                "the gateway routes to itself; through SGLang's router "
+                "(gateway.router.url) the adapter names are not wired yet: list "
+                "the servers in gateway.router.backends"
             )
         if self.engine.backend == "vllm" and self.trainer.weight_sync == "distributed":
             raise ValueError(
@@ -953,12 +959,6 @@ class ServiceConfig(BaseModel):
         aliases = [m for p in self.policies for m in p.model_names]
         if len(set(aliases)) != len(aliases):
             raise ValueError("policies: a model name maps to more than one policy")
-        if self.policies and self.engine.backend != "local":
-            raise ValueError(
-                "policies are served by the local engine only so far "
-                "(engine.backend local); vLLM's per-adapter versions are not "
-                "wired yet"
-            )
         if self.trainer.policy not in self.policy_names():
             raise ValueError(
                 f"trainer.policy {self.trainer.policy!r} is not a declared "
@@ -1036,6 +1036,21 @@ class ServiceConfig(BaseModel):
                     return None
                 return policy.lora or self.trainer.lora
         raise KeyError(name)
+
+    def max_policy_rank(self) -> int:
+        """The largest LoRA rank among the policies (0 without LoRA): what an engine's
+        `--max-lora-rank` must hold."""
+        ranks = [lora.rank for n in self.policy_names() if (lora := self.policy_lora(n))]
+        return max(ranks, default=0)
+
+    def lora_slots(self) -> int:
+        """Adapters one engine batch may mix (vLLM's `--max-loras`, SGLang's
+        `--max-loras-per-batch`) with named policies: each policy (the default one
+        included) twice, its live version and the one it retires, which finishes its
+        requests while the next one serves (`gateway/adapters.py`). More distinct
+        adapters than slots still run (the engines queue them); each slot costs memory
+        for `rank x (in + out)` per target module and layer."""
+        return 2 * len(self.policy_names())
 
     # Derived paths: one place decides the layout of data_dir.
     def database_url(self) -> str:

@@ -38,6 +38,14 @@ What the gateway relies on, and nothing more (`ENDPOINTS` below is the same list
   falling back to the older `/get_model_info` and `/get_server_info` on 404.
 - Errors of native endpoints: `{"error": {"message": ...}}` with status 400 (503 when
   overloaded or unhealthy); duplicate in-flight rid -> 400.
+- LoRA (`--enable-lora`, `--max-lora-rank`, `--lora-target-modules`; checked by reading
+  `http_server.py` and `io_struct.py`, not run): `POST /load_lora_adapter {lora_name,
+  lora_path, pinned}` and `POST /unload_lora_adapter {lora_name}`, each -> `{success,
+  error_message, loaded_adapters}` (400 with the same shape on failure); `/generate`
+  with `lora_path: <lora_name>` runs under that adapter (null: the base model). SGLang
+  counts the requests running under an adapter and unloads it only after they end.
+  Not in `ENDPOINTS` (the local engine loads adapters through its own
+  `update_weights_from_disk` extension, `lora_name`).
 - Data parallelism (`--dp-size`): a server joins a weight-update group with `tp_size`
   ranks, `rank_offset + tp_rank` each (`model_runner.init_weights_update_group`, which
   ignores dp and pp ranks); its tokenizer manager refuses the group unless `dp_size == 1`
@@ -141,6 +149,8 @@ SERVER_INFO = Endpoint("GET", "/server_info", legacy_path="/get_server_info")
 INIT_WEIGHTS_UPDATE_GROUP = Endpoint("POST", "/init_weights_update_group")
 UPDATE_WEIGHTS_FROM_DISTRIBUTED = Endpoint("POST", "/update_weights_from_distributed")
 DESTROY_WEIGHTS_UPDATE_GROUP = Endpoint("POST", "/destroy_weights_update_group")
+LOAD_LORA_ADAPTER = Endpoint("POST", "/load_lora_adapter")
+UNLOAD_LORA_ADAPTER = Endpoint("POST", "/unload_lora_adapter")
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     GENERATE,
@@ -417,6 +427,22 @@ class DestroyWeightsUpdateGroupRequest(_Body):
     group_name: str = "weight_update_group"
 
 
+class LoadLoRAAdapterRequest(_Body):
+    """Body of SGLang's `POST /load_lora_adapter`: serve the PEFT adapter directory
+    `lora_path` under `lora_name` (a new name; SGLang refuses one already loaded)."""
+
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    """Pinned adapters are never evicted from the GPU pool (not used: versions rotate)."""
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    """Body of SGLang's `POST /unload_lora_adapter`."""
+
+    lora_name: str
+
+
 # ---- replies -----------------------------------------------------------------------
 
 
@@ -567,6 +593,14 @@ class UpdateWeightsResponse(_Reply):
             if isinstance(data.get("num_paused_requests"), list):
                 data = {**data, "num_paused_requests": sum(data["num_paused_requests"])}
         return data
+
+
+class LoRAUpdateResponse(_Reply):
+    """SGLang's answer to a LoRA load or unload (`LoRAUpdateOutput`)."""
+
+    success: bool
+    error_message: str | None = None
+    loaded_adapters: dict[str, Any] | None = None
 
 
 class ModelInfo(_Reply):

@@ -37,6 +37,11 @@ with SmolLM2-135M, and by reading `vllm/entrypoints/scale_out/token_in_token_out
   {"lora_name", "lora_path", "load_inplace": true}` replaces the adapter of that name in
   place (its id kept; PEFT's `save_pretrained` layout, read by vLLM's own loader, no
   peft needed); a request whose `model` is the adapter's name runs base + adapter.
+  Without `load_inplace` a name already loaded is a 400 ("has already been loaded").
+  `POST /v1/unload_lora_adapter {"lora_name"}` drops the name (a 404 afterwards, and for
+  a name never loaded); it only removes the name from the API's table (the engine is not
+  told), so requests already running under it finish under it. Names are not checked
+  for characters. A new name gets a new adapter id, which vLLM's prefix cache keys on.
 - `GET /health` (200 once serving; the launcher waits on it), `GET /v1/models` (the
   served name and `root`).
 - Errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP status, the
@@ -74,6 +79,7 @@ HEALTH = Endpoint("GET", "/health")
 MODELS = Endpoint("GET", "/v1/models")
 RESET_PREFIX_CACHE = Endpoint("POST", "/reset_prefix_cache")
 LOAD_LORA_ADAPTER = Endpoint("POST", "/v1/load_lora_adapter")
+UNLOAD_LORA_ADAPTER = Endpoint("POST", "/v1/unload_lora_adapter")
 
 REQUEST_ID_PREFIX = "generate-tokens-"
 """What `/inference/v1/generate` puts before a request id (`/abort_requests` needs it)."""
@@ -97,6 +103,12 @@ class LoadLoRAAdapterRequest(_Body):
     lora_name: str
     lora_path: str
     load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    """Body of `POST /v1/unload_lora_adapter`."""
+
+    lora_name: str
 
 
 class VLLMSamplingParams(_Body):

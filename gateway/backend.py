@@ -33,6 +33,7 @@ because the gateway's event loop is its bottleneck.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -51,12 +52,14 @@ from areal_service.sglang_protocol import (
     GENERATE,
     HEALTH,
     INIT_WEIGHTS_UPDATE_GROUP,
+    LOAD_LORA_ADAPTER,
     MODEL_INFO,
     PAUSE_GENERATION,
     ROUTER_READINESS,
     ROUTER_WORKERS,
     ROUTING_KEY_HEADER,
     SERVER_INFO,
+    UNLOAD_LORA_ADAPTER,
     UPDATE_WEIGHTS_FROM_DISK,
     UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     AbortRequest,
@@ -67,15 +70,19 @@ from areal_service.sglang_protocol import (
     GenerateRequest,
     GenerateResponse,
     InitWeightsUpdateGroupRequest,
+    LoadLoRAAdapterRequest,
+    LoRAUpdateResponse,
     ModelInfo,
     PauseMode,
     PauseRequest,
+    UnloadLoRAAdapterRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
     router_worker_urls,
 )
 from gateway import interruptible
+from gateway.adapters import AdapterNames, Lease, served_name
 
 # `X as X`: re-exported (callers import them from here), which strict mypy wants explicit.
 from gateway.backend_errors import BackendError as BackendError
@@ -87,6 +94,8 @@ from gateway.stream_parse import ErrorEvent, StreamParser, SuffixParser, WholeCh
 
 log = logging.getLogger(__name__)
 _JSON = {"Content-Type": "application/json"}
+_UNLOAD_POLL_S = 0.25
+"""How often a retired adapter name's unload task checks whether it drained."""
 _KEEPALIVE_S = 4.0  # below uvicorn's 5 s keep-alive (SGLang's server), so a pooled
 # connection is never reused just as the server closes it.
 
@@ -116,8 +125,14 @@ class SGLangClient:
         api_key: str | None = None,
         max_resubmissions: int = 50,
         resubmit_wait_s: float = 0.05,
+        adapters: AdapterNames | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.adapters = adapters
+        """Versioned adapter names (`gateway/adapters.py`) on a server that loads LoRA
+        adapters by name (vLLM, SGLang with `trainer.lora`); None: the local engine,
+        which versions its adapters itself, or no LoRA."""
+        self._unloads: set[asyncio.Task[None]] = set()
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.control_timeout_s = control_timeout_s
@@ -157,8 +172,10 @@ class SGLangClient:
 
     async def aclose(self) -> None:
         """Wait for pending fire-and-forget aborts, then close the HTTP connections."""
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        for task in self._unloads:  # retired adapters wait for a drain: not worth waiting for
+            task.cancel()
+        if self._background or self._unloads:
+            await asyncio.gather(*self._background, *self._unloads, return_exceptions=True)
         if self._pool is not None:
             self._pool.close()
         if self._session is not None:
@@ -251,12 +268,33 @@ class SGLangClient:
         return SuffixParser() if new_only else WholeChunks()
 
     # -- endpoints ---------------------------------------------------------------------
+    def _adapter_policy(self, payload: GenerateRequest) -> str | None:
+        """The policy whose versioned adapter `payload` runs under (None: not leased)."""
+        names = self.adapters
+        if names is None:
+            return None
+        return payload.lora_path or names.default_policy
+
     async def generate(
         self, payload: GenerateRequest, *, routing_key: str | None = None
     ) -> GenerateResponse:
         """Non-streaming `POST /generate`. Cancelling the caller aborts the request.
         `routing_key`: sent as `X-SMG-Routing-Key` (session affinity through SGLang's
-        router; a server ignores it)."""
+        router; a server ignores it). With versioned adapters (`self.adapters`), a
+        policy's request is sent under the name serving it now, counted while it runs,
+        and its tokens carry that name's version."""
+        if self.adapters is not None and (policy := self._adapter_policy(payload)) is not None:
+            lease = self.adapters.acquire(policy)
+            try:
+                reply = await self._generate(_on_adapter(payload, lease), routing_key)
+            finally:
+                self.adapters.release(lease)
+            return _tagged(reply, lease)
+        return await self._generate(payload, routing_key)
+
+    async def _generate(
+        self, payload: GenerateRequest, routing_key: str | None
+    ) -> GenerateResponse:
         path, body = self._generate_body(payload, stream=False)
         rid = str(payload.rid)
         try:
@@ -280,7 +318,47 @@ class SGLangClient:
         except ValidationError as e:
             raise self._malformed(GENERATE, e) from e
 
-    async def generate_stream(
+    def generate_stream(
+        self,
+        payload: GenerateRequest,
+        *,
+        coalesce: bool = False,
+        new_only: bool = False,
+        routing_key: str | None = None,
+    ) -> AsyncGenerator[GenerateResponse, None]:
+        """Streaming `POST /generate` (`_generate_stream`); a policy's request on
+        versioned adapters is leased as in `generate`."""
+        if self.adapters is not None and (policy := self._adapter_policy(payload)) is not None:
+            return self._leased_stream(payload, policy, coalesce, new_only, routing_key)
+        return self._generate_stream(
+            payload, coalesce=coalesce, new_only=new_only, routing_key=routing_key
+        )
+
+    async def _leased_stream(
+        self,
+        payload: GenerateRequest,
+        policy: str,
+        coalesce: bool,
+        new_only: bool,
+        routing_key: str | None,
+    ) -> AsyncGenerator[GenerateResponse, None]:
+        assert self.adapters is not None
+        lease = self.adapters.acquire(policy)
+        try:
+            async with contextlib.aclosing(
+                self._generate_stream(
+                    _on_adapter(payload, lease),
+                    coalesce=coalesce,
+                    new_only=new_only,
+                    routing_key=routing_key,
+                )
+            ) as chunks:
+                async for chunk in chunks:
+                    yield _tagged(chunk, lease)
+        finally:
+            self.adapters.release(lease)
+
+    async def _generate_stream(
         self,
         payload: GenerateRequest,
         *,
@@ -460,8 +538,14 @@ class SGLangClient:
     ) -> SwapTimings:
         """pause(abort) → update_weights_from_disk → continue, continue ALWAYS sent (also
         when pause or the load fails; the load's error is re-raised after it).
-        `lora_name`: swap only that policy's adapter (the pause still interrupts every
-        policy's requests, which resubmit themselves)."""
+        `lora_name`: swap only that policy's adapter (on the local engine the pause still
+        interrupts every policy's requests, which resubmit themselves). With versioned
+        adapters (`self.adapters`), a policy's adapter is swapped without any pause
+        (`swap_adapter`)."""
+        if self.adapters is not None:
+            policy = lora_name or self.adapters.default_policy
+            if policy is not None:
+                return await self.swap_adapter(policy, model_path, version)
         t0 = time.perf_counter()
         t1 = t2 = t0
         try:
@@ -476,6 +560,92 @@ class SGLangClient:
             await self.continue_generation()
         t3 = time.perf_counter()
         return SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
+
+    async def swap_adapter(self, policy: str, model_path: str, version: int) -> SwapTimings:
+        """Load `policy`'s version `version` (the adapter directory `model_path`) under its
+        own name beside the live one, switch the policy's new requests to it, and unload
+        the retired name in the background once its requests ended
+        (`gateway/adapters.py`). No pause, no abort: only `update_s` is non-zero. A name
+        the server already holds (a gateway restarted after loading it) counts as
+        loaded: the same policy and version name the same files."""
+        assert self.adapters is not None
+        t0 = time.perf_counter()
+        name = served_name(policy, version)
+        try:
+            await self.load_lora_adapter(name, model_path)
+        except BackendError as e:
+            if e.status != 400 or "already" not in e.message:
+                raise
+        t1 = time.perf_counter()
+        retired = self.adapters.switch(policy, version)
+        if retired is not None:
+            self._unload_when_drained(retired)
+        return SwapTimings(pause_s=0.0, update_s=t1 - t0, continue_s=0.0, total_s=t1 - t0)
+
+    def adopt_adapter(self, policy: str | None, version: int) -> None:
+        """Send `policy`'s (None: the default policy's) new requests under version
+        `version`, which another gateway process (the leader) loaded on this server; the
+        leader also unloads the old name (after its grace, which covers this process's
+        next poll). Nothing without versioned adapters."""
+        if self.adapters is None:
+            return
+        policy = policy or self.adapters.default_policy
+        if policy is None:
+            return
+        name = served_name(policy, version)
+        if self.adapters.current(policy).served == name:
+            return
+        retired = self.adapters.switch(policy, version)
+        if retired is not None:
+            self.adapters.unloaded(retired)  # the leader's to unload
+
+    def _unload_when_drained(self, served: str) -> None:
+        """Unload the retired `served` in the background once `adapters.unloadable`
+        says so (bounded by its `max_wait_s`); a failure is logged, never raised."""
+        names = self.adapters
+        assert names is not None
+
+        async def unload() -> None:
+            while served in names.retired() and not names.unloadable(served):
+                await asyncio.sleep(_UNLOAD_POLL_S)
+            if served not in names.retired():  # loaded again meanwhile: live
+                return
+            try:
+                await self.unload_lora_adapter(served)
+            except BackendError as e:
+                if e.status != 404:  # 404: already gone (the server restarted)
+                    log.warning("unload of adapter %s failed: %s", served, e)
+            names.unloaded(served)
+
+        task = asyncio.get_running_loop().create_task(unload())
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """SGLang's `/load_lora_adapter`: serve the adapter directory `path` as `name`."""
+        await self._lora_call(
+            LOAD_LORA_ADAPTER, LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
+        )
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """SGLang's `/unload_lora_adapter` (it waits for the adapter's running requests)."""
+        await self._lora_call(UNLOAD_LORA_ADAPTER, UnloadLoRAAdapterRequest(lora_name=name))
+
+    async def _lora_call(self, endpoint: Endpoint, body: BaseModel) -> None:
+        try:
+            raw = await self._call(endpoint, body)
+        except BackendError as e:  # 400 with `{success: false, error_message}`
+            try:
+                reply = LoRAUpdateResponse.model_validate_json(e.message)
+            except ValidationError:
+                raise e from None
+            raise BackendError(e.status, reply.error_message or e.message, url=self.base_url) from e
+        try:
+            result = LoRAUpdateResponse.model_validate_json(raw)
+        except ValidationError as e:
+            raise self._malformed(endpoint, e) from e
+        if not result.success:
+            raise BackendError(400, result.error_message or "LoRA update failed", url=self.base_url)
 
     async def generate_interruptible(
         self, request: GenerateRequest, *, routing_key: str | None = None
@@ -538,6 +708,19 @@ class RouterClient(SGLangClient):
         except BackendError:
             return False
         return True
+
+
+def _on_adapter(payload: GenerateRequest, lease: Lease) -> GenerateRequest:
+    """`payload` sent under the lease's served name (`lora_path`; None, set explicitly:
+    the base model)."""
+    return payload.model_copy(update={"lora_path": lease.served})
+
+
+def _tagged(reply: GenerateResponse, lease: Lease) -> GenerateResponse:
+    """`reply` with the lease's version as its weight version: the server's own label is
+    one per server, not per adapter."""
+    meta = reply.meta_info.model_copy(update={"weight_version": str(lease.version)})
+    return reply.model_copy(update={"meta_info": meta})
 
 
 def _routing_header(key: str | None) -> bytes:

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from areal_service.config import ServiceConfig
 from areal_service.lora_adapter import ADAPTER_NAME
 from areal_service.sglang_protocol import GenerateRequest
+from areal_service.types import DEFAULT_POLICY
+from gateway.adapters import AdapterNames
 from gateway.backend import (
     BackendError,
     BackendUnavailable,
@@ -55,6 +57,24 @@ from gateway.backend import (
 from gateway.vllm_backend import VLLMClient
 
 log = logging.getLogger(__name__)
+
+
+def adapter_names(config: ServiceConfig) -> AdapterNames | None:
+    """One server's versioned adapter names (`gateway/adapters.py`), or None where the
+    backend does not load adapters by name: with `trainer.lora`, SGLang serves every
+    policy through them (the default one too), and vLLM the named policies; vLLM's
+    default policy keeps its one in-place adapter unless `policies:` are declared.
+    Retired names wait two syncer polls (other gateway processes' view) and at most one
+    request timeout."""
+    if config.trainer.lora is None or config.engine.backend == "local":
+        return None
+    router = config.gateway.router
+    versioned_default = config.engine.backend == "sglang" or bool(config.policies)
+    return AdapterNames(
+        default_policy=DEFAULT_POLICY if versioned_default else None,
+        grace_s=2 * router.weight_poll_interval_s + 1.0,
+        max_wait_s=router.request_timeout_s,
+    )
 
 
 @dataclass
@@ -156,11 +176,23 @@ class BackendPool:
         gw = config.gateway
         make: Callable[[str], SGLangClient] | None = None
         if config.engine.backend == "vllm":  # vLLM's own protocol, the same interface
-            # trainer.lora: every generation runs under the one served adapter
+            # trainer.lora: a request of no policy runs under the one served adapter
             lora = ADAPTER_NAME if config.trainer.lora is not None else None
 
             def make(url: str) -> SGLangClient:
-                return VLLMClient(url, timeout_s=gw.router.request_timeout_s, lora_name=lora)
+                return VLLMClient(
+                    url,
+                    timeout_s=gw.router.request_timeout_s,
+                    lora_name=lora,
+                    adapters=adapter_names(config),
+                )
+
+        elif config.engine.backend == "sglang" and config.trainer.lora is not None:
+
+            def make(url: str) -> SGLangClient:
+                return SGLangClient(
+                    url, timeout_s=gw.router.request_timeout_s, adapters=adapter_names(config)
+                )
 
         return cls(
             [] if gw.router.url else config.backend_urls(),
@@ -485,3 +517,10 @@ class BackendPool:
         if lora_name is None:
             self.target = (model_path, version)
         return timings
+
+    def adopt_adapter(self, policy: str | None, version: int) -> None:
+        """A follower's side of a leader's versioned adapter swap: every backend's client
+        sends `policy`'s (None: the default policy's) new requests under `version`
+        (`SGLangClient.adopt_adapter`; nothing for clients without versioned adapters)."""
+        for b in self._backends:
+            b.client.adopt_adapter(policy, version)

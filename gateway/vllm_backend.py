@@ -18,6 +18,11 @@ and the control calls are overridden; the routes and fields are typed in
   `POST /update_weight_version` → `POST /resume` (resume always sent; see
   `SGLangClient.swap_weights`).
 - Aborts: vLLM keeps a request as `generate-tokens-<id>`, so aborts send that id.
+- Named policies (`policies:`): versioned adapter names (`gateway/adapters.py`), loaded
+  with `/v1/load_lora_adapter` (never in place) and dropped with
+  `/v1/unload_lora_adapter` once drained; a request is sent with `model: <policy>@v<N>`,
+  or without a model (the base) before the policy's first version. No pause, and the
+  tokens' versions come from the name, not from the server's one label.
 """
 
 from __future__ import annotations
@@ -47,10 +52,12 @@ from areal_service.vllm_protocol import (
     PAUSE,
     RESET_PREFIX_CACHE,
     RESUME,
+    UNLOAD_LORA_ADAPTER,
     UPDATE_WEIGHT_VERSION,
     WEIGHT_INFO,
     LoadLoRAAdapterRequest,
     ModelList,
+    UnloadLoRAAdapterRequest,
     VLLMGenerateResponse,
     WeightInfo,
     internal_request_id,
@@ -70,12 +77,16 @@ class VLLMClient(SGLangClient):
         self.weight_version = "default"
         """The server's weight label as last reported or set (vLLM starts at "default")."""
         self.lora_name = lora_name
-        """With `trainer.lora`: the adapter every generation runs under (the launcher
-        starts the server with it, swaps replace it in place); None: the base model."""
+        """With `trainer.lora`: the adapter a request that names none runs under (the
+        launcher starts the server with it, swaps replace it in place); None: the base
+        model."""
 
     # -- wire hooks --------------------------------------------------------------------
     def _generate_body(self, payload: GenerateRequest, *, stream: bool) -> tuple[str, bytes]:
-        request = request_from_sglang(payload, stream=stream, model=self.lora_name)
+        # A leased request (`SGLangClient.generate`) sets `lora_path` explicitly, to its
+        # versioned name or to None (the base model); an unset one takes the default.
+        model = payload.lora_path if "lora_path" in payload.model_fields_set else self.lora_name
+        request = request_from_sglang(payload, stream=stream, model=model)
         return GENERATE.path, request.to_json_bytes()
 
     def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
@@ -128,13 +139,15 @@ class VLLMClient(SGLangClient):
         label them `weight_version`. The pause before it cleared the prefix cache.
         A checkpoint whose output head is tied to its embeddings but not stored as a
         tensor is refused (400): vLLM's in-place reload would keep the old head.
-        A LoRA adapter directory (`trainer.lora`) is loaded in place under `lora_name`
-        instead (`/v1/load_lora_adapter`, `load_inplace`; ~30 ms on CPU for SmolLM2)."""
-        if lora_name is not None:  # refused by the config too (`policies:` on vllm)
+        A LoRA adapter directory (`trainer.lora`) is loaded in place under the default
+        adapter's name instead (`/v1/load_lora_adapter`, `load_inplace`; ~30 ms on CPU
+        for SmolLM2). A named policy's adapter (`lora_name`) is swapped by
+        `swap_adapter` (versioned names), never here."""
+        if lora_name is not None:
             raise BackendError(
                 400,
-                "named policies are served by the local engine only; "
-                "vLLM's per-adapter version labels are not wired yet",
+                f"policy {lora_name!r}: a vLLM backend swaps a policy's adapter under "
+                "versioned names (swap_weights with versioned adapters), not in place",
                 url=self.base_url,
             )
         if is_adapter_dir(model_path):
@@ -173,6 +186,20 @@ class VLLMClient(SGLangClient):
             )
             self.weight_version = weight_version
         return f"reloaded weights from {model_path}"
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """`/v1/load_lora_adapter` under a new name (400 "already been loaded" for a name
+        it holds)."""
+        await self._call(LOAD_LORA_ADAPTER, LoadLoRAAdapterRequest(lora_name=name, lora_path=path))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """`/v1/unload_lora_adapter` (404 for a name it does not hold); requests already
+        running under it finish under it."""
+        await self._call(
+            UNLOAD_LORA_ADAPTER,
+            UnloadLoRAAdapterRequest(lora_name=name),
+            timeout_s=self.control_timeout_s,
+        )
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
         """Abort one request by the id it was sent with, or every one (`abort_all`)."""

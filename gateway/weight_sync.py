@@ -270,8 +270,10 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
 async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
     """Swap each declared policy's adapter (`policies:`) whose newest published version
     is newer than its live one, under the policy's name; only that adapter changes (the
-    other policies keep theirs and their versions). Returns the (policy, version)
-    pairs swapped. One store read per policy per poll."""
+    other policies keep theirs and their versions). On the local engine that is one
+    paired pause/load/continue; on vLLM and SGLang a load under a versioned name with no
+    pause (`SGLangClient.swap_adapter`). Returns the (policy, version) pairs swapped.
+    One store read per policy per poll."""
     swapped = []
     for policy in state.config.policies:
         if policy.weights == "full":  # its own pool: `sync_full_policies_once`
@@ -321,6 +323,7 @@ async def follow_policies(state: GatewayState) -> None:
         )
         if live is not None:
             state.policy_versions[policy.name] = live.version
+            state.backends.adopt_adapter(policy.name, live.version)
 
 
 async def _wait_for_copy(record: WeightVersionRecord, timeout_s: float) -> None:
@@ -341,6 +344,7 @@ async def follow_live_version(state: GatewayState) -> int | None:
         return None
     state.live_version = live.version
     state.backends.target = (live.path, live.version)
+    state.backends.adopt_adapter(None, live.version)  # versioned default adapter, if any
     return live.version
 
 

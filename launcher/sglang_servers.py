@@ -26,7 +26,11 @@ SGLang's flags used here (checked against `python/sglang/srt/server_args.py` of 
 0.5.x, the version the `[sglang]` extra pins): `--model-path`, `--served-model-name`,
 `--weight-version`, `--host`, `--port`, `--tp-size`, `--dp-size`,
 `--mem-fraction-static`, `--log-level`, `--enable-metrics`, `--context-length`,
-`--max-running-requests`, `--dtype`.
+`--max-running-requests`, `--dtype`, and with `trainer.lora` `--enable-lora`,
+`--max-loras-per-batch`, `--max-lora-rank` and `--lora-target-modules` (the union of the
+policies' modules). No `--lora-paths`: every policy's untrained version is the base
+model itself (LoRA's B starts at zero), and the gateway loads each published version
+at run time under a versioned name (`/load_lora_adapter`, `gateway/adapters.py`).
 """
 
 from __future__ import annotations
@@ -135,6 +139,18 @@ def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) 
         argv += ["--dtype", engine.dtype]
     if sg.enable_metrics:
         argv.append("--enable-metrics")
+    if config.trainer.lora is not None:  # versioned adapters, loaded at run time
+        loras = [lora for n in config.policy_names() if (lora := config.policy_lora(n))]
+        targets = sorted({m for lora in loras for m in lora.target_modules})
+        argv += [
+            "--enable-lora",
+            "--max-loras-per-batch",
+            str(config.lora_slots()),
+            "--max-lora-rank",
+            str(config.max_policy_rank()),
+            "--lora-target-modules",
+            *targets,
+        ]
     return argv + list(sg.extra_args)
 
 

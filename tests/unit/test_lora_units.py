@@ -62,8 +62,11 @@ def test_lora_config_defaults_off_and_refuses_what_cannot_serve_it():
     assert tuple(cfg.target_modules) == LORA_TARGETS
     with pytest.raises(ConfigError, match="weight_sync=disk"):
         load_config(None, ["trainer.lora.rank=8", "trainer.weight_sync=distributed"])
-    with pytest.raises(ConfigError, match="local or vllm"):
-        load_config(None, ["trainer.lora.rank=8", "engine.backend=sglang"])
+    with pytest.raises(ConfigError, match="router"):
+        load_config(
+            None,
+            ["trainer.lora.rank=8", "engine.backend=sglang", "gateway.router.url=http://h:1"],
+        )
     with pytest.raises(ConfigError, match="rank"):
         load_config(None, ["trainer.lora.rank=0"])
 

@@ -210,10 +210,19 @@ def test_cli_trainer_policy_must_be_declared(tmp_path) -> None:
     assert ran.exit_code != 0 and "not a declared policy" in ran.output
 
 
-def test_policies_need_the_local_engine() -> None:
-    with pytest.raises(ValidationError, match="local engine only"):
+def test_policies_run_on_vllm_and_sglang_but_not_through_sglangs_router() -> None:
+    for backend in ("vllm", "sglang"):
+        config = ServiceConfig.model_validate(
+            {"trainer": {"lora": LORA}, "engine": {"backend": backend}, "policies": [{"name": "a"}]}
+        )
+        assert config.policy_names() == ["default", "a"]
+    with pytest.raises(ValidationError, match="router"):
         ServiceConfig.model_validate(
-            {"trainer": {"lora": LORA}, "engine": {"backend": "vllm"}, "policies": [{"name": "a"}]}
+            {
+                "trainer": {"lora": LORA},
+                "engine": {"backend": "sglang"},
+                "gateway": {"router": {"url": "http://127.0.0.1:9"}},
+            }
         )
 
 
