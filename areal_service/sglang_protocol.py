@@ -579,6 +579,9 @@ class ModelInfo(_Reply):
     weight_version: str = "default"
     model_type: str | None = None
     architectures: list[str] | None = None
+    adapter_versions: dict[str, str] = Field(default_factory=dict)
+    """The local engine's extension for named policies: each named adapter's version
+    (SGLang sends none); the gateway re-syncs a returning backend to every policy's."""
 
 
 class ServerInfo(_Reply):

@@ -189,6 +189,8 @@ class Scheduler:
         self.weight_version = weight_version
         self.adapter_versions: dict[str, str] = {}
         """The version of each named adapter (policy) loaded with `lora_name`."""
+        self.adapter_swaps = 0
+        """Named adapters loaded (each touched only its own policy's rows)."""
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.runner: ModelRunner | None = None
@@ -406,6 +408,8 @@ class Scheduler:
     def _on_update(self, cmd: _UpdateWeights) -> object:
         if cmd.abort_all_requests:
             self._abort_everything(FinishReason("abort", message="Aborted"))
+        if cmd.lora_name is not None and cmd.receive is None:
+            return self._swap_adapter(cmd)  # at once: the other policies' rows go on
         self._updates.append((cmd, set(self._running) | set(self._waiting)))
         return _DEFERRED
 
@@ -433,6 +437,39 @@ class Scheduler:
             cmd, _ = self._updates.popleft()
             cmd.future.set_result(self._load(cmd))
 
+    def _swap_adapter(self, cmd: _UpdateWeights) -> UpdateWeightsResponse:
+        """One policy's adapter, loaded between two steps without pausing or waiting for
+        anything: only the rows of that policy are touched. Its rows that already hold
+        tokens (running, or retracted and waiting) end with a plain abort, which the
+        gateway's interruptible generation resubmits (prompt + tokens so far): every
+        round of a request then runs under one adapter version, and the resubmitted
+        prefill recomputes the KV under the new one. So each token's logprob is exactly
+        what its labelled version computes over the whole prefix (what the trainer
+        recomputes), also for non-streamed requests, whose reply carries one version.
+        Letting those rows continue would mix KV of the old adapter with tokens of the
+        new. Rows not yet started simply start under the new adapter. The other
+        policies' rows keep their KV, their batch slots and their versions: their B·A
+        is another adapter's, which this swap does not write. A failed load touches no
+        row (the served adapter stays)."""
+        name = cmd.lora_name
+        assert name is not None
+        result = self._load(cmd)
+        if not result.success:
+            return result
+        swapped = FinishReason("abort", message=f"Aborted: adapter {name!r} swapped")
+        for req in [r for r in self._waiting if r.lora == name and r.output_ids]:
+            self._waiting.remove(req)
+            self._finish(req, swapped)
+        keep = [i for i, r in enumerate(self._running) if r.lora != name]
+        if len(keep) != len(self._running):
+            for req in self._running:
+                if req.lora == name:
+                    self._finish(req, swapped)
+            self.runner.keep(keep)
+            self._running = [self._running[i] for i in keep]
+        self.adapter_swaps += 1
+        return result
+
     def _load(self, cmd: _UpdateWeights) -> UpdateWeightsResponse:
         started = time.perf_counter()
         source = "the trainer's broadcast" if cmd.receive else cmd.model_path
@@ -447,7 +484,7 @@ class Scheduler:
             # RuntimeError: a broadcast that failed or timed out (the trainer went away).
             logger.warning("weight update from %s failed: %s", source, exc)
             return UpdateWeightsResponse(success=False, message=f"Failed to update weights: {exc}")
-        if cmd.flush_cache:
+        if cmd.flush_cache and cmd.lora_name is None:
             # Only an in_place pause leaves rows running here. SGLang's flush would crash;
             # we retract them instead, so their KV is recomputed with the new weights.
             self._retract_running()

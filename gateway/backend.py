@@ -460,22 +460,35 @@ class SGLangClient:
     ) -> SwapTimings:
         """pause(abort) → update_weights_from_disk → continue, continue ALWAYS sent (also
         when pause or the load fails; the load's error is re-raised after it).
-        `lora_name`: swap only that policy's adapter (the pause still interrupts every
-        policy's requests, which resubmit themselves)."""
+        `lora_name`: swap only that policy's adapter instead (`swap_adapter`: no pause)."""
+        if lora_name is not None:
+            return await self.swap_adapter(model_path, version, lora_name)
         t0 = time.perf_counter()
         t1 = t2 = t0
         try:
             await self.pause_generation("abort")
             t1 = time.perf_counter()
-            if lora_name is None:
-                await self.update_weights_from_disk(model_path, str(version))
-            else:
-                await self.update_weights_from_disk(model_path, str(version), lora_name=lora_name)
+            await self.update_weights_from_disk(model_path, str(version))
             t2 = time.perf_counter()
         finally:
             await self.continue_generation()
         t3 = time.perf_counter()
         return SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
+
+    async def swap_adapter(self, model_path: str, version: int, lora_name: str) -> SwapTimings:
+        """One policy's adapter swap, as the local engine does it: a single
+        `update_weights_from_disk` with `lora_name` and no pause. The engine loads it
+        between two batch steps and aborts only that policy's in-flight rows, which
+        interruptible generation resubmits under the new version; every other policy's
+        requests run on untouched (`engine/scheduler.py`, `Scheduler._swap_adapter`).
+        A client of an engine without that extension overrides this method (vLLM:
+        `gateway/vllm_backend.py`). The pause and continue phases are 0."""
+        t0 = time.perf_counter()
+        await self.update_weights_from_disk(
+            model_path, str(version), flush_cache=False, lora_name=lora_name
+        )
+        total = time.perf_counter() - t0
+        return SwapTimings(pause_s=0.0, update_s=total, continue_s=0.0, total_s=total)
 
     async def generate_interruptible(
         self, request: GenerateRequest, *, routing_key: str | None = None

@@ -302,7 +302,8 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
 
 
 async def follow_policies(state: GatewayState) -> None:
-    """A follower's round for the declared policies: adopt each live adapter version."""
+    """A follower's round for the declared policies: adopt each live adapter version
+    (for its admission window and for re-syncing a returning backend)."""
     for policy in state.config.policies:
         live = await asyncio.to_thread(
             state.store.live_weight_version,
@@ -311,6 +312,7 @@ async def follow_policies(state: GatewayState) -> None:
         )
         if live is not None:
             state.policy_versions[policy.name] = live.version
+            state.backends.adapter_targets[policy.name] = (live.path, live.version)
 
 
 async def _wait_for_copy(record: WeightVersionRecord, timeout_s: float) -> None:
