@@ -218,8 +218,9 @@ async def drive(args: argparse.Namespace, work: Path, model: Path, port: int) ->
             created.raise_for_status()
             key = created.json()["api_key"]
             await swap()  # a's adapter is loaded once before anything is timed
-            for _ in range(2):  # warm-up: the first requests pay one-time costs
-                await stream_once(http, key, args.max_tokens, 0)
+            # Warm-up, not measured: the first requests pay one-time costs.
+            warm = argparse.Namespace(**{**vars(args), "phase_s": min(5.0, args.phase_s)})
+            await run_phase(warm, http, key, "quiet", None)
             phases = []
             for _ in range(args.rounds):
                 phases.append(await run_phase(args, http, key, "quiet", None))
