@@ -383,7 +383,8 @@ class UpdateWeightsFromDiskRequest(_Body):
     lora_name: str | None = None
     """The local engine's extension for named policies: load the adapter directory at
     `model_path` under this name, and version only its tokens with `weight_version`
-    (the default adapter and its version are untouched)."""
+    (the default adapter and its version are untouched; the name `default` swaps the
+    default policy's adapter and version), without pausing the other policies' rows."""
     flush_cache: bool = True
     abort_all_requests: bool = False
 

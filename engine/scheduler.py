@@ -34,6 +34,7 @@ from areal_service.sglang_protocol import (
     SamplingParams,
     UpdateWeightsResponse,
 )
+from areal_service.types import DEFAULT_POLICY
 from engine.runner import (
     PREFILL_TOKEN_BUDGET,
     ModelRunner,
@@ -189,8 +190,6 @@ class Scheduler:
         self.weight_version = weight_version
         self.adapter_versions: dict[str, str] = {}
         """The version of each named adapter (policy) loaded with `lora_name`."""
-        self.adapter_swaps = 0
-        """Named adapters loaded (each touched only its own policy's rows)."""
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.runner: ModelRunner | None = None
@@ -261,7 +260,9 @@ class Scheduler:
     ) -> Future:
         """Resolves to an UpdateWeightsResponse. Unpaused, it first waits for every request
         already submitted to finish (SGLang's writer lock); later ones queue behind it.
-        `lora_name`: load the adapter at `model_path` under that name (a policy's)."""
+        `lora_name`: load the adapter at `model_path` under that name (a policy's; "default":
+        the default policy's adapter and version), at once and for its rows only
+        (`_swap_adapter`)."""
         return self._send(
             _UpdateWeights(
                 model_path=model_path,
@@ -456,18 +457,21 @@ class Scheduler:
         result = self._load(cmd)
         if not result.success:
             return result
+
+        def mine(req: Request) -> bool:  # the default policy's rows name no adapter
+            return (req.lora or DEFAULT_POLICY) == name
+
         swapped = FinishReason("abort", message=f"Aborted: adapter {name!r} swapped")
-        for req in [r for r in self._waiting if r.lora == name and r.output_ids]:
+        for req in [r for r in self._waiting if mine(r) and r.output_ids]:
             self._waiting.remove(req)
             self._finish(req, swapped)
-        keep = [i for i, r in enumerate(self._running) if r.lora != name]
+        keep = [i for i, r in enumerate(self._running) if not mine(r)]
         if len(keep) != len(self._running):
             for req in self._running:
-                if req.lora == name:
+                if mine(req):
                     self._finish(req, swapped)
             self.runner.keep(keep)
             self._running = [self._running[i] for i in keep]
-        self.adapter_swaps += 1
         return result
 
     def _load(self, cmd: _UpdateWeights) -> UpdateWeightsResponse:
@@ -479,7 +483,9 @@ class Scheduler:
                     cmd.receive(self.runner.device, self.runner.model.state_dict())
                 )
             else:
-                self.runner.load_weights(cmd.model_path, adapter=cmd.lora_name)
+                # `lora_name` "default": the default policy's adapter, swapped alone.
+                named = None if cmd.lora_name == DEFAULT_POLICY else cmd.lora_name
+                self.runner.load_weights(cmd.model_path, adapter=named)
         except (WeightLoadError, KeyError, ValueError, RuntimeError) as exc:
             # RuntimeError: a broadcast that failed or timed out (the trainer went away).
             logger.warning("weight update from %s failed: %s", source, exc)
@@ -489,7 +495,7 @@ class Scheduler:
             # we retract them instead, so their KV is recomputed with the new weights.
             self._retract_running()
         message = "Succeeded to update model weights."
-        if cmd.lora_name is not None:  # one policy's adapter: the rest keep their versions
+        if cmd.lora_name not in (None, DEFAULT_POLICY):  # the rest keep their versions
             if cmd.weight_version is not None:
                 self.adapter_versions[cmd.lora_name] = cmd.weight_version
             logger.info(

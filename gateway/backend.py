@@ -482,7 +482,9 @@ class SGLangClient:
         interruptible generation resubmits under the new version; every other policy's
         requests run on untouched (`engine/scheduler.py`, `Scheduler._swap_adapter`).
         A client of an engine without that extension overrides this method (vLLM:
-        `gateway/vllm_backend.py`). The pause and continue phases are 0."""
+        `gateway/vllm_backend.py`). `lora_name` "default" (`DEFAULT_POLICY`): the
+        default policy's adapter, when other policies are declared (local engine). The
+        pause and continue phases are 0."""
         t0 = time.perf_counter()
         await self.update_weights_from_disk(
             model_path, str(version), flush_cache=False, lora_name=lora_name

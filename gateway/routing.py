@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from areal_service.config import ServiceConfig
 from areal_service.lora_adapter import ADAPTER_NAME
 from areal_service.sglang_protocol import GenerateRequest
+from areal_service.types import DEFAULT_POLICY
 from gateway.backend import (
     BackendError,
     BackendUnavailable,
@@ -498,7 +499,7 @@ class BackendPool:
                 raise r
         if errors and not timings:
             raise errors[0]
-        if lora_name is None:
+        if lora_name in (None, DEFAULT_POLICY):  # re-synced by the paired swap
             self.target = (model_path, version)
         else:
             self.adapter_targets[lora_name] = (model_path, version)

@@ -45,7 +45,7 @@ from areal_service.sglang_protocol import (
     UpdateWeightsFromDistributedRequest,
     weight_group_layout,
 )
-from areal_service.types import WeightVersionRecord
+from areal_service.types import DEFAULT_POLICY, WeightVersionRecord
 from gateway.backend import BackendError, BackendUnavailable, SGLangClient, SwapTimings
 from gateway.routing import Backend, BackendPool
 from gateway.state import GatewayState
@@ -238,7 +238,9 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
             )
             await _wait_for_copy(latest, state.config.trainer.weight_sync_timeout_s)
     if mode == "disk":
-        timings = await state.backends.swap_weights(latest.path, latest.version)
+        timings = await state.backends.swap_weights(
+            latest.path, latest.version, _default_adapter(state)
+        )
     swapped_at = time.time()
     state.live_version = latest.version
     swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
@@ -262,6 +264,16 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
         swapped_at - latest.created_at,
     )
     return latest.version
+
+
+def _default_adapter(state: GatewayState) -> str | None:
+    """`DEFAULT_POLICY` when the default policy's versions are adapters swapped beside
+    other policies' on the local engine: then its swap, too, touches only its own rows
+    (no pause, `SGLangClient.swap_adapter`). Otherwise None: the paired full swap."""
+    c = state.config
+    if c.policies and c.trainer.lora is not None and c.engine.backend == "local":
+        return DEFAULT_POLICY
+    return None
 
 
 async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:

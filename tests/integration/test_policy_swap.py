@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 import torch
 from support.harness import ADMIN_KEY, run_gateway
 from support.loopback import free_port
@@ -97,19 +98,24 @@ def _versions(store: Any, completion_id: str) -> list[int]:
     return list(c.output_versions)
 
 
-def _publish(gw: Any, path: Path, version: int) -> None:
+def _publish(gw: Any, path: Path, version: int, policy: str) -> None:
     gw.state.store.add_weight_version(
-        WeightVersionRecord(version=version, path=str(path.resolve()), policy="solver")
+        WeightVersionRecord(version=version, path=str(path.resolve()), policy=policy)
     )
     deadline = time.monotonic() + 60
-    while gw.state.policy_versions.get("solver", 0) < version:
-        assert time.monotonic() < deadline, f"solver v{version} never went live"
+    while (
+        gw.state.live_version if policy == "default" else gw.state.policy_versions.get(policy, 0)
+    ) < version:
+        assert time.monotonic() < deadline, f"{policy} v{version} never went live"
         time.sleep(0.005)
 
 
+@pytest.mark.parametrize("swapped", ["solver", "default"])
 def test_one_policys_swaps_leave_the_others_traffic_alone(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, tiny_model_dir: Path, swapped: str
 ) -> None:
+    """`swapped`: the policy whose adapter is swapped; the default policy's adapter
+    swaps alone too once other policies are declared."""
     adapters = [write_adapter(tiny_model_dir, tmp_path / f"solver-v{v}", v) for v in (1, 2)]
     swaps = 6
     with (
@@ -120,7 +126,7 @@ def test_one_policys_swaps_leave_the_others_traffic_alone(
             p: httpx.post(
                 f"{gw.url}/admin/keys", json={"policy": p}, headers=ADMIN, timeout=30
             ).json()["api_key"]
-            for p in ("solver", "verifier")
+            for p in ("solver", "verifier", "default")
         }
         registry = gw.state.metrics.registry
 
@@ -129,14 +135,14 @@ def test_one_policys_swaps_leave_the_others_traffic_alone(
 
         stop = threading.Event()
         verifiers = [Streamer(gw, keys["verifier"], stop, 24) for _ in range(2)]
-        solver = Streamer(gw, keys["solver"], stop, 48)
+        solver = Streamer(gw, keys[swapped], stop, 48)
         for s in (*verifiers, solver):
             s.start()
         before = resubmitted()
         swapped_at = []
         for v in range(1, swaps + 1):
             time.sleep(0.4)  # the streams are mid-request at each swap
-            _publish(gw, adapters[v % 2], v)
+            _publish(gw, adapters[v % 2], v, swapped)
             swapped_at.append(time.monotonic())
         time.sleep(0.4)
         stop.set()
@@ -165,7 +171,7 @@ def test_one_policys_swaps_leave_the_others_traffic_alone(
         latencies = sorted(b - a for a, b, _ in done)
         print(
             f"\nverifier: {len(done)} streams, 0 failed, 0 resubmitted across {swaps} solver "
-            f"swaps; p50 {statistics.median(latencies):.3f}s; solver: {len(solver.done)} "
+            f"swaps; p50 {statistics.median(latencies):.3f}s; {swapped}: {len(solver.done)} "
             f"streams, {solver_rounds} resubmitted"
         )
 

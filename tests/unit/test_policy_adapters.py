@@ -157,11 +157,15 @@ def _long(rid: str, prompt: list[int], lora: str | None, new: int = 400) -> Requ
     )
 
 
-def test_one_adapters_swap_touches_only_its_own_rows(group, tiny_model_dir, tmp_path) -> None:
+@pytest.mark.parametrize("swapped", ["solver", "default"])
+def test_one_adapters_swap_touches_only_its_own_rows(
+    group, tiny_model_dir, tmp_path, swapped: str
+) -> None:
     """A policy's adapter swap neither pauses nor waits: it lands while every row is
     running, ends only that policy's started row (a plain abort, which the gateway
     resubmits), and the other policies' rows go on to their full length with their KV
-    kept (never retracted) and their versions unchanged."""
+    kept (never retracted) and their versions unchanged. The default policy's adapter
+    (`lora_name` "default", its rows naming no adapter) swaps the same way."""
     _adapter(tiny_model_dir, tmp_path / "s1", 2, LoRAConfig(rank=4))
     _adapter(tiny_model_dir, tmp_path / "s2", 3, LoRAConfig(rank=4))
     scheduler = Scheduler(
@@ -170,13 +174,14 @@ def test_one_adapters_swap_touches_only_its_own_rows(group, tiny_model_dir, tmp_
     scheduler.start()
     try:
 
-        def load(path: str, version: str) -> None:
+        def load(path: str, version: str, name: str = "solver") -> None:
             result = scheduler.update_weights(
-                path, weight_version=version, flush_cache=True, abort_all=False, lora_name="solver"
+                path, weight_version=version, flush_cache=True, abort_all=False, lora_name=name
             ).result(timeout=120)
             assert result.success, result.message
 
         load(str(tmp_path / "s1"), "1")
+        load(str(tmp_path / "s1"), "7", "default")  # the default policy's adapter
         reqs = [
             _long(f"r{i}", PROMPTS[i], lora) for i, lora in enumerate((None, "solver", "verifier"))
         ]
@@ -186,26 +191,34 @@ def test_one_adapters_swap_touches_only_its_own_rows(group, tiny_model_dir, tmp_
         while min(len(r.snapshot().output_ids) for r in reqs) < 3:
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        load(str(tmp_path / "s2"), "2")
+        load(str(tmp_path / "s2"), "8" if swapped == "default" else "2", swapped)
         swapped_at = [len(r.snapshot().output_ids) for r in reqs]
         assert all(n < 400 for n in swapped_at)  # every row was still running
         while any(r.finish is None for r in reqs):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        default, solver, verifier = reqs
-        assert solver.finish is not None and solver.finish.type == "abort"
-        assert solver.finish.status_code is None  # a pause-style abort: resubmitted
-        assert solver.snapshot().weight_version == "1"  # its tokens were all v1's
-        for r in (default, verifier):
-            assert r.finish is not None and r.finish.type == "length", r.finish
-            assert len(r.output_ids) == 400 and r.num_retractions == 0
-        assert [default.weight_version, verifier.weight_version] == ["7", "0"]
-        assert scheduler.adapter_versions == {"solver": "2"} and scheduler.paused is None
-        later = _long("r9", PROMPTS[1], "solver", new=3)
+        cut = reqs[0] if swapped == "default" else reqs[1]
+        assert cut.finish is not None and cut.finish.type == "abort"
+        assert cut.finish.status_code is None  # a pause-style abort: resubmitted
+        assert cut.snapshot().weight_version == ("7" if swapped == "default" else "1")
+        for r in reqs:
+            if r is not cut:
+                assert r.finish is not None and r.finish.type == "length", r.finish
+                assert len(r.output_ids) == 400 and r.num_retractions == 0
+        assert reqs[2].weight_version == "0"
+        if swapped == "default":
+            assert scheduler.weight_version == "8" and reqs[1].weight_version == "1"
+            assert scheduler.adapter_versions == {"solver": "1"}
+        else:
+            assert scheduler.weight_version == "7" == reqs[0].weight_version
+            assert scheduler.adapter_versions == {"solver": "2"}
+        assert scheduler.paused is None
+        later = _long("r9", PROMPTS[1], None if swapped == "default" else "solver", new=3)
         scheduler.submit(later).result(timeout=120)
         while later.finish is None:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert later.weight_version == "2" and later.finish.type == "length"
+        assert later.weight_version == ("8" if swapped == "default" else "2")
+        assert later.finish.type == "length"
     finally:
         scheduler.stop()
