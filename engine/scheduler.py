@@ -6,8 +6,9 @@ put commands on a thread-safe queue and return `concurrent.futures.Future`s; res
 travel back through each `Request`'s lock-protected state and its `notify` callback.
 Must not import FastAPI or the server module.
 
-Loop, one iteration: run queued commands; apply a pending weight update once nothing it
-must wait for is left; admit waiting requests (FIFO) up to `max_running`; prefill them
+Loop, one iteration: run queued commands (a policy's adapter swap is applied right there,
+touching only that policy's rows: `_swap_adapter`); apply a pending weight update once
+nothing it must wait for is left; admit waiting requests (FIFO) up to `max_running`; prefill them
 (grouped, left-padded) and sample their first token; one decode forward for the whole
 running batch; retire finished rows. Nothing steps while paused.
 """

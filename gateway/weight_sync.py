@@ -4,7 +4,9 @@ every backend to them, recording per-backend phase timings on the version's row.
 Two ways, chosen per version by the trainer (the row says which):
 
 - disk: pause → update_weights_from_disk → continue, always paired (see
-  `gateway/backend.py`);
+  `gateway/backend.py`); a policy's adapter (`policies:`, and the default policy's
+  beside them) is one update with its `lora_name` and no pause, which touches only
+  that policy's requests (`SGLangClient.swap_adapter`);
 - distributed (the row carries `metadata.sync`, a broadcast OFFER from the trainer's
   rank 0; protocol in `trainer/weight_broadcast.py`): pause every healthy backend →
   write `sync_world_size` on the row → `/init_weights_update_group` on every backend
