@@ -393,7 +393,8 @@ class UpdateWeightsFromDiskRequest(_Body):
     lora_name: str | None = None
     """The local engine's extension for named policies: load the adapter directory at
     `model_path` under this name, and version only its tokens with `weight_version`
-    (the default adapter and its version are untouched)."""
+    (the default adapter and its version are untouched; the name `default` swaps the
+    default policy's adapter and version), without pausing the other policies' rows."""
     flush_cache: bool = True
     abort_all_requests: bool = False
 
@@ -613,6 +614,9 @@ class ModelInfo(_Reply):
     weight_version: str = "default"
     model_type: str | None = None
     architectures: list[str] | None = None
+    adapter_versions: dict[str, str] = Field(default_factory=dict)
+    """The local engine's extension for named policies: each named adapter's version
+    (SGLang sends none); the gateway re-syncs a returning backend to every policy's."""
 
 
 class ServerInfo(_Reply):

@@ -6,8 +6,9 @@ put commands on a thread-safe queue and return `concurrent.futures.Future`s; res
 travel back through each `Request`'s lock-protected state and its `notify` callback.
 Must not import FastAPI or the server module.
 
-Loop, one iteration: run queued commands; apply a pending weight update once nothing it
-must wait for is left; admit waiting requests (FIFO) up to `max_running`; prefill them
+Loop, one iteration: run queued commands (a policy's adapter swap is applied right there,
+touching only that policy's rows: `_swap_adapter`); apply a pending weight update once
+nothing it must wait for is left; admit waiting requests (FIFO) up to `max_running`; prefill them
 (grouped, left-padded) and sample their first token; one decode forward for the whole
 running batch; retire finished rows. Nothing steps while paused.
 """
@@ -34,6 +35,7 @@ from areal_service.sglang_protocol import (
     SamplingParams,
     UpdateWeightsResponse,
 )
+from areal_service.types import DEFAULT_POLICY
 from engine.runner import (
     PREFILL_TOKEN_BUDGET,
     ModelRunner,
@@ -259,7 +261,9 @@ class Scheduler:
     ) -> Future:
         """Resolves to an UpdateWeightsResponse. Unpaused, it first waits for every request
         already submitted to finish (SGLang's writer lock); later ones queue behind it.
-        `lora_name`: load the adapter at `model_path` under that name (a policy's)."""
+        `lora_name`: load the adapter at `model_path` under that name (a policy's; "default":
+        the default policy's adapter and version), at once and for its rows only
+        (`_swap_adapter`)."""
         return self._send(
             _UpdateWeights(
                 model_path=model_path,
@@ -406,6 +410,8 @@ class Scheduler:
     def _on_update(self, cmd: _UpdateWeights) -> object:
         if cmd.abort_all_requests:
             self._abort_everything(FinishReason("abort", message="Aborted"))
+        if cmd.lora_name is not None and cmd.receive is None:
+            return self._swap_adapter(cmd)  # at once: the other policies' rows go on
         self._updates.append((cmd, set(self._running) | set(self._waiting)))
         return _DEFERRED
 
@@ -433,6 +439,42 @@ class Scheduler:
             cmd, _ = self._updates.popleft()
             cmd.future.set_result(self._load(cmd))
 
+    def _swap_adapter(self, cmd: _UpdateWeights) -> UpdateWeightsResponse:
+        """One policy's adapter, loaded between two steps without pausing or waiting for
+        anything: only the rows of that policy are touched. Its rows that already hold
+        tokens (running, or retracted and waiting) end with a plain abort, which the
+        gateway's interruptible generation resubmits (prompt + tokens so far): every
+        round of a request then runs under one adapter version, and the resubmitted
+        prefill recomputes the KV under the new one. So each token's logprob is exactly
+        what its labelled version computes over the whole prefix (what the trainer
+        recomputes), also for non-streamed requests, whose reply carries one version.
+        Letting those rows continue would mix KV of the old adapter with tokens of the
+        new. Rows not yet started simply start under the new adapter. The other
+        policies' rows keep their KV, their batch slots and their versions: their B·A
+        is another adapter's, which this swap does not write. A failed load touches no
+        row (the served adapter stays)."""
+        name = cmd.lora_name
+        assert name is not None
+        result = self._load(cmd)
+        if not result.success:
+            return result
+
+        def mine(req: Request) -> bool:  # the default policy's rows name no adapter
+            return (req.lora or DEFAULT_POLICY) == name
+
+        swapped = FinishReason("abort", message=f"Aborted: adapter {name!r} swapped")
+        for req in [r for r in self._waiting if mine(r) and r.output_ids]:
+            self._waiting.remove(req)
+            self._finish(req, swapped)
+        keep = [i for i, r in enumerate(self._running) if not mine(r)]
+        if len(keep) != len(self._running):
+            for req in self._running:
+                if mine(req):
+                    self._finish(req, swapped)
+            self.runner.keep(keep)
+            self._running = [self._running[i] for i in keep]
+        return result
+
     def _load(self, cmd: _UpdateWeights) -> UpdateWeightsResponse:
         started = time.perf_counter()
         source = "the trainer's broadcast" if cmd.receive else cmd.model_path
@@ -442,17 +484,19 @@ class Scheduler:
                     cmd.receive(self.runner.device, self.runner.model.state_dict())
                 )
             else:
-                self.runner.load_weights(cmd.model_path, adapter=cmd.lora_name)
+                # `lora_name` "default": the default policy's adapter, swapped alone.
+                named = None if cmd.lora_name == DEFAULT_POLICY else cmd.lora_name
+                self.runner.load_weights(cmd.model_path, adapter=named)
         except (WeightLoadError, KeyError, ValueError, RuntimeError) as exc:
             # RuntimeError: a broadcast that failed or timed out (the trainer went away).
             logger.warning("weight update from %s failed: %s", source, exc)
             return UpdateWeightsResponse(success=False, message=f"Failed to update weights: {exc}")
-        if cmd.flush_cache:
+        if cmd.flush_cache and cmd.lora_name is None:
             # Only an in_place pause leaves rows running here. SGLang's flush would crash;
             # we retract them instead, so their KV is recomputed with the new weights.
             self._retract_running()
         message = "Succeeded to update model weights."
-        if cmd.lora_name is not None:  # one policy's adapter: the rest keep their versions
+        if cmd.lora_name not in (None, DEFAULT_POLICY):  # the rest keep their versions
             if cmd.weight_version is not None:
                 self.adapter_versions[cmd.lora_name] = cmd.weight_version
             logger.info(

@@ -370,7 +370,9 @@ async def update_weights_from_disk(
 ) -> Response:
     """Unpaused, waits for in-flight requests first (SGLang's writer lock). With
     flush_cache under an in_place pause, running rows are retracted (KV recomputed with the
-    new weights after continue) where SGLang would crash its scheduler."""
+    new weights after continue) where SGLang would crash its scheduler. With `lora_name`
+    (one policy's adapter) it neither waits nor pauses: the adapter is loaded between two
+    steps and only that policy's started rows are aborted (`Scheduler._swap_adapter`)."""
     if not Path(body.model_path).is_dir():
         return _json(
             UpdateWeightsResponse(
@@ -519,6 +521,7 @@ async def model_info(engine: EngineDep) -> Response:
             model_path=engine.scheduler.model_path,
             tokenizer_path=engine.model_dir,
             weight_version=engine.scheduler.weight_version,
+            adapter_versions=dict(engine.scheduler.adapter_versions),
             model_type=engine.hf_config.model_type,
             architectures=list(engine.hf_config.architectures or []),
         )

@@ -17,16 +17,25 @@ check and the reservation of the places are one store transaction that the proce
 take in turn (`areal_service/store/admissions.py`), so together they never admit past
 it. A process that dies between reserving and inserting holds its places for at most
 `ADMISSION_TTL_S`.
+
+Per policy (`policies:` declared): each policy has its own window, counted over its own
+sessions and reservations, at its own trained version (its live adapter version,
+`state.policy_versions`, which its own trainer advances; the default policy's is
+`live_version`). So a policy whose trainer lags or stopped fills only its own window,
+and the 429 names the policy. Without declared policies there is the one window over
+every session, exactly as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import AsyncIterator
 
+from areal_service.types import DEFAULT_POLICY
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
 
@@ -39,14 +48,23 @@ def window(state: GatewayState, trained_version: int) -> int:
     return (trainer.max_staleness + trained_version + 1) * trainer.batch_groups * trainer.group_size
 
 
+def trained_version(state: GatewayState, policy: str = DEFAULT_POLICY) -> int:
+    """The trained version `policy`'s window is at: its live version (a dict lookup)."""
+    if policy == DEFAULT_POLICY:
+        return state.live_version
+    return state.policy_versions.get(policy, 0)
+
+
 ADMISSION_TTL_S = 60.0
 """How long a reservation holds its places if its process never releases it (the
 inserts it covers take milliseconds; a group of 1024 sessions, about a second)."""
 
 
 @contextlib.asynccontextmanager
-async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str | None]:
-    """Admit `count` sessions for the body of the `async with`, which inserts them with
+async def admit_sessions(
+    state: GatewayState, count: int, policy: str = DEFAULT_POLICY
+) -> AsyncIterator[str | None]:
+    """Admit `count` sessions of `policy` for the body of the `async with`, which inserts them with
     the reservation it is given (`TrajectoryStore.add_session(record, admission)`): wait
     up to `gateway.sessions.admit_wait_s` for room, then 429 with retry-after. The places are
     reserved in the store until the body ends, so concurrent starts in this process or
@@ -69,10 +87,17 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
                 code="shutting_down",
                 headers={"retry-after": "5"},
             )
-        limit = window(state, state.live_version)
+        version = trained_version(state, policy)
+        limit = window(state, version)
         async with state.admission_lock:
             reservation, taken = await asyncio.to_thread(
-                state.store.coordination.reserve_admission, count, limit, ADMISSION_TTL_S
+                functools.partial(
+                    state.store.coordination.reserve_admission,
+                    count,
+                    limit,
+                    ADMISSION_TTL_S,
+                    policy=policy if state.config.policies else None,
+                )
             )
         if reservation is not None:
             break
@@ -81,9 +106,9 @@ async def admit_sessions(state: GatewayState, count: int) -> AsyncIterator[str |
             retry = math.ceil(max(gw.sessions.admit_wait_s, 1))
             raise OpenAIError(
                 429,
-                f"the staleness window is full ({taken} of its {limit} places taken "
-                f"at trained version {state.live_version}); please try again in "
-                f"{retry}s",
+                f"the staleness window of policy {policy!r} is full ({taken} of its "
+                f"{limit} places taken at trained version {version}); please try again "
+                f"in {retry}s",
                 type="requests",
                 code="rate_limit_exceeded",
                 headers={"retry-after": str(retry)},

@@ -538,23 +538,18 @@ class SGLangClient:
     ) -> SwapTimings:
         """pause(abort) → update_weights_from_disk → continue, continue ALWAYS sent (also
         when pause or the load fails; the load's error is re-raised after it).
-        `lora_name`: swap only that policy's adapter (on the local engine the pause still
-        interrupts every policy's requests, which resubmit themselves). With versioned
-        adapters (`self.adapters`), a policy's adapter is swapped without any pause
-        (`swap_adapter`)."""
-        if self.adapters is not None:
-            policy = lora_name or self.adapters.default_policy
-            if policy is not None:
-                return await self.swap_adapter(policy, model_path, version)
+        `lora_name`: swap only that policy's adapter instead, with no pause
+        (`swap_adapter`); with versioned adapters (`self.adapters`) also the default
+        policy's."""
+        policy = lora_name if self.adapters is None else lora_name or self.adapters.default_policy
+        if policy is not None:
+            return await self.swap_adapter(policy, model_path, version)
         t0 = time.perf_counter()
         t1 = t2 = t0
         try:
             await self.pause_generation("abort")
             t1 = time.perf_counter()
-            if lora_name is None:
-                await self.update_weights_from_disk(model_path, str(version))
-            else:
-                await self.update_weights_from_disk(model_path, str(version), lora_name=lora_name)
+            await self.update_weights_from_disk(model_path, str(version))
             t2 = time.perf_counter()
         finally:
             await self.continue_generation()
@@ -565,10 +560,12 @@ class SGLangClient:
         """Load `policy`'s version `version` (the adapter directory `model_path`) under its
         own name beside the live one, switch the policy's new requests to it, and unload
         the retired name in the background once its requests ended
-        (`gateway/adapters.py`). No pause, no abort: only `update_s` is non-zero. A name
+        (`gateway/adapters.py`). No pause, no abort: only `update_s` is non-zero. Without
+        versioned adapters (the local engine), `_swap_adapter_in_engine`. A name
         the server already holds (a gateway restarted after loading it) counts as
         loaded: the same policy and version name the same files."""
-        assert self.adapters is not None
+        if self.adapters is None:
+            return await self._swap_adapter_in_engine(policy, model_path, version)
         t0 = time.perf_counter()
         name = served_name(policy, version)
         try:
@@ -646,6 +643,25 @@ class SGLangClient:
             raise self._malformed(endpoint, e) from e
         if not result.success:
             raise BackendError(400, result.error_message or "LoRA update failed", url=self.base_url)
+
+    async def _swap_adapter_in_engine(
+        self, lora_name: str, model_path: str, version: int
+    ) -> SwapTimings:
+        """One policy's adapter swap, as the local engine does it: a single
+        `update_weights_from_disk` with `lora_name` and no pause. The engine loads it
+        between two batch steps and aborts only that policy's in-flight rows, which
+        interruptible generation resubmits under the new version; every other policy's
+        requests run on untouched (`engine/scheduler.py`, `Scheduler._swap_adapter`).
+        vLLM and SGLang serve versioned adapter names instead (`self.adapters`,
+        `swap_adapter`). `lora_name` "default" (`DEFAULT_POLICY`): the
+        default policy's adapter, when other policies are declared (local engine). The
+        pause and continue phases are 0."""
+        t0 = time.perf_counter()
+        await self.update_weights_from_disk(
+            model_path, str(version), flush_cache=False, lora_name=lora_name
+        )
+        total = time.perf_counter() - t0
+        return SwapTimings(pause_s=0.0, update_s=total, continue_s=0.0, total_s=total)
 
     async def generate_interruptible(
         self, request: GenerateRequest, *, routing_key: str | None = None

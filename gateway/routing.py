@@ -165,6 +165,9 @@ class BackendPool:
         self._health_task: asyncio.Task[None] | None = None
         self.target: tuple[str, int] | None = None
         """(model_path, version) of the last swap; re-admitted backends are synced to it."""
+        self.adapter_targets: dict[str, tuple[str, int]] = {}
+        """Named policy -> (adapter path, version) of its last swap: a re-admitted
+        backend is synced to every one of them too (`_resync`)."""
         self.may_swap: Callable[[], bool] = lambda: True
         """Whether this process may swap a returning backend itself (the leader among
         gateway processes); a follower re-admits it once the leader has synced it."""
@@ -436,18 +439,31 @@ class BackendPool:
                 self._back_off(b)
 
     async def _resync(self, b: Backend) -> bool:
-        """Bring a returning backend to the last swapped version before re-admitting it."""
-        if self.target is None or b is self.router:
+        """Bring a returning backend to the last swapped version, and each named policy's
+        adapter to its last swapped version, before re-admitting it. An engine that
+        restarted lost its adapters; one that was away missed their swaps. One
+        `/model_info` call says both (`adapter_versions`); only what differs is loaded."""
+        if (self.target is None and not self.adapter_targets) or b is self.router:
             return True
-        path, version = self.target
+        name = "the live versions"
         try:
-            if (await b.client.model_info()).weight_version != str(version):
+            info = await b.client.model_info()
+            stale: list[tuple[str | None, str, int]] = []
+            if self.target is not None and info.weight_version != str(self.target[1]):
+                stale.append((None, *self.target))
+            stale.extend(
+                (policy, path, version)
+                for policy, (path, version) in sorted(self.adapter_targets.items())
+                if info.adapter_versions.get(policy) != str(version)
+            )
+            for policy, path, version in stale:
+                name = f"v{version}" if policy is None else f"policy {policy} v{version}"
                 if not self.may_swap():
-                    b.last_error = f"waiting for the leader to sync it to v{version}"
+                    b.last_error = f"waiting for the leader to sync it to {name}"
                     return False
-                await b.client.swap_weights(path, version)
+                await b.client.swap_weights(path, version, policy)
         except BackendError as e:
-            b.last_error = f"resync to v{version} failed: {e.message}"
+            b.last_error = f"resync to {name} failed: {e.message}"
             return False
         return True
 
@@ -486,8 +502,8 @@ class BackendPool:
         """`swap_weights` on every healthy backend concurrently. An unreachable backend
         is taken out (and re-synced when it comes back); one that rejects the load keeps
         serving its old weights (its tokens say so). Raises if every backend failed.
-        `lora_name`: only that policy's adapter (a returning backend is re-synced to the
-        default policy's version only)."""
+        `lora_name`: only that policy's adapter (`SGLangClient.swap_adapter`: no pause, no
+        other policy's request is touched); a returning backend is re-synced to it."""
         healthy = [b for b in self._backends if b.healthy]
         for b in healthy:
             b.swapping = True
@@ -514,8 +530,10 @@ class BackendPool:
                 raise r
         if errors and not timings:
             raise errors[0]
-        if lora_name is None:
+        if lora_name in (None, DEFAULT_POLICY):  # re-synced by the paired swap
             self.target = (model_path, version)
+        else:
+            self.adapter_targets[lora_name] = (model_path, version)
         return timings
 
     def adopt_adapter(self, policy: str | None, version: int) -> None:

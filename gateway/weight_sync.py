@@ -4,7 +4,9 @@ every backend to them, recording per-backend phase timings on the version's row.
 Two ways, chosen per version by the trainer (the row says which):
 
 - disk: pause → update_weights_from_disk → continue, always paired (see
-  `gateway/backend.py`);
+  `gateway/backend.py`); a policy's adapter (`policies:`, and the default policy's
+  beside them) is one update with its `lora_name` and no pause, which touches only
+  that policy's requests (`SGLangClient.swap_adapter`);
 - distributed (the row carries `metadata.sync`, a broadcast OFFER from the trainer's
   rank 0; protocol in `trainer/weight_broadcast.py`): pause every healthy backend →
   write `sync_world_size` on the row → `/init_weights_update_group` on every backend
@@ -239,7 +241,9 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
             )
             await _wait_for_copy(latest, state.config.trainer.weight_sync_timeout_s)
     if mode == "disk":
-        timings = await state.backends.swap_weights(latest.path, latest.version)
+        timings = await state.backends.swap_weights(
+            latest.path, latest.version, _default_adapter(state)
+        )
     swapped_at = time.time()
     state.live_version = latest.version
     swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
@@ -265,6 +269,16 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
         swapped_at - latest.created_at,
     )
     return latest.version
+
+
+def _default_adapter(state: GatewayState) -> str | None:
+    """`DEFAULT_POLICY` when the default policy's versions are adapters swapped beside
+    other policies' on the local engine: then its swap, too, touches only its own rows
+    (no pause, `SGLangClient.swap_adapter`). Otherwise None: the paired full swap."""
+    c = state.config
+    if c.policies and c.trainer.lora is not None and c.engine.backend == "local":
+        return DEFAULT_POLICY
+    return None
 
 
 async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
@@ -312,7 +326,8 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
 
 
 async def follow_policies(state: GatewayState) -> None:
-    """A follower's round for the declared policies: adopt each live adapter version."""
+    """A follower's round for the declared policies: adopt each live adapter version
+    (for its admission window and for re-syncing a returning backend)."""
     for policy in state.config.policies:
         if policy.weights == "full":  # `follow_full_policies`
             continue
@@ -324,6 +339,7 @@ async def follow_policies(state: GatewayState) -> None:
         if live is not None:
             state.policy_versions[policy.name] = live.version
             state.backends.adopt_adapter(policy.name, live.version)
+            state.backends.adapter_targets[policy.name] = (live.path, live.version)
 
 
 async def _wait_for_copy(record: WeightVersionRecord, timeout_s: float) -> None:

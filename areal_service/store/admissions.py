@@ -14,6 +14,12 @@ PostgreSQL, where inserts do not wait for the advisory lock). `release_admission
 deletes the row with what is left (sessions never inserted). A process that dies in
 between leaves a row that stops counting at its `expires_at` (and is deleted by the
 next reservation).
+
+Per policy (`policies:`): a reservation made for a policy counts only that policy's
+admitted sessions and reservations, and holds its places in that policy's window
+(`admissions.policy`). Without a policy it counts every session and reservation, which
+is today's single window. All windows share the one lock: a reservation is short, and
+one lock keeps the rule "one reserving transaction at a time" simple on both dialects.
 """
 
 from __future__ import annotations
@@ -30,11 +36,19 @@ ADMISSION_LOCK_ID = 0x4152_4541_4C47
 
 
 def reserve_admission(
-    engine: Engine, count: int, limit: int, ttl_s: float, *, now: float | None = None
+    engine: Engine,
+    count: int,
+    limit: int,
+    ttl_s: float,
+    *,
+    now: float | None = None,
+    policy: str | None = None,
 ) -> tuple[str | None, int]:
     """Hold `count` places in a window of `limit` until `release_admission` or
     now + `ttl_s`: (the reservation's id, or None when there is no room; the places
-    taken before this call: admitted sessions plus live reservations)."""
+    taken before this call: admitted sessions plus live reservations). `policy`: that
+    policy's window (its sessions and reservations only); None: the one shared window
+    of every session."""
     now = time.time() if now is None else now
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
@@ -42,19 +56,25 @@ def reserve_admission(
         # A write first: on SQLite this takes the write lock, so the counts below stay
         # true until the commit.
         connection.execute(delete(AdmissionRow).where(AdmissionRow.expires_at < now))
-        admitted = (
-            select(func.count())
-            .select_from(SessionRow)
-            .where(SessionRow.status != "dropped")
-            .scalar_subquery()
+        sessions = (
+            select(func.count()).select_from(SessionRow).where(SessionRow.status != "dropped")
         )
-        held = select(func.coalesce(func.sum(AdmissionRow.count), 0)).scalar_subquery()
+        places = select(func.coalesce(func.sum(AdmissionRow.count), 0))
+        if policy is not None:  # sessions.policy is indexed
+            sessions = sessions.where(SessionRow.policy == policy)
+            places = places.where(AdmissionRow.policy == policy)
+        admitted, held = sessions.scalar_subquery(), places.scalar_subquery()
         taken = int(connection.execute(select(admitted + held)).scalar_one())
         if taken + count > limit:
             return None, taken
         reservation = uuid.uuid4().hex
         connection.execute(
-            insert(AdmissionRow).values(id=reservation, count=count, expires_at=now + ttl_s)
+            insert(AdmissionRow).values(
+                id=reservation,
+                count=count,
+                expires_at=now + ttl_s,
+                **({} if policy is None else {"policy": policy}),
+            )
         )
     return reservation, taken
 

@@ -44,11 +44,20 @@ class Coordination:
     # Staleness-window admissions (`admissions.py`).
 
     def reserve_admission(
-        self, count: int, limit: int, ttl_s: float, *, now: float | None = None
+        self,
+        count: int,
+        limit: int,
+        ttl_s: float,
+        *,
+        now: float | None = None,
+        policy: str | None = None,
     ) -> tuple[str | None, int]:
         """Hold `count` places in a window of `limit` (None: no room) and the places
-        taken before; atomic across every process on the store."""
-        return admissions.reserve_admission(self._engine, count, limit, ttl_s, now=now)
+        taken before; atomic across every process on the store. `policy`: that policy's
+        own window (None: the single window of every session)."""
+        return admissions.reserve_admission(
+            self._engine, count, limit, ttl_s, now=now, policy=policy
+        )
 
     def release_admission(self, reservation: str) -> None:
         """Give a reservation's places back."""

@@ -246,6 +246,8 @@ class AdmissionRow(Base):
     id: Mapped[str] = mapped_column(String, primary_key=True)
     count: Mapped[int] = mapped_column(Integer)
     expires_at: Mapped[float] = mapped_column(Float)
+    policy: Mapped[str] = mapped_column(String, default="default", server_default="default")
+    """The policy whose staleness window the places are held in."""
 
 
 class ConsoleRevocationRow(Base):

@@ -222,7 +222,7 @@ async def start_sessions(
         await _refuse_user_group(state, body.group_id)
     group_id = body.group_id or (f"grp_{uuid.uuid4().hex}" if body.group_size > 1 else None)
     sessions = []
-    async with admit_sessions(state, body.group_size) as admission:
+    async with admit_sessions(state, body.group_size, policy) as admission:
         for _ in range(body.group_size):
             session_id = new_session_id()
             plaintext, key = new_api_key(kind="session", session_id=session_id)
@@ -290,7 +290,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
                 param="group_id",
                 code="group_not_owned",
             )
-    async with admit_sessions(state, 1) as admission:
+    async with admit_sessions(state, 1, key.policy) as admission:
         if key.session_id is not None:
             await state.end_session(key.session_id, "refresh")
         session = await open_session(

@@ -8,10 +8,17 @@ import asyncio
 import uuid
 from dataclasses import dataclass, field
 
-from areal_service.config import GatewayConfig, ServiceConfig, SessionsConfig, TrainerConfig
+from areal_service.config import (
+    GatewayConfig,
+    LoRAConfig,
+    PolicyConfig,
+    ServiceConfig,
+    SessionsConfig,
+    TrainerConfig,
+)
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
-from areal_service.types import CompletionRecord, RewardRecord, SessionRecord
+from areal_service.types import DEFAULT_POLICY, CompletionRecord, RewardRecord, SessionRecord
 from gateway.admission import admit_sessions
 from gateway.errors import OpenAIError
 
@@ -23,38 +30,59 @@ class GateState:
     config: ServiceConfig
     store: TrajectoryStore
     live_version: int = 0
+    policy_versions: dict[str, int] = field(default_factory=dict)
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def gate(
-    store: TrajectoryStore, *, eta: int, batch_groups: int = 1, group_size: int = 2
+    store: TrajectoryStore,
+    *,
+    eta: int,
+    batch_groups: int = 1,
+    group_size: int = 2,
+    policies: tuple[str, ...] = (),
 ) -> GateState:
-    trainer = TrainerConfig(max_staleness=eta, batch_groups=batch_groups, group_size=group_size)
+    trainer = TrainerConfig(
+        max_staleness=eta,
+        batch_groups=batch_groups,
+        group_size=group_size,
+        lora=LoRAConfig() if policies else None,
+    )
     gateway = GatewayConfig(sessions=SessionsConfig(staleness_gate=True, admit_wait_s=0.0))
-    return GateState(ServiceConfig(trainer=trainer, gateway=gateway), store)
+    declared = [PolicyConfig(name=p) for p in policies]
+    return GateState(ServiceConfig(trainer=trainer, gateway=gateway, policies=declared), store)
 
 
-def start(state: GateState, count: int = 1, *, group_id: str | None = None) -> list[str]:
+def start(
+    state: GateState,
+    count: int = 1,
+    *,
+    group_id: str | None = None,
+    policy: str = DEFAULT_POLICY,
+) -> list[str]:
     """Admit and insert `count` sessions; OpenAIError 429 when the window is full."""
 
     async def run() -> list[str]:
-        async with admit_sessions(state, count):  # type: ignore[arg-type]
+        async with admit_sessions(state, count, policy) as admission:  # type: ignore[arg-type]
             ids = [f"s-{uuid.uuid4().hex[:8]}" for _ in range(count)]
             for sid in ids:
-                state.store.add_session(SessionRecord(id=sid, group_id=group_id))
+                state.store.add_session(
+                    SessionRecord(id=sid, group_id=group_id, policy=policy), admission
+                )
             return ids
 
     return asyncio.run(run())
 
 
-def refused(state: GateState, count: int = 1) -> bool:
+def refused(state: GateState, count: int = 1, policy: str = DEFAULT_POLICY) -> str | None:
+    """The 429's message when the window is full, else None (and the sessions are in)."""
     try:
-        start(state, count)
+        start(state, count, policy=policy)
     except OpenAIError as error:
         assert error.status == 429
-        return True
-    return False
+        return error.message
+    return None
 
 
 def finish(store: TrajectoryStore, ids: list[str], *, version: int = 0) -> None:
@@ -123,3 +151,23 @@ def test_trained_sessions_keep_their_place_until_the_version_goes_live(store):
     assert start(state, 2)
 
     assert refused(gate(store, eta=0), 3)  # a group larger than the window: never in
+
+
+def test_each_policy_has_its_own_window_at_its_own_version(store):
+    """With declared policies, each policy's window counts only its sessions and widens
+    only with its own trained version (its trainer's); the 429 names the policy. The
+    default policy's window follows `live_version`, as without policies."""
+    state = gate(store, eta=0, policies=("solver", "verifier"))  # 2 sessions a window at v0
+    start(state, 2, policy="solver")
+    message = refused(state, policy="solver")
+    assert message is not None and "policy 'solver'" in message and "2 of its 2" in message
+    start(state, 2, policy="verifier")  # the solver's full window is not the verifier's
+    start(state, 2)  # nor the default policy's
+    assert refused(state, policy="verifier") and refused(state)
+    state.policy_versions["solver"] = 1  # the solver's trainer published v1, now live
+    start(state, 2, policy="solver")
+    assert refused(state, policy="solver") and refused(state, policy="verifier")
+    assert refused(state)  # the default policy is still at v0
+    state.live_version = 1
+    start(state, 2)
+    assert refused(state, policy="verifier")

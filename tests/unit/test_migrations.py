@@ -34,7 +34,7 @@ TABLES = {
 }
 
 
-HEAD = "0011_policies"
+HEAD = "0014_policy_admissions"
 """The newest revision: what an upgraded database stands at."""
 
 

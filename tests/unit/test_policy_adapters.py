@@ -142,3 +142,83 @@ def test_tokens_carry_their_own_adapters_version(group, tiny_model_dir, tmp_path
         assert scheduler.weight_version == "7"  # the default policy's version is untouched
     finally:
         scheduler.stop()
+
+
+def _long(rid: str, prompt: list[int], lora: str | None, new: int = 400) -> Request:
+    return Request(
+        rid=rid,
+        prompt_ids=prompt,
+        max_new_tokens=new,
+        params=SamplingParams(temperature=0, max_new_tokens=new),
+        stop_token_ids=frozenset(),
+        notify=lambda: None,
+        stream=True,
+        lora=lora,
+    )
+
+
+@pytest.mark.parametrize("swapped", ["solver", "default"])
+def test_one_adapters_swap_touches_only_its_own_rows(
+    group, tiny_model_dir, tmp_path, swapped: str
+) -> None:
+    """A policy's adapter swap neither pauses nor waits: it lands while every row is
+    running, ends only that policy's started row (a plain abort, which the gateway
+    resubmits), and the other policies' rows go on to their full length with their KV
+    kept (never retracted) and their versions unchanged. The default policy's adapter
+    (`lora_name` "default", its rows naming no adapter) swaps the same way."""
+    _adapter(tiny_model_dir, tmp_path / "s1", 2, LoRAConfig(rank=4))
+    _adapter(tiny_model_dir, tmp_path / "s2", 3, LoRAConfig(rank=4))
+    scheduler = Scheduler(
+        str(tiny_model_dir), device="cpu", dtype="float32", max_running=4, weight_version="7"
+    )
+    scheduler.start()
+    try:
+
+        def load(path: str, version: str, name: str = "solver") -> None:
+            result = scheduler.update_weights(
+                path, weight_version=version, flush_cache=True, abort_all=False, lora_name=name
+            ).result(timeout=120)
+            assert result.success, result.message
+
+        load(str(tmp_path / "s1"), "1")
+        load(str(tmp_path / "s1"), "7", "default")  # the default policy's adapter
+        reqs = [
+            _long(f"r{i}", PROMPTS[i], lora) for i, lora in enumerate((None, "solver", "verifier"))
+        ]
+        for r in reqs:
+            scheduler.submit(r).result(timeout=120)
+        deadline = time.monotonic() + 120
+        while min(len(r.snapshot().output_ids) for r in reqs) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        load(str(tmp_path / "s2"), "8" if swapped == "default" else "2", swapped)
+        swapped_at = [len(r.snapshot().output_ids) for r in reqs]
+        assert all(n < 400 for n in swapped_at)  # every row was still running
+        while any(r.finish is None for r in reqs):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        cut = reqs[0] if swapped == "default" else reqs[1]
+        assert cut.finish is not None and cut.finish.type == "abort"
+        assert cut.finish.status_code is None  # a pause-style abort: resubmitted
+        assert cut.snapshot().weight_version == ("7" if swapped == "default" else "1")
+        for r in reqs:
+            if r is not cut:
+                assert r.finish is not None and r.finish.type == "length", r.finish
+                assert len(r.output_ids) == 400 and r.num_retractions == 0
+        assert reqs[2].weight_version == "0"
+        if swapped == "default":
+            assert scheduler.weight_version == "8" and reqs[1].weight_version == "1"
+            assert scheduler.adapter_versions == {"solver": "1"}
+        else:
+            assert scheduler.weight_version == "7" == reqs[0].weight_version
+            assert scheduler.adapter_versions == {"solver": "2"}
+        assert scheduler.paused is None
+        later = _long("r9", PROMPTS[1], None if swapped == "default" else "solver", new=3)
+        scheduler.submit(later).result(timeout=120)
+        while later.finish is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert later.weight_version == ("8" if swapped == "default" else "2")
+        assert later.finish.type == "length"
+    finally:
+        scheduler.stop()

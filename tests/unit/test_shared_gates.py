@@ -87,6 +87,64 @@ def test_racing_processes_never_overshoot_the_window(store_url: str) -> None:
         check.close()
 
 
+def test_each_policys_reservations_hold_places_in_its_own_window(
+    store: TrajectoryStore,
+) -> None:
+    """Per policy, a reservation counts only that policy's admitted sessions and held
+    places; without a policy it counts everything (the single window)."""
+    reserve = store.coordination.reserve_admission
+    solver, taken = reserve(2, 2, 10, now=100.0, policy="solver")
+    assert solver is not None and taken == 0
+    assert reserve(1, 2, 10, now=100.0, policy="solver") == (None, 2)  # its places held
+    verifier, taken = reserve(2, 2, 10, now=100.0, policy="verifier")
+    assert verifier is not None and taken == 0  # another window
+    store.add_session(SessionRecord(id="s1", policy="solver"), solver)
+    store.coordination.release_admission(solver)
+    assert reserve(2, 2, 10, now=101.0, policy="solver") == (None, 1)  # 1 admitted
+    assert reserve(1, 2, 10, now=101.0, policy="verifier") == (None, 2)
+    assert reserve(4, 4, 10, now=101.0) == (None, 3)  # no policy: 1 admitted + 2 held
+    assert reserve(1, 1, 10, now=101.0, policy="default")[1] == 0
+
+
+def test_racing_processes_fill_each_policys_window_exactly(store_url: str) -> None:
+    """Eight processes, each admitting sessions of two policies in turn as fast as it
+    can, into windows of 5 and 7: exactly 5 and 7 get in (one transaction per
+    reservation across processes, per policy)."""
+    limits = {"solver": 5, "verifier": 7}
+    admitted: list[str] = []
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def process(name: str) -> None:
+        own = stores[name]
+        try:
+            barrier.wait(timeout=60)
+            for i in range(4):
+                for policy, limit in limits.items():
+                    reservation, _ = own.coordination.reserve_admission(1, limit, 30, policy=policy)
+                    if reservation is None:
+                        continue
+                    own.add_session(
+                        SessionRecord(id=f"{name}-{policy}-{i}", policy=policy), reservation
+                    )
+                    admitted.append(policy)
+                    own.coordination.release_admission(reservation)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test below
+            errors.append(exc)
+            barrier.abort()
+
+    stores = {f"p{i}": TrajectoryStore.open(store_url, StoreConfig()) for i in range(8)}
+    threads = [threading.Thread(target=process, args=(f"p{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for own in stores.values():
+        own.close()
+    assert not errors, errors
+    assert {p: admitted.count(p) for p in limits} == limits
+
+
 def test_a_sign_out_is_seen_by_every_process(store_url: str) -> None:
     one = TrajectoryStore.open(store_url, StoreConfig())
     other = TrajectoryStore.open(store_url, StoreConfig())
