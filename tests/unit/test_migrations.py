@@ -31,10 +31,12 @@ TABLES = {
     "admissions",
     "console_revocations",
     "auth_failures",
+    "policies",
+    "policy_model_names",
 }
 
 
-HEAD = "0011_policies"
+HEAD = "0012_policy_registry"
 """The newest revision: what an upgraded database stands at."""
 
 
