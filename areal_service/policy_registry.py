@@ -135,9 +135,9 @@ def new_policy(
         message = str(error["msg"]).removeprefix("Value error, ")
         raise PolicyError(400, f"{param or 'policy'}: {message}", param, code) from None
     if entry.name in registry:
-        where = "the config" if registry.source(entry.name) == "config" else "a runtime policy"
+        origin = "the config" if registry.source(entry.name) == "config" else "a runtime policy"
         raise PolicyError(
-            409, f"policy {entry.name!r} exists already ({where})", "name", "policy_exists"
+            409, f"policy {entry.name!r} exists already ({origin})", "name", "policy_exists"
         )
     if len(set(entry.model_names)) != len(entry.model_names):
         raise PolicyError(

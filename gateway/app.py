@@ -31,6 +31,7 @@ from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
+from gateway.policies import refresh_policies, run_policy_refresher
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
@@ -255,6 +256,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             ),
             started_at=time.time(),
         )
+        await refresh_policies(app.state.gateway)  # the runtime ones, before serving
         restore_signals = watch_exit_signals(app.state.gateway.stopping)
         log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
         if freeze_gc:
@@ -265,6 +267,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             asyncio.create_task(leadership.run()),
             asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
             asyncio.create_task(run_weight_syncer(app.state.gateway)),
+            asyncio.create_task(run_policy_refresher(app.state.gateway)),
             asyncio.create_task(
                 flush_key_usage(
                     app.state.gateway.keys.usage, store, config.gateway.auth.key_usage_interval_s

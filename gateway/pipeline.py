@@ -246,7 +246,7 @@ async def begin(
     # Without declared policies, no call at all (the request path's common case).
     lora = (
         await serving_adapter(state, principal, session_id, model)
-        if state.config.policies
+        if state.policy_registry.declared
         else None
     )
     return Turn(

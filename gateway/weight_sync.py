@@ -270,7 +270,7 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
     other policies keep theirs and their versions). Returns the (policy, version)
     pairs swapped. One store read per policy per poll."""
     swapped = []
-    for policy in state.config.policies:
+    for policy in state.policy_registry.declared:
         latest = await asyncio.to_thread(state.store.latest_weight_version, policy.name)
         if latest is None or latest.version <= state.policy_versions.get(policy.name, 0):
             continue
@@ -303,7 +303,7 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
 
 async def follow_policies(state: GatewayState) -> None:
     """A follower's round for the declared policies: adopt each live adapter version."""
-    for policy in state.config.policies:
+    for policy in state.policy_registry.declared:
         live = await asyncio.to_thread(
             state.store.live_weight_version,
             policy=policy.name,

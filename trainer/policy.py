@@ -41,8 +41,9 @@ def build_policy(config: ServiceConfig, info: DistInfo) -> Policy:
     cfg = config.trainer
     model_dir = prepare_model_dir(config)
     model = load_policy(model_dir)
-    if cfg.lora is not None:  # frozen base + trainable adapter, same step code
-        model = wrap_lora(model, cfg.lora, seed=cfg.seed)  # one init on every rank
+    lora = config.policy_lora(cfg.policy)  # a named policy's own shape, else trainer.lora's
+    if lora is not None:  # frozen base + trainable adapter, same step code
+        model = wrap_lora(model, lora, seed=cfg.seed)  # one init on every rank
     eos_ids = eos_token_ids(model)
     bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
     model = apply_fsdp2(model, mixed_precision=bf16)
