@@ -91,6 +91,10 @@ class PolicyRegistry:
                 return policy.lora or self._config.trainer.lora
         raise KeyError(name)
 
+    def model_names(self, name: str) -> list[str]:
+        """The request model names that pick policy `name` (none for `default`)."""
+        return [alias for alias, policy in self.model_policies.items() if policy == name]
+
     def source(self, name: str) -> str:
         """`config` or `runtime` (the default policy is the config's)."""
         return "runtime" if name in self.runtime else "config"

@@ -142,3 +142,64 @@ def test_a_runtime_policys_trainer_config(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match="not a declared policy"):
         with_runtime_policies(config, runtime, "nobody")
+
+
+def test_cli_creates_lists_binds_and_trains_a_runtime_policy(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from launcher.cli import _trainer_config, app
+
+    sets = ["--set", f"data_dir={tmp_path}", "--set", "trainer.lora.rank=4"]
+    sets += ["--set", "policies=[{name: solver, model_names: [solver-model]}]"]
+    runner = CliRunner()
+    made = runner.invoke(
+        app,
+        [
+            "policies",
+            "create",
+            "critic",
+            "--rank",
+            "16",
+            "--target-modules",
+            "q_proj, v_proj",
+            "--model-name",
+            "critic-a",
+            "--model-name",
+            "critic-b",
+            *sets,
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    shown = json.loads(made.stdout)
+    assert shown["lora"]["rank"] == 16 and shown["lora"]["alpha"] == 16.0  # trainer.lora's
+    assert shown["lora"]["target_modules"] == ["q_proj", "v_proj"]
+    assert shown["model_names"] == ["critic-a", "critic-b"]
+    plain = runner.invoke(app, ["policies", "create", "judge", *sets])
+    assert plain.exit_code == 0 and json.loads(plain.stdout)["lora"] is None
+    for args, words in [
+        (["critic"], "exists already (a runtime policy)"),
+        (["solver"], "exists already (the config)"),
+        (["other", "--model-name", "solver-model"], "already picks policy 'solver'"),
+        (["Bad"], "should match pattern"),
+        (["other", "--rank", "0"], "lora.rank"),
+    ]:
+        refused = runner.invoke(app, ["policies", "create", *args, *sets])
+        assert refused.exit_code == 2 and words in refused.output, refused.output
+    listed = runner.invoke(app, ["policies", "list", *sets])
+    assert listed.exit_code == 0, listed.output
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert list(rows) == ["default", "solver", "critic", "judge"]
+    assert rows["critic"]["source"] == "runtime" and rows["critic"]["lora_rank"] == 16
+    assert rows["judge"]["lora_rank"] == 4 and rows["solver"]["source"] == "config"
+    assert rows["critic"]["model_names"] == ["critic-a", "critic-b"]
+    key = runner.invoke(app, ["keys", "create", "--policy", "critic", *sets])
+    assert key.exit_code == 0 and json.loads(key.stdout)["policy"] == "critic"
+    # `trainer --policy critic` resolves the stored policy as a declared one.
+    trainer = _trainer_config(None, [s for s in sets if s != "--set"], "critic")
+    assert trainer.trainer.policy == "critic" and trainer.weights_dir().name == "critic"
+    critic = trainer.policy_lora("critic")
+    assert critic is not None and critic.rank == 16
+    unknown = runner.invoke(app, ["trainer", "--policy", "nobody", *sets])
+    assert unknown.exit_code != 0 and "not a declared policy" in unknown.output
