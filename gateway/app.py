@@ -27,6 +27,7 @@ from areal_service.store.writer import GroupCommitWriter
 from gateway import console
 from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
+from gateway.console import policy_form
 from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
 from gateway.leader import Leadership
@@ -332,6 +333,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.include_router(rewards.router)
     app.include_router(admin.router)
     app.include_router(health.router)
+    app.include_router(policy_form.router)  # before /console/policies/{name} routes
     app.include_router(console.router)
     app.add_middleware(_AdminOnlyPaths)
     app.add_middleware(_RequestId)

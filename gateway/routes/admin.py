@@ -407,6 +407,10 @@ async def create_policy(state: StateDep, _: AdminDep, body: PolicyCreate) -> Pol
     the launcher (which starts its trainer) see it. Keys and sessions may be bound to it
     at once; it serves the base model (its untrained version 0) until its trainer
     publishes."""
-    lora = None if body.lora is None else body.lora.model_dump(mode="json")
+    lora = None
+    if body.lora is not None:  # the fields not given are trainer.lora's, as in the CLI
+        given = body.lora.model_dump(mode="json", include=body.lora.model_fields_set)
+        default = state.config.trainer.lora
+        lora = {**(default.model_dump(mode="json") if default else {}), **given}
     record = await create_runtime_policy(state, body.name, lora, body.model_names)
     return next(v for v in policy_views(state, {}) if v.name == record.name)
