@@ -11,7 +11,10 @@ API, the console and the CLI; the store's primary keys settle two creators racin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import struct
+from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -100,17 +103,52 @@ class PolicyRegistry:
         return "runtime" if name in self.runtime else "config"
 
 
+MAX_HEADER_BYTES = 100 * 2**20
+"""A safetensors header larger than this is not read (a malformed file)."""
+
+
+def matrix_modules(model_dir: Path) -> set[str] | None:
+    """The module paths of the checkpoint's 2-D weights (`model.layers.0.self_attn.q_proj`
+    for `...q_proj.weight`): what a LoRA target may name (linear and embedding layers;
+    norms and biases are 1-D). Read from the safetensors headers only (a few KB per
+    file, no tensor data, no torch). None when the folder has no readable safetensors:
+    the check is then skipped and the trainer reports a bad target."""
+    modules: set[str] = set()
+    files = sorted(model_dir.glob("*.safetensors"))
+    for path in files:
+        try:
+            with path.open("rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                if size > MAX_HEADER_BYTES:
+                    return None
+                header = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error):
+            return None
+        for key, info in header.items():
+            if key.endswith(".weight") and len(info.get("shape", ())) == 2:
+                modules.add(key.removesuffix(".weight"))
+    return modules or None
+
+
+def _unmatched_targets(targets: Sequence[str], modules: Collection[str]) -> list[str]:
+    """The targets no module matches, by PEFT's rule (the whole path, or its last parts
+    after a dot)."""
+    return [t for t in targets if not any(m == t or m.endswith(f".{t}") for m in modules)]
+
+
 def new_policy(
     config: ServiceConfig,
     registry: PolicyRegistry,
     name: str,
     lora: dict[str, Any] | None = None,
     model_names: Sequence[str] = (),
+    modules: Collection[str] | None = None,
 ) -> PolicyRecord:
     """The record of a policy to create, checked against the deployment; `PolicyError`
-    (400 or 409, with the field and a code) when it cannot be. The registry should be
-    fresh (a name created elsewhere since the last refresh is caught by the store's
-    keys instead)."""
+    (400 or 409, with the field and a code) when it cannot be. `modules`: the base
+    model's `matrix_modules`, against which the target modules are checked (None: not
+    checked). The registry should be fresh (a name created elsewhere since the last
+    refresh is caught by the store's keys instead)."""
     if config.trainer.lora is None:
         raise PolicyError(
             400,
@@ -138,6 +176,16 @@ def new_policy(
             code = "invalid_model_names"
         message = str(error["msg"]).removeprefix("Value error, ")
         raise PolicyError(400, f"{param or 'policy'}: {message}", param, code) from None
+    if entry.lora is not None and modules is not None:
+        unmatched = _unmatched_targets(entry.lora.target_modules, modules)
+        if unmatched:
+            raise PolicyError(
+                400,
+                f"lora.target_modules: {', '.join(map(repr, unmatched))} match no linear "
+                "or embedding layer of the base model",
+                "lora.target_modules",
+                "invalid_lora",
+            )
     if entry.name in registry:
         origin = "the config" if registry.source(entry.name) == "config" else "a runtime policy"
         raise PolicyError(

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from areal_service.policy_registry import PolicyError, new_policy
+from areal_service.policy_registry import PolicyError, matrix_modules, new_policy
 from areal_service.store import PolicyConflict
 from areal_service.types import DEFAULT_POLICY, PolicyRecord
 from gateway.errors import OpenAIError
@@ -82,8 +82,11 @@ async def create_policy(
     primary keys settle a race with another process creating the same name or model
     name. Known to this process at once, to the others within `POLICY_REFRESH_S`."""
     await refresh_policies(state)
+    modules = None
+    if lora is not None:  # headers only: a few KB read per creation, off the hot path
+        modules = await asyncio.to_thread(matrix_modules, state.config.model_dir())
     try:
-        record = new_policy(state.config, state.policy_registry, name, lora, model_names)
+        record = new_policy(state.config, state.policy_registry, name, lora, model_names, modules)
         await asyncio.to_thread(state.store.policies.add_policy, record)
     except PolicyError as exc:
         raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None

@@ -400,7 +400,12 @@ def policies_create(
     """Create a named LoRA policy at runtime, beside the config's `policies:`. It is kept
     in the store: running gateways serve it within a second and `launch` starts its
     trainer; keys may be bound to it at once (`keys create --policy NAME`)."""
-    from areal_service.policy_registry import PolicyError, PolicyRegistry, new_policy
+    from areal_service.policy_registry import (
+        PolicyError,
+        PolicyRegistry,
+        matrix_modules,
+        new_policy,
+    )
     from areal_service.store import PolicyConflict
 
     cfg = _config(config, set_)
@@ -408,7 +413,8 @@ def policies_create(
     store = _open_store(cfg)
     try:
         registry = PolicyRegistry(cfg, store.policies.list_policies())
-        record = new_policy(cfg, registry, name, lora, model_name or [])
+        modules = None if lora is None else matrix_modules(cfg.model_dir())
+        record = new_policy(cfg, registry, name, lora, model_name or [], modules)
         store.policies.add_policy(record)
     except (PolicyError, PolicyConflict) as exc:
         fail(f"cannot create policy {name!r}: {exc}")

@@ -94,6 +94,12 @@ def test_create_and_list_a_runtime_policy(gw: Any) -> None:
         ({"name": "new-one", "lora": {"rank": "big"}}, 400, None, "lora.rank"),
         ({"name": "new-one", "lora": {"target_modules": []}}, 400, None, "lora.target_modules"),
         ({"name": "new-one", "lora": {"rank": 4, "bias": "all"}}, 400, None, "lora.bias"),
+        (
+            {"name": "new-one", "lora": {"target_modules": ["q_proj", "nope"]}},
+            400,
+            "invalid_lora",
+            "lora.target_modules",
+        ),
         ({"name": "new-one", "model_names": ["m", "m"]}, 400, "invalid_model_names", "model_names"),
         ({}, 400, None, "name"),
         ({"name": "solver"}, 409, "policy_exists", "name"),

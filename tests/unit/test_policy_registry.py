@@ -203,3 +203,23 @@ def test_cli_creates_lists_binds_and_trains_a_runtime_policy(tmp_path) -> None:
     assert critic is not None and critic.rank == 16
     unknown = runner.invoke(app, ["trainer", "--policy", "nobody", *sets])
     assert unknown.exit_code != 0 and "not a declared policy" in unknown.output
+
+
+def test_target_modules_are_checked_against_the_base_models_layers(
+    tiny_model_dir, tmp_path
+) -> None:
+    from areal_service.config import LORA_TARGETS
+    from areal_service.policy_registry import matrix_modules
+
+    modules = matrix_modules(tiny_model_dir)
+    assert modules is not None and "model.layers.0.self_attn.q_proj" in modules
+    assert not any(m.endswith("layernorm") for m in modules)  # 1-D: not a LoRA target
+    assert matrix_modules(tmp_path) is None  # nothing to read: not checked
+    config = _config()
+    registry = PolicyRegistry(config)
+    made = new_policy(config, registry, "ok", {"target_modules": list(LORA_TARGETS)}, (), modules)
+    assert made.lora is not None
+    for targets in (["q_proj", "nope"], ["input_layernorm"]):
+        with pytest.raises(PolicyError, match="match no linear") as refused:
+            new_policy(config, registry, "bad", {"target_modules": targets}, (), modules)
+        assert refused.value.param == "lora.target_modules" and refused.value.status == 400
