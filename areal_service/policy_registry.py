@@ -72,7 +72,9 @@ class PolicyRegistry:
         if not added and len(fresh) == len(self.runtime):
             return []
         declared = [*self._config.policies, *(policy_config(r) for r in fresh)]
-        self.model_policies = {alias: p.name for p in declared for alias in p.model_names}
+        # The config's aliases last: one it gained after a runtime policy took the same
+        # name (a config edit and restart) keeps picking the config's policy.
+        self.model_policies = {alias: p.name for p in reversed(declared) for alias in p.model_names}
         self.runtime = {r.name: r for r in fresh}
         self.declared = declared
         return added

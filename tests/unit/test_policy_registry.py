@@ -70,6 +70,9 @@ def test_the_registry_merges_config_and_runtime_policies() -> None:
     assert registry.source("critic") == "runtime" and registry.source("solver") == "config"
     assert "critic" in registry and "default" in registry and "nobody" not in registry
     assert registry.update(list(registry.runtime.values())) == []  # nothing new
+    # A config alias that a runtime policy also holds picks the config's policy.
+    clash = PolicyRegistry(config, [PolicyRecord(name="late", model_names=("solver-model",))])
+    assert clash.model_policies["solver-model"] == "solver"
     with pytest.raises(KeyError):
         registry.lora("nobody")
 
