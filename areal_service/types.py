@@ -209,6 +209,20 @@ class WeightVersionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """A policy created at runtime (`POST /admin/policies`, `areal-service policies
+    create`, the console), kept in the store so every gateway process and trainer sees
+    it. Config-declared policies are not stored: the config stays their source."""
+
+    name: str
+    lora: dict[str, Any] | None = None
+    """The adapter's shape as `LoRAConfig` fields; None: `trainer.lora`'s."""
+    model_names: tuple[str, ...] = ()
+    """Request model names that pick this policy (unique across all policies)."""
+    created_at: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class TrainStepRecord:
     """One optimizer step of the trainer and its metrics (plotted by the console)."""
 

@@ -27,10 +27,12 @@ from areal_service.store.writer import GroupCommitWriter
 from gateway import console
 from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
+from gateway.console import policy_form
 from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
+from gateway.policies import refresh_policies, run_policy_refresher
 from gateway.policy_pools import build_policy_pools, close_policy_pools, start_policy_pools
 from gateway.routes import admin, health, openai, rewards, rl
 from gateway.routing import BackendPool
@@ -260,6 +262,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             ),
             started_at=time.time(),
         )
+        await refresh_policies(app.state.gateway)  # the runtime ones, before serving
         restore_signals = watch_exit_signals(app.state.gateway.stopping)
         log.info("gateway serving %s from %s", config.gateway.model_name, config.backend_urls())
         if freeze_gc:
@@ -270,6 +273,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             asyncio.create_task(leadership.run()),
             asyncio.create_task(sweep_idle_sessions(app.state.gateway)),
             asyncio.create_task(run_weight_syncer(app.state.gateway)),
+            asyncio.create_task(run_policy_refresher(app.state.gateway)),
             asyncio.create_task(
                 flush_key_usage(
                     app.state.gateway.keys.usage, store, config.gateway.auth.key_usage_interval_s
@@ -335,6 +339,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     app.include_router(rewards.router)
     app.include_router(admin.router)
     app.include_router(health.router)
+    app.include_router(policy_form.router)  # before /console/policies/{name} routes
     app.include_router(console.router)
     app.add_middleware(_AdminOnlyPaths)
     app.add_middleware(_RequestId)

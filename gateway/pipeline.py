@@ -250,7 +250,7 @@ async def begin(
     # Without declared policies, no call at all (the request path's common case).
     lora = (
         await serving_adapter(state, principal, session_id, model)
-        if state.config.policies
+        if state.policy_registry.declared
         else None
     )
     # A full-weight policy is served by its own pool, under its engines' own weights (no

@@ -1,14 +1,24 @@
-"""Named policies at the gateway (`policies:` in config): which policy a key, a session
-and a request belong to. The policy of a session is fixed when it opens (its key's, or
-the admin's explicit choice); a request's model name may pick another policy only
-through a policy's declared `model_names`."""
+"""Named policies at the gateway (`policies:` in config, and those created at runtime):
+which policy a key, a session and a request belong to, and creating one. The policy of
+a session is fixed when it opens (its key's, or the admin's explicit choice); a request's
+model name may pick another policy only through a policy's `model_names`.
+
+Every lookup reads `state.policy_registry` (`areal_service/policy_registry.py`), which
+`run_policy_refresher` rebuilds from the store off the request path; the request path
+itself never queries the store for policies. A name not known yet (created on another
+worker since the last refresh) is looked up once more where a policy is chosen (key and
+session creation), never while serving."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from areal_service.config import ServiceConfig
-from areal_service.types import DEFAULT_POLICY
+from areal_service.policy_registry import PolicyError, matrix_modules, new_policy
+from areal_service.store import PolicyConflict
+from areal_service.types import DEFAULT_POLICY, PolicyRecord
 from gateway.errors import OpenAIError
 from gateway.sessions import cached_session
 
@@ -16,21 +26,75 @@ if TYPE_CHECKING:
     from gateway.auth import Principal
     from gateway.state import GatewayState
 
+log = logging.getLogger(__name__)
 
-def checked_policy(config: ServiceConfig, name: str | None) -> str:
-    """`name` when it is a policy of `config` (None: the default policy); else 400
-    `unknown_policy` in the OpenAI error shape."""
+POLICY_REFRESH_S = 1.0
+"""How often each gateway process re-reads the runtime policies (one small store read):
+a policy created on another worker or replica is served there within about this."""
+
+
+async def refresh_policies(state: GatewayState) -> list[str]:
+    """Re-read the runtime policies from the store; the names new to this process."""
+    records = await asyncio.to_thread(state.store.policies.list_policies)
+    added = state.policy_registry.update(records)
+    if added:
+        state.model_policies = state.policy_registry.model_policies
+        log.info("runtime policies now known: %s", ", ".join(added))
+    return added
+
+
+async def run_policy_refresher(state: GatewayState) -> None:
+    """Refresh the runtime policies every `POLICY_REFRESH_S` (until cancelled)."""
+    while True:
+        await asyncio.sleep(POLICY_REFRESH_S)
+        try:
+            await refresh_policies(state)
+        except Exception:  # the store failed this round; the policies known stay
+            log.exception("reading the runtime policies failed; retrying")
+
+
+async def checked_policy(state: GatewayState, name: str | None) -> str:
+    """`name` when it is a policy of this deployment (None: the default policy); else
+    400 `unknown_policy` in the OpenAI error shape. A name unknown here is looked up in
+    the store once before it is refused (it may be minutes old on another worker)."""
     if name is None:
         return DEFAULT_POLICY
-    known = config.policy_names()
-    if name not in known:
+    if name not in state.policy_registry:
+        await refresh_policies(state)
+    if name not in state.policy_registry:
         raise OpenAIError(
             400,
-            f"unknown policy {name!r}; known: {', '.join(known)}",
+            f"unknown policy {name!r}; known: {', '.join(state.policy_registry.names())}",
             param="policy",
             code="unknown_policy",
         )
     return name
+
+
+async def create_policy(
+    state: GatewayState,
+    name: str,
+    lora: dict[str, Any] | None = None,
+    model_names: Sequence[str] = (),
+) -> PolicyRecord:
+    """Create a runtime policy (admin API, console): checked against the config and the
+    freshly read registry (400/409 in the OpenAI error shape), then stored, where the
+    primary keys settle a race with another process creating the same name or model
+    name. Known to this process at once, to the others within `POLICY_REFRESH_S`."""
+    await refresh_policies(state)
+    modules = None
+    if lora is not None:  # headers only: a few KB read per creation, off the hot path
+        modules = await asyncio.to_thread(matrix_modules, state.config.model_dir())
+    try:
+        record = new_policy(state.config, state.policy_registry, name, lora, model_names, modules)
+        await asyncio.to_thread(state.store.policies.add_policy, record)
+    except PolicyError as exc:
+        raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+    except PolicyConflict as exc:
+        code = "policy_exists" if exc.field == "name" else "model_name_taken"
+        raise OpenAIError(409, f"{exc.field}: {exc}", param=exc.field, code=code) from None
+    await refresh_policies(state)
+    return record
 
 
 async def serving_adapter(
@@ -40,9 +104,9 @@ async def serving_adapter(
     (the backend's own default: the local engine's default adapter, vLLM's
     `ADAPTER_NAME`), else the policy's name. A model name declared in a policy's
     `model_names` picks that policy; any other name the caller's: its key's (a key's
-    sessions share its policy), or for the admin key its session's. Without declared
-    policies this is one attribute test per request."""
-    if not state.config.policies:
+    sessions share its policy), or for the admin key its session's. Without named
+    policies this is one attribute test per request; with them, a dict lookup."""
+    if not state.policy_registry.declared:
         return None
     policy = state.model_policies.get(model)
     if policy is None:

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from areal_service.config import ServiceConfig
+from areal_service.policy_registry import PolicyRegistry
 from areal_service.store import TrajectoryStore
 from areal_service.store.linking import ParentLinker
 from areal_service.store.writer import GroupCommitWriter
@@ -52,8 +53,12 @@ class GatewayState:
     policy_pools: dict[str, BackendPool] = field(default_factory=dict)
     """The backend pool of each policy with its own full weights (`weights: full`,
     `gateway/policy_pools.py`); every other policy is served by `backends`."""
+    policy_registry: PolicyRegistry = field(init=False)
+    """Every policy, the config's and the runtime ones (refreshed by
+    `gateway/policies.py` off the request path)."""
     model_policies: dict[str, str] = field(init=False)
-    """Request model name -> policy (`policies[].model_names`), built once."""
+    """Request model name -> policy (every policy's `model_names`; the registry's,
+    replaced when it changes)."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One staleness-gate store transaction at a time from this process."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -68,9 +73,8 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         gw = self.config.gateway
-        self.model_policies = {
-            alias: p.name for p in self.config.policies for alias in p.model_names
-        }
+        self.policy_registry = PolicyRegistry(self.config)
+        self.model_policies = self.policy_registry.model_policies
         self.continuity = Continuity(
             self.tokenizer,
             enabled=gw.continuity.enabled,

@@ -289,7 +289,7 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
     pause (`SGLangClient.swap_adapter`). Returns the (policy, version) pairs swapped.
     One store read per policy per poll."""
     swapped = []
-    for policy in state.config.policies:
+    for policy in state.policy_registry.declared:
         if policy.weights == "full":  # its own pool: `sync_full_policies_once`
             continue
         latest = await asyncio.to_thread(state.store.latest_weight_version, policy.name)
@@ -326,9 +326,10 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
 
 
 async def follow_policies(state: GatewayState) -> None:
-    """A follower's round for the declared policies: adopt each live adapter version
-    (for its admission window and for re-syncing a returning backend)."""
-    for policy in state.config.policies:
+    """A follower's round for the declared policies (config and runtime): adopt each
+    live adapter version (for its admission window and for re-syncing a returning
+    backend)."""
+    for policy in state.policy_registry.declared:
         if policy.weights == "full":  # `follow_full_policies`
             continue
         live = await asyncio.to_thread(

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -47,7 +47,13 @@ keys_app = typer.Typer(
 )
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
+policies_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Create and list named policies (LoRA adapters on the shared base model).",
+)
 app.add_typer(keys_app, name="keys")
+app.add_typer(policies_app, name="policies")
 
 FIRST_COMMANDS = ("demo", "serve", "train", "eval")
 """Listed first in `--help`, in this order: what a newcomer runs."""
@@ -272,15 +278,18 @@ def keys_create(
 ) -> None:
     """Create a virtual API key; the plaintext is printed once and never stored."""
     from areal_service.keys import new_api_key
+    from areal_service.policy_registry import PolicyRegistry
 
     cfg = _config(config, set_)
-    if policy not in cfg.policy_names():
-        raise typer.BadParameter(
-            f"unknown policy {policy!r}; known: {', '.join(cfg.policy_names())}",
-            param_hint="--policy",
-        )
     store = _open_store(cfg)
     try:
+        # The config's policies and those created at runtime (kept in the store).
+        registry = PolicyRegistry(cfg, store.policies.list_policies())
+        if policy not in registry:
+            raise typer.BadParameter(
+                f"unknown policy {policy!r}; known: {', '.join(registry.names())}",
+                param_hint="--policy",
+            )
         plaintext, record = new_api_key(name=name)
         record = dataclasses.replace(record, policy=policy)
         store.keys.add_api_key(record)
@@ -359,6 +368,117 @@ def keys_revoke(
     typer.echo(f"revoked {key_id}")
 
 
+@policies_app.command("create", short_help="Create a LoRA policy (kept in the store).")
+def policies_create(
+    name: Annotated[
+        str, typer.Argument(help="The policy's name, also its adapter's: [a-z0-9][a-z0-9_-]*.")
+    ],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    rank: Annotated[
+        int | None, typer.Option(metavar="R", help="LoRA rank (default: trainer.lora's).")
+    ] = None,
+    alpha: Annotated[
+        float | None, typer.Option(metavar="A", help="LoRA alpha (default: trainer.lora's).")
+    ] = None,
+    target_modules: Annotated[
+        str | None,
+        typer.Option(
+            metavar="M1,M2",
+            help="Comma-separated module names that get an adapter (default: trainer.lora's).",
+        ),
+    ] = None,
+    model_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model-name",
+            metavar="NAME",
+            help="A request model name that picks this policy (repeat for several).",
+        ),
+    ] = None,
+) -> None:
+    """Create a named LoRA policy at runtime, beside the config's `policies:`. It is kept
+    in the store: running gateways serve it within a second and `launch` starts its
+    trainer; keys may be bound to it at once (`keys create --policy NAME`)."""
+    from areal_service.policy_registry import (
+        PolicyError,
+        PolicyRegistry,
+        matrix_modules,
+        new_policy,
+    )
+    from areal_service.store import PolicyConflict
+
+    cfg = _config(config, set_)
+    lora = _lora_of(cfg, rank, alpha, target_modules)
+    store = _open_store(cfg)
+    try:
+        registry = PolicyRegistry(cfg, store.policies.list_policies())
+        modules = None if lora is None else matrix_modules(cfg.model_dir())
+        record = new_policy(cfg, registry, name, lora, model_name or [], modules)
+        store.policies.add_policy(record)
+    except (PolicyError, PolicyConflict) as exc:
+        fail(f"cannot create policy {name!r}: {exc}")
+    finally:
+        store.close()
+    _echo(
+        {
+            "name": record.name,
+            "lora": record.lora,
+            "model_names": list(record.model_names),
+            "created_at": _utc(record.created_at),
+            "train_with": f"areal-service trainer --policy {record.name}",
+        }
+    )
+
+
+def _lora_of(
+    cfg: ServiceConfig, rank: int | None, alpha: float | None, target_modules: str | None
+) -> dict[str, Any] | None:
+    """The `--rank/--alpha/--target-modules` given, over `trainer.lora`'s values (None:
+    none given, the policy follows `trainer.lora`)."""
+    if rank is None and alpha is None and target_modules is None:
+        return None
+    base = cfg.trainer.lora.model_dump(mode="json") if cfg.trainer.lora else {}
+    if rank is not None:
+        base["rank"] = rank
+    if alpha is not None:
+        base["alpha"] = alpha
+    if target_modules is not None:
+        base["target_modules"] = [m.strip() for m in target_modules.split(",") if m.strip()]
+    return base
+
+
+@policies_app.command("list", short_help="List the policies, the config's and runtime ones.")
+def policies_list(config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Every policy: `default`, the config's `policies:`, then those created at runtime,
+    each with its adapter's shape, model names and newest published version."""
+    from areal_service.policy_registry import PolicyRegistry
+
+    cfg = _config(config, set_)
+    store = _open_store(cfg)
+    try:
+        registry = PolicyRegistry(cfg, store.policies.list_policies())
+        latest = store.latest_weight_versions()
+    finally:
+        store.close()
+    rows = []
+    for name in registry.names():
+        lora, version = registry.lora(name), latest.get(name)
+        runtime = registry.runtime.get(name)
+        rows.append(
+            {
+                "name": name,
+                "source": registry.source(name),
+                "model_names": list(registry.model_names(name)),
+                "lora_rank": None if lora is None else lora.rank,
+                "lora_alpha": None if lora is None else lora.alpha,
+                "latest_version": None if version is None else version.version,
+                "created_at": None if runtime is None else _utc(runtime.created_at),
+            }
+        )
+    _echo(rows)
+
+
 @app.command("export", short_help="Export recorded training sequences as JSONL or Parquet.")
 def export_cmd(
     out: Annotated[Path, typer.Argument(help="Output file (.jsonl or .parquet).")],
@@ -420,10 +540,35 @@ def trainer_cmd(
     from launcher.serve import ensure_model
     from trainer.train import main as train_main
 
-    cfg = _config(config, [*(set_ or []), *([f"trainer.policy={policy}"] if policy else [])])
+    cfg = _trainer_config(config, set_, policy)
     with _one_line_errors():
         ensure_model(cfg)
     train_main(cfg)
+
+
+def _trainer_config(
+    config: Path | None, overrides: list[str] | None, policy: str | None
+) -> ServiceConfig:
+    """The trainer's config for `--policy`: a config-declared policy as it is; any other
+    name is looked up among the policies created at runtime (the store), which are then
+    appended to `policies:` so the trainer resolves its shape and directories as for a
+    declared one. Unknown everywhere: "not a declared policy"."""
+    from areal_service.policy_registry import with_runtime_policies
+
+    if policy is None:
+        return _config(config, overrides)
+    cfg = _config(config, [*(overrides or []), f"trainer.policy={DEFAULT_POLICY}"])
+    if policy in cfg.policy_names():
+        return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"policy": policy})})
+    store = _open_store(cfg)
+    try:
+        runtime = store.policies.list_policies()
+    finally:
+        store.close()
+    try:
+        return with_runtime_policies(cfg, runtime, policy)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _driver_config(config: Path | None, overrides: list[str] | None):  # noqa: ANN202

@@ -1,6 +1,7 @@
 """`areal-service launch --scheduler local|ray|slurm`: the whole service — engines (local
 or SGLang), gateway, trainer — started by one command, here, on a Ray cluster, or as a
-Slurm job. Each scheduler runs the same CLI commands (`engine`, `serve`, `trainer` or
+Slurm job. With named policies the local scheduler also runs one trainer per policy
+(`PolicyTrainers`), those created at runtime included. Each scheduler runs the same CLI commands (`engine`, `serve`, `trainer` or
 torchrun on `trainer.train`) with the resolved config saved under `--out` (default
 `<data_dir>/launch/`), so what runs on a cluster is what runs on a laptop.
 """
@@ -8,10 +9,12 @@ torchrun on `trainer.train`) with the resolved config saved under `--out` (defau
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Literal
 
 from areal_service.config import ServiceConfig
+from areal_service.store import TrajectoryStore
 from launcher.placement import plan
 from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
 
@@ -86,10 +89,77 @@ def trainer_argv(config_path: Path, procs: int) -> list[str]:
     ]
 
 
+class PolicyTrainers:
+    """One trainer process per named policy (`trainer --policy NAME`, logs in
+    `logs/trainer-NAME.log`), besides the default policy's: the config's at start, and
+    each policy created at runtime (`POST /admin/policies`, `policies create`, the
+    console) when `poll` finds it in the store. Each one started is appended to
+    `children`, which the launcher stops (and only those)."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        cfg_path: Path,
+        logs: Path,
+        env: dict[str, str],
+        children: list[ChildProcess],
+    ) -> None:
+        self._config = config
+        self._cfg_path = cfg_path
+        self._logs = logs
+        self._env = env
+        self._children = children
+        self.started: dict[str, ChildProcess] = {}
+        # Runtime policies exist only where policies can (trainer.lora, the local
+        # engine): elsewhere there is nothing to poll for.
+        self._polls = config.trainer.lora is not None and config.engine.backend == "local"
+        self._store: TrajectoryStore | None = None
+
+    def start(self, names: list[str]) -> None:
+        """Start the trainer of each of `names` not started yet."""
+        for name in names:
+            if name in self.started:
+                continue
+            child = ChildProcess(
+                f"trainer-{name}",
+                cli_argv("trainer", "--config", str(self._cfg_path), "--policy", name),
+                log_path=self._logs / f"trainer-{name}.log",
+                env=self._env,
+            )
+            self._children.append(child)
+            self.started[name] = child
+
+    def poll(self) -> None:
+        """Start the trainers of runtime policies created since the last poll (one small
+        store read); a store that fails is tried again at the next poll."""
+        if not self._polls:
+            return
+        try:
+            if self._store is None:
+                self._store = TrajectoryStore.open(self._config.database_url(), self._config.store)
+            runtime = self._store.policies.list_policies()
+        except Exception:  # noqa: BLE001 - the gateway reports the store; retry later
+            log.exception("reading the runtime policies failed; retrying")
+            return
+        declared = {p.name for p in self._config.policies}
+        self.start([r.name for r in runtime if r.name not in declared])
+
+    def close(self) -> None:
+        """Close the store connection (the trainers are stopped by the launcher)."""
+        if self._store is not None:
+            self._store.close()
+
+
+POLICY_POLL_S = 2.0
+"""How often `launch` looks for policies created at runtime, to start their trainers."""
+
+
 def run_local(config: ServiceConfig, run_dir: Path) -> int:
     """`--scheduler local`: the gateway (which starts its engines: the local engine, or
-    SGLang servers per GPU group) and the trainer as children of this process; returns
-    when the trainer does (or on Ctrl-C / SIGTERM), stopping the trainer first."""
+    SGLang servers per GPU group), the default policy's trainer and one trainer per named
+    policy (the config's, and those created at runtime while it runs) as children of this
+    process; returns when the default trainer does (or on Ctrl-C / SIGTERM), stopping
+    the trainers first."""
     from launcher.processes import save_config
 
     config, trainer_env, procs = _local_split(config)
@@ -100,6 +170,7 @@ def run_local(config: ServiceConfig, run_dir: Path) -> int:
         config.engine.sglang.ready_timeout_s if config.engine.backend == "sglang" else 0.0
     )
     children: list[ChildProcess] = []
+    policies: PolicyTrainers | None = None
     with exit_on_sigterm():
         try:
             gateway = ChildProcess(
@@ -118,7 +189,14 @@ def run_local(config: ServiceConfig, run_dir: Path) -> int:
                 env=trainer_env,
             )
             children.append(trainer)
+            policies = PolicyTrainers(config, cfg_path, logs, trainer_env, children)
+            policies.start([p.name for p in config.policies])
+            while trainer.proc.poll() is None:
+                time.sleep(POLICY_POLL_S)
+                policies.poll()
             return trainer.proc.wait()
         finally:
             while children:
                 children.pop().stop()
+            if policies is not None:
+                policies.close()

@@ -128,7 +128,8 @@ class ChildProcess:
         By default the trainer gets `TRAINER_GRACE_S` (on SIGTERM it finishes the step
         under way, publishes and checkpoints), every other child 10 s."""
         if grace_s is None:
-            grace_s = TRAINER_GRACE_S if self.name == "trainer" else 10.0
+            trainer = self.name == "trainer" or self.name.startswith("trainer-")  # per policy
+            grace_s = TRAINER_GRACE_S if trainer else 10.0
         asked = self.proc.poll() is None
         if asked:
             os.killpg(self.proc.pid, signal.SIGTERM)

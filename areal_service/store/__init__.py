@@ -15,7 +15,8 @@ and `access.py` (row <-> record, one-transaction helpers), `inserts.py` + `write
 `claims.py` (`EpisodeClaimer`, the claim state machine), `reward_admission.py` (a
 reward checked against the claim and inserted in one transaction), and the
 coordination tables' `leases.py`, `admissions.py`, `auth_failures.py`,
-`key_counters.py`, `revocations.py`.
+`key_counters.py`, `revocations.py`. `store.policies` (`PolicyStore`,
+`policy_registry.py`) keeps the policies created at runtime.
 Nothing outside the package imports SQLAlchemy or an ORM row, or holds the engine.
 """
 
@@ -23,11 +24,14 @@ from areal_service.store.api_keys import KeyStore
 from areal_service.store.connect import create_store_engine, upgrade_database
 from areal_service.store.coordination import Coordination
 from areal_service.store.migrate import alembic_config
+from areal_service.store.policy_registry import PolicyConflict, PolicyStore
 from areal_service.store.trajectory import TrajectoryStore
 
 __all__ = [
     "Coordination",
     "KeyStore",
+    "PolicyConflict",
+    "PolicyStore",
     "TrajectoryStore",
     "alembic_config",
     "create_store_engine",

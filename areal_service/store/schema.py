@@ -258,3 +258,26 @@ class ConsoleRevocationRow(Base):
 
     nonce: Mapped[str] = mapped_column(String, primary_key=True)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class PolicyRow(Base):
+    """A policy created at runtime (`policy_registry.py`); config-declared policies are
+    not stored. The name is the primary key, so two creators racing for one name get one
+    row and one IntegrityError."""
+
+    __tablename__ = "policies"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    lora: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class PolicyModelNameRow(Base):
+    """A request model name that picks a runtime policy. One row per name, the name the
+    key: an alias taken by another policy fails the insert in the policy's transaction,
+    whichever process created the other one."""
+
+    __tablename__ = "policy_model_names"
+
+    model_name: Mapped[str] = mapped_column(String, primary_key=True)
+    policy: Mapped[str] = mapped_column(String, index=True)

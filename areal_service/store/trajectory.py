@@ -36,6 +36,7 @@ from areal_service.store.inserts import CompletionInserter, completion_row
 from areal_service.store.linking import PrefixEntry
 from areal_service.store.merge_stats import RECENT_COMPLETIONS, MergeStats
 from areal_service.store.migrate import upgrade_engine
+from areal_service.store.policy_registry import PolicyStore
 from areal_service.store.readiness import SettlingCounts
 from areal_service.store.reward_admission import AcceptedReward, accept_reward
 from areal_service.store.rows import completion_from_row, paged, row_values, to_record
@@ -90,12 +91,15 @@ class TrajectoryStore(RowAccess):
     """The API keys (`api_keys.py`)."""
     coordination: Coordination
     """What gateway processes sharing the store agree on (`coordination.py`)."""
+    policies: PolicyStore
+    """The policies created at runtime (`policy_registry.py`)."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self._completions = CompletionInserter(engine)
         self.keys = KeyStore(engine)
         self.coordination = Coordination(engine)
+        self.policies = PolicyStore(engine)
 
     @classmethod
     def open(cls, url: str, config: StoreConfig) -> TrajectoryStore:

@@ -1,5 +1,6 @@
-"""Admin REST: virtual keys (create: plaintext shown once; list; revoke; per-key limits).
-Admin key only."""
+"""Admin REST: virtual keys (create: plaintext shown once; list; revoke; per-key limits),
+status, the episode audit, export and policies (list; create at runtime). Admin key
+only."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.concurrency import iterate_in_threadpool
 
+from areal_service.config import LoRAConfig
 from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
 from areal_service.store.audit import EpisodeAudit
-from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, KeyKind
+from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, KeyKind, WeightVersionRecord
 from gateway.admission import window
 from gateway.deps import AdminDep, PageLimit, PageOffset, StateDep
 from gateway.errors import OpenAIError
 from gateway.leader import LEADER_LEASE
-from gateway.policies import checked_policy
+from gateway.policies import checked_policy, refresh_policies
+from gateway.policies import create_policy as create_runtime_policy
 from gateway.replies import ErrorBody
 from gateway.state import GatewayState
 
@@ -173,7 +176,7 @@ async def create_key(
 ) -> KeyCreated:
     """Create a virtual key; the response carries the plaintext, the only time it is shown."""
     body = body or KeyCreate()
-    policy = checked_policy(state.config, body.policy)
+    policy = await checked_policy(state, body.policy)
     plaintext, record = new_api_key(name=body.name)
     # cast: given() holds only LIMIT_FIELDS keys, which a comprehension cannot show.
     limits = cast(KeyLimits, body.given())
@@ -325,17 +328,38 @@ async def export(
     )
 
 
+class PolicyCreate(BaseModel):
+    """Body of `POST /admin/policies`: a named LoRA policy on the shared base model.
+    The name's rules (pattern, reserved names) and the adapter's ranges are checked with
+    the config's (`PolicyConfig`, `LoRAConfig`): 400 for bad input, 409 for a name or a
+    model name taken."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63)
+    """Also the adapter's served name and `weights/<name>/`: `[a-z0-9][a-z0-9_-]*`."""
+    lora: LoRAConfig | None = None
+    """rank, alpha, target_modules (and dropout); none: `trainer.lora`'s."""
+    model_names: list[str] = Field(default_factory=list, max_length=64)
+    """Request model names that pick this policy (unique across every policy)."""
+
+
 class PolicyView(BaseModel):
     """A policy as `GET /admin/policies` shows it."""
 
     name: str
+    source: Literal["config", "runtime"]
+    """Declared in the config (`policies:`, and `default`) or created at runtime."""
     model_names: list[str]
     """Request model names that pick this policy whatever the key's."""
     lora_rank: int | None
     """The adapter's rank (None: full fine-tuning, the default policy without LoRA)."""
+    lora_alpha: float | None = None
+    target_modules: list[str] | None = None
     latest_version: int | None
     """The newest version its trainer published (None before the first)."""
     latest_version_at: float | None
+    created_at: float | None = None
+    """When a runtime policy was created (None for the config's)."""
 
 
 class PolicyList(BaseModel):
@@ -343,21 +367,50 @@ class PolicyList(BaseModel):
     data: list[PolicyView]
 
 
-@router.get("/policies")
-async def list_policies(state: StateDep, _: AdminDep) -> PolicyList:
-    """The configured policies (`default` first) with their latest published version."""
-    latest = await asyncio.to_thread(state.store.latest_weight_versions)
-    aliases = {p.name: p.model_names for p in state.config.policies}
+def policy_views(state: GatewayState, latest: dict[str, WeightVersionRecord]) -> list[PolicyView]:
+    """Every policy (`default`, the config's, then the runtime ones) as the API and the
+    console show it, with its latest published version from `latest`."""
+    registry = state.policy_registry
+    aliases = {p.name: p.model_names for p in registry.declared}
     views = []
-    for name in state.config.policy_names():
-        lora, version = state.config.policy_lora(name), latest.get(name)
+    for name in registry.names():
+        lora, version = registry.lora(name), latest.get(name)
+        runtime = registry.runtime.get(name)
         views.append(
             PolicyView(
                 name=name,
+                source=registry.source(name),
                 model_names=aliases.get(name, []),
                 lora_rank=None if lora is None else lora.rank,
+                lora_alpha=None if lora is None else lora.alpha,
+                target_modules=None if lora is None else lora.target_modules,
                 latest_version=None if version is None else version.version,
                 latest_version_at=None if version is None else version.created_at,
+                created_at=None if runtime is None else runtime.created_at,
             )
         )
-    return PolicyList(data=views)
+    return views
+
+
+@router.get("/policies")
+async def list_policies(state: StateDep, _: AdminDep) -> PolicyList:
+    """Every policy, the config's (`default` first) and the runtime ones, with its latest
+    published version (the runtime ones re-read from the store first)."""
+    await refresh_policies(state)
+    latest = await asyncio.to_thread(state.store.latest_weight_versions)
+    return PolicyList(data=policy_views(state, latest))
+
+
+@router.post("/policies", status_code=201, responses={409: {"model": ErrorBody}})
+async def create_policy(state: StateDep, _: AdminDep, body: PolicyCreate) -> PolicyView:
+    """Create a LoRA policy at runtime: kept in the store, so every gateway process and
+    the launcher (which starts its trainer) see it. Keys and sessions may be bound to it
+    at once; it serves the base model (its untrained version 0) until its trainer
+    publishes."""
+    lora = None
+    if body.lora is not None:  # the fields not given are trainer.lora's, as in the CLI
+        given = body.lora.model_dump(mode="json", include=body.lora.model_fields_set)
+        default = state.config.trainer.lora
+        lora = {**(default.model_dump(mode="json") if default else {}), **given}
+    record = await create_runtime_policy(state, body.name, lora, body.model_names)
+    return next(v for v in policy_views(state, {}) if v.name == record.name)

@@ -195,7 +195,7 @@ async def start_sessions(
 ) -> SessionsStarted | SessionRefreshed:
     """Open `group_size` sessions (one fresh session key each), or refresh a user key."""
     body = body or SessionStart()
-    policy = checked_policy(state.config, body.policy)
+    policy = await checked_policy(state, body.policy)
     if not principal.is_admin:
         if principal.key is None or principal.key.kind != "user":
             raise OpenAIError(

@@ -66,6 +66,7 @@ def test_cli_flags_ratchet():
         "config",
         "db",
         "keys",
+        "policies",
         "make-tiny-model",
         "make-model",
         "engine",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_service.store import Coordination, KeyStore, TrajectoryStore
+from areal_service.store import Coordination, KeyStore, PolicyStore, TrajectoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("areal_service", "engine", "gateway", "trainer", "launcher")
@@ -202,9 +202,12 @@ def _takes_the_engine(function: object) -> bool:
 def test_the_store_domains_do_not_overlap():
     trajectories = _public_methods(TrajectoryStore)
     keys, coordination = _public_methods(KeyStore), _public_methods(Coordination)
-    assert keys and coordination
-    assert not trajectories & (keys | coordination), "a domain's method on TrajectoryStore"
-    assert not keys & coordination
+    policies = _public_methods(PolicyStore)
+    assert keys and coordination and policies
+    assert not trajectories & (keys | coordination | policies), (
+        "a domain's method on TrajectoryStore"
+    )
+    assert not keys & coordination and not policies & (keys | coordination)
 
 
 def test_no_function_that_takes_the_engine_is_imported_outside_the_store():
@@ -280,7 +283,11 @@ def _protocol_methods(tree: ast.Module) -> set[str]:
 def test_keys_and_coordination_are_reached_through_their_objects():
     """`store.keys.add_api_key(...)`, `store.coordination.acquire_lease(...)`: a call of a
     domain's method on anything else (the store itself, above all) is refused."""
-    domains = {"keys": _public_methods(KeyStore), "coordination": _public_methods(Coordination)}
+    domains = {
+        "keys": _public_methods(KeyStore),
+        "coordination": _public_methods(Coordination),
+        "policies": _public_methods(PolicyStore),
+    }
     wrong = []
     for name, path in _outside_the_store().items():
         tree = ast.parse(path.read_text(), str(path))

@@ -31,6 +31,8 @@ TABLES = {
     "admissions",
     "console_revocations",
     "auth_failures",
+    "policies",
+    "policy_model_names",
 }
 
 

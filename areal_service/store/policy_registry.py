@@ -1,0 +1,78 @@
+"""`PolicyStore`: the policies created at runtime (`policies`, `policy_model_names`), so
+every gateway process, worker and trainer sharing the store sees the same ones. Whether
+a new policy is valid against the config (reserved names, the config's own policies and
+aliases) is `areal_service/policy_registry.py`'s; this module only keeps names and
+aliases unique across processes: both are primary keys, inserted in one transaction.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from areal_service.store.access import RowAccess
+from areal_service.store.schema import PolicyModelNameRow, PolicyRow
+from areal_service.types import PolicyRecord
+
+
+class PolicyConflict(Exception):
+    """A runtime policy's name or one of its model names is taken by another one."""
+
+    def __init__(self, field: str, value: str) -> None:
+        super().__init__(f"{field} {value!r} is taken")
+        self.field = field
+        """`name` or `model_names`."""
+        self.value = value
+
+
+class PolicyStore(RowAccess):
+    """Runtime policies, read whole (a handful of rows; the gateway reloads them off the
+    request path)."""
+
+    def add_policy(self, record: PolicyRecord) -> PolicyRecord:
+        """Insert a policy and its model names in one transaction; `PolicyConflict` when
+        the name or a model name exists already (nothing is inserted then)."""
+        try:
+            with self._sessions.begin() as session:
+                session.add(
+                    PolicyRow(name=record.name, lora=record.lora, created_at=record.created_at)
+                )
+                session.flush()  # the name's conflict before the aliases'
+                session.add_all(
+                    PolicyModelNameRow(model_name=m, policy=record.name) for m in record.model_names
+                )
+        except IntegrityError:
+            raise self._conflict(record) from None
+        return record
+
+    def _conflict(self, record: PolicyRecord) -> PolicyConflict:
+        """Which of `record`'s keys another row holds (read after the failed insert)."""
+        with self._sessions() as session:
+            if session.get(PolicyRow, record.name) is not None:
+                return PolicyConflict("name", record.name)
+            taken = session.scalars(
+                select(PolicyModelNameRow.model_name).where(
+                    PolicyModelNameRow.model_name.in_(record.model_names)
+                )
+            ).first()
+        return PolicyConflict("model_names", taken or ",".join(record.model_names))
+
+    def list_policies(self) -> list[PolicyRecord]:
+        """Every runtime policy, oldest first (two queries, whole tables)."""
+        with self._sessions() as session:
+            rows = session.scalars(select(PolicyRow).order_by(PolicyRow.created_at, PolicyRow.name))
+            policies = list(rows)
+            aliases: dict[str, list[str]] = {}
+            for alias in session.scalars(
+                select(PolicyModelNameRow).order_by(PolicyModelNameRow.model_name)
+            ):
+                aliases.setdefault(alias.policy, []).append(alias.model_name)
+        return [
+            PolicyRecord(
+                name=p.name,
+                lora=p.lora,
+                model_names=tuple(aliases.get(p.name, ())),
+                created_at=p.created_at,
+            )
+            for p in policies
+        ]

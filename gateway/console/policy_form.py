@@ -1,0 +1,97 @@
+"""The console's form to create a policy at runtime (`/console/policies/new`): what
+`POST /admin/policies` does, from a browser. Admin only, CSRF-checked like the console's
+other forms; the checks and their messages are the API's (`gateway/policies.py`), shown
+on the form with its values kept. Its own router and template, so the policy pages
+beside it stay separate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import RedirectResponse
+from starlette.datastructures import FormData
+
+from gateway.console.auth import CheckedForm, ConsoleAdmin, ConsoleSession
+from gateway.console.routes import render
+from gateway.deps import StateDep
+from gateway.errors import OpenAIError
+from gateway.policies import create_policy
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+FIELDS = ("name", "rank", "alpha", "target_modules", "model_names")
+"""The form's inputs (all text; blank: the deployment's default)."""
+
+
+def _form_page(
+    request: Request,
+    session: ConsoleSession,
+    state: StateDep,
+    *,
+    values: dict[str, str] | None = None,
+    error: OpenAIError | None = None,
+    created: str = "",
+) -> Response:
+    lora = state.config.trainer.lora
+    return render(
+        request,
+        "policy_new.html",
+        session,
+        status=error.status if error else 200,
+        nav="policies",
+        values=values or {},
+        error=error,
+        created=created,
+        default_lora=lora,
+        policies=state.policy_registry.names(),
+    )
+
+
+@router.get("/policies/new")
+async def new_policy_page(request: Request, state: StateDep, session: ConsoleAdmin) -> Response:
+    """The empty form (or, after a creation, the form again with a notice)."""
+    return _form_page(request, session, state, created=request.query_params.get("created", ""))
+
+
+def _number(form: FormData, field: str, kind: type[int] | type[float]) -> int | float | None:
+    """A numeric field (blank: None); a 400 naming it when it is not a number."""
+    raw = str(form.get(field) or "").strip()
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        raise OpenAIError(
+            400, f"lora.{field}: not a number: {raw!r}", param=f"lora.{field}"
+        ) from None
+
+
+def _words(raw: str) -> list[str]:
+    """Comma- or space-separated names."""
+    return [w for w in raw.replace(",", " ").split() if w]
+
+
+@router.post("/policies/new")
+async def create_policy_form(
+    request: Request, state: StateDep, session: ConsoleAdmin, form: CheckedForm
+) -> Response:
+    """Create the policy (303 back to the form with a notice), or show the form again
+    with the API's error and status (400 bad input, 409 taken)."""
+    values = {f: str(form.get(f) or "").strip()[:500] for f in FIELDS}
+    try:
+        lora: dict[str, Any] = {}
+        for field, kind in (("rank", int), ("alpha", float)):
+            number = _number(form, field, kind)
+            if number is not None:
+                lora[field] = number
+        if values["target_modules"]:
+            lora["target_modules"] = _words(values["target_modules"])
+        if lora and state.config.trainer.lora is not None:
+            lora = {**state.config.trainer.lora.model_dump(mode="json"), **lora}
+        record = await create_policy(
+            state, values["name"], lora or None, _words(values["model_names"])
+        )
+    except OpenAIError as exc:
+        return _form_page(request, session, state, values=values, error=exc)
+    return RedirectResponse(f"/console/policies/new?created={record.name}", status_code=303)
