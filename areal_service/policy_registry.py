@@ -87,12 +87,14 @@ class PolicyRegistry:
         return name == DEFAULT_POLICY or any(p.name == name for p in self.declared)
 
     def lora(self, name: str) -> LoRAConfig | None:
-        """The LoRA settings of policy `name` (its own, else `trainer.lora`); KeyError for
-        an unknown policy."""
+        """The LoRA settings of policy `name` (its own, else `trainer.lora`; None for a
+        full-weight policy); KeyError for an unknown policy."""
         if name == DEFAULT_POLICY:
             return self._config.trainer.lora
         for policy in self.declared:
             if policy.name == name:
+                if policy.weights == "full":
+                    return None
                 return policy.lora or self._config.trainer.lora
         raise KeyError(name)
 
@@ -159,10 +161,14 @@ def new_policy(
             None,
             "lora_not_enabled",
         )
-    if config.engine.backend != "local":
+    if config.engine.backend != "local" and not config.policies:
+        # vLLM and SGLang get room for several adapters only when the launcher sees
+        # declared policies (`--max-loras`, versioned names: gateway/adapters.py).
         raise PolicyError(
             400,
-            "policies are served by the local engine only so far (engine.backend local)",
+            f"on {config.engine.backend}, policies can be created at runtime only on a "
+            "deployment started with at least one policy in `policies:` (the engine "
+            "is then started with room for several adapters)",
             None,
             "policies_unsupported",
         )

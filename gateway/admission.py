@@ -96,7 +96,7 @@ async def admit_sessions(
                     count,
                     limit,
                     ADMISSION_TTL_S,
-                    policy=policy if state.config.policies else None,
+                    policy=policy if state.policy_registry.declared else None,
                 )
             )
         if reservation is not None:

@@ -62,14 +62,14 @@ def live_version_of(state: GatewayState, policy: str) -> int:
 
 def policy_figures(state: GatewayState) -> list[PolicyFigures]:
     """Every policy (`default` first, then the declared ones in order) with its figures."""
-    store, config = state.store, state.config
+    store, registry = state.store, state.policy_registry
     sessions = store.count_sessions_by_policy()
     latest = store.latest_weight_versions()
     steps = store.latest_train_steps()
-    aliases = {p.name: p.model_names for p in config.policies}
+    aliases = {p.name: p.model_names for p in registry.declared}
     out = []
-    for name in config.policy_names():
-        lora = config.policy_lora(name)
+    for name in registry.names():
+        lora = registry.lora(name)
         live = live_version_of(state, name)
         out.append(
             PolicyFigures(

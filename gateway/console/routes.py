@@ -362,7 +362,7 @@ async def training_page(request: Request, state: StateDep, session: ConsoleAdmin
         nav="training",
         steps=steps[-20:][::-1],
         count=len(steps),
-        named_policies=bool(state.config.policies),
+        named_policies=bool(state.policy_registry.declared),
     )
 
 
@@ -386,7 +386,7 @@ async def weights_page(request: Request, state: StateDep, session: ConsoleAdmin)
         nav="weights",
         rows=rows,
         live_version=state.live_version,
-        named_policies=bool(state.config.policies),
+        named_policies=bool(state.policy_registry.declared),
     )
 
 
@@ -427,7 +427,7 @@ async def policy_detail_page(
 @router.get("/policies/{name}/data.json")
 async def policy_data(state: StateDep, _: ConsoleAdmin, name: str) -> JSONResponse:
     """Chart series of the policy's train steps (as `training/data.json`)."""
-    if name not in state.config.policy_names():
+    if name not in state.policy_registry:
         raise HTTPException(404, f"no policy {name!r}")
     steps = await asyncio.to_thread(state.store.list_train_steps, limit=100_000, policy=name)
     body = train_series(steps)

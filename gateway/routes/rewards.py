@@ -197,7 +197,7 @@ async def _observe_reward(
         policies = [session.policy]
     elif body.group_id is None:  # a completion outside a session: no policy trains it
         return
-    elif not state.config.policies:
+    elif not state.policy_registry.declared:
         policies = [DEFAULT_POLICY]
     else:
         policies = await asyncio.to_thread(state.store.group_policies, body.group_id)
