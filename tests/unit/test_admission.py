@@ -16,6 +16,7 @@ from areal_service.config import (
     SessionsConfig,
     TrainerConfig,
 )
+from areal_service.policy_registry import PolicyRegistry
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import DEFAULT_POLICY, CompletionRecord, RewardRecord, SessionRecord
@@ -33,6 +34,10 @@ class GateState:
     policy_versions: dict[str, int] = field(default_factory=dict)
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    policy_registry: PolicyRegistry = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.policy_registry = PolicyRegistry(self.config)
 
 
 def gate(
