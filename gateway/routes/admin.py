@@ -28,6 +28,7 @@ from gateway.errors import OpenAIError
 from gateway.leader import LEADER_LEASE
 from gateway.policies import checked_policy, refresh_policies
 from gateway.policies import create_policy as create_runtime_policy
+from gateway.policy_figures import live_version_of
 from gateway.replies import ErrorBody
 from gateway.state import GatewayState
 
@@ -349,6 +350,13 @@ class PolicyView(BaseModel):
     name: str
     source: Literal["config", "runtime"]
     """Declared in the config (`policies:`, and `default`) or created at runtime."""
+    weights: Literal["lora", "full"]
+    """A LoRA adapter on the shared base, or its own full weights (served by its own
+    backends: `backends`)."""
+    backends: list[str] = Field(default_factory=list)
+    """A full-weight policy's own backends (empty: it shares the main pool)."""
+    live_version: int
+    """The version this gateway serves (0: the base model, the untrained version)."""
     model_names: list[str]
     """Request model names that pick this policy whatever the key's."""
     lora_rank: int | None
@@ -376,10 +384,15 @@ def policy_views(state: GatewayState, latest: dict[str, WeightVersionRecord]) ->
     for name in registry.names():
         lora, version = registry.lora(name), latest.get(name)
         runtime = registry.runtime.get(name)
+        pool = state.policy_pools.get(name)
+        full = pool is not None or (name == DEFAULT_POLICY and lora is None)
         views.append(
             PolicyView(
                 name=name,
                 source=registry.source(name),
+                weights="full" if full else "lora",
+                backends=[] if pool is None else [b.url for b in pool.backends],
+                live_version=live_version_of(state, name),
                 model_names=aliases.get(name, []),
                 lora_rank=None if lora is None else lora.rank,
                 lora_alpha=None if lora is None else lora.alpha,

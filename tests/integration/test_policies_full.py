@@ -228,6 +228,13 @@ def _scenario(
     assert _versions(v2) == {2} and _max_gap(critic_v2, v2) <= 1e-4
     # Each swap paused the critic's engine; the main engine's traffic was never paused.
     assert (len(pauses["main"]), len(pauses["critic"])) == (0, 2)
+    views = {
+        v["name"]: v
+        for v in httpx.get(f"{gw.url}/admin/policies", headers=ADMIN, timeout=30).json()["data"]
+    }
+    assert (views["critic"]["weights"], views["critic"]["backends"]) == ("full", [critic_url])
+    assert (views["critic"]["live_version"], views["critic"]["lora_rank"]) == (2, None)
+    assert (views["solver"]["weights"], views["solver"]["backends"]) == ("lora", [])
 
     # The critic's engine restarts (on the base weights): re-synced to v2 before serving.
     critic.close()
