@@ -34,7 +34,7 @@ TABLES = {
 }
 
 
-HEAD = "0011_policies"
+HEAD = "0013_episode_roles"
 """The newest revision: what an upgraded database stands at."""
 
 
