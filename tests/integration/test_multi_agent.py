@@ -310,3 +310,38 @@ def test_one_policy_episodes_are_unchanged(gw: Any) -> None:
     posted = _reward(gw, session["api_key"], session_id=session["session_id"], value=1.0)
     assert posted.status_code == 201 and posted.json()["roles"] == {}
     assert gw.state.store.list_sessions(parent_session_id=session["session_id"]) == []
+
+
+def test_the_example_agent_runs_its_episodes(gw: Any) -> None:
+    """`examples/multi_agent/agent.py` on the tiny model: one group of episodes lands as
+    solver episodes with verifier roles, rewarded as the agent scored them."""
+    import asyncio
+
+    from examples.multi_agent.agent import MultiAgent, Question
+
+    async def run() -> tuple[list[Any], dict[str, float]]:
+        agent = MultiAgent(gw.url, ADMIN_KEY)
+        try:
+            outcomes = await agent.group(Question(2, 3), 2)
+            return outcomes, await agent.evaluate([Question(1, 1), Question(4, 4)])
+        finally:
+            await agent.aclose()
+
+    outcomes, scores = asyncio.run(run())
+    assert set(scores) == {"solver", "verifier"}
+    assert all(0.0 <= v <= 1.0 for v in scores.values())
+    store = gw.state.store
+    episodes = store.list_sessions(task_id="add-2-3", limit=10)
+    own = sorted((s for s in episodes if s.parent_session_id is None), key=lambda s: s.id)
+    assert len(own) == 2 and {s.policy for s in own} == {"solver"}
+    got = {
+        (r.value, rr.value)
+        for s in own
+        for r in store.load_rewards([s.id], [])
+        for rr in store.load_rewards([role_session_id(s.id, "verifier")], [])
+    }
+    assert got == {(o.solver, o.verifier) for o in outcomes}
+    for s in own:
+        role = store.get_session(role_session_id(s.id, "verifier"))
+        assert (role.status, role.task_id) == ("ended", "add-2-3")
+        assert [c.model for c in store.list_completions(role.id)] == ["verifier"]
