@@ -70,6 +70,15 @@ def verdict(reply: str | None) -> bool | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """An answer for the verifier to judge: `text` claimed for `question`."""
+
+    question: Question
+    text: str
+    right: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     solver: float
     verifier: float
@@ -134,28 +143,55 @@ class MultiAgent:
         started.raise_for_status()
         return list(await asyncio.gather(*(self.episode(s, q) for s in started.json()["sessions"])))
 
-    async def evaluate(self, held_out: list[Question], seed: int = 0) -> dict[str, float]:
-        """Greedy held-out accuracy of each role, outside any session (nothing trained):
-        the solver on the questions, the verifier on one right and one wrong claim each."""
+    async def solver_claims(self, held_out: list[Question], samples: int = 4) -> list[Claim]:
+        """The solver's own answers to the held-out questions, sampled at T=1 outside any
+        session: what the verifier is evaluated on (taken once, before training, so the
+        before and after evaluations judge the same claims)."""
+
+        async def one(q: Question) -> Claim:
+            reply = await self._ask(self.admin_key, SOLVER_MODEL, q.text, 16, 1.0)
+            answer = last_number(reply)
+            return Claim(q, "nothing" if answer is None else str(answer), answer == q.a + q.b)
+
+        return list(await asyncio.gather(*(one(q) for q in held_out for _ in range(samples))))
+
+    async def evaluate(
+        self, held_out: list[Question], claims: list[Claim] | None = None, seed: int = 0
+    ) -> dict[str, float]:
+        """Greedy held-out scores of each role, outside any session (nothing trained):
+        `solver`, its accuracy on the questions; `verifier_near_miss`, the verifier's
+        accuracy on one right claim and one off by 1 or 2 per question; with `claims`,
+        `verifier`, its balanced accuracy (the mean of its accuracy on the right claims
+        and on the wrong ones: always "yes" or always "no" scores 0.5) on those claims."""
         rng = random.Random(seed)
 
         async def solve(q: Question) -> float:
             reply = await self._ask(self.admin_key, SOLVER_MODEL, q.text, 16, 0.0)
             return float(last_number(reply) == q.a + q.b)
 
-        async def judge(q: Question, claim: int) -> float:
+        async def judge(claim: Claim) -> float:
             reply = await self._ask(
-                self.admin_key, VERIFIER_MODEL, q.judge_text(str(claim)), 4, 0.0
+                self.admin_key, VERIFIER_MODEL, claim.question.judge_text(claim.text), 4, 0.0
             )
-            return float(verdict(reply) == (claim == q.a + q.b))
+            return float(verdict(reply) == claim.right)
 
-        wrong = [q.a + q.b + rng.choice((-2, -1, 1, 2)) for q in held_out]
+        near = [Claim(q, str(q.a + q.b), True) for q in held_out] + [
+            Claim(q, str(q.a + q.b + rng.choice((-2, -1, 1, 2))), False) for q in held_out
+        ]
         solver = await asyncio.gather(*(solve(q) for q in held_out))
-        verifier = await asyncio.gather(
-            *(judge(q, q.a + q.b) for q in held_out),
-            *(judge(q, w) for q, w in zip(held_out, wrong, strict=True)),
-        )
-        return {"solver": statistics.fmean(solver), "verifier": statistics.fmean(verifier)}
+        scores = {
+            "solver": statistics.fmean(solver),
+            "verifier_near_miss": statistics.fmean(await asyncio.gather(*map(judge, near))),
+        }
+        if claims:
+            judged = await asyncio.gather(*map(judge, claims))
+            by_truth = [
+                [j for j, c in zip(judged, claims, strict=True) if c.right == truth] or [0.0]
+                for truth in (True, False)
+            ]
+            scores["verifier"] = statistics.fmean(statistics.fmean(s) for s in by_truth)
+            scores["claims_right"] = statistics.fmean(float(c.right) for c in claims)
+        return scores
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -163,7 +199,7 @@ async def _main(args: argparse.Namespace) -> None:
     agent = MultiAgent(args.base_url, args.admin_key)
     try:
         if args.eval:
-            print(await agent.evaluate(held_out))
+            print(await agent.evaluate(held_out, await agent.solver_claims(held_out)))
             return
         for i in range(args.groups):
             outcomes = await agent.group(train[i % len(train)], args.group_size)

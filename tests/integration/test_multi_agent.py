@@ -323,12 +323,15 @@ def test_the_example_agent_runs_its_episodes(gw: Any) -> None:
         agent = MultiAgent(gw.url, ADMIN_KEY)
         try:
             outcomes = await agent.group(Question(2, 3), 2)
-            return outcomes, await agent.evaluate([Question(1, 1), Question(4, 4)])
+            held_out = [Question(1, 1), Question(4, 4)]
+            claims = await agent.solver_claims(held_out, samples=2)
+            assert len(claims) == 4
+            return outcomes, await agent.evaluate(held_out, claims)
         finally:
             await agent.aclose()
 
     outcomes, scores = asyncio.run(run())
-    assert set(scores) == {"solver", "verifier"}
+    assert set(scores) == {"solver", "verifier", "verifier_near_miss", "claims_right"}
     assert all(0.0 <= v <= 1.0 for v in scores.values())
     store = gw.state.store
     episodes = store.list_sessions(task_id="add-2-3", limit=10)
