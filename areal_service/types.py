@@ -79,6 +79,17 @@ class SessionRecord:
     policy: str = DEFAULT_POLICY
     """The policy that serves the session and trains on it (its key's, unless the admin
     named one)."""
+    parent_session_id: str | None = None
+    """Set on a role sub-session: the multi-agent episode's own session. Its completions
+    were served under another policy than the episode's (a role's model name), and its
+    policy (the role) trains on them (`gateway/roles.py`)."""
+
+
+def role_session_id(episode_id: str, policy: str) -> str:
+    """The id of the role sub-session of episode `episode_id` under `policy`: derived, so
+    every gateway process finds it without a store query, and unlike any session id the
+    gateway makes otherwise (those have no `~`)."""
+    return f"{episode_id}~{policy}"
 
 
 END_NO_REWARD = "no_reward"

@@ -36,7 +36,7 @@ from gateway.generation import StreamedChoice, generate_all, generate_requests, 
 from gateway.hotpath import EventStream, JsonReply, LastEvent, Reply
 from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
-from gateway.policies import serving_adapter
+from gateway.policies import serving_policy
 from gateway.protocol import ClientSampling, InvalidRequestError, ToolChoice
 from gateway.routing import BackendPool
 from gateway.sessions import session_for_request
@@ -207,6 +207,11 @@ async def begin(
     body, req, size = await read_request(request, cast("type[Any]", adapter.request_model))
     model = resolve_model(state.config.gateway, req.model)
     session_id = await session_for_request(state, principal, request, body)
+    # Without declared policies, no call at all (the request path's common case). A
+    # role's completions are recorded in the episode's role sub-session (`roles.py`).
+    lora = None
+    if state.policy_registry.declared:
+        lora, session_id = await serving_policy(state, principal, session_id, model)
     gw = state.config.gateway
     try:
         conv = await adapter.conversation(state, principal, req)
@@ -247,12 +252,6 @@ async def begin(
     # the UUID object; this ~1 µs).
     completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
     logprobs = req.wants_logprobs()
-    # Without declared policies, no call at all (the request path's common case).
-    lora = (
-        await serving_adapter(state, principal, session_id, model)
-        if state.policy_registry.declared
-        else None
-    )
     # A full-weight policy is served by its own pool, under its engines' own weights (no
     # adapter); one dict lookup, and none without a named policy.
     pool = state.policy_pools.get(lora) if lora is not None else None

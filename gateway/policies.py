@@ -20,6 +20,7 @@ from areal_service.policy_registry import PolicyError, matrix_modules, new_polic
 from areal_service.store import PolicyConflict
 from areal_service.types import DEFAULT_POLICY, PolicyRecord
 from gateway.errors import OpenAIError
+from gateway.roles import role_session
 from gateway.sessions import cached_session
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ async def run_policy_refresher(state: GatewayState) -> None:
             log.exception("reading the runtime policies failed; retrying")
 
 
-async def checked_policy(state: GatewayState, name: str | None) -> str:
+async def checked_policy(state: GatewayState, name: str | None, *, param: str = "policy") -> str:
     """`name` when it is a policy of this deployment (None: the default policy); else
     400 `unknown_policy` in the OpenAI error shape. A name unknown here is looked up in
     the store once before it is refused (it may be minutes old on another worker)."""
@@ -65,7 +66,7 @@ async def checked_policy(state: GatewayState, name: str | None) -> str:
         raise OpenAIError(
             400,
             f"unknown policy {name!r}; known: {', '.join(state.policy_registry.names())}",
-            param="policy",
+            param=param,
             code="unknown_policy",
         )
     return name
@@ -97,17 +98,21 @@ async def create_policy(
     return record
 
 
-async def serving_adapter(
+async def serving_policy(
     state: GatewayState, principal: Principal, session_id: str | None, model: str
-) -> str | None:
-    """The adapter name a request's generations run under: None for the default policy
-    (the backend's own default: the local engine's default adapter, vLLM's
-    `ADAPTER_NAME`), else the policy's name. A model name declared in a policy's
-    `model_names` picks that policy; any other name the caller's: its key's (a key's
-    sessions share its policy), or for the admin key its session's. Without named
-    policies this is one attribute test per request; with them, a dict lookup."""
-    if not state.policy_registry.declared:
-        return None
+) -> tuple[str | None, str | None]:
+    """(adapter, session): the adapter name a request's generations run under (None for
+    the default policy: the backend's own default, the local engine's default adapter or
+    vLLM's `ADAPTER_NAME`; else the policy's name), and the session its completions are
+    recorded in. A model name declared in a policy's `model_names` picks that policy; any
+    other name the caller's: its key's (a key's sessions share its policy), or for the
+    admin key its session's. A picked policy other than the session's is a role of the
+    episode: the completions go to its role sub-session (`gateway/roles.py`), which that
+    policy trains. Roles are opened only in episodes the admin started (the admin key,
+    or a session key it minted): a tenant's user key must not put episodes into another
+    tenant's policy, so its completions stay in its own session, as before roles
+    existed. Called only with declared policies; an unaliased name costs no store
+    read (a key's policy is on the key, a session's is cached)."""
     policy = state.model_policies.get(model)
     if policy is None:
         if principal.key is not None:
@@ -117,4 +122,24 @@ async def serving_adapter(
             policy = DEFAULT_POLICY if session is None else session.policy
         else:
             policy = DEFAULT_POLICY
-    return None if policy == DEFAULT_POLICY else policy
+    elif session_id is not None and (principal.key is None or principal.key.kind == "session"):
+        session_id = await _recorded_in(state, session_id, policy)
+    return (None if policy == DEFAULT_POLICY else policy), session_id
+
+
+async def _recorded_in(state: GatewayState, session_id: str, policy: str) -> str:
+    """The session a completion served under `policy` within session `session_id` goes
+    to: that session when it is `policy`'s, else the episode's role sub-session. A
+    request may name a role sub-session itself (its key owns it): its episode is the
+    parent's."""
+    session = await cached_session(state, session_id)
+    if session is None or session.policy == policy:
+        return session_id
+    if session.parent_session_id is not None:
+        episode = await cached_session(state, session.parent_session_id)
+        if episode is None:
+            return session_id
+        if episode.policy == policy:
+            return episode.id
+        session = episode
+    return await role_session(state, session, policy)

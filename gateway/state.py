@@ -14,7 +14,7 @@ from areal_service.policy_registry import PolicyRegistry
 from areal_service.store import TrajectoryStore
 from areal_service.store.linking import ParentLinker
 from areal_service.store.writer import GroupCommitWriter
-from areal_service.types import SessionRecord
+from areal_service.types import SessionRecord, role_session_id
 from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache
 from gateway.continuity import Continuity
@@ -91,9 +91,17 @@ class GatewayState:
 
     async def end_session(self, session_id: str, reason: str) -> SessionRecord | None:
         """End a session in the store and forget what this process cached about it
-        (again after the write: a reload may have raced it)."""
-        self.session_cache.forget(session_id)
-        self.continuity.cache.forget(session_id)  # no later turn will extend it
+        (again after the write: a reload may have raced it). The store ends the episode's
+        role sub-sessions with it; their derived ids are forgotten here too (one per
+        declared policy, none without `policies:`)."""
+        ids = [
+            session_id,
+            *(role_session_id(session_id, p.name) for p in self.policy_registry.declared),
+        ]
+        for sid in ids:
+            self.session_cache.forget(sid)
+            self.continuity.cache.forget(sid)  # no later turn will extend it
         ended = await asyncio.to_thread(self.store.end_session, session_id, reason)
-        self.session_cache.forget(session_id)
+        for sid in ids:
+            self.session_cache.forget(sid)
         return ended

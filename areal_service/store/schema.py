@@ -97,6 +97,10 @@ class SessionRow(Base):
     )
     """The policy that serves and trains the session; a policy's trainer claims only
     its own (`claims.py`)."""
+    parent_session_id: Mapped[str | None] = mapped_column(String, index=True)
+    """Set on a role sub-session of a multi-agent episode: the episode's own session,
+    whose group, task and key it shares; its `policy` is the role. No foreign key: the
+    two rows are written apart and a parent is never deleted before its roles."""
 
 
 class CompletionRow(Base):

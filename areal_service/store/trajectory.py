@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
 from sqlalchemy.sql import Select
 
 from areal_service.config import StoreConfig, TrainerConfig
@@ -69,7 +70,10 @@ def _filter_sessions(
     status: SessionStatus | None,
     group_id: str | None,
     task_id: str | None,
+    parent_session_id: str | None = None,
 ) -> Select[Any]:
+    if parent_session_id is not None:
+        statement = statement.where(SessionRow.parent_session_id == parent_session_id)
     if status is not None:
         statement = statement.where(SessionRow.status == status)
     if group_id is not None:
@@ -168,12 +172,14 @@ class TrajectoryStore(RowAccess):
         status: SessionStatus | None = None,
         group_id: str | None = None,
         task_id: str | None = None,
+        parent_session_id: str | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> list[SessionRecord]:
-        """Sessions matching every given filter, newest first."""
+        """Sessions matching every given filter, newest first (`parent_session_id`: the
+        role sub-sessions of that episode)."""
         statement = select(SessionRow).order_by(SessionRow.created_at.desc(), SessionRow.id)
-        statement = _filter_sessions(statement, status, group_id, task_id)
+        statement = _filter_sessions(statement, status, group_id, task_id, parent_session_id)
         return self._list(SessionRecord, paged(statement, limit, offset))
 
     def count_sessions(
@@ -199,29 +205,78 @@ class TrajectoryStore(RowAccess):
     def end_session(
         self, session_id: str, reason: str, *, at: float | None = None
     ) -> SessionRecord | None:
-        """Move an `open` session to `ended`. Idempotent: a session that is not open is
-        returned unchanged (the first reason wins). None if unknown."""
+        """Move an `open` session to `ended`, and its open role sub-sessions with it (one
+        transaction: a multi-agent episode ends whole, so each role's trainer sees it
+        end when the others do). Idempotent: a session that is not open is returned
+        unchanged (the first reason wins). None if unknown."""
         at = now() if at is None else at
-        self._update(
-            update(SessionRow)
-            .where(SessionRow.id == session_id, SessionRow.status == "open")
-            .values(status="ended", ended_at=at, end_reason=reason, last_activity_at=at)
-        )
+        ended = {"status": "ended", "ended_at": at, "end_reason": reason, "last_activity_at": at}
+        with self._engine.begin() as connection:
+            connection.execute(
+                update(SessionRow)
+                .where(SessionRow.id == session_id, SessionRow.status == "open")
+                .values(**ended)
+            )
+            # Indexed; no row for an episode of one policy.
+            connection.execute(
+                update(SessionRow)
+                .where(SessionRow.parent_session_id == session_id, SessionRow.status == "open")
+                .values(**ended)
+            )
         return self.get_session(session_id)
 
     def end_idle_sessions(self, idle_s: float, *, at: float | None = None) -> list[str]:
         """End every `open` session idle for more than `idle_s` seconds (reason
         `idle_timeout`, ended_at `at`); returns their ids. Conditional on status, so a
-        session ended concurrently keeps its own reason."""
+        session ended concurrently keeps its own reason.
+
+        A multi-agent episode is idle when its own session and every role sub-session
+        are: a role is never timed out alone (its episode still runs) and ends with its
+        episode; a role whose episode is no longer open ends too."""
         at = now() if at is None else at
-        with self._engine.begin() as connection:
-            ended = connection.execute(
-                update(SessionRow)
-                .where(SessionRow.status == "open", SessionRow.last_activity_at < at - idle_s)
-                .values(status="ended", ended_at=at, end_reason="idle_timeout")
-                .returning(SessionRow.id)
+        cutoff = at - idle_s
+        role = aliased(SessionRow)
+        busy_role = (
+            select(role.id)
+            .where(
+                role.parent_session_id == SessionRow.id,
+                role.status == "open",
+                role.last_activity_at >= cutoff,
             )
-            return sorted(ended.scalars())
+            .exists()
+        )
+        values = {"status": "ended", "ended_at": at, "end_reason": "idle_timeout"}
+        with self._engine.begin() as connection:
+            ended = list(
+                connection.execute(
+                    update(SessionRow)
+                    .where(
+                        SessionRow.status == "open",
+                        SessionRow.parent_session_id.is_(None),
+                        SessionRow.last_activity_at < cutoff,
+                        ~busy_role,
+                    )
+                    .values(**values)
+                    .returning(SessionRow.id)
+                ).scalars()
+            )
+            episode = aliased(SessionRow)
+            episode_closed = (
+                select(episode.id)
+                .where(episode.id == SessionRow.parent_session_id, episode.status != "open")
+                .exists()
+            )
+            ended += connection.execute(
+                update(SessionRow)
+                .where(
+                    SessionRow.status == "open",
+                    SessionRow.parent_session_id.is_not(None),
+                    episode_closed,
+                )
+                .values(**values)
+                .returning(SessionRow.id)
+            ).scalars()
+            return sorted(ended)
 
     # Completions.
 

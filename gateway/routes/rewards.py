@@ -20,6 +20,7 @@ would read them all on every post and could pass two racing posts that overflow 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import uuid
 from typing import Any, Literal
@@ -27,11 +28,12 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from areal_service.store.reward_admission import RewardRefused
+from areal_service.store.reward_admission import AcceptedReward, RewardRefused
 from areal_service.types import DEFAULT_POLICY, RewardRecord, SessionRecord
 from gateway.auth import Principal
 from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import OpenAIError, bad_request
+from gateway.policies import checked_policy
 from gateway.replies import ErrorBody
 from gateway.sessions import check_session_access, load_session
 from gateway.state import GatewayState
@@ -56,12 +58,18 @@ class RewardCreate(BaseModel):
     """End the target session with this reward (reason `reward`)."""
     additive: bool = False
     """Add to a reward of the same `name` already on the target instead of a 409."""
+    role_rewards: dict[str, float] | None = Field(None, max_length=64)
+    """Multi-agent episodes (`session_id` only): role (policy) -> the value its role
+    sub-session gets instead of `value`. `value` is the episode's reward: its own
+    session's, and every role's not named here."""
 
     @model_validator(mode="after")
     def _one_target(self) -> RewardCreate:
         targets = [t for t in (self.completion_id, self.session_id, self.group_id) if t]
         if len(targets) != 1:
             raise ValueError("name exactly one target: completion_id, session_id or group_id")
+        if self.role_rewards is not None and self.session_id is None:
+            raise ValueError("role_rewards go with a session_id (the episode's session)")
         return self
 
 
@@ -80,6 +88,9 @@ class Reward(BaseModel):
     target_total: float
     """Sum of every reward on this reward's target (completion, session or group) now:
     what the target's return is built from."""
+    roles: dict[str, float] = Field(default_factory=dict)
+    """Multi-agent episodes: each role sub-session the reward reached (role -> value).
+    Empty for an episode of one policy."""
 
     @classmethod
     def of(cls, r: RewardRecord, target_total: float) -> Reward:
@@ -142,30 +153,41 @@ async def _target_session(
     return session
 
 
+def _check_value(state: GatewayState, value: float, param: str) -> None:
+    """400 for a non-finite value or one beyond `gateway.limits.reward_max_abs`."""
+    if not math.isfinite(value):
+        raise bad_request(f"{param} must be a finite number, got {value}", param)
+    cap = state.config.gateway.limits.reward_max_abs
+    if abs(value) > cap:
+        raise bad_request(
+            f"|{param}| must be at most {cap:g} (gateway.limits.reward_max_abs), got {value:g}",
+            param,
+        )
+
+
 @router.post("/v1/rewards", status_code=201)
 @router.post("/rewards", status_code=201, include_in_schema=False)
 async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalDep) -> Reward:
     """Record a reward (see the module docstring for the rules)."""
-    if not math.isfinite(body.value):
-        raise bad_request(f"value must be a finite number, got {body.value}", "value")
-    cap = state.config.gateway.limits.reward_max_abs
-    if abs(body.value) > cap:
-        raise bad_request(
-            f"|value| must be at most {cap:g} (gateway.limits.reward_max_abs), got {body.value:g}",
-            "value",
-        )
+    _check_value(state, body.value, "value")
+    for role, value in (body.role_rewards or {}).items():
+        await checked_policy(state, role, param="role_rewards")
+        _check_value(state, value, f"role_rewards.{role}")
     owner = "" if principal.is_admin else (principal.key_id or "")
     if body.id is not None:
         existing = await asyncio.to_thread(state.store.get_reward, body.id, owner)
         if existing is not None:
             _same_or_conflict(existing, body)
-            return await _accepted(state, existing, body)
+            # A retry also finishes the roles a failed first post may have left out.
+            stored = await _accepted(state, existing, body)
+            return await _with_roles(state, principal, body, stored, existing, None)
     session = await _target_session(state, principal, body)
     if session is not None and session.status in _TRAINING:  # cheap early answer
         raise _trained(
             f"session {session.id!r} is already {session.status}; its rewards can no longer change",
             "session_id",
         )
+    roles = await _episode_roles(state, body, session)
     record = RewardRecord(
         id=body.id or f"rwd_{uuid.uuid4().hex}",
         value=body.value,
@@ -181,9 +203,94 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
     # created_at): counted by the post that stored it, not again.
     if stored.id == record.id and stored.created_at == record.created_at:
         await _observe_reward(state, session, body)
+    replied = await _with_roles(state, principal, body, stored, record, roles)
     if body.end_session and session is not None and session.status == "open":
-        await state.end_session(session.id, "reward")
-    return stored
+        await state.end_session(session.id, "reward")  # its roles end with it
+    return replied
+
+
+async def _episode_roles(
+    state: GatewayState, body: RewardCreate, session: SessionRecord | None, *, retry: bool = False
+) -> list[SessionRecord]:
+    """The role sub-sessions a session reward reaches: every role of the episode when
+    the target is an episode's own session (none without declared policies: no store
+    read), after the checks that must pass before anything is stored: `role_rewards`
+    names no role the episode lacks, and (unless `retry`: a retried post's role rewards
+    are already stored and come back as they are) no role is already claimed."""
+    if not state.policy_registry.declared or body.session_id is None or session is None:
+        return []
+    if session.parent_session_id is not None:
+        if body.role_rewards:
+            raise bad_request(
+                f"session {session.id!r} is a role of episode "
+                f"{session.parent_session_id!r}; post role_rewards on the episode's session",
+                "role_rewards",
+                "role_session",
+            )
+        return []
+    roles = await asyncio.to_thread(
+        state.store.list_sessions, parent_session_id=session.id, limit=1000
+    )
+    named = set(body.role_rewards or {})
+    missing = named - {r.policy for r in roles}
+    if missing:
+        raise bad_request(
+            f"episode {session.id!r} has no role {sorted(missing)[0]!r} (its roles: "
+            f"{', '.join(sorted(r.policy for r in roles)) or 'none'}; the episode's own "
+            f"policy {session.policy!r} takes `value`)",
+            "role_rewards",
+            "unknown_role",
+        )
+    for role in [] if retry else roles:
+        if role.status in _TRAINING:
+            raise _trained(
+                f"role {role.policy!r} of session {session.id!r} is already {role.status}; "
+                "its rewards can no longer change",
+                "session_id",
+            )
+    return roles
+
+
+async def _with_roles(
+    state: GatewayState,
+    principal: Principal,
+    body: RewardCreate,
+    stored: Reward,
+    record: RewardRecord,
+    roles: list[SessionRecord] | None,
+) -> Reward:
+    """`stored`, after the episode reward `record` reached each role sub-session (its own
+    reward, id `<id>~<role>`, idempotent like any; `role_rewards` overrides the value).
+    `roles` None: look them up (a retried post)."""
+    if record.session_id is None or not state.policy_registry.declared:
+        return stored
+    if roles is None:
+        session = await load_session(state, record.session_id)
+        check_session_access(principal, session)
+        roles = await _episode_roles(state, body, session, retry=True)
+    given: dict[str, float] = {}
+    overrides = body.role_rewards or {}
+    for role in roles:
+        value = overrides.get(role.policy, record.value)
+        role_record = dataclasses.replace(
+            record,
+            id=f"{record.id}~{role.policy}",
+            value=value,
+            session_id=role.id,
+            metadata={**record.metadata, "episode_reward": record.id},
+        )
+        accepted = await _accept(state, role_record, body.additive)
+        if accepted.created_at == role_record.created_at:  # newly stored: counted once
+            state.metrics.observe_reward(role.policy, value)
+        if accepted.value != value or accepted.session_id != role.id:
+            raise OpenAIError(
+                409,
+                f"reward id {record.id!r} was already used with other role values",
+                param="id",
+                code="reward_id_conflict",
+            )
+        given[role.policy] = value
+    return stored.model_copy(update={"roles": given}) if given else stored
 
 
 async def _observe_reward(
@@ -208,16 +315,25 @@ async def _observe_reward(
 async def _accepted(state: GatewayState, record: RewardRecord, body: RewardCreate) -> Reward:
     """Store `record` (the authoritative state check, `reward_admission.py`); an earlier
     reward of the same id comes back as stored, or 409 if its values differ."""
+    accepted = await _accept_total(state, record, body.additive)
+    _same_or_conflict(accepted.record, body)  # lost a race with the same id
+    return Reward.of(accepted.record, accepted.target_total)
+
+
+async def _accept(state: GatewayState, record: RewardRecord, additive: bool) -> RewardRecord:
+    return (await _accept_total(state, record, additive)).record
+
+
+async def _accept_total(
+    state: GatewayState, record: RewardRecord, additive: bool
+) -> AcceptedReward:
+    """`TrajectoryStore.accept_reward`, its refusals as 409s."""
     try:
-        accepted = await asyncio.to_thread(
-            state.store.accept_reward, record, additive=body.additive
-        )
+        return await asyncio.to_thread(state.store.accept_reward, record, additive=additive)
     except RewardRefused as refused:
         if refused.code == "session_trained":
             raise _trained(refused.message, refused.param) from None
         raise OpenAIError(409, refused.message, param=refused.param, code=refused.code) from None
-    _same_or_conflict(accepted.record, body)  # lost a race with the same id
-    return Reward.of(accepted.record, accepted.target_total)
 
 
 def _trained(message: str, param: str) -> OpenAIError:

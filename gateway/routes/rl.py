@@ -87,6 +87,9 @@ class SessionView(BaseModel):
     end_reason: str | None
     policy: str = DEFAULT_POLICY
     """The policy that serves and trains the session."""
+    parent_session_id: str | None = None
+    """Set on a role sub-session of a multi-agent episode (`gateway/roles.py`): the
+    episode's own session; `policy` is the role."""
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionView:
@@ -101,6 +104,7 @@ class SessionView(BaseModel):
             ended_at=session.ended_at,
             end_reason=session.end_reason,
             policy=session.policy,
+            parent_session_id=session.parent_session_id,
         )
 
 
@@ -151,6 +155,9 @@ class RewardSummary(BaseModel):
 class SessionDetail(SessionView):
     completions: list[CompletionSummary]
     rewards: list[RewardSummary]
+    roles: list[SessionView] = Field(default_factory=list)
+    """A multi-agent episode's role sub-sessions (their completions and rewards are read
+    at `GET /rl/sessions/{role's id}`); empty for an episode of one policy."""
 
 
 class SessionList(BaseModel):
@@ -320,6 +327,14 @@ async def end_session(
     rewarded."""
     session = await load_session(state, session_id)
     check_session_access(principal, session)
+    if session.parent_session_id is not None:
+        raise OpenAIError(
+            400,
+            f"session {session_id!r} is a role of episode {session.parent_session_id!r} "
+            "and ends with it; end the episode's session",
+            param="session_id",
+            code="role_session",
+        )
     if session.status != "open":
         raise OpenAIError(
             409,
@@ -346,6 +361,11 @@ async def get_session(session_id: str, state: StateDep, principal: PrincipalDep)
     completions = await asyncio.to_thread(state.store.list_completions, session_id)
     group = [session.group_id] if session.group_id else []
     rewards = await asyncio.to_thread(state.store.load_rewards, [session_id], group)
+    roles = []
+    if state.policy_registry.declared and session.parent_session_id is None:
+        roles = await asyncio.to_thread(
+            state.store.list_sessions, parent_session_id=session_id, limit=1000
+        )
     return SessionDetail(
         **SessionView.of(session).model_dump(),
         completions=[
@@ -370,6 +390,7 @@ async def get_session(session_id: str, state: StateDep, principal: PrincipalDep)
             )
             for r in rewards
         ],
+        roles=[SessionView.of(r) for r in reversed(roles)],
     )
 
 
@@ -380,15 +401,18 @@ async def list_sessions(
     status: SessionStatus | None = None,
     group_id: str | None = None,
     task_id: str | None = None,
+    parent_session_id: str | None = None,
     limit: PageLimit = 100,
     offset: PageOffset = 0,
 ) -> SessionList:
-    """Sessions, newest first, filtered (at most 1000 per page)."""
+    """Sessions, newest first, filtered (at most 1000 per page; `parent_session_id`: a
+    multi-agent episode's role sub-sessions)."""
     rows = await asyncio.to_thread(
         state.store.list_sessions,
         status=status,
         group_id=group_id,
         task_id=task_id,
+        parent_session_id=parent_session_id,
         limit=min(limit, 1000),
         offset=offset,
     )

@@ -3,7 +3,7 @@ window its places are held in, so a policy's gate counts only its own sessions a
 reservations. Existing rows (places held for a few seconds at most) get `default`.
 
 Revision ID: 0014_policy_admissions
-Revises: 0012_policy_registry
+Revises: 0013_episode_roles
 Create Date: 2026-11-26
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014_policy_admissions"
-down_revision: str | Sequence[str] | None = "0012_policy_registry"
+down_revision: str | Sequence[str] | None = "0013_episode_roles"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
