@@ -152,6 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="time cap per arm")
     parser.add_argument("--arms", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     parser.add_argument("--json", type=Path, help="also write the summaries here")
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        help="arms measured by an earlier invocation (its --json), printed beside these "
+        "and marked as such (for an arm that failed, e.g. on an overloaded machine)",
+    )
     args = parser.parse_args(argv)
     from launcher.demo import headline
     from launcher.demo_task import addition_task
@@ -159,6 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     task = addition_task()
     held, two = task.evals[0].name, task.evals[1].name
     results: list[dict[str, Any]] = []
+    if args.previous is not None:
+        for r in json.loads(args.previous.read_text()):
+            r["arm"] += " (earlier run)"
+            results.append(r)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="lora-vs-full-") as tmp:
         for arm in args.arms:
@@ -170,31 +180,33 @@ def main(argv: list[str] | None = None) -> None:
         f"each (GRPO, groups of 4, 4 groups a step), {time.monotonic() - started:.0f} s in all"
     )
     header = (
-        f"{'arm':<22}{'steps':>6}{'greedy before':>14}{'after':>7}{'pass@1 b/a':>12}"
+        f"{'arm':<30}{'steps':>6}{'greedy before':>14}{'after':>7}{'pass@1 b/a':>12}"
         f"{'2-digit b/a':>13}{'train s/step':>13}{'publish s':>10}{'wall s/step':>12}"
         f"{'MiB/version':>12}{'peak RSS MiB':>13}"
     )
     print(header)
     for r in results:
         b, f = r["baseline"], r["final"]
-        label = f"{r['arm']} (lr {r['lr']:g})"
+        label = f"{r['arm']}, lr {r['lr']:g}"
         wall = r["train_wall_s"] / max(r["trained_steps"], 1)
         print(
-            f"{label:<22}{r['trained_steps']:>6}{headline(b, task):>14.3f}"
+            f"{label:<30}{r['trained_steps']:>6}{headline(b, task):>14.3f}"
             f"{headline(f, task):>7.3f}"
             f"{b[held]['pass@1']:>6.3f}/{f[held]['pass@1']:.3f}"
             f"{b[two]['greedy']:>7.3f}/{f[two]['greedy']:.3f}"
             f"{r['train_s']:>13.2f}{r['publish_s']:>10.2f}{wall:>12.1f}"
             f"{r['published_tensor_bytes'] / 2**20:>12.2f}{r['peak_rss'] / 2**20:>13.0f}"
         )
-    by = {r["arm"]: r for r in results}
+    by = {r["arm"].removesuffix(" (earlier run)"): r for r in results}
     if {"full", "lora"} <= set(by):
         full, lora = by["full"], by["lora"]
+        earlier = any(r["arm"].endswith("(earlier run)") for r in (full, lora))
+        where = "one arm from an earlier invocation" if earlier else "same run"
         gain = {
             k: headline(v["final"], task) - headline(v["baseline"], task) for k, v in by.items()
         }
         print(
-            f"LoRA / full (baseline = full fine-tuning, same run): held-out greedy gain "
+            f"LoRA / full (baseline = full fine-tuning, {where}): held-out greedy gain "
             f"{gain['lora']:+.3f} vs {gain['full']:+.3f}; train s/step "
             f"{lora['train_s'] / full['train_s']:.2f}x; bytes per version "
             f"{lora['published_tensor_bytes'] / full['published_tensor_bytes']:.4f}x "
