@@ -18,9 +18,10 @@ cores the gateway's own CPU would sit in every figure; its overhead is what
   time (`/v1/load_lora_adapter`, the same serving as `--lora-modules` at start-up, but
   the RSS of each load can be read apart).
 
-Memory (per backend, before the throughput rounds): RSS of the backend's whole process
-tree (vLLM: API server and engine core) with 0 adapters, then after loading each one and
-sending it one request (vLLM loads an adapter into its slots on first use); the slope
+Memory (per backend, before any throughput traffic): RSS of the backend's whole process
+tree (vLLM: API server and engine core) after one base request with 0 adapters, then
+after loading each one and sending it one request (vLLM loads an adapter into its slots
+on first use); the slope
 is the least-squares fit over 1, 2, 4 and 8 loaded adapters. Printed beside it: the
 adapter's parameter bytes computed from rank and target shapes (config.json), the bytes
 of its tensors in adapter_model.safetensors, and the base model's parameter bytes.
@@ -29,15 +30,18 @@ Throughput (after all adapters are loaded): `--clients` closed-loop clients, eac
 request the same short prompt, `--max-tokens` new tokens exactly (`ignore_eos`), T=1 with
 a seed. Cells: `base` (no adapter named), `1 adapter` (every request names adapter 0),
 and `N adapters` for N in `--mix` (request i names adapter i mod N: round-robin, so
-every batch mixes N adapters). Each cell runs `--requests` requests; `--rounds` rounds,
-the cells' order rotating every round, samples pooled per cell. Tokens/s = generated
-tokens / wall time of the cell; p50 = the median request latency. Ratios are to the
-`1 adapter` cell of the same run (the issue's baseline), and to `base`. On the local
-engine `base` is also measured once before any adapter is injected (`base, no LoRA
-layers`): after injection, base rows still pass PEFT's LoRA layers.
+every batch mixes N adapters). Each cell runs `--requests` requests a round; `--rounds`
+rounds, the order of the cells reversed every other round (a load that drifts over the
+run weighs on every cell alike). Tokens/s = generated tokens / wall time, pooled over
+rounds; p50 = the median request latency. Ratios are to the `1 adapter` cell (the
+issue's baseline) and to `base`, taken round by round and the median printed (each
+round's ratio is printed too: on a shared machine the spread is the noise). On the local
+engine a second engine process that never loads an adapter serves `base, no LoRA
+layers` in the same rounds: on the first one, once adapters are injected, base rows
+still pass PEFT's LoRA layers.
 
 Run: `python -m benchmarks.lora_mix --model DIR [--backends local vllm]
-[--vllm-python PATH] [--rounds 2] [--requests 32] [--clients 8]` (DIR from
+[--vllm-python PATH] [--rounds 4] [--requests 16] [--clients 8]` (DIR from
 `areal-service make-model smollm2-135m-instruct DIR`).
 """
 
@@ -219,6 +223,10 @@ class Cell:
     label: str
     adapters: list[str | None]
     """Request i names adapters[i % len]."""
+    backend: Backend | None = None
+    """Another backend than the table's (the local engine's base without LoRA layers)."""
+    per_round: list[float] = field(default_factory=list)
+    """tok/s of each round."""
     tokens: int = 0
     wall_s: float = 0.0
     latencies: list[float] = field(default_factory=list)
@@ -233,7 +241,9 @@ class Cell:
 
 
 async def run_cell(be: Backend, cell: Cell, requests: int, clients: int) -> None:
-    """`requests` requests by `clients` closed-loop clients; adds to `cell`."""
+    """`requests` requests by `clients` closed-loop clients; adds to `cell` (on
+    `cell.backend` when it has one)."""
+    be = cell.backend or be
     counter = iter(range(requests))
     tokens: list[int] = []
 
@@ -247,43 +257,51 @@ async def run_cell(be: Backend, cell: Cell, requests: int, clients: int) -> None
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(clients)))
-        cell.wall_s += time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+    cell.wall_s += wall
     cell.tokens += sum(tokens)
+    cell.per_round.append(sum(tokens) / wall)
     assert all(t == be.max_tokens for t in tokens), sorted(set(tokens))
 
 
 def measure_memory(be: Backend, adapters: list[Path]) -> list[tuple[int, int]]:
     """(adapters loaded, tree RSS bytes), from 0 to len(adapters), each adapter used once."""
+
+    async def warm(name: str | None) -> None:
+        async with httpx.AsyncClient(timeout=600) as client:
+            await be.request(client, name, 0)
+
+    asyncio.run(warm(None))
+    time.sleep(0.5)
     points = [(0, tree_rss(be.pid))]
     for k, path in enumerate(adapters):
         name = f"a{k}"
         be.load(name, path)
 
-        async def once(name: str = name) -> None:
-            async with httpx.AsyncClient(timeout=600) as client:
-                await be.request(client, name, 0)
-
-        asyncio.run(once())
+        asyncio.run(warm(name))
         time.sleep(0.5)
         points.append((k + 1, tree_rss(be.pid)))
         print(f"  {be.name}: {k + 1} adapters loaded, RSS {points[-1][1] / 2**20:.1f} MiB")
     return points
 
 
-def measure_throughput(be: Backend, args: argparse.Namespace, before: Cell | None) -> list[Cell]:
-    cells = [Cell("base (no adapter named)", [None]), Cell("1 adapter", ["a0"])]
+def measure_throughput(be: Backend, args: argparse.Namespace, plain: Backend | None) -> list[Cell]:
+    """Every cell once a round, the order reversed every other round (ABC CBA ...: a
+    load that drifts linearly over the run weighs on every cell alike over two rounds;
+    on a shared machine it drifts a lot)."""
+    cells = [] if plain is None else [Cell("base, no LoRA layers", [None], backend=plain)]
+    cells += [Cell("base (no adapter named)", [None]), Cell("1 adapter", ["a0"])]
     cells += [Cell(f"{n} adapters, round-robin", [f"a{i}" for i in range(n)]) for n in args.mix]
-    asyncio.run(run_cell(be, Cell("warm-up", ["a0", None]), args.clients, args.clients))
+    for cell in cells:  # warm-up, unmeasured
+        asyncio.run(run_cell(be, Cell("warm-up", cell.adapters, cell.backend), 8, args.clients))
     for r in range(args.rounds):
-        order = cells[r % len(cells) :] + cells[: r % len(cells)]
-        for cell in order:
+        for cell in cells if r % 2 == 0 else cells[::-1]:
             asyncio.run(run_cell(be, cell, args.requests, args.clients))
             print(
-                f"  {be.name} round {r + 1}: {cell.label}: "
-                f"{cell.tokens_per_s:.1f} tok/s so far, p50 {cell.p50_s:.2f} s",
+                f"  {be.name} round {r + 1}: {cell.label}: {cell.per_round[-1]:.1f} tok/s",
                 flush=True,
             )
-    return ([before] if before is not None else []) + cells
+    return cells
 
 
 def print_tables(
@@ -300,12 +318,18 @@ def print_tables(
         f"{len(TARGETS)} projections, {args.clients} clients, {args.max_tokens} tokens a "
         f"request, {args.requests} requests a cell x {args.rounds} rounds (same run)"
     )
-    print(f"{'cell':<32}{'tok/s':>8}{'p50 s':>8}{'tok/s vs 1 adapter':>20}{'vs base':>9}")
+    print(
+        f"{'cell':<28}{'tok/s':>7}{'p50 s':>7}{'vs 1 adapter':>14}{'per round':>22}"
+        f"{'vs base':>9}{'p50 vs 1':>9}"
+    )
     for c in cells:
+        rounds = [a / b for a, b in zip(c.per_round, one.per_round, strict=True)]
         print(
-            f"{c.label:<32}{c.tokens_per_s:>8.1f}{c.p50_s:>8.2f}"
-            f"{c.tokens_per_s / one.tokens_per_s:>19.2f}x"
-            f"{c.tokens_per_s / base.tokens_per_s:>8.2f}x"
+            f"{c.label:<28}{c.tokens_per_s:>7.1f}{c.p50_s:>7.2f}"
+            f"{statistics.median(rounds):>13.2f}x"
+            f"{' '.join(f'{x:.2f}' for x in rounds):>22}"
+            f"{statistics.median(a / b for a, b in zip(c.per_round, base.per_round, strict=True)):>8.2f}x"
+            f"{c.p50_s / one.p50_s:>8.2f}x"
         )
     pts = {k: v for k, v in memory}
     fit = slope([(k, pts[k]) for k in (1, 2, 4, 8) if k in pts])
@@ -321,12 +345,12 @@ def print_tables(
 
 
 # ------------------------------------------------------------------ servers
-def start_local(args: argparse.Namespace, work: Path) -> tuple[Any, str]:
+def start_local(args: argparse.Namespace, work: Path, name: str = "engine") -> tuple[Any, str]:
     from launcher.processes import ChildProcess, cli_argv
 
     port = free_port()
     sets = [
-        f"data_dir={work / 'local'}",
+        f"data_dir={work / name}",
         "engine.backend=local",
         f"engine.model={args.model}",
         "engine.host=127.0.0.1",
@@ -335,7 +359,7 @@ def start_local(args: argparse.Namespace, work: Path) -> tuple[Any, str]:
         "log_level=warning",
     ]
     argv = cli_argv("engine", *[a for s in sets for a in ("--set", s)])
-    child = ChildProcess("engine", argv, log_path=work / "engine.log")
+    child = ChildProcess(name, argv, log_path=work / f"{name}.log")
     url = f"http://127.0.0.1:{port}"
     try:
         child.wait_http_ok(url + "/health", timeout_s=300)
@@ -400,21 +424,21 @@ def run_backend(
         child, url, base = start_vllm_lora(args, work)
         be = vllm_backend(url, child.proc.pid, base, ids, args.max_tokens)
         grace = VLLM_GRACE_S
+    plain_child = None
     try:
-        before = None
-        if kind == "local":  # the base model before any LoRA layer is injected
-            before = Cell("base, no LoRA layers", [None])
-            asyncio.run(run_cell(be, before, args.clients, args.clients))  # warm-up
-            before = Cell("base, no LoRA layers", [None])
-            for _ in range(args.rounds):
-                asyncio.run(run_cell(be, before, args.requests, args.clients))
+        plain = None
+        if kind == "local":  # a second engine that never loads an adapter: the base as it was
+            plain_child, plain_url = start_local(args, work, "plain")
+            plain = local_backend(plain_url, plain_child.proc.pid, ids, args.max_tokens)
         memory = measure_memory(be, adapters)
-        cells = measure_throughput(be, args, before)
+        cells = measure_throughput(be, args, plain)
     except BaseException:
-        log = work / ("engine.log" if kind == "local" else "vllm.log")
-        print(log.read_text()[-4000:] if log.exists() else "(no log)")
+        for log in work.glob("*.log"):
+            print(f"--- {log.name}:\n{log.read_text()[-3000:]}")
         raise
     finally:
+        if plain_child is not None:
+            plain_child.stop(grace)
         child.stop(grace)
     return be, cells, memory
 
@@ -430,8 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-adapters", type=int, default=8)
     parser.add_argument("--mix", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=32, help="per cell per round")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=16, help="per cell per round")
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
