@@ -123,3 +123,30 @@ def test_tenants_on_two_policies_cannot_touch_each_other(gw: Any) -> None:
     assert gw.state.store.get_session(sb).status == "open"
     own = _post(gw, f"/rl/sessions/{sa}/end", {}, key=a["api_key"])
     assert own.status_code == 200 and own.json()["policy"] == "solver"
+
+
+def test_every_wire_protocol_serves_and_records_the_keys_policy(gw: Any) -> None:
+    """Chat Completions, Anthropic Messages and Responses share one pipeline: a key bound
+    to a policy is served by that policy on each of them (any model name), and so is a
+    policy's model-name alias used by the admin."""
+    import anthropic
+    import openai
+
+    key = _key(gw, policy="solver")["api_key"]
+    session = _post(gw, "/rl/sessions", {}, key=key).json()["session_id"]
+    headers = {"x-session-id": session}
+    chat = openai.OpenAI(base_url=gw.v1, api_key=key, max_retries=0, default_headers=headers)
+    ids = [chat.chat.completions.create(model="gpt-x", max_tokens=4, messages=[_HI]).id]
+    ids.append(chat.responses.create(model="codex-x", input="hi", max_output_tokens=4).id)
+    claude = anthropic.Anthropic(
+        base_url=gw.url, api_key=key, max_retries=0, default_headers=headers
+    )
+    ids.append(claude.messages.create(model="claude-x", max_tokens=4, messages=[_HI]).id)
+    store = gw.state.store
+    recorded = store.list_completions(session)
+    assert len(recorded) == 3, (ids, recorded)
+    assert {c.model for c in recorded} == {"solver"}
+    assert {c.requested_model for c in recorded} == {"gpt-x", "codex-x", "claude-x"}
+
+
+_HI = {"role": "user", "content": "hi"}
