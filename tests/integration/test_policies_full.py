@@ -21,6 +21,7 @@ import openai
 import pytest
 from safetensors.torch import load_file
 from support.harness import ADMIN_KEY, run_gateway
+from support.policy_run import policy_episodes
 from support.trainer_run import train_in_thread
 from support.weight_checks import served_sequence, trainer_logprobs
 
@@ -43,31 +44,6 @@ def _overrides(critic_url: str) -> tuple[str, ...]:
         "trainer.lora.rank=8",
         f"policies=[{{name: solver}}, {{name: critic, weights: full, backends: [{critic_url}]}}]",
     )
-
-
-def _episodes(gw: Any, policy: str, n_groups: int) -> None:
-    """`n_groups` rewarded groups of 2 sessions opened by the admin for `policy`."""
-    http = httpx.Client(base_url=gw.url, timeout=60)
-    for g in range(n_groups):
-        started = http.post("/rl/sessions", json={"group_size": 2, "policy": policy}, headers=ADMIN)
-        assert started.status_code == 201, started.text
-        for j, s in enumerate(started.json()["sessions"]):
-            client = openai.OpenAI(base_url=gw.v1, api_key=s["api_key"], max_retries=0)
-            client.chat.completions.create(
-                model="my-agent",
-                max_tokens=8,
-                messages=[{"role": "user", "content": f"{policy} count to {g}"}],
-            )
-            reward = http.post(
-                "/v1/rewards",
-                json={
-                    "session_id": s["session_id"],
-                    "value": float(j) + 0.25 * g,
-                    "end_session": True,
-                },
-                headers={"authorization": f"Bearer {s['api_key']}"},
-            )
-            assert reward.status_code == 201, reward.text
 
 
 def _served(gw: Any, key: str, *, stream: bool = False) -> list[TrainSequence]:
@@ -161,8 +137,8 @@ def _scenario(
         "main": _count_pauses(gw.state.backends.backends[0].client),
         "critic": _count_pauses(gw.state.policy_pools["critic"].backends[0].client),
     }
-    _episodes(gw, "critic", 2)
-    _episodes(gw, "solver", 1)  # not the critic's: its trainer must leave them
+    policy_episodes(gw, "critic", 2)
+    policy_episodes(gw, "solver", 1)  # not the critic's: its trainer must leave them
     config = gw.config.model_copy(
         update={"trainer": gw.config.trainer.model_copy(update={"policy": "critic"})}
     )
@@ -210,7 +186,7 @@ def _scenario(
     assert gaps["solver on the base"] <= 1e-4 and gaps["default on the base"] <= 1e-4
 
     # A restarted critic trainer resumes from its own checkpoint: step 2 publishes v2.
-    _episodes(gw, "critic", 2)
+    policy_episodes(gw, "critic", 2)
     resumed = config.model_copy(
         update={"trainer": config.trainer.model_copy(update={"total_steps": 2})}
     )

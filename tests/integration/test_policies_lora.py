@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 from support.harness import ADMIN_KEY, run_gateway
+from support.policy_run import policy_episodes
 from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.types import TrainSequence
@@ -33,31 +34,6 @@ OVERRIDES = (
     "trainer.lora.alpha=16",
     "policies=[{name: solver, model_names: [solver-model]}, {name: verifier}]",
 )
-
-
-def _episodes(gw: Any, policy: str, n_groups: int) -> None:
-    """`n_groups` rewarded groups of 2 sessions opened by the admin for `policy`."""
-    http = httpx.Client(base_url=gw.url, timeout=60)
-    for g in range(n_groups):
-        started = http.post("/rl/sessions", json={"group_size": 2, "policy": policy}, headers=ADMIN)
-        assert started.status_code == 201, started.text
-        for j, s in enumerate(started.json()["sessions"]):
-            client = openai.OpenAI(base_url=gw.v1, api_key=s["api_key"], max_retries=0)
-            client.chat.completions.create(
-                model="my-agent",
-                max_tokens=8,
-                messages=[{"role": "user", "content": f"{policy} count to {g}"}],
-            )
-            reward = http.post(
-                "/v1/rewards",
-                json={
-                    "session_id": s["session_id"],
-                    "value": float(j) + 0.25 * g,
-                    "end_session": True,
-                },
-                headers={"authorization": f"Bearer {s['api_key']}"},
-            )
-            assert reward.status_code == 201, reward.text
 
 
 def _train(gw: Any, policy: str) -> None:
@@ -123,8 +99,8 @@ def test_two_policies_train_and_swap_apart(tmp_path: Path, tiny_model_dir: Path)
             ).json()["api_key"]
             for p in ("solver", "verifier")
         }
-        _episodes(gw, "solver", 2)
-        _episodes(gw, "verifier", 2)
+        policy_episodes(gw, "solver", 2)
+        policy_episodes(gw, "verifier", 2)
 
         _train(gw, "solver")  # trains only the solver's episodes
         assert [(s.step, s.version) for s in store.list_train_steps(policy="solver")] == [(1, 1)]

@@ -27,6 +27,7 @@ import pytest
 import torch
 from support.harness import ADMIN_KEY, run_gateway
 from support.loopback import free_port
+from support.policy_run import policy_episodes
 from support.trainer_run import train_in_thread
 from support.weight_checks import served_sequence, trainer_logprobs
 
@@ -102,27 +103,6 @@ def policies_vllm(
         yield supervisor.urls[0]
     finally:
         supervisor.stop()
-
-
-def _episodes(gw: Any, policy: str, n_groups: int) -> None:
-    """`n_groups` rewarded groups of 2 sessions opened by the admin for `policy`."""
-    http = httpx.Client(base_url=gw.url, timeout=120)
-    for g in range(n_groups):
-        started = http.post("/rl/sessions", json={"group_size": 2, "policy": policy}, headers=ADMIN)
-        assert started.status_code == 201, started.text
-        for j, s in enumerate(started.json()["sessions"]):
-            client = openai.OpenAI(base_url=gw.v1, api_key=s["api_key"], max_retries=0)
-            client.chat.completions.create(
-                model="my-agent",
-                max_tokens=8,
-                messages=[{"role": "user", "content": f"{policy}: count to {g + 2}"}],
-            )
-            reward = http.post(
-                "/v1/rewards",
-                json={"session_id": s["session_id"], "value": float(j), "end_session": True},
-                headers={"authorization": f"Bearer {s['api_key']}"},
-            )
-            assert reward.status_code == 201, reward.text
 
 
 def _train(gw: Any, policy: str) -> None:
@@ -258,8 +238,8 @@ def test_two_policies_on_vllm_swap_apart_without_a_pause(
         assert _versions(before) == {0} and _adapters_on(url) == set()
         assert _gap(smollm2_dir, before, None) <= VLLM_FP32_TOLERANCE  # v0 is the base
 
-        _episodes(gw, "solver", 2)
-        _episodes(gw, "verifier", 2)
+        policy_episodes(gw, "solver", 2, timeout_s=120)
+        policy_episodes(gw, "verifier", 2, timeout_s=120)
 
         # The solver trains and is swapped while the verifier streams.
         with _Streams(gw, keys["verifier"]) as verifier_streams:

@@ -26,10 +26,12 @@ POLICY_OVERRIDES = (
 )
 
 
-def policy_episodes(gw: Any, policy: str, n_groups: int, *, start: int = 0) -> None:
+def policy_episodes(
+    gw: Any, policy: str, n_groups: int, *, start: int = 0, timeout_s: float = 60
+) -> None:
     """`n_groups` rewarded, ended groups of 2 sessions opened by the admin for `policy`
     (rewards j + 0.25·g, posted by each session's own key)."""
-    http = httpx.Client(base_url=gw.url, timeout=60)
+    http = httpx.Client(base_url=gw.url, timeout=timeout_s)
     for g in range(start, start + n_groups):
         started = http.post("/rl/sessions", json={"group_size": 2, "policy": policy}, headers=ADMIN)
         assert started.status_code == 201, started.text
