@@ -151,7 +151,8 @@ class MultiAgent:
             messages=[{"role": "user", "content": text}],
             **extra,
         )
-        return reply.choices[0].message.content
+        content: str | None = reply.choices[0].message.content
+        return content
 
     async def episode(self, session: dict[str, Any], q: Question) -> Outcome:
         """Solver turn, reviewer turn, then the episode's reward with the reviewer's own."""
