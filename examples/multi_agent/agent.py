@@ -1,11 +1,12 @@
-"""A solver and a verifier in one episode, each on its own LoRA adapter (policies
-`solver` and `verifier`, picked by the model names `solver-model` and `verifier-model`).
+"""A solver and a reviewer in one episode, each on its own LoRA adapter (policies
+`solver` and `reviewer`, picked by the model names `solver-model` and `reviewer-model`).
 
-The solver answers a single-digit addition; the verifier is asked whether the solver's
-answer is right. The episode's reward is the solver's correctness; the verifier's role
-is rewarded for a correct judgement (`role_rewards`). The gateway records the verifier's
-completions in the episode's role sub-session, so each policy's trainer trains on its
-own role. Plain OpenAI SDK calls with a session key; rewards over REST.
+The solver answers a single-digit addition. The reviewer is shown the solver's proposed
+answer and writes the final answer: it may keep the proposal or correct it. The
+episode's reward is the solver's correctness; the reviewer's role is rewarded for a
+correct final answer (`role_rewards`). The gateway records the reviewer's completions in
+the episode's role sub-session, so each policy's trainer trains on its own role. Plain
+OpenAI SDK calls with a session key; rewards over REST.
 
     python -m examples.multi_agent.agent --base-url http://127.0.0.1:8000 \\
         --admin-key "$AREAL_ADMIN_KEY" --groups 64        # train (trainers running)
@@ -28,9 +29,8 @@ import openai
 from launcher.demo_task import addition_task
 
 SOLVER_MODEL = "solver-model"
-VERIFIER_MODEL = "verifier-model"
+REVIEWER_MODEL = "reviewer-model"
 _NUMBER = re.compile(r"-?\d+")
-_VERDICT = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +42,16 @@ class Question:
     def text(self) -> str:
         return f"What is {self.a} + {self.b}? Answer with the number only."
 
-    def judge_text(self, claim: str) -> str:
-        """The verifier's question about the claimed answer `claim`."""
-        return f"Is {self.a} + {self.b} = {claim}? Answer yes or no."
+    @property
+    def answer(self) -> int:
+        return self.a + self.b
+
+    def review_text(self, proposal: str) -> str:
+        """The reviewer's prompt: the question with the solver's proposed answer."""
+        return (
+            f"What is {self.a} + {self.b}? Someone answered {proposal}. "
+            "Check it and give the correct answer with the number only."
+        )
 
 
 def split(seed: int = 0) -> tuple[list[Question], list[Question]]:
@@ -63,25 +70,60 @@ def last_number(reply: str | None) -> int | None:
     return int(found[-1]) if found else None
 
 
-def verdict(reply: str | None) -> bool | None:
-    """The verifier's first yes/no (None: neither)."""
-    found = _VERDICT.search(reply or "")
-    return None if found is None else found.group(1).lower() == "yes"
-
-
 @dataclass(frozen=True, slots=True)
-class Claim:
-    """An answer for the verifier to judge: `text` claimed for `question`."""
+class Proposal:
+    """An answer for the reviewer to review: `text` proposed for `question`."""
 
     question: Question
     text: str
-    right: bool
+
+    @property
+    def right(self) -> bool:
+        return self.text == str(self.question.answer)
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     solver: float
-    verifier: float
+    reviewer: float
+    copied: bool
+    """The reviewer's final answer is the solver's proposal (right or wrong)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """The reviewer's greedy final answer to one proposal."""
+
+    proposal: Proposal
+    final: int | None
+
+    @property
+    def correct(self) -> bool:
+        return self.final == self.proposal.question.answer
+
+    @property
+    def copied(self) -> bool:
+        return str(self.final) == self.proposal.text
+
+
+def review_scores(reviews: list[Review], prefix: str) -> dict[str, float]:
+    """`prefix`: the reviewer's final-answer accuracy over `reviews`; `prefix_right` and
+    `prefix_wrong`: on the right and on the wrong proposals (0.0 where there are none);
+    `prefix_balanced`, their mean (a reviewer that copies every proposal scores 0.5);
+    `prefix_copied_wrong`, how often it copied a wrong proposal."""
+    right = [float(r.correct) for r in reviews if r.proposal.right]
+    wrong = [r for r in reviews if not r.proposal.right]
+    on_wrong = statistics.fmean(float(r.correct) for r in wrong) if wrong else 0.0
+    on_right = statistics.fmean(right) if right else 0.0
+    return {
+        prefix: statistics.fmean(float(r.correct) for r in reviews),
+        f"{prefix}_right": on_right,
+        f"{prefix}_wrong": on_wrong,
+        f"{prefix}_balanced": (on_right + on_wrong) / 2,
+        f"{prefix}_copied_wrong": (
+            statistics.fmean(float(r.copied) for r in wrong) if wrong else 0.0
+        ),
+    }
 
 
 class MultiAgent:
@@ -109,23 +151,25 @@ class MultiAgent:
             messages=[{"role": "user", "content": text}],
             **extra,
         )
-        return reply.choices[0].message.content
+        content: str | None = reply.choices[0].message.content
+        return content
 
     async def episode(self, session: dict[str, Any], q: Question) -> Outcome:
-        """Solver turn, verifier turn, then the episode's reward with the verifier's own."""
+        """Solver turn, reviewer turn, then the episode's reward with the reviewer's own."""
         key = session["api_key"]
         answer = last_number(await self._ask(key, SOLVER_MODEL, q.text, 16, None))
-        claim = "nothing" if answer is None else str(answer)
-        judged = verdict(await self._ask(key, VERIFIER_MODEL, q.judge_text(claim), 4, None))
-        right = answer == q.a + q.b
-        outcome = Outcome(float(right), float(judged is not None and judged == right))
+        proposal = "nothing" if answer is None else str(answer)
+        final = last_number(await self._ask(key, REVIEWER_MODEL, q.review_text(proposal), 16, None))
+        outcome = Outcome(
+            float(answer == q.answer), float(final == q.answer), str(final) == proposal
+        )
         posted = await self.http.post(
             "/v1/rewards",
             headers={"authorization": f"Bearer {key}"},
             json={
                 "session_id": session["session_id"],
                 "value": outcome.solver,
-                "role_rewards": {"verifier": outcome.verifier},
+                "role_rewards": {"reviewer": outcome.reviewer},
                 "end_session": True,
             },
         )
@@ -134,7 +178,7 @@ class MultiAgent:
 
     async def group(self, q: Question, group_size: int) -> list[Outcome]:
         """One GRPO group of the question: `group_size` episodes, opened by the admin
-        (the episodes' own policy is the solver; the verifier joins as a role)."""
+        (the episodes' own policy is the solver; the reviewer joins as a role)."""
         started = await self.http.post(
             "/rl/sessions",
             headers={"authorization": f"Bearer {self.admin_key}"},
@@ -143,54 +187,49 @@ class MultiAgent:
         started.raise_for_status()
         return list(await asyncio.gather(*(self.episode(s, q) for s in started.json()["sessions"])))
 
-    async def solver_claims(self, held_out: list[Question], samples: int = 4) -> list[Claim]:
+    async def solver_proposals(self, held_out: list[Question], samples: int = 4) -> list[Proposal]:
         """The solver's own answers to the held-out questions, sampled at T=1 outside any
-        session: what the verifier is evaluated on (taken once, before training, so the
-        before and after evaluations judge the same claims)."""
+        session: what the reviewer is evaluated on (taken once, before training, so the
+        before and after evaluations review the same proposals)."""
 
-        async def one(q: Question) -> Claim:
-            reply = await self._ask(self.admin_key, SOLVER_MODEL, q.text, 16, 1.0)
-            answer = last_number(reply)
-            return Claim(q, "nothing" if answer is None else str(answer), answer == q.a + q.b)
+        async def one(q: Question) -> Proposal:
+            answer = last_number(await self._ask(self.admin_key, SOLVER_MODEL, q.text, 16, 1.0))
+            return Proposal(q, "nothing" if answer is None else str(answer))
 
         return list(await asyncio.gather(*(one(q) for q in held_out for _ in range(samples))))
 
     async def evaluate(
-        self, held_out: list[Question], claims: list[Claim] | None = None, seed: int = 0
+        self, held_out: list[Question], proposals: list[Proposal] | None = None, seed: int = 0
     ) -> dict[str, float]:
         """Greedy held-out scores of each role, outside any session (nothing trained):
-        `solver`, its accuracy on the questions; `verifier_near_miss`, the verifier's
-        accuracy on one right claim and one off by 1 or 2 per question; with `claims`,
-        `verifier`, its balanced accuracy (the mean of its accuracy on the right claims
-        and on the wrong ones: always "yes" or always "no" scores 0.5) on those claims."""
+        `solver`, its accuracy on the questions; `near_miss*`, the reviewer's on one right
+        proposal and one off by 1 or 2 per question (see `review_scores`); with
+        `proposals`, `proposals*`, the reviewer's on those, and `proposals_right_share`,
+        the share of them that are right."""
         rng = random.Random(seed)
 
         async def solve(q: Question) -> float:
             reply = await self._ask(self.admin_key, SOLVER_MODEL, q.text, 16, 0.0)
-            return float(last_number(reply) == q.a + q.b)
+            return float(last_number(reply) == q.answer)
 
-        async def judge(claim: Claim) -> float:
+        async def review(p: Proposal) -> Review:
             reply = await self._ask(
-                self.admin_key, VERIFIER_MODEL, claim.question.judge_text(claim.text), 4, 0.0
+                self.admin_key, REVIEWER_MODEL, p.question.review_text(p.text), 16, 0.0
             )
-            return float(verdict(reply) == claim.right)
+            return Review(p, last_number(reply))
 
-        near = [Claim(q, str(q.a + q.b), True) for q in held_out] + [
-            Claim(q, str(q.a + q.b + rng.choice((-2, -1, 1, 2))), False) for q in held_out
+        near = [Proposal(q, str(q.answer)) for q in held_out] + [
+            Proposal(q, str(q.answer + rng.choice((-2, -1, 1, 2)))) for q in held_out
         ]
         solver = await asyncio.gather(*(solve(q) for q in held_out))
         scores = {
             "solver": statistics.fmean(solver),
-            "verifier_near_miss": statistics.fmean(await asyncio.gather(*map(judge, near))),
+            **review_scores(list(await asyncio.gather(*map(review, near))), "near_miss"),
         }
-        if claims:
-            judged = await asyncio.gather(*map(judge, claims))
-            by_truth = [
-                [j for j, c in zip(judged, claims, strict=True) if c.right == truth] or [0.0]
-                for truth in (True, False)
-            ]
-            scores["verifier"] = statistics.fmean(statistics.fmean(s) for s in by_truth)
-            scores["claims_right"] = statistics.fmean(float(c.right) for c in claims)
+        if proposals:
+            reviews = list(await asyncio.gather(*map(review, proposals)))
+            scores |= review_scores(reviews, "proposals")
+            scores["proposals_right_share"] = statistics.fmean(float(p.right) for p in proposals)
         return scores
 
 
@@ -199,14 +238,15 @@ async def _main(args: argparse.Namespace) -> None:
     agent = MultiAgent(args.base_url, args.admin_key)
     try:
         if args.eval:
-            print(await agent.evaluate(held_out, await agent.solver_claims(held_out)))
+            print(await agent.evaluate(held_out, await agent.solver_proposals(held_out)))
             return
         for i in range(args.groups):
             outcomes = await agent.group(train[i % len(train)], args.group_size)
             print(
                 f"group {i + 1}/{args.groups}: solver "
-                f"{statistics.fmean(o.solver for o in outcomes):.2f}, verifier "
-                f"{statistics.fmean(o.verifier for o in outcomes):.2f}"
+                f"{statistics.fmean(o.solver for o in outcomes):.2f}, reviewer "
+                f"{statistics.fmean(o.reviewer for o in outcomes):.2f} "
+                f"(copied {sum(o.copied for o in outcomes)}/{len(outcomes)})"
             )
     finally:
         await agent.aclose()
