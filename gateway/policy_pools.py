@@ -83,12 +83,15 @@ async def sync_full_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         timings = await pool.swap_weights(latest.path, latest.version)
         swapped_at = time.time()
         state.policy_versions[name] = latest.version
+        swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
+        swap_s = time.perf_counter() - t0
+        state.metrics.observe_swap(name, swap, swap_s)  # areal_policy_swap_seconds
         await asyncio.to_thread(
             state.store.update_weight_version_metadata,
             latest.version,
             {
-                "swap": {url: dataclasses.asdict(t) for url, t in timings.items()},
-                "swap_s": time.perf_counter() - t0,
+                "swap": swap,
+                "swap_s": swap_s,
                 "swap_mode": "disk",
                 "live_at": swapped_at,
                 "publish_to_live_s": swapped_at - latest.created_at,

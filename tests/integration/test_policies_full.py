@@ -211,6 +211,10 @@ def _scenario(
     assert (views["critic"]["weights"], views["critic"]["backends"]) == ("full", [critic_url])
     assert (views["critic"]["live_version"], views["critic"]["lora_rank"]) == (2, None)
     assert (views["solver"]["weights"], views["solver"]["backends"]) == ("lora", [])
+    swaps = gw.state.metrics.registry.get_sample_value(
+        "areal_policy_swap_seconds_count", {"policy": "critic", "phase": "swap"}
+    )
+    assert swaps == 2  # both of the critic's versions, swapped on its own pool
 
     # The critic's engine restarts (on the base weights): re-synced to v2 before serving.
     critic.close()
