@@ -14,7 +14,6 @@ default policy's). LoRA policies and the default policy keep the main pool.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from areal_service.config import ServiceConfig
 from gateway.backend import SGLangClient
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
+from gateway.swap_record import record_swap
 from gateway.vllm_backend import VLLMClient
 
 log = logging.getLogger(__name__)
@@ -81,30 +81,8 @@ async def sync_full_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         t0 = time.perf_counter()
         # lora_name None: the engine's own (full) weights; sets pool.target for re-syncs.
         timings = await pool.swap_weights(latest.path, latest.version)
-        swapped_at = time.time()
         state.policy_versions[name] = latest.version
-        swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
-        swap_s = time.perf_counter() - t0
-        state.metrics.observe_swap(name, swap, swap_s)  # areal_policy_swap_seconds
-        await asyncio.to_thread(
-            state.store.update_weight_version_metadata,
-            latest.version,
-            {
-                "swap": swap,
-                "swap_s": swap_s,
-                "swap_mode": "disk",
-                "live_at": swapped_at,
-                "publish_to_live_s": swapped_at - latest.created_at,
-            },
-            name,
-        )
-        log.info(
-            "policy %s: full weights v%d live on %d backend(s) of its pool in %.3f s",
-            name,
-            latest.version,
-            len(timings),
-            time.perf_counter() - t0,
-        )
+        await record_swap(state, latest, timings, t0)
         swapped.append((name, latest.version))
     return swapped
 

@@ -33,7 +33,6 @@ because paused-and-aborted requests are resubmitted (interruptible generation).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -52,6 +51,7 @@ from gateway.backend import BackendError, BackendUnavailable, SGLangClient, Swap
 from gateway.policy_pools import follow_full_policies, sync_full_policies_once
 from gateway.routing import Backend, BackendPool
 from gateway.state import GatewayState
+from gateway.swap_record import record_swap
 
 log = logging.getLogger(__name__)
 
@@ -244,30 +244,8 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
         timings = await state.backends.swap_weights(
             latest.path, latest.version, _default_adapter(state)
         )
-    swapped_at = time.time()
     state.live_version = latest.version
-    swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
-    swap_s = time.perf_counter() - t0
-    state.metrics.observe_swap(DEFAULT_POLICY, swap, swap_s)
-    await asyncio.to_thread(
-        state.store.update_weight_version_metadata,
-        latest.version,
-        {
-            "swap": swap,
-            "swap_s": swap_s,
-            "swap_mode": mode,
-            "live_at": swapped_at,
-            "publish_to_live_s": swapped_at - latest.created_at,
-        },
-    )
-    log.info(
-        "weights v%d live on %d backend(s) in %.3f s by %s (%.3f s after publish)",
-        latest.version,
-        len(timings),
-        time.perf_counter() - t0,
-        mode,
-        swapped_at - latest.created_at,
-    )
+    await record_swap(state, latest, timings, t0, mode)
     return latest.version
 
 
@@ -297,30 +275,8 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
             continue
         t0 = time.perf_counter()
         timings = await state.backends.swap_weights(latest.path, latest.version, policy.name)
-        swapped_at = time.time()
         state.policy_versions[policy.name] = latest.version
-        swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
-        swap_s = time.perf_counter() - t0
-        state.metrics.observe_swap(policy.name, swap, swap_s)
-        await asyncio.to_thread(
-            state.store.update_weight_version_metadata,
-            latest.version,
-            {
-                "swap": swap,
-                "swap_s": swap_s,
-                "swap_mode": "disk",
-                "live_at": swapped_at,
-                "publish_to_live_s": swapped_at - latest.created_at,
-            },
-            policy.name,
-        )
-        log.info(
-            "policy %s: adapter v%d live on %d backend(s) in %.3f s",
-            policy.name,
-            latest.version,
-            len(timings),
-            time.perf_counter() - t0,
-        )
+        await record_swap(state, latest, timings, t0)
         swapped.append((policy.name, latest.version))
     return swapped
 
