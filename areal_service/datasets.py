@@ -72,10 +72,14 @@ def read_rows(path: Path, fmt: DatasetFormat = "auto") -> list[dict[str, Any]]:
     if fmt == "auto":
         fmt = _format_of(path)
     if fmt == "jsonl":
-        with path.open(encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return _read_jsonl(path)
     if fmt == "json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path}, line {exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})"
+            ) from None
         if not isinstance(data, list):
             raise ValueError(f"{path}: a .json dataset must hold a list of rows")
         return data
@@ -86,6 +90,30 @@ def read_rows(path: Path, fmt: DatasetFormat = "auto") -> list[dict[str, Any]]:
     if fmt == "arrow":
         return _read_arrow(path)
     return _read_hf_folder(path)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One object per non-blank line; a bad line is named by its file and its line number
+    in the file (json's own "line 2 column 1" counts within the one line it was given)."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                column = exc.colno if exc.lineno == 1 else len(line.rstrip("\r\n")) + 1
+                raise ValueError(
+                    f"{path}, line {number}: not valid JSON: {exc.msg} (column {column})"
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{path}, line {number}: a JSONL dataset row must be a JSON object, "
+                    f"not {type(row).__name__}"
+                )
+            rows.append(row)
+    return rows
 
 
 def _format_of(path: Path) -> DatasetFormat:

@@ -74,10 +74,14 @@ def invalid_api_key(given: str | None) -> OpenAIError:
             "create`.",
             code="invalid_api_key",
         )
+    # Unknown and revoked keys get the same words (which one it was is not told), and
+    # nothing of this gateway's store (no path, no URL) is named.
     return OpenAIError(
         401,
-        f"Incorrect API key provided: {given[:6]}…. Check the key or create one with "
-        "`areal-service keys create`.",
+        f"Incorrect API key provided: {given[:6]}…. The key is unknown to the store of this "
+        "gateway's data dir (or was revoked): keys are kept per data dir (or store.url), so "
+        "one made by `areal-service keys create` in another data dir is not valid here. "
+        "Create one with the data dir and config the gateway was started with.",
         code="invalid_api_key",
     )
 

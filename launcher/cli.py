@@ -15,6 +15,7 @@ placeholders, paragraphs wrapped to the terminal); each command's first line is 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import warnings
 from collections.abc import Iterator
@@ -749,9 +750,38 @@ app.registered_commands.sort(
 )
 
 
+_WRITE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+"""A file or folder the command must write and cannot: most often the data dir."""
+_PATH_ERRNOS = _WRITE_ERRNOS | {errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENOENT}
+
+
+def filesystem_error(exc: OSError) -> str | None:
+    """One line for an OSError on a named path that the user can fix (permissions, a
+    read-only or full disk, a file where a folder belongs, a missing file), or None for
+    any other (a bug, re-raised with its traceback)."""
+    if exc.filename is None or exc.errno not in _PATH_ERRNOS:
+        return None
+    if exc.errno == errno.ENOTDIR:
+        path = Path(exc.filename)
+        file = next((p for p in (path, *path.parents) if p.is_file()), path)
+        return (
+            f"{file} is a file, not a folder, so {path} cannot be made (is data_dir "
+            "right? pick another folder with --set data_dir=DIR)"
+        )
+    if exc.errno not in _WRITE_ERRNOS:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    fix = "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "fix its permissions"
+    return (
+        f"cannot write {exc.filename}: {exc.strerror or exc} (the data dir must be writable: "
+        f"{fix}, or pick another folder with --set data_dir=DIR)"
+    )
+
+
 def main() -> None:
     """Console-script entry point. A part of the install that is missing (torch on a
-    `[gateway]` install) ends the command with one line naming the extra, not a traceback."""
+    `[gateway]` install) ends the command with one line naming the extra, and a path the
+    command cannot write (an unwritable data dir) with one line naming the path, not a
+    traceback."""
     from launcher.extras import missing_extra
 
     try:
@@ -762,3 +792,9 @@ def main() -> None:
             raise
         typer.echo(f"areal-service: {message}", err=True)
         raise SystemExit(2) from None
+    except OSError as exc:
+        message = filesystem_error(exc)
+        if message is None:
+            raise
+        typer.echo(f"areal-service: {message}", err=True)
+        raise SystemExit(1) from None

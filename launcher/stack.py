@@ -89,17 +89,22 @@ class Stack:
             child.stop()
 
 
+def check_stack_ports_free(config: ServiceConfig) -> None:
+    """StartError when a port `local_stack(config)` would bind is taken. Checked before
+    anything starts (or is built: `demo --model`): a busy port would let the health checks
+    reach another server and the command report that server's success as its own."""
+    check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
+    if not config.gateway.external_backends():
+        check_port_free(config.engine.host, config.engine.port, "engine.port")
+    check_policy_ports_free(config)
+
+
 @contextmanager
 def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Iterator[Stack]:
     """Engine (unless backends or a router are given), gateway and optionally the trainer, all
     stopped on the way out, whatever ends the block (Ctrl-C included)."""
     local_engine = not config.gateway.external_backends()
-    # Before anything starts: a busy port would let the health checks below reach another
-    # server and this command report that server's success as its own.
-    check_port_free(config.gateway.host, config.gateway.port, "gateway.port")
-    if local_engine:
-        check_port_free(config.engine.host, config.engine.port, "engine.port")
-    check_policy_ports_free(config)
+    check_stack_ports_free(config)
     if config.engine.model is None:
         ensure_tiny_model(config.model_dir())
     else:

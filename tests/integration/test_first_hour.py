@@ -124,6 +124,60 @@ def test_commands_refuse_ports_another_server_holds(tmp_path, command, busy):
     assert "summary" not in result.stdout
 
 
+def test_demo_with_a_registry_model_checks_ports_before_building_it(tmp_path):
+    """It used to spend most of a minute building SmolLM2, then say the port was busy."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        started = time.monotonic()
+        result = _run(
+            "demo", "--model", "smollm2-135m-instruct", *_ports(tmp_path),
+            "--set", f"gateway.port={port}",
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert _one_line(result).startswith(f"areal-service: port {port} on 127.0.0.1 (gateway.port)")
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "data" / "models").exists()  # nothing was built
+
+
+def _unwritable_data_dir(tmp_path: Path) -> tuple[Path, str]:
+    """A data dir the command cannot create: a read-only folder's child for a plain user;
+    for root (CI), whom permissions do not stop, one in sysfs, which refuses new files."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        return locked / "data", "Permission denied"
+    sysfs = Path("/sys")
+    if not sysfs.is_dir():
+        pytest.skip("running as root without sysfs: no folder refuses root's writes")
+    return sysfs / f"areal-test-{os.getpid()}", "Operation not permitted"
+
+
+@pytest.mark.parametrize("command", [["keys", "create"], ["serve"], ["demo"]])
+def test_an_unwritable_data_dir_is_one_line(tmp_path, command):
+    """It used to end in a 34- to 79-line Rich traceback of pathlib's mkdir."""
+    data, reason = _unwritable_data_dir(tmp_path)
+    result = _run(*command, *_ports(tmp_path), "--set", f"data_dir={data}")
+    assert result.returncode == 1
+    assert _one_line(result) == (
+        f"areal-service: cannot write {data}: {reason} (the data dir must be writable: fix its "
+        "permissions, or pick another folder with --set data_dir=DIR)"
+    )
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_file_where_the_data_dir_belongs_is_one_line(tmp_path):
+    (tmp_path / "data").write_text("not a folder")
+    result = _run("keys", "create", "--set", f"data_dir={tmp_path / 'data' / 'inner'}")
+    assert result.returncode == 1
+    assert _one_line(result) == (
+        f"areal-service: {tmp_path / 'data'} is a file, not a folder, so "
+        f"{tmp_path / 'data' / 'inner' / 'admin_key'} cannot be made (is data_dir right? pick "
+        "another folder with --set data_dir=DIR)"
+    )
+
+
 def test_a_second_demo_in_the_same_folder_says_how_to_start_fresh(tmp_path):
     """It used to resume the finished run, train nothing, and report the trained model as
     its untrained baseline and the target as met."""

@@ -437,6 +437,44 @@ def test_reply_budget_past_the_context_is_400_on_chat(short_gw: Gateway) -> None
     assert cut.json()["stop_reason"] == "max_tokens"
 
 
+def test_a_key_from_another_data_dir_is_said_unknown_to_this_store(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    """It used to say only "Incorrect API key provided: sk-are…. Check the key or create
+    one", with nothing telling that keys are per data dir; the 401 names neither this
+    store's path nor more than the key's first characters."""
+    from areal_service.config import load_config
+    from areal_service.keys import new_api_key
+    from areal_service.store import TrajectoryStore
+
+    other = load_config(overrides=[f"data_dir={tmp_path / 'other'}"])
+    other.data_dir.mkdir(parents=True)
+    store = TrajectoryStore.open(other.database_url(), other.store)
+    try:
+        plaintext, record = new_api_key(name="made elsewhere")
+        store.keys.add_api_key(record)
+    finally:
+        store.close()
+    body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    error = _error(_post(gateway, "/v1/chat/completions", body, _bearer(plaintext)), 401)
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "invalid_api_key",
+        None,
+    )
+    assert error["message"] == (
+        f"Incorrect API key provided: {plaintext[:6]}…. The key is unknown to the store of "
+        "this gateway's data dir (or was revoked): keys are kept per data dir (or "
+        "store.url), so one made by `areal-service keys create` in another data dir is not "
+        "valid here. Create one with the data dir and config the gateway was started with."
+    )
+    assert str(gateway.config.data_dir) not in error["message"]
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
 def test_error_texts_say_what_to_fix(gateway: Gateway) -> None:
     """The same words for the same mistake on every route: JSON errors with line and
     column, no pydantic "Value error," prefix, a missing key said as missing, and an

@@ -91,3 +91,29 @@ def test_bad_inputs_say_what_is_wrong(tmp_path):
     (tmp_path / "np.jsonl").write_text('{"text": "no prompt"}\n')
     with pytest.raises(ValueError, match="no prompt column"):
         load_samples(DatasetConfig(path=tmp_path / "np.jsonl"))
+
+
+def test_a_malformed_line_is_named_by_file_and_line(tmp_path):
+    """json's own message counted lines within the one line it was given ("line 2 column
+    1" for a row on line 6 of the file) and named no file."""
+    path = tmp_path / "train.jsonl"
+    rows = [json.dumps(r) for r in ROWS]
+    path.write_text("\n".join([*rows, "", rows[0], '{"question": "5" "answer": "5"}']) + "\n")
+    with pytest.raises(ValueError) as bad:
+        load_samples(DatasetConfig(path=path))
+    assert str(bad.value) == (
+        f"{path}, line 5: not valid JSON: Expecting ',' delimiter (column 18)"
+    )
+    path.write_text(rows[0] + "\n" + '{"question": "5", "answer": "5"\n')  # cut short
+    with pytest.raises(ValueError) as cut:
+        load_samples(DatasetConfig(path=path))
+    assert str(cut.value) == f"{path}, line 2: not valid JSON: Expecting ',' delimiter (column 32)"
+    path.write_text(rows[0] + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"line 2: a JSONL dataset row must be a JSON object"):
+        load_samples(DatasetConfig(path=path))
+    (tmp_path / "d.json").write_text('[\n  {"question": "1"},\n  {"question": "2"\n]\n')
+    with pytest.raises(ValueError) as array:
+        load_samples(DatasetConfig(path=tmp_path / "d.json"))
+    assert str(array.value) == (
+        f"{tmp_path / 'd.json'}, line 4: not valid JSON: Expecting ',' delimiter (column 1)"
+    )
