@@ -6,7 +6,8 @@ as far as a tokenizer loaded from `tokenizer.json` by the Rust `tokenizers` libr
 
 - which class `AutoTokenizer` picks (`auto_tokenizer_class`): `tokenization_auto`'s
   `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` with each type's `TOKENIZER_MAPPING_NAMES`
-  class (`HUB_CLASS_OVERRIDES`), the names that resolve to `TokenizersBackend`
+  class, release by release (`HUB_CLASS_OVERRIDE_CHANGES`; the installed release's
+  table is the one used), the names that resolve to `TokenizersBackend`
   (`GENERIC_CLASSES`), the Mistral types that depend on `mistral_common`;
 - what the Qwen classes rebuild in `__init__` (`CLASS_PIPELINES`: their `PRETOKENIZE_REGEX`
   and keyword defaults);
@@ -15,17 +16,23 @@ as far as a tokenizer loaded from `tokenizer.json` by the Rust `tokenizers` libr
   `PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES` (`NAMED_SPECIAL_TOKENS`);
 - `clean_up_tokenization` and when decode applies it.
 
-The tables were taken from the transformers 5 releases before 5.25 (5.25 dropped
-`camembertv2-base` from the hub-class table); `tests/unit/test_gateway_tokenizer.py`
-pins them to the installed transformers and compares the whole built backend with
-transformers' own on real checkpoint layouts. Nothing here imports transformers.
+What differs between releases is data keyed by release (the hub-class table changed in
+13 of the 45 releases from 5.0 to 5.25; the Qwen regexes and the special-token names did
+not change). `scripts/check_tokenizer_tables.py` reads the tables out of any range of
+releases' wheels (by default the newest patch of every 5.x minor) and compares;
+`tests/unit/test_gateway_tokenizer.py` pins them to the installed transformers (the
+lock file's in CI, the newest in CI's newest-versions step) and compares the whole built
+backend with transformers' own on real checkpoint layouts. Nothing here imports transformers.
 Everything that is the project's own (the hot path's caches, decoding streams, the
 per-token bound, the transformers fallback) stays in `gateway/tokenizer.py`.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,57 +92,120 @@ def _tokenizer_json_is_bpe(path: Path) -> bool:
 
 GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend", "BloomTokenizer"}
 """Names (less "Fast") transformers resolves to `TokenizersBackend`: tokenizer.json as saved."""
-HUB_CLASS_OVERRIDES = {
-    "qwen2": "Qwen2Tokenizer",
-    "qwen3_5": "Qwen3_5Tokenizer",
-    "qwen3_5_moe": "Qwen3_5Tokenizer",
-    "qwen3_5_moe_text": "Qwen3_5Tokenizer",
-    "qwen4_exp": "Qwen3_5Tokenizer",
-    "hyperclovax_vision_v2": "GPT2Tokenizer",
-    "siglip2": "Siglip2Tokenizer",
-    **dict.fromkeys(
-        (
-            "arctic",
-            "camembertv2-base",
-            "chatlm",
-            "cohere_asr",
-            "ernie4_5",
-            "ernie4_5_moe",
-            "fuyu",
-            "h2ovl_chat",
-            "hyperclovax",
-            "hyperclovax_vlm",
-            "internlm2",
-            "internlm3",
-            "iquestcoder",
-            "jamba",
-            "llava",
-            "llava_next",
-            "minicpm3",
-            "minicpmv",
-            "minimax_m2",
-            "modernbert",
-            "modernbert-decoder",
-            "molmo",
-            "molmo2",
-            "nemotron",
-            "nvfp4",
-            "opencua",
-            "openvla",
-            "paddleocr_vl",
-            "phi3",
-            "phi3_v",
-            "phimoe",
-            "smolvlm",
-            "step3_vl",
-            "vipllava",
+_TB = "TokenizersBackend"
+HUB_CLASS_OVERRIDE_CHANGES: tuple[tuple[str, Mapping[str, str | None]], ...] = (
+    (
+        "5.3.0",  # the table's first release (5.0-5.2 have none)
+        dict.fromkeys(
+            (
+                "arctic", "deepseek_vl", "deepseek_vl_hybrid", "deepseek_vl_v2", "fuyu",
+                "hyperclovax_vlm", "internlm2", "jamba", "janus", "llava", "llava_next",
+                "opencua", "phi3", "step3p5", "vipllava",
+            ),
+            _TB,
         ),
-        "TokenizersBackend",
     ),
-}
-"""transformers 5's `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` with each model type's
-registered class, which wins over the checkpoint's `tokenizer_class` (a test pins this
-table to the installed transformers)."""
+    (
+        "5.4.0",
+        dict.fromkeys(
+            (
+                "chameleon", "chatlm", "cohere_asr", "deepseek_v2", "deepseek_v3",
+                "h2ovl_chat", "internvl_chat", "kimi_k25", "minicpmv", "minimax_m2",
+                "modernbert", "molmo", "molmo2", "nemotron", "nvfp4", "openvla", "phi3_v",
+                "phimoe",
+            ),
+            _TB,
+        ),
+    ),
+    ("5.5.4", {"kimi_k25": None}),
+    ("5.6.0", {"step3_vl": _TB}),
+    (
+        "5.8.0",
+        {
+            "qwen2": "Qwen2Tokenizer",
+            **dict.fromkeys(("deepseek_ocr", "deepseek_ocr2", "deepseek_v4"), _TB),
+        },
+    ),
+    ("5.10.4", {"internvl_chat": None}),
+    ("5.11.0", {"deepseek_v32": _TB}),
+    (
+        "5.13.0",
+        dict.fromkeys(
+            (
+                "camembertv2-base", "ernie4_5", "ernie4_5_moe", "hyperclovax", "minicpm3",
+                "paddleocr_vl", "smolvlm", "vision-encoder-decoder",
+            ),
+            _TB,
+        ),
+    ),
+    (
+        "5.18.0",
+        {
+            "vision-encoder-decoder": None,
+            "modernbert-decoder": _TB,
+            "hyperclovax_vision_v2": "GPT2Tokenizer",
+            **dict.fromkeys(
+                ("qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp"), "Qwen3_5Tokenizer"
+            ),
+        },
+    ),
+    ("5.20.0", {"siglip2": "Siglip2Tokenizer", "unlimited_ocr": _TB}),
+    (
+        "5.22.0",
+        dict.fromkeys(
+            (
+                "chameleon", "deepseek_ocr", "deepseek_ocr2", "deepseek_v2", "deepseek_v3",
+                "deepseek_v32", "deepseek_v4", "deepseek_vl", "deepseek_vl_hybrid",
+                "deepseek_vl_v2", "janus", "step3p5", "unlimited_ocr",
+            ),
+            None,
+        ),
+    ),
+    ("5.23.0", dict.fromkeys(("internlm3", "iquestcoder"), _TB)),
+    ("5.25.0", {"camembertv2-base": None}),
+)  # fmt: skip
+"""transformers 5's `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`, with each model type's
+`TOKENIZER_MAPPING_NAMES` class (which wins over the checkpoint's `tokenizer_class`), as
+the releases changed it: (first release with the change, {model type: class, or None
+where the type left the table}), oldest first. Every 5.x release up to the newest listed
+was checked by `scripts/check_tokenizer_tables.py`; the unit test checks the installed
+one. A new release that moves the table adds an entry here, so older releases keep theirs."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of a version string ("5.26.0.dev0" -> (5, 26, 0))."""
+    numbers = [int(n) for n in re.findall(r"\d+", version)[:3]]
+    return tuple(numbers + [0] * (3 - len(numbers)))
+
+
+def hub_class_overrides(version: str | None) -> dict[str, str]:
+    """The hub-class overrides of transformers `version`; None (transformers not
+    installed, as on a `[gateway]` install) takes the newest release's rules, the ones a
+    trainer installed today would follow."""
+    table: dict[str, str] = {}
+    for release, changes in HUB_CLASS_OVERRIDE_CHANGES:
+        if version is not None and _release(version) < _release(release):
+            break
+        for model_type, class_name in changes.items():
+            if class_name is None:
+                table.pop(model_type, None)
+            else:
+                table[model_type] = class_name
+    return table
+
+
+@functools.cache
+def installed_hub_class_overrides() -> dict[str, str]:
+    """`hub_class_overrides` of the transformers installed here, read from its package
+    metadata (nothing imported); computed once, as the installed release cannot change
+    under a running process."""
+    try:
+        version: str | None = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return hub_class_overrides(version)
+
+
 MISTRAL_TYPES = {
     "mistral",
     "mistral3",
@@ -159,10 +229,11 @@ def auto_tokenizer_class(
     model_type: str = model_config.get("model_type") or ""  # "": matches no table
     if model_type in MISTRAL_TYPES:
         return None
+    overrides = installed_hub_class_overrides()
     if hub is None:  # transformers maps the model type; known here for the overrides only
-        return HUB_CLASS_OVERRIDES.get(model_type)
-    if model_type in HUB_CLASS_OVERRIDES:
-        return HUB_CLASS_OVERRIDES[model_type]
+        return overrides.get(model_type)
+    if model_type in overrides:
+        return overrides[model_type]
     hub = hub.removesuffix("Fast")
     if hub == "LlamaTokenizer" and '"ByteLevel"' in (path / "tokenizer.json").read_text(
         encoding="utf-8"

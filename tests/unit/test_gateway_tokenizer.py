@@ -356,19 +356,49 @@ def test_backend_equals_transformers_backend(
 
 
 def test_tables_match_installed_transformers() -> None:
+    """The mirror's tables for the installed release (CI: the lock file's; its
+    newest-versions step: the newest) are transformers' own; other releases are checked
+    from their wheels by scripts/check_tokenizer_tables.py."""
+    import transformers
     from transformers.models.auto import tokenization_auto as auto
     from transformers.models.qwen2 import tokenization_qwen2
     from transformers.models.qwen3_5 import tokenization_qwen3_5
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-    from gateway.tokenizer_mirror import CLASS_PIPELINES, HUB_CLASS_OVERRIDES
+    from gateway.tokenizer_mirror import (
+        CLASS_PIPELINES,
+        hub_class_overrides,
+        installed_hub_class_overrides,
+    )
 
-    assert HUB_CLASS_OVERRIDES == {
-        m: auto.TOKENIZER_MAPPING_NAMES[m] for m in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+    theirs = {
+        m: auto.TOKENIZER_MAPPING_NAMES[m]
+        for m in getattr(auto, "MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS", ())
     }
+    assert hub_class_overrides(transformers.__version__) == theirs
+    assert installed_hub_class_overrides() == theirs
     assert CLASS_PIPELINES["Qwen2Tokenizer"].split_regex == tokenization_qwen2.PRETOKENIZE_REGEX
     assert CLASS_PIPELINES["Qwen3_5Tokenizer"].split_regex == tokenization_qwen3_5.PRETOKENIZE_REGEX
     assert list(NAMED_SPECIAL_TOKENS) == PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES
+
+
+def test_hub_class_overrides_are_keyed_by_release() -> None:
+    """Releases keep their own table: 5.25 dropped `camembertv2-base`, which 5.13-5.24
+    list; 5.0-5.2 had no table; a release newer than any listed, or none installed, gets
+    the newest rules."""
+    from gateway.tokenizer_mirror import hub_class_overrides
+
+    assert hub_class_overrides("5.2.0") == {}
+    assert "camembertv2-base" not in hub_class_overrides("5.12.1")
+    assert hub_class_overrides("5.24.0")["camembertv2-base"] == "TokenizersBackend"
+    assert "camembertv2-base" not in hub_class_overrides("5.25.0")
+    assert hub_class_overrides("5.17.0")["qwen2"] == "Qwen2Tokenizer"
+    assert "qwen3_5" not in hub_class_overrides("5.17.0")
+    assert hub_class_overrides("5.18.0")["qwen3_5"] == "Qwen3_5Tokenizer"
+    assert "deepseek_v3" in hub_class_overrides("5.21.1")
+    assert "deepseek_v3" not in hub_class_overrides("5.22.0")
+    newest = hub_class_overrides(None)
+    assert hub_class_overrides("5.99.0.dev0") == newest == hub_class_overrides("5.25.0")
 
 
 @pytest.mark.processes
