@@ -761,12 +761,13 @@ def filesystem_error(exc: OSError) -> str | None:
     any other (a bug, re-raised with its traceback)."""
     if exc.filename is None or exc.errno not in _PATH_ERRNOS:
         return None
-    if exc.errno == errno.ENOTDIR:
-        path = Path(exc.filename)
-        file = next((p for p in (path, *path.parents) if p.is_file()), path)
+    path = Path(exc.filename)
+    file = next((p for p in (path, *path.parents) if p.is_file()), None)
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST) and file is not None:
+        cannot = "" if file == path else f", so {path} cannot be made"
         return (
-            f"{file} is a file, not a folder, so {path} cannot be made (is data_dir "
-            "right? pick another folder with --set data_dir=DIR)"
+            f"{file} is a file, not a folder{cannot} (is data_dir right? pick another "
+            "folder with --set data_dir=DIR)"
         )
     if exc.errno not in _WRITE_ERRNOS:
         return f"{exc.filename}: {exc.strerror or exc}"
