@@ -39,7 +39,7 @@ from areal_service.store.merge_stats import RECENT_COMPLETIONS, MergeStats
 from areal_service.store.migrate import upgrade_engine
 from areal_service.store.policy_registry import PolicyStore
 from areal_service.store.readiness import SettlingCounts
-from areal_service.store.reward_admission import AcceptedReward, accept_reward
+from areal_service.store.reward_admission import AcceptedReward, accept_reward, accept_rewards
 from areal_service.store.rows import completion_from_row, paged, row_values, to_record
 from areal_service.store.schema import (
     CompletionRow,
@@ -392,6 +392,13 @@ class TrajectoryStore(RowAccess):
         or already has a reward of that name (RewardRefused), checked and inserted in one
         transaction (`reward_admission.py`); with the target's new total."""
         return accept_reward(self._engine, record, additive=additive)
+
+    def accept_rewards(
+        self, records: Sequence[RewardRecord], *, additive: bool = False
+    ) -> list[AcceptedReward]:
+        """`accept_reward` for an episode's reward and its roles' in one transaction: all
+        stored, or none when one is refused."""
+        return accept_rewards(self._engine, records, additive=additive)
 
     def get_reward(self, reward_id: str, owner: str = "") -> RewardRecord | None:
         """The reward `reward_id` posted by `owner` ("": the admin), or None."""
