@@ -32,7 +32,11 @@ def _episode(http: httpx.Client) -> tuple[str, dict[str, str]]:
         turn = http.post(
             "/v1/chat/completions",
             headers=key,
-            json={"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "1+1"}]},
+            json={
+                "model": model,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "1+1"}],
+            },
         )
         assert turn.status_code == 200, turn.text
     return session["session_id"], key
