@@ -308,7 +308,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
         )
     # A group is joined only by its own key's sessions (the admin's never join it).
     await _check_group(state, body.group_id, GroupRule(owner=key_id))
-    async with admit_sessions(state, 1, key.policy) as admission:
+    async with admit_sessions(state, 1, key.policy, key_id) as admission:
         if key.session_id is not None:
             await state.end_session(key.session_id, "refresh")
         session = await open_session(
