@@ -4,17 +4,15 @@ admin's sessions and a user key's land in one group; on SQLite and PostgreSQL.""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import select
-from support.postgres_db import fresh_postgres_database
+from support.security_harness import STORES
 
 from areal_service.store.schema import SessionRow
 
@@ -22,17 +20,10 @@ ADMIN = {"authorization": "Bearer sk-test-admin"}
 GROUPS = 20
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def gw(
-    request: pytest.FixtureRequest, serve: Callable[..., AbstractContextManager[Any]]
-) -> Iterator[Any]:
-    with contextlib.ExitStack() as stack:
-        store = []
-        if request.param == "postgres":
-            databases = fresh_postgres_database()
-            store = [f"store.url={next(databases)}"]
-            stack.callback(databases.close)
-        yield stack.enter_context(serve(*store))
+@pytest.fixture(scope="module", params=STORES)
+def gw(request: pytest.FixtureRequest, serve_on: Callable[..., Any]) -> Iterator[Any]:
+    with serve_on(request.param) as gateway:
+        yield gateway
 
 
 def _race(calls: list[Callable[[], httpx.Response]]) -> list[httpx.Response]:

@@ -6,45 +6,23 @@ lives on after each refusal, and after a 500 on a framework route."""
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.postgres_db import fresh_postgres_database
-from support.security_harness import serve_gateway
+from support.security_harness import STORES
 
 ADMIN = {"authorization": "Bearer sk-test-admin", "content-type": "application/json"}
 HIGH, LOW = "a\ud800b", "\udfff"
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def gw(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    tiny_model_dir: Path,
-    sec_engine_url: str,
-) -> Iterator[Any]:
-    with contextlib.ExitStack() as stack:
-        store = []
-        if request.param == "postgres":
-            databases = fresh_postgres_database()
-            store = [f"store.url={next(databases)}"]
-            stack.callback(databases.close)
-        yield stack.enter_context(
-            serve_gateway(
-                tmp_path_factory.mktemp("surrogates"),
-                tiny_model_dir,
-                [sec_engine_url],
-                "gateway.sampling.default_max_tokens=2",
-                "trainer.lora.rank=4",
-                "trainer.lora.alpha=8",
-                *store,
-            )
-        )
+@pytest.fixture(scope="module", params=STORES)
+def gw(request: pytest.FixtureRequest, serve_on: Callable[..., Any]) -> Iterator[Any]:
+    lora = ("trainer.lora.rank=4", "trainer.lora.alpha=8")
+    with serve_on(request.param, "gateway.sampling.default_max_tokens=2", *lora) as gateway:
+        yield gateway
 
 
 class Connection:
