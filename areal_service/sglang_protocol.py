@@ -1,6 +1,6 @@
 """SGLang's native HTTP protocol, typed once: the endpoints, the `/generate` request and
 reply (also each SSE stream chunk), the finish reasons, the control bodies and the info
-replies. The gateway's client (`gateway/backend.py`) builds requests and parses replies
+replies. The gateway's clients (`gateway/backends/`) build requests and parses replies
 with these models, the local engine (`engine/server.py`) validates and answers with
 them, and the echo backend (`engine/echo_backend.py`) answers with them. Pure data: no
 I/O, no torch, no FastAPI; imports nothing from `engine`, `gateway` or `trainer`.

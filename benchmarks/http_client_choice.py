@@ -170,7 +170,7 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 async def sglang_client(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
     """The gateway's own client (`gateway/http1.py` + typed parsing into GenerateResponse)."""
     from areal_service.sglang_protocol import GenerateRequest
-    from gateway.backend import SGLangClient
+    from gateway.backends import SGLangClient
 
     client = SGLangClient(url, timeout_s=60)
 

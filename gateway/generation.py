@@ -16,7 +16,7 @@ from typing import TypedDict
 from pydantic import ValidationError
 
 from areal_service.sglang_protocol import FinishReason, GenerateRequest
-from gateway.backend import BackendError, BackendUnavailable, Generation, GenerationDelta
+from gateway.backends import BackendError, BackendUnavailable, Generation, GenerationDelta
 from gateway.errors import OpenAIError, backend_unavailable
 from gateway.routing import BackendPool
 from gateway.state import GatewayState

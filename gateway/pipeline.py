@@ -27,7 +27,7 @@ from starlette.requests import Request
 from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import CompletionRecord
 from gateway.auth import Principal
-from gateway.backend import Generation, GenerationDelta
+from gateway.backends import Generation, GenerationDelta
 from gateway.capture import build_records, persist
 from gateway.continuity import Lineage
 from gateway.deps import read_request

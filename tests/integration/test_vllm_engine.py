@@ -37,7 +37,7 @@ from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import WeightVersionRecord
 from engine.pretrained import make_registry_model
 from engine.testing import make_weight_variant
-from gateway.vllm_backend import VLLMClient
+from gateway.backends.vllm import VLLMClient
 from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
 
@@ -451,7 +451,7 @@ def test_a_checkpoint_vllm_would_half_load_is_refused(vllm_url, smollm2_dir, tmp
     """A tied-embedding checkpoint without its head tensor (what `save_pretrained`
     writes) would be served with the old head by vLLM's in-place reload: the swap is
     refused with a clear 400 and the server resumes on the weights it had."""
-    from gateway.backend import BackendError
+    from gateway.backends import BackendError
 
     bare = make_weight_variant(smollm2_dir, tmp_path / "bare", seed=3)
 

@@ -16,9 +16,10 @@ import pytest
 from areal_service.config import POLICY_NAME_PATTERN, ServiceConfig, load_config
 from areal_service.sglang_protocol import GenerateRequest, GenerateResponse
 from gateway.adapters import BASE, AdapterNames, Lease, served_name
-from gateway.backend import SGLangClient, _on_adapter, _tagged
-from gateway.routing import adapter_names
-from gateway.vllm_backend import VLLMClient
+from gateway.backends import SGLangClient
+from gateway.backends.base import _on_adapter, _tagged
+from gateway.backends.factory import adapter_names
+from gateway.backends.vllm import VLLMClient
 from launcher.sglang_servers import sglang_argv
 from launcher.vllm_servers import vllm_argv
 

@@ -20,7 +20,7 @@ from areal_service.sglang_protocol import (
     parse_version,
 )
 from engine.echo_backend import EOS_ID, EchoBackendHandle, echo_token, start_echo_backend
-from gateway.backend import BackendError, BackendUnavailable, SGLangClient
+from gateway.backends import BackendError, BackendUnavailable, SGLangClient
 from gateway.routing import BackendPool
 from gateway.stream_parse import ErrorEvent, chunk_objects
 

@@ -23,7 +23,7 @@ from areal_service.sglang_protocol import (
 )
 from areal_service.types import WeightVersionRecord
 from engine.echo_backend import echo_token, start_echo_backend
-from gateway.backend import BackendUnavailable
+from gateway.backends import BackendUnavailable
 from gateway.routing import BackendPool
 from gateway.weight_sync import swap_distributed
 from launcher.sglang_servers import register_with_router, sglang_specs

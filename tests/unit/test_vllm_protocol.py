@@ -18,7 +18,7 @@ from areal_service.vllm_protocol import (
     request_from_sglang,
     to_sglang,
 )
-from gateway.vllm_backend import VLLMClient, tied_head_missing
+from gateway.backends.vllm import VLLMClient, tied_head_missing
 
 # A non-streamed reply and a stream's chunks as vLLM 0.32 sent them (trimmed to what the
 # gateway reads plus some keys it ignores).

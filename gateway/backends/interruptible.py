@@ -1,9 +1,8 @@
 """Interruptible generation: one completion across the weight swaps that abort it.
-Engine-neutral: it drives any client with `generate` / `generate_stream` (`SGLangClient`,
-`RouterClient`, `VLLMClient`, whose `generate_interruptible*` methods delegate here) and
-imports nothing from `gateway/backend.py`.
+Engine-neutral: it drives any `Backend`'s `generate` / `generate_stream` (the
+`generate_interruptible*` methods of `gateway/backends/base.py` delegate here).
 
-Swap sequence (`SGLangClient.swap_weights`): `pause_generation(mode="abort")` → in-flight
+Swap sequence (`Backend.swap_weights`): `pause_generation(mode="abort")` → in-flight
 requests return `finish_reason.type == "abort"` with partial ids →
 `update_weights_from_disk(path, weight_version=str(v))` (flushes the cache; safe, nothing
 runs) → `continue_generation()` in a `finally`, so a failed load never leaves the backend
@@ -18,83 +17,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from areal_service.sglang_protocol import (
     FinishReason,
     GenerateRequest,
-    GenerateResponse,
     TopLogprobs,
     parse_version,
 )
-from gateway.backend_errors import BackendError, BackendUnavailable
+from gateway.backends.errors import BackendError, BackendUnavailable
+from gateway.backends.records import Generation, GenerationDelta
 
-
-class InterruptibleClient(Protocol):
-    """What interruptible generation needs of an engine client (`SGLangClient` has it)."""
-
-    base_url: str
-    max_resubmissions: int
-    resubmit_wait_s: float
-
-    async def generate(
-        self, payload: GenerateRequest, *, routing_key: str | None = None
-    ) -> GenerateResponse: ...
-
-    def generate_stream(
-        self,
-        payload: GenerateRequest,
-        *,
-        coalesce: bool = False,
-        new_only: bool = False,
-        routing_key: str | None = None,
-    ) -> AsyncGenerator[GenerateResponse, None]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """A completion across any number of abort/resubmit rounds."""
-
-    rid: str
-    output_ids: tuple[int, ...]
-    output_logprobs: tuple[float, ...]
-    output_versions: tuple[int, ...]
-    """Policy version that produced each output token (`parse_version`)."""
-    finish_reason: FinishReason
-    """stop or length (an abort is resubmitted; too many aborts raise)."""
-    prompt_tokens: int
-    """Length of the caller's prompt (not of the resubmitted ones)."""
-    resubmissions: int
-    latency_s: float
-    output_top_logprobs: tuple[TopLogprobs, ...] = ()
-    backend: str = ""
-    """Base URL of the backend that generated it."""
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.output_ids)
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationDelta:
-    """New tokens of one stream chunk; `finish_reason` is set on the last delta only."""
-
-    output_ids: tuple[int, ...]
-    output_logprobs: tuple[float, ...]
-    output_versions: tuple[int, ...]
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
-    """Cumulative over the whole generation, resubmissions included."""
-    resubmissions: int
-    output_top_logprobs: tuple[TopLogprobs, ...] = ()
-    backend: str = ""
-    """Base URL of the backend that generated it."""
+if TYPE_CHECKING:  # the Backend imports this module
+    from gateway.backends.base import Backend
 
 
 async def generate_interruptible(
-    client: InterruptibleClient, request: GenerateRequest, *, routing_key: str | None = None
+    client: Backend, request: GenerateRequest, *, routing_key: str | None = None
 ) -> Generation:
     """`client.generate`, resubmitting on pause-aborts until a stop/length finish.
 
@@ -119,7 +58,7 @@ async def generate_interruptible(
 
 
 async def generate_interruptible_stream(
-    client: InterruptibleClient, request: GenerateRequest, *, routing_key: str | None = None
+    client: Backend, request: GenerateRequest, *, routing_key: str | None = None
 ) -> AsyncGenerator[GenerationDelta, None]:
     """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
     resubmissions, so the caller sees one uninterrupted stream; the last delta
@@ -182,7 +121,7 @@ async def generate_interruptible_stream(
 class _Rounds:
     """Accumulated output across abort/resubmit rounds of one interruptible generation."""
 
-    def __init__(self, client: InterruptibleClient, request: GenerateRequest) -> None:
+    def __init__(self, client: Backend, request: GenerateRequest) -> None:
         self.client = client
         self.request = request
         self.prompt_tokens = len(request.prompt_ids)
@@ -239,13 +178,13 @@ class _Rounds:
 
     async def before_resubmit(self) -> None:
         self.resubmissions += 1
-        if self.resubmissions > self.client.max_resubmissions:
+        if self.resubmissions > self.client.http.max_resubmissions:
             raise BackendUnavailable(
                 f"request {self.request.rid} aborted {self.resubmissions} times",
                 url=self.client.base_url,
             )
         # The paused backend holds new requests until continue, so a short wait suffices.
-        await asyncio.sleep(self.client.resubmit_wait_s)
+        await asyncio.sleep(self.client.http.resubmit_wait_s)
 
     def generation(self, final: FinishReason) -> Generation:
         return Generation(
