@@ -542,10 +542,22 @@ class GenerateResponse(BaseModel):
 
     def output_top_logprobs(self) -> tuple[TopLogprobs, ...]:
         """Per position, the (token_id, logprob) alternatives (`top_logprobs_num` > 0)."""
+        tops = self.meta_info.output_top_logprobs
+        if not tops:  # the usual chunk: no alternatives asked for
+            return ()
         return tuple(
             tuple((t[1], t[0]) for t in pos or ())  # type: ignore[misc]
-            for pos in self.meta_info.output_top_logprobs or ()
+            for pos in tops
         )
+
+    @property
+    def weight_version(self) -> str:
+        return self.meta_info.weight_version
+
+    def with_version(self, version: str) -> GenerateResponse:
+        """This reply labelled `version` (the reply itself is not changed)."""
+        meta = self.meta_info.model_copy(update={"weight_version": version})
+        return self.model_copy(update={"meta_info": meta})
 
 
 class ErrorDetail(BaseModel):

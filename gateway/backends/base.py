@@ -29,7 +29,6 @@ from typing import Any, Unpack
 
 from areal_service.sglang_protocol import (
     GenerateRequest,
-    GenerateResponse,
     InitWeightsUpdateGroupRequest,
     ModelInfo,
     PauseMode,
@@ -38,9 +37,8 @@ from areal_service.sglang_protocol import (
 from gateway.adapters import AdapterNames, Lease, served_name
 from gateway.backends import interruptible
 from gateway.backends.errors import BackendError
-from gateway.backends.records import Generation, GenerationDelta, SwapTimings
-from gateway.backends.transport import ClientOptions, EngineHttp
-from gateway.stream_parse import StreamParser
+from gateway.backends.records import EngineReply, Generation, GenerationDelta, SwapTimings
+from gateway.backends.transport import ChunkParser, ClientOptions, EngineHttp
 
 log = logging.getLogger(__name__)
 _UNLOAD_POLL_S = 0.25
@@ -86,11 +84,11 @@ class Backend(ABC):
         """Path and body of the token-in generate call for `payload`."""
 
     @abstractmethod
-    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
+    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> EngineReply:
         """A non-streamed reply, parsed (ValidationError when malformed)."""
 
     @abstractmethod
-    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> StreamParser:
+    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> ChunkParser:
         """Parser of one stream's SSE payloads (see `generate_stream`)."""
 
     # -- generation --------------------------------------------------------------------
@@ -103,7 +101,7 @@ class Backend(ABC):
 
     async def generate(
         self, payload: GenerateRequest, *, routing_key: str | None = None
-    ) -> GenerateResponse:
+    ) -> EngineReply:
         """One non-streamed generation. Cancelling the caller aborts the request.
         `routing_key`: sent as `X-SMG-Routing-Key` (session affinity through SGLang's
         router; a server ignores it). With versioned adapters (`self.adapters`), a
@@ -118,9 +116,7 @@ class Backend(ABC):
             return _tagged(reply, lease)
         return await self._generate(payload, routing_key)
 
-    async def _generate(
-        self, payload: GenerateRequest, routing_key: str | None
-    ) -> GenerateResponse:
+    async def _generate(self, payload: GenerateRequest, routing_key: str | None) -> EngineReply:
         path, body = self._generate_body(payload, stream=False)
         raw = await self.http.generate(path, body, str(payload.rid), routing_key)
         try:
@@ -135,7 +131,7 @@ class Backend(ABC):
         coalesce: bool = False,
         new_only: bool = False,
         routing_key: str | None = None,
-    ) -> AsyncGenerator[GenerateResponse, None]:
+    ) -> AsyncGenerator[EngineReply, None]:
         """One streamed generation: a chunk per SSE `data:` payload, through `[DONE]`
         (`EngineHttp.stream`); a policy's request on versioned adapters is leased as
         in `generate`.
@@ -155,7 +151,7 @@ class Backend(ABC):
 
     def _stream(
         self, payload: GenerateRequest, coalesce: bool, new_only: bool, routing_key: str | None
-    ) -> AsyncGenerator[GenerateResponse, None]:
+    ) -> AsyncGenerator[EngineReply, None]:
         path, body = self._generate_body(payload, stream=True)
         parser = self._stream_parser(payload, new_only)
         return self.http.stream(path, body, str(payload.rid), parser, coalesce, routing_key)
@@ -167,7 +163,7 @@ class Backend(ABC):
         coalesce: bool,
         new_only: bool,
         routing_key: str | None,
-    ) -> AsyncGenerator[GenerateResponse, None]:
+    ) -> AsyncGenerator[EngineReply, None]:
         assert self.adapters is not None
         lease = self.adapters.acquire(policy)
         try:
@@ -357,8 +353,7 @@ def _on_adapter(payload: GenerateRequest, lease: Lease) -> GenerateRequest:
     return payload.model_copy(update={"lora_path": lease.served})
 
 
-def _tagged(reply: GenerateResponse, lease: Lease) -> GenerateResponse:
+def _tagged(reply: EngineReply, lease: Lease) -> EngineReply:
     """`reply` with the lease's version as its weight version: the server's own label is
     one per server, not per adapter."""
-    meta = reply.meta_info.model_copy(update={"weight_version": str(lease.version)})
-    return reply.model_copy(update={"meta_info": meta})
+    return reply.with_version(str(lease.version))

@@ -47,7 +47,7 @@ async def generate_interruptible(
         run.add(
             result.output_ids,
             result.output_logprobs(),
-            parse_version(result.meta_info.weight_version),
+            parse_version(result.weight_version),
             result.output_top_logprobs(),
         )
         if result.finish_reason is None:
@@ -82,13 +82,9 @@ async def generate_interruptible_stream(
                 start = seen if chunk.cumulative else 0
                 new_ids = tuple(chunk.output_ids[start:])
                 new_lps = chunk.output_logprobs(start)
-                new_tops = (
-                    chunk.output_top_logprobs()[start:]
-                    if chunk.meta_info.output_top_logprobs
-                    else ()
-                )
+                new_tops = chunk.output_top_logprobs()[start:]
                 seen += len(new_ids)
-                version = parse_version(chunk.meta_info.weight_version)
+                version = parse_version(chunk.weight_version)
                 if chunk.finish_reason is None:
                     round_version = version
                 elif chunk.finish_reason.type == "abort" and round_version is not None:

@@ -1,14 +1,71 @@
-"""The gateway's own records of what a backend produced: a whole generation, one
-streamed delta, and one swap's timings. Every engine client returns these whatever its
-engine's wire format (`gateway/backends/`); nothing above the clients sees an engine's
-reply shape."""
+"""The gateway's own records of what a backend produced: one round's reply or stream
+chunk (`EngineReply`), a whole generation across rounds, one streamed delta, and one
+swap's timings. Every engine client returns these whatever its engine's wire format
+(`gateway/backends/`); nothing above the clients sees an engine's reply shape.
+
+`EngineReply` is a Protocol so that each engine's edge pays one translation at most:
+SGLang's parsed reply (`GenerateResponse`) has its shape already, and a client of
+another engine builds a `TokenChunk` straight from its engine's reply."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from areal_service.sglang_protocol import FinishReason, TopLogprobs
+
+
+class EngineReply(Protocol):
+    """One round's reply, or one stream chunk: what interruptible generation reads."""
+
+    @property
+    def output_ids(self) -> Sequence[int]:
+        """The output so far (`cumulative`), or only the chunk's new tokens."""
+
+    @property
+    def cumulative(self) -> bool:
+        """Whether `output_ids` holds the whole output so far."""
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        """Set on a round's last reply only."""
+
+    @property
+    def weight_version(self) -> str:
+        """The weights that produced these tokens (`parse_version` reads it)."""
+
+    def output_logprobs(self, start: int = 0) -> tuple[float, ...]:
+        """The logprob of each output token from `start` (finite: `LOGPROB_FLOOR`)."""
+
+    def output_top_logprobs(self) -> tuple[TopLogprobs, ...]:
+        """Per position, the (token_id, logprob) alternatives asked for."""
+
+    def with_version(self, version: str) -> EngineReply:
+        """This reply labelled `version` (a leased adapter's, not the server's label)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """An `EngineReply` built by an engine client from its own engine's reply."""
+
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[TopLogprobs, ...]
+    weight_version: str
+    finish_reason: FinishReason | None = None
+    cumulative: bool = True
+
+    def output_logprobs(self, start: int = 0) -> tuple[float, ...]:
+        return self.logprobs[start:] if start else self.logprobs
+
+    def output_top_logprobs(self) -> tuple[TopLogprobs, ...]:
+        return self.top_logprobs
+
+    def with_version(self, version: str) -> TokenChunk:
+        return dataclasses.replace(self, weight_version=version)
 
 
 @dataclass(frozen=True, slots=True)

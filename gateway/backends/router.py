@@ -32,8 +32,7 @@ from gateway.backends.sglang import (
     sglang_parser,
     sglang_server_info,
 )
-from gateway.backends.transport import ClientOptions
-from gateway.stream_parse import StreamParser
+from gateway.backends.transport import ChunkParser, ClientOptions
 
 
 class RouterClient(Backend):
@@ -55,7 +54,7 @@ class RouterClient(Backend):
     def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
         return GenerateResponse.model_validate_json(raw)
 
-    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> StreamParser:
+    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> ChunkParser:
         return sglang_parser(new_only)
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:

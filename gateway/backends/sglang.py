@@ -46,8 +46,8 @@ from areal_service.sglang_protocol import (
 )
 from gateway.backends.base import Backend
 from gateway.backends.errors import BackendError
-from gateway.backends.transport import EngineHttp
-from gateway.stream_parse import StreamParser, SuffixParser, WholeChunks
+from gateway.backends.transport import ChunkParser, EngineHttp
+from gateway.stream_parse import SuffixParser, WholeChunks
 
 
 class SGLangClient(Backend):
@@ -60,7 +60,7 @@ class SGLangClient(Backend):
     def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
         return GenerateResponse.model_validate_json(raw)
 
-    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> StreamParser:
+    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> ChunkParser:
         return sglang_parser(new_only)
 
     # -- control -----------------------------------------------------------------------
@@ -171,7 +171,7 @@ def sglang_body(payload: GenerateRequest, stream: bool) -> tuple[str, bytes]:
     return GENERATE.path, payload.to_json_bytes(stream=stream)
 
 
-def sglang_parser(new_only: bool) -> StreamParser:
+def sglang_parser(new_only: bool) -> ChunkParser:
     """Parser of one `/generate` stream: `SuffixParser` cuts cumulative chunks to their
     new tokens (`new_only`), `WholeChunks` parses them whole."""
     return SuffixParser() if new_only else WholeChunks()

@@ -30,26 +30,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TypedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Protocol, TypedDict
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from areal_service.sglang_protocol import (
-    ROUTING_KEY_HEADER,
-    Endpoint,
-    ErrorResponse,
-    GenerateResponse,
-)
+from areal_service.sglang_protocol import ROUTING_KEY_HEADER, Endpoint, ErrorResponse
 from gateway.backends.errors import BackendError, BackendUnavailable
+from gateway.backends.records import EngineReply
 from gateway.http1 import ConnectFailed, Http1Pool
-from gateway.stream_parse import ErrorEvent, StreamParser
+from gateway.stream_parse import ErrorEvent
 
 log = logging.getLogger(__name__)
 _JSON = {"Content-Type": "application/json"}
 _KEEPALIVE_S = 4.0  # below uvicorn's 5 s keep-alive (SGLang's server), so a pooled
 # connection is never reused just as the server closes it.
+
+
+class ChunkParser(Protocol):
+    """Turns the SSE payloads of one network read into replies, error events and None
+    for `[DONE]` (ValidationError when one is malformed). One parser per stream: it may
+    keep state between reads (`gateway/stream_parse.py` has SGLang's)."""
+
+    def chunks(
+        self, batch: list[bytes], coalesce: bool
+    ) -> Sequence[EngineReply | ErrorEvent | None]: ...
 
 
 class ClientOptions(TypedDict, total=False):
@@ -262,10 +268,10 @@ class EngineHttp:
         path: str,
         body: bytes,
         rid: str,
-        parser: StreamParser,
+        parser: ChunkParser,
         coalesce: bool,
         routing_key: str | None,
-    ) -> AsyncGenerator[GenerateResponse, None]:
+    ) -> AsyncGenerator[EngineReply, None]:
         """One streamed generate call: the parser's chunks of each network read's SSE
         `data:` payloads, through `[DONE]`. A `data: {"error":…}` event raises
         BackendError. Closing the iterator early (client gone) or cancelling aborts

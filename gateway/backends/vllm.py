@@ -4,10 +4,11 @@ unchanged, through `gateway/backends/base.py`). It implements the wire hooks and
 control calls in vLLM's own terms; the routes and fields are typed in
 `areal_service/vllm_protocol.py`.
 
-- Generation: `POST /inference/v1/generate` (token in, token out), translated to and from
-  SGLang's `/generate` shapes (`vllm_protocol.request_from_sglang` / `to_sglang`). Stream
-  chunks carry only new tokens, so they reach `generate_interruptible_stream` as SGLang's
-  incremental chunks do.
+- Generation: `POST /inference/v1/generate` (token in, token out): the request built by
+  `vllm_protocol.request_from_sglang`, each reply or stream chunk read straight into the
+  gateway's `TokenChunk` (`gateway/backends/records.py`), with no SGLang reply in
+  between. Stream chunks carry only new tokens, so they reach
+  `generate_interruptible_stream` as SGLang's incremental chunks do.
 - Versions: vLLM reports `weight_versions` spans on a whole reply and on a stream's last
   chunk only. Chunks before it are tagged with the version this client last saw the
   server report or set (`weight_version`); the last chunk's span (the server's word) then
@@ -36,7 +37,6 @@ from pydantic import BaseModel, ValidationError
 from areal_service.lora_adapter import is_adapter_dir
 from areal_service.sglang_protocol import (
     GenerateRequest,
-    GenerateResponse,
     InitWeightsUpdateGroupRequest,
     ModelInfo,
     PauseMode,
@@ -56,20 +56,23 @@ from areal_service.vllm_protocol import (
     UNLOAD_LORA_ADAPTER,
     UPDATE_WEIGHT_VERSION,
     WEIGHT_INFO,
+    Choice,
     LoadLoRAAdapterRequest,
     ModelList,
     UnloadLoRAAdapterRequest,
     VLLMGenerateResponse,
     WeightInfo,
+    choice_logprobs,
+    finish_reason_of,
     internal_request_id,
     request_from_sglang,
-    to_sglang,
 )
 from gateway.adapters import AdapterNames
 from gateway.backends.base import Backend
 from gateway.backends.errors import BackendError
+from gateway.backends.records import EngineReply, TokenChunk
 from gateway.backends.transport import ClientOptions
-from gateway.stream_parse import Chunk, parse_chunk
+from gateway.stream_parse import ErrorEvent, parse_chunk
 
 
 class VLLMClient(Backend):
@@ -100,21 +103,27 @@ class VLLMClient(Backend):
         request = request_from_sglang(payload, stream=stream, model=model)
         return GENERATE.path, request.to_json_bytes()
 
-    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
+    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> TokenChunk:
         reply = VLLMGenerateResponse.model_validate_json(raw)
         if not reply.choices:
             raise self.http.failed("vLLM reply without choices", 502)
         choice = reply.choices[0]
-        ids = choice.token_ids or ()
-        self._saw_version(choice.weight_versions[-1].version if choice.weight_versions else None)
-        usage = reply.usage
-        return to_sglang(
-            choice,
-            prompt_tokens=usage.prompt_tokens if usage else len(payload.prompt_ids),
-            completion_tokens=len(ids),
+        return self._chunk(choice, 0, len(choice.token_ids or ()), payload.top_logprobs_num)
+
+    def _chunk(self, choice: Choice, before: int, count: int, top_k: int) -> TokenChunk:
+        """One choice as the gateway's `TokenChunk`: its tokens (the new ones of a stream
+        chunk), the version its spans report (else the last one seen), and its finish
+        reason. `before`/`count`: output tokens before it and with it."""
+        if choice.weight_versions:
+            self._saw_version(choice.weight_versions[-1].version)
+        logprobs, tops = choice_logprobs(choice, top_k)
+        return TokenChunk(
+            output_ids=tuple(choice.token_ids or ()),
+            logprobs=logprobs,
+            top_logprobs=tops,
             weight_version=self.weight_version,
-            top_logprobs_num=payload.top_logprobs_num,
-            request_id=reply.request_id,
+            finish_reason=finish_reason_of(choice, count),
+            cumulative=before == 0,
         )
 
     def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> _VLLMChunks:
@@ -292,37 +301,26 @@ class _Json(BaseModel):
 
 
 class _VLLMChunks:
-    """Parses one vLLM stream's payloads into SGLang-shaped incremental chunks."""
+    """Parses one vLLM stream's payloads into `TokenChunk`s of their new tokens."""
 
     def __init__(self, client: VLLMClient, payload: GenerateRequest) -> None:
         self.client = client
-        self.prompt_tokens = len(payload.prompt_ids)
         self.top_logprobs_num = payload.top_logprobs_num
         self.count = 0
         """Output tokens so far (each chunk holds only its new ones)."""
 
-    def chunks(self, batch: list[bytes], coalesce: bool) -> list[Chunk]:
-        out: list[Chunk] = []
+    def chunks(self, batch: list[bytes], coalesce: bool) -> list[EngineReply | ErrorEvent | None]:
+        out: list[EngineReply | ErrorEvent | None] = []
         for data in batch:
             if data == b"[DONE]":
                 out.append(None)
                 break
-            if b'"error":' in data:
-                out.append(parse_chunk(data))
+            if b'"error":' in data and isinstance(event := parse_chunk(data), ErrorEvent):
+                out.append(event)
                 continue
             reply = VLLMGenerateResponse.model_validate_json(data)
             for choice in reply.choices[:1]:  # the usage chunk has none
+                before = self.count
                 self.count += len(choice.token_ids or ())
-                if choice.weight_versions:
-                    self.client._saw_version(choice.weight_versions[-1].version)
-                out.append(
-                    to_sglang(
-                        choice,
-                        prompt_tokens=self.prompt_tokens,
-                        completion_tokens=self.count,
-                        weight_version=self.client.weight_version,
-                        top_logprobs_num=self.top_logprobs_num,
-                        request_id=reply.request_id,
-                    )
-                )
+                out.append(self.client._chunk(choice, before, self.count, self.top_logprobs_num))
         return out
