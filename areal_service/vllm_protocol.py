@@ -55,7 +55,8 @@ from disk (`trainer.weight_sync: disk`).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,7 +64,6 @@ from areal_service.sglang_protocol import (
     LOGPROB_FLOOR,
     Endpoint,
     FinishReason,
-    GenerateRequest,
     SamplingParams,
     TopLogprobs,
 )
@@ -185,8 +185,24 @@ def _seed(seed: int | None) -> int | None:
     return seed - 2**64 if seed >= 2**63 else seed
 
 
+class TokenIn(Protocol):
+    """A token-in request as the gateway holds it (its `TokenRequest`, or SGLang's
+    `GenerateRequest`): what the vLLM request is made from."""
+
+    @property
+    def prompt_ids(self) -> Sequence[int]: ...
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+    @property
+    def rid(self) -> str | list[str] | None: ...
+    @property
+    def return_logprob(self) -> bool: ...
+    @property
+    def top_logprobs_num(self) -> int: ...
+
+
 def request_from_sglang(
-    request: GenerateRequest, *, stream: bool, model: str | None = None
+    request: TokenIn, *, stream: bool, model: str | None = None
 ) -> VLLMGenerateRequest:
     """The vLLM request for one of the gateway's token-in requests (`rid` becomes the
     request id; the sampled token's logprob, plus the `top_logprobs_num` best). `model`:

@@ -40,7 +40,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
-from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import DEFAULT_POLICY
 from gateway.backends import (
     Backend,
@@ -53,6 +52,7 @@ from gateway.backends import (
     SwapTimings,
 )
 from gateway.backends.factory import ClientFactory, client_factory
+from gateway.backends.records import TokenRequest
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class BackendPool:
 
     # -- requests with failover --------------------------------------------------------
     async def generate_interruptible(
-        self, request: GenerateRequest, *, session_id: str | None = None, deadline_s: float = 30.0
+        self, request: TokenRequest, *, session_id: str | None = None, deadline_s: float = 30.0
     ) -> Generation:
         """`Backend.generate_interruptible` on the routed backend; a refused
         connection takes that backend out and retries on another until `deadline_s`."""
@@ -326,7 +326,7 @@ class BackendPool:
                     self.mark_down(b, e.message)
 
     async def generate_interruptible_stream(
-        self, request: GenerateRequest, *, session_id: str | None = None, deadline_s: float = 30.0
+        self, request: TokenRequest, *, session_id: str | None = None, deadline_s: float = 30.0
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming variant; failover only before the first delta was yielded."""
         loop = asyncio.get_running_loop()

@@ -6,7 +6,7 @@ only gateway code reading the engine kind (`factory.py`)."""
 
 from gateway.backends.base import Backend
 from gateway.backends.errors import BackendError, BackendUnavailable
-from gateway.backends.records import Generation, GenerationDelta, SwapTimings
+from gateway.backends.records import Generation, GenerationDelta, SwapTimings, TokenRequest
 from gateway.backends.router import RouterClient
 from gateway.backends.sglang import SGLangClient
 from gateway.backends.vllm import VLLMClient
@@ -20,5 +20,6 @@ __all__ = [
     "RouterClient",
     "SGLangClient",
     "SwapTimings",
+    "TokenRequest",
     "VLLMClient",
 ]

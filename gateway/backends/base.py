@@ -28,7 +28,6 @@ from collections.abc import AsyncGenerator
 from typing import Any, Unpack
 
 from areal_service.sglang_protocol import (
-    GenerateRequest,
     InitWeightsUpdateGroupRequest,
     ModelInfo,
     PauseMode,
@@ -37,7 +36,13 @@ from areal_service.sglang_protocol import (
 from gateway.adapters import AdapterNames, Lease, served_name
 from gateway.backends import interruptible
 from gateway.backends.errors import BackendError
-from gateway.backends.records import EngineReply, Generation, GenerationDelta, SwapTimings
+from gateway.backends.records import (
+    EngineReply,
+    Generation,
+    GenerationDelta,
+    SwapTimings,
+    TokenRequest,
+)
 from gateway.backends.transport import ChunkParser, ClientOptions, EngineHttp
 
 log = logging.getLogger(__name__)
@@ -80,19 +85,19 @@ class Backend(ABC):
 
     # -- the engine's wire format ------------------------------------------------------
     @abstractmethod
-    def _generate_body(self, payload: GenerateRequest, *, stream: bool) -> tuple[str, bytes]:
+    def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
         """Path and body of the token-in generate call for `payload`."""
 
     @abstractmethod
-    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> EngineReply:
+    def _generate_reply(self, raw: bytes, payload: TokenRequest) -> EngineReply:
         """A non-streamed reply, parsed (ValidationError when malformed)."""
 
     @abstractmethod
-    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> ChunkParser:
+    def _stream_parser(self, payload: TokenRequest, new_only: bool) -> ChunkParser:
         """Parser of one stream's SSE payloads (see `generate_stream`)."""
 
     # -- generation --------------------------------------------------------------------
-    def _adapter_policy(self, payload: GenerateRequest) -> str | None:
+    def _adapter_policy(self, payload: TokenRequest) -> str | None:
         """The policy whose versioned adapter `payload` runs under (None: not leased)."""
         names = self.adapters
         if names is None:
@@ -100,7 +105,7 @@ class Backend(ABC):
         return payload.lora_path or names.default_policy
 
     async def generate(
-        self, payload: GenerateRequest, *, routing_key: str | None = None
+        self, payload: TokenRequest, *, routing_key: str | None = None
     ) -> EngineReply:
         """One non-streamed generation. Cancelling the caller aborts the request.
         `routing_key`: sent as `X-SMG-Routing-Key` (session affinity through SGLang's
@@ -116,9 +121,9 @@ class Backend(ABC):
             return _tagged(reply, lease)
         return await self._generate(payload, routing_key)
 
-    async def _generate(self, payload: GenerateRequest, routing_key: str | None) -> EngineReply:
+    async def _generate(self, payload: TokenRequest, routing_key: str | None) -> EngineReply:
         path, body = self._generate_body(payload, stream=False)
-        raw = await self.http.generate(path, body, str(payload.rid), routing_key)
+        raw = await self.http.generate(path, body, payload.rid, routing_key)
         try:
             return self._generate_reply(raw, payload)
         except ValueError as e:  # pydantic's ValidationError too
@@ -126,7 +131,7 @@ class Backend(ABC):
 
     def generate_stream(
         self,
-        payload: GenerateRequest,
+        payload: TokenRequest,
         *,
         coalesce: bool = False,
         new_only: bool = False,
@@ -150,15 +155,15 @@ class Backend(ABC):
         return self._stream(payload, coalesce, new_only, routing_key)
 
     def _stream(
-        self, payload: GenerateRequest, coalesce: bool, new_only: bool, routing_key: str | None
+        self, payload: TokenRequest, coalesce: bool, new_only: bool, routing_key: str | None
     ) -> AsyncGenerator[EngineReply, None]:
         path, body = self._generate_body(payload, stream=True)
         parser = self._stream_parser(payload, new_only)
-        return self.http.stream(path, body, str(payload.rid), parser, coalesce, routing_key)
+        return self.http.stream(path, body, payload.rid, parser, coalesce, routing_key)
 
     async def _leased_stream(
         self,
-        payload: GenerateRequest,
+        payload: TokenRequest,
         policy: str,
         coalesce: bool,
         new_only: bool,
@@ -177,14 +182,14 @@ class Backend(ABC):
             self.adapters.release(lease)
 
     async def generate_interruptible(
-        self, request: GenerateRequest, *, routing_key: str | None = None
+        self, request: TokenRequest, *, routing_key: str | None = None
     ) -> Generation:
         """`generate`, resubmitting on pause-aborts until a stop/length finish
         (`gateway.backends.interruptible.generate_interruptible`)."""
         return await interruptible.generate_interruptible(self, request, routing_key=routing_key)
 
     def generate_interruptible_stream(
-        self, request: GenerateRequest, *, routing_key: str | None = None
+        self, request: TokenRequest, *, routing_key: str | None = None
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming `generate_interruptible`: only NEW tokens per delta, across
         resubmissions (`gateway.backends.interruptible.generate_interruptible_stream`)."""
@@ -347,10 +352,10 @@ class Backend(ABC):
         task.add_done_callback(self._unloads.discard)
 
 
-def _on_adapter(payload: GenerateRequest, lease: Lease) -> GenerateRequest:
+def _on_adapter(payload: TokenRequest, lease: Lease) -> TokenRequest:
     """`payload` sent under the lease's served name (`lora_path`; None, set explicitly:
     the base model)."""
-    return payload.model_copy(update={"lora_path": lease.served})
+    return payload.on_adapter(lease.served)
 
 
 def _tagged(reply: EngineReply, lease: Lease) -> EngineReply:

@@ -15,25 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
 from areal_service.sglang_protocol import (
     FinishReason,
-    GenerateRequest,
     TopLogprobs,
     parse_version,
 )
 from gateway.backends.errors import BackendError, BackendUnavailable
-from gateway.backends.records import Generation, GenerationDelta
+from gateway.backends.records import Generation, GenerationDelta, TokenRequest
 
 if TYPE_CHECKING:  # the Backend imports this module
     from gateway.backends.base import Backend
 
 
 async def generate_interruptible(
-    client: Backend, request: GenerateRequest, *, routing_key: str | None = None
+    client: Backend, request: TokenRequest, *, routing_key: str | None = None
 ) -> Generation:
     """`client.generate`, resubmitting on pause-aborts until a stop/length finish.
 
@@ -58,7 +58,7 @@ async def generate_interruptible(
 
 
 async def generate_interruptible_stream(
-    client: Backend, request: GenerateRequest, *, routing_key: str | None = None
+    client: Backend, request: TokenRequest, *, routing_key: str | None = None
 ) -> AsyncGenerator[GenerationDelta, None]:
     """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
     resubmissions, so the caller sees one uninterrupted stream; the last delta
@@ -117,7 +117,7 @@ async def generate_interruptible_stream(
 class _Rounds:
     """Accumulated output across abort/resubmit rounds of one interruptible generation."""
 
-    def __init__(self, client: Backend, request: GenerateRequest) -> None:
+    def __init__(self, client: Backend, request: TokenRequest) -> None:
         self.client = client
         self.request = request
         self.prompt_tokens = len(request.prompt_ids)
@@ -130,7 +130,7 @@ class _Rounds:
         self.resubmissions = 0
         self.t0 = time.perf_counter()
 
-    def next_request(self) -> GenerateRequest:
+    def next_request(self) -> TokenRequest:
         if not self.resubmissions:
             return self.request
         sp = self.request.sampling_params
@@ -138,12 +138,11 @@ class _Rounds:
         if "min_new_tokens" in sp.model_fields_set:
             update["min_new_tokens"] = max(0, sp.min_new_tokens - len(self.ids))
         # model_copy skips validation: the values derive from an already valid request.
-        return self.request.model_copy(
-            update={
-                "input_ids": [*self.request.prompt_ids, *self.ids],
-                "sampling_params": sp.model_copy(update=update),
-                "rid": f"{self.request.rid}-{self.resubmissions}",
-            }
+        return dataclasses.replace(
+            self.request,
+            input_ids=[*self.request.prompt_ids, *self.ids],
+            sampling_params=sp.model_copy(update=update),
+            rid=f"{self.request.rid}-{self.resubmissions}",
         )
 
     def add(
@@ -184,7 +183,7 @@ class _Rounds:
 
     def generation(self, final: FinishReason) -> Generation:
         return Generation(
-            rid=str(self.request.rid),
+            rid=self.request.rid,
             output_ids=tuple(self.ids),
             output_logprobs=tuple(self.logprobs),
             output_versions=tuple(self.versions),

@@ -1,6 +1,6 @@
-"""The gateway's own records of what a backend produced: one round's reply or stream
-chunk (`EngineReply`), a whole generation across rounds, one streamed delta, and one
-swap's timings. Every engine client returns these whatever its engine's wire format
+"""The gateway's own records of a generation: the request (`TokenRequest`), and what a
+backend produced: one round's reply or stream chunk (`EngineReply`), a whole generation
+across rounds, one streamed delta, and one swap's timings. Every engine client returns these whatever its engine's wire format
 (`gateway/backends/`); nothing above the clients sees an engine's reply shape.
 
 `EngineReply` is a Protocol so that each engine's edge pays one translation at most:
@@ -11,11 +11,74 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from areal_service.sglang_protocol import FinishReason, TopLogprobs
+from areal_service.sglang_protocol import FinishReason, SamplingParams, TopLogprobs
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """One token-in generation as the gateway asks for it (one prompt, one choice); each
+    engine client translates it into its engine's request at its edge. The sampling
+    values are validated when the record is made (`for_tokens`), with the messages
+    SGLang would answer 400 with."""
+
+    input_ids: Sequence[int]
+    sampling_params: SamplingParams
+    rid: str
+    """Fixed-width per choice (`-000`): SGLang aborts by rid prefix."""
+    return_logprob: bool = True
+    top_logprobs_num: int = 0
+    """How many top alternatives per output token (0: none; they cost a top-k)."""
+    lora_path: str | None = None
+    """The served LoRA adapter to generate under, by name (when `lora_set`)."""
+    lora_set: bool = False
+    """Whether `lora_path` was chosen: then None means the base model; otherwise the
+    server's default adapter (or none) serves the request."""
+    engine_fields: Mapping[str, Any] = field(default_factory=dict)
+    """Top-level fields sent as given in an SGLang-protocol body (the echo backend's
+    test hooks); other engines ignore them."""
+
+    @classmethod
+    def for_tokens(
+        cls,
+        input_ids: Sequence[int],
+        sampling_params: SamplingParams | Mapping[str, Any],
+        *,
+        rid: str,
+        return_logprob: bool = True,
+        top_logprobs_num: int = 0,
+        lora_path: str | None = _UNSET,
+        **engine_fields: Any,
+    ) -> TokenRequest:
+        """A request for `input_ids`. Raises pydantic's ValidationError (a ValueError)
+        for sampling values SGLang rejects with 400, with SGLang's message.
+        `lora_path`: the adapter to run under (None: the base model); left out: the
+        server's default."""
+        if not isinstance(sampling_params, SamplingParams):
+            sampling_params = SamplingParams.model_validate(sampling_params)
+        return cls(
+            input_ids=list(input_ids),
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            lora_path=None if lora_path is _UNSET else lora_path,
+            lora_set=lora_path is not _UNSET,
+            engine_fields=engine_fields,
+        )
+
+    @property
+    def prompt_ids(self) -> Sequence[int]:
+        return self.input_ids
+
+    def on_adapter(self, served: str | None) -> TokenRequest:
+        """This request run under the served adapter name `served` (None: the base)."""
+        return dataclasses.replace(self, lora_path=served, lora_set=True)
 
 
 class EngineReply(Protocol):

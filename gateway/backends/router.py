@@ -17,7 +17,6 @@ from typing import Any, NoReturn, Unpack
 from areal_service.sglang_protocol import (
     ROUTER_READINESS,
     ROUTER_WORKERS,
-    GenerateRequest,
     GenerateResponse,
     InitWeightsUpdateGroupRequest,
     ModelInfo,
@@ -26,6 +25,7 @@ from areal_service.sglang_protocol import (
     router_worker_urls,
 )
 from gateway.backends.base import Backend
+from gateway.backends.records import TokenRequest
 from gateway.backends.sglang import (
     sglang_body,
     sglang_model_info,
@@ -48,13 +48,13 @@ class RouterClient(Backend):
         self._workers = workers
 
     # -- the wire format: SGLang's ------------------------------------------------------
-    def _generate_body(self, payload: GenerateRequest, *, stream: bool) -> tuple[str, bytes]:
+    def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
         return sglang_body(payload, stream)
 
-    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
+    def _generate_reply(self, raw: bytes, payload: TokenRequest) -> GenerateResponse:
         return GenerateResponse.model_validate_json(raw)
 
-    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> ChunkParser:
+    def _stream_parser(self, payload: TokenRequest, new_only: bool) -> ChunkParser:
         return sglang_parser(new_only)
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:

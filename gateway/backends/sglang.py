@@ -46,6 +46,7 @@ from areal_service.sglang_protocol import (
 )
 from gateway.backends.base import Backend
 from gateway.backends.errors import BackendError
+from gateway.backends.records import TokenRequest
 from gateway.backends.transport import ChunkParser, EngineHttp
 from gateway.stream_parse import SuffixParser, WholeChunks
 
@@ -54,13 +55,13 @@ class SGLangClient(Backend):
     """Client of one SGLang-protocol server (an SGLang server or the local engine)."""
 
     # -- the wire format ---------------------------------------------------------------
-    def _generate_body(self, payload: GenerateRequest, *, stream: bool) -> tuple[str, bytes]:
+    def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
         return sglang_body(payload, stream)
 
-    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> GenerateResponse:
+    def _generate_reply(self, raw: bytes, payload: TokenRequest) -> GenerateResponse:
         return GenerateResponse.model_validate_json(raw)
 
-    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> ChunkParser:
+    def _stream_parser(self, payload: TokenRequest, new_only: bool) -> ChunkParser:
         return sglang_parser(new_only)
 
     # -- control -----------------------------------------------------------------------
@@ -166,9 +167,24 @@ class SGLangClient(Backend):
         return await sglang_server_info(self.http)
 
 
-def sglang_body(payload: GenerateRequest, stream: bool) -> tuple[str, bytes]:
-    """Path and body of SGLang's `/generate` for `payload` (it is SGLang's shape)."""
-    return GENERATE.path, payload.to_json_bytes(stream=stream)
+def sglang_body(payload: TokenRequest, stream: bool) -> tuple[str, bytes]:
+    """Path and body of SGLang's `/generate` for `payload`: only the fields the gateway
+    chose go on the wire (`exclude_unset`), so SGLang's own defaults (and its
+    `--preferred-sampling-params`) apply to the rest. Built without validation: the
+    record's values were validated when it was made."""
+    fields: dict[str, Any] = {
+        "input_ids": payload.input_ids,
+        "sampling_params": payload.sampling_params,
+        "rid": payload.rid,
+        "return_logprob": payload.return_logprob,
+        "stream": stream,
+    }
+    if payload.top_logprobs_num:
+        fields["top_logprobs_num"] = payload.top_logprobs_num
+    if payload.lora_set:  # None: the base model, sent as null
+        fields["lora_path"] = payload.lora_path
+    body = GenerateRequest.model_construct(**fields, **payload.engine_fields)
+    return GENERATE.path, body.model_dump_json(exclude_unset=True).encode()
 
 
 def sglang_parser(new_only: bool) -> ChunkParser:

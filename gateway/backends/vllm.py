@@ -36,7 +36,6 @@ from pydantic import BaseModel, ValidationError
 
 from areal_service.lora_adapter import is_adapter_dir
 from areal_service.sglang_protocol import (
-    GenerateRequest,
     InitWeightsUpdateGroupRequest,
     ModelInfo,
     PauseMode,
@@ -70,7 +69,7 @@ from areal_service.vllm_protocol import (
 from gateway.adapters import AdapterNames
 from gateway.backends.base import Backend
 from gateway.backends.errors import BackendError
-from gateway.backends.records import EngineReply, TokenChunk
+from gateway.backends.records import EngineReply, TokenChunk, TokenRequest
 from gateway.backends.transport import ClientOptions
 from gateway.stream_parse import ErrorEvent, parse_chunk
 
@@ -96,14 +95,14 @@ class VLLMClient(Backend):
         model."""
 
     # -- wire hooks --------------------------------------------------------------------
-    def _generate_body(self, payload: GenerateRequest, *, stream: bool) -> tuple[str, bytes]:
+    def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
         # A leased request (`Backend.generate`) sets `lora_path` explicitly, to its
         # versioned name or to None (the base model); an unset one takes the default.
-        model = payload.lora_path if "lora_path" in payload.model_fields_set else self.lora_name
+        model = payload.lora_path if payload.lora_set else self.lora_name
         request = request_from_sglang(payload, stream=stream, model=model)
         return GENERATE.path, request.to_json_bytes()
 
-    def _generate_reply(self, raw: bytes, payload: GenerateRequest) -> TokenChunk:
+    def _generate_reply(self, raw: bytes, payload: TokenRequest) -> TokenChunk:
         reply = VLLMGenerateResponse.model_validate_json(raw)
         if not reply.choices:
             raise self.http.failed("vLLM reply without choices", 502)
@@ -126,7 +125,7 @@ class VLLMClient(Backend):
             cumulative=before == 0,
         )
 
-    def _stream_parser(self, payload: GenerateRequest, new_only: bool) -> _VLLMChunks:
+    def _stream_parser(self, payload: TokenRequest, new_only: bool) -> _VLLMChunks:
         return _VLLMChunks(self, payload)
 
     def _saw_version(self, version: str | None) -> None:
@@ -303,7 +302,7 @@ class _Json(BaseModel):
 class _VLLMChunks:
     """Parses one vLLM stream's payloads into `TokenChunk`s of their new tokens."""
 
-    def __init__(self, client: VLLMClient, payload: GenerateRequest) -> None:
+    def __init__(self, client: VLLMClient, payload: TokenRequest) -> None:
         self.client = client
         self.top_logprobs_num = payload.top_logprobs_num
         self.count = 0

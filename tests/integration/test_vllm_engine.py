@@ -33,10 +33,10 @@ from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import load_config
 from areal_service.export import export_sequences
-from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import WeightVersionRecord
 from engine.pretrained import make_registry_model
 from engine.testing import make_weight_variant
+from gateway.backends import TokenRequest
 from gateway.backends.vllm import VLLMClient
 from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
@@ -402,7 +402,7 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
     async def run():
         client = VLLMClient(vllm_url)
         try:
-            request = GenerateRequest.for_tokens(
+            request = TokenRequest.for_tokens(
                 [1, 504, 3458, 314, 260],
                 {"max_new_tokens": 80, "temperature": 1.0, "ignore_eos": True},
                 rid="interrupted-1",
