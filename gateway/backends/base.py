@@ -227,12 +227,7 @@ class Backend(ABC):
 
     @abstractmethod
     async def update_weights_from_disk(
-        self,
-        model_path: str,
-        weight_version: str | None = None,
-        *,
-        flush_cache: bool = True,
-        lora_name: str | None = None,
+        self, model_path: str, weight_version: str | None = None, *, lora_name: str | None = None
     ) -> str:
         """Load weights from `model_path` and label them `weight_version`; returns the
         server's message. `lora_name`: a named policy's adapter (local engine)."""
@@ -299,9 +294,7 @@ class Backend(ABC):
         default policy's adapter, when other policies are declared."""
         t0 = time.perf_counter()
         if self.adapters is None:
-            await self.update_weights_from_disk(
-                model_path, str(version), flush_cache=False, lora_name=policy
-            )
+            await self.update_weights_from_disk(model_path, str(version), lora_name=policy)
             return SwapTimings.load_only(t0)
         try:
             await self.load_lora_adapter(served_name(policy, version), model_path)

@@ -17,7 +17,6 @@ from typing import Any, NoReturn, Unpack
 from areal_service.sglang_protocol import (
     ROUTER_READINESS,
     ROUTER_WORKERS,
-    GenerateResponse,
     InitWeightsUpdateGroupRequest,
     ModelInfo,
     PauseMode,
@@ -25,14 +24,14 @@ from areal_service.sglang_protocol import (
     router_worker_urls,
 )
 from gateway.backends.base import Backend
-from gateway.backends.records import TokenRequest
 from gateway.backends.sglang import (
     sglang_body,
     sglang_model_info,
     sglang_parser,
+    sglang_reply,
     sglang_server_info,
 )
-from gateway.backends.transport import ChunkParser, ClientOptions
+from gateway.backends.transport import ClientOptions
 
 
 class RouterClient(Backend):
@@ -47,15 +46,10 @@ class RouterClient(Backend):
         super().__init__(base_url, **options)
         self._workers = workers
 
-    # -- the wire format: SGLang's ------------------------------------------------------
-    def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
-        return sglang_body(payload, stream)
-
-    def _generate_reply(self, raw: bytes, payload: TokenRequest) -> GenerateResponse:
-        return GenerateResponse.model_validate_json(raw)
-
-    def _stream_parser(self, payload: TokenRequest, new_only: bool) -> ChunkParser:
-        return sglang_parser(new_only)
+    # -- the wire format: SGLang's -----------------------------------------------------
+    _generate_body = staticmethod(sglang_body)
+    _generate_reply = staticmethod(sglang_reply)
+    _stream_parser = staticmethod(sglang_parser)
 
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
         """To every healthy worker (the rid lives on one); raises only when none took it,
@@ -106,12 +100,7 @@ class RouterClient(Backend):
         self._workers_only("continue_generation")
 
     async def update_weights_from_disk(
-        self,
-        model_path: str,
-        weight_version: str | None = None,
-        *,
-        flush_cache: bool = True,
-        lora_name: str | None = None,
+        self, model_path: str, weight_version: str | None = None, *, lora_name: str | None = None
     ) -> str:
         self._workers_only("update_weights_from_disk")
 

@@ -51,18 +51,59 @@ from gateway.backends.transport import ChunkParser, EngineHttp
 from gateway.stream_parse import SuffixParser, WholeChunks
 
 
+def sglang_body(payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
+    """Path and body of SGLang's `/generate` for `payload`: only the fields the gateway
+    chose go on the wire (`exclude_unset`), so SGLang's own defaults (and its
+    `--preferred-sampling-params`) apply to the rest. Built without validation: the
+    record's values were validated when it was made."""
+    fields: dict[str, Any] = {
+        "input_ids": payload.input_ids,
+        "sampling_params": payload.sampling_params,
+        "rid": payload.rid,
+        "return_logprob": payload.return_logprob,
+        "stream": stream,
+    }
+    if payload.top_logprobs_num:
+        fields["top_logprobs_num"] = payload.top_logprobs_num
+    if payload.lora_set:  # None: the base model, sent as null
+        fields["lora_path"] = payload.lora_path
+    body = GenerateRequest.model_construct(**fields, **payload.engine_fields)
+    return GENERATE.path, body.model_dump_json(exclude_unset=True).encode()
+
+
+def sglang_reply(raw: bytes, payload: TokenRequest) -> GenerateResponse:
+    """A non-streamed `/generate` reply, parsed (ValidationError when malformed)."""
+    return GenerateResponse.model_validate_json(raw)
+
+
+def sglang_parser(payload: TokenRequest, new_only: bool) -> ChunkParser:
+    """Parser of one `/generate` stream: `SuffixParser` cuts cumulative chunks to their
+    new tokens (`new_only`), `WholeChunks` parses them whole."""
+    return SuffixParser() if new_only else WholeChunks()
+
+
+async def sglang_model_info(http: EngineHttp) -> ModelInfo:
+    """`/model_info` (or `/get_model_info`) of an SGLang server or router."""
+    raw = await http.get_with_fallback(MODEL_INFO)
+    try:
+        return ModelInfo.model_validate_json(raw)
+    except ValidationError as e:
+        raise http.malformed(MODEL_INFO.path, e) from e
+
+
+async def sglang_server_info(http: EngineHttp) -> dict[str, Any]:
+    """`/server_info` (or `/get_server_info`) of an SGLang server or router."""
+    result: dict[str, Any] = json.loads(await http.get_with_fallback(SERVER_INFO))
+    return result
+
+
 class SGLangClient(Backend):
     """Client of one SGLang-protocol server (an SGLang server or the local engine)."""
 
-    # -- the wire format ---------------------------------------------------------------
-    def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
-        return sglang_body(payload, stream)
-
-    def _generate_reply(self, raw: bytes, payload: TokenRequest) -> GenerateResponse:
-        return GenerateResponse.model_validate_json(raw)
-
-    def _stream_parser(self, payload: TokenRequest, new_only: bool) -> ChunkParser:
-        return sglang_parser(new_only)
+    # -- the wire format (module functions: `RouterClient` speaks it too) ---------------
+    _generate_body = staticmethod(sglang_body)
+    _generate_reply = staticmethod(sglang_reply)
+    _stream_parser = staticmethod(sglang_parser)
 
     # -- control -----------------------------------------------------------------------
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
@@ -77,19 +118,14 @@ class SGLangClient(Backend):
         await self.http.control(CONTINUE_GENERATION, ContinueGenerationRequest())
 
     async def update_weights_from_disk(
-        self,
-        model_path: str,
-        weight_version: str | None = None,
-        *,
-        flush_cache: bool = True,
-        lora_name: str | None = None,
+        self, model_path: str, weight_version: str | None = None, *, lora_name: str | None = None
     ) -> str:
         """Load HF weights from `model_path` (same architecture); returns the message.
         Raises BackendError on `success: false`. Uses the long timeout (disk loads).
         `lora_name`: a named policy's adapter (the local engine's extension)."""
         body = UpdateWeightsFromDiskRequest(
             model_path=model_path,
-            flush_cache=flush_cache,
+            flush_cache=lora_name is None,  # an adapter's load keeps the cache
             **({} if weight_version is None else {"weight_version": weight_version}),
             **({} if lora_name is None else {"lora_name": lora_name}),
         )
@@ -165,44 +201,3 @@ class SGLangClient(Backend):
         """Every ServerArgs field plus scheduler state (shape varies by version; shown,
         never relied on, so left untyped)."""
         return await sglang_server_info(self.http)
-
-
-def sglang_body(payload: TokenRequest, stream: bool) -> tuple[str, bytes]:
-    """Path and body of SGLang's `/generate` for `payload`: only the fields the gateway
-    chose go on the wire (`exclude_unset`), so SGLang's own defaults (and its
-    `--preferred-sampling-params`) apply to the rest. Built without validation: the
-    record's values were validated when it was made."""
-    fields: dict[str, Any] = {
-        "input_ids": payload.input_ids,
-        "sampling_params": payload.sampling_params,
-        "rid": payload.rid,
-        "return_logprob": payload.return_logprob,
-        "stream": stream,
-    }
-    if payload.top_logprobs_num:
-        fields["top_logprobs_num"] = payload.top_logprobs_num
-    if payload.lora_set:  # None: the base model, sent as null
-        fields["lora_path"] = payload.lora_path
-    body = GenerateRequest.model_construct(**fields, **payload.engine_fields)
-    return GENERATE.path, body.model_dump_json(exclude_unset=True).encode()
-
-
-def sglang_parser(new_only: bool) -> ChunkParser:
-    """Parser of one `/generate` stream: `SuffixParser` cuts cumulative chunks to their
-    new tokens (`new_only`), `WholeChunks` parses them whole."""
-    return SuffixParser() if new_only else WholeChunks()
-
-
-async def sglang_model_info(http: EngineHttp) -> ModelInfo:
-    """`/model_info` (or `/get_model_info`) of an SGLang server or router."""
-    raw = await http.get_with_fallback(MODEL_INFO)
-    try:
-        return ModelInfo.model_validate_json(raw)
-    except ValidationError as e:
-        raise http.malformed(MODEL_INFO.path, e) from e
-
-
-async def sglang_server_info(http: EngineHttp) -> dict[str, Any]:
-    """`/server_info` (or `/get_server_info`) of an SGLang server or router."""
-    result: dict[str, Any] = json.loads(await http.get_with_fallback(SERVER_INFO))
-    return result

@@ -147,12 +147,7 @@ class VLLMClient(Backend):
         await self.http.control(RESUME)
 
     async def update_weights_from_disk(
-        self,
-        model_path: str,
-        weight_version: str | None = None,
-        *,
-        flush_cache: bool = True,
-        lora_name: str | None = None,
+        self, model_path: str, weight_version: str | None = None, *, lora_name: str | None = None
     ) -> str:
         """`reload_weights` from `model_path` (safetensors of the same architecture), then
         label them `weight_version`. The pause before it cleared the prefix cache.

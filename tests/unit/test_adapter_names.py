@@ -102,9 +102,9 @@ def test_vllm_sends_a_leased_request_under_its_name_or_the_base() -> None:
     assert _body(client, _on_adapter(policy, Lease("solver@v4", 4)))["model"] == "solver@v4"
     assert "model" not in _body(client, _on_adapter(policy, BASE))  # the base model
     # SGLang's body: the versioned name as `lora_path`, null for the base.
-    sent = json.loads(sglang_body(_on_adapter(policy, Lease("solver@v4", 4)), False)[1])
+    sent = json.loads(sglang_body(_on_adapter(policy, Lease("solver@v4", 4)), stream=False)[1])
     assert sent["lora_path"] == "solver@v4"
-    assert json.loads(sglang_body(_on_adapter(policy, BASE), False)[1])["lora_path"] is None
+    assert json.loads(sglang_body(_on_adapter(policy, BASE), stream=False)[1])["lora_path"] is None
 
 
 def test_a_leased_reply_carries_its_names_version_not_the_servers_label() -> None:
