@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Protocol, TypedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypedDict
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
@@ -137,13 +137,9 @@ class EngineHttp:
         if self._session is not None:
             await self._session.close()
 
-    def spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run `work` in the background, held until it ends (awaited by `aclose`)."""
-
-        async def run() -> None:
-            await work
-
-        task = asyncio.get_running_loop().create_task(run())
+        task = asyncio.get_running_loop().create_task(work)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
         return task
