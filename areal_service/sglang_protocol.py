@@ -336,39 +336,12 @@ class GenerateRequest(_Body):
     """The served LoRA adapter to generate under, by name (SGLang's field; the local
     engine's adapters are named by policy). Unset: the default adapter, or none."""
 
-    @classmethod
-    def for_tokens(
-        cls,
-        input_ids: Sequence[int],
-        sampling_params: SamplingParams | Mapping[str, Any],
-        *,
-        rid: str,
-        return_logprob: bool = True,
-        **extra: Any,
-    ) -> GenerateRequest:
-        """A token-in request as the gateway sends it (one prompt, logprobs on). Raises
-        pydantic's ValidationError (a ValueError) for sampling values SGLang rejects
-        with 400, with SGLang's message."""
-        return cls(
-            input_ids=list(input_ids),
-            sampling_params=sampling_params,
-            rid=rid,
-            return_logprob=return_logprob,
-            **extra,
-        )
-
     @property
     def prompt_ids(self) -> list[int]:
         """`input_ids` of a single-prompt request."""
         ids = self.input_ids or []
         assert not ids or isinstance(ids[0], int), "batched input_ids"
         return ids
-
-    def to_json_bytes(self, *, stream: bool) -> bytes:
-        """The wire body: the fields that were set, plus `stream`."""
-        return (
-            self.model_copy(update={"stream": stream}).model_dump_json(exclude_unset=True).encode()
-        )
 
 
 class PauseRequest(_Body):

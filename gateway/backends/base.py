@@ -43,7 +43,7 @@ from gateway.backends.records import (
     SwapTimings,
     TokenRequest,
 )
-from gateway.backends.transport import ChunkParser, ClientOptions, EngineHttp
+from gateway.backends.transport import ChunkParser, ClientOptions, EngineHttp, HttpOptions
 
 log = logging.getLogger(__name__)
 _UNLOAD_POLL_S = 0.25
@@ -63,7 +63,7 @@ class Backend(ABC):
         adapters: AdapterNames | None = None,
         **options: Unpack[ClientOptions],
     ) -> None:
-        self.http = EngineHttp(base_url, self.abort_request, **options)
+        self.http = EngineHttp(base_url, self.abort_request, HttpOptions(**options))
         self.base_url = self.http.base_url
         self.adapters = adapters
         self._unloads: set[asyncio.Task[None]] = set()

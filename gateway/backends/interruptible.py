@@ -173,13 +173,13 @@ class _Rounds:
 
     async def before_resubmit(self) -> None:
         self.resubmissions += 1
-        if self.resubmissions > self.client.http.max_resubmissions:
+        if self.resubmissions > self.client.http.options.max_resubmissions:
             raise BackendUnavailable(
                 f"request {self.request.rid} aborted {self.resubmissions} times",
                 url=self.client.base_url,
             )
         # The paused backend holds new requests until continue, so a short wait suffices.
-        await asyncio.sleep(self.client.http.resubmit_wait_s)
+        await asyncio.sleep(self.client.http.options.resubmit_wait_s)
 
     def generation(self, final: FinishReason) -> Generation:
         return Generation(

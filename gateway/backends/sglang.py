@@ -12,21 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from areal_service import sglang_protocol as routes
 from areal_service.sglang_protocol import (
-    ABORT_REQUEST,
-    CONTINUE_GENERATION,
-    DESTROY_WEIGHTS_UPDATE_GROUP,
-    FLUSH_CACHE,
-    GENERATE,
-    HEALTH,
-    INIT_WEIGHTS_UPDATE_GROUP,
-    LOAD_LORA_ADAPTER,
-    MODEL_INFO,
-    PAUSE_GENERATION,
-    SERVER_INFO,
-    UNLOAD_LORA_ADAPTER,
-    UPDATE_WEIGHTS_FROM_DISK,
-    UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     AbortRequest,
     ContinueGenerationRequest,
     DestroyWeightsUpdateGroupRequest,
@@ -68,7 +55,7 @@ def sglang_body(payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
     if payload.lora_set:  # None: the base model, sent as null
         fields["lora_path"] = payload.lora_path
     body = GenerateRequest.model_construct(**fields, **payload.engine_fields)
-    return GENERATE.path, body.model_dump_json(exclude_unset=True).encode()
+    return routes.GENERATE.path, body.model_dump_json(exclude_unset=True).encode()
 
 
 def sglang_reply(raw: bytes, payload: TokenRequest) -> GenerateResponse:
@@ -84,16 +71,16 @@ def sglang_parser(payload: TokenRequest, new_only: bool) -> ChunkParser:
 
 async def sglang_model_info(http: EngineHttp) -> ModelInfo:
     """`/model_info` (or `/get_model_info`) of an SGLang server or router."""
-    raw = await http.get_with_fallback(MODEL_INFO)
+    raw = await http.get_with_fallback(routes.MODEL_INFO)
     try:
         return ModelInfo.model_validate_json(raw)
     except ValidationError as e:
-        raise http.malformed(MODEL_INFO.path, e) from e
+        raise http.malformed(routes.MODEL_INFO.path, e) from e
 
 
 async def sglang_server_info(http: EngineHttp) -> dict[str, Any]:
     """`/server_info` (or `/get_server_info`) of an SGLang server or router."""
-    result: dict[str, Any] = json.loads(await http.get_with_fallback(SERVER_INFO))
+    result: dict[str, Any] = json.loads(await http.get_with_fallback(routes.SERVER_INFO))
     return result
 
 
@@ -108,14 +95,14 @@ class SGLangClient(Backend):
     # -- control -----------------------------------------------------------------------
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
         """Abort by rid PREFIX (SGLang's rule), or everything with `abort_all`."""
-        await self.http.control(ABORT_REQUEST, AbortRequest(rid=rid, abort_all=abort_all))
+        await self.http.control(routes.ABORT_REQUEST, AbortRequest(rid=rid, abort_all=abort_all))
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """Pause; `abort` ends in-flight requests with finish_reason abort."""
-        await self.http.control(PAUSE_GENERATION, PauseRequest(mode=mode))
+        await self.http.control(routes.PAUSE_GENERATION, PauseRequest(mode=mode))
 
     async def continue_generation(self) -> None:
-        await self.http.control(CONTINUE_GENERATION, ContinueGenerationRequest())
+        await self.http.control(routes.CONTINUE_GENERATION, ContinueGenerationRequest())
 
     async def update_weights_from_disk(
         self, model_path: str, weight_version: str | None = None, *, lora_name: str | None = None
@@ -129,7 +116,7 @@ class SGLangClient(Backend):
             **({} if weight_version is None else {"weight_version": weight_version}),
             **({} if lora_name is None else {"lora_name": lora_name}),
         )
-        return await self._weights_call(UPDATE_WEIGHTS_FROM_DISK, body)
+        return await self._weights_call(routes.UPDATE_WEIGHTS_FROM_DISK, body)
 
     async def _weights_call(self, endpoint: Endpoint, body: BaseModel) -> str:
         """A weight-update call answered `{success, message}`; BackendError on
@@ -145,28 +132,29 @@ class SGLangClient(Backend):
 
     async def init_weights_update_group(self, body: InitWeightsUpdateGroupRequest) -> str:
         """Join the trainer's weight-update group; returns once every rank joined."""
-        return await self._weights_call(INIT_WEIGHTS_UPDATE_GROUP, body)
+        return await self._weights_call(routes.INIT_WEIGHTS_UPDATE_GROUP, body)
 
     async def update_weights_from_distributed(
         self, body: UpdateWeightsFromDistributedRequest
     ) -> str:
         """Receive one bucket broadcast by the trainer (which must be sending meanwhile)."""
-        return await self._weights_call(UPDATE_WEIGHTS_FROM_DISTRIBUTED, body)
+        return await self._weights_call(routes.UPDATE_WEIGHTS_FROM_DISTRIBUTED, body)
 
     async def destroy_weights_update_group(self, group_name: str) -> str:
         return await self._weights_call(
-            DESTROY_WEIGHTS_UPDATE_GROUP, DestroyWeightsUpdateGroupRequest(group_name=group_name)
+            routes.DESTROY_WEIGHTS_UPDATE_GROUP,
+            DestroyWeightsUpdateGroupRequest(group_name=group_name),
         )
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """SGLang's `/load_lora_adapter`: serve the adapter directory `path` as `name`."""
         await self._lora_call(
-            LOAD_LORA_ADAPTER, LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
+            routes.LOAD_LORA_ADAPTER, LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
         )
 
     async def unload_lora_adapter(self, name: str) -> None:
         """SGLang's `/unload_lora_adapter` (it waits for the adapter's running requests)."""
-        await self._lora_call(UNLOAD_LORA_ADAPTER, UnloadLoRAAdapterRequest(lora_name=name))
+        await self._lora_call(routes.UNLOAD_LORA_ADAPTER, UnloadLoRAAdapterRequest(lora_name=name))
 
     async def _lora_call(self, endpoint: Endpoint, body: BaseModel) -> None:
         try:
@@ -186,12 +174,12 @@ class SGLangClient(Backend):
 
     async def flush_cache(self) -> None:
         """Flush the prefix cache; BackendError(400) while requests are running."""
-        await self.http.control(FLUSH_CACHE)
+        await self.http.control(routes.FLUSH_CACHE)
 
     # -- information -------------------------------------------------------------------
     async def health(self, timeout_s: float = 10.0) -> bool:
         """True on 200 from `/health`; False on 503, errors and timeouts."""
-        return await self.http.healthy(HEALTH, timeout_s)
+        return await self.http.healthy(routes.HEALTH, timeout_s)
 
     async def model_info(self) -> ModelInfo:
         """`/model_info`, falling back to the older `/get_model_info` on 404."""

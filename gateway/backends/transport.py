@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 import aiohttp
@@ -59,7 +60,7 @@ class ChunkParser(Protocol):
 
 
 class ClientOptions(TypedDict, total=False):
-    """The keyword settings every engine client takes (`EngineHttp`'s)."""
+    """The keyword settings every engine client takes (`HttpOptions`' fields)."""
 
     timeout_s: float
     connect_timeout_s: float
@@ -70,32 +71,36 @@ class ClientOptions(TypedDict, total=False):
     resubmit_wait_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class HttpOptions:
+    """One engine client's HTTP settings, and how often interruptible generation
+    resubmits (`gateway/backends/interruptible.py`)."""
+
+    timeout_s: float = 600.0
+    """A generate call's (and a weight load's) whole timeout."""
+    connect_timeout_s: float = 5.0
+    control_timeout_s: float = 60.0
+    """Pause, continue, aborts, info."""
+    max_connections: int = 1024
+    api_key: str | None = None
+    max_resubmissions: int = 50
+    resubmit_wait_s: float = 0.05
+
+
 class EngineHttp:
     """HTTP to one engine server (`base_url`); the aiohttp session and the generate pool
     are created lazily on the running loop. `abort`: the client's own abort call, used
     for requests their caller gave up on."""
 
     def __init__(
-        self,
-        base_url: str,
-        abort: Callable[[str], Awaitable[None]],
-        *,
-        timeout_s: float = 600.0,
-        connect_timeout_s: float = 5.0,
-        control_timeout_s: float = 60.0,
-        max_connections: int = 1024,
-        api_key: str | None = None,
-        max_resubmissions: int = 50,
-        resubmit_wait_s: float = 0.05,
+        self, base_url: str, abort: Callable[[str], Awaitable[None]], options: HttpOptions
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._abort = abort
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.control_timeout_s = control_timeout_s
-        self.max_connections = max_connections
-        self.max_resubmissions = max_resubmissions
-        self.resubmit_wait_s = resubmit_wait_s
+        self.options = options
+        self.timeout_s = options.timeout_s  # read per generate call
+        self.control_timeout_s = options.control_timeout_s
+        api_key = options.api_key
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
         self._pool: Http1Pool | None = None
@@ -105,13 +110,13 @@ class EngineHttp:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
-                limit=self.max_connections, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S
+                limit=self.options.max_connections, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers=self._headers,
                 timeout=aiohttp.ClientTimeout(
-                    total=self.timeout_s, sock_connect=self.connect_timeout_s
+                    total=self.timeout_s, sock_connect=self.options.connect_timeout_s
                 ),
             )
         return self._session
@@ -121,8 +126,8 @@ class EngineHttp:
         if self._pool is None:
             self._pool = Http1Pool(
                 self.base_url,
-                max_connections=self.max_connections,
-                connect_timeout_s=self.connect_timeout_s,
+                max_connections=self.options.max_connections,
+                connect_timeout_s=self.options.connect_timeout_s,
                 keepalive_s=_KEEPALIVE_S,
                 headers=self._headers,
             )
@@ -184,7 +189,7 @@ class EngineHttp:
         """One control request/response (`path` overrides the endpoint's, for legacy
         names or a query); raises BackendError / BackendUnavailable, else the body."""
         timeout = aiohttp.ClientTimeout(
-            total=timeout_s or self.timeout_s, sock_connect=self.connect_timeout_s
+            total=timeout_s or self.timeout_s, sock_connect=self.options.connect_timeout_s
         )
         data = None if body is None else body.model_dump_json(exclude_unset=True).encode()
         headers = None if data is None else _JSON

@@ -9,13 +9,14 @@ import json
 import pytest
 from safetensors.numpy import save_file
 
-from areal_service.sglang_protocol import FinishReason, GenerateRequest
+from areal_service.sglang_protocol import FinishReason
 from areal_service.vllm_protocol import (
     Choice,
     finish_reason_of,
     internal_request_id,
     request_from_sglang,
 )
+from gateway.backends import TokenRequest
 from gateway.backends.vllm import VLLMClient, tied_head_missing
 
 # A non-streamed reply and a stream's chunks as vLLM 0.32 sent them (trimmed to what the
@@ -90,7 +91,7 @@ def _chunk(
 
 
 def test_request_carries_sglang_sampling_in_vllm_names():
-    request = GenerateRequest.for_tokens(
+    request = TokenRequest.for_tokens(
         [1, 2, 3],
         {
             "max_new_tokens": 9,
@@ -116,7 +117,7 @@ def test_request_carries_sglang_sampling_in_vllm_names():
     # The sampled token comes first in vLLM's list and can push the k-th out: k + 1.
     assert sp["logprobs"] == 3
     assert "model" not in body
-    plain = GenerateRequest.for_tokens([1], {}, rid="r2")
+    plain = TokenRequest.for_tokens([1], {}, rid="r2")
     assert (
         json.loads(request_from_sglang(plain, model="lora-a", stream=False).to_json_bytes())[
             "sampling_params"
@@ -129,7 +130,7 @@ def test_request_carries_sglang_sampling_in_vllm_names():
 def test_reply_becomes_a_token_chunk_with_top_k_and_floor():
     client = VLLMClient("http://127.0.0.1:9")
     client.weight_version = "0"
-    request = GenerateRequest.for_tokens([1], {}, rid="r", top_logprobs_num=2)
+    request = TokenRequest.for_tokens([1], {}, rid="r", top_logprobs_num=2)
     got = client._generate_reply(json.dumps(REPLY).encode(), request)
     assert got.output_ids == (2798, 3586, 282) and got.cumulative
     assert got.weight_version == "4"  # the server's span, not the hint
@@ -169,7 +170,7 @@ def test_abort_of_a_pause_is_resubmitted_an_error_is_not():
 def test_stream_chunks_become_incremental_chunks_with_the_version_hint():
     client = VLLMClient("http://127.0.0.1:9")
     client.weight_version = "3"
-    request = GenerateRequest.for_tokens([1, 2], {"max_new_tokens": 4}, rid="s")
+    request = TokenRequest.for_tokens([1, 2], {"max_new_tokens": 4}, rid="s")
     parser = client._stream_parser(request, new_only=True)
     first = parser.chunks([_chunk([10], [-0.1])], coalesce=True)
     rest = parser.chunks(
