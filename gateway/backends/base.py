@@ -186,14 +186,22 @@ class Backend(ABC):
     ) -> Generation:
         """`generate`, resubmitting on pause-aborts until a stop/length finish
         (`gateway.backends.interruptible.generate_interruptible`)."""
-        return await interruptible.generate_interruptible(self, request, routing_key=routing_key)
+        return await interruptible.generate_interruptible(
+            lambda r: self.generate(r, routing_key=routing_key), request, self.http
+        )
 
     def generate_interruptible_stream(
         self, request: TokenRequest, *, routing_key: str | None = None
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming `generate_interruptible`: only NEW tokens per delta, across
         resubmissions (`gateway.backends.interruptible.generate_interruptible_stream`)."""
-        return interruptible.generate_interruptible_stream(self, request, routing_key=routing_key)
+        return interruptible.generate_interruptible_stream(
+            lambda r: self.generate_stream(
+                r, coalesce=True, new_only=True, routing_key=routing_key
+            ),
+            request,
+            self.http,
+        )
 
     @abstractmethod
     async def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:

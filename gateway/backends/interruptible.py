@@ -17,8 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from areal_service.sglang_protocol import (
     FinishReason,
@@ -26,24 +25,27 @@ from areal_service.sglang_protocol import (
     parse_version,
 )
 from gateway.backends.errors import BackendError, BackendUnavailable
-from gateway.backends.records import Generation, GenerationDelta, TokenRequest
+from gateway.backends.records import EngineReply, Generation, GenerationDelta, TokenRequest
+from gateway.backends.transport import EngineHttp
 
-if TYPE_CHECKING:  # the Backend imports this module
-    from gateway.backends.base import Backend
+Generate = Callable[[TokenRequest], Awaitable[EngineReply]]
+"""One round, not streamed: the client's `generate` with the routing key bound."""
+Stream = Callable[[TokenRequest], AsyncGenerator[EngineReply, None]]
+"""One round, streamed (coalesced, new tokens only): the client's `generate_stream`."""
 
 
 async def generate_interruptible(
-    client: Backend, request: TokenRequest, *, routing_key: str | None = None
+    generate: Generate, request: TokenRequest, http: EngineHttp
 ) -> Generation:
-    """`client.generate`, resubmitting on pause-aborts until a stop/length finish.
+    """`generate`, resubmitting on pause-aborts until a stop/length finish.
 
     Each round sends prompt + ids so far with `max_new_tokens` (and `min_new_tokens`)
     reduced and rid `<rid>-<k>` (so `abort_request(rid)` still matches by prefix).
     All tokens of a round are tagged with the version that round reported. After
     `max_resubmissions` aborts: BackendUnavailable (the backend is stuck; 503)."""
-    run = _Rounds(client, request)
+    run = _Rounds(request, http)
     while True:
-        result = await client.generate(run.next_request(), routing_key=routing_key)
+        result = await generate(run.next_request())
         run.add(
             result.output_ids,
             result.output_logprobs(),
@@ -51,14 +53,14 @@ async def generate_interruptible(
             result.output_top_logprobs(),
         )
         if result.finish_reason is None:
-            raise BackendError(502, "response without finish_reason", url=client.base_url)
+            raise BackendError(502, "response without finish_reason", url=http.base_url)
         if (final := run.finish(result.finish_reason)) is not None:
             return run.generation(final)
         await run.before_resubmit()
 
 
 async def generate_interruptible_stream(
-    client: Backend, request: TokenRequest, *, routing_key: str | None = None
+    stream: Stream, request: TokenRequest, http: EngineHttp
 ) -> AsyncGenerator[GenerationDelta, None]:
     """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
     resubmissions, so the caller sees one uninterrupted stream; the last delta
@@ -67,16 +69,12 @@ async def generate_interruptible_stream(
     emits an output, and that output can leave after the swap loaded the next
     version. A round never spans a swap (pause mode abort), so those tokens keep the
     version of the round's earlier chunks."""
-    run = _Rounds(client, request)
+    run = _Rounds(request, http)
     while True:
         final: FinishReason | None = None
         resubmit = False
         round_version: int | None = None
-        async with contextlib.aclosing(
-            client.generate_stream(
-                run.next_request(), coalesce=True, new_only=True, routing_key=routing_key
-            )
-        ) as chunks:
+        async with contextlib.aclosing(stream(run.next_request())) as chunks:
             seen = 0
             async for chunk in chunks:  # reads through [DONE] so the connection is reused
                 start = seen if chunk.cumulative else 0
@@ -103,13 +101,11 @@ async def generate_interruptible_stream(
                         len(run.ids),
                         run.resubmissions,
                         new_tops,
-                        client.base_url,
+                        http.base_url,
                     )
         if not resubmit:
             if final is None:
-                raise BackendUnavailable(
-                    "stream ended without a finish reason", url=client.base_url
-                )
+                raise BackendUnavailable("stream ended without a finish reason", url=http.base_url)
             return
         await run.before_resubmit()
 
@@ -117,8 +113,8 @@ async def generate_interruptible_stream(
 class _Rounds:
     """Accumulated output across abort/resubmit rounds of one interruptible generation."""
 
-    def __init__(self, client: Backend, request: TokenRequest) -> None:
-        self.client = client
+    def __init__(self, request: TokenRequest, http: EngineHttp) -> None:
+        self.http = http
         self.request = request
         self.prompt_tokens = len(request.prompt_ids)
         max_new = request.sampling_params.max_new_tokens
@@ -165,7 +161,7 @@ class _Rounds:
             return reason
         if reason.status_code is not None:  # a system abort (error), not a pause
             raise BackendError(
-                int(reason.status_code), reason.message or "aborted", url=self.client.base_url
+                int(reason.status_code), reason.message or "aborted", url=self.http.base_url
             )
         if len(self.ids) >= self.max_new:
             return FinishReason(type="length", length=len(self.ids))
@@ -173,13 +169,13 @@ class _Rounds:
 
     async def before_resubmit(self) -> None:
         self.resubmissions += 1
-        if self.resubmissions > self.client.http.options.max_resubmissions:
+        if self.resubmissions > self.http.options.max_resubmissions:
             raise BackendUnavailable(
                 f"request {self.request.rid} aborted {self.resubmissions} times",
-                url=self.client.base_url,
+                url=self.http.base_url,
             )
         # The paused backend holds new requests until continue, so a short wait suffices.
-        await asyncio.sleep(self.client.http.options.resubmit_wait_s)
+        await asyncio.sleep(self.http.options.resubmit_wait_s)
 
     def generation(self, final: FinishReason) -> Generation:
         return Generation(
@@ -192,5 +188,5 @@ class _Rounds:
             resubmissions=self.resubmissions,
             latency_s=time.perf_counter() - self.t0,
             output_top_logprobs=tuple(self.tops),
-            backend=self.client.base_url,
+            backend=self.http.base_url,
         )
