@@ -787,15 +787,12 @@ def main() -> None:
 
     try:
         app()
-    except ModuleNotFoundError as exc:
-        message = missing_extra(exc)
+    except (ModuleNotFoundError, OSError) as exc:
+        missing = isinstance(exc, ModuleNotFoundError)
+        message = (
+            missing_extra(exc) if isinstance(exc, ModuleNotFoundError) else filesystem_error(exc)
+        )
         if message is None:
             raise
         typer.echo(f"areal-service: {message}", err=True)
-        raise SystemExit(2) from None
-    except OSError as exc:
-        message = filesystem_error(exc)
-        if message is None:
-            raise
-        typer.echo(f"areal-service: {message}", err=True)
-        raise SystemExit(1) from None
+        raise SystemExit(2 if missing else 1) from None
