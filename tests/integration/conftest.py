@@ -121,3 +121,12 @@ def vllm_python() -> str:
             pytest.fail(reason)
         pytest.skip(reason)
     return python
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> str:
+    """SGLang's interpreter (`AREAL_TEST_SGLANG_PYTHON`, a CPU venv of its own); the skip,
+    or with `AREAL_TEST_REQUIRE_SGLANG=1` (CI) the failure, when there is none."""
+    from support.sglang_cpu import sglang_python_or_skip
+
+    return sglang_python_or_skip()
