@@ -36,6 +36,7 @@ from support.sglang_cpu import cpu_config, sglang_servers
 from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.sglang_protocol import GenerateRequest
+from areal_service.store import TrajectoryStore
 from areal_service.types import TrainSequence, WeightVersionRecord
 from engine.testing import make_weight_variant
 from gateway.backend import SGLangClient
@@ -293,7 +294,8 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
     assert len(versions) == n and deltas[-1].finish_reason.type == "length"
     assert deltas[-1].resubmissions >= 1
     cut = versions.index(7)
-    assert cut >= 8 and set(versions[:cut]) == {0} and set(versions[cut:]) == {7}
+    before = versions[0]  # the server's version when the test began (0, or an earlier test's)
+    assert cut >= 8 and set(versions[:cut]) == {before} and set(versions[cut:]) == {7}
     ids = [i for d in deltas for i in d.output_ids]
     lps = [lp for d in deltas for lp in d.output_logprobs]
     prompt = (1, 504, 3458, 314, 260)
@@ -313,6 +315,48 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
     assert float((old[:cut] - engine[:cut]).abs().max()) <= 1e-3
     assert float((new[cut:] - engine[cut:]).abs().max()) <= 1e-3
     assert float((old[cut:] - engine[cut:]).abs().max()) > 1e-2  # really the new weights
+
+
+def test_distributed_weight_update_over_gloo_serves_the_new_version_bit_exactly(
+    gw, sglang_url, tmp_path, smollm2_dir
+):
+    """The trainer's broadcaster (rank 0 of a gloo weight-update group) offers a version;
+    the gateway's syncer pauses SGLang, has it join the group (`/init_weights_update_group`,
+    `backend: gloo`) and receive the tensors (`/update_weights_from_distributed`), then
+    continues. SGLang then serves the same greedy ids and logprobs as after a disk update
+    of the same weights; the original weights are restored from disk after."""
+    from support.weight_checks import greedy, variant_state, wait_live
+
+    from trainer.weight_broadcast import WeightBroadcaster
+
+    variant = make_weight_variant(smollm2_dir, tmp_path / "variant", seed=3)
+    store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)  # the trainer's
+    sender = WeightBroadcaster(
+        store, backend="gloo", bucket_bytes=1024 * 2**20, timeout_s=120, address="127.0.0.1"
+    )
+    try:
+        before = greedy(sglang_url)
+        state = variant_state(variant)
+        offer, buckets = sender.offer(1, state)
+        store.add_weight_version(
+            WeightVersionRecord(version=1, path=str(variant), metadata={"sync": offer})
+        )
+        sent = sender.send(1, state, offer, buckets)
+        assert "sync_sent" in sent, sent
+        row = wait_live(gw.state.store, 1, timeout_s=120)
+        assert row.metadata["swap_mode"] == "distributed"
+        by_broadcast = greedy(sglang_url)
+        store.add_weight_version(WeightVersionRecord(version=2, path=str(variant)))
+        assert wait_live(gw.state.store, 2, timeout_s=120).metadata["swap_mode"] == "disk"
+        from_disk = greedy(sglang_url)
+        store.add_weight_version(WeightVersionRecord(version=3, path=str(smollm2_dir)))
+        wait_live(gw.state.store, 3, timeout_s=120)
+    finally:
+        sender.close()
+        store.close()
+    assert by_broadcast[2] == "1" and from_disk[2] == "2"
+    assert by_broadcast[:2] == from_disk[:2]  # ids and logprobs, bit-exact
+    assert by_broadcast[:2] != before[:2]  # the weights did change
 
 
 def _stream_events(http: httpx.Client, body: dict, on_first) -> list[dict]:

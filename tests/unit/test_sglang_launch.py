@@ -180,6 +180,8 @@ def test_without_a_gpu_what_sglang_cannot_run_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="tp_size and dp_size must be 1") as refused:
         sglang_specs(_cfg("engine.sglang.gpus=[]", "engine.sglang.tp_size=2"))
     assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="cannot serve LoRA adapters on a CPU"):
+        sglang_specs(_cfg("engine.sglang.gpus=[]", "trainer.lora.rank=8"))
     with pytest.raises(ValueError, match="does not exist"):
         check_sglang_python(_cfg(f"engine.sglang.python={tmp_path / 'nope'}"))
     if importlib.util.find_spec("sglang") is None:  # this interpreter: no sglang
