@@ -198,19 +198,31 @@ def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
     ]
 
 
-def check_sglang_python(config: ServiceConfig) -> None:
-    """ValueError, in one line, unless the configured interpreter exists (or, with none
-    configured, this one can import sglang)."""
-    python = config.engine.sglang.python
+def check_engine_python(python: str | None, module: str, name: str, hint: str) -> None:
+    """ValueError, in one line saying what to set, unless the configured interpreter
+    (`engine.<module>.python`) exists or, with none configured, this one can import
+    `module`. SGLang and vLLM pin their own torch, so they usually live in a venv of
+    their own."""
+    setting = f"engine.{module}.python"
     if python is None:
-        if importlib.util.find_spec("sglang") is None:
+        if importlib.util.find_spec(module) is None:
             raise ValueError(
-                "engine.backend is sglang but this interpreter has no sglang: set "
-                "engine.sglang.python to one that has it (SGLang pins its own torch, so it "
-                "usually lives in a venv of its own; on a CPU see docs/scale-out.md)"
+                f"engine.backend is {module} but this interpreter has no {module}: set "
+                f"{setting} to one that has it ({name} pins its own torch, so it usually "
+                f"lives in a venv of its own; {hint})"
             )
     elif not shutil.which(python) and not Path(python).is_file():
-        raise ValueError(f"engine.sglang.python {python!r} does not exist")
+        raise ValueError(f"{setting} {python!r} does not exist")
+
+
+def check_sglang_python(config: ServiceConfig) -> None:
+    """`check_engine_python` for SGLang."""
+    check_engine_python(
+        config.engine.sglang.python,
+        "sglang",
+        "SGLang",
+        "on a CPU: scripts/build_sglang_venv.sh, see docs/scale-out.md",
+    )
 
 
 def sglang_cpu_refusal(config: ServiceConfig) -> str | None:
