@@ -276,11 +276,11 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="SGLang 0.5.23 builds its weight-update group with torch's "
-    "_new_process_group_helper on PrefixStore(group_name): its rendezvous keys lie under "
-    "'<name>', '<name>/' and a per-device prefix, where the trainer's rank 0 (and the local "
-    "engine) use a bare ProcessGroupGloo on PrefixStore(name): the two never meet, the "
-    "trainer's rendezvous times out and the gateway falls back to the disk update",
+    reason="two differences of SGLang 0.5.23 (see areal_service/sglang_protocol.py): its "
+    "weight-update group is built with torch's _new_process_group_helper, whose store "
+    "keys the trainer's bare ProcessGroupGloo never meets (the rendezvous times out, the "
+    "gateway swaps from disk), and /update_weights_from_distributed is refused outside "
+    "/begin_weight_update ... /end_weight_update",
 )
 def test_distributed_weight_update_over_gloo_serves_the_new_version_bit_exactly(
     gw, sglang_url, tmp_path, smollm2_dir
