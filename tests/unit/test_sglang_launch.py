@@ -190,6 +190,33 @@ def test_without_a_gpu_what_sglang_cannot_run_is_refused_in_one_line(tmp_path):
     check_sglang_python(_cfg(f"engine.sglang.python={sys.executable}"))
 
 
+@pytest.mark.processes
+def test_the_stand_in_kernel_refuses_an_sglang_it_was_not_written_for():
+    """Imported beside another SGLang (here: none), the stand-in fails at once, naming
+    the version it was written for."""
+    import subprocess
+
+    from support.sglang_cpu import STANDIN_KERNEL
+
+    done = subprocess.run(
+        [PY, "-c", "import sgl_kernel"],
+        env={**os.environ, "PYTHONPATH": str(STANDIN_KERNEL)},
+        capture_output=True,
+        text=True,
+    )
+    from importlib import metadata
+
+    try:
+        installed = f"sglang=={metadata.version('sglang')}"
+    except metadata.PackageNotFoundError:
+        installed = "no sglang"
+    if installed == "sglang==0.5.23":
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0
+        assert f"written for sglang==0.5.23; {installed} is installed" in done.stderr
+
+
 def _wait(predicate, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -23,12 +23,15 @@ from sgl_kernel._stubs import unavailable
 
 WRITTEN_FOR_SGLANG = "0.5.23"
 
-_installed = metadata.version("sglang")
-if _installed != WRITTEN_FOR_SGLANG:
+try:
+    _installed = f"sglang=={metadata.version('sglang')}"
+except metadata.PackageNotFoundError:
+    _installed = "no sglang"
+if _installed != f"sglang=={WRITTEN_FOR_SGLANG}":
     raise ImportError(
         f"the project's sgl_kernel stand-in was written for sglang=={WRITTEN_FOR_SGLANG}; "
-        f"sglang=={_installed} is installed: check which sgl_kernel functions it calls "
-        "on a CPU and update the stand-in (tests/integration/sgl_kernel_standin/)"
+        f"{_installed} is installed: check which sgl_kernel functions it calls on a CPU "
+        "and update the stand-in (tests/integration/sgl_kernel_standin/)"
     )
 
 
