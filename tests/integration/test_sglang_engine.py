@@ -36,11 +36,11 @@ from support.sglang_cpu import cpu_config, sglang_servers
 from support.swap_load import QUESTION, swaps_under_load
 from support.weight_checks import served_sequence, trainer_logprobs
 
-from areal_service.sglang_protocol import GenerateRequest
 from areal_service.store import TrajectoryStore
 from areal_service.types import TrainSequence, WeightVersionRecord
 from engine.testing import make_weight_variant
-from gateway.backend import SGLangClient
+from gateway.backends import TokenRequest
+from gateway.backends.sglang import SGLangClient
 from launcher.sglang_servers import Supervisor
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -227,7 +227,7 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
     async def run():
         client = SGLangClient(sglang_url)
         try:
-            request = GenerateRequest.for_tokens(
+            request = TokenRequest.for_tokens(
                 [1, 504, 3458, 314, 260],
                 {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True},
                 rid="interrupted-1",
