@@ -175,7 +175,7 @@ def run_local(config: ServiceConfig, run_dir: Path) -> int:
         try:
             gateway = ChildProcess(
                 "gateway",
-                cli_argv("serve", "--config", str(cfg_path)),
+                cli_argv("serve", "--config", str(cfg_path), "--no-train"),  # trainers: below
                 log_path=logs / "gateway.log",
             )
             children.append(gateway)

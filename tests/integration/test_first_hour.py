@@ -142,7 +142,7 @@ def test_a_second_demo_in_the_same_folder_says_how_to_start_fresh(tmp_path):
 
 def test_fresh_deletes_the_run_and_keeps_model_and_key(tmp_path):
     from areal_service.config import load_config
-    from launcher.demo import fresh_start, previous_run
+    from launcher.earlier_run import fresh_start, previous_run
 
     config = load_config(overrides=[f"data_dir={tmp_path}"])
     assert previous_run(config) is None
