@@ -85,6 +85,8 @@ def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
         while "trainer" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "started trainer" in log.read_text()
+        # launch starts the trainer itself: its gateway child (`serve --no-train`) did not.
+        assert "started trainer" not in (tmp_path / "logs" / "gateway.log").read_text()
         descendants = _children(proc.pid)
         assert len(descendants) >= 3  # gateway (serve), its engine, the trainer
         assert (tmp_path / "launch" / "config.yaml").exists()
