@@ -62,7 +62,9 @@ def measure(data_dir: Path, per_bucket: int, cap: float, seed: int = 0) -> dict[
         latest = store.latest_weight_version()
         assert latest is not None, f"no published version in {data_dir}"
         ids = [s.id for s in store.list_sessions(limit=1_000_000)]
-        completions = [c for cs in store.load_completions(ids, with_json=False).values() for c in cs]
+        completions = [
+            c for cs in store.load_completions(ids, with_json=False).values() for c in cs
+        ]
     finally:
         store.close()
     newest = latest.version
@@ -71,7 +73,7 @@ def measure(data_dir: Path, per_bucket: int, cap: float, seed: int = 0) -> dict[
         if c.output_ids and c.output_versions and len(c.output_logprobs) == len(c.output_ids):
             by_bucket[bucket_of(newest - min(c.output_versions))].append(c)
     model = AutoModelForCausalLM.from_pretrained(
-        config.weights_dir() / f"v{newest}", torch_dtype=torch.float32
+        config.weights_dir() / f"v{newest}", dtype=torch.float32
     ).eval()
     rng = random.Random(seed)
     rows = {}
