@@ -17,6 +17,12 @@ itself (single-digit addition: 60 pairs trained, 40 held out, as in the SmolLM2 
    for the trainer, so it never runs ahead into stale episodes;
 4. measures the held-out accuracy again (after the live version moved) and prints both.
 
+A key holds one episode at a time, so one copy of the agent sends one request at a time.
+`--copies N` runs N copies side by side, as a deployment runs several agent processes:
+the first with `--api-key`, each other with a key of its own made with the admin key
+(`POST /admin/keys`). The engine batches their requests, so N copies collect about N
+times the episodes in the same time on a CPU.
+
 The console (`/console`, the admin key) plots the reward per trainer step meanwhile.
 """
 
@@ -31,6 +37,7 @@ import statistics
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +160,35 @@ async def live_version(base_url: str, admin_key: str) -> int:
         return int(r.json()["live_version"])
 
 
+async def more_keys(base_url: str, admin_key: str, n: int) -> list[str]:
+    """`n` more virtual keys, for the other copies of the agent."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        made = [
+            await http.post(
+                "/admin/keys",
+                headers={"authorization": f"Bearer {admin_key}"},
+                json={"name": f"adder-copy-{i + 2}"},
+            )
+            for i in range(n)
+        ]
+    for r in made:
+        r.raise_for_status()
+    return [r.json()["api_key"] for r in made]
+
+
+async def work(
+    episodes: Episodes, train: list[Question], deadline: float, show: Callable[[], Awaitable[None]]
+) -> None:
+    """One copy of the agent: groups until `deadline`, then every episode's fate."""
+    for question in itertools.cycle(train):
+        if time.monotonic() > deadline:
+            break
+        await episodes.run_group(question)
+        await show()
+    while episodes.waiting:  # every episode's fate, before the final measurement
+        await episodes.settle(episodes.waiting.popleft())
+
+
 async def main(args: argparse.Namespace) -> dict[str, object]:
     set_tracing_disabled(True)  # tracing would upload to api.openai.com with our key
     admin_key = args.admin_key or Path(args.admin_key_file).read_text().strip()
@@ -160,29 +196,36 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     start_version = await live_version(args.base_url, admin_key)
     before = await held_out_accuracy(args.base_url, admin_key, held_out)
     print(f"held-out accuracy (greedy) at v{start_version}: {before:.3f}", flush=True)
-    episodes = Episodes(args.base_url, args.api_key, args.group_size, args.in_flight)
+    keys = [args.api_key, *await more_keys(args.base_url, admin_key, args.copies - 1)]
+    copies = [Episodes(args.base_url, k, args.group_size, args.in_flight) for k in keys]
     started = time.monotonic()
-    deadline = started + args.minutes * 60
     next_report = started + 30
+
+    async def show() -> None:
+        nonlocal next_report
+        if time.monotonic() < next_report:
+            return
+        next_report += 30
+        rewards = [r for c in copies for r in c.rewards]
+        fates = sum((c.fates for c in copies), Counter[str]())
+        version = await live_version(args.base_url, admin_key)
+        print(
+            f"[{time.monotonic() - started:5.0f}s] v{version}  episodes {len(rewards)}  "
+            f"recent reward {statistics.fmean(rewards[-64:]):.3f}  fates {dict(fates)}",
+            flush=True,
+        )
+
+    deadline = started + args.minutes * 60
     try:
-        for question in itertools.cycle(train):
-            if time.monotonic() > deadline:
-                break
-            await episodes.run_group(question)
-            if time.monotonic() > next_report:
-                next_report += 30
-                recent = statistics.fmean(episodes.rewards[-64:])
-                version = await live_version(args.base_url, admin_key)
-                print(
-                    f"[{time.monotonic() - started:5.0f}s] v{version}  episodes "
-                    f"{len(episodes.rewards)}  recent reward {recent:.3f}  fates "
-                    f"{dict(episodes.fates)}",
-                    flush=True,
-                )
-        while episodes.waiting:  # every episode's fate, before the final measurement
-            await episodes.settle(episodes.waiting.popleft())
+        # Each copy starts at another question, so the copies' groups differ.
+        await asyncio.gather(
+            *(work(c, train[i :: len(copies)], deadline, show) for i, c in enumerate(copies))
+        )
     finally:
-        await episodes.aclose()
+        for c in copies:
+            await c.aclose()
+    rewards = [r for c in copies for r in c.rewards]
+    fates = sum((c.fates for c in copies), Counter[str]())
     await asyncio.sleep(args.swap_wait_s)  # the last published version is swapped in
     end_version = await live_version(args.base_url, admin_key)
     after = await held_out_accuracy(args.base_url, admin_key, held_out)
@@ -192,8 +235,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "after": after,
         "start_version": start_version,
         "end_version": end_version,
-        "episodes": len(episodes.rewards),
-        "fates": dict(episodes.fates),
+        "episodes": len(rewards),
+        "fates": dict(fates),
         "minutes": (time.monotonic() - started) / 60,
     }
     print(json.dumps(summary), flush=True)
@@ -203,7 +246,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--api-key", required=True, help="A virtual key (`keys create`).")
+    parser.add_argument(
+        "--api-key", required=True, help="A virtual key (`keys create`): the first copy's."
+    )
     parser.add_argument("--admin-key", default=None, help="For the held-out evaluation.")
     parser.add_argument(
         "--admin-key-file", default="data/admin_key", help="Where serve keeps the admin key."
@@ -215,8 +260,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--in-flight",
         type=int,
-        default=8,
-        help="Groups waiting for the trainer before the agent waits for their fate.",
+        default=2,
+        help="Groups per copy waiting for the trainer before it waits for their fate.",
+    )
+    parser.add_argument(
+        "--copies", type=int, default=4, help="Copies of the agent side by side (one key each)."
     )
     parser.add_argument("--swap-wait-s", type=float, default=10.0)
     return parser.parse_args(argv)
