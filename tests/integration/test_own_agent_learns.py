@@ -11,12 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from support.loopback import free_port
+from support.loopback import free_port, wait_serving
 
 from engine.pretrained import make_registry_model
 from launcher.processes import cli_argv
@@ -49,16 +47,7 @@ def test_own_agents_sdk_agent_learns_under_serve(tmp_path: Path) -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "serve did not come up"
-            try:
-                if httpx.get(f"{url}/health/liveness", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_serving(serve, url, tmp_path / "serve.log", timeout_s=300)
         made = subprocess.run(
             cli_argv("keys", "create", "--name", "adder", "--set", f"data_dir={data}"),
             capture_output=True,

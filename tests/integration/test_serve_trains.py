@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.loopback import free_port
+from support.loopback import free_port, wait_serving
 
 from launcher.processes import cli_argv
 
@@ -41,17 +41,8 @@ def _serve(tmp_path: Path, model_dir: Path, *extra: str) -> tuple[subprocess.Pop
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/health/liveness", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    pytest.fail("serve did not come up:\n" + (tmp_path / "serve.log").read_text()[-3000:])
+    wait_serving(proc, url, tmp_path / "serve.log")
+    return proc, url
 
 
 def _stop(proc: subprocess.Popen) -> None:
