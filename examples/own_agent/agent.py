@@ -205,7 +205,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         nonlocal next_report
         if time.monotonic() < next_report:
             return
-        next_report += 30
+        next_report = time.monotonic() + 30
         rewards = [r for c in copies for r in c.rewards]
         fates = sum((c.fates for c in copies), Counter[str]())
         version = await live_version(args.base_url, admin_key)
