@@ -180,7 +180,7 @@ def start_trainers(config: ServiceConfig) -> list[ChildProcess]:
     --policy NAME`), on the config saved for the engine; said in a few lines: what
     trains, where its log is, how to stop training."""
     from launcher.earlier_run import previous_run
-    from launcher.launch import PolicyTrainers
+    from launcher.policy_trainers import PolicyTrainers
 
     cfg_path = config.data_dir / "serve" / "config.yaml"
     logs = config.data_dir / "logs"
