@@ -4,7 +4,7 @@ itself (single-digit addition: 60 pairs trained, 40 held out, as in the SmolLM2 
 
     areal-service serve --model smollm2-135m-instruct --set trainer.lr=1e-5
     KEY=$(areal-service keys create --name adder | jq -r .api_key)
-    python -m examples.own_agent.agent --api-key "$KEY" --minutes 8
+    python -m examples.own_agent.agent --api-key "$KEY" --minutes 20
 
 1. measures the agent's held-out accuracy (greedy) with the admin key: turns outside any
    session, so the evaluation itself is never trained on;
@@ -253,7 +253,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--admin-key-file", default="data/admin_key", help="Where serve keeps the admin key."
     )
-    parser.add_argument("--minutes", type=float, default=8.0, help="Training time.")
+    parser.add_argument("--minutes", type=float, default=20.0, help="Training time.")
     parser.add_argument(
         "--group-size", type=int, default=4, help="Attempts per question (trainer.group_size)."
     )

@@ -2,7 +2,7 @@
 smollm2-135m-instruct` (which trains), a key from `keys create`, and the Agents SDK agent
 of `examples/own_agent` posting its own rewards; no second command trains. The agent's
 held-out accuracy (greedy, measured before and after by the example) ends higher than it
-started. About ten minutes on 2 CPU cores."""
+started. Twenty minutes of training (measured: 0.475 -> 0.875 on 2 busy cores)."""
 
 from __future__ import annotations
 
@@ -67,12 +67,12 @@ def test_own_agents_sdk_agent_learns_under_serve(tmp_path: Path) -> None:
                 "--admin-key-file",
                 str(data / "admin_key"),
                 "--minutes",
-                "8",
+                "20",
             ],
             capture_output=True,
             text=True,
             cwd=REPO,
-            timeout=1800,
+            timeout=3600,
         )
         assert agent.returncode == 0, agent.stderr[-3000:]
         summary = json.loads(agent.stdout.strip().splitlines()[-1])
