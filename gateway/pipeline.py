@@ -22,18 +22,16 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
-from starlette.requests import Request
-
 from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import CompletionRecord
 from gateway.auth import Principal
 from gateway.backend import Generation, GenerationDelta
 from gateway.capture import build_records, persist
 from gateway.continuity import Lineage
-from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
 from gateway.hotpath import EventStream, JsonReply, LastEvent, Reply
+from gateway.ingress import HotRequest, parse_hot
 from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
 from gateway.policies import serving_policy
@@ -186,10 +184,10 @@ class WireAdapter(ABC, Generic[RequestT]):
     def stream(self, turn: Turn[RequestT]) -> StreamEncoder:
         """The encoder of this turn's streamed reply."""
 
-    async def handle(self, request: Request, state: GatewayState, principal: Principal) -> Reply:
+    async def handle(self, request: HotRequest, state: GatewayState) -> Reply:
         """The route (`hotpath.Handler`): the whole pipeline for one request."""
-        async with state.keys.limits.holding(principal.key) as keep:  # per-key 429s
-            turn = await begin(self, request, state, principal)
+        async with state.keys.limits.holding(request.principal.key) as keep:  # per-key 429s
+            turn = await begin(self, request, state)
             if turn.request.stream:
                 reply = await reply_stream(self, turn)
                 return EventStream(keep(reply.events), reply.request_id)
@@ -197,22 +195,29 @@ class WireAdapter(ABC, Generic[RequestT]):
 
 
 async def begin(
-    adapter: WireAdapter[RequestT], request: Request, state: GatewayState, principal: Principal
+    adapter: WireAdapter[RequestT], request: HotRequest, state: GatewayState
 ) -> Turn[RequestT]:
     """Parse, check the model, find the session, render the prompt, pick the sampling."""
     started = time.perf_counter()
-    # cast: read_request takes a pydantic model class, which every request_model is; mypy
+    gw = state.config.gateway
+    principal = request.principal
+    # cast: parse_hot takes a pydantic model class, which every request_model is; mypy
     # has no intersection type to bound RequestT by both BaseModel and WireRequest.
     req: RequestT  # (an annotation only)
-    body, req, size = await read_request(request, cast("type[Any]", adapter.request_model))
-    model = resolve_model(state.config.gateway, req.model)
-    session_id = await session_for_request(state, principal, request, body)
+    body, req = await parse_hot(
+        request.body,
+        cast("type[Any]", adapter.request_model),
+        gw.limits.max_messages,
+        state.large_prompts.run,
+    )
+    size = len(request.body)
+    model = resolve_model(gw, req.model)
+    session_id = await session_for_request(state, principal, request.headers, body)
     # Without declared policies, no call at all (the request path's common case). A
     # role's completions are recorded in the episode's role sub-session (`roles.py`).
     lora = None
     if state.policy_registry.declared:
         lora, session_id = await serving_policy(state, principal, session_id, model)
-    gw = state.config.gateway
     try:
         conv = await adapter.conversation(state, principal, req)
         prompt_args = (session_id, conv.messages, conv.tools, conv.tool_choice)
