@@ -218,6 +218,53 @@ async def begin(
     lora = None
     if state.policy_registry.declared:
         lora, session_id = await serving_policy(state, principal, session_id, model)
+    conv, prompt_ids, lineage, spec = await prepare_prompt(
+        adapter, state, principal, req, session_id, size
+    )
+    # 128 random bits as 32 hex digits, like `uuid4().hex` (which costs ~5 µs to build
+    # the UUID object; this ~1 µs).
+    completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
+    logprobs = req.wants_logprobs()
+    # A full-weight policy is served by its own pool, under its engines' own weights (no
+    # adapter); one dict lookup, and none without a named policy.
+    pool = state.policy_pools.get(lora) if lora is not None else None
+    return Turn(
+        state=state,
+        principal=principal,
+        body=body,
+        request=req,
+        model=model,
+        session_id=session_id,
+        prompt_ids=prompt_ids,
+        spec=spec,
+        completion_id=completion_id,
+        created=time.time(),
+        parse_tools=tools_enabled(conv.tools, conv.tool_choice),
+        tools=conv.tools,
+        logprobs=logprobs,
+        generate=generate_requests(
+            prompt_ids, spec, completion_id, logprobs, lora if pool is None else None
+        ),
+        started=started,
+        lineage=lineage,
+        notes=conv.notes,
+        adapter=lora,
+        pool=pool,
+    )
+
+
+async def prepare_prompt(
+    adapter: WireAdapter[RequestT],
+    state: GatewayState,
+    principal: Principal,
+    req: RequestT,
+    session_id: str | None,
+    size: int,
+) -> tuple[Conversation, list[int], Lineage | None, SamplingSpec]:
+    """The request's conversation, its prompt ids (and what they were made from), and
+    the sampling to run it with; `size`: the body's bytes. 400 for what cannot be
+    rendered or sampled."""
+    gw = state.config.gateway
     try:
         conv = await adapter.conversation(state, principal, req)
         prompt_args = (session_id, conv.messages, conv.tools, conv.tool_choice)
@@ -253,36 +300,7 @@ async def begin(
         )
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
-    # 128 random bits as 32 hex digits, like `uuid4().hex` (which costs ~5 µs to build
-    # the UUID object; this ~1 µs).
-    completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
-    logprobs = req.wants_logprobs()
-    # A full-weight policy is served by its own pool, under its engines' own weights (no
-    # adapter); one dict lookup, and none without a named policy.
-    pool = state.policy_pools.get(lora) if lora is not None else None
-    return Turn(
-        state=state,
-        principal=principal,
-        body=body,
-        request=req,
-        model=model,
-        session_id=session_id,
-        prompt_ids=prompt_ids,
-        spec=spec,
-        completion_id=completion_id,
-        created=time.time(),
-        parse_tools=tools_enabled(conv.tools, conv.tool_choice),
-        tools=conv.tools,
-        logprobs=logprobs,
-        generate=generate_requests(
-            prompt_ids, spec, completion_id, logprobs, lora if pool is None else None
-        ),
-        started=started,
-        lineage=lineage,
-        notes=conv.notes,
-        adapter=lora,
-        pool=pool,
-    )
+    return conv, prompt_ids, lineage, spec
 
 
 async def recall_previous_turn(
