@@ -14,8 +14,8 @@ module before anything else sees it:
   `gateway.limits.max_anonymous_requests` of those that send a body are served at once
   (`Ingress.admit_other`); its body is read and checked here and replayed to FastAPI.
 
-`check_body` is the single place a JSON body's content is checked (NUL characters
-today): both kinds of route call it, exactly once per body.
+`check_body` is the single place a body's content is checked (NUL characters, lone
+surrogates): both kinds of route call it, exactly once per body.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from areal_service.config import LimitsConfig
 from gateway.auth import Principal
 from gateway.errors import OpenAIError, bad_request, validation_param
 from gateway.protocol import InvalidRequestError
-from gateway.strings import check_json_body, nul_refused
+from gateway.strings import check_json_body, json_needs_check, nul_refused
 from gateway.throttle import request_token
 
 M = TypeVar("M", bound=BaseModel)
@@ -108,14 +108,15 @@ def check_body(
 ) -> None:
     """The content checks of a request body, made once per body on every route: a NUL
     character (in a JSON body outside a conversation's `text_fields`, or `%00` in a form
-    body) is 400 `invalid_characters` (`gateway/strings.py`). `body`: `raw` parsed as JSON,
+    body) or a lone UTF-16 surrogate (anywhere in a JSON body) is 400
+    `invalid_characters` (`gateway/strings.py`). `body`: `raw` parsed as JSON,
     or None to parse it here only when a check needs it (a body that is not JSON is left
     to its route). A new refusal of a body's content goes here."""
     if form:
         if b"%00" in raw:
             raise nul_refused("the request body")
         return
-    if b"\\u0000" not in raw:  # the one scan every body pays
+    if not json_needs_check(raw):  # the one scan every body pays
         return
     if body is None:
         try:
