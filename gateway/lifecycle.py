@@ -28,8 +28,7 @@ from gateway.cache import RefreshingCache
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
 from gateway.policies import refresh_policies, run_policy_refresher
-from gateway.policy_pools import build_policy_pools, close_policy_pools, start_policy_pools
-from gateway.routing import BackendPool
+from gateway.policy_pools import Pools, build_pools
 from gateway.state import GatewayState
 from gateway.stopping import watch_exit_signals
 from gateway.supervisor import Supervisor
@@ -98,9 +97,8 @@ class GatewayLife:
     linker: ParentLinker
     tokenizer: ChatTokenizer
     tokenizer_dir: Path
-    pool: BackendPool
     leadership: Leadership
-    policy_pools: dict[str, BackendPool]
+    pools: Pools
     state: GatewayState
 
     app: FastAPI
@@ -117,9 +115,8 @@ class GatewayLife:
             self.open_store,
             self.start_writer,
             self.load_tokenizer,
-            self.start_backends,
             self.take_leadership,
-            self.start_policy_pools,
+            self.start_backends,
             self.build_state,
             self.load_runtime_policies,
             self.watch_exit_signals,
@@ -185,25 +182,18 @@ class GatewayLife:
             reasoning_parser=gw.reasoning_parser,
         )
 
-    async def start_backends(self, stack: AsyncExitStack) -> None:
-        """The backends, or a router's workers."""
-        self.pool = BackendPool.from_config(self.config)
-        await self.pool.start()
-        stack.push_async_callback(self.pool.aclose)
-
     async def take_leadership(self, stack: AsyncExitStack) -> None:
         """The leader lease: a lone gateway leads from its first request on."""
         self.leadership = Leadership(self.store, ttl_s=self.config.gateway.scale.leader_lease_s)
         await self.leadership.renew()
         stack.push_async_callback(self.leadership.release)
-        self.pool.may_swap = lambda: self.leadership.is_leader
 
-    async def start_policy_pools(self, stack: AsyncExitStack) -> None:
-        """Full-weight policies (`policies[].weights: full`): a pool each, on their own
-        engines."""
-        self.policy_pools = build_policy_pools(self.config, lambda: self.leadership.is_leader)
-        await start_policy_pools(self.policy_pools)
-        stack.push_async_callback(close_policy_pools, self.policy_pools)
+    async def start_backends(self, stack: AsyncExitStack) -> None:
+        """The backends (or a router's workers), and a pool per full-weight policy
+        (`policies[].weights: full`) on its own engines."""
+        self.pools = build_pools(self.config, lambda: self.leadership.is_leader)
+        await self.pools.start()
+        stack.push_async_callback(self.pools.aclose)
 
     async def build_state(self, stack: AsyncExitStack) -> None:
         """The `GatewayState` request code reaches; its key usage is written at the end."""
@@ -218,8 +208,8 @@ class GatewayLife:
                 auth.admin_key.get_secret_value(),
                 usage_interval_s=auth.key_usage_interval_s,
             ),
-            backends=self.pool,
-            policy_pools=self.policy_pools,
+            backends=self.pools.main,
+            policy_pools=self.pools.policies,
             tokenizer=self.tokenizer,
             context_length=context_length_of(config, self.tokenizer_dir),
             linker=self.linker,

@@ -24,7 +24,7 @@ from gateway.anthropic import (
     error_body,
 )
 from gateway.auth import Principal
-from gateway.backend import GenerationDelta
+from gateway.backends import GenerationDelta
 from gateway.errors import OpenAIError, bad_request
 from gateway.hotpath import JsonReply, Reply, Route
 from gateway.ingress import HotRequest, parse_hot
