@@ -29,12 +29,12 @@ from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
 from gateway.console import policy_form
 from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
-from gateway.hotpath import HotRoutes
+from gateway.hotpath import HotRoutes, hot_routes
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
 from gateway.policies import refresh_policies, run_policy_refresher
 from gateway.policy_pools import build_policy_pools, close_policy_pools, start_policy_pools
-from gateway.routes import admin, health, openai, rewards, rl
+from gateway.routes import admin, health, models, rewards, rl
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.stopping import watch_exit_signals
@@ -47,6 +47,7 @@ from gateway.throttle import (
 )
 from gateway.tokenizer import ChatTokenizer
 from gateway.weight_sync import run_weight_syncer
+from gateway.wires import routes as wire_routes
 
 log = logging.getLogger(__name__)
 
@@ -333,8 +334,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
         strict_content_type=False,
     )
     install_error_handlers(app)
-    app.include_router(openai.router)
-    app.include_router(openai.docs_router)  # schema only: HotRoutes answers these paths
+    app.include_router(models.router)
+    app.include_router(wire_routes.docs_router)  # schema only: HotRoutes answers these paths
     app.include_router(rl.router)
     app.include_router(rewards.router)
     app.include_router(admin.router)
@@ -351,12 +352,12 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             inner,
             throttle_of=_throttle_of,
             known_good_of=_known_good_of,
-            self_reporting=openai.HOT_ROUTES,
+            self_reporting=hot_routes(),
         )
     )
-    outer.append(lambda inner: HotRoutes(inner, routes=openai.HOT_ROUTES))
+    outer.append(lambda inner: HotRoutes(inner, routes=hot_routes()))
     app.outer_layers = tuple(outer)
-    app.hot_paths = frozenset(openai.HOT_ROUTES)
+    app.hot_paths = frozenset(hot_routes())
     return app
 
 
