@@ -29,7 +29,7 @@ from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
 from gateway.console import policy_form
 from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
-from gateway.hotpath import HotRoutes, hot_routes
+from gateway.hotpath import HotRoutes
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
 from gateway.policies import refresh_policies, run_policy_refresher
@@ -352,12 +352,12 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             inner,
             throttle_of=_throttle_of,
             known_good_of=_known_good_of,
-            self_reporting=hot_routes(),
+            self_reporting=wire_routes.HOT_ROUTES,
         )
     )
-    outer.append(lambda inner: HotRoutes(inner, routes=hot_routes()))
+    outer.append(lambda inner: HotRoutes(inner, routes=wire_routes.HOT_ROUTES))
     app.outer_layers = tuple(outer)
-    app.hot_paths = frozenset(hot_routes())
+    app.hot_paths = frozenset(wire_routes.HOT_ROUTES)
     return app
 
 

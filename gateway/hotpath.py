@@ -74,14 +74,6 @@ its own: the Anthropic Messages route answers in Anthropic's)."""
 Route = tuple[str, Handler] | tuple[str, Handler, ErrorBody]
 """(metrics label, handler[, error body])."""
 
-
-def hot_routes() -> Mapping[str, Route]:
-    """The hot-route table, built from each wire room's routes (`gateway.wires.routes`)."""
-    from gateway.wires.routes import HOT_ROUTES  # late: the rooms' handlers import this module
-
-    return HOT_ROUTES
-
-
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),

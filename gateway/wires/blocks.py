@@ -28,11 +28,13 @@ comparison and one hook call; no event object is made here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
+from gateway.tokenizer import ChatTokenizer
 from gateway.toolparse import ToolCall
 from gateway.translate import ParsedChoice
-from gateway.wires.choice_stream import CallFragment, StreamDelta
+from gateway.wires.choice_stream import CallFragment, ChoiceStream, StreamDelta
 
 TextKind = Literal["reasoning", "text"]
 REASONING: TextKind = "reasoning"
@@ -41,9 +43,28 @@ CALL = "call"
 
 
 class BlockStream(ABC):
-    """Ordering state of one choice's blocks; subclasses shape the events."""
+    """Ordering state of one choice's blocks, over its `ChoiceStream` (call fragments
+    on); subclasses shape the events."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        completion_id: str,
+        *,
+        parse_tools: bool,
+        stop: Sequence[str],
+        tools: Sequence[Mapping[str, Any]] | None,
+        logprobs: int | None = None,
+    ) -> None:
+        self.stream = ChoiceStream(
+            tokenizer,
+            completion_id=completion_id,
+            parse_tools=parse_tools,
+            stop=stop,
+            logprobs=logprobs,
+            tools=tools,
+            call_fragments=True,
+        )
         self.open: str | None = None
         """The open block's kind: "reasoning", "text" or "call" (None: none open)."""
         self.call = -1
@@ -52,6 +73,11 @@ class BlockStream(ABC):
         """Blocks opened so far."""
         self._done = 0
         """Calls completed so far (their blocks are closed)."""
+
+    @property
+    def result(self) -> ParsedChoice | None:
+        """The finished choice (for the store and usage), once the stream ended."""
+        return self.stream.result
 
     # ------------------------------------------------------------ what encoders shape
 

@@ -40,3 +40,9 @@ HOT_ERRORS: dict[int | str, dict[str, Any]] = {
     )
 }
 """The OpenAI-shaped errors of the OpenAI wires, as `/openapi.json` documents them."""
+
+
+def hot_responses(description: str) -> dict[int | str, dict[str, Any]]:
+    """The `responses` of an OpenAI wire's hot route in `/openapi.json`: its errors, and
+    a 200 that is a JSON reply or, with `stream: true`, an event stream (`description`)."""
+    return {**HOT_ERRORS, 200: {"content": STREAM_CONTENT, "description": description}}

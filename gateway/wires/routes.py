@@ -1,4 +1,4 @@
-"""The wire rooms' routes together: the hot-route table (`gateway.hotpath.hot_routes`
+"""The wire rooms' routes together: the hot-route table (`gateway.hotpath.HotRoutes`
 serves it) and their `/openapi.json` declarations. Each room exports its own
 `HOT_ROUTES` (path -> (metrics label, handler[, error body])) and `docs_router`."""
 

@@ -20,7 +20,6 @@ from gateway.toolparse.base import json_object_or_none
 from gateway.translate import ParsedChoice, SamplingSpec, Usage
 from gateway.wires.anthropic.translate import arguments_text, tool_input
 from gateway.wires.blocks import REASONING, BlockStream, TextKind
-from gateway.wires.choice_stream import ChoiceStream
 
 # ---------------------------------------------------------------- choice -> message
 
@@ -139,14 +138,8 @@ class MessageStreamAssembler(BlockStream):
         signer: Signer,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        super().__init__()
-        self._stream = ChoiceStream(
-            tokenizer,
-            completion_id=message_id,
-            parse_tools=parse_tools,
-            stop=sampling.stop,
-            tools=tools,
-            call_fragments=True,
+        super().__init__(
+            tokenizer, message_id, parse_tools=parse_tools, stop=sampling.stop, tools=tools
         )
         self._id = message_id
         self._model = model
@@ -157,10 +150,6 @@ class MessageStreamAssembler(BlockStream):
         self._finish_reason: FinishReason | None = None
         self.message: dict[str, Any] | None = None
         """The final message (as `build_message` makes it), once finished."""
-
-    @property
-    def result(self) -> ParsedChoice | None:
-        return self._stream.result
 
     def start(self) -> list[dict[str, Any]]:
         usage = {
@@ -182,7 +171,7 @@ class MessageStreamAssembler(BlockStream):
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 
     def push(self, new_ids: Sequence[int], finish: FinishReason | None) -> list[dict[str, Any]]:
-        delta = self._stream.push(new_ids, [0.0] * len(new_ids), finish)
+        delta = self.stream.push(new_ids, [0.0] * len(new_ids), finish)
         events = self._events = []
         self._finish_reason = finish
         self.feed(delta)

@@ -23,7 +23,7 @@ from gateway.translate import ParsedChoice, Usage
 from gateway.wires.chat.encode import ChatStreamAssembler, build_chat_completion, build_usage_chunk
 from gateway.wires.chat.protocol import ChatCompletion, ChatCompletionRequest
 from gateway.wires.chat.translate import conversation
-from gateway.wires.common import HOT_ERRORS, STREAM_CONTENT
+from gateway.wires.common import hot_responses
 
 # ------------------------------------------------------------------ chat completions
 
@@ -133,14 +133,10 @@ docstring), so the endpoint below only declares bodies."""
 @docs_router.post(
     "/v1/chat/completions",
     response_model=ChatCompletion,
-    responses={
-        **HOT_ERRORS,
-        200: {
-            "content": STREAM_CONTENT,
-            "description": "a chat.completion, or with "
-            "`stream: true` `chat.completion.chunk` events ending in `[DONE]`",
-        },
-    },
+    responses=hot_responses(
+        "a chat.completion, or with "
+        "`stream: true` `chat.completion.chunk` events ending in `[DONE]`"
+    ),
 )
 async def chat_completions(body: ChatCompletionRequest = Body()) -> ChatCompletion:
     """OpenAI Chat Completions, streaming or not, recorded token for token."""

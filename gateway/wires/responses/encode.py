@@ -15,7 +15,7 @@ from gateway.tokenizer import ChatTokenizer
 from gateway.toolparse import ToolCall
 from gateway.translate import GeneratedChoice, ParsedChoice, SamplingSpec, TokenLogprob, Usage
 from gateway.wires.blocks import REASONING, BlockStream, TextKind
-from gateway.wires.choice_stream import ChoiceStream, StreamDelta
+from gateway.wires.choice_stream import StreamDelta
 from gateway.wires.responses.protocol import ResponsesRequest
 from gateway.wires.responses.translate import ENCRYPTED_REASONING, ToolNames, tool_names
 
@@ -235,7 +235,14 @@ class ResponsesStreamAssembler(BlockStream):
         signer: Signer | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            tokenizer,
+            response_id,
+            parse_tools=parse_tools,
+            stop=sampling.stop,
+            tools=tools,
+            logprobs=logprobs,
+        )
         self._request = request
         self._signer = signer
         self._names = tool_names(request.tools)
@@ -245,15 +252,6 @@ class ResponsesStreamAssembler(BlockStream):
         self._model = model
         self._sampling = sampling
         self._prompt_tokens = prompt_tokens
-        self._stream = ChoiceStream(
-            tokenizer,
-            completion_id=response_id,
-            parse_tools=parse_tools,
-            stop=sampling.stop,
-            logprobs=logprobs,
-            tools=tools,
-            call_fragments=True,
-        )
         self._seq = 0
         self._events: list[dict[str, Any]] = []
         self._output: list[dict[str, Any]] = []
@@ -271,10 +269,6 @@ class ResponsesStreamAssembler(BlockStream):
         self.response: dict[str, Any] | None = None
         """The final response body (also in `response.completed`)."""
 
-    @property
-    def result(self) -> ParsedChoice | None:
-        return self._stream.result
-
     def start(self) -> list[dict[str, Any]]:
         body = self._body("in_progress", [], None)
         return [
@@ -285,7 +279,7 @@ class ResponsesStreamAssembler(BlockStream):
     def update(self, choice: GeneratedChoice) -> list[dict[str, Any]]:
         """Events for the next cumulative output."""
         self._cached_tokens = choice.cached_tokens
-        return self._step(self._stream.update(choice))
+        return self._step(self.stream.update(choice))
 
     def push(
         self,
@@ -298,7 +292,7 @@ class ResponsesStreamAssembler(BlockStream):
     ) -> list[dict[str, Any]]:
         """Events for new tokens only (backend deltas); `finish` set on the last push."""
         self._cached_tokens = cached_tokens
-        return self._step(self._stream.push(new_ids, new_logprobs, finish, new_top=new_top))
+        return self._step(self.stream.push(new_ids, new_logprobs, finish, new_top=new_top))
 
     def _step(self, delta: StreamDelta) -> list[dict[str, Any]]:
         events = self._events = [] if self._seq else self.start()

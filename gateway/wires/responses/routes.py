@@ -18,7 +18,7 @@ from gateway.hotpath import Route
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage
-from gateway.wires.common import HOT_ERRORS, STREAM_CONTENT, named_event, reasoning_signer
+from gateway.wires.common import hot_responses, named_event, reasoning_signer
 from gateway.wires.responses.encode import ResponsesStreamAssembler, build_response
 from gateway.wires.responses.protocol import Response, ResponsesRequest
 from gateway.wires.responses.translate import translate_request, with_previous_responses
@@ -130,14 +130,9 @@ docs_router = APIRouter()
 @docs_router.post(
     "/v1/responses",
     response_model=Response,
-    responses={
-        **HOT_ERRORS,
-        200: {
-            "content": STREAM_CONTENT,
-            "description": "a response, or with "
-            "`stream: true` Responses events ending in `response.completed`",
-        },
-    },
+    responses=hot_responses(
+        "a response, or with `stream: true` Responses events ending in `response.completed`"
+    ),
 )
 async def responses(body: ResponsesRequest = Body()) -> Response:
     """OpenAI Responses (the Agents SDK's default and Codex), one chat turn."""
