@@ -8,7 +8,7 @@ cannot honour fails validation naming the field (400 `invalid_request_error`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -100,3 +100,23 @@ def tool_choice_value(choice: ToolChoice | None) -> ToolChoice | None:
     if isinstance(choice, str) and choice not in ("none", "auto", "required"):
         raise ValueError("tool_choice must be 'none', 'auto', 'required' or an object")
     return choice
+
+
+HostedToolRule = Literal["drop", "reject"]
+"""`gateway.hosted_tools`: what to do with a tool that runs on the provider's side."""
+
+
+def hosted_tool(
+    label: str, kind: Any, rule: HostedToolRule, param: str, dropped: list[str]
+) -> None:
+    """A tool of type `kind` that runs on the provider's side (`web_search`, ...):
+    `InvalidRequestError` under `reject`, else `label` noted in `dropped` (the tool is
+    left out of the prompt)."""
+    if rule == "reject":
+        raise InvalidRequestError(
+            f"tool {label!r} of type {kind!r} runs on the provider's side, which this "
+            "gateway cannot do (gateway.hosted_tools is 'reject'; 'drop' leaves it out "
+            "of the prompt)",
+            param=param,
+        )
+    dropped.append(label)

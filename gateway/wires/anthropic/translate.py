@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from gateway.protocol import InvalidRequestError, ToolChoice
+from gateway.protocol import HostedToolRule, InvalidRequestError, ToolChoice, hosted_tool
 from gateway.signing import Signer
 from gateway.wires.anthropic.protocol import (
     TEXT_BLOCKS,
@@ -24,8 +24,6 @@ from gateway.wires.anthropic.protocol import (
     MessagesRequest,
     is_hosted,
 )
-
-HostedToolRule = Literal["drop", "reject"]
 
 
 def anthropic_to_chat(
@@ -169,14 +167,7 @@ def chat_tools(
     dropped: list[str] = []
     for i, tool in enumerate(tools or ()):
         if is_hosted(tool):
-            if hosted == "reject":
-                raise InvalidRequestError(
-                    f"tool {tool['name']!r} of type {tool.get('type')!r} runs on the "
-                    "provider's side, which this gateway cannot do (gateway.hosted_tools "
-                    "is 'reject'; 'drop' leaves it out of the prompt)",
-                    param=f"tools[{i}]",
-                )
-            dropped.append(str(tool["name"]))
+            hosted_tool(str(tool["name"]), tool.get("type"), hosted, f"tools[{i}]", dropped)
             continue
         fn: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from areal_service.store import TrajectoryStore
 from gateway.auth import Principal
 from gateway.errors import OpenAIError
-from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError, ToolChoice
+from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError, ToolChoice, hosted_tool
 from gateway.signing import Signer
 from gateway.state import GatewayState
 from gateway.wires.responses.protocol import ResponsesRequest
@@ -73,16 +73,9 @@ def flatten_tools(
     flat: list[dict[str, Any]] = []
     dropped: list[str] = []
 
-    def hosted_tool(tool: Mapping[str, Any], param: str) -> None:
+    def refuse_or_drop(tool: Mapping[str, Any], param: str) -> None:
         label = str(tool.get("name") or tool.get("type"))
-        if hosted == "reject":
-            raise InvalidRequestError(
-                f"tool {label!r} of type {tool.get('type')!r} runs on the provider's side, "
-                "which this gateway cannot do (gateway.hosted_tools is 'reject'; 'drop' "
-                "leaves it out of the prompt)",
-                param=param,
-            )
-        dropped.append(label)
+        hosted_tool(label, tool.get("type"), hosted, param, dropped)
 
     for i, tool in enumerate(tools or ()):
         kind = tool.get("type")
@@ -91,7 +84,7 @@ def flatten_tools(
         elif kind == "namespace":
             for j, member in enumerate(tool["tools"]):
                 if member.get("type", "function") != "function":
-                    hosted_tool(member, f"tools[{i}].tools[{j}]")
+                    refuse_or_drop(member, f"tools[{i}].tools[{j}]")
                     continue
                 flat.append(
                     {
@@ -101,7 +94,7 @@ def flatten_tools(
                     }
                 )
         else:
-            hosted_tool(tool, f"tools[{i}]")
+            refuse_or_drop(tool, f"tools[{i}]")
     return flat, dropped
 
 
