@@ -121,9 +121,12 @@ class BlockStream(ABC):
         """The blocks of one step, in order, as hook calls."""
         if delta.reasoning:
             self._feed_text(REASONING, delta.reasoning)
-        if not (delta.call_fragments or delta.tool_calls):  # the common step
+        if not (delta.call_fragments or delta.tool_calls):
             if delta.content:
-                self._feed_text(TEXT, delta.content)
+                if self.open == TEXT:  # the common step: one hook call
+                    self.on_text(TEXT, delta.content)
+                else:
+                    self._feed_text(TEXT, delta.content)
         else:
             self._feed_calls(delta)
         if delta.finished is not None:

@@ -331,7 +331,9 @@ class ResponsesStreamAssembler(BlockStream):
         if kind == REASONING:
             self._emit("response.reasoning_text.delta", **self._where(), delta=text)
         else:
-            self._emit("response.output_text.delta", **self._where(), delta=text, logprobs=[])
+            self._events.append(  # per token: no `_emit` hop
+                self._event("response.output_text.delta", **self._where(), delta=text, logprobs=[])
+            )
 
     def on_close_text(self, kind: TextKind) -> None:
         assert self._item is not None
