@@ -18,8 +18,8 @@ shaped on its wire (`on_*` hooks), never when it happens:
   calls complete only when the reply does), or neither (text or the end came instead:
   its text is the reply's content);
 - at the end the open block closes, then an empty text block opens and closes if the
-  wire owes one (`owes_text`: its whole reply has text nothing streamed), then
-  `on_finish`.
+  wire owes one (`owes_text`: its whole reply has a text block no step opened),
+  then `on_finish`.
 
 Cost per token: the common step (text into the open block of the same kind) is one
 comparison and one hook call; no event object is made here.
@@ -101,7 +101,7 @@ class BlockStream(ABC):
     @abstractmethod
     def on_arguments(self, index: int, text: str, whole: ToolCall | None) -> None:
         """Argument text of the open call. `whole`: the call, when it opened and
-        completed within this step (this fragment is then all its arguments)."""
+        completed within this step (the fragment may then be all its arguments)."""
 
     @abstractmethod
     def on_close_call(self, index: int, completed: ToolCall | None, superseded: bool) -> None:
