@@ -17,7 +17,7 @@ from fastapi import APIRouter, Body
 from starlette.requests import Request
 
 from gateway.auth import Principal
-from gateway.backend import GenerationDelta
+from gateway.backends import GenerationDelta
 from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.hotpath import JsonReply, Reply, Route

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Body
 
 from gateway.auth import Principal
-from gateway.backend import GenerationDelta
+from gateway.backends import GenerationDelta
 from gateway.errors import OpenAIError
 from gateway.hotpath import Route
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
