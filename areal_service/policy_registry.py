@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,13 @@ def new_policy(
         lora=None if entry.lora is None else entry.lora.model_dump(mode="json"),
         model_names=tuple(entry.model_names),
     )
+
+
+def lora_over_default(config: ServiceConfig, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A new policy's adapter shape: the fields `given`, the others the default policy's
+    (`default_policy.lora`), as the admin API, the console and the CLI fill them."""
+    default = config.default_policy.lora
+    return {**(default.model_dump(mode="json") if default else {}), **given}
 
 
 def with_runtime_policies(

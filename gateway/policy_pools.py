@@ -1,6 +1,6 @@
 """The backend pools of the policies with their own full weights (`policies[].weights:
 full`): one `BackendPool` per such policy, over its own engines
-(`ServiceConfig.policy_backend_urls`), built and closed with the app.
+(the serving plan's `PolicyPlan.backend_urls`), built and closed with the app.
 
 Why separate pools: a full-weight policy's weights differ from every other policy's in
 every tensor, so no engine can serve it beside the shared base. Its requests go to its
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from areal_service.config import ServiceConfig
+from areal_service.serving_plan import ServingPlan
 from gateway.backend import SGLangClient
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
@@ -42,9 +43,9 @@ def build_policy_pools(
             return VLLMClient(url, timeout_s=router.request_timeout_s)
 
     pools = {}
-    for name in config.full_weight_policies():
+    for policy in ServingPlan(config).full_weight():
         pool = BackendPool(
-            config.policy_backend_urls(name),
+            list(policy.backend_urls),
             timeout_s=router.request_timeout_s,
             health_interval_s=router.health_interval_s,
             fail_fast_s=router.no_backend_fail_fast_s,
@@ -52,7 +53,7 @@ def build_policy_pools(
         )
         if may_swap is not None:
             pool.may_swap = may_swap
-        pools[name] = pool
+        pools[policy.name] = pool
     return pools
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
 from areal_service.lora_adapter import ADAPTER_NAME
+from areal_service.serving_plan import ServingPlan
 from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import DEFAULT_POLICY
 from gateway.adapters import AdapterNames
@@ -61,17 +62,16 @@ log = logging.getLogger(__name__)
 
 def adapter_names(config: ServiceConfig) -> AdapterNames | None:
     """One server's versioned adapter names (`gateway/adapters.py`), or None where the
-    backend does not load adapters by name: with `trainer.lora`, SGLang serves every
-    policy through them (the default one too), and vLLM the named policies; vLLM's
-    default policy keeps its one in-place adapter unless `policies:` are declared.
-    Retired names wait two syncer polls (other gateway processes' view) and at most one
-    request timeout."""
-    if config.trainer.lora is None or config.engine.backend == "local":
+    backend does not load adapters by name: the serving plan says which policies' adapters
+    are versioned (SGLang's every one, the default's too; vLLM's named ones, and its
+    default's once `policies:` are declared). Retired names wait two syncer polls (other
+    gateway processes' view) and at most one request timeout."""
+    plan = ServingPlan(config)
+    if not plan.engine.adapters_by_name:
         return None
     router = config.gateway.router
-    versioned_default = config.engine.backend == "sglang" or bool(config.policies)
     return AdapterNames(
-        default_policy=DEFAULT_POLICY if versioned_default else None,
+        default_policy=DEFAULT_POLICY if plan.default.adapter == "versioned" else None,
         grace_s=2 * router.weight_poll_interval_s + 1.0,
         max_wait_s=router.request_timeout_s,
     )
@@ -178,9 +178,10 @@ class BackendPool:
         workers of `gateway.router.url` behind that router."""
         gw = config.gateway
         make: Callable[[str], SGLangClient] | None = None
+        plan = ServingPlan(config)
         if config.engine.backend == "vllm":  # vLLM's own protocol, the same interface
-            # trainer.lora: a request of no policy runs under the one served adapter
-            lora = ADAPTER_NAME if config.trainer.lora is not None else None
+            # A LoRA default policy: a request of no policy runs under the served adapter
+            lora = ADAPTER_NAME if plan.default.lora is not None else None
 
             def make(url: str) -> SGLangClient:
                 return VLLMClient(
@@ -190,7 +191,7 @@ class BackendPool:
                     adapters=adapter_names(config),
                 )
 
-        elif config.engine.backend == "sglang" and config.trainer.lora is not None:
+        elif plan.engine.adapters_by_name:  # SGLang serving adapters
 
             def make(url: str) -> SGLangClient:
                 return SGLangClient(

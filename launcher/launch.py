@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from areal_service.config import ServiceConfig
+from areal_service.serving_plan import ServingPlan
 from areal_service.store import TrajectoryStore
 from launcher.placement import plan
 from launcher.processes import ChildProcess, cli_argv, exit_on_sigterm
@@ -110,9 +111,9 @@ class PolicyTrainers:
         self._env = env
         self._children = children
         self.started: dict[str, ChildProcess] = {}
-        # Runtime policies exist only where policies can (trainer.lora, the local
-        # engine): elsewhere there is nothing to poll for.
-        self._polls = config.trainer.lora is not None and config.engine.backend == "local"
+        # Runtime policies exist only where the serving plan lets them be created:
+        # elsewhere there is nothing to poll for.
+        self._polls = ServingPlan(config).runtime_creatable()
         self._store: TrajectoryStore | None = None
 
     def start(self, names: list[str]) -> None:

@@ -26,7 +26,7 @@ SGLang's flags used here (checked against `python/sglang/srt/server_args.py` of 
 0.5.x, the version the `[sglang]` extra pins): `--model-path`, `--served-model-name`,
 `--weight-version`, `--host`, `--port`, `--tp-size`, `--dp-size`,
 `--mem-fraction-static`, `--log-level`, `--enable-metrics`, `--context-length`,
-`--max-running-requests`, `--dtype`, and with `trainer.lora` `--enable-lora`,
+`--max-running-requests`, `--dtype`, and with a LoRA default policy `--enable-lora`,
 `--max-loras-per-batch`, `--max-lora-rank` and `--lora-target-modules` (the union of the
 policies' modules). No `--lora-paths`: every policy's untrained version is the base
 model itself (LoRA's B starts at zero), and the gateway loads each published version
@@ -51,6 +51,7 @@ from pathlib import Path
 import httpx
 
 from areal_service.config import ServerFleetConfig, ServiceConfig, with_gateway_section
+from areal_service.serving_plan import ServingPlan
 from areal_service.sglang_protocol import ROUTER_ADD_WORKER, ROUTER_WORKERS, router_worker_urls
 from launcher.processes import ChildProcess
 
@@ -139,17 +140,16 @@ def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) 
         argv += ["--dtype", engine.dtype]
     if sg.enable_metrics:
         argv.append("--enable-metrics")
-    if config.trainer.lora is not None:  # versioned adapters, loaded at run time
-        loras = [lora for n in config.policy_names() if (lora := config.policy_lora(n))]
-        targets = sorted({m for lora in loras for m in lora.target_modules})
+    flags = ServingPlan(config).engine
+    if flags.lora:  # versioned adapters, loaded at run time
         argv += [
             "--enable-lora",
             "--max-loras-per-batch",
-            str(config.lora_slots()),
+            str(flags.lora_slots),
             "--max-lora-rank",
-            str(config.max_policy_rank()),
+            str(flags.max_lora_rank),
             "--lora-target-modules",
-            *targets,
+            *flags.target_modules,
         ]
     return argv + list(sg.extra_args)
 

@@ -42,6 +42,7 @@ from areal_service.config.loading import (
 from areal_service.config.policies import (
     LORA_TARGETS,
     POLICY_NAME_PATTERN,
+    DefaultPolicyConfig,
     LoRAConfig,
     PolicyConfig,
     PolicyWeights,
@@ -61,6 +62,7 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "ContinuityConfig",
+    "DefaultPolicyConfig",
     "EngineConfig",
     "GatewayConfig",
     "LimitsConfig",

@@ -20,6 +20,7 @@ from starlette.concurrency import iterate_in_threadpool
 from areal_service.config import LoRAConfig
 from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
+from areal_service.policy_registry import lora_over_default
 from areal_service.store.audit import EpisodeAudit
 from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, KeyKind, WeightVersionRecord
 from gateway.admission import window
@@ -339,7 +340,7 @@ class PolicyCreate(BaseModel):
     name: str = Field(max_length=63)
     """Also the adapter's served name and `weights/<name>/`: `[a-z0-9][a-z0-9_-]*`."""
     lora: LoRAConfig | None = None
-    """rank, alpha, target_modules (and dropout); none: `trainer.lora`'s."""
+    """rank, alpha, target_modules (and dropout); none: `default_policy.lora`'s."""
     model_names: list[str] = Field(default_factory=list, max_length=64)
     """Request model names that pick this policy (unique across every policy)."""
 
@@ -421,9 +422,8 @@ async def create_policy(state: StateDep, _: AdminDep, body: PolicyCreate) -> Pol
     at once; it serves the base model (its untrained version 0) until its trainer
     publishes."""
     lora = None
-    if body.lora is not None:  # the fields not given are trainer.lora's, as in the CLI
+    if body.lora is not None:  # the fields not given are the default policy's, as in the CLI
         given = body.lora.model_dump(mode="json", include=body.lora.model_fields_set)
-        default = state.config.trainer.lora
-        lora = {**(default.model_dump(mode="json") if default else {}), **given}
+        lora = lora_over_default(state.config, given)
     record = await create_runtime_policy(state, body.name, lora, body.model_names)
     return next(v for v in policy_views(state, {}) if v.name == record.name)
