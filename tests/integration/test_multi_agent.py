@@ -28,7 +28,7 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 POLICIES = (
     "trainer.lora.rank=8",
     "trainer.lora.alpha=16",
-    "policies=[{name: solver, model_names: [solver-model]}, "
+    "policies=[{name: solver, model_names: [solver-model], roles: [reviewer]}, "
     "{name: reviewer, model_names: [reviewer-model]}]",
 )
 TRAINING = (
