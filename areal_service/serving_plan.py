@@ -131,8 +131,8 @@ class ServingPlan:
     the alias table and the engine flags. Immutable: a new policy means a new plan."""
 
     def __init__(self, config: ServiceConfig, runtime: Sequence[PolicyConfig] = ()) -> None:
-        self.engine_kind = config.engine.backend
-        """The engine kind (`engine.backend`), read here once for the policies' sake."""
+        self.engine_kind = engine_kind(config)
+        """The engine kind the policies are planned for."""
         declared = [*config.policies, *runtime]
         runtime_names = {p.name for p in runtime}
         default = _default_plan(config, self.engine_kind)
@@ -206,6 +206,12 @@ class ServingPlan:
         return own, False
 
 
+def engine_kind(config: ServiceConfig) -> str:
+    """The engine kind (`local`, `sglang`, `vllm`): the one place the policies' plan reads
+    it (how adapters are named and swapped depends on it)."""
+    return config.engine.backend
+
+
 def _default_plan(config: ServiceConfig, kind: str) -> PolicyPlan:
     lora = config.default_policy.lora
     adapter: AdapterNaming = "none"
@@ -243,13 +249,7 @@ def _named_plan(
     runtime: set[str],
 ) -> PolicyPlan:
     source: Literal["config", "runtime"] = "runtime" if entry.name in runtime else "config"
-    common = {
-        "name": entry.name,
-        "source": source,
-        "transport": "disk",
-        "model_names": tuple(entry.model_names),
-        "roles": tuple(entry.roles),
-    }
+    names, roles = tuple(entry.model_names), tuple(entry.roles)
     if entry.weights == "full":
         port = None if entry.backends else entry.port or config.engine.port + 1 + full_place
         urls = (
@@ -258,22 +258,12 @@ def _named_plan(
             else (f"http://{config.engine.host}:{port}",)
         )
         return PolicyPlan(
-            weights="full",
-            lora=None,
-            adapter="none",
-            swap="own_pool",
-            backend_urls=urls,
-            engine_port=port,
-            **common,  # type: ignore[arg-type]
+            entry.name, source, "full", None, "none", "own_pool", "disk", urls, port, names, roles
         )
+    adapter: AdapterNaming = "in_place" if kind == "local" else "versioned"
+    lora = entry.lora or default_lora
     return PolicyPlan(
-        weights="lora",
-        lora=entry.lora or default_lora,
-        adapter="in_place" if kind == "local" else "versioned",
-        swap="adapter",
-        backend_urls=(),
-        engine_port=None,
-        **common,  # type: ignore[arg-type]
+        entry.name, source, "lora", lora, adapter, "adapter", "disk", (), None, names, roles
     )
 
 
@@ -317,7 +307,7 @@ def check_plan(config: ServiceConfig, runtime: Sequence[PolicyConfig] = ()) -> N
     and `runtime` ones (a creation passes the registry's plus the new one): PlanError, with
     a status, field and code, for the first broken. Run when the config loads
     (`ServiceConfig`) and when a policy is created (`policy_registry.new_policy`)."""
-    kind = config.engine.backend
+    kind = engine_kind(config)
     lora = config.default_policy.lora
     if runtime:
         refusal = _creation_refusal(lora, kind, bool(config.policies))

@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         full = write_full(args.model, work / "full")
         adapters = [write_adapter(args.model, work / f"adapter-{s}", args.rank, s) for s in (1, 2)]
-        lora = (f"default_policy.lora.rank={args.rank}", f"default_policy.lora.alpha={2.0 * args.rank}")
+        lora = (
+            f"default_policy.lora.rank={args.rank}",
+            f"default_policy.lora.alpha={2.0 * args.rank}",
+        )
         # the untrained adapter the server starts with, where start_vllm's config puts it
         prepare_lora(
             load_config(

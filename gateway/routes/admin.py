@@ -380,21 +380,19 @@ def policy_views(state: GatewayState, latest: dict[str, WeightVersionRecord]) ->
     """Every policy (`default`, the config's, then the runtime ones) as the API and the
     console show it, with its latest published version from `latest`."""
     registry = state.policy_registry
-    aliases = {p.name: p.model_names for p in registry.declared}
     views = []
-    for name in registry.names():
-        lora, version = registry.lora(name), latest.get(name)
+    for plan in registry.plan.policies.values():
+        name, lora, version = plan.name, plan.lora, latest.get(plan.name)
         runtime = registry.runtime.get(name)
         pool = state.policy_pools.get(name)
-        full = pool is not None or (name == DEFAULT_POLICY and lora is None)
         views.append(
             PolicyView(
                 name=name,
-                source=registry.source(name),
-                weights="full" if full else "lora",
+                source=plan.source,
+                weights=plan.weights,
                 backends=[] if pool is None else [b.url for b in pool.backends],
                 live_version=live_version_of(state, name),
-                model_names=aliases.get(name, []),
+                model_names=list(plan.model_names),
                 lora_rank=None if lora is None else lora.rank,
                 lora_alpha=None if lora is None else lora.alpha,
                 target_modules=None if lora is None else lora.target_modules,
