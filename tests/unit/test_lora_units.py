@@ -18,11 +18,9 @@ from areal_service.config import (
     LORA_TARGETS,
     LoRAConfig,
     TrainerConfig,
-    config_from_tree,
     load_config,
 )
 from areal_service.config_errors import ConfigError
-from areal_service.config_renames import ConfigDeprecationWarning
 from areal_service.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir
 from areal_service.types import TrainSequence
 from engine.runner import ModelRunner, WeightLoadError
@@ -83,22 +81,6 @@ def test_lora_config_defaults_off_and_refuses_what_cannot_serve_it():
         load_config(None, ["default_policy.lora.rank=0"])
     with pytest.raises(ConfigError, match="alpha"):  # a NaN from the first step
         load_config(None, ["default_policy.lora.alpha=.inf"])
-
-
-def test_the_old_trainer_lora_key_still_loads_with_one_warning_naming_its_new_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    file = tmp_path / "c.yaml"
-    file.write_text("trainer:\n  lora:\n    rank: 4\n")
-    monkeypatch.setenv("AREAL_TRAINER__LORA__ALPHA", "32")
-    with pytest.warns(ConfigDeprecationWarning) as caught:
-        cfg = load_config(file, ["trainer.lora.dropout=0.1"])
-    lora = cfg.default_policy.lora
-    assert lora is not None and (lora.rank, lora.alpha, lora.dropout) == (4, 32.0, 0.1)
-    messages = [str(w.message) for w in caught]
-    assert messages == ["trainer.lora is deprecated: use default_policy.lora"]
-    with pytest.raises(ConfigError, match="both set; keep default_policy.lora"):
-        config_from_tree({"trainer": {"lora": {}}, "default_policy": {"lora": {}}})
 
 
 def test_lora_trains_only_the_adapter_and_publishes_it_alone(group, tiny_model_dir, tmp_path):
