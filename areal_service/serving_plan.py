@@ -26,13 +26,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import Literal, Protocol
 
+# The section modules only: the root (`config/service.py`) runs `check_plan` when it
+# validates, so the plan reads it through `PlannedConfig` and imports no circle.
+from areal_service.config.engine import EngineConfig
+from areal_service.config.gateway import GatewayConfig
+from areal_service.config.policies import (
+    DefaultPolicyConfig,
+    LoRAConfig,
+    PolicyConfig,
+    PolicyWeights,
+)
+from areal_service.config.trainer import TrainerConfig
 from areal_service.types import DEFAULT_POLICY
-
-if TYPE_CHECKING:
-    from areal_service.config import LoRAConfig, PolicyConfig, ServiceConfig
-    from areal_service.config.policies import PolicyWeights
 
 AdapterNaming = Literal["none", "in_place", "versioned"]
 """How the backends name a policy's adapter: `none` (full weights, no adapter),
@@ -52,6 +60,23 @@ by the admin)."""
 
 MAX_ALIAS_CHARS = 200
 """Longest model name a policy may take as an alias."""
+
+
+class PlannedConfig(Protocol):
+    """What the plan reads of the config tree (`ServiceConfig` has it all)."""
+
+    @property
+    def engine(self) -> EngineConfig: ...
+    @property
+    def gateway(self) -> GatewayConfig: ...
+    @property
+    def trainer(self) -> TrainerConfig: ...
+    @property
+    def default_policy(self) -> DefaultPolicyConfig: ...
+    @property
+    def policies(self) -> Sequence[PolicyConfig]: ...
+    def backend_urls(self) -> list[str]: ...
+    def model_dir(self) -> Path: ...
 
 
 class PlanError(ValueError):
@@ -130,7 +155,7 @@ class ServingPlan:
     """Every policy's plan (`default`, the config's, then the runtime ones, oldest first),
     the alias table and the engine flags. Immutable: a new policy means a new plan."""
 
-    def __init__(self, config: ServiceConfig, runtime: Sequence[PolicyConfig] = ()) -> None:
+    def __init__(self, config: PlannedConfig, runtime: Sequence[PolicyConfig] = ()) -> None:
         self.engine_kind = engine_kind(config)
         """The engine kind the policies are planned for."""
         declared = [*config.policies, *runtime]
@@ -206,13 +231,13 @@ class ServingPlan:
         return own, False
 
 
-def engine_kind(config: ServiceConfig) -> str:
+def engine_kind(config: PlannedConfig) -> str:
     """The engine kind (`local`, `sglang`, `vllm`): the one place the policies' plan reads
     it (how adapters are named and swapped depends on it)."""
     return config.engine.backend
 
 
-def _default_plan(config: ServiceConfig, kind: str) -> PolicyPlan:
+def _default_plan(config: PlannedConfig, kind: str) -> PolicyPlan:
     lora = config.default_policy.lora
     adapter: AdapterNaming = "none"
     swap: SwapKind = "paired"
@@ -241,7 +266,7 @@ def _default_plan(config: ServiceConfig, kind: str) -> PolicyPlan:
 
 
 def _named_plan(
-    config: ServiceConfig,
+    config: PlannedConfig,
     kind: str,
     entry: PolicyConfig,
     default_lora: LoRAConfig | None,
@@ -267,7 +292,7 @@ def _named_plan(
     )
 
 
-def _engine_flags(plan: ServingPlan, config: ServiceConfig, kind: str) -> EngineFlags:
+def _engine_flags(plan: ServingPlan, config: PlannedConfig, kind: str) -> EngineFlags:
     started = [p for p in plan.policies.values() if p.source == "config"]
     loras = [p.lora for p in started if p.lora is not None]
     lora = plan.default.lora is not None
@@ -302,7 +327,7 @@ def _creation_refusal(
 
 
 # -- the rules ----------------------------------------------------------------------------
-def check_plan(config: ServiceConfig, runtime: Sequence[PolicyConfig] = ()) -> None:
+def check_plan(config: PlannedConfig, runtime: Sequence[PolicyConfig] = ()) -> None:
     """Every rule across sections that the policies must keep, for the config's policies
     and `runtime` ones (a creation passes the registry's plus the new one): PlanError, with
     a status, field and code, for the first broken. Run when the config loads
@@ -327,7 +352,7 @@ def check_plan(config: ServiceConfig, runtime: Sequence[PolicyConfig] = ()) -> N
     _check_full_policies(config, declared)
 
 
-def _check_lora_sync(config: ServiceConfig, kind: str) -> None:
+def _check_lora_sync(config: PlannedConfig, kind: str) -> None:
     if config.default_policy.lora is None:
         return
     if config.trainer.weight_sync == "distributed":
@@ -345,7 +370,7 @@ def _check_lora_sync(config: ServiceConfig, kind: str) -> None:
         )
 
 
-def _check_names(config: ServiceConfig, declared: Sequence[PolicyConfig]) -> None:
+def _check_names(config: PlannedConfig, declared: Sequence[PolicyConfig]) -> None:
     seen: set[str] = set()
     configured = {p.name for p in config.policies}
     for policy in declared:
@@ -377,7 +402,7 @@ def _check_names(config: ServiceConfig, declared: Sequence[PolicyConfig]) -> Non
             )
 
 
-def reserved_model_names(config: ServiceConfig) -> set[str]:
+def reserved_model_names(config: PlannedConfig) -> set[str]:
     """The names no policy may take as an alias: the served model name
     (`gateway.model_name`), the names every key may send for the default policy
     (`gateway.model_names`), and the engine's served name. An alias equal to one would
@@ -386,7 +411,7 @@ def reserved_model_names(config: ServiceConfig) -> set[str]:
     return {config.gateway.model_name, *(config.gateway.model_names or ()), engine}
 
 
-def _check_aliases(config: ServiceConfig, declared: Sequence[PolicyConfig]) -> None:
+def _check_aliases(config: PlannedConfig, declared: Sequence[PolicyConfig]) -> None:
     reserved = reserved_model_names(config)
     taken: dict[str, str] = {}
     for policy in declared:
@@ -420,7 +445,7 @@ def _alias_error(
     return PlanError(message, status=status, param="model_names", code=code)
 
 
-def _check_full_policies(config: ServiceConfig, declared: Sequence[PolicyConfig]) -> None:
+def _check_full_policies(config: PlannedConfig, declared: Sequence[PolicyConfig]) -> None:
     full = [p for p in declared if p.weights == "full"]
     if (
         config.trainer.policy in {p.name for p in full}
