@@ -21,15 +21,23 @@ import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+from tokenizers import Tokenizer, decoders, models
 from tokenizers import pre_tokenizers as pre
 
 from gateway.chat_template import ChatTemplate, load_chat_template, template_setting_text
 from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError
+from gateway.tokenizer_mirror import (
+    CLASS_PIPELINES,
+    ClassPipeline,
+    clean_up_tokenization,
+    loader_choice,
+    non_bpe_reason,
+    read_json,
+    set_up_backend,
+)
 from gateway.toolparse import THINK_CLOSE, OutputParser, default_parser
 from gateway.toolparse.registry import select_parser
 
@@ -38,17 +46,6 @@ if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
 log = logging.getLogger(__name__)
-
-NAMED_SPECIAL_TOKENS = (
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-)
-"""transformers' `SPECIAL_TOKENS_ATTRIBUTES`: each set one is a chat-template variable."""
 
 PROBE_TOOL_NAME = "areal_probe_tool_4f1c"
 """A tool name no template writes by itself: `renders_tools` looks for it in a render."""
@@ -202,11 +199,11 @@ class ChatTokenizer:
         template = (
             template_setting_text(chat_template)
             if chat_template is not None
-            else load_chat_template(path, _read_json(path / "tokenizer_config.json"))
+            else load_chat_template(path, read_json(path / "tokenizer_config.json"))
         )
         selection = select_parser(
             template,
-            _read_json(path / "config.json"),
+            read_json(path / "config.json"),
             renders_tools=tokenizer.renders_tools,
             generation_prompt=tokenizer._generation_prompt(),
             tool_parser=tool_parser,
@@ -536,190 +533,20 @@ def load_tokenizer_core(path: str | Path, *, chat_template: str | None = None) -
     """The tokenizer of checkpoint directory `path`, encoding, decoding and rendering as
     transformers' `AutoTokenizer.from_pretrained(path)` does: the Rust loader when the
     class transformers would pick is the generic fast tokenizer or a class whose rebuild
-    is reproduced here (`_CLASS_PIPELINES`), else transformers itself (imports torch).
+    is reproduced here (`CLASS_PIPELINES`), else transformers itself (imports torch).
     `chat_template`: the `engine.chat_template` setting, replacing the checkpoint's
     template(s) (`template_setting_text`; ValueError when it cannot be read)."""
     path = Path(path)
     template = None if chat_template is None else template_setting_text(chat_template)
-    config = _read_json(path / "tokenizer_config.json")
-    reason, class_name = _transformers_reason(path, config)
+    config = read_json(path / "tokenizer_config.json")
+    reason, class_name = loader_choice(path, config)
     if reason is not None:
         return TransformersTokenizer.load(path, reason, chat_template=template)
     backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    pipeline = _CLASS_PIPELINES.get(class_name or "")
+    pipeline = CLASS_PIPELINES.get(class_name or "")
     if pipeline is not None and not isinstance(backend.model, models.BPE):
-        return TransformersTokenizer.load(path, _non_bpe(class_name), chat_template=template)
+        return TransformersTokenizer.load(path, non_bpe_reason(class_name), chat_template=template)
     return RustTokenizer.build(backend, path, config, pipeline, chat_template=template)
-
-
-def transformers_reason(path: Path) -> str | None:
-    """Why checkpoint `path`'s tokenizer must be loaded by transformers (which imports
-    torch), or None when the Rust loader reproduces it: what `load_tokenizer_core`
-    decides, from the files alone, for start-up checks made before any process starts
-    (tokenizer.json is parsed only for a class whose rebuild needs BPE)."""
-    reason, class_name = _transformers_reason(path, _read_json(path / "tokenizer_config.json"))
-    if reason is None and class_name in _CLASS_PIPELINES and not _tokenizer_json_is_bpe(path):
-        return _non_bpe(class_name)
-    return reason
-
-
-def _transformers_reason(path: Path, config: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(why transformers must load it, or None; the class transformers would pick) as far
-    as the JSON beside tokenizer.json tells; the BPE check is the caller's."""
-    if not (path / "tokenizer.json").is_file():
-        return "no tokenizer.json", None
-    auto_map = config.get("auto_map")
-    if isinstance(auto_map, list) or isinstance(auto_map, dict) and "AutoTokenizer" in auto_map:
-        return "custom tokenizer code (auto_map)", None
-    class_name = auto_tokenizer_class(path, config, _read_json(path / "config.json"))
-    if class_name not in _GENERIC_CLASSES and class_name not in _CLASS_PIPELINES:
-        return f"tokenizer class {class_name}", class_name
-    return None, class_name
-
-
-def _non_bpe(class_name: str | None) -> str:
-    return f"{class_name} over a non-BPE tokenizer.json"
-
-
-def _tokenizer_json_is_bpe(path: Path) -> bool:
-    """Whether tokenizer.json's model is BPE (the class pipelines rebuild BPE only)."""
-    model = _read_json(path / "tokenizer.json").get("model")
-    if not isinstance(model, Mapping):
-        return False
-    return bool(model.get("type", "BPE" if "merges" in model else None) == "BPE")
-
-
-_GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend", "BloomTokenizer"}
-"""Names (less "Fast") transformers resolves to `TokenizersBackend`: tokenizer.json as saved."""
-_HUB_CLASS_OVERRIDES = {
-    "qwen2": "Qwen2Tokenizer",
-    "qwen3_5": "Qwen3_5Tokenizer",
-    "qwen3_5_moe": "Qwen3_5Tokenizer",
-    "qwen3_5_moe_text": "Qwen3_5Tokenizer",
-    "qwen4_exp": "Qwen3_5Tokenizer",
-    "hyperclovax_vision_v2": "GPT2Tokenizer",
-    "siglip2": "Siglip2Tokenizer",
-    **dict.fromkeys(
-        (
-            "arctic",
-            "camembertv2-base",
-            "chatlm",
-            "cohere_asr",
-            "ernie4_5",
-            "ernie4_5_moe",
-            "fuyu",
-            "h2ovl_chat",
-            "hyperclovax",
-            "hyperclovax_vlm",
-            "internlm2",
-            "internlm3",
-            "iquestcoder",
-            "jamba",
-            "llava",
-            "llava_next",
-            "minicpm3",
-            "minicpmv",
-            "minimax_m2",
-            "modernbert",
-            "modernbert-decoder",
-            "molmo",
-            "molmo2",
-            "nemotron",
-            "nvfp4",
-            "opencua",
-            "openvla",
-            "paddleocr_vl",
-            "phi3",
-            "phi3_v",
-            "phimoe",
-            "smolvlm",
-            "step3_vl",
-            "vipllava",
-        ),
-        "TokenizersBackend",
-    ),
-}
-"""transformers 5's `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` with each model type's
-registered class, which wins over the checkpoint's `tokenizer_class` (a test pins this
-table to the installed transformers)."""
-_MISTRAL_TYPES = {
-    "mistral",
-    "mistral3",
-    "mistral_large4",
-    "mixtral",
-    "ministral",
-    "ministral3",
-    "pixtral",
-    "voxtral",
-}
-"""Model types whose class depends on whether `mistral_common` is installed."""
-
-
-def auto_tokenizer_class(
-    path: Path, config: Mapping[str, Any], model_config: Mapping[str, Any]
-) -> str | None:
-    """The class (name less "Fast") `AutoTokenizer.from_pretrained(path)` instantiates,
-    by transformers 5's rules as far as they separate "tokenizer.json as saved" from a
-    model-specific class; None where only transformers' own tables can tell."""
-    hub: str | None = config.get("tokenizer_class") or model_config.get("tokenizer_class")
-    model_type: str = model_config.get("model_type") or ""  # "": matches no table
-    if model_type in _MISTRAL_TYPES:
-        return None
-    if hub is None:  # transformers maps the model type; known here for the overrides only
-        return _HUB_CLASS_OVERRIDES.get(model_type)
-    if model_type in _HUB_CLASS_OVERRIDES:
-        return _HUB_CLASS_OVERRIDES[model_type]
-    hub = hub.removesuffix("Fast")
-    if hub == "LlamaTokenizer" and '"ByteLevel"' in (path / "tokenizer.json").read_text(
-        encoding="utf-8"
-    ):  # Llama-3-style byte-level BPE under a Llama class name
-        return "TokenizersBackend"
-    return hub
-
-
-@dataclass(frozen=True, slots=True)
-class _ClassPipeline:
-    """What a transformers byte-level BPE class builds in `__init__` in place of
-    tokenizer.json's normalizer, pre-tokenizer, decoder and BPE options (the saved vocab,
-    merges and post-processor are kept), plus its special-token defaults."""
-
-    split_regex: str
-    readds_special_tokens: bool
-    defaults: Mapping[str, str | None] = field(
-        default_factory=lambda: {
-            "unk_token": "<|endoftext|>",
-            "bos_token": None,
-            "eos_token": "<|endoftext|>",
-            "pad_token": "<|endoftext|>",
-        }
-    )
-
-    def apply(self, backend: Tokenizer, *, add_prefix_space: bool) -> None:
-        model = backend.model
-        model.dropout, model.unk_token, model.fuse_unk = None, None, False
-        model.continuing_subword_prefix, model.end_of_word_suffix = "", ""
-        model.byte_fallback, model.ignore_merges = False, False
-        backend.decoder = decoders.ByteLevel()
-        backend.normalizer = normalizers.NFC()
-        backend.pre_tokenizer = pre.Sequence(
-            [
-                pre.Split(Regex(self.split_regex), behavior="isolated", invert=False),
-                pre.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False),
-            ]
-        )
-
-
-_CLASS_PIPELINES = {
-    "Qwen2Tokenizer": _ClassPipeline(
-        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-        readds_special_tokens=True,
-    ),
-    "Qwen3_5Tokenizer": _ClassPipeline(
-        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-        readds_special_tokens=False,
-    ),
-}
-"""transformers' `Qwen2Tokenizer` / `Qwen3_5Tokenizer` (`PRETOKENIZE_REGEX`, defaults)."""
 
 
 class RustTokenizer:
@@ -750,37 +577,16 @@ class RustTokenizer:
         backend: Tokenizer,
         path: Path,
         config: Mapping[str, Any],
-        pipeline: _ClassPipeline | None,
+        pipeline: ClassPipeline | None,
         *,
         chat_template: str | None = None,
     ) -> RustTokenizer:
-        """Set up `backend` (loaded from `path/tokenizer.json`) as `TokenizersBackend`, or
-        the class `pipeline` stands for, does from the same files. `chat_template`: a
-        template text in place of the checkpoint's."""
-        named, extra, added = _special_tokens(
-            config, path, backend, pipeline.defaults if pipeline else {}
-        )
-        if pipeline is not None:
-            pipeline.apply(backend, add_prefix_space=bool(config.get("add_prefix_space")))
-        backend.no_truncation()  # transformers' encode() runs without truncation/padding
-        backend.no_padding()
-        backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
-        _register_tokens(backend, named, extra, added, rebuilt=pipeline is not None)
-        if pipeline is not None and pipeline.readds_special_tokens:
-            every = dict.fromkeys(str(t) for t in [*named.values(), *extra])
-            backend.add_tokens([AddedToken(t, special=True) for t in every])
+        """Set up `backend` (loaded from `path/tokenizer.json`) as transformers would
+        (`tokenizer_mirror.set_up_backend`). `chat_template`: a template text in place
+        of the checkpoint's."""
+        named, clean_up = set_up_backend(backend, path, config, pipeline)
         template = ChatTemplate(
-            load_chat_template(path, config) if chat_template is None else chat_template,
-            {k: str(v) for k, v in named.items()},
-        )
-        # transformers skips the WordPiece-era clean-up for BPE unless forced.
-        clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
-            not isinstance(backend.model, models.BPE)
-            or bool(
-                config.get(
-                    "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
-                )
-            )
+            load_chat_template(path, config) if chat_template is None else chat_template, named
         )
         return cls(backend, template, clean_up_spaces=clean_up)
 
@@ -796,7 +602,7 @@ class RustTokenizer:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         """Text of ids, special tokens skipped (unless not `skip_special`)."""
         text = self._backend.decode(ids, skip_special_tokens=skip_special)
-        return _clean_up_tokenization(text) if self._clean_up else text
+        return clean_up_tokenization(text) if self._clean_up else text
 
     def id_to_piece(self, token_id: int) -> str | None:
         """The vocabulary string of one id."""
@@ -876,122 +682,6 @@ def _flatten(config: dict[str, Any], key: str) -> list[dict[str, Any]]:
     if config.get("type") != "Sequence":
         return [config]
     return [step for child in config.get(key, []) for step in _flatten(child, key)]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def _as_token(value: str | AddedToken | dict[str, Any]) -> str | AddedToken:
-    """A token as tokenizer_config.json writes it: a string or an AddedToken dict."""
-    if isinstance(value, dict):
-        return AddedToken(**{k: v for k, v in value.items() if k != "__type"})
-    return value
-
-
-def _special_tokens(
-    config: Mapping[str, Any], path: Path, backend: Tokenizer, defaults: Mapping[str, str | None]
-) -> tuple[dict[str, str | AddedToken], list[str | AddedToken], list[AddedToken]]:
-    """(named special tokens incl. model-specific `*_token` keys, extra special tokens, the
-    added tokens to register in id order), resolved from the config files and the freshly
-    loaded tokenizer.json (`backend`) as transformers' `from_pretrained` resolves them."""
-    cfg = dict(config)
-    if "additional_special_tokens" in cfg and not cfg.get("extra_special_tokens"):
-        cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
-    if "added_tokens_decoder" in cfg:
-        added = {
-            int(i): AddedToken(**{k: v for k, v in t.items() if k != "__type"})
-            for i, t in cfg["added_tokens_decoder"].items()
-        }
-    else:  # legacy layout: special_tokens_map.json overrides; tokenizer.json's added tokens
-        for key, value in _read_json(path / "special_tokens_map.json").items():
-            if key == "extra_special_tokens" and isinstance(value, list):
-                merged = list(cfg.get("extra_special_tokens") or [])
-                for tok in value:
-                    tok = AddedToken(**tok, special=True) if isinstance(tok, dict) else tok
-                    if tok not in merged:
-                        merged.append(tok)
-                value = merged
-            elif isinstance(value, dict):
-                value = AddedToken(
-                    **{k: v for k, v in value.items() if k not in ("special", "__type")},
-                    special=True,
-                )
-            cfg[key] = value
-        if "additional_special_tokens" in cfg and "extra_special_tokens" not in cfg:
-            cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
-        added = dict(backend.get_added_tokens_decoder())
-    for key, value in defaults.items():  # the class's keyword defaults
-        cfg.setdefault(key, value)
-    if backend.padding is not None:
-        cfg.setdefault("pad_token", backend.padding["pad_token"])
-    by_content = {t.content: t for t in added.values()}
-    named: dict[str, str | AddedToken] = {}
-    for key in NAMED_SPECIAL_TOKENS:
-        if cfg.get(key) is not None:
-            token = _as_token(cfg[key])
-            named[key] = by_content.get(str(token), token)
-    for key, value in cfg.items():  # model-specific named tokens (image_token, ...)
-        if (
-            key.endswith("_token")
-            and key not in NAMED_SPECIAL_TOKENS
-            and (
-                isinstance(value, str | AddedToken)
-                or isinstance(value, dict)
-                and value.get("__type") == "AddedToken"
-            )
-        ):
-            named[key] = _as_token(value)
-    extra = cfg.get("extra_special_tokens") or []
-    if isinstance(extra, dict):
-        named.update({k: _as_token(v) for k, v in extra.items()})
-        extra = []
-    return named, [_as_token(t) for t in extra], [added[i] for i in sorted(added)]
-
-
-def _register_tokens(
-    backend: Tokenizer,
-    named: Mapping[str, str | AddedToken],
-    extra: Sequence[str | AddedToken],
-    added: Sequence[AddedToken],
-    *,
-    rebuilt: bool,
-) -> None:
-    """Add the config's added tokens, then each named/extra special token not yet there,
-    in `TokenizersBackend.__init__`'s order and with its flags (re-adding a token updates
-    its flags). A `rebuilt` class starts from a backend without added tokens."""
-    to_add: list[str | AddedToken] = list(added)
-    encoder = set() if rebuilt else {t.content for t in backend.get_added_tokens_decoder().values()}
-    encoder.update(str(t) for t in to_add)
-    for token in [*named.values(), *extra]:
-        if str(token) not in encoder and token not in to_add:
-            to_add.append(token)
-    named_strs = {str(t) for t in named.values()}
-    tokens: list[AddedToken] = []
-    for token in to_add:
-        if isinstance(token, str):
-            token = AddedToken(token, special=True)
-        elif not token.special and str(token) in named_strs:
-            token.special = True
-        tokens.append(token)
-    if tokens:
-        backend.add_tokens(tokens)
-
-
-def _clean_up_tokenization(text: str) -> str:
-    """transformers' `clean_up_tokenization` (WordPiece-era spaces before punctuation)."""
-    return (
-        text.replace(" .", ".")
-        .replace(" ?", "?")
-        .replace(" !", "!")
-        .replace(" ,", ",")
-        .replace(" ' ", "'")
-        .replace(" n't", "n't")
-        .replace(" 'm", "'m")
-        .replace(" 's", "'s")
-        .replace(" 've", "'ve")
-        .replace(" 're", "'re")
-    )
 
 
 # ---------------------------------------------------------------- the transformers fallback

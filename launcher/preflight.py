@@ -51,7 +51,7 @@ def check_tokenizer_loadable(path: Path | str) -> None:
     has none (`areal-service[gateway]`)."""
     import importlib.util
 
-    from gateway.tokenizer import transformers_reason
+    from gateway.tokenizer_mirror import transformers_reason
 
     path = Path(path)
     if not path.is_dir():

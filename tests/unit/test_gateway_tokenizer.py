@@ -18,12 +18,14 @@ from transformers import AutoTokenizer
 
 from gateway.chat_template import ChatTemplate, RenderMemo, load_chat_template
 from gateway.tokenizer import (
-    _GENERIC_CLASSES,
-    NAMED_SPECIAL_TOKENS,
     ChatTemplateError,
     ChatTokenizer,
     RustTokenizer,
     TransformersTokenizer,
+)
+from gateway.tokenizer_mirror import (
+    GENERIC_CLASSES,
+    NAMED_SPECIAL_TOKENS,
     auto_tokenizer_class,
     transformers_reason,
 )
@@ -347,7 +349,7 @@ def test_backend_equals_transformers_backend(
     model_config = json.loads((variants[name] / "config.json").read_text())
     resolved = auto_tokenizer_class(variants[name], config, model_config)
     assert resolved == type(hf).__name__ or (
-        resolved in _GENERIC_CLASSES and type(hf).__name__ == "TokenizersBackend"
+        resolved in GENERIC_CLASSES and type(hf).__name__ == "TokenizersBackend"
     )
     assert tok.core._template._special == hf.special_tokens_map
     assert dict(tok.core.added_tokens) == {i: t.content for i, t in hf.added_tokens_decoder.items()}
@@ -359,15 +361,13 @@ def test_tables_match_installed_transformers() -> None:
     from transformers.models.qwen3_5 import tokenization_qwen3_5
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-    from gateway.tokenizer import _CLASS_PIPELINES, _HUB_CLASS_OVERRIDES
+    from gateway.tokenizer_mirror import CLASS_PIPELINES, HUB_CLASS_OVERRIDES
 
-    assert _HUB_CLASS_OVERRIDES == {
+    assert HUB_CLASS_OVERRIDES == {
         m: auto.TOKENIZER_MAPPING_NAMES[m] for m in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
     }
-    assert _CLASS_PIPELINES["Qwen2Tokenizer"].split_regex == tokenization_qwen2.PRETOKENIZE_REGEX
-    assert (
-        _CLASS_PIPELINES["Qwen3_5Tokenizer"].split_regex == tokenization_qwen3_5.PRETOKENIZE_REGEX
-    )
+    assert CLASS_PIPELINES["Qwen2Tokenizer"].split_regex == tokenization_qwen2.PRETOKENIZE_REGEX
+    assert CLASS_PIPELINES["Qwen3_5Tokenizer"].split_regex == tokenization_qwen3_5.PRETOKENIZE_REGEX
     assert list(NAMED_SPECIAL_TOKENS) == PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES
 
 
