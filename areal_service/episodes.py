@@ -107,11 +107,13 @@ def _merge(
     size = len(input_ids)
     loss_mask, logprobs, versions = [0] * size, [0.0] * size, [-1] * size
     ids: list[str] = []
+    truncated = False
     for completion in chain:
         if completion.id in trained:
             continue  # shared with an earlier branch: context only, trained once
         trained.add(completion.id)
         ids.append(completion.id)
+        truncated = completion.finish_reason == "length"  # the last one trained decides
         start = len(completion.prompt_ids)
         end = start + len(completion.output_ids)
         loss_mask[start:end] = [1] * (end - start)
@@ -127,6 +129,7 @@ def _merge(
         versions=tuple(versions),
         reward=returns[ids[0]],
         temperature=leaf.temperature,
+        truncated=truncated,
     )
 
 

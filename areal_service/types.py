@@ -266,6 +266,10 @@ class TrainSequence:
     """The return of the sequence's first completion (R_i = r_i + γ·R_{i+1})."""
     temperature: float = 1.0
     """Sampling temperature of the completions (the trainer scales logits by it)."""
+    truncated: bool = False
+    """The last completion it trains hit its token limit (`finish_reason: "length"`):
+    what `trainer.no_eos` acts on. An output ended by a stop string (`"stop"`, no EOS
+    token at its end) or a tool call is not truncated."""
 
 
 @dataclass(frozen=True, slots=True)

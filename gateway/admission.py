@@ -24,6 +24,12 @@ sessions and reservations, at its own trained version (its live adapter version,
 `live_version`). So a policy whose trainer lags or stopped fills only its own window,
 and the 429 names the policy. Without declared policies there is the one window over
 every session, exactly as before.
+
+Per key: a user key's sessions take at most `gateway.sessions.key_window_share` of the
+sessions a window lets be in flight, `(η + 1) · batch_sessions` (never less than one
+batch: a key alone must be able to fill a batch), counted in the same store transaction
+(`admissions.KeyShare`); past it the key's start waits like any, then 429 naming the key's
+share. The admin's sessions (one session key each) count against no key.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 
+from areal_service.store.admissions import KeyShare, KeyShareFull
 from areal_service.types import DEFAULT_POLICY
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
@@ -55,6 +62,16 @@ def trained_version(state: GatewayState, policy: str = DEFAULT_POLICY) -> int:
     return state.policy_versions.get(policy, 0)
 
 
+def key_share(state: GatewayState, key_id: str | None) -> KeyShare | None:
+    """`key_id`'s part of a window (module docstring); None for no key or a share of 1."""
+    share = state.config.gateway.sessions.key_window_share
+    if key_id is None or share >= 1:
+        return None
+    trainer = state.config.trainer
+    batch = trainer.batch_groups * trainer.group_size
+    return KeyShare(key_id, max(batch, math.floor(share * (trainer.max_staleness + 1) * batch)))
+
+
 ADMISSION_TTL_S = 60.0
 """How long a reservation holds its places if its process never releases it (the
 inserts it covers take milliseconds; a group of 1024 sessions, about a second)."""
@@ -62,15 +79,16 @@ inserts it covers take milliseconds; a group of 1024 sessions, about a second)."
 
 @contextlib.asynccontextmanager
 async def admit_sessions(
-    state: GatewayState, count: int, policy: str = DEFAULT_POLICY
+    state: GatewayState, count: int, policy: str = DEFAULT_POLICY, key_id: str | None = None
 ) -> AsyncIterator[str | None]:
     """Admit `count` sessions of `policy` for the body of the `async with`, which inserts them with
     the reservation it is given (`TrajectoryStore.add_session(record, admission)`): wait
     up to `gateway.sessions.admit_wait_s` for room, then 429 with retry-after. The places are
     reserved in the store until the body ends, so concurrent starts in this process or
     any other cannot overshoot the window; nothing is held while waiting. The process's
-    lock keeps its own starts to one store transaction at a time. A no-op (reservation
-    None) when the gate is off."""
+    lock keeps its own starts to one store transaction at a time. `key_id`: the user key
+    the sessions are for (its share of the window). A no-op (reservation None) when the
+    gate is off."""
     gw = state.config.gateway
     if not gw.sessions.staleness_gate:
         yield None
@@ -89,30 +107,28 @@ async def admit_sessions(
             )
         version = trained_version(state, policy)
         limit = window(state, version)
+        share = key_share(state, key_id)
+        full: KeyShareFull | None = None
+        taken = 0
         async with state.admission_lock:
-            reservation, taken = await asyncio.to_thread(
-                functools.partial(
-                    state.store.coordination.reserve_admission,
-                    count,
-                    limit,
-                    ADMISSION_TTL_S,
-                    policy=policy if state.policy_registry.declared else None,
+            try:
+                reservation, taken = await asyncio.to_thread(
+                    functools.partial(
+                        state.store.coordination.reserve_admission,
+                        count,
+                        limit,
+                        ADMISSION_TTL_S,
+                        policy=policy if state.policy_registry.declared else None,
+                        key=share,
+                    )
                 )
-            )
+            except KeyShareFull as refused:
+                reservation, full = None, refused
         if reservation is not None:
             break
         remaining = deadline - loop.time()
         if remaining <= 0:
-            retry = math.ceil(max(gw.sessions.admit_wait_s, 1))
-            raise OpenAIError(
-                429,
-                f"the staleness window of policy {policy!r} is full ({taken} of its "
-                f"{limit} places taken at trained version {version}); please try again "
-                f"in {retry}s",
-                type="requests",
-                code="rate_limit_exceeded",
-                headers={"retry-after": str(retry)},
-            )
+            raise _full(state, policy, full, taken, limit, version)
         await asyncio.sleep(min(0.05, remaining))
     try:
         yield reservation
@@ -126,3 +142,33 @@ async def admit_sessions(
                 ADMISSION_TTL_S,
                 exc_info=True,
             )
+
+
+def _full(
+    state: GatewayState,
+    policy: str,
+    key: KeyShareFull | None,
+    taken: int,
+    limit: int,
+    version: int,
+) -> OpenAIError:
+    """The 429 of a full window, or of a key's full share of it."""
+    retry = math.ceil(max(state.config.gateway.sessions.admit_wait_s, 1))
+    if key is not None:
+        what = (
+            f"this key already holds {key.held} of its {key.limit} places in the staleness "
+            f"window of policy {policy!r} (gateway.sessions.key_window_share); its sessions "
+            "give them back once trained"
+        )
+    else:
+        what = (
+            f"the staleness window of policy {policy!r} is full ({taken} of its {limit} "
+            f"places taken at trained version {version})"
+        )
+    return OpenAIError(
+        429,
+        f"{what}; please try again in {retry}s",
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"retry-after": str(retry)},
+    )

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from areal_service.store.write_probe import WRITE_REFUSED
 
@@ -204,6 +205,44 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return OpenAIError(
-            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
-        ).response()
+        return _internal_error(exc)
+
+    app.add_middleware(_KeepAliveOn500)
+
+
+def _internal_error(exc: Exception) -> JSONResponse:
+    return OpenAIError(
+        500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
+    ).response()
+
+
+class _KeepAliveOn500:
+    """ASGI layer just inside Starlette's ServerErrorMiddleware: an unexpected error before
+    the response started is answered here (a logged 500 in the OpenAI shape) and not
+    re-raised. ServerErrorMiddleware answers it the same way but always re-raises, and the
+    server then closes the client's keep-alive connection: one bug's 500 would cost every
+    request the client had queued on it. An error after the response started still goes
+    up (the reply is cut; the connection must close). Cost: one `send` wrapper per
+    framework request (the hot routes never enter the framework)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            await _internal_error(exc)(scope, receive, send)

@@ -33,7 +33,7 @@ from gateway.deps import request_too_large, too_deep
 from gateway.errors import OpenAIError
 from gateway.limits import Events
 from gateway.state import GatewayState
-from gateway.strings import check_json_body, nul_refused
+from gateway.strings import check_json_body, json_needs_check, nul_refused
 from gateway.throttle import note_auth_failure, request_token
 
 log = logging.getLogger(__name__)
@@ -354,8 +354,9 @@ def _refuse_nul_form(body: bytes) -> None:
 
 
 def _refuse_nul_json(body: bytes) -> None:
-    """400 for a NUL in a JSON body (`\u0000` that decodes to one)."""
-    if rb"\u0000" in body:
+    """400 for a NUL in a JSON body (`\u0000` that decodes to one) or a lone surrogate
+    (`gateway/strings.py`)."""
+    if json_needs_check(body):
         try:
             parsed = json.loads(body)
         except (ValueError, RecursionError):

@@ -171,7 +171,10 @@ async def client_session(
             policy=DEFAULT_POLICY if principal.key is None else principal.key.policy,
         )
         try:
-            async with admit_sessions(state, 1, record.policy) as admission:
+            user = principal.key is not None and principal.key.kind == "user"
+            async with admit_sessions(
+                state, 1, record.policy, principal.key_id if user else None
+            ) as admission:
                 session = await asyncio.to_thread(state.store.add_session, record, admission)
         except Exception:  # a concurrent first turn inserted it first
             session = await asyncio.to_thread(state.store.get_session, session_id)
@@ -199,7 +202,7 @@ async def open_key_session(state: GatewayState, key: ApiKeyRecord) -> str:
         metadata={"opened_by": "auto_session"},
         policy=key.policy,
     )
-    async with admit_sessions(state, 1, session.policy) as admission:
+    async with admit_sessions(state, 1, session.policy, key.id) as admission:
         session = await asyncio.to_thread(state.store.add_session, session, admission)
     await asyncio.to_thread(state.store.keys.bind_key_session, key.id, session.id)
     state.keys.forget(key.key_hash)

@@ -67,7 +67,6 @@ def batch_metrics(
     groups: Sequence[EpisodeGroup],
     advantages: Sequence[Sequence[float]],
     *,
-    eos_ids: frozenset[int],
     version: int,
 ) -> dict[str, float]:
     """Data metrics of one batch; `advantages` nest like `group.sequences`, `version` is
@@ -78,7 +77,7 @@ def batch_metrics(
         generated = [i for i, m in enumerate(seq.loss_mask) if m]
         lengths.append(len(seq.input_ids))
         prompts.append(generated[0] if generated else len(seq.input_ids))
-        no_eos.append(float(not generated or seq.input_ids[generated[-1]] not in eos_ids))
+        no_eos.append(float(seq.truncated))  # hit its token limit (trainer/truncation.py)
         produced = [v for v in seq.versions if v >= 0]
         stale.append(version - min(produced) if produced else 0)
     returns = [r for g in groups for r in g.session_returns]

@@ -29,8 +29,6 @@ class Policy:
     """AdamW over `model`'s shards."""
     reference: torch.nn.Module | None
     """pi_ref for the KL penalty; None when `trainer.kl_coef` is 0."""
-    eos_ids: frozenset[int]
-    """EOS ids of the checkpoint (`trainer.no_eos` and the batch metrics read them)."""
     model_dir: Path
     """The initial checkpoint (v0); its tokenizer is published with every version unless
     `gateway.tokenizer` names another."""
@@ -47,12 +45,11 @@ def build_policy(config: ServiceConfig, info: DistInfo) -> Policy:
     lora = ServingPlan(config).lora(cfg.policy)
     if lora is not None:  # frozen base + trainable adapter, same step code
         model = wrap_lora(model, lora, seed=cfg.seed)  # one init on every rank
-    eos_ids = eos_token_ids(model)
     bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
     model = apply_fsdp2(model, mixed_precision=bf16)
     reference = reference_model(cfg, model_dir, mixed_precision=bf16)
     optimizer = build_optimizer(model, cfg)
-    return Policy(model, optimizer, reference, eos_ids, model_dir)
+    return Policy(model, optimizer, reference, model_dir)
 
 
 def prepare_model_dir(config: ServiceConfig) -> Path:
@@ -80,13 +77,3 @@ def reference_model(
     path = Path(cfg.ref_model) if cfg.ref_model else model_dir
     log.info("KL penalty %g: reference model from %s", cfg.kl_coef, path)
     return load_reference(path, mixed_precision=mixed_precision)
-
-
-def eos_token_ids(model: torch.nn.Module) -> frozenset[int]:
-    """EOS ids of the model's generation config and model config (int or list each)."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "eos_token_id", None)
-        if value is not None:
-            ids.update([value] if isinstance(value, int) else value)
-    return frozenset(ids)

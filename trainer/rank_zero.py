@@ -112,7 +112,6 @@ class RankZero:
         advantages: Sequence[Sequence[float]],
         stats: StepStats,
         *,
-        eos_ids: frozenset[int],
         dropped: int,
         times: dict[str, float],
     ) -> None:
@@ -120,7 +119,7 @@ class RankZero:
         metrics (`times`: the `time_*_s` of the step) go to the store and the writer."""
         self.held.mark_trained(groups)
         metrics = {
-            **batch_metrics(groups, advantages, eos_ids=eos_ids, version=version - 1),
+            **batch_metrics(groups, advantages, version=version - 1),
             **step_metrics(stats),
             "dropped_episodes": float(dropped),
             **self.claimer.settling_metrics(),

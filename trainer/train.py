@@ -75,7 +75,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             groups, dropped, wait_s = next_batch(rank0, cfg, version, stop, info)
             if groups is None:
                 break  # stopped while waiting; rank 0's held claims release the partial batch
-            shaped = apply_no_eos(groups, cfg, policy.eos_ids)
+            shaped = apply_no_eos(groups, cfg)
             advantages = sequence_advantages(shaped, cfg.advantage, cfg.adv_eps, baseline)
             micro_batches = shard_micro_batches(shaped, advantages, cfg.max_tokens_per_mb, info)
             t0, cpu0 = time.perf_counter(), time.process_time()
@@ -108,7 +108,6 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                     groups,
                     advantages,
                     stats,
-                    eos_ids=policy.eos_ids,
                     dropped=dropped,
                     times={
                         "time_wait_s": wait_s,

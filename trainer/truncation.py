@@ -12,8 +12,10 @@ generated tokens (one completion's output),
   R_len = 0 if L <= L_max - L_c;  ((L_max - L_c) - L) / L_c if L <= L_max;  -1 beyond,
 added to the session's return, truncated or not.
 
-A sequence is truncated when its last trained token is not an EOS id of the model; a
-session when any of its sequences is.
+A sequence is truncated when the last completion it trains hit its token limit
+(`finish_reason: "length"`, `TrainSequence.truncated`); a session when any of its
+sequences is. Not "its last token is no EOS id": an output the client's stop string ended
+(`"stop"`) has no EOS at its end and is complete.
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ from areal_service.config import TrainerConfig
 from areal_service.types import EpisodeGroup, TrainSequence
 
 
-def is_truncated(seq: TrainSequence, eos_ids: frozenset[int]) -> bool:
-    """Whether `seq`'s last generated (trained) token is not an EOS id."""
-    last = next((i for i in range(len(seq.loss_mask) - 1, -1, -1) if seq.loss_mask[i]), None)
-    return last is None or seq.input_ids[last] not in eos_ids
+def is_truncated(seq: TrainSequence) -> bool:
+    """Whether `seq`'s last trained output hit its token limit (module docstring)."""
+    return seq.truncated
 
 
 def longest_output(seq: TrainSequence) -> int:
@@ -60,9 +61,7 @@ def _session_shift(
     return shift
 
 
-def apply_no_eos(
-    groups: Sequence[EpisodeGroup], cfg: TrainerConfig, eos_ids: frozenset[int]
-) -> list[EpisodeGroup]:
+def apply_no_eos(groups: Sequence[EpisodeGroup], cfg: TrainerConfig) -> list[EpisodeGroup]:
     """`groups` as `trainer.no_eos` and the overlong shaping train them (unchanged under
     `train` without shaping)."""
     shaping = cfg.overlong_buffer is not None and cfg.overlong_max_tokens is not None
@@ -74,10 +73,10 @@ def apply_no_eos(
         returns: list[float] = []
         for sid, ret in zip(group.session_ids, group.session_returns, strict=True):
             mine = [s for s in group.sequences if s.session_id == sid]
-            truncated = any(is_truncated(s, eos_ids) for s in mine)
+            truncated = any(is_truncated(s) for s in mine)
             returns.append(ret + _session_shift(mine, truncated, cfg))
         for seq in group.sequences:
-            if cfg.no_eos == "mask" and is_truncated(seq, eos_ids):
+            if cfg.no_eos == "mask" and is_truncated(seq):
                 seq = dataclasses.replace(seq, loss_mask=(0,) * len(seq.loss_mask))
             sequences.append(seq)
         out.append(

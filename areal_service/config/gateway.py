@@ -169,6 +169,12 @@ class SessionsConfig(Section):
     agents are never refused."""
     admit_wait_s: float = Field(10.0, ge=0)
     """How long a session start waits for the window to open before a 429."""
+    key_window_share: float = Field(0.5, gt=0, le=1)
+    """The fraction of its policy's window one user key may hold in flight (sessions
+    open, ended or claimed: `(trainer.max_staleness + 1) * batch sessions` of them at
+    most, never fewer than one batch, so one key can always fill a batch): one key's
+    refreshes cannot fill the whole window and hold its co-tenants and the admin at 429.
+    1: no per-key limit. The admin's sessions are not counted against any key."""
 
 
 class ContinuityConfig(Section):

@@ -51,12 +51,14 @@ class Coordination:
         *,
         now: float | None = None,
         policy: str | None = None,
+        key: admissions.KeyShare | None = None,
     ) -> tuple[str | None, int]:
         """Hold `count` places in a window of `limit` (None: no room) and the places
         taken before; atomic across every process on the store. `policy`: that policy's
-        own window (None: the single window of every session)."""
+        own window (None: the single window of every session); `key`: a user key's share
+        of it (`admissions.KeyShareFull` past it)."""
         return admissions.reserve_admission(
-            self._engine, count, limit, ttl_s, now=now, policy=policy
+            self._engine, count, limit, ttl_s, now=now, policy=policy, key=key
         )
 
     def release_admission(self, reservation: str) -> None:

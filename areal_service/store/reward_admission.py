@@ -14,6 +14,11 @@ A second reward on a target that already has one with the same `name` is refused
 unless the client marks it additive: rewards on one target add up (a judge's `correct`
 plus a `format` bonus), and a silent 1 -> 1.5 from a retried or double-posted score is
 the more likely mistake. The caller sees the target's total after the insert.
+
+A multi-agent episode's reward and its roles' rewards (`accept_rewards`) are checked and
+inserted in one transaction too: one refused (a role claimed meanwhile, a role that
+already has a reward of that name, an id used with other values) refuses them all, so a
+409 leaves nothing committed and a corrected retry can succeed.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ for the trainer."""
 
 class RewardRefused(Exception):
     """The reward was not stored: `code` is `session_trained` (the target is claimed,
-    trained or dropped) or `reward_exists` (same name on the same target)."""
+    trained or dropped), `reward_exists` (same name on the same target) or
+    `reward_id_conflict` (its id was stored with other values)."""
 
     def __init__(self, code: str, message: str, param: str) -> None:
         super().__init__(message)
@@ -90,26 +96,50 @@ def accept_reward(
     """Insert `record` if its target's sessions are all `open`/`ended` and (unless
     `additive`) no reward of the same name is on the same target; RewardRefused
     otherwise. A reward whose (owner, id) exists is returned as stored (idempotent
-    retries). IntegrityError when the named completion or session does not exist."""
+    retries; RewardRefused `reward_id_conflict` when its values differ). IntegrityError
+    when the named completion or session does not exist."""
+    return accept_rewards(engine, [record], additive=additive)[0]
+
+
+def accept_rewards(
+    engine: Engine, records: Sequence[RewardRecord], *, additive: bool = False
+) -> list[AcceptedReward]:
+    """`accept_reward` for each of `records` in one transaction: all stored (or found
+    stored) or, on the first RewardRefused, none (module docstring)."""
     try:
         with engine.begin() as connection:
-            stored = _stored(connection, record) or _check_and_insert(connection, record, additive)
-            return AcceptedReward(stored, _total(connection, stored))
+            stored = [
+                _stored(connection, r) or _check_and_insert(connection, r, additive)
+                for r in records
+            ]
+            return [AcceptedReward(r, _total(connection, r)) for r in stored]
     except IntegrityError:
-        # A concurrent post of the same id won (return its row), or a foreign key failed.
+        # A concurrent post of the same ids won (return its rows), or a foreign key failed.
         with engine.connect() as connection:
-            winner = _stored(connection, record)
-            if winner is None:
+            winners = [_stored(connection, r) for r in records]
+            if any(w is None for w in winners):
                 raise
-            return AcceptedReward(winner, _total(connection, winner))
+            return [AcceptedReward(w, _total(connection, w)) for w in winners if w is not None]
 
 
 def _stored(connection: Connection, record: RewardRecord) -> RewardRecord | None:
+    """The reward stored under `record`'s (owner, id), or None; RewardRefused when it
+    holds other values than `record` (a retry must say the same thing)."""
     table = RewardRow.__table__
     row = connection.execute(
         select(table).where(table.c.id == record.id, table.c.owner == record.owner)
     ).first()
-    return None if row is None else record_from_row(RewardRecord, row)
+    if row is None:
+        return None
+    stored = record_from_row(RewardRecord, row)
+    fields = ("value", "name", "completion_id", "session_id", "group_id")
+    if any(getattr(stored, f) != getattr(record, f) for f in fields):
+        raise RewardRefused(
+            "reward_id_conflict",
+            f"reward id {record.id!r} was already used with other values",
+            "id",
+        )
+    return stored
 
 
 def _check_and_insert(connection: Connection, record: RewardRecord, additive: bool) -> RewardRecord:

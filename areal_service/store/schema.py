@@ -15,6 +15,7 @@ from sqlalchemy import (
     BigInteger,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -101,6 +102,11 @@ class SessionRow(Base):
     """Set on a role sub-session of a multi-agent episode: the episode's own session,
     whose group, task and key it shares; its `policy` is the role. No foreign key: the
     two rows are written apart and a parent is never deleted before its roles."""
+
+    __table_args__ = (
+        # A key's sessions in flight (`admissions.py`: a key's share of the window).
+        Index("ix_sessions_api_key_id_status", "api_key_id", "status"),
+    )
 
 
 class CompletionRow(Base):
@@ -252,6 +258,8 @@ class AdmissionRow(Base):
     expires_at: Mapped[float] = mapped_column(Float)
     policy: Mapped[str] = mapped_column(String, default="default", server_default="default")
     """The policy whose staleness window the places are held in."""
+    api_key_id: Mapped[str | None] = mapped_column(String)
+    """The user key the places are held for (its share of the window); None: none."""
 
 
 class ConsoleRevocationRow(Base):

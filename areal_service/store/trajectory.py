@@ -33,13 +33,19 @@ from areal_service.store.api_keys import KeyStore
 from areal_service.store.audit import EpisodeAudit
 from areal_service.store.connect import create_store_engine
 from areal_service.store.coordination import Coordination
+from areal_service.store.group_membership import (
+    GroupRefused,
+    GroupRule,
+    group_refusal,
+    lock_group,
+)
 from areal_service.store.inserts import CompletionInserter, completion_row
 from areal_service.store.linking import PrefixEntry
 from areal_service.store.merge_stats import RECENT_COMPLETIONS, MergeStats
 from areal_service.store.migrate import upgrade_engine
 from areal_service.store.policy_registry import PolicyStore
 from areal_service.store.readiness import SettlingCounts
-from areal_service.store.reward_admission import AcceptedReward, accept_reward
+from areal_service.store.reward_admission import AcceptedReward, accept_reward, accept_rewards
 from areal_service.store.rows import completion_from_row, paged, row_values, to_record
 from areal_service.store.schema import (
     CompletionRow,
@@ -141,16 +147,36 @@ class TrajectoryStore(RowAccess):
 
     # Sessions (episodes).
 
-    def add_session(self, record: SessionRecord, admission: str | None = None) -> SessionRecord:
+    def add_session(
+        self,
+        record: SessionRecord,
+        admission: str | None = None,
+        *,
+        group_rule: GroupRule | None = None,
+    ) -> SessionRecord:
         """Insert a session (IntegrityError when the id exists). `admission`: the
         staleness-window reservation it was admitted under, which gives the session its
-        place in the same transaction (`admissions.py`)."""
+        place in the same transaction (`admissions.py`). `group_rule`: who may join the
+        record's group, checked under the group's lock in the same transaction
+        (`group_membership.py`; GroupRefused, nothing inserted)."""
         with self._sessions.begin() as session:
+            if group_rule is not None and record.group_id is not None:
+                connection = session.connection()
+                lock_group(connection, record.group_id)
+                refused = group_refusal(connection, record.group_id, group_rule)
+                if refused is not None:
+                    raise refused
             session.add(SessionRow(**row_values(record)))
             if admission is not None:
                 session.flush()
                 take_admitted_place(session.connection(), admission)
         return record
+
+    def group_refusal(self, group_id: str, rule: GroupRule) -> GroupRefused | None:
+        """Why `rule` may not add a session to `group_id` now (a cheap early answer; the
+        insert checks again under the group's lock), or None."""
+        with self._engine.connect() as connection:
+            return group_refusal(connection, group_id, rule)
 
     def get_session(self, session_id: str) -> SessionRecord | None:
         """The session `session_id`, or None."""
@@ -392,6 +418,13 @@ class TrajectoryStore(RowAccess):
         or already has a reward of that name (RewardRefused), checked and inserted in one
         transaction (`reward_admission.py`); with the target's new total."""
         return accept_reward(self._engine, record, additive=additive)
+
+    def accept_rewards(
+        self, records: Sequence[RewardRecord], *, additive: bool = False
+    ) -> list[AcceptedReward]:
+        """`accept_reward` for an episode's reward and its roles' in one transaction: all
+        stored, or none when one is refused."""
+        return accept_rewards(self._engine, records, additive=additive)
 
     def get_reward(self, reward_id: str, owner: str = "") -> RewardRecord | None:
         """The reward `reward_id` posted by `owner` ("": the admin), or None."""

@@ -8,7 +8,9 @@ acknowledged and then missed by a claim); 409 `reward_exists` for a second rewar
 same `name` on the same target unless the body says `additive: true` (rewards on one
 target add up); 400 for a non-finite value or one beyond `gateway.limits.reward_max_abs`.
 Session keys may score only their own session. The reply's `target_total` is the sum of
-every reward now on the target.
+every reward now on the target. A multi-agent episode's reward and its roles' rewards are
+stored in one transaction: a 409 for any of them leaves none committed (the session stays
+as it was, and a corrected retry of the same id succeeds).
 
 Returns stay finite by construction: a return sums at most every reward of a session and
 its group, each bounded by the cap (default 1e6), and n * cap cannot overflow a float for
@@ -28,7 +30,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from areal_service.store.reward_admission import AcceptedReward, RewardRefused
+from areal_service.store.reward_admission import RewardRefused
 from areal_service.types import DEFAULT_POLICY, RewardRecord, SessionRecord
 from gateway.auth import Principal
 from gateway.deps import PrincipalDep, StateDep
@@ -178,9 +180,9 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
         existing = await asyncio.to_thread(state.store.get_reward, body.id, owner)
         if existing is not None:
             _same_or_conflict(existing, body)
-            # A retry also finishes the roles a failed first post may have left out.
-            stored = await _accepted(state, existing, body)
-            return await _with_roles(state, principal, body, stored, existing, None)
+            # A retry also gives its reward to roles opened since the first post.
+            roles = await _retried_roles(state, principal, body, existing)
+            return (await _store_with_roles(state, body, existing, roles))[0]
     session = await _target_session(state, principal, body)
     if session is not None and session.status in _TRAINING:  # cheap early answer
         raise _trained(
@@ -198,12 +200,11 @@ async def post_reward(body: RewardCreate, state: StateDep, principal: PrincipalD
         metadata=body.metadata,
         owner=owner,
     )
-    stored = await _accepted(state, record, body)
+    replied, new = await _store_with_roles(state, body, record, roles)
     # A retry that lost a race to its own id gets the earlier reward back (its own
     # created_at): counted by the post that stored it, not again.
-    if stored.id == record.id and stored.created_at == record.created_at:
+    if new:
         await _observe_reward(state, session, body)
-    replied = await _with_roles(state, principal, body, stored, record, roles)
     if body.end_session and session is not None and session.status == "open":
         await state.end_session(session.id, "reward")  # its roles end with it
     return replied
@@ -251,46 +252,50 @@ async def _episode_roles(
     return roles
 
 
-async def _with_roles(
-    state: GatewayState,
-    principal: Principal,
-    body: RewardCreate,
-    stored: Reward,
-    record: RewardRecord,
-    roles: list[SessionRecord] | None,
-) -> Reward:
-    """`stored`, after the episode reward `record` reached each role sub-session (its own
-    reward, id `<id>~<role>`, idempotent like any; `role_rewards` overrides the value).
-    `roles` None: look them up (a retried post)."""
-    if record.session_id is None or not state.policy_registry.declared:
-        return stored
-    if roles is None:
-        session = await load_session(state, record.session_id)
-        check_session_access(principal, session)
-        roles = await _episode_roles(state, body, session, retry=True)
-    given: dict[str, float] = {}
+async def _retried_roles(
+    state: GatewayState, principal: Principal, body: RewardCreate, existing: RewardRecord
+) -> list[SessionRecord]:
+    """The roles a retried episode reward reaches (none but for a session reward under
+    declared policies)."""
+    if existing.session_id is None or not state.policy_registry.declared:
+        return []
+    session = await load_session(state, existing.session_id)
+    check_session_access(principal, session)
+    return await _episode_roles(state, body, session, retry=True)
+
+
+async def _store_with_roles(
+    state: GatewayState, body: RewardCreate, record: RewardRecord, roles: list[SessionRecord]
+) -> tuple[Reward, bool]:
+    """`record` and, for each role sub-session, its own reward (id `<id>~<role>`;
+    `role_rewards` overrides the value) stored in one transaction: all or, on a 409,
+    none. The reply, and whether `record` was newly stored."""
     overrides = body.role_rewards or {}
-    for role in roles:
-        value = overrides.get(role.policy, record.value)
-        role_record = dataclasses.replace(
+    role_records = [
+        dataclasses.replace(
             record,
             id=f"{record.id}~{role.policy}",
-            value=value,
+            value=overrides.get(role.policy, record.value),
             session_id=role.id,
             metadata={**record.metadata, "episode_reward": record.id},
         )
-        accepted = await _accept(state, role_record, body.additive)
-        if accepted.created_at == role_record.created_at:  # newly stored: counted once
-            state.metrics.observe_reward(role.policy, value)
-        if accepted.value != value or accepted.session_id != role.id:
-            raise OpenAIError(
-                409,
-                f"reward id {record.id!r} was already used with other role values",
-                param="id",
-                code="reward_id_conflict",
-            )
-        given[role.policy] = value
-    return stored.model_copy(update={"roles": given}) if given else stored
+        for role in roles
+    ]
+    try:
+        accepted = await asyncio.to_thread(
+            state.store.accept_rewards, [record, *role_records], additive=body.additive
+        )
+    except RewardRefused as refused:
+        raise _refusal(refused) from None
+    episode = accepted[0].record
+    given: dict[str, float] = {}
+    for role, wanted, got in zip(roles, role_records, accepted[1:], strict=True):
+        if got.record.created_at == wanted.created_at:  # newly stored: counted once
+            state.metrics.observe_reward(role.policy, wanted.value)
+        given[role.policy] = wanted.value
+    reply = Reward.of(episode, accepted[0].target_total)
+    new = episode.created_at == record.created_at
+    return (reply.model_copy(update={"roles": given}) if given else reply), new
 
 
 async def _observe_reward(
@@ -312,28 +317,12 @@ async def _observe_reward(
         state.metrics.observe_reward(policy, body.value)
 
 
-async def _accepted(state: GatewayState, record: RewardRecord, body: RewardCreate) -> Reward:
-    """Store `record` (the authoritative state check, `reward_admission.py`); an earlier
-    reward of the same id comes back as stored, or 409 if its values differ."""
-    accepted = await _accept_total(state, record, body.additive)
-    _same_or_conflict(accepted.record, body)  # lost a race with the same id
-    return Reward.of(accepted.record, accepted.target_total)
-
-
-async def _accept(state: GatewayState, record: RewardRecord, additive: bool) -> RewardRecord:
-    return (await _accept_total(state, record, additive)).record
-
-
-async def _accept_total(
-    state: GatewayState, record: RewardRecord, additive: bool
-) -> AcceptedReward:
-    """`TrajectoryStore.accept_reward`, its refusals as 409s."""
-    try:
-        return await asyncio.to_thread(state.store.accept_reward, record, additive=additive)
-    except RewardRefused as refused:
-        if refused.code == "session_trained":
-            raise _trained(refused.message, refused.param) from None
-        raise OpenAIError(409, refused.message, param=refused.param, code=refused.code) from None
+def _refusal(refused: RewardRefused) -> OpenAIError:
+    """A store refusal as its 409 (`session_trained`, `reward_exists`,
+    `reward_id_conflict`)."""
+    if refused.code == "session_trained":
+        return _trained(refused.message, refused.param)
+    return OpenAIError(409, refused.message, param=refused.param, code=refused.code)
 
 
 def _trained(message: str, param: str) -> OpenAIError:

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from areal_service.keys import hash_key, new_api_key
+from areal_service.store.group_membership import GroupRefused, GroupRule
 from areal_service.types import (
     DEFAULT_POLICY,
     END_FAILED,
@@ -180,9 +181,11 @@ async def open_session(
     session_id: str | None = None,
     admission: str | None = None,
     policy: str = DEFAULT_POLICY,
+    group_rule: GroupRule | None = None,
 ) -> SessionRecord:
     """Insert one open session (the staleness gate, when configured, runs before this
-    and gives its reservation: `admission`)."""
+    and gives its reservation: `admission`; `group_rule`: who may join `group_id`,
+    checked in the insert's transaction)."""
     record = SessionRecord(
         id=session_id or new_session_id(),
         group_id=group_id,
@@ -191,7 +194,12 @@ async def open_session(
         metadata=metadata,
         policy=policy,
     )
-    session = await asyncio.to_thread(state.store.add_session, record, admission)
+    try:
+        session = await asyncio.to_thread(
+            state.store.add_session, record, admission, group_rule=group_rule
+        )
+    except GroupRefused as refused:
+        raise _group_error(refused) from None
     remember_new_session(state, session)
     return session
 
@@ -225,8 +233,7 @@ async def start_sessions(
         if key is None or key.revoked_at is not None or key.kind != "user":
             raise invalid_api_key(body.api_key)
         return await _refresh(state, key.id, body)
-    if body.group_id is not None:
-        await _refuse_user_group(state, body.group_id)
+    await _check_group(state, body.group_id, GroupRule(owner=None))
     group_id = body.group_id or (f"grp_{uuid.uuid4().hex}" if body.group_size > 1 else None)
     sessions = []
     async with admit_sessions(state, body.group_size, policy) as admission:
@@ -244,6 +251,7 @@ async def start_sessions(
                 session_id=session_id,
                 admission=admission,
                 policy=policy,
+                group_rule=GroupRule(owner=None),
             )
             state.keys.remember(key)  # its first request needs no store lookup
             sessions.append(NewSession(**SessionView.of(session).model_dump(), api_key=plaintext))
@@ -255,21 +263,34 @@ async def start_sessions(
     )
 
 
-async def _refuse_user_group(state: GatewayState, group_id: str) -> None:
-    """409 `group_in_use` when a user key's session already holds `group_id`: a user key
-    may name a new group for itself, so the admin's sessions must not land in one a user
-    named first (its rewards would enter their advantages)."""
-    members = await asyncio.to_thread(state.store.list_sessions, group_id=group_id, limit=10_000)
-    for key_id in {m.api_key_id for m in members if m.api_key_id is not None}:
-        key = await asyncio.to_thread(state.store.keys.get_api_key, key_id)
-        if key is not None and key.kind == "user":
-            raise OpenAIError(
-                409,
-                f"group {group_id!r} is already used by a user key's "
-                "sessions; choose another group id",
-                param="group_id",
-                code="group_in_use",
-            )
+def _group_error(refused: GroupRefused) -> OpenAIError:
+    """A refused group join as its error: 403 for a user key, 409 for the admin."""
+    if refused.code == "group_not_owned":
+        return OpenAIError(
+            403,
+            f"group {refused.group_id!r} belongs to another key",
+            type="permission_error",
+            param="group_id",
+            code="group_not_owned",
+        )
+    return OpenAIError(
+        409,
+        f"group {refused.group_id!r} is already used by a user key's "
+        "sessions; choose another group id",
+        param="group_id",
+        code="group_in_use",
+    )
+
+
+async def _check_group(state: GatewayState, group_id: str | None, rule: GroupRule) -> None:
+    """The early answer for a group `rule` may not join (before any key is minted or a
+    session ended); the insert checks again under the group's lock
+    (`group_membership.py`), so racing joins never mix two keys in one group."""
+    if group_id is None:
+        return
+    refused = await asyncio.to_thread(state.store.group_refusal, group_id, rule)
+    if refused is not None:
+        raise _group_error(refused)
 
 
 async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> SessionRefreshed:
@@ -285,19 +306,9 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
             param="policy",
             code="policy_mismatch",
         )
-    if body.group_id is not None:  # a group is joined only by its own keys (or the admin)
-        members = await asyncio.to_thread(
-            state.store.list_sessions, group_id=body.group_id, limit=10_000
-        )
-        if any(m.api_key_id != key_id for m in members):
-            raise OpenAIError(
-                403,
-                f"group {body.group_id!r} belongs to another key",
-                type="permission_error",
-                param="group_id",
-                code="group_not_owned",
-            )
-    async with admit_sessions(state, 1, key.policy) as admission:
+    # A group is joined only by its own key's sessions (the admin's never join it).
+    await _check_group(state, body.group_id, GroupRule(owner=key_id))
+    async with admit_sessions(state, 1, key.policy, key_id) as admission:
         if key.session_id is not None:
             await state.end_session(key.session_id, "refresh")
         session = await open_session(
@@ -308,6 +319,7 @@ async def _refresh(state: GatewayState, key_id: str, body: SessionStart) -> Sess
             key_id=key_id,
             admission=admission,
             policy=key.policy,
+            group_rule=GroupRule(owner=key_id),
         )
     await asyncio.to_thread(state.store.keys.bind_key_session, key_id, session.id)
     state.keys.forget(key.key_hash)

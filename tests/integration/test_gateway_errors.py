@@ -186,7 +186,10 @@ CHAT_CASES: list[tuple[Any, str | None]] = [
     ({"model": MODEL, "messages": _MESSAGES, "stream_options": 3}, "stream_options"),
     ({"model": MODEL, "messages": _MESSAGES, "seed": 2**70}, "seed"),
     ({"model": MODEL, "messages": _MESSAGES, "top_k": -5}, "top_k"),
-    (b'{"model": "areal-policy", "messages": [{"role": "user", "content": "\\ud800"}]}', None),
+    (
+        b'{"model": "areal-policy", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        "messages",
+    ),
 ]
 RESPONSES_CASES: list[tuple[Any, str | None]] = [
     (b"not json", None),

@@ -3,43 +3,21 @@ and the connection stays usable after."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from support.postgres_db import fresh_postgres_database
-from support.security_harness import serve_gateway
+from support.security_harness import STORES
 
 ADMIN = {"authorization": "Bearer sk-test-admin"}
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def gw(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    tiny_model_dir: Path,
-    sec_engine_url: str,
-) -> Iterator[Any]:
-    """One gateway per store backend (PostgreSQL's text refuses NUL, SQLite's takes it;
-    the PostgreSQL leg skips without a server)."""
-    with contextlib.ExitStack() as stack:
-        store = []
-        if request.param == "postgres":
-            databases = fresh_postgres_database()
-            store = [f"store.url={next(databases)}"]
-            stack.callback(databases.close)
-        yield stack.enter_context(
-            serve_gateway(
-                tmp_path_factory.mktemp("edges"),
-                tiny_model_dir,
-                [sec_engine_url],
-                "gateway.sampling.default_max_tokens=2",
-                *store,
-            )
-        )
+@pytest.fixture(scope="module", params=STORES)
+def gw(request: pytest.FixtureRequest, serve_on: Callable[..., Any]) -> Iterator[Any]:
+    """One gateway per store backend (PostgreSQL's text refuses NUL, SQLite's takes it)."""
+    with serve_on(request.param, "gateway.sampling.default_max_tokens=2") as gateway:
+        yield gateway
 
 
 @pytest.fixture()

@@ -3,6 +3,7 @@ the suite's conftest and tests import)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ from gateway.connections import HttpImpl
 from gateway.server import uvicorn_options
 from support.harness import ADMIN_KEY, Gateway, serve_app
 from support.loopback import free_port
+from support.postgres_db import fresh_postgres_database
 
 
 @contextmanager
@@ -40,3 +42,18 @@ def serve_gateway(
     options = uvicorn_options(cfg, http) | {"loop": "asyncio"}
     with serve_app(cfg, options, thread_name="sec-gateway") as gw:
         yield gw
+
+
+STORES = ["sqlite", "postgres"]
+"""The store legs of a test parametrized over both backends (`store_overrides`)."""
+
+
+def store_overrides(leg: str, stack: contextlib.ExitStack) -> list[str]:
+    """The config overrides of a store leg: none for SQLite (the gateway's own file);
+    for PostgreSQL a fresh database, dropped when `stack` closes (the test skips without
+    a server)."""
+    if leg != "postgres":
+        return []
+    databases = fresh_postgres_database()
+    stack.callback(databases.close)
+    return [f"store.url={next(databases)}"]

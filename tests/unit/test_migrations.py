@@ -36,7 +36,7 @@ TABLES = {
 }
 
 
-HEAD = "0014_policy_admissions"
+HEAD = "0015_key_admissions"
 """The newest revision: what an upgraded database stands at."""
 
 
