@@ -236,11 +236,11 @@ def sglang_cpu_refusal(config: ServiceConfig) -> str | None:
             f"and dp_size must be 1 (got {sg.tp_size} and {sg.dp_size}); no GPU is visible "
             "(engine.sglang.gpus, CUDA_VISIBLE_DEVICES, torch)"
         )
-    if config.trainer.lora is not None:
+    if ServingPlan(config).engine.lora:
         return (
             "SGLang 0.5.23 cannot serve LoRA adapters on a CPU (its LoRA layers allocate "
             "pinned memory at start: 'pin_memory=True requires a CUDA or other accelerator "
-            "backend'): use the local engine or vLLM for trainer.lora without a GPU"
+            "backend'): use the local engine or vLLM for default_policy.lora without a GPU"
         )
     return None
 
