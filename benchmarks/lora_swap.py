@@ -2,7 +2,7 @@
 
 One vLLM server is started with the launcher's command line for `trainer.lora`
 (`--enable-lora`, the untrained adapter served under `areal-lora`), and the gateway's
-own client (`gateway.vllm_backend.VLLMClient.swap_weights`: pause → load → version
+own client (`gateway.backends.vllm.VLLMClient.swap_weights`: pause → load → version
 label → resume) swaps it alternately to a full checkpoint (`reload_weights`, the
 baseline: what full fine-tuning publishes) and to an adapter (`/v1/load_lora_adapter`,
 `load_inplace`), `--rounds` times each. Printed: median and min seconds of the load
@@ -76,7 +76,7 @@ async def swap_rounds(
 ) -> dict[str, list[tuple[float, float]]]:
     """(load seconds, whole swap seconds) per swap kind, alternating kinds."""
     from areal_service.lora_adapter import ADAPTER_NAME
-    from gateway.vllm_backend import VLLMClient
+    from gateway.backends.vllm import VLLMClient
 
     client = VLLMClient(url, lora_name=ADAPTER_NAME, timeout_s=600)
     out: dict[str, list[tuple[float, float]]] = {"full": [], "adapter": []}

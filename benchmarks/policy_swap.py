@@ -16,7 +16,7 @@ p95, swapping against quiet.
 
 `--backend local` (default): the local engine (the tiny model unless `--model`).
 `--backend vllm`: vLLM-CPU with `engine.backend: vllm` and the same `policies:`
-(needs the vLLM multi-policy support in `gateway/vllm_backend.py`, `--model` a
+(needs the vLLM multi-policy support in `gateway/backends/vllm.py`, `--model` a
 checkpoint vLLM loads, and `--vllm-python`).
 
 Run: `python -m benchmarks.policy_swap [--backend local|vllm] [--model DIR]

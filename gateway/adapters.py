@@ -1,6 +1,6 @@
 """Versioned adapter names on one engine server (vLLM, SGLang): which served name each
 policy's generations run under, how many requests run under each name, and when an old
-version's name may be unloaded. Owned by one engine client (`SGLangClient.adapters`),
+version's name may be unloaded. Owned by one engine client (`Backend.adapters`),
 used on its event loop only (no locks).
 
 A swap of policy P to version N loads the adapter under a NEW name, `P@vN`, beside the

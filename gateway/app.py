@@ -33,9 +33,8 @@ from gateway.hotpath import HotRoutes
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
 from gateway.policies import refresh_policies, run_policy_refresher
-from gateway.policy_pools import build_policy_pools, close_policy_pools, start_policy_pools
+from gateway.policy_pools import build_pools
 from gateway.routes import admin, health, openai, rewards, rl
-from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.stopping import watch_exit_signals
 from gateway.throttle import (
@@ -234,14 +233,11 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             tool_parser=gw.tool_parser,
             reasoning_parser=gw.reasoning_parser,
         )
-        pool = BackendPool.from_config(config)  # the backends, or a router's workers
-        await pool.start()
         leadership = Leadership(store, ttl_s=gw.scale.leader_lease_s)
         await leadership.renew()  # a lone gateway leads from its first request on
-        pool.may_swap = lambda: leadership.is_leader
-        # Full-weight policies (`policies[].weights: full`): a pool each, on their own engines.
-        policy_pools = build_policy_pools(config, lambda: leadership.is_leader)
-        await start_policy_pools(policy_pools)
+        # The backends (or a router's workers), and a pool per full-weight policy.
+        pools = build_pools(config, lambda: leadership.is_leader)
+        await pools.start()
         app.state.gateway = GatewayState(
             config=config,
             store=store,
@@ -251,8 +247,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                 config.gateway.auth.admin_key.get_secret_value(),
                 usage_interval_s=config.gateway.auth.key_usage_interval_s,
             ),
-            backends=pool,
-            policy_pools=policy_pools,
+            backends=pools.main,
+            policy_pools=pools.policies,
             tokenizer=tokenizer,
             context_length=context_length_of(config, tokenizer_dir),
             linker=linker,
@@ -318,8 +314,7 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
                 except Exception as e:  # noqa: BLE001 - they age out in five intervals
                     log.warning("could not delete this process's key counts: %s", e)
             app.state.gateway.large_prompts.close()
-            await pool.aclose()
-            await close_policy_pools(policy_pools)
+            await pools.aclose()
             await asyncio.to_thread(writer.stop)
             store.close()
 

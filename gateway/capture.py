@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from areal_service.types import CompletionRecord
-from gateway.backend import Generation
+from gateway.backends import Generation
 from gateway.errors import OpenAIError
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, SamplingSpec

@@ -11,24 +11,16 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 from pydantic import ValidationError
 
-from areal_service.sglang_protocol import FinishReason, GenerateRequest
-from gateway.backend import BackendError, BackendUnavailable, Generation, GenerationDelta
+from areal_service.sglang_protocol import FinishReason, SamplingParams
+from gateway.backends import BackendError, BackendUnavailable, Generation, GenerationDelta
+from gateway.backends.records import TokenRequest
 from gateway.errors import OpenAIError, backend_unavailable
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.translate import SamplingSpec
-
-
-class _TopLogprobs(TypedDict, total=False):
-    """`GenerateRequest.for_tokens` keywords set only when needed (unset fields stay off
-    the wire)."""
-
-    top_logprobs_num: int
-    lora_path: str
 
 
 def backend_error(exc: BackendError) -> OpenAIError:
@@ -48,19 +40,21 @@ def generate_requests(
     completion_id: str,
     top_logprobs: int | None = None,
     adapter: str | None = None,
-) -> list[GenerateRequest]:
+) -> list[TokenRequest]:
     """One `/generate` per choice. Rids have a fixed width (`-000`), because SGLang
     aborts by rid prefix and `x-1` would also match `x-10`. Top-k alternatives are
     asked for only when the client wants them (they cost the backend a top-k per token).
     Sampling values SGLang would reject with 400 are rejected here with its message.
     `adapter`: a named policy's LoRA adapter (`lora_path`)."""
-    extra: _TopLogprobs = {"top_logprobs_num": top_logprobs} if top_logprobs else {}
-    if adapter is not None:  # a named policy's adapter (unset: the backend's default)
-        extra["lora_path"] = adapter
     try:
         return [
-            GenerateRequest.for_tokens(
-                prompt_ids, spec.to_sampling_params(i), rid=f"{completion_id}-{i:03d}", **extra
+            TokenRequest(
+                input_ids=prompt_ids,  # shared, never mutated: a resubmission makes its own
+                sampling_params=SamplingParams.model_validate(spec.to_sampling_params(i)),
+                rid=f"{completion_id}-{i:03d}",
+                top_logprobs_num=top_logprobs or 0,
+                lora_path=adapter,  # a named policy's adapter (unset: the backend's default)
+                lora_set=adapter is not None,
             )
             for i in range(spec.n)
         ]
@@ -78,7 +72,7 @@ def _choice_slots(state: GatewayState, choices: int) -> asyncio.Semaphore | None
 
 async def generate_all(
     state: GatewayState,
-    requests: Sequence[GenerateRequest],
+    requests: Sequence[TokenRequest],
     session_id: str | None,
     pool: BackendPool | None = None,
 ) -> list[Generation]:
@@ -98,7 +92,7 @@ async def generate_all(
         return [generation]
     slots = _choice_slots(state, len(requests))
 
-    async def one(request: GenerateRequest) -> Generation:
+    async def one(request: TokenRequest) -> Generation:
         async with slots or contextlib.nullcontext():
             return await backends.generate_interruptible(
                 request, session_id=session_id, deadline_s=deadline
@@ -152,7 +146,7 @@ class StreamedChoice:
 
 async def stream_all(
     state: GatewayState,
-    requests: Sequence[GenerateRequest],
+    requests: Sequence[TokenRequest],
     session_id: str | None,
     pool: BackendPool | None = None,
 ) -> AsyncGenerator[tuple[int, GenerationDelta], None]:

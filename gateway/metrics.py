@@ -28,7 +28,7 @@ from areal_service.store.audit import EpisodeAudit
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SWAP_PHASES = ("pause", "update", "continue", "total")
-"""Per-backend phases of a swap (`gateway.backend.SwapTimings`, recorded as `<phase>_s`)."""
+"""Per-backend phases of a swap (`gateway.backends.SwapTimings`, recorded as `<phase>_s`)."""
 
 
 class GatewayMetrics:

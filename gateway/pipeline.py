@@ -24,10 +24,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from starlette.requests import Request
 
-from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import CompletionRecord
 from gateway.auth import Principal
-from gateway.backend import Generation, GenerationDelta
+from gateway.backends import Generation, GenerationDelta
+from gateway.backends.records import TokenRequest
 from gateway.capture import build_records, persist
 from gateway.continuity import Lineage
 from gateway.deps import read_request
@@ -105,7 +105,7 @@ class Turn(Generic[RequestT]):
     """The tool definitions rendered (argument types, for parsers that read them)."""
     logprobs: int | None
     """None unless the client asked for logprobs, else how many top alternatives."""
-    generate: list[GenerateRequest]
+    generate: list[TokenRequest]
     """One backend request per choice."""
     started: float
     lineage: Lineage | None = None
@@ -351,7 +351,7 @@ async def stream_events(
     pulls from the backend, so its chunks pile up and are read, parsed and sent as one."""
     try:
         # cast: generate_requests gives each request one rid (the wire field also takes lists).
-        acc = [StreamedChoice(cast(str, r.rid)) for r in turn.generate]
+        acc = [StreamedChoice(r.rid) for r in turn.generate]
         head = encoder.start()
         item = first
         while item is not None:

@@ -17,49 +17,53 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
-from gateway.backend import SGLangClient
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.swap_record import record_swap
-from gateway.vllm_backend import VLLMClient
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pools:
+    """Every backend pool of the gateway: the main one (the default policy's and the
+    LoRA policies') and one per full-weight policy."""
+
+    main: BackendPool
+    policies: dict[str, BackendPool]
+
+    async def start(self) -> None:
+        """Start every pool's health checks."""
+        for pool in (self.main, *self.policies.values()):
+            await pool.start()
+
+    async def aclose(self) -> None:
+        """Stop every pool's health checks and close its clients."""
+        await self.main.aclose()
+        await close_policy_pools(self.policies)
+
+
+def build_pools(config: ServiceConfig, may_swap: Callable[[], bool]) -> Pools:
+    """The pools `config` asks for, not started (`Pools.start`). `may_swap`: whether
+    this process may re-sync a returning backend itself (the swap leader)."""
+    main = BackendPool.from_config(config)  # the backends, or a router's workers
+    main.may_swap = may_swap
+    return Pools(main, build_policy_pools(config, may_swap))
 
 
 def build_policy_pools(
     config: ServiceConfig, may_swap: Callable[[], bool] | None = None
 ) -> dict[str, BackendPool]:
-    """A pool per full-weight policy, with the main pool's routing settings; not started
-    (`start_policy_pools`). `may_swap`: whether this process may re-sync a returning
-    backend itself (the swap leader)."""
-    router = config.gateway.router
-    make: Callable[[str], SGLangClient] | None = None
-    if config.engine.backend == "vllm":  # full weights: no adapter name on the requests
-
-        def make(url: str) -> SGLangClient:
-            return VLLMClient(url, timeout_s=router.request_timeout_s)
-
-    pools = {}
-    for name in config.full_weight_policies():
-        pool = BackendPool(
-            config.policy_backend_urls(name),
-            timeout_s=router.request_timeout_s,
-            health_interval_s=router.health_interval_s,
-            fail_fast_s=router.no_backend_fail_fast_s,
-            client_factory=make,
-        )
-        if may_swap is not None:
+    """A pool per full-weight policy, with the main pool's routing settings; not started.
+    `may_swap`: as in `build_pools`."""
+    pools = {name: BackendPool.from_config(config, name) for name in config.full_weight_policies()}
+    if may_swap is not None:
+        for pool in pools.values():
             pool.may_swap = may_swap
-        pools[name] = pool
     return pools
-
-
-async def start_policy_pools(pools: dict[str, BackendPool]) -> None:
-    """Start every pool's health checks."""
-    for pool in pools.values():
-        await pool.start()
 
 
 async def close_policy_pools(pools: dict[str, BackendPool]) -> None:

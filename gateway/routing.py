@@ -12,9 +12,8 @@ Fail fast: once no backend has been healthy for `fail_fast_s`, a new request get
 BackendUnavailable at once (after one probe, if one is due) instead of each waiting its
 full deadline; a request arriving within the window still waits (a restart or a brief
 blip is ridden out).
-Owns one engine client per URL (`SGLangClient`, or `VLLMClient` when `engine.backend` is
-vllm); imports only the clients (`gateway.backend`, `gateway.vllm_backend`) and the
-protocol types.
+Owns one engine client (`gateway.backends.Backend`) per URL, made by the factory
+`gateway.backends.factory.client_factory`; it cannot tell engines apart.
 
 Router mode (`router_url`, `gateway.router.url`): generation goes through SGLang's router
 (`sglang-router`), which does its own cache-aware routing, retries and worker health;
@@ -41,11 +40,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
-from areal_service.lora_adapter import ADAPTER_NAME
-from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import DEFAULT_POLICY
-from gateway.adapters import AdapterNames
-from gateway.backend import (
+from gateway.backends import (
+    Backend,
     BackendError,
     BackendUnavailable,
     Generation,
@@ -54,35 +51,18 @@ from gateway.backend import (
     SGLangClient,
     SwapTimings,
 )
-from gateway.vllm_backend import VLLMClient
+from gateway.backends.factory import ClientFactory, client_factory
+from gateway.backends.records import TokenRequest
 
 log = logging.getLogger(__name__)
 
 
-def adapter_names(config: ServiceConfig) -> AdapterNames | None:
-    """One server's versioned adapter names (`gateway/adapters.py`), or None where the
-    backend does not load adapters by name: with `trainer.lora`, SGLang serves every
-    policy through them (the default one too), and vLLM the named policies; vLLM's
-    default policy keeps its one in-place adapter unless `policies:` are declared.
-    Retired names wait two syncer polls (other gateway processes' view) and at most one
-    request timeout."""
-    if config.trainer.lora is None or config.engine.backend == "local":
-        return None
-    router = config.gateway.router
-    versioned_default = config.engine.backend == "sglang" or bool(config.policies)
-    return AdapterNames(
-        default_policy=DEFAULT_POLICY if versioned_default else None,
-        grace_s=2 * router.weight_poll_interval_s + 1.0,
-        max_wait_s=router.request_timeout_s,
-    )
-
-
 @dataclass
-class Backend:
+class PoolMember:
     """Mutable routing state of one backend (owned by the pool's event loop)."""
 
     url: str
-    client: SGLangClient
+    client: Backend
     healthy: bool = True
     in_flight: int = 0
     failed_checks: int = 0
@@ -123,7 +103,7 @@ class BackendPool:
         max_probe_interval_s: float = 5.0,
         max_sticky_sessions: int = 100_000,
         fail_fast_s: float = 0.0,
-        client_factory: Callable[[str], SGLangClient] | None = None,
+        client_factory: ClientFactory | None = None,
         router_url: str | None = None,
     ) -> None:
         if not urls and not router_url:
@@ -133,14 +113,14 @@ class BackendPool:
         self._backends = (
             []
             if router_url
-            else [Backend(url=u.rstrip("/"), client=make(u.rstrip("/"))) for u in urls]
+            else [PoolMember(url=u.rstrip("/"), client=make(u.rstrip("/"))) for u in urls]
         )
-        self.router: Backend | None = None
+        self.router: PoolMember | None = None
         """Router mode: the router, the one generation target (`_backends` are its
         workers, the weight-control targets)."""
         if router_url:
             url = router_url.rstrip("/")
-            self.router = Backend(
+            self.router = PoolMember(
                 url=url,
                 client=RouterClient(
                     url,
@@ -159,7 +139,7 @@ class BackendPool:
         self.all_down_since: float | None = None
         """`time.monotonic()` when the last healthy backend went down; None while any is
         healthy."""
-        self._sticky: OrderedDict[str, Backend] = OrderedDict()
+        self._sticky: OrderedDict[str, PoolMember] = OrderedDict()
         self._rr = 0
         self._probe_lock = asyncio.Lock()
         self._health_task: asyncio.Task[None] | None = None
@@ -173,47 +153,34 @@ class BackendPool:
         gateway processes); a follower re-admits it once the leader has synced it."""
 
     @classmethod
-    def from_config(cls, config: ServiceConfig) -> BackendPool:
-        """The pool `config` asks for: `gateway.router.backends` (or the local engine), or the
-        workers of `gateway.router.url` behind that router."""
-        gw = config.gateway
-        make: Callable[[str], SGLangClient] | None = None
-        if config.engine.backend == "vllm":  # vLLM's own protocol, the same interface
-            # trainer.lora: a request of no policy runs under the one served adapter
-            lora = ADAPTER_NAME if config.trainer.lora is not None else None
-
-            def make(url: str) -> SGLangClient:
-                return VLLMClient(
-                    url,
-                    timeout_s=gw.router.request_timeout_s,
-                    lora_name=lora,
-                    adapters=adapter_names(config),
-                )
-
-        elif config.engine.backend == "sglang" and config.trainer.lora is not None:
-
-            def make(url: str) -> SGLangClient:
-                return SGLangClient(
-                    url, timeout_s=gw.router.request_timeout_s, adapters=adapter_names(config)
-                )
-
+    def from_config(cls, config: ServiceConfig, policy: str | None = None) -> BackendPool:
+        """The pool `config` asks for: `gateway.router.backends` (or the local engine), or
+        the workers of `gateway.router.url` behind that router. `policy`: a full-weight
+        policy's own pool, over its own engines (`ServiceConfig.policy_backend_urls`),
+        which serve no adapter."""
+        router = config.gateway.router
+        router_url = router.url if policy is None else None
+        if policy is not None:
+            urls = config.policy_backend_urls(policy)
+        else:
+            urls = [] if router_url else config.backend_urls()
         return cls(
-            [] if gw.router.url else config.backend_urls(),
-            timeout_s=gw.router.request_timeout_s,
-            health_interval_s=gw.router.health_interval_s,
-            fail_fast_s=gw.router.no_backend_fail_fast_s,
-            router_url=gw.router.url,
-            client_factory=make,
+            urls,
+            timeout_s=router.request_timeout_s,
+            health_interval_s=router.health_interval_s,
+            fail_fast_s=router.no_backend_fail_fast_s,
+            router_url=router_url,
+            client_factory=client_factory(config, full_weights=policy is not None),
         )
 
     # -- state -------------------------------------------------------------------------
     @property
-    def backends(self) -> list[Backend]:
+    def backends(self) -> list[PoolMember]:
         """The weight-control targets: the backends, or in router mode its workers."""
         return list(self._backends)
 
     @property
-    def _serving(self) -> list[Backend]:
+    def _serving(self) -> list[PoolMember]:
         """The generation targets: the backends, or the router."""
         return [self.router] if self.router is not None else self._backends
 
@@ -239,7 +206,7 @@ class BackendPool:
             ),
         ]
 
-    def mark_down(self, backend: Backend, reason: str) -> None:
+    def mark_down(self, backend: PoolMember, reason: str) -> None:
         if backend.healthy:
             log.warning("backend %s out of rotation: %s", backend.url, reason)
             backend.probe_backoff_s = 0.0
@@ -249,7 +216,7 @@ class BackendPool:
         if self.all_down_since is None and not any(b.healthy for b in self._serving):
             self.all_down_since = self._now()
 
-    def mark_up(self, backend: Backend) -> None:
+    def mark_up(self, backend: PoolMember) -> None:
         if not backend.healthy:
             log.info("backend %s back in rotation", backend.url)
         backend.healthy = True
@@ -258,7 +225,7 @@ class BackendPool:
         if backend in self._serving:
             self.all_down_since = None
 
-    def _back_off(self, backend: Backend) -> None:
+    def _back_off(self, backend: PoolMember) -> None:
         """Schedule the next probe of a down backend: the interval doubles per failure."""
         backend.probe_backoff_s = min(
             max(2 * backend.probe_backoff_s, self.probe_interval_s), self.max_probe_interval_s
@@ -269,7 +236,7 @@ class BackendPool:
     def _now() -> float:
         return time.monotonic()
 
-    def pick(self, session_id: str | None = None) -> Backend:
+    def pick(self, session_id: str | None = None) -> PoolMember:
         """The session's backend while it is healthy, else the healthy backend with the
         fewest requests in flight (ties rotate). BackendUnavailable when none is healthy."""
         if self.router is not None:  # the router routes (session: its routing key)
@@ -329,7 +296,7 @@ class BackendPool:
     @contextlib.asynccontextmanager
     async def lease(
         self, session_id: str | None = None, *, deadline_s: float = 30.0
-    ) -> AsyncIterator[Backend]:
+    ) -> AsyncIterator[PoolMember]:
         """A backend for one request, counted in flight until the block exits."""
         await self.wait_until_available(deadline_s)
         backend = self.pick(session_id)
@@ -341,9 +308,9 @@ class BackendPool:
 
     # -- requests with failover --------------------------------------------------------
     async def generate_interruptible(
-        self, request: GenerateRequest, *, session_id: str | None = None, deadline_s: float = 30.0
+        self, request: TokenRequest, *, session_id: str | None = None, deadline_s: float = 30.0
     ) -> Generation:
-        """`SGLangClient.generate_interruptible` on the routed backend; a refused
+        """`Backend.generate_interruptible` on the routed backend; a refused
         connection takes that backend out and retries on another until `deadline_s`."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
@@ -359,7 +326,7 @@ class BackendPool:
                     self.mark_down(b, e.message)
 
     async def generate_interruptible_stream(
-        self, request: GenerateRequest, *, session_id: str | None = None, deadline_s: float = 30.0
+        self, request: TokenRequest, *, session_id: str | None = None, deadline_s: float = 30.0
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Streaming variant; failover only before the first delta was yielded."""
         loop = asyncio.get_running_loop()
@@ -399,7 +366,9 @@ class BackendPool:
             log.debug("router %s: cannot list workers: %s", self.router.url, e.message)
             return
         known = {b.url: b for b in self._backends}
-        fresh = [known.get(u) or Backend(url=u, client=self._make(u), healthy=False) for u in urls]
+        fresh = [
+            known.get(u) or PoolMember(url=u, client=self._make(u), healthy=False) for u in urls
+        ]
         gone = [b for b in self._backends if b.url not in set(urls)]
         for b in fresh:
             if b.url not in known:
@@ -438,7 +407,7 @@ class BackendPool:
             else:
                 self._back_off(b)
 
-    async def _resync(self, b: Backend) -> bool:
+    async def _resync(self, b: PoolMember) -> bool:
         """Bring a returning backend to the last swapped version, and each named policy's
         adapter to its last swapped version, before re-admitting it. An engine that
         restarted lost its adapters; one that was away missed their swaps. One
@@ -491,7 +460,7 @@ class BackendPool:
         for b in self._every_client_owner():
             await b.client.aclose()
 
-    def _every_client_owner(self) -> tuple[Backend, ...]:
+    def _every_client_owner(self) -> tuple[PoolMember, ...]:
         """The backends and, in router mode, the router's own entry."""
         return (*self._backends, *([self.router] if self.router else ()))
 
@@ -502,7 +471,7 @@ class BackendPool:
         """`swap_weights` on every healthy backend concurrently. An unreachable backend
         is taken out (and re-synced when it comes back); one that rejects the load keeps
         serving its old weights (its tokens say so). Raises if every backend failed.
-        `lora_name`: only that policy's adapter (`SGLangClient.swap_adapter`: no pause, no
+        `lora_name`: only that policy's adapter (`Backend.swap_adapter`: no pause, no
         other policy's request is touched); a returning backend is re-synced to it."""
         healthy = [b for b in self._backends if b.healthy]
         for b in healthy:
@@ -539,6 +508,6 @@ class BackendPool:
     def adopt_adapter(self, policy: str | None, version: int) -> None:
         """A follower's side of a leader's versioned adapter swap: every backend's client
         sends `policy`'s (None: the default policy's) new requests under `version`
-        (`SGLangClient.adopt_adapter`; nothing for clients without versioned adapters)."""
+        (`Backend.adopt_adapter`; nothing for clients without versioned adapters)."""
         for b in self._backends:
             b.client.adopt_adapter(policy, version)

@@ -1,6 +1,6 @@
 """Parsing of SGLang's `/generate` SSE stream payloads: error events, `[DONE]`, coalescing
 of cumulative chunks, and `SuffixParser`, which cuts a cumulative chunk to its new
-tokens before it is parsed. Used by `gateway/backend.py`; no I/O."""
+tokens before it is parsed. Used by the engine clients (`gateway/backends/`); no I/O."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 
 from areal_service.types import WeightVersionRecord
-from gateway.backend import SwapTimings
+from gateway.backends import SwapTimings
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)

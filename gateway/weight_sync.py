@@ -4,9 +4,9 @@ every backend to them, recording per-backend phase timings on the version's row.
 Two ways, chosen per version by the trainer (the row says which):
 
 - disk: pause → update_weights_from_disk → continue, always paired (see
-  `gateway/backend.py`); a policy's adapter (`policies:`, and the default policy's
+  `gateway/backends/base.py`); a policy's adapter (`policies:`, and the default policy's
   beside them) is one update with its `lora_name` and no pause, which touches only
-  that policy's requests (`SGLangClient.swap_adapter`);
+  that policy's requests (`Backend.swap_adapter`);
 - distributed (the row carries `metadata.sync`, a broadcast OFFER from the trainer's
   rank 0; protocol in `trainer/weight_broadcast.py`): pause every healthy backend →
   write `sync_world_size` on the row → `/init_weights_update_group` on every backend
@@ -47,9 +47,9 @@ from areal_service.sglang_protocol import (
     weight_group_layout,
 )
 from areal_service.types import DEFAULT_POLICY, WeightVersionRecord
-from gateway.backend import BackendError, BackendUnavailable, SGLangClient, SwapTimings
+from gateway.backends import Backend, BackendError, BackendUnavailable, SwapTimings
 from gateway.policy_pools import follow_full_policies, sync_full_policies_once
-from gateway.routing import Backend, BackendPool
+from gateway.routing import BackendPool, PoolMember
 from gateway.state import GatewayState
 from gateway.swap_record import record_swap
 
@@ -75,7 +75,7 @@ def distributed_offer(
 
 
 async def _each(
-    backends: Sequence[Backend], call: Callable[[SGLangClient], Awaitable[object]]
+    backends: Sequence[PoolMember], call: Callable[[Backend], Awaitable[object]]
 ) -> None:
     """`call` on every backend concurrently; the first error is raised after all ended
     (one backend failing must not leave the others' calls unawaited)."""
@@ -85,7 +85,7 @@ async def _each(
             raise r
 
 
-async def _leave(backends: Sequence[Backend], group: str) -> None:
+async def _leave(backends: Sequence[PoolMember], group: str) -> None:
     """Destroy the group on every backend, after continue (off the swap's path); a
     failed group may already be gone there."""
     for b in backends:
@@ -116,6 +116,90 @@ class SyncGroup:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _GroupPlan:
+    """The weight-update group one distributed swap uses."""
+
+    name: str
+    world: int
+    offsets: tuple[int, ...]
+    """Each backend's first rank, when joining anew (empty when the group is reused)."""
+    reuse: bool
+
+
+async def _plan_group(
+    held: SyncGroup, offer: Mapping[str, Any], healthy: Sequence[PoolMember]
+) -> _GroupPlan:
+    """Reuse `held` when the trainer holds it for the same backends, else the offer's
+    new group, with rank offsets from each server's `/server_info`."""
+    if held.matches(offer, tuple(b.url for b in healthy)):
+        return _GroupPlan(str(held.name), held.world_size, (), True)
+    infos = await asyncio.gather(*(b.client.server_info() for b in healthy))
+    # ValueError for a server SGLang cannot join (dp > 1 without dp attention, pp > 1):
+    # raised before the row names a world size, so the trainer gives up at once and
+    # the version goes out from disk.
+    world, offsets = weight_group_layout(infos)
+    return _GroupPlan(str(offer["group_name"]), world, tuple(offsets), False)
+
+
+async def _pause_and_join(
+    state: GatewayState,
+    record: WeightVersionRecord,
+    offer: Mapping[str, Any],
+    healthy: Sequence[PoolMember],
+    plan: _GroupPlan,
+) -> None:
+    """Write the world size on the row, pause every backend and (unless the group is
+    reused) join it. The trainer joins when it reads the row; joining touches no
+    weights, so the three overlap. The first error is raised after all ended."""
+    steps: list[Awaitable[object]] = [
+        asyncio.to_thread(
+            state.store.update_weight_version_metadata,
+            record.version,
+            {"sync_world_size": plan.world, "sync_group": plan.name},
+        ),
+        _each(healthy, lambda c: c.pause_generation("abort")),
+    ]
+    if not plan.reuse:
+        join = InitWeightsUpdateGroupRequest(
+            master_address=str(offer["master_address"]),
+            master_port=int(offer["master_port"]),
+            rank_offset=0,
+            world_size=plan.world,
+            group_name=plan.name,
+            backend=str(offer.get("backend", "nccl")),
+        )
+        steps.append(
+            asyncio.gather(
+                *(
+                    b.client.init_weights_update_group(join.model_copy(update={"rank_offset": off}))
+                    for b, off in zip(healthy, plan.offsets, strict=True)
+                )
+            )
+        )
+    for r in await asyncio.gather(*steps, return_exceptions=True):
+        if isinstance(r, BaseException):
+            raise r
+
+
+async def _receive_buckets(
+    healthy: Sequence[PoolMember], offer: Mapping[str, Any], group: str, version: int
+) -> None:
+    """Every bucket the trainer broadcasts, on every backend (the version with the last)."""
+    buckets = list(offer["buckets"])
+    for i, bucket in enumerate(buckets):
+        last = i == len(buckets) - 1
+        body = UpdateWeightsFromDistributedRequest(
+            names=bucket["names"],
+            dtypes=bucket["dtypes"],
+            shapes=bucket["shapes"],
+            group_name=group,
+            flush_cache=last,
+            **({"weight_version": str(version)} if last else {}),
+        )
+        await _each(healthy, methodcaller("update_weights_from_distributed", body))
+
+
 async def swap_distributed(
     state: GatewayState,
     record: WeightVersionRecord,
@@ -132,18 +216,8 @@ async def swap_distributed(
     if not healthy:
         raise BackendUnavailable("no healthy backend to sync")
     urls = tuple(b.url for b in healthy)
-    reuse = held.matches(offer, urls)
-    if reuse:
-        group, world = str(held.name), held.world_size
-    else:
-        infos = await asyncio.gather(*(b.client.server_info() for b in healthy))
-        # ValueError for a server SGLang cannot join (dp > 1 without dp attention, pp > 1):
-        # raised before the row names a world size, so the trainer gives up at once and
-        # the version goes out from disk.
-        world, offsets = weight_group_layout(infos)
-        group = str(offer["group_name"])
-    buckets = list(offer["buckets"])
-    old = None if reuse else held.name
+    plan = await _plan_group(held, offer, healthy)
+    old = None if plan.reuse else held.name
     old_backends = [b for b in pool.backends if b.url in held.urls] if old else []
     held.name, held.urls, held.world_size = None, (), 0  # until this swap succeeded
     for b in healthy:
@@ -152,50 +226,9 @@ async def swap_distributed(
     t1 = t2 = t3 = t0
     ok = False
     try:
-        # The trainer joins (or reuses the group) when it reads the answer; joining
-        # touches no weights, so the row write, the pause and the join all overlap.
-        steps: list[Awaitable[object]] = [
-            asyncio.to_thread(
-                state.store.update_weight_version_metadata,
-                record.version,
-                {"sync_world_size": world, "sync_group": group},
-            ),
-            _each(healthy, lambda c: c.pause_generation("abort")),
-        ]
-        if not reuse:
-            steps.append(
-                asyncio.gather(
-                    *(
-                        b.client.init_weights_update_group(
-                            InitWeightsUpdateGroupRequest(
-                                master_address=str(offer["master_address"]),
-                                master_port=int(offer["master_port"]),
-                                rank_offset=off,
-                                world_size=world,
-                                group_name=group,
-                                backend=str(offer.get("backend", "nccl")),
-                            )
-                        )
-                        for b, off in zip(healthy, offsets, strict=True)
-                    )
-                )
-            )
-        results = await asyncio.gather(*steps, return_exceptions=True)
+        await _pause_and_join(state, record, offer, healthy, plan)
         t1 = time.perf_counter()
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        for i, bucket in enumerate(buckets):
-            last = i == len(buckets) - 1
-            body = UpdateWeightsFromDistributedRequest(
-                names=bucket["names"],
-                dtypes=bucket["dtypes"],
-                shapes=bucket["shapes"],
-                group_name=group,
-                flush_cache=last,
-                **({"weight_version": str(record.version)} if last else {}),
-            )
-            await _each(healthy, methodcaller("update_weights_from_distributed", body))
+        await _receive_buckets(healthy, offer, plan.name, record.version)
         t2 = time.perf_counter()
         ok = True
     finally:
@@ -208,9 +241,9 @@ async def swap_distributed(
             if old:  # the backends' previous group (the trainer left it too)
                 await _leave(old_backends, old)
             if ok:
-                held.name, held.urls, held.world_size = group, urls, world
+                held.name, held.urls, held.world_size = plan.name, urls, plan.world
             else:  # also a half-joined group (best effort)
-                await _leave(healthy, group)
+                await _leave(healthy, plan.name)
     pool.target = (record.path, record.version)  # a returning backend re-syncs from disk
     timing = SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
     return {b.url: timing for b in healthy}
@@ -252,7 +285,7 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
 def _default_adapter(state: GatewayState) -> str | None:
     """`DEFAULT_POLICY` when the default policy's versions are adapters swapped beside
     other policies' on the local engine: then its swap, too, touches only its own rows
-    (no pause, `SGLangClient.swap_adapter`). Otherwise None: the paired full swap."""
+    (no pause, `Backend.swap_adapter`). Otherwise None: the paired full swap."""
     c = state.config
     if c.policies and c.trainer.lora is not None and c.engine.backend == "local":
         return DEFAULT_POLICY
@@ -264,7 +297,7 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
     is newer than its live one, under the policy's name; only that adapter changes (the
     other policies keep theirs and their versions). On the local engine that is one
     paired pause/load/continue; on vLLM and SGLang a load under a versioned name with no
-    pause (`SGLangClient.swap_adapter`). Returns the (policy, version) pairs swapped.
+    pause (`Backend.swap_adapter`). Returns the (policy, version) pairs swapped.
     One store read per policy per poll."""
     swapped = []
     for policy in state.policy_registry.declared:

@@ -25,7 +25,7 @@ from gateway.anthropic import (
     error_body,
 )
 from gateway.auth import Principal
-from gateway.backend import GenerationDelta
+from gateway.backends import GenerationDelta
 from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.hotpath import JsonReply, Reply, Route

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Body
 
 from gateway.auth import Principal
-from gateway.backend import GenerationDelta
+from gateway.backends import GenerationDelta
 from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
 from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import OpenAIError

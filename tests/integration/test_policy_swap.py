@@ -24,7 +24,7 @@ from support.loopback import free_port
 
 from areal_service.types import WeightVersionRecord
 from engine.testing import start_engine_in_thread
-from gateway.backend import SGLangClient
+from gateway.backends import SGLangClient
 from gateway.routing import BackendPool
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}

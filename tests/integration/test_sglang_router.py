@@ -25,10 +25,10 @@ from support.loopback import free_port
 from support.weight_checks import PROMPT, variant_state
 
 from areal_service.config import load_config
-from areal_service.sglang_protocol import GenerateRequest
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
+from gateway.backends import TokenRequest
 from gateway.routing import BackendPool
 from gateway.weight_sync import SyncGroup, sync_weights_once
 from launcher.sglang_servers import register_with_router
@@ -96,8 +96,8 @@ def _generated(engine: str) -> int:
     return int(info["internal_states"][0]["generated_tokens"])
 
 
-def greedy(max_new: int = 8) -> GenerateRequest:
-    return GenerateRequest.for_tokens(
+def greedy(max_new: int = 8) -> TokenRequest:
+    return TokenRequest.for_tokens(
         PROMPT,
         {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
         rid=uuid.uuid4().hex,

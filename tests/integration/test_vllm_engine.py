@@ -33,11 +33,11 @@ from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import load_config
 from areal_service.export import export_sequences
-from areal_service.sglang_protocol import GenerateRequest
 from areal_service.types import WeightVersionRecord
 from engine.pretrained import make_registry_model
 from engine.testing import make_weight_variant
-from gateway.vllm_backend import VLLMClient
+from gateway.backends import TokenRequest
+from gateway.backends.vllm import VLLMClient
 from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
 
@@ -402,7 +402,7 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
     async def run():
         client = VLLMClient(vllm_url)
         try:
-            request = GenerateRequest.for_tokens(
+            request = TokenRequest.for_tokens(
                 [1, 504, 3458, 314, 260],
                 {"max_new_tokens": 80, "temperature": 1.0, "ignore_eos": True},
                 rid="interrupted-1",
@@ -451,7 +451,7 @@ def test_a_checkpoint_vllm_would_half_load_is_refused(vllm_url, smollm2_dir, tmp
     """A tied-embedding checkpoint without its head tensor (what `save_pretrained`
     writes) would be served with the old head by vLLM's in-place reload: the swap is
     refused with a clear 400 and the server resumes on the weights it had."""
-    from gateway.backend import BackendError
+    from gateway.backends import BackendError
 
     bare = make_weight_variant(smollm2_dir, tmp_path / "bare", seed=3)
 

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from areal_service.config import POLICY_NAME_PATTERN, ServiceConfig, load_config
-from areal_service.sglang_protocol import GenerateRequest, GenerateResponse
+from areal_service.sglang_protocol import GenerateResponse
 from gateway.adapters import BASE, AdapterNames, Lease, served_name
-from gateway.backend import SGLangClient, _on_adapter, _tagged
-from gateway.routing import adapter_names
-from gateway.vllm_backend import VLLMClient
+from gateway.backends import SGLangClient, TokenRequest
+from gateway.backends.base import _on_adapter, _tagged
+from gateway.backends.factory import adapter_names
+from gateway.backends.sglang import sglang_body
+from gateway.backends.vllm import VLLMClient
 from launcher.sglang_servers import sglang_argv
 from launcher.vllm_servers import vllm_argv
 
@@ -86,7 +88,7 @@ def test_served_names_never_collide_with_a_policy_name() -> None:
     assert served_name("a", 1) != served_name("a-v1", 1) and ":" not in served_name("a", 1)
 
 
-def _body(client: VLLMClient, payload: GenerateRequest) -> dict[str, object]:
+def _body(client: VLLMClient, payload: TokenRequest) -> dict[str, object]:
     _, raw = client._generate_body(payload, stream=False)
     result: dict[str, object] = json.loads(raw)
     return result
@@ -94,15 +96,15 @@ def _body(client: VLLMClient, payload: GenerateRequest) -> dict[str, object]:
 
 def test_vllm_sends_a_leased_request_under_its_name_or_the_base() -> None:
     client = VLLMClient("http://127.0.0.1:9", lora_name="areal-lora")
-    plain = GenerateRequest.for_tokens([1, 2], {"max_new_tokens": 2}, rid="r-000")
+    plain = TokenRequest.for_tokens([1, 2], {"max_new_tokens": 2}, rid="r-000")
     assert _body(client, plain)["model"] == "areal-lora"  # no policy: the default adapter
-    policy = GenerateRequest.for_tokens([1, 2], {}, rid="r-000", lora_path="solver")
+    policy = TokenRequest.for_tokens([1, 2], {}, rid="r-000", lora_path="solver")
     assert _body(client, _on_adapter(policy, Lease("solver@v4", 4)))["model"] == "solver@v4"
     assert "model" not in _body(client, _on_adapter(policy, BASE))  # the base model
     # SGLang's body: the versioned name as `lora_path`, null for the base.
-    sent = json.loads(_on_adapter(policy, Lease("solver@v4", 4)).to_json_bytes(stream=False))
+    sent = json.loads(sglang_body(_on_adapter(policy, Lease("solver@v4", 4)), stream=False)[1])
     assert sent["lora_path"] == "solver@v4"
-    assert json.loads(_on_adapter(policy, BASE).to_json_bytes(stream=False))["lora_path"] is None
+    assert json.loads(sglang_body(_on_adapter(policy, BASE), stream=False)[1])["lora_path"] is None
 
 
 def test_a_leased_reply_carries_its_names_version_not_the_servers_label() -> None:

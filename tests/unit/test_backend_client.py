@@ -14,13 +14,12 @@ from support.loopback import free_port
 
 from areal_service.sglang_protocol import (
     FinishReason,
-    GenerateRequest,
     GenerateResponse,
     MetaInfo,
     parse_version,
 )
 from engine.echo_backend import EOS_ID, EchoBackendHandle, echo_token, start_echo_backend
-from gateway.backend import BackendError, BackendUnavailable, SGLangClient
+from gateway.backends import BackendError, BackendUnavailable, SGLangClient, TokenRequest
 from gateway.routing import BackendPool
 from gateway.stream_parse import ErrorEvent, chunk_objects
 
@@ -44,8 +43,8 @@ def slow_echo() -> Iterator[EchoBackendHandle]:
         yield handle
 
 
-def req(max_new: int, *, rid: str | None = None, **kw: object) -> GenerateRequest:
-    return GenerateRequest.for_tokens(
+def req(max_new: int, *, rid: str | None = None, **kw: object) -> TokenRequest:
+    return TokenRequest.for_tokens(
         PROMPT, {"max_new_tokens": max_new}, rid=rid or uuid.uuid4().hex, **kw
     )
 
@@ -134,7 +133,7 @@ async def test_coalesced_stream_of_a_slow_reader_has_the_same_tokens(
 async def test_errors_are_typed(echo: EchoBackendHandle) -> None:
     async with SGLangClient(echo.url, timeout_s=10) as client:
         with pytest.raises(BackendError) as bad:
-            await client.generate(GenerateRequest.for_tokens((), {}, rid="empty"))
+            await client.generate(TokenRequest.for_tokens((), {}, rid="empty"))
         assert bad.value.status == 400 and "input_ids" in bad.value.message
         assert not isinstance(bad.value, BackendUnavailable)
 
@@ -441,7 +440,7 @@ async def test_an_aborted_rounds_last_chunk_keeps_the_rounds_version(
     )
 
     async def scripted(
-        _: GenerateRequest,
+        _: TokenRequest,
         *,
         coalesce: bool = False,  # noqa: ANN202
         new_only: bool = False,

@@ -119,7 +119,7 @@ def test_tied_head_file_for_vllm_holds_the_trained_embedding(group, tiny_model_d
     trained, and HF still loads the checkpoint as before (without that file)."""
     from safetensors.torch import load_file
 
-    from gateway.vllm_backend import tied_head_missing
+    from gateway.backends.vllm import tied_head_missing
     from trainer.model import TIED_HEAD_FILE
 
     model = apply_fsdp2(load_policy(tiny_model_dir), mixed_precision=False)

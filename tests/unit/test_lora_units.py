@@ -167,8 +167,8 @@ def test_engine_serves_the_adapter_like_the_trainer_and_swaps_in_place(
 def test_vllm_launch_flags_and_a_full_weights_backend_refuses_an_adapter(tmp_path):
     import asyncio
 
-    from gateway.backend import BackendError
-    from gateway.vllm_backend import VLLMClient
+    from gateway.backends import BackendError
+    from gateway.backends.vllm import VLLMClient
     from launcher.vllm_servers import max_lora_rank, vllm_argv, vllm_env
 
     assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]

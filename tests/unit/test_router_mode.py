@@ -15,7 +15,6 @@ from support.router_standin import run_standin_router
 
 from areal_service.config import load_config
 from areal_service.sglang_protocol import (
-    GenerateRequest,
     UpdateWeightsResponse,
     router_worker_urls,
     weight_group_layout,
@@ -23,7 +22,7 @@ from areal_service.sglang_protocol import (
 )
 from areal_service.types import WeightVersionRecord
 from engine.echo_backend import echo_token, start_echo_backend
-from gateway.backend import BackendUnavailable
+from gateway.backends import BackendUnavailable, TokenRequest
 from gateway.routing import BackendPool
 from gateway.weight_sync import swap_distributed
 from launcher.sglang_servers import register_with_router, sglang_specs
@@ -32,8 +31,8 @@ PROMPT = (11, 12, 13)
 SWAP = ["pause_generation", "update_weights_from_disk", "continue_generation"]
 
 
-def req(max_new: int = 4) -> GenerateRequest:
-    return GenerateRequest.for_tokens(PROMPT, {"max_new_tokens": max_new}, rid=uuid.uuid4().hex)
+def req(max_new: int = 4) -> TokenRequest:
+    return TokenRequest.for_tokens(PROMPT, {"max_new_tokens": max_new}, rid=uuid.uuid4().hex)
 
 
 async def test_generation_through_the_router_swaps_to_each_worker_once(tmp_path: Path) -> None:

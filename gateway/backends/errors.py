@@ -1,6 +1,5 @@
-"""The errors of a backend call (`gateway/backend.py`, `gateway/interruptible.py`); no
-imports, so any gateway module can raise or catch them without pulling in the client.
-Re-exported by `gateway.backend`."""
+"""The errors of a backend call (every engine client, `gateway/backends/interruptible.py`);
+no imports, so any gateway module can raise or catch them without pulling in a client."""
 
 from __future__ import annotations
 
