@@ -31,7 +31,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth import Principal
 from gateway.deps import request_too_large, too_deep
 from gateway.errors import OpenAIError
-from gateway.keyless import keyless_body_late, keyless_busy
 from gateway.limits import Events
 from gateway.state import GatewayState
 from gateway.strings import check_json_body, json_needs_check, nul_refused
@@ -155,12 +154,23 @@ class HotRoutes:
         if _declared_length(scope) > limit:
             await send_json(send, error_reply(request_too_large(limit)))
             return
-        ticket = None
-        if anonymous and scope["method"] in _BODY_METHODS:  # what holds memory
-            ticket = state.keyless.admit(scope, gw.limits)
-            if ticket is None:
-                await send_json(send, error_reply(keyless_busy()))
+        counted = anonymous and scope["method"] in _BODY_METHODS  # what holds memory
+        if counted:
+            if state.anonymous_in_flight >= gw.limits.max_anonymous_requests:
+                await send_json(
+                    send,
+                    error_reply(
+                        OpenAIError(
+                            503,
+                            "too many requests without an API key in progress; retry later",
+                            type="server_error",
+                            code="server_busy",
+                            headers={"retry-after": "1"},
+                        )
+                    ),
+                )
                 return
+            state.anonymous_in_flight += 1
         try:
             if b"%00" in scope["query_string"] or b"%00" in scope.get("raw_path", b""):
                 await send_json(send, error_reply(nul_refused("the URL")))
@@ -172,19 +182,15 @@ class HotRoutes:
                     k == b"content-type" and b"form-urlencoded" in v for k, v in scope["headers"]
                 )
                 bounded = await _bounded(
-                    receive,
-                    send,
-                    limit,
-                    _refuse_nul_form if form else _refuse_nul_json,
-                    deadline_s=gw.limits.anonymous_body_timeout_s if anonymous else None,
+                    receive, send, limit, _refuse_nul_form if form else _refuse_nul_json
                 )
                 if bounded is None:
                     return
                 receive = bounded
             await self.app(scope, receive, send)
         finally:
-            if ticket is not None:
-                state.keyless.release(ticket)
+            if counted:
+                state.anonymous_in_flight -= 1
 
     async def _serve(
         self,
@@ -327,22 +333,12 @@ def _has_length(scope: Scope) -> bool:
 
 
 async def _bounded(
-    receive: Receive,
-    send: Send,
-    limit: int,
-    check: Callable[[bytes], None] | None = None,
-    *,
-    deadline_s: float | None = None,
+    receive: Receive, send: Send, limit: int, check: Callable[[bytes], None] | None = None
 ) -> Receive | None:
-    """Read a body whole (413 past `limit`; 408 and close past `deadline_s`; `check` may
-    refuse it: answered here) and hand it on as a replay; None when the request was
-    answered or the client left."""
+    """Read a body whole (413 past `limit`; `check` may refuse it: answered here) and
+    hand it on as a replay; None when the request was answered or the client left."""
     try:
-        try:
-            async with asyncio.timeout(deadline_s):
-                body = await read_body(receive, limit)
-        except TimeoutError:
-            raise keyless_body_late(deadline_s or 0.0) from None
+        body = await read_body(receive, limit)
         if body is not None and check is not None:
             check(body)
     except OpenAIError as exc:

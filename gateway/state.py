@@ -18,7 +18,6 @@ from areal_service.types import SessionRecord, role_session_id
 from gateway.auth import KeyResolver
 from gateway.cache import RefreshingCache
 from gateway.continuity import Continuity
-from gateway.keyless import KeylessBudget
 from gateway.large_prompts import LargePrompts
 from gateway.leader import Leadership
 from gateway.metrics import GatewayMetrics
@@ -65,9 +64,8 @@ class GatewayState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server begins to stop (`gateway/stopping.py`): what only waits (the
     staleness gate) answers 503 at once rather than being cancelled."""
-    keyless: KeylessBudget = field(default_factory=KeylessBudget)
-    """Requests without an API key being served now, by pool and address
-    (`gateway/keyless.py`)."""
+    anonymous_in_flight: int = 0
+    """Requests without an API key being served now (`gateway.limits.max_anonymous_requests`)."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)
