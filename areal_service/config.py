@@ -100,7 +100,8 @@ class ServerFleetConfig(_Section):
 
 
 class SGLangConfig(ServerFleetConfig):
-    """`engine.sglang`: SGLang servers launched per GPU group, or attached by URL."""
+    """`engine.sglang`: SGLang servers launched per GPU group, on the CPU when no GPU is
+    visible (`launcher/sglang_servers.py` adds the CPU flags), or attached by URL."""
 
     dp_size: int = Field(1, ge=1)
     """Data-parallel replicas inside one server (`--dp-size`); a server takes
@@ -114,6 +115,9 @@ class SGLangConfig(ServerFleetConfig):
     (engine.max_running_requests is the local engine's, tuned for a CPU)."""
     enable_metrics: bool = True
     """`--enable-metrics`: Prometheus `/metrics` on each server."""
+    max_total_tokens: int | None = Field(None, ge=1)
+    """`--max-total-tokens`, the KV cache's size in tokens. None: SGLang's own on GPUs,
+    16384 on a CPU (where SGLang measures its memory share against the whole machine)."""
 
 
 class VLLMConfig(ServerFleetConfig):

@@ -83,8 +83,29 @@ in front of two local engines, `tests/integration/test_sglang_router.py`) and re
 
 Checked against the reference notes for SGLang 0.5.x: notes read from SGLang's source at
 upstream main just after about v0.5.15 (that release number is inferred, not verified),
-with the older names of about v0.5.3-0.5.6 as fallbacks. Exercised in tests against the
-local engine and the echo backend, not against a running SGLang server.
+with the older names of about v0.5.3-0.5.6 as fallbacks. Run against a real SGLang
+0.5.23 server on a CPU (`tests/integration/test_sglang_engine.py`: generation, streams,
+pause / update from disk / continue, the gloo weight-update group, a server killed
+mid-stream), which differs from the reading above in:
+
+- the weight-update group's rendezvous: SGLang builds the group with torch's
+  `_new_process_group_helper` on `PrefixStore(group_name, tcp_store)`, so its keys lie
+  under `<name>`, `<name>/` and a per-device prefix (gloo declares cpu and cuda), where
+  the trainer's rank 0 (`trainer/weight_broadcast.py`) and the local engine use one bare
+  `ProcessGroupGloo` on `PrefixStore(name)`: they never meet, the trainer's rendezvous
+  times out and the gateway swaps from disk instead;
+- `/update_weights_from_distributed` is refused (400, "must run between
+  begin_weight_update() and end_weight_update()") unless `POST /begin_weight_update {}`
+  came first; `POST /end_weight_update {}` closes the session. Measured by hand: rank 0
+  built with the same torch helper on `PrefixStore(name, tcp_store)` joins in 0.6 s, and
+  begin -> update -> end loads the tensors and sets the version. Neither is fixed yet
+  (the test is an expected failure);
+
+- a `sampling_params` its request parser rejects is answered 400 with a bare string,
+  `{"error": "unknown field ..."}` (`ErrorResponse` reads both shapes);
+- `sampling_seed` is accepted but honoured only by a server started with
+  `--enable-deterministic-inference` (otherwise two requests with the same seed differ);
+- `/model_info` reports the live `weight_version`, `/server_info` the launch-time one.
 
 Speed: the gateway parses every streamed chunk with `GenerateResponse.model_validate_json`
 straight from the bytes (pydantic-core's parser), which measured faster than the
@@ -169,9 +190,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 """Every SGLang endpoint the gateway relies on (see the module docstring for fields)."""
 
 SGLANG_VERSIONS_CHECKED = (
-    "0.5.x, by reading source (main after ~v0.5.15; legacy names ~v0.5.3-0.5.6)"
+    "0.5.x, by reading source (main after ~v0.5.15; legacy names ~v0.5.3-0.5.6); "
+    "0.5.23 run on a CPU"
 )
-"""What the list above was checked against: reading SGLang's source, not running it."""
+"""What the list above was checked against: reading SGLang's source, and running 0.5.23."""
 
 # ---- SGLang's router (sglang-router / sgl-model-gateway) ------------------------------
 
@@ -542,11 +564,21 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """SGLang's native error envelope, also the mid-stream `data: {"error": ...}` event."""
+    """SGLang's native error envelope, also the mid-stream `data: {"error": ...}` event.
+    SGLang 0.5.23 (run) answers a `sampling_params` its request parser rejects with a
+    bare string, `{"error": "unknown field `x`, expected one of ..."}`: read as its
+    message."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
     error: ErrorDetail
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_string_error(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("error"), str):
+            return {**data, "error": {"message": data["error"]}}
+        return data
 
 
 class _Reply(BaseModel):

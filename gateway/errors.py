@@ -119,8 +119,9 @@ def validation_param(
 
 
 def _json_error(error: Any, doc: Any) -> str:
-    """FastAPI's "JSON decode error" worded as the hot routes word it (`read_json`), with
-    the line and column json's own error gives (FastAPI keeps the text and position)."""
+    """FastAPI's "JSON decode error" worded as the hot routes word it
+    (`ingress.json_object`), with the line and column json's own error gives (FastAPI
+    keeps the text and position)."""
     loc = tuple(error.get("loc", ()))
     reason = str((error.get("ctx") or {}).get("error", "invalid JSON"))
     if isinstance(doc, str) and len(loc) == 2 and isinstance(loc[1], int):

@@ -25,16 +25,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import Principal
-from gateway.deps import request_too_large, too_deep
 from gateway.errors import OpenAIError
+from gateway.ingress import HotRequest, Ingress, anonymous_busy, read_hot, refuse_declared, too_deep
 from gateway.limits import Events
 from gateway.state import GatewayState
-from gateway.strings import check_json_body, json_needs_check, nul_refused
-from gateway.throttle import note_auth_failure, request_token
+from gateway.throttle import note_auth_failure
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +63,8 @@ class LastEvent(str):
 
 
 Reply = JsonReply | EventStream
-Handler = Callable[[Request, GatewayState, Principal], Awaitable[Reply]]
-"""A hot route: (request, state, authenticated caller) → reply; raises `OpenAIError`."""
+Handler = Callable[[HotRequest, GatewayState], Awaitable[Reply]]
+"""A hot route: (request as the ingress read it, state) → reply; raises `OpenAIError`."""
 ErrorBody = Callable[[OpenAIError], dict[str, Any]]
 """A route's error body (`OpenAIError.body`, the OpenAI shape, unless the route gives
 its own: the Anthropic Messages route answers in Anthropic's)."""
@@ -92,18 +89,16 @@ class HotRoutes:
     POST, else `app`.
 
     The gateway state comes from `scope["app"]` (Starlette sets it before any
-    middleware runs). Request bodies are bounded before anything reads them, by route
-    (413 `request_too_large` for a declared length beyond, bodies without a length
-    counted as they arrive): the hot routes by `gateway.limits.max_request_bytes`, and their
-    caller is authenticated before a byte of the body is read (a wrong or missing key
-    never has its body buffered); other routes by `gateway.limits.control_body_bytes`, or, for a
-    request without a key, `gateway.limits.anonymous_body_bytes`, and at most
-    `gateway.limits.max_anonymous_requests` of those that send a body are served at once (503
-    beyond; health checks and page loads are never refused)."""
+    middleware runs). Every request's body is read, bounded and checked by
+    `gateway/ingress.py` before anything else reads it (413 `request_too_large` for a
+    declared length beyond its bound, before a byte is read); a hot route's caller is
+    authenticated before its body is read (a wrong or missing key never has its body
+    buffered)."""
 
     def __init__(self, app: ASGIApp, routes: Mapping[str, Route]) -> None:
         self.app = app
         self.routes = dict(routes)
+        self.ingress = Ingress()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,9 +111,9 @@ class HotRoutes:
             return
         label, handler, *shaped = route
         shape = shaped[0] if shaped else None
-        limit = state.config.gateway.limits.max_request_bytes
-        if _declared_length(scope) > limit:  # refused before a byte is read
-            await send_json(send, error_reply(request_too_large(limit), shape))
+        refused = refuse_declared(scope, state.config.gateway.limits.max_request_bytes)
+        if refused is not None:  # refused before a byte is read
+            await send_json(send, error_reply(refused, shape))
             return
         if scope["method"] != "POST":
             await send_json(
@@ -143,54 +138,28 @@ class HotRoutes:
             metrics.observe_latency(label, time.perf_counter() - started)
 
     async def _other(self, scope: Scope, receive: Receive, send: Send, state: GatewayState) -> None:
-        """A route FastAPI serves: its body bounded (by whether it carries a key), and
-        requests without a key counted."""
-        gw = state.config.gateway
-        anonymous = request_token(scope) is None
-        limit = min(
-            gw.limits.anonymous_body_bytes if anonymous else gw.limits.control_body_bytes,
-            gw.limits.max_request_bytes,
-        )  # the latter bounds every route
-        if _declared_length(scope) > limit:
-            await send_json(send, error_reply(request_too_large(limit)))
+        """A route FastAPI serves, once the ingress admitted it and read its body."""
+        limits = state.config.gateway.limits
+        limit = self.ingress.other_limit(scope, limits)
+        refused = refuse_declared(scope, limit)
+        if refused is not None:
+            await send_json(send, error_reply(refused))
             return
-        counted = anonymous and scope["method"] in _BODY_METHODS  # what holds memory
-        if counted:
-            if state.anonymous_in_flight >= gw.limits.max_anonymous_requests:
-                await send_json(
-                    send,
-                    error_reply(
-                        OpenAIError(
-                            503,
-                            "too many requests without an API key in progress; retry later",
-                            type="server_error",
-                            code="server_busy",
-                            headers={"retry-after": "1"},
-                        )
-                    ),
-                )
-                return
-            state.anonymous_in_flight += 1
+        counted = self.ingress.admit_anonymous(scope, limits)
+        if counted is None:
+            await send_json(send, error_reply(anonymous_busy()))
+            return
         try:
-            if b"%00" in scope["query_string"] or b"%00" in scope.get("raw_path", b""):
-                await send_json(send, error_reply(nul_refused("the URL")))
+            try:
+                replay = await self.ingress.read_other(scope, receive, limit)
+            except OpenAIError as exc:
+                await send_json(send, error_reply(exc))
                 return
-            if scope["method"] in _BODY_METHODS:
-                # Read here (bounded, counted as it arrives) so a NUL is refused before
-                # any route sees it; these bodies are small (`limit`).
-                form = any(
-                    k == b"content-type" and b"form-urlencoded" in v for k, v in scope["headers"]
-                )
-                bounded = await _bounded(
-                    receive, send, limit, _refuse_nul_form if form else _refuse_nul_json
-                )
-                if bounded is None:
-                    return
-                receive = bounded
-            await self.app(scope, receive, send)
+            if replay is not None:  # None: the client left
+                await self.app(scope, replay, send)
         finally:
             if counted:
-                state.anonymous_in_flight -= 1
+                self.ingress.release()
 
     async def _serve(
         self,
@@ -203,55 +172,97 @@ class HotRoutes:
         shape: ErrorBody | None,
     ) -> None:
         try:
-            # Authenticated first: an unknown key is answered without its body read.
-            principal = await state.keys.resolve(request_token(scope))
-            body = await read_body(receive, state.config.gateway.limits.max_request_bytes)
+            request = await read_hot(
+                scope, receive, state.keys.resolve, state.config.gateway.limits.max_request_bytes
+            )
         except OpenAIError as exc:
             state.metrics.count_request(label, exc.status)
             if exc.status == 401:
                 note_auth_failure(scope)
             await send_json(send, error_reply(exc, shape))
             return
-        if body is None:
+        if request is None:
             return  # the client left while sending its request
-        request = Request(scope, _replay(body))
         watch = ClientWatch(receive)
+        answering = False  # True once the reply's first bytes may have gone out
         try:
-            try:
-                reply = await handler(request, state, principal)
-            except OpenAIError as exc:
-                reply = error_reply(exc, shape)
-            except RecursionError:  # a structure (a tool's JSON schema) nested too deeply
-                # for a renderer or converter: the request's fault, found at no cost to
-                # the requests that are not nested so (no depth walk up front)
-                reply = error_reply(too_deep(), shape)
-            except Exception as exc:  # the route's shape even for a bug, and a log line
-                log.exception("unhandled error on POST %s", scope["path"])
-                reply = error_reply(
-                    OpenAIError(
-                        500,
-                        f"internal error: {type(exc).__name__}",
-                        type="server_error",
-                        code="internal_error",
-                    ),
-                    shape,
-                )
+            reply = await _reply(handler, request, state, shape)
             status = reply.status if isinstance(reply, JsonReply) else 200
             state.metrics.count_request(label, status)
             if status == 401:  # a session key that ended, a revoked key
                 note_auth_failure(scope)
+            answering = True
             if isinstance(reply, JsonReply):
                 watch.finish()
                 await send_json(send, reply)
             else:
                 await send_stream(send, reply, watch)
         except asyncio.CancelledError:
-            if not watch.gone:
-                raise
+            # Only two things cancel this task: its client leaving (`watch`), and the
+            # server at the end of its graceful-shutdown period (`server.py`).
             asyncio.current_task().uncancel()  # type: ignore[union-attr]  # ended here
-            state.metrics.count_request(label, 499)  # nginx's "client closed"
+            if watch.gone:
+                state.metrics.count_request(label, 499)  # nginx's "client closed"
+                return
+            state.metrics.count_request(label, 503)
+            await _cut_by_shutdown(send, scope, answering, shape)
         finally:
             watch.close()
+
+
+async def _reply(
+    handler: Handler, request: HotRequest, state: GatewayState, shape: ErrorBody | None
+) -> Reply:
+    """The handler's reply, or its failure as an error reply in the route's shape."""
+    try:
+        return await handler(request, state)
+    except OpenAIError as exc:
+        return error_reply(exc, shape)
+    except RecursionError:  # a structure (a tool's JSON schema) nested too deeply for a
+        # renderer or converter: the request's fault, found at no cost to the requests
+        # that are not nested so (no depth walk up front)
+        return error_reply(too_deep(), shape)
+    except Exception as exc:  # the route's shape even for a bug, and a log line
+        log.exception("unhandled error on POST %s", request.path)
+        return error_reply(
+            OpenAIError(
+                500,
+                f"internal error: {type(exc).__name__}",
+                type="server_error",
+                code="internal_error",
+            ),
+            shape,
+        )
+
+
+SHUTDOWN_RETRY_AFTER_S = 5
+"""`retry-after` of a request cut by shutdown: about a restart's time."""
+
+
+async def _cut_by_shutdown(
+    send: Send, scope: Scope, answering: bool, shape: ErrorBody | None
+) -> None:
+    """The server stopped while this request was still being served, past its grace
+    period: 503 `shutting_down` with `retry-after` when nothing was sent yet (a stream
+    already under way is ended where it stands), and one log line, not a traceback."""
+    log.warning("POST %s cut by the gateway's shutdown: answered 503", scope["path"])
+    with contextlib.suppress(Exception):  # the connection may be closing already
+        if not answering:
+            await send_json(send, error_reply(shutting_down(), shape))
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def shutting_down() -> OpenAIError:
+    """503 for a request the gateway's shutdown cut short."""
+    return OpenAIError(
+        503,
+        "the gateway shut down before this request was answered (retry once a gateway is "
+        "serving again)",
+        type="server_error",
+        code="shutting_down",
+        headers={"retry-after": str(SHUTDOWN_RETRY_AFTER_S)},
+    )
 
 
 class ClientWatch:
@@ -289,86 +300,6 @@ class ClientWatch:
 
     def close(self) -> None:
         self._watcher.cancel()
-
-
-async def read_body(receive: Receive, max_bytes: int) -> bytes | None:
-    """The whole request body (None if the client disconnected first); 413
-    `request_too_large` as soon as more than `max_bytes` arrived."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            raise request_too_large(max_bytes)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, then: Receive | None = None) -> Receive:
-    """A `receive` that hands the handler the body already read, once; after that
-    `then` (the connection's own `receive`: a disconnect is still seen), or a
-    disconnect at once."""
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if sent:
-            return await then() if then is not None else {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
-
-
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-def _has_length(scope: Scope) -> bool:
-    return any(name == b"content-length" for name, _ in scope["headers"])
-
-
-async def _bounded(
-    receive: Receive, send: Send, limit: int, check: Callable[[bytes], None] | None = None
-) -> Receive | None:
-    """Read a body whole (413 past `limit`; `check` may refuse it: answered here) and
-    hand it on as a replay; None when the request was answered or the client left."""
-    try:
-        body = await read_body(receive, limit)
-        if body is not None and check is not None:
-            check(body)
-    except OpenAIError as exc:
-        await send_json(send, error_reply(exc))
-        return None
-    return None if body is None else _replay(body, receive)
-
-
-def _refuse_nul_form(body: bytes) -> None:
-    """400 for a NUL in a form body (`%00`)."""
-    if b"%00" in body:
-        raise nul_refused("the request body")
-
-
-def _refuse_nul_json(body: bytes) -> None:
-    """400 for a NUL in a JSON body (`\u0000` that decodes to one) or a lone surrogate
-    (`gateway/strings.py`)."""
-    if json_needs_check(body):
-        try:
-            parsed = json.loads(body)
-        except (ValueError, RecursionError):
-            return  # not JSON: the route answers it
-        check_json_body(body, parsed)
-
-
-def _declared_length(scope: Scope) -> int:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else 0
-    return 0
 
 
 async def send_json(send: Send, reply: JsonReply) -> None:

@@ -73,6 +73,15 @@ class GatewayMetrics:
         self.resubmissions = Counter(
             "areal_resubmissions", "Aborted generations resubmitted", registry=self.registry
         )
+        self._continuity_metrics()
+        self._policy_metrics()
+        # Labelled children, made once: prometheus_client's `labels()` takes a lock and
+        # validates the values on every call (~1.5 µs; a completion made three calls).
+        self._counted: dict[tuple[str, int], Any] = {}
+        self._timed: dict[str, Any] = {}
+        self._policy_children: dict[tuple[int | str, ...], Any] = {}
+
+    def _continuity_metrics(self) -> None:
         self.continuity = Counter(
             "areal_token_continuity",
             "Prompts by how they were built: continued (an earlier completion's ids + the "
@@ -89,10 +98,11 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
-        # Per policy (`policy` = a policy name, `default` for the default policy): the
-        # label values are policy names the gateway checked (config, keys, sessions), so
-        # the cardinality is the number of policies. Off the request path: the syncer
-        # sets the version and observes swaps, the rewards route observes rewards.
+    def _policy_metrics(self) -> None:
+        """Per policy (`policy` = a policy name, `default` for the default policy): the
+        label values are policy names the gateway checked (config, keys, sessions), so
+        the cardinality is the number of policies. Off the request path: the syncer sets
+        the version and observes swaps, the rewards route observes rewards."""
         self.policy_version = Gauge(
             "areal_policy_version",
             "The policy's adapter (weights) version this gateway serves",
@@ -116,12 +126,6 @@ class GatewayMetrics:
             ["policy"],
             registry=self.registry,
         )
-
-        # Labelled children, made once: prometheus_client's `labels()` takes a lock and
-        # validates the values on every call (~1.5 µs; a completion made three calls).
-        self._counted: dict[tuple[str, int], Any] = {}
-        self._timed: dict[str, Any] = {}
-        self._policy_children: dict[tuple[int | str, ...], Any] = {}
 
     def count_request(self, route: str, status: int) -> None:
         """`requests{route, status}` + 1."""

@@ -22,18 +22,16 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
-from starlette.requests import Request
-
 from areal_service.types import CompletionRecord
 from gateway.auth import Principal
 from gateway.backends import Generation, GenerationDelta
 from gateway.backends.records import TokenRequest
 from gateway.capture import build_records, persist
 from gateway.continuity import Lineage
-from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.generation import StreamedChoice, generate_all, generate_requests, stream_all
 from gateway.hotpath import EventStream, JsonReply, LastEvent, Reply
+from gateway.ingress import HotRequest, parse_hot
 from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
 from gateway.policies import serving_policy
@@ -186,10 +184,10 @@ class WireAdapter(ABC, Generic[RequestT]):
     def stream(self, turn: Turn[RequestT]) -> StreamEncoder:
         """The encoder of this turn's streamed reply."""
 
-    async def handle(self, request: Request, state: GatewayState, principal: Principal) -> Reply:
+    async def handle(self, request: HotRequest, state: GatewayState) -> Reply:
         """The route (`hotpath.Handler`): the whole pipeline for one request."""
-        async with state.keys.limits.holding(principal.key) as keep:  # per-key 429s
-            turn = await begin(self, request, state, principal)
+        async with state.keys.limits.holding(request.principal.key) as keep:  # per-key 429s
+            turn = await begin(self, request, state)
             if turn.request.stream:
                 reply = await reply_stream(self, turn)
                 return EventStream(keep(reply.events), reply.request_id)
@@ -197,21 +195,75 @@ class WireAdapter(ABC, Generic[RequestT]):
 
 
 async def begin(
-    adapter: WireAdapter[RequestT], request: Request, state: GatewayState, principal: Principal
+    adapter: WireAdapter[RequestT], request: HotRequest, state: GatewayState
 ) -> Turn[RequestT]:
     """Parse, check the model, find the session, render the prompt, pick the sampling."""
     started = time.perf_counter()
-    # cast: read_request takes a pydantic model class, which every request_model is; mypy
+    gw = state.config.gateway
+    principal = request.principal
+    # cast: parse_hot takes a pydantic model class, which every request_model is; mypy
     # has no intersection type to bound RequestT by both BaseModel and WireRequest.
     req: RequestT  # (an annotation only)
-    body, req, size = await read_request(request, cast("type[Any]", adapter.request_model))
-    model = resolve_model(state.config.gateway, req.model)
-    session_id = await session_for_request(state, principal, request, body)
+    body, req = await parse_hot(
+        request.body,
+        cast("type[Any]", adapter.request_model),
+        gw.limits.max_messages,
+        state.large_prompts.run,
+    )
+    size = len(request.body)
+    model = resolve_model(gw, req.model)
+    session_id = await session_for_request(state, principal, request.headers, body)
     # Without declared policies, no call at all (the request path's common case). A
     # role's completions are recorded in the episode's role sub-session (`roles.py`).
     lora = None
     if state.policy_registry.declared:
         lora, session_id = await serving_policy(state, principal, session_id, model)
+    conv, prompt_ids, lineage, spec = await prepare_prompt(
+        adapter, state, principal, req, session_id, size
+    )
+    # 128 random bits as 32 hex digits, like `uuid4().hex` (which costs ~5 µs to build
+    # the UUID object; this ~1 µs).
+    completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
+    logprobs = req.wants_logprobs()
+    # A full-weight policy is served by its own pool, under its engines' own weights (no
+    # adapter); one dict lookup, and none without a named policy.
+    pool = state.policy_pools.get(lora) if lora is not None else None
+    return Turn(
+        state=state,
+        principal=principal,
+        body=body,
+        request=req,
+        model=model,
+        session_id=session_id,
+        prompt_ids=prompt_ids,
+        spec=spec,
+        completion_id=completion_id,
+        created=time.time(),
+        parse_tools=tools_enabled(conv.tools, conv.tool_choice),
+        tools=conv.tools,
+        logprobs=logprobs,
+        generate=generate_requests(
+            prompt_ids, spec, completion_id, logprobs, lora if pool is None else None
+        ),
+        started=started,
+        lineage=lineage,
+        notes=conv.notes,
+        adapter=lora,
+        pool=pool,
+    )
+
+
+async def prepare_prompt(
+    adapter: WireAdapter[RequestT],
+    state: GatewayState,
+    principal: Principal,
+    req: RequestT,
+    session_id: str | None,
+    size: int,
+) -> tuple[Conversation, list[int], Lineage | None, SamplingSpec]:
+    """The request's conversation, its prompt ids (and what they were made from), and
+    the sampling to run it with; `size`: the body's bytes. 400 for what cannot be
+    rendered or sampled."""
     gw = state.config.gateway
     try:
         conv = await adapter.conversation(state, principal, req)
@@ -248,36 +300,7 @@ async def begin(
         )
     except InvalidRequestError as exc:
         raise bad_request(exc.message, exc.param, exc.code) from exc
-    # 128 random bits as 32 hex digits, like `uuid4().hex` (which costs ~5 µs to build
-    # the UUID object; this ~1 µs).
-    completion_id = f"{adapter.id_prefix}{os.urandom(16).hex()}"
-    logprobs = req.wants_logprobs()
-    # A full-weight policy is served by its own pool, under its engines' own weights (no
-    # adapter); one dict lookup, and none without a named policy.
-    pool = state.policy_pools.get(lora) if lora is not None else None
-    return Turn(
-        state=state,
-        principal=principal,
-        body=body,
-        request=req,
-        model=model,
-        session_id=session_id,
-        prompt_ids=prompt_ids,
-        spec=spec,
-        completion_id=completion_id,
-        created=time.time(),
-        parse_tools=tools_enabled(conv.tools, conv.tool_choice),
-        tools=conv.tools,
-        logprobs=logprobs,
-        generate=generate_requests(
-            prompt_ids, spec, completion_id, logprobs, lora if pool is None else None
-        ),
-        started=started,
-        lineage=lineage,
-        notes=conv.notes,
-        adapter=lora,
-        pool=pool,
-    )
+    return conv, prompt_ids, lineage, spec
 
 
 async def recall_previous_turn(

@@ -20,10 +20,8 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-from fastapi import Request
 
 from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, SessionRecord
 from gateway.admission import admit_sessions
@@ -44,7 +42,7 @@ _CLIENT_HEADERS = (
 _USER_ID_SESSION = re.compile(r"session_([0-9A-Za-z-]{8,})")
 
 
-def client_conversation_id(request: Request, body: dict[str, Any]) -> str | None:
+def client_conversation_id(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
     """The coding agent's own conversation id, if it sent one (see the module doc)."""
     meta = body.get("client_metadata")
     if isinstance(meta, dict):
@@ -52,7 +50,7 @@ def client_conversation_id(request: Request, body: dict[str, Any]) -> str | None
             if isinstance(meta.get(key), str) and meta[key]:
                 return str(meta[key])
     for name in _CLIENT_HEADERS:
-        value = request.headers.get(name)
+        value = headers.get(name)
         if value:
             return value
     user = (
@@ -81,7 +79,7 @@ def client_session_id(principal: Principal, conversation_id: str) -> str:
 
 def requested_session(
     principal: Principal,
-    request: Request,
+    headers: Mapping[str, str],
     body: dict[str, Any],
     sources: Sequence[str] = ("key", "header", "metadata"),
 ) -> str | ClientSession | None:
@@ -92,7 +90,7 @@ def requested_session(
             if principal.key is not None and principal.key.kind == "session":
                 return principal.key.session_id
         elif source == "header":
-            header = request.headers.get("x-session-id")
+            header = headers.get("x-session-id")
             if header:
                 return header
         elif source == "metadata":
@@ -100,7 +98,7 @@ def requested_session(
             if isinstance(metadata, dict) and isinstance(metadata.get("session_id"), str):
                 return str(metadata["session_id"])
         elif source == "client_metadata":
-            conversation = client_conversation_id(request, body)
+            conversation = client_conversation_id(headers, body)
             if conversation:
                 return client_session_id(principal, conversation), conversation
     if principal.key is not None:
@@ -109,10 +107,10 @@ def requested_session(
 
 
 async def session_for_request(
-    state: GatewayState, principal: Principal, request: Request, body: dict[str, Any]
+    state: GatewayState, principal: Principal, headers: Mapping[str, str], body: dict[str, Any]
 ) -> str | None:
     """The open session this completion is recorded under, checked against the caller."""
-    found = requested_session(principal, request, body, state.config.gateway.sessions.sources)
+    found = requested_session(principal, headers, body, state.config.gateway.sessions.sources)
     if isinstance(found, tuple):
         return await client_session(state, principal, *found)
     session_id = found

@@ -64,8 +64,6 @@ class GatewayState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server begins to stop (`gateway/stopping.py`): what only waits (the
     staleness gate) answers 503 at once rather than being cancelled."""
-    anonymous_in_flight: int = 0
-    """Requests without an API key being served now (`gateway.limits.max_anonymous_requests`)."""
     continuity: Continuity = field(init=False)
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)

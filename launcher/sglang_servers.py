@@ -35,8 +35,10 @@ at run time under a versioned name (`/load_lora_adapter`, `gateway/adapters.py`)
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -105,8 +107,11 @@ def advertised_host(bind_host: str) -> str:
     return socket.gethostname() if bind_host in ("0.0.0.0", "::", "") else bind_host
 
 
-def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) -> list[str]:
-    """`python -m sglang.launch_server ...` for one server of `config` on `port`."""
+def sglang_argv(
+    config: ServiceConfig, port: int, *, python: str | None = None, on_cpu: bool = False
+) -> list[str]:
+    """`python -m sglang.launch_server ...` for one server of `config` on `port` (on the
+    CPU with `on_cpu`: `sglang_cpu_flags`)."""
     engine, sg = config.engine, config.engine.sglang
     argv = [
         python or sg.python or sys.executable,
@@ -137,6 +142,10 @@ def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) 
         argv += ["--context-length", str(engine.context_length)]
     if engine.dtype != "auto":
         argv += ["--dtype", engine.dtype]
+    if sg.max_total_tokens is not None and not on_cpu:
+        argv += ["--max-total-tokens", str(sg.max_total_tokens)]
+    if on_cpu:
+        argv += sglang_cpu_flags(config)
     if sg.enable_metrics:
         argv.append("--enable-metrics")
     if config.trainer.lora is not None:  # versioned adapters, loaded at run time
@@ -155,10 +164,18 @@ def sglang_argv(config: ServiceConfig, port: int, *, python: str | None = None) 
 
 
 def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
-    """The servers `config` asks for on this host: one per GPU group."""
+    """The servers `config` asks for on this host: one per GPU group, or (no GPU visible)
+    `engine.sglang.servers` (default one) on the CPU."""
     sg = config.engine.sglang
+    gpus = visible_gpus(sg.gpus)
+    if not gpus:
+        cpu_refusal = sglang_cpu_refusal(config)
+        if cpu_refusal:
+            raise ValueError(cpu_refusal)
     per_server = sg.tp_size if "--enable-dp-attention" in sg.extra_args else sg.tp_size * sg.dp_size
-    groups = gpu_groups(visible_gpus(sg.gpus), per_server, sg.servers)
+    groups: list[list[str] | None] = (
+        list(gpu_groups(gpus, per_server, sg.servers)) if gpus else [None] * (sg.servers or 1)
+    )
     host = advertised_host(config.engine.host)
     ports = [config.engine.port + i for i in range(len(groups))]
     if config.gateway.port in ports:
@@ -166,18 +183,112 @@ def sglang_specs(config: ServiceConfig) -> list[ServerSpec]:
             f"gateway.port {config.gateway.port} is among the SGLang servers' "
             f"ports {ports[0]}-{ports[-1]} (engine.port + i); change one"
         )
-    specs = []
-    for i, group in enumerate(groups):
-        port = config.engine.port + i
-        specs.append(
-            ServerSpec(
-                name=f"sglang-{i}",
-                argv=tuple(sglang_argv(config, port)),
-                url=f"http://{host}:{port}",
-                env={"CUDA_VISIBLE_DEVICES": ",".join(group)},
-            )
+    return [
+        ServerSpec(
+            name=f"sglang-{i}",
+            argv=tuple(sglang_argv(config, port, on_cpu=group is None)),
+            url=f"http://{host}:{port}",
+            env=(
+                {"CUDA_VISIBLE_DEVICES": ",".join(group)}
+                if group is not None
+                else sglang_cpu_env(config, len(groups))
+            ),
         )
-    return specs
+        for i, (group, port) in enumerate(zip(groups, ports, strict=True))
+    ]
+
+
+def check_engine_python(python: str | None, module: str, name: str, hint: str) -> None:
+    """ValueError, in one line saying what to set, unless the configured interpreter
+    (`engine.<module>.python`) exists or, with none configured, this one can import
+    `module`. SGLang and vLLM pin their own torch, so they usually live in a venv of
+    their own."""
+    setting = f"engine.{module}.python"
+    if python is None:
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(
+                f"engine.backend is {module} but this interpreter has no {module}: set "
+                f"{setting} to one that has it ({name} pins its own torch, so it usually "
+                f"lives in a venv of its own; {hint})"
+            )
+    elif not shutil.which(python) and not Path(python).is_file():
+        raise ValueError(f"{setting} {python!r} does not exist")
+
+
+def check_sglang_python(config: ServiceConfig) -> None:
+    """`check_engine_python` for SGLang."""
+    check_engine_python(
+        config.engine.sglang.python,
+        "sglang",
+        "SGLang",
+        "on a CPU: scripts/build_sglang_venv.sh, see docs/scale-out.md",
+    )
+
+
+def sglang_cpu_refusal(config: ServiceConfig) -> str | None:
+    """Why SGLang cannot run `config` on this machine's CPU (no GPU visible), in one line;
+    None when it can (measured with SGLang 0.5.23's CPU engine and torch-native
+    attention)."""
+    sg = config.engine.sglang
+    if sg.tp_size * sg.dp_size > 1:
+        return (
+            "SGLang without a GPU runs one CPU process per server: engine.sglang.tp_size "
+            f"and dp_size must be 1 (got {sg.tp_size} and {sg.dp_size}); no GPU is visible "
+            "(engine.sglang.gpus, CUDA_VISIBLE_DEVICES, torch)"
+        )
+    if config.trainer.lora is not None:
+        return (
+            "SGLang 0.5.23 cannot serve LoRA adapters on a CPU (its LoRA layers allocate "
+            "pinned memory at start: 'pin_memory=True requires a CUDA or other accelerator "
+            "backend'): use the local engine or vLLM for trainer.lora without a GPU"
+        )
+    return None
+
+
+CPU_MAX_TOTAL_TOKENS = 16384
+"""`--max-total-tokens` on a CPU (~0.7 GB of fp32 KV cache for a 135M model): bounded,
+since SGLang sizes the cache from the whole machine's available memory there."""
+CPU_MEM_FRACTION_STATIC = 0.6
+"""`--mem-fraction-static` on a CPU unless configured (0.1 once failed with "no GPU
+memory for the KV cache": the fraction is of the machine's available memory)."""
+
+
+def sglang_cpu_flags(config: ServiceConfig) -> list[str]:
+    """The flags SGLang 0.5.23 needs to serve on a CPU without AMX: the CPU device,
+    torch-native attention (the default CPU backend needs AMX kernels), no overlap
+    scheduler, fp32 unless `engine.dtype` says otherwise (SGLang picks float16 for an
+    fp32 checkpoint on a CPU: slower, logprobs off the trainer's by ~6e-3), and a bounded
+    KV cache."""
+    sg = config.engine.sglang
+    flags = [
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--disable-overlap-schedule",
+        "--max-total-tokens",
+        str(sg.max_total_tokens or CPU_MAX_TOTAL_TOKENS),
+    ]
+    if config.engine.dtype == "auto":
+        flags += ["--dtype", "float32"]
+    if sg.mem_fraction_static is None:
+        flags += ["--mem-fraction-static", str(CPU_MEM_FRACTION_STATIC)]
+    return flags
+
+
+def sglang_cpu_env(config: ServiceConfig, servers: int) -> dict[str, str]:
+    """The environment of a CPU server: SGLang's CPU engine, no GPU, and its intra-op
+    threads (`engine.torch_threads`, else the cores split between the servers and what
+    shares them: on 2 shared cores one thread decoded 8-12 tok/s, two 0.7-1.4)."""
+    threads = config.engine.torch_threads or max(1, (os.cpu_count() or 2) // (2 * servers))
+    env = {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": str(threads),
+    }
+    if config.model_dir().is_dir():  # a local checkpoint: never reach for the Hub
+        env["HF_HUB_OFFLINE"] = "1"
+    return env
 
 
 def wait_healthy(
@@ -469,6 +580,7 @@ def sglang_backends(config: ServiceConfig) -> Iterator[ServiceConfig]:
             register_with_router(config.gateway.router.url, urls)
         yield with_gateway_section(config, "router", backends=urls)
         return
+    check_sglang_python(config)
     with Supervisor.for_config(config) as sup:
         if config.gateway.router.url:
             register_with_router(config.gateway.router.url, sup.urls)
@@ -485,6 +597,7 @@ def run_sglang_engines(config: ServiceConfig) -> None:
         if config.gateway.router.url:
             register_with_router(config.gateway.router.url, sg.attach)
         return
+    check_sglang_python(config)
     with Supervisor.for_config(config) as sup:
         log.info("SGLang servers healthy: %s (gateway.router.backends)", " ".join(sup.urls))
         if config.gateway.router.url:

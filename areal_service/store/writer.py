@@ -133,6 +133,12 @@ class GroupCommitWriter:
         """Records and markers waiting for the writer thread (approximate)."""
         return self._queue.qsize()
 
+    @property
+    def running(self) -> bool:
+        """Whether the writer thread is alive (False before `start` and after it ended;
+        the gateway's readiness reports a thread that died)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         """Start the writer thread. Records submitted before `start` wait in the queue."""
         if self._thread is not None:

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Body
-from starlette.requests import Request
 
 from gateway.anthropic import (
     CountTokensRequest,
@@ -26,9 +25,9 @@ from gateway.anthropic import (
 )
 from gateway.auth import Principal
 from gateway.backends import GenerationDelta
-from gateway.deps import read_request
 from gateway.errors import OpenAIError, bad_request
 from gateway.hotpath import JsonReply, Reply, Route
+from gateway.ingress import HotRequest, parse_hot
 from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
@@ -108,10 +107,15 @@ class MessagesStream(StreamEncoder):
         return named_event(error_body(error))
 
 
-async def count_tokens(request: Request, state: GatewayState, principal: Principal) -> Reply:
+async def count_tokens(request: HotRequest, state: GatewayState) -> Reply:
     """`{"input_tokens": N}`: the prompt the same request would render (no session, so
     no continuity: the count of a fresh render)."""
-    _, req, _ = await read_request(request, CountTokensRequest)
+    _, req = await parse_hot(
+        request.body,
+        CountTokensRequest,
+        state.config.gateway.limits.max_messages,
+        state.large_prompts.run,
+    )
     resolve_model(state.config.gateway, req.model)
     try:
         conv = _conversation(state, req)

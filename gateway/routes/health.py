@@ -61,6 +61,10 @@ class Readiness(BaseModel):
     """The own backends of each full-weight policy (`policies[].weights: full`); only
     reported: one policy's engines being down leaves the others served, so it does not
     make the gateway unavailable (that policy's requests get 503)."""
+    tasks: dict[str, str] = {}
+    """Background parts not running now (`gateway/supervisor.py`), by name: a task
+    waiting to be started again after it ended, a store writer thread that died. Any
+    makes the gateway unavailable."""
 
 
 def _health(statuses: list[BackendStatus]) -> list[dict[str, object]]:
@@ -79,16 +83,20 @@ async def liveness() -> Liveness:
 
 @router.get("/health/readiness", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readiness(request: Request, state: StateDep) -> Response:
-    """200 when the store answers reads and writes and at least one backend is healthy,
-    else 503 naming what failed."""
+    """200 when the store answers reads and writes, at least one backend is healthy and
+    every background task runs, else 503 naming what failed."""
     db = await _db_status(request, state)
     backends = _health(state.backends.status())
-    ready = db == "ok" and any(b["healthy"] for b in backends)
+    life = getattr(request.app.state, "life", None)
+    tasks = {} if life is None else life.supervisor.problems()
+    ready = db == "ok" and any(b["healthy"] for b in backends) and not tasks
     body: dict[str, object] = {
         "status": "ready" if ready else "unavailable",
         "db": db,
         "backends": backends,
     }
+    if tasks:
+        body["tasks"] = tasks
     if state.policy_pools:
         body["policy_backends"] = {
             name: _health(pool.status()) for name, pool in state.policy_pools.items()

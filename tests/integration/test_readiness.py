@@ -6,6 +6,7 @@ recover when the backend is back."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 
@@ -102,3 +103,45 @@ def test_dead_backend_reported_then_fail_fast_then_recovery(
             assert http.get("/health/readiness").status_code == 200
         finally:
             echo.stop()
+
+
+def test_background_task_that_raises_is_logged_restarted_and_shown(
+    tmp_path, tiny_model_dir, gateway_factory, monkeypatch, caplog
+):
+    """A raise in the weight syncer outside its own `try` (`export_live_versions`) used
+    to end weight sync silently until shutdown: the supervisor logs it with its
+    traceback, readiness is 503 naming the task while it waits to be started again, and
+    then weight sync runs again."""
+    from gateway import weight_sync
+
+    real = weight_sync.export_live_versions
+    calls: list[int] = []
+
+    def flaky(state) -> None:
+        calls.append(1)
+        if len(calls) <= 2:  # the first two rounds die (backoff 1 s, then 2 s)
+            raise RuntimeError("metrics export broke")
+        real(state)
+
+    monkeypatch.setattr(weight_sync, "export_live_versions", flaky)
+    echo = start_echo_backend(tokens=2)
+    try:
+        with (
+            caplog.at_level(logging.ERROR, logger="gateway.supervisor"),
+            gateway_factory(tmp_path, tiny_model_dir, [echo.url]) as gw,
+        ):
+            http = httpx.Client(base_url=gw.url, timeout=30, headers=ADMIN)
+            red = _poll(lambda: (r := http.get("/health/readiness")).status_code == 503 and r, 10)
+            assert red.json()["tasks"] == {
+                "weight_sync": "restarting after RuntimeError: metrics export broke"
+            }, red.text
+            green = _poll(lambda: (r := http.get("/health/readiness")).status_code == 200 and r, 10)
+            assert "tasks" not in green.json()
+            seen = len(calls)
+            _poll(lambda: len(calls) > seen + 3, 5)  # weight sync runs again
+            assert gw.app.state.life.supervisor.tasks["weight_sync"].restarts == 2
+    finally:
+        echo.stop()
+    failures = [r for r in caplog.records if r.name == "gateway.supervisor"]
+    assert len(failures) == 2 and all(r.exc_info for r in failures), failures
+    assert "background task weight_sync failed" in failures[0].getMessage()

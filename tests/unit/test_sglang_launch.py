@@ -4,6 +4,7 @@ exercised with the local engine standing in as the launched command."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import select
 import signal
@@ -19,6 +20,7 @@ from launcher.processes import cli_argv
 from launcher.sglang_servers import (
     ServerSpec,
     Supervisor,
+    check_sglang_python,
     gpu_groups,
     sglang_argv,
     sglang_backends,
@@ -132,6 +134,87 @@ def test_too_few_gpus_is_a_clear_error():
     with pytest.raises(ValueError, match="cannot hold one"):
         gpu_groups([], 1, None)
     assert gpu_groups(["0", "1", "2"], 2, None) == [["0", "1"]]  # a leftover GPU stays idle
+
+
+def test_without_a_gpu_one_server_runs_on_the_cpu_with_the_flags_that_work(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    [spec] = sglang_specs(_cfg("engine.sglang.gpus=[]", "engine.sglang.enable_metrics=false"))
+    assert list(spec.argv) == [
+        *_common(30000),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--disable-overlap-schedule",
+        "--max-total-tokens",
+        "16384",
+        "--dtype",
+        "float32",
+        "--mem-fraction-static",
+        "0.6",
+    ]
+    # one thread on a small machine (2 threads on 2 shared cores decoded ~10x slower)
+    assert spec.env == {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+    }
+    two = sglang_specs(
+        _cfg(
+            "engine.sglang.gpus=[]",
+            "engine.sglang.servers=2",
+            "engine.dtype=bfloat16",
+            "engine.torch_threads=3",
+            "engine.sglang.max_total_tokens=4096",
+            "engine.sglang.mem_fraction_static=0.5",
+        )
+    )
+    assert [s.url for s in two] == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    argv = " ".join(two[1].argv)
+    assert "--dtype bfloat16" in argv and "float32" not in argv
+    assert "--max-total-tokens 4096" in argv and "--mem-fraction-static 0.5" in argv
+    assert two[1].env["OMP_NUM_THREADS"] == "3"
+
+
+def test_without_a_gpu_what_sglang_cannot_run_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ValueError, match="tp_size and dp_size must be 1") as refused:
+        sglang_specs(_cfg("engine.sglang.gpus=[]", "engine.sglang.tp_size=2"))
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="cannot serve LoRA adapters on a CPU"):
+        sglang_specs(_cfg("engine.sglang.gpus=[]", "trainer.lora.rank=8"))
+    with pytest.raises(ValueError, match="does not exist"):
+        check_sglang_python(_cfg(f"engine.sglang.python={tmp_path / 'nope'}"))
+    if importlib.util.find_spec("sglang") is None:  # this interpreter: no sglang
+        with pytest.raises(ValueError, match="set engine.sglang.python"):
+            check_sglang_python(_cfg())
+    check_sglang_python(_cfg(f"engine.sglang.python={sys.executable}"))
+
+
+@pytest.mark.processes
+def test_the_stand_in_kernel_refuses_an_sglang_it_was_not_written_for():
+    """Imported beside another SGLang (here: none), the stand-in fails at once, naming
+    the version it was written for."""
+    import subprocess
+
+    from support.sglang_cpu import STANDIN_KERNEL
+
+    done = subprocess.run(
+        [PY, "-c", "import sgl_kernel"],
+        env={**os.environ, "PYTHONPATH": str(STANDIN_KERNEL)},
+        capture_output=True,
+        text=True,
+    )
+    from importlib import metadata
+
+    try:
+        installed = f"sglang=={metadata.version('sglang')}"
+    except metadata.PackageNotFoundError:
+        installed = "no sglang"
+    if installed == "sglang==0.5.23":
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0
+        assert f"written for sglang==0.5.23; {installed} is installed" in done.stderr
 
 
 def _wait(predicate, timeout_s: float) -> bool:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from areal_service.sglang_protocol import (
     ENDPOINTS,
+    ErrorResponse,
     FinishReason,
     GenerateResponse,
     MetaInfo,
@@ -186,3 +187,12 @@ def test_a_logprob_sglang_writes_as_null_is_recorded_at_the_floor() -> None:
         '"output_token_logprobs": [[-2.25, 1, null]]}}'
     )
     assert clean.output_logprobs() == (-2.25,)
+
+
+def test_both_error_envelopes_sglang_answers_are_read() -> None:
+    """`{"error": {"message"}}`, and the bare string SGLang 0.5.23 answers a rejected
+    `sampling_params` with (captured from the real server)."""
+    nested = {"error": {"message": "The input (9000 tokens) is longer than the model's"}}
+    bare = {"error": "unknown field `bogus`, expected one of `max_new_tokens`, `stop`"}
+    assert ErrorResponse.model_validate_json(json.dumps(nested)).error.message.startswith("The")
+    assert ErrorResponse.model_validate_json(json.dumps(bare)).error.message == bare["error"]
