@@ -716,8 +716,17 @@ class TrainerConfig(BaseModel):
 
     # ---- off-policy control ----------------------------------------------------------------
     max_staleness: int = Field(2, ge=0)
-    """eta: episodes whose oldest token is more than eta versions old are dropped; the
-    gateway admits sessions only inside the window (AReaL's max_head_offpolicyness)."""
+    """eta, the admission window: with `gateway.sessions.staleness_gate` on, the gateway
+    admits sessions only inside it (AReaL's max_head_offpolicyness), so gated traffic is
+    sampled at most eta versions behind the trainer."""
+    max_train_staleness: int = Field(8, ge=0)
+    """The training bound: an episode whose oldest token is more than this many versions
+    behind the trainer when claimed is dropped (reason `stale: ...`); within it, it trains
+    with the decoupled-PPO correction (pi_prox recomputed, behaviour weights capped at
+    `behav_imp_weight_cap`). Wider than `max_staleness` so a slow, human-paced agent's
+    episodes are not all lost while other traffic trains; 8 is where the share of tokens
+    the cap masks stays small in the measurement of `docs/episodes-and-rewards.md`
+    (`benchmarks/staleness_drift.py`). Below `max_staleness`, `max_staleness` applies."""
     turn_discount: float = Field(1.0, ge=0, le=1)
     """gamma: a session's return reaches earlier turns as R_i = r_i + gamma * R_{i+1}."""
     reward_wait_s: float = Field(60.0, ge=0)
@@ -747,6 +756,11 @@ class TrainerConfig(BaseModel):
     """`task_mean`: b <- decay * b + (1 - decay) * mean of the step's returns of the task."""
 
     # ---- run -------------------------------------------------------------------------------
+    enabled: bool = True
+    """`areal-service serve` starts the trainer beside the gateway when it starts the local
+    engine (the embedded default). False (or `serve --no-train`): serve only; train with
+    `areal-service trainer` or `launch`. Other commands (`demo`, `train`, `launch`) start
+    their trainers themselves."""
     checkpoint_every: int = Field(10, ge=1)
     """Write a resumable checkpoint every this many steps."""
     total_steps: int | None = None
@@ -786,6 +800,11 @@ class TrainerConfig(BaseModel):
     """The policy this trainer process trains (`policies:`): it claims only that policy's
     episodes and publishes under `weights/<policy>/` with its own checkpoints. One
     trainer process per policy."""
+
+    def train_staleness_bound(self) -> int:
+        """The staleness above which a claimed episode is dropped: `max_train_staleness`,
+        never below the admission window `max_staleness`."""
+        return max(self.max_staleness, self.max_train_staleness)
 
     def unrewarded_return(self) -> float | None:
         """The return an unrewarded session is trained with; None when the policy drops

@@ -83,6 +83,9 @@ class SessionRecord:
     """Set on a role sub-session: the multi-agent episode's own session. Its completions
     were served under another policy than the episode's (a role's model name), and its
     policy (the role) trains on them (`gateway/roles.py`)."""
+    drop_reason: str | None = None
+    """Why a `dropped` session trains nothing (`stale: ...`, `unrewarded: ...`, `group
+    incomplete: ...`, `failed: ...`, a missing part); set by the trainer's claim."""
 
 
 def role_session_id(episode_id: str, policy: str) -> str:

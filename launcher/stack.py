@@ -133,7 +133,7 @@ def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Itera
             )
         stack.start(
             "gateway",
-            cli_argv("serve", "--config", str(gateway_cfg)),
+            cli_argv("serve", "--config", str(gateway_cfg), "--no-train"),  # trainer: below
             f"{stack.gateway_url}/health/liveness",
         )
         if trainer:

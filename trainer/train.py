@@ -175,7 +175,7 @@ def wait_for_groups(
             group_size=claim_group_size(cfg),
             max_groups=cfg.batch_groups - len(pending),
             current_version=version,
-            max_staleness=cfg.max_staleness,
+            max_staleness=cfg.train_staleness_bound(),
             claimer=_claimer_name(),
         )
         rank0.held.add(result.groups)

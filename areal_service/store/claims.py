@@ -156,7 +156,7 @@ class EpisodeClaimer:
         ungrouped session counts, an ungrouped session being a group of one keyed by its
         session id), and settled as the class docstring says. Dropped instead of
         claimed, and returned in `dropped`: groups whose staleness exceeds
-        `max_staleness`; groups with an unrewarded session under `drop_group`; sessions
+        `max_staleness` (the trainer passes `TrainerConfig.train_staleness_bound`); groups with an unrewarded session under `drop_group`; sessions
         with a missing part, and the rest of their group when fewer than `group_size`
         remain. Never waits for episodes: an empty result when none is ready.
         """
@@ -267,7 +267,7 @@ class EpisodeClaimer:
                 (c for sid in ready.session_ids for c in completions[sid]), current_version
             )
             if max_staleness is not None and staleness > max_staleness:
-                reason = f"stale: {staleness} versions > max_staleness {max_staleness}"
+                reason = f"stale: {staleness} versions > max_train_staleness {max_staleness}"
                 dropped.append(DroppedEpisodes(ready.key, ready.session_ids, reason, staleness))
                 continue
             kept: list[SessionEpisode] = []
@@ -354,8 +354,18 @@ class EpisodeClaimer:
                 .values(status="dropped", drop_reason=bindparam("why")),
                 params,
             )
+        # A WARNING: a dropped episode is work its sender did that trains nothing; they
+        # read the reason at `GET /rl/sessions/{id}` (`drop_reason`), and `/metrics`
+        # counts it per reason.
         for d in dropped:
-            logger.info("dropped %d session(s) of %s: %s", len(d.session_ids), d.group_id, d.reason)
+            shown = ", ".join(d.session_ids[:4]) + (" ..." if len(d.session_ids) > 4 else "")
+            logger.warning(
+                "dropped %d session(s) of %s (%s): %s",
+                len(d.session_ids),
+                d.group_id,
+                shown,
+                d.reason,
+            )
 
     def mark_trained(self, claim_id: str | Sequence[str], *, at: float | None = None) -> int:
         """Claimed sessions of `claim_id` (or of several claims: one transaction) ->

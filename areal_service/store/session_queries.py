@@ -91,7 +91,6 @@ def session_summaries(
         total = int(connection.execute(counting).scalar_one())
         rows = list(connection.execute(listing))
     sessions = [record_from_row(SessionRecord, row) for row in rows]
-    reasons = {row.id: row.drop_reason for row in rows}
     ids = [s.id for s in sessions]
     if not ids:
         return total, []
@@ -112,6 +111,6 @@ def session_summaries(
         for sid, value in connection.execute(reward_rows):
             rewards[sid] = rewards.get(sid, 0.0) + value
     return total, [
-        SessionSummary(s, *turns.get(s.id, (0, 0)), rewards.get(s.id), reasons[s.id])
+        SessionSummary(s, *turns.get(s.id, (0, 0)), rewards.get(s.id), s.drop_reason)
         for s in sessions
     ]

@@ -91,6 +91,10 @@ class SessionView(BaseModel):
     parent_session_id: str | None = None
     """Set on a role sub-session of a multi-agent episode (`gateway/roles.py`): the
     episode's own session; `policy` is the role."""
+    drop_reason: str | None = None
+    """With `status: dropped`: why the trainer dropped the episode (e.g. `stale: 9
+    versions > max_train_staleness 8`, `unrewarded: ...`, `group incomplete: ...`,
+    `failed: ...`); its completions and rewards stay readable here."""
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionView:
@@ -106,6 +110,7 @@ class SessionView(BaseModel):
             end_reason=session.end_reason,
             policy=session.policy,
             parent_session_id=session.parent_session_id,
+            drop_reason=session.drop_reason,
         )
 
 

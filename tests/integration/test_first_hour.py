@@ -142,7 +142,7 @@ def test_a_second_demo_in_the_same_folder_says_how_to_start_fresh(tmp_path):
 
 def test_fresh_deletes_the_run_and_keeps_model_and_key(tmp_path):
     from areal_service.config import load_config
-    from launcher.demo import fresh_start, previous_run
+    from launcher.earlier_run import fresh_start, previous_run
 
     config = load_config(overrides=[f"data_dir={tmp_path}"])
     assert previous_run(config) is None
@@ -236,3 +236,21 @@ def test_sigterm_landing_in_a_finalizer_still_stops_the_command():
         _Finalizer()  # collected at once: the signal arrives in its __del__
         time.sleep(5)  # the re-delivered signal ends this
     assert info.value.code == 128 + signal.SIGTERM
+
+
+def test_serve_after_a_demo_names_the_demo_run_and_offers_fresh(tmp_path):
+    data = tmp_path / "data"
+    (data / "weights" / "v40").mkdir(parents=True)
+    (data / "demo").mkdir()
+    started = time.monotonic()
+    result = _run("serve", *_ports(tmp_path))
+    assert result.returncode == 1
+    line = _one_line(result)
+    assert line.startswith(
+        f"areal-service: {data} holds the demo's run (published weights up to v40 in "
+        f"{data / 'weights'}): serve's trainer would continue it, training its leftover "
+        "episodes before yours. Start over with `areal-service serve --fresh`"
+    ), line
+    assert "--set data_dir=..." in line and "(--no-train)" in line
+    assert time.monotonic() - started < 30  # before any model loads
+    assert not (data / "logs" / "engine.log").exists()

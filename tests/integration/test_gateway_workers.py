@@ -58,6 +58,7 @@ def _serve(tmp_path: Path, model_dir: Path, store_url: str) -> tuple[subprocess.
         proc = subprocess.Popen(
             cli_argv(
                 "serve",
+                "--no-train",  # the workers are the point here, not training
                 "--set",
                 f"data_dir={tmp_path}",
                 "--set",

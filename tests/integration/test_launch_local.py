@@ -10,10 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-from support.loopback import free_port, pid_alive
+from support.loopback import free_port, pid_alive, wait_serving
 
 from launcher.processes import cli_argv
 
@@ -66,15 +65,7 @@ def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
     )
     try:
         url = f"http://127.0.0.1:{gw_port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{url}/health/liveness", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_serving(proc, url, log)
         reply = openai.OpenAI(
             base_url=f"{url}/v1", api_key="sk-launch", max_retries=0
         ).chat.completions.create(
@@ -85,6 +76,8 @@ def test_launch_local_runs_gateway_engine_and_trainer(tmp_path, tiny_model_dir):
         while "trainer" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "started trainer" in log.read_text()
+        # launch starts the trainer itself: its gateway child (`serve --no-train`) did not.
+        assert "started trainer" not in (tmp_path / "logs" / "gateway.log").read_text()
         descendants = _children(proc.pid)
         assert len(descendants) >= 3  # gateway (serve), its engine, the trainer
         assert (tmp_path / "launch" / "config.yaml").exists()

@@ -44,7 +44,7 @@ def test_a_policy_created_on_one_worker_is_served_by_every_worker(
     ]
     log = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        cli_argv("serve", *(a for s in sets for a in ("--set", s))),
+        cli_argv("serve", "--no-train", *(a for s in sets for a in ("--set", s))),
         stdout=subprocess.DEVNULL,
         stderr=open(log, "wb"),  # noqa: SIM115
         start_new_session=True,

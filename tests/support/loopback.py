@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
+
+import httpx
 
 
 def free_port() -> int:
@@ -33,3 +36,19 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def wait_serving(proc: subprocess.Popen, url: str, log: Path, timeout_s: float = 180) -> None:
+    """Block until `url/health/liveness` answers 200 while `proc` (an `areal-service`
+    command this test started) runs; fails with the tail of its `log` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/health/liveness", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise AssertionError(f"{url} did not come up:\n{log.read_text()[-3000:]}")

@@ -126,7 +126,7 @@ def test_stale_and_broken_episodes_are_dropped_not_claimed(store: TrajectoryStor
     ]
     reasons = {(d.group_id, d.session_ids): d.reason for d in result.dropped}
     assert reasons == {
-        ("stale", ("old",)): "stale: 5 versions > max_staleness 2",
+        ("stale", ("old",)): "stale: 5 versions > max_train_staleness 2",
         ("mixed", ("broken",)): "missing parent lost-capture of broken-c0",
         ("mixed", ("empty",)): "no completions",
         ("strict", ("bad",)): "missing parent nope of bad-c0",
@@ -202,7 +202,7 @@ def test_staleness_boundary_is_exactly_max_staleness(store: TrajectoryStore):
     result = claim(EpisodeClaimer(store), max_staleness=2)
     assert [(g.group_id, g.staleness) for g in result.groups] == [("at-eta", 2)]
     assert [(d.group_id, d.staleness) for d in result.dropped] == [("past-eta", 3)]
-    assert result.dropped[0].reason == "stale: 3 versions > max_staleness 2"
+    assert result.dropped[0].reason == "stale: 3 versions > max_train_staleness 2"
     assert store.get_session("past-eta").status == "dropped"
 
 

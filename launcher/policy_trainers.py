@@ -1,0 +1,75 @@
+"""One trainer process per named policy (`trainer --policy NAME`), beside the default
+policy's: started by `launch --scheduler local` (which also polls for policies created at
+runtime) and by `serve` (the config's policies)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from areal_service.config import ServiceConfig
+from areal_service.store import TrajectoryStore
+from launcher.processes import ChildProcess, cli_argv
+
+log = logging.getLogger(__name__)
+
+
+class PolicyTrainers:
+    """One trainer process per named policy (`trainer --policy NAME`, logs in
+    `logs/trainer-NAME.log`), besides the default policy's: the config's at start, and
+    each policy created at runtime (`POST /admin/policies`, `policies create`, the
+    console) when `poll` finds it in the store. Each one started is appended to
+    `children`, which the launcher stops (and only those)."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        cfg_path: Path,
+        logs: Path,
+        env: dict[str, str],
+        children: list[ChildProcess],
+    ) -> None:
+        self._config = config
+        self._cfg_path = cfg_path
+        self._logs = logs
+        self._env = env
+        self._children = children
+        self.started: dict[str, ChildProcess] = {}
+        # Runtime policies exist only where policies can (trainer.lora, the local
+        # engine): elsewhere there is nothing to poll for.
+        self._polls = config.trainer.lora is not None and config.engine.backend == "local"
+        self._store: TrajectoryStore | None = None
+
+    def start(self, names: list[str]) -> None:
+        """Start the trainer of each of `names` not started yet."""
+        for name in names:
+            if name in self.started:
+                continue
+            child = ChildProcess(
+                f"trainer-{name}",
+                cli_argv("trainer", "--config", str(self._cfg_path), "--policy", name),
+                log_path=self._logs / f"trainer-{name}.log",
+                env=self._env,
+            )
+            self._children.append(child)
+            self.started[name] = child
+
+    def poll(self) -> None:
+        """Start the trainers of runtime policies created since the last poll (one small
+        store read); a store that fails is tried again at the next poll."""
+        if not self._polls:
+            return
+        try:
+            if self._store is None:
+                self._store = TrajectoryStore.open(self._config.database_url(), self._config.store)
+            runtime = self._store.policies.list_policies()
+        except Exception:  # noqa: BLE001 - the gateway reports the store; retry later
+            log.exception("reading the runtime policies failed; retrying")
+            return
+        declared = {p.name for p in self._config.policies}
+        self.start([r.name for r in runtime if r.name not in declared])
+
+    def close(self) -> None:
+        """Close the store connection (the trainers are stopped by the launcher)."""
+        if self._store is not None:
+            self._store.close()
