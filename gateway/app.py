@@ -21,7 +21,7 @@ from gateway.console import policy_form
 from gateway.errors import OpenAIError, install_error_handlers, invalid_api_key
 from gateway.hotpath import HotRoutes
 from gateway.lifecycle import GatewayLife
-from gateway.routes import admin, health, openai, rewards, rl
+from gateway.routes import admin, health, models, rewards, rl
 from gateway.state import GatewayState
 from gateway.throttle import (
     AuthThrottle,
@@ -29,6 +29,7 @@ from gateway.throttle import (
     Scope,
     request_token,
 )
+from gateway.wires import routes as wire_routes
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,8 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
     )
     app.state.life = life  # readiness reads its supervisor
     install_error_handlers(app)
-    app.include_router(openai.router)
-    app.include_router(openai.docs_router)  # schema only: HotRoutes answers these paths
+    app.include_router(models.router)
+    app.include_router(wire_routes.docs_router)  # schema only: HotRoutes answers these paths
     app.include_router(rl.router)
     app.include_router(rewards.router)
     app.include_router(admin.router)
@@ -175,12 +176,12 @@ def create_app(given: ServiceConfig, *, freeze_gc: bool = False) -> FastAPI:
             inner,
             throttle_of=_throttle_of,
             known_good_of=_known_good_of,
-            self_reporting=openai.HOT_ROUTES,
+            self_reporting=wire_routes.HOT_ROUTES,
         )
     )
-    outer.append(lambda inner: HotRoutes(inner, routes=openai.HOT_ROUTES))
+    outer.append(lambda inner: HotRoutes(inner, routes=wire_routes.HOT_ROUTES))
     app.outer_layers = tuple(outer)
-    app.hot_paths = frozenset(openai.HOT_ROUTES)
+    app.hot_paths = frozenset(wire_routes.HOT_ROUTES)
     return app
 
 

@@ -15,13 +15,27 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from areal_service.store.write_probe import WRITE_REFUSED
 
 log = logging.getLogger(__name__)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every error the gateway returns, as `/openapi.json` documents it:
+    `{"error": {message, type, param, code}}`."""
+
+    error: ErrorDetail
 
 
 class OpenAIError(Exception):

@@ -6,10 +6,29 @@ policy's `model_name` and those aliases are served, any other is 404 `model_not_
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import BaseModel
+
 from areal_service.config import GatewayConfig
 from gateway.errors import OpenAIError, bad_request
-from gateway.replies import Model
 from gateway.state import GatewayState
+
+
+class Model(BaseModel):
+    """A model card of `/v1/models`."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
 
 MAX_MODEL_NAME = 256
 """Longest `model` a request may name (any name within it is served as the policy)."""

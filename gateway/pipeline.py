@@ -1,5 +1,5 @@
 """One pipeline for both OpenAI wire APIs: parse → model → session → prompt → generate →
-record → reply. `WireAdapter` subclasses (chat completions, Responses: `routes/openai.py`)
+record → reply. `WireAdapter` subclasses (one per wire: `gateway/wires/<wire>/routes.py`)
 fill in only what differs: the request model, the conversation a body asks for, the
 reply body and the stream encoding. The steps here are shared, so both APIs count,
 record and fail the same way. Nothing here knows a wire format.

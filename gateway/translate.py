@@ -1,8 +1,8 @@
 """Chat Completions <-> token ids (no HTTP, no store): messages + tools -> prompt ids via
 the chat template; sampling params for SGLang `/generate`; generated ids -> the parsed
-choice and the `chat.completion` body. Generated ids are decoded, never re-encoded, and the
+choice (the wires' neutral reply). Generated ids are decoded, never re-encoded, and the
 parsed reply re-renders to the same text, so prompt + output ids prefix the next turn's
-prompt. The streamed reply (`gateway/chat_stream.py`) builds its last delta with this
+prompt. The streamed reply (`gateway/wires/choice_stream.py`) builds its last delta with this
 module's `finish_choice`, so streamed and whole replies agree.
 """
 
@@ -491,17 +491,3 @@ def parse_choice(
     )
     lps = None if logprobs is None else token_logprobs(tokenizer, choice, 0, end, logprobs)
     return finish_choice(tokenizer, choice, parsed, text, index=index, logprobs=lps)
-
-
-def build_chat_completion(
-    *, completion_id: str, model: str, created: int, choices: Sequence[ParsedChoice], usage: Usage
-) -> dict[str, Any]:
-    """`chat.completion` body (any number of choices; `model` echoes the request)."""
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [c.to_openai() for c in choices],
-        "usage": usage.to_chat(),
-    }

@@ -24,12 +24,11 @@ from areal_service.store.audit import EpisodeAudit
 from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, KeyKind, WeightVersionRecord
 from gateway.admission import window
 from gateway.deps import AdminDep, PageLimit, PageOffset, StateDep
-from gateway.errors import OpenAIError
+from gateway.errors import ErrorBody, OpenAIError
 from gateway.leader import LEADER_LEASE
 from gateway.policies import checked_policy, refresh_policies
 from gateway.policies import create_policy as create_runtime_policy
 from gateway.policy_figures import live_version_of
-from gateway.replies import ErrorBody
 from gateway.state import GatewayState
 
 router = APIRouter(

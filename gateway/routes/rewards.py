@@ -34,9 +34,8 @@ from areal_service.store.reward_admission import RewardRefused
 from areal_service.types import DEFAULT_POLICY, RewardRecord, SessionRecord
 from gateway.auth import Principal
 from gateway.deps import PrincipalDep, StateDep
-from gateway.errors import OpenAIError, bad_request
+from gateway.errors import ErrorBody, OpenAIError, bad_request
 from gateway.policies import checked_policy
-from gateway.replies import ErrorBody
 from gateway.sessions import check_session_access, load_session
 from gateway.state import GatewayState
 

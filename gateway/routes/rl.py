@@ -27,9 +27,8 @@ from areal_service.types import (
 )
 from gateway.admission import admit_sessions
 from gateway.deps import AdminDep, PageLimit, PageOffset, PrincipalDep, StateDep
-from gateway.errors import OpenAIError, invalid_api_key
+from gateway.errors import ErrorBody, OpenAIError, invalid_api_key
 from gateway.policies import checked_policy
-from gateway.replies import ErrorBody
 from gateway.sessions import check_session_access, load_session, remember_new_session
 from gateway.state import GatewayState
 

@@ -6,7 +6,7 @@ no tokens, no HTTP.
 Streaming contract (every format keeps it): parsing a prefix of a generation with
 `final=False` holds back whatever a continuation could still change, so each partial
 result's content and reasoning are prefixes of the final ones and its tool calls a prefix
-of the final list. `gateway/chat_stream.py` sends the differences as deltas.
+of the final list. `gateway/wires/choice_stream.py` sends the differences as deltas.
 
 Formats whose arguments are the model's own JSON text also say where the call being
 generated stands (`ToolFormat.open_call`): its name once known, and where its arguments

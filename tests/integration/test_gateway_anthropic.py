@@ -281,7 +281,7 @@ def test_replayed_thinking_needs_this_gateways_signature(gateway: Gateway) -> No
     """Replayed thinking goes into the prompt as the policy's own reasoning, so (as on
     Anthropic's API) a thinking block is accepted only with the signature this gateway
     issued for its text; a missing, foreign or edited one is a 400 naming the field."""
-    from gateway.routes.wire import reasoning_signer
+    from gateway.wires.common import reasoning_signer
 
     signer = reasoning_signer(gateway.state)
 

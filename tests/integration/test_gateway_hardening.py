@@ -142,8 +142,8 @@ def test_responses_tool_choice_must_name_an_offered_function(gw: Any) -> None:
 def test_logit_bias_reaches_the_backend_as_sglang_sampling_params(gw: Any) -> None:
     """OpenAI's {"token id": bias} is SGLang's `logit_bias` sampling param (client
     sampling mode); the served ids are recorded as usual."""
-    from gateway.protocol import ChatCompletionRequest
     from gateway.translate import resolve_sampling
+    from gateway.wires.chat.protocol import ChatCompletionRequest
 
     request = ChatCompletionRequest.model_validate(
         {"model": MODEL, "messages": HI, "logit_bias": {"7": -100, "12": 2.5}}

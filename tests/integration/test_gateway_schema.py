@@ -16,9 +16,10 @@ import pytest
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from gateway.protocol import ChatCompletionRequest, InvalidRequestError, ResponsesRequest
-from gateway.replies import ChatCompletion, Response
-from gateway.routes.openai import HOT_ROUTES
+from gateway.protocol import InvalidRequestError
+from gateway.wires.chat.protocol import ChatCompletion, ChatCompletionRequest
+from gateway.wires.responses.protocol import Response, ResponsesRequest
+from gateway.wires.routes import HOT_ROUTES
 
 AUTH = {"Authorization": "Bearer sk-test-admin"}
 MODEL = "areal-policy"

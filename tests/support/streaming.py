@@ -4,8 +4,8 @@ tests that compare streams with whole parses (and with vLLM's streams) read it."
 from __future__ import annotations
 
 from areal_service.sglang_protocol import FinishReason
-from gateway.chat_stream import ChoiceStream
 from gateway.tokenizer import ChatTokenizer
+from gateway.wires.choice_stream import ChoiceStream
 from support.output_corpus import TOOLS
 
 

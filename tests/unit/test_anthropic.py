@@ -10,14 +10,11 @@ from pydantic import TypeAdapter
 from support.tokenizer_reference import hf
 
 from areal_service.sglang_protocol import FinishReason
-from gateway.anthropic import (
-    MessagesRequest,
-    MessageStreamAssembler,
-    anthropic_to_chat,
-    build_message,
-)
 from gateway.signing import Signer
 from gateway.translate import ChatTokenizer, GeneratedChoice, SamplingSpec, Usage, parse_choice
+from gateway.wires.anthropic.encode import MessageStreamAssembler, build_message
+from gateway.wires.anthropic.protocol import MessagesRequest
+from gateway.wires.anthropic.translate import anthropic_to_chat
 
 EVENTS: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)
 SIGNER = Signer("k")

@@ -11,8 +11,7 @@ from openai.types.responses import Response
 from support.tokenizer_reference import hf
 
 from areal_service.sglang_protocol import FinishReason
-from gateway.protocol import InvalidRequestError, ResponsesRequest
-from gateway.responses import ResponsesStreamAssembler, build_response, translate_request
+from gateway.protocol import InvalidRequestError
 from gateway.signing import Signer
 from gateway.translate import (
     ChatTokenizer,
@@ -21,6 +20,9 @@ from gateway.translate import (
     Usage,
     parse_choice,
 )
+from gateway.wires.responses.encode import ResponsesStreamAssembler, build_response
+from gateway.wires.responses.protocol import ResponsesRequest
+from gateway.wires.responses.translate import translate_request
 
 FN = {
     "type": "function",

@@ -21,10 +21,11 @@ from gateway.continuity import (
     EndOfTurn,
     assistant_key,
 )
-from gateway.protocol import ResponsesRequest
-from gateway.responses import output_items, responses_to_chat
 from gateway.tokenizer import ChatTokenizer
 from gateway.translate import GeneratedChoice, normalize_messages, parse_choice
+from gateway.wires.responses.encode import output_items
+from gateway.wires.responses.protocol import ResponsesRequest
+from gateway.wires.responses.translate import responses_to_chat
 
 IM_END = 2  # the tiny model's <|im_end|>
 TOOLS = [

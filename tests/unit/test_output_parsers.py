@@ -30,11 +30,11 @@ from support.streaming import stream_call_fragments
 
 from areal_service.config import ReasoningParserName, ToolParserName
 from areal_service.sglang_protocol import FinishReason
-from gateway.chat_stream import ChoiceStream
 from gateway.tokenizer import ChatTokenizer
 from gateway.toolparse import OutputParser, ParsedText
 from gateway.toolparse.registry import REASONING_FORMATS, TOOL_FORMATS, select_parser
 from gateway.translate import id_seed
+from gateway.wires.choice_stream import ChoiceStream
 
 SEED = id_seed("chatcmpl-t", 0)
 

@@ -20,12 +20,13 @@ from support.output_corpus import FAMILIES, TOOLS
 from test_output_parsers import PARTIAL_CALL_STREAMED, STREAMED_ARGUMENTS, parser_for
 
 from areal_service.sglang_protocol import FinishReason
-from gateway.anthropic import MessageStreamAssembler, build_message, tool_input
-from gateway.protocol import ResponsesRequest
-from gateway.responses import ResponsesStreamAssembler, build_response
 from gateway.signing import Signer
 from gateway.tokenizer import ChatTokenizer
 from gateway.translate import GeneratedChoice, SamplingSpec, Usage, parse_choice
+from gateway.wires.anthropic.encode import MessageStreamAssembler, build_message
+from gateway.wires.anthropic.translate import tool_input
+from gateway.wires.responses.encode import ResponsesStreamAssembler, build_response
+from gateway.wires.responses.protocol import ResponsesRequest
 
 ANTHROPIC_EVENTS: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)
 RESPONSES_EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)

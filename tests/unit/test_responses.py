@@ -11,13 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from support.tokenizer_reference import hf
 
 from areal_service.sglang_protocol import FinishReason
-from gateway.protocol import InvalidRequestError, ResponsesRequest
-from gateway.responses import (
-    ResponsesStreamAssembler,
-    build_response,
-    chat_tool_choice,
-    responses_to_chat,
-)
+from gateway.protocol import InvalidRequestError
 from gateway.translate import (
     ChatTokenizer,
     GeneratedChoice,
@@ -27,6 +21,9 @@ from gateway.translate import (
     render_prompt_ids,
     resolve_sampling,
 )
+from gateway.wires.responses.encode import ResponsesStreamAssembler, build_response
+from gateway.wires.responses.protocol import ResponsesRequest
+from gateway.wires.responses.translate import chat_tool_choice, responses_to_chat
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 TOOL = {

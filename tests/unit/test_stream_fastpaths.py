@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from areal_service.sglang_protocol import FinishReason, GenerateResponse
-from gateway.chat_stream import ChatStreamAssembler, dumps
 from gateway.stream_parse import ErrorEvent, SuffixParser
 from gateway.tokenizer import ChatTokenizer, _WindowTextStream
 from gateway.toolparse import held_suffix, parse_output
+from gateway.wires.chat.encode import ChatStreamAssembler, dumps
 
 TEXTS = [
     'The answer is 5. 😀 "quoted" \\ back\tslash\n',

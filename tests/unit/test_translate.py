@@ -11,20 +11,20 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from support.tokenizer_reference import hf
 
 from areal_service.sglang_protocol import FinishReason
-from gateway.chat_stream import ChatStreamAssembler, build_usage_chunk
-from gateway.protocol import ChatCompletionRequest, ClientSampling
+from gateway.protocol import ClientSampling
 from gateway.translate import (
     ChatTokenizer,
     ContextLengthExceeded,
     GeneratedChoice,
     ParsedChoice,
     Usage,
-    build_chat_completion,
     normalize_messages,
     parse_choice,
     render_prompt_ids,
     resolve_sampling,
 )
+from gateway.wires.chat.encode import ChatStreamAssembler, build_chat_completion, build_usage_chunk
+from gateway.wires.chat.protocol import ChatCompletionRequest
 
 TOOLS = [
     {

@@ -1,10 +1,10 @@
-"""Anthropic Messages routes: `POST /v1/messages` (Claude Code calls
+"""The Anthropic Messages wire's routes: `POST /v1/messages` (Claude Code calls
 `/v1/messages?beta=true`) and `/v1/messages/count_tokens`, also without `/v1`.
 
 Served on the hot path (`gateway.hotpath.HotRoutes`) by the same pipeline as the OpenAI
-routes (`gateway.pipeline`): the adapter here says only how the body becomes a chat
-conversation and how the reply looks (`gateway.anthropic`). Errors on these paths take
-Anthropic's shape. `docs_router` declares them for `/openapi.json` only.
+wires (`gateway.pipeline`): the adapter here says only what is this wire's own. Errors
+on these paths take Anthropic's shape (`encode.error_body`). `docs_router` declares them
+for `/openapi.json` only.
 """
 
 from __future__ import annotations
@@ -15,14 +15,6 @@ from typing import Any
 
 from fastapi import APIRouter, Body
 
-from gateway.anthropic import (
-    CountTokensRequest,
-    MessagesRequest,
-    MessageStreamAssembler,
-    anthropic_to_chat,
-    build_message,
-    error_body,
-)
 from gateway.auth import Principal
 from gateway.backends import GenerationDelta
 from gateway.errors import OpenAIError, bad_request
@@ -32,9 +24,12 @@ from gateway.large_prompts import refuse_overlong
 from gateway.model_names import resolve_model
 from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireAdapter, dumps
 from gateway.protocol import InvalidRequestError
-from gateway.routes.wire import named_event, reasoning_signer
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage, render_prompt_ids
+from gateway.wires.anthropic.encode import MessageStreamAssembler, build_message, error_body
+from gateway.wires.anthropic.protocol import CountTokensRequest, MessagesRequest
+from gateway.wires.anthropic.translate import anthropic_to_chat
+from gateway.wires.common import STREAM_CONTENT, named_event, reasoning_signer
 
 
 def _conversation(
@@ -150,7 +145,6 @@ HOT_ROUTES: dict[str, Route] = {
 # ------------------------------------------------------------------ schema of the hot routes
 
 docs_router = APIRouter()
-_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"description": text + ' (`{"type": "error", "error": {"type", "message"}}`)'}
     for code, text in (
@@ -167,7 +161,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     responses={
         **_ERRORS,
         200: {
-            "content": {"application/json": {"schema": {"type": "object"}}, **_STREAM},
+            "content": {"application/json": {"schema": {"type": "object"}}, **STREAM_CONTENT},
             "description": "a `message`, or with `stream: true` Anthropic events ending in "
             "`message_stop`",
         },

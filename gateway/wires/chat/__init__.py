@@ -1,0 +1,1 @@
+"""The OpenAI Chat Completions wire: `POST /v1/chat/completions`."""
