@@ -1,7 +1,8 @@
-"""The previous release's flat `gateway` keys (`gateway.workers`, ...), still read from
-every config source with one deprecation warning per key naming its new path
-(`gateway.scale.workers`). The whole of it goes one release after the nesting: delete
-this module and its three calls in `config.py`."""
+"""Keys of the previous releases, still read from every config source with one
+deprecation warning per key naming its new path: the flat `gateway` keys
+(`gateway.workers` is `gateway.scale.workers`) and the keys moved to another section
+(`trainer.lora` is `default_policy.lora`). Each goes one release after its move: delete
+its table entry (and, with the last, this module and its calls in `config/`)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ GATEWAY_MOVED: dict[str, str] = {
 `gateway`)."""
 
 
+MOVED: dict[str, str] = {"trainer.lora": "default_policy.lora"}
+"""Keys moved to another section (`section.key` -> its new dotted path): `trainer.lora`
+is the default policy's adapter shape, declared as the named policies' are."""
+
+
 class ConfigDeprecationWarning(FutureWarning):
     """A setting of the previous release, still accepted; the message names its new path.
     A FutureWarning (shown by default): it is meant for the person writing the config."""
@@ -73,8 +79,14 @@ def warn_moved(moved: set[str]) -> None:
     per place it is raised, so a key is named once per process however often configs
     are loaded."""
     for old in sorted(moved):
+        # A flat gateway key is noted by its name, a moved key by its dotted path.
+        was, now = (
+            (old, MOVED[old])
+            if old in MOVED
+            else (f"gateway.{old}", f"gateway.{GATEWAY_MOVED[old]}")
+        )
         warnings.warn(
-            f"gateway.{old} is deprecated: use gateway.{GATEWAY_MOVED[old]}",
+            f"{was} is deprecated: use {now}",
             ConfigDeprecationWarning,
             stacklevel=3,
         )
@@ -119,17 +131,54 @@ def move_flat_gateway_keys(
 
 def move_flat_in_tree(tree: dict[str, Any], moved: set[str]) -> dict[str, Any]:
     """One source's whole tree (a file's, the environment's) with its `gateway` section's
-    flat keys moved (`move_flat_gateway_keys`); `tree` is unchanged."""
+    flat keys moved (`move_flat_gateway_keys`) and the keys moved to another section
+    (`move_in_tree`); `tree` is unchanged."""
+    tree = move_in_tree(tree, moved)
     gateway = tree.get("gateway")
     if not isinstance(gateway, dict):
         return tree
     return {**tree, "gateway": move_flat_gateway_keys(gateway, moved=moved)}
 
 
+def move_in_tree(tree: dict[str, Any], moved: set[str], *, warn: bool = False) -> dict[str, Any]:
+    """`tree` with each key of `MOVED` it holds at its new path (a copy where one moved;
+    `tree` is unchanged), added to `moved` and warned about when `warn`. The old key and
+    its new path in one source: ConfigError, as nothing says which was meant."""
+    found = set()
+    out = tree
+    for old, new in MOVED.items():
+        section, leaf = old.split(".")
+        node = tree.get(section)
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        if out is tree:
+            out = copy.deepcopy(tree)
+        value = out[section].pop(leaf)
+        *parents, last = new.split(".")
+        target = out
+        for part in parents:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{part} must be a section (it holds {new})")
+        if last in target:
+            raise ConfigError(f"{old} and {new} are both set; keep {new}")
+        target[last] = value
+        found.add(old)
+    moved |= found
+    if warn:
+        warn_moved(found)
+    return out
+
+
 def move_flat_override(item: str, moved: set[str]) -> str:
-    """`--set gateway.<old>...=v` as `gateway.<section>.<leaf>...=v`."""
+    """`--set gateway.<old>...=v` as `gateway.<section>.<leaf>...=v`, and a moved key
+    (`--set trainer.lora.rank=8`) at its new path (`default_policy.lora.rank=8`)."""
     key, sep, raw = item.partition("=")
     parts = key.strip().split(".")
+    for old, new in MOVED.items():
+        if parts[:2] == old.split("."):
+            moved.add(old)
+            return ".".join([new, *parts[2:]]) + sep + raw
     if (
         len(parts) < 2
         or parts[0] != "gateway"

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from areal_service.config import LoRAConfig, PolicyConfig, ServiceConfig
-from areal_service.types import DEFAULT_POLICY, PolicyRecord
+from areal_service.serving_plan import PlanError, PolicyPlan, ServingPlan, check_plan
+from areal_service.types import PolicyRecord
 
 
 class PolicyError(ValueError):
@@ -47,19 +48,16 @@ def policy_config(record: PolicyRecord) -> PolicyConfig:
 
 class PolicyRegistry:
     """Every policy of one deployment: `default`, the config's, then the runtime ones
-    (oldest first). Not thread-safe; in the gateway only its event loop touches it, and
-    `update` swaps whole collections, so a reader never sees half of a refresh."""
+    (oldest first), and the serving plan over them (`plan`), built anew when the runtime
+    policies change. Not thread-safe; in the gateway only its event loop touches it, and
+    `update` swaps whole objects, so a reader never sees half of a refresh."""
 
     def __init__(self, config: ServiceConfig, runtime: Sequence[PolicyRecord] = ()) -> None:
         self._config = config
-        self.declared: list[PolicyConfig] = list(config.policies)
-        """The named policies (config's, then runtime's); empty: the single default."""
-        self.model_policies: dict[str, str] = {
-            alias: p.name for p in config.policies for alias in p.model_names
-        }
-        """Request model name -> policy (every policy's `model_names`)."""
         self.runtime: dict[str, PolicyRecord] = {}
         """The runtime policies by name (the config's are not stored)."""
+        self.plan = ServingPlan(config)
+        """How each policy is served, and which policy serves a request."""
         self.update(runtime)
 
     def update(self, runtime: Sequence[PolicyRecord]) -> list[str]:
@@ -71,40 +69,39 @@ class PolicyRegistry:
         added = [r.name for r in fresh if r.name not in self.runtime]
         if not added and len(fresh) == len(self.runtime):
             return []
-        declared = [*self._config.policies, *(policy_config(r) for r in fresh)]
-        # The config's aliases last: one it gained after a runtime policy took the same
-        # name (a config edit and restart) keeps picking the config's policy.
-        self.model_policies = {alias: p.name for p in reversed(declared) for alias in p.model_names}
+        self.plan = ServingPlan(self._config, [policy_config(r) for r in fresh])
         self.runtime = {r.name: r for r in fresh}
-        self.declared = declared
         return added
+
+    @property
+    def declared(self) -> list[PolicyPlan]:
+        """The named policies (config's, then runtime's); empty: the single default."""
+        return self.plan.named()
+
+    @property
+    def model_policies(self) -> dict[str, str]:
+        """Request model name -> policy (every policy's `model_names`)."""
+        return self.plan.aliases
 
     def names(self) -> list[str]:
         """Every policy: `default`, then the named ones in order."""
-        return [DEFAULT_POLICY, *(p.name for p in self.declared)]
+        return self.plan.names()
 
     def __contains__(self, name: object) -> bool:
-        return name == DEFAULT_POLICY or any(p.name == name for p in self.declared)
+        return name in self.plan
 
     def lora(self, name: str) -> LoRAConfig | None:
-        """The LoRA settings of policy `name` (its own, else `trainer.lora`; None for a
-        full-weight policy); KeyError for an unknown policy."""
-        if name == DEFAULT_POLICY:
-            return self._config.trainer.lora
-        for policy in self.declared:
-            if policy.name == name:
-                if policy.weights == "full":
-                    return None
-                return policy.lora or self._config.trainer.lora
-        raise KeyError(name)
+        """The LoRA settings of policy `name` (its own, else the default policy's; None for
+        a full-weight policy); KeyError for an unknown policy."""
+        return self.plan.lora(name)
 
     def model_names(self, name: str) -> list[str]:
         """The request model names that pick policy `name` (none for `default`)."""
-        return [alias for alias, policy in self.model_policies.items() if policy == name]
+        return list(self.plan[name].model_names)
 
     def source(self, name: str) -> str:
         """`config` or `runtime` (the default policy is the config's)."""
-        return "runtime" if name in self.runtime else "config"
+        return self.plan[name].source
 
 
 MAX_HEADER_BYTES = 100 * 2**20
@@ -151,27 +148,9 @@ def new_policy(
     """The record of a policy to create, checked against the deployment; `PolicyError`
     (400 or 409, with the field and a code) when it cannot be. `modules`: the base
     model's `matrix_modules`, against which the target modules are checked (None: not
-    checked). The registry should be fresh (a name created elsewhere since the last
-    refresh is caught by the store's keys instead)."""
-    if config.trainer.lora is None:
-        raise PolicyError(
-            400,
-            "policies share the base model and differ by their LoRA adapter: this "
-            "deployment trains without one (set trainer.lora)",
-            None,
-            "lora_not_enabled",
-        )
-    if config.engine.backend != "local" and not config.policies:
-        # vLLM and SGLang get room for several adapters only when the launcher sees
-        # declared policies (`--max-loras`, versioned names: gateway/adapters.py).
-        raise PolicyError(
-            400,
-            f"on {config.engine.backend}, policies can be created at runtime only on a "
-            "deployment started with at least one policy in `policies:` (the engine "
-            "is then started with room for several adapters)",
-            None,
-            "policies_unsupported",
-        )
+    checked). The rules across policies are the serving plan's (`check_plan`, as when
+    the config loads). The registry should be fresh (a name created elsewhere since the
+    last refresh is caught by the store's keys instead)."""
     try:
         entry = PolicyConfig(name=name, lora=lora, model_names=list(model_names))
     except ValidationError as exc:
@@ -194,36 +173,23 @@ def new_policy(
                 "lora.target_modules",
                 "invalid_lora",
             )
-    if entry.name in registry:
-        origin = "the config" if registry.source(entry.name) == "config" else "a runtime policy"
-        raise PolicyError(
-            409, f"policy {entry.name!r} exists already ({origin})", "name", "policy_exists"
-        )
-    if len(set(entry.model_names)) != len(entry.model_names):
-        raise PolicyError(
-            400, "model_names: a name is listed twice", "model_names", "invalid_model_names"
-        )
-    for alias in entry.model_names:
-        if not alias or len(alias) > 200:
-            raise PolicyError(
-                400,
-                "model_names: each name must be 1 to 200 characters",
-                "model_names",
-                "invalid_model_names",
-            )
-        taken = registry.model_policies.get(alias)
-        if taken is not None:
-            raise PolicyError(
-                409,
-                f"model name {alias!r} already picks policy {taken!r}",
-                "model_names",
-                "model_name_taken",
-            )
+    runtime = [policy_config(r) for r in registry.runtime.values()]
+    try:
+        check_plan(config, [*runtime, entry])
+    except PlanError as exc:
+        raise PolicyError(exc.status, exc.message, exc.param, exc.code) from None
     return PolicyRecord(
         name=entry.name,
         lora=None if entry.lora is None else entry.lora.model_dump(mode="json"),
         model_names=tuple(entry.model_names),
     )
+
+
+def lora_over_default(config: ServiceConfig, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A new policy's adapter shape: the fields `given`, the others the default policy's
+    (`default_policy.lora`), as the admin API, the console and the CLI fill them."""
+    default = config.default_policy.lora
+    return {**(default.model_dump(mode="json") if default else {}), **given}
 
 
 def with_runtime_policies(
@@ -236,7 +202,10 @@ def with_runtime_policies(
     registry = PolicyRegistry(config, runtime)
     tree = config.model_dump(mode="json")
     tree["gateway"]["auth"]["admin_key"] = config.gateway.auth.admin_key.get_secret_value()
-    tree["policies"] = [p.model_dump(mode="json") for p in registry.declared]
+    tree["policies"] = [
+        *(p.model_dump(mode="json") for p in config.policies),
+        *(policy_config(r).model_dump(mode="json") for r in registry.runtime.values()),
+    ]
     if trainer_policy is not None:
         tree["trainer"]["policy"] = trainer_policy
     return ServiceConfig.model_validate(tree)

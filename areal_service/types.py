@@ -230,7 +230,7 @@ class PolicyRecord:
 
     name: str
     lora: dict[str, Any] | None = None
-    """The adapter's shape as `LoRAConfig` fields; None: `trainer.lora`'s."""
+    """The adapter's shape as `LoRAConfig` fields; None: `default_policy.lora`'s."""
     model_names: tuple[str, ...] = ()
     """Request model names that pick this policy (unique across all policies)."""
     created_at: float = field(default_factory=now)

@@ -1,6 +1,6 @@
-"""Adapter swap vs full-weight swap on one vLLM server (`trainer.lora`), in one run.
+"""Adapter swap vs full-weight swap on one vLLM server (`default_policy.lora`), in one run.
 
-One vLLM server is started with the launcher's command line for `trainer.lora`
+One vLLM server is started with the launcher's command line for `default_policy.lora`
 (`--enable-lora`, the untrained adapter served under `areal-lora`), and the gateway's
 own client (`gateway.backends.vllm.VLLMClient.swap_weights`: pause → load → version
 label → resume) swaps it alternately to a full checkpoint (`reload_weights`, the
@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         full = write_full(args.model, work / "full")
         adapters = [write_adapter(args.model, work / f"adapter-{s}", args.rank, s) for s in (1, 2)]
-        lora = (f"trainer.lora.rank={args.rank}", f"trainer.lora.alpha={2.0 * args.rank}")
+        lora = (
+            f"default_policy.lora.rank={args.rank}",
+            f"default_policy.lora.alpha={2.0 * args.rank}",
+        )
         # the untrained adapter the server starts with, where start_vllm's config puts it
         prepare_lora(
             load_config(

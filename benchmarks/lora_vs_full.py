@@ -102,7 +102,7 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     task = addition_task()
     data = work / arm
-    lora = ["trainer.lora.rank=8", "trainer.lora.alpha=16"] if arm == "lora" else []
+    lora = ["default_policy.lora.rank=8", "default_policy.lora.alpha=16"] if arm == "lora" else []
     config = load_config(
         overrides=[
             f"data_dir={data}",

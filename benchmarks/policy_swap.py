@@ -74,8 +74,8 @@ def start_serve(args: argparse.Namespace, work: Path, model: Path, port: int) ->
         f"gateway.port={port}",
         f"gateway.auth.admin_key={ADMIN_KEY}",
         "gateway.sessions.staleness_gate=false",
-        f"trainer.lora.rank={args.rank}",
-        f"trainer.lora.alpha={2 * args.rank}",
+        f"default_policy.lora.rank={args.rank}",
+        f"default_policy.lora.alpha={2 * args.rank}",
         f"policies={POLICIES}",
         "log_level=warning",
     ]

@@ -1,7 +1,9 @@
 """Named policies at the gateway (`policies:` in config, and those created at runtime):
 which policy a key, a session and a request belong to, and creating one. The policy of
-a session is fixed when it opens (its key's, or the admin's explicit choice); a request's
-model name may pick another policy only through a policy's `model_names`.
+a session is fixed when it opens (its key's, or the admin's explicit choice); which
+policy serves a request is the serving plan's answer for its principal
+(`areal_service/serving_plan.py`): a request's model name picks another policy only for
+the admin, or for an episode whose policy declares that policy among its roles.
 
 Every lookup reads `state.policy_registry` (`areal_service/policy_registry.py`), which
 `run_policy_refresher` rebuilds from the store off the request path; the request path
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from areal_service.policy_registry import PolicyError, matrix_modules, new_policy
+from areal_service.serving_plan import CallerKind
 from areal_service.store import PolicyConflict
 from areal_service.types import DEFAULT_POLICY, PolicyRecord
 from gateway.errors import OpenAIError
@@ -104,25 +107,26 @@ async def serving_policy(
     """(adapter, session): the adapter name a request's generations run under (None for
     the default policy: the backend's own default, the local engine's default adapter or
     vLLM's `ADAPTER_NAME`; else the policy's name), and the session its completions are
-    recorded in. A model name declared in a policy's `model_names` picks that policy; any
-    other name the caller's: its key's (a key's sessions share its policy), or for the
-    admin key its session's. A picked policy other than the session's is a role of the
-    episode: the completions go to its role sub-session (`gateway/roles.py`), which that
-    policy trains. Roles are opened only in episodes the admin started (the admin key,
-    or a session key it minted): a tenant's user key must not put episodes into another
-    tenant's policy, so its completions stay in its own session, as before roles
-    existed. Called only with declared policies; an unaliased name costs no store
-    read (a key's policy is on the key, a session's is cached)."""
-    policy = state.model_policies.get(model)
-    if policy is None:
-        if principal.key is not None:
-            policy = principal.key.policy
-        elif session_id is not None:
-            session = await cached_session(state, session_id)
-            policy = DEFAULT_POLICY if session is None else session.policy
-        else:
-            policy = DEFAULT_POLICY
-    elif session_id is not None and (principal.key is None or principal.key.kind == "session"):
+    recorded in. The serving plan decides the policy from the principal
+    (`ServingPlan.serving`): a key is served by its own policy whatever model name it
+    sends; the admin by its session's (else the default), or by the policy whose alias it
+    names; an episode's session key by the role its policy declares under that alias. A
+    policy other than the session's is a role of the episode: the completions go to its
+    role sub-session (`gateway/roles.py`), which that policy trains. Called only with
+    declared policies; a key costs no store read (its policy is on the key), the admin's
+    session one cached lookup."""
+    key = principal.key
+    own = DEFAULT_POLICY
+    caller: CallerKind = "admin"
+    if key is not None:
+        caller, own = ("session" if key.kind == "session" else "user"), key.policy
+    elif session_id is not None:
+        session = await cached_session(state, session_id)
+        own = DEFAULT_POLICY if session is None else session.policy
+    policy, role = state.policy_registry.plan.serving(caller, own, model)
+    # A request may name a role sub-session itself (its key owns it, and its ids alone
+    # hold a `~`): its completions under the episode's policy go to the episode.
+    if session_id is not None and (role or "~" in session_id):
         session_id = await _recorded_in(state, session_id, policy)
     return (None if policy == DEFAULT_POLICY else policy), session_id
 

@@ -1,6 +1,6 @@
 """The backend pools of the policies with their own full weights (`policies[].weights:
 full`): one `BackendPool` per such policy, over its own engines
-(`ServiceConfig.policy_backend_urls`), built and closed with the app.
+(the serving plan's `PolicyPlan.backend_urls`), built and closed with the app.
 
 Why separate pools: a full-weight policy's weights differ from every other policy's in
 every tensor, so no engine can serve it beside the shared base. Its requests go to its
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
+from areal_service.serving_plan import ServingPlan
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.swap_record import record_swap
@@ -59,7 +60,10 @@ def build_policy_pools(
 ) -> dict[str, BackendPool]:
     """A pool per full-weight policy, with the main pool's routing settings; not started.
     `may_swap`: as in `build_pools`."""
-    pools = {name: BackendPool.from_config(config, name) for name in config.full_weight_policies()}
+    pools = {
+        name: BackendPool.from_config(config, name)
+        for name in (p.name for p in ServingPlan(config).full_weight())
+    }
     if may_swap is not None:
         for pool in pools.values():
             pool.may_swap = may_swap

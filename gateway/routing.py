@@ -40,6 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from areal_service.config import ServiceConfig
+from areal_service.serving_plan import ServingPlan
 from areal_service.types import DEFAULT_POLICY
 from gateway.backends import (
     Backend,
@@ -156,12 +157,12 @@ class BackendPool:
     def from_config(cls, config: ServiceConfig, policy: str | None = None) -> BackendPool:
         """The pool `config` asks for: `gateway.router.backends` (or the local engine), or
         the workers of `gateway.router.url` behind that router. `policy`: a full-weight
-        policy's own pool, over its own engines (`ServiceConfig.policy_backend_urls`),
+        policy's own pool, over its own engines (its `PolicyPlan.backend_urls`),
         which serve no adapter."""
         router = config.gateway.router
         router_url = router.url if policy is None else None
         if policy is not None:
-            urls = config.policy_backend_urls(policy)
+            urls = list(ServingPlan(config)[policy].backend_urls)
         else:
             urls = [] if router_url else config.backend_urls()
         return cls(

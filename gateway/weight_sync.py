@@ -286,8 +286,7 @@ def _default_adapter(state: GatewayState) -> str | None:
     """`DEFAULT_POLICY` when the default policy's versions are adapters swapped beside
     other policies' on the local engine: then its swap, too, touches only its own rows
     (no pause, `Backend.swap_adapter`). Otherwise None: the paired full swap."""
-    c = state.config
-    if c.policies and c.trainer.lora is not None and c.engine.backend == "local":
+    if state.policy_registry.plan.default.swap == "adapter":
         return DEFAULT_POLICY
     return None
 

@@ -29,6 +29,7 @@ import typer
 
 from areal_service.config import ServiceConfig, configure_logging, load_config
 from areal_service.config_renames import ConfigDeprecationWarning
+from areal_service.policy_registry import lora_over_default
 from areal_service.types import DEFAULT_POLICY
 
 app = typer.Typer(
@@ -377,16 +378,16 @@ def policies_create(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     rank: Annotated[
-        int | None, typer.Option(metavar="R", help="LoRA rank (default: trainer.lora's).")
+        int | None, typer.Option(metavar="R", help="LoRA rank (default: default_policy.lora's).")
     ] = None,
     alpha: Annotated[
-        float | None, typer.Option(metavar="A", help="LoRA alpha (default: trainer.lora's).")
+        float | None, typer.Option(metavar="A", help="LoRA alpha (default: default_policy.lora's).")
     ] = None,
     target_modules: Annotated[
         str | None,
         typer.Option(
             metavar="M1,M2",
-            help="Comma-separated module names that get an adapter (default: trainer.lora's).",
+            help="Comma-separated module names that get an adapter (default: default_policy.lora's).",
         ),
     ] = None,
     model_name: Annotated[
@@ -435,11 +436,11 @@ def policies_create(
 def _lora_of(
     cfg: ServiceConfig, rank: int | None, alpha: float | None, target_modules: str | None
 ) -> dict[str, Any] | None:
-    """The `--rank/--alpha/--target-modules` given, over `trainer.lora`'s values (None:
-    none given, the policy follows `trainer.lora`)."""
+    """The `--rank/--alpha/--target-modules` given, over the default policy's adapter
+    shape (None: none given, the policy follows it)."""
     if rank is None and alpha is None and target_modules is None:
         return None
-    base = cfg.trainer.lora.model_dump(mode="json") if cfg.trainer.lora else {}
+    base = lora_over_default(cfg, {})
     if rank is not None:
         base["rank"] = rank
     if alpha is not None:
@@ -587,7 +588,7 @@ def _trainer_config(
     if policy is None:
         return _config(config, overrides)
     cfg = _config(config, [*(overrides or []), f"trainer.policy={DEFAULT_POLICY}"])
-    if policy in cfg.policy_names():
+    if policy == DEFAULT_POLICY or any(p.name == policy for p in cfg.policies):
         return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"policy": policy})})
     store = _open_store(cfg)
     try:

@@ -32,6 +32,7 @@ import httpx
 import typer
 
 from areal_service.config import ServiceConfig, with_admin_key
+from areal_service.serving_plan import ServingPlan
 from launcher.demo_task import DemoPrompt, DemoTask, EvalSet, addition_task, digits_task
 from launcher.earlier_run import fresh_start, previous_run
 from launcher.launch import trainer_argv
@@ -41,7 +42,7 @@ from launcher.stack import Stack, check_stack_ports_free, local_stack, share_cpu
 
 STOP_AT_REWARD = 0.98
 LORA_LR_SCALE = 10.0
-"""With `trainer.lora`, the task's learning rate is multiplied by this: LoRA's best
+"""With a LoRA default policy (`default_policy.lora`), the task's learning rate is multiplied by this: LoRA's best
 learning rate is about 10x full fine-tuning's (Thinking Machines, "LoRA Without
 Regret", 2025), since the B·A update starts at zero and is scaled by alpha / rank."""
 """Training stops early once the last 128 episodes' mean reward reaches this."""
@@ -58,7 +59,7 @@ def demo_config(
     config: ServiceConfig, steps: int, trainer_procs: int = 1, task: DemoTask | None = None
 ) -> ServiceConfig:
     """The demo's settings on top of the user's: the task's learning rate and GRPO group
-    size (with `trainer.lora`, the rate times LORA_LR_SCALE), the staleness gate on
+    size (with a LoRA default policy, the rate times LORA_LR_SCALE), the staleness gate on
     (η = 2), training sampling (temperature 1).
     `trainer_procs` > 1 splits the trainer's share of the cores between its processes.
     The demo serves a gateway: the data dir's admin key is created here when needed."""
@@ -69,7 +70,7 @@ def demo_config(
     tree["gateway"]["sessions"].update(staleness_gate=True, admit_wait_s=30.0)
     tree["gateway"]["sampling"]["mode"] = "training"
     settings = dict(task.trainer)
-    if config.trainer.lora is not None and "lr" in settings:
+    if ServingPlan(config).default.lora is not None and "lr" in settings:
         settings["lr"] = settings["lr"] * LORA_LR_SCALE
     tree["trainer"].update(
         max_staleness=2, total_steps=steps, checkpoint_every=10, advantage="grpo", **settings

@@ -1,12 +1,13 @@
 """The local engines of the full-weight policies (`policies[].weights: full` without
 `backends`): one `areal-service engine` child per such policy, serving the base model at
-`engine.host`:`ServiceConfig.policy_engine_port(name)`, started beside the main engine
+`engine.host`:its `PolicyPlan.engine_port` (the serving plan), started beside the main engine
 and stopped with it. Each starts on the base checkpoint (the policy's v0); the gateway
 swaps the policy's published versions onto it."""
 
 from __future__ import annotations
 
 from areal_service.config import ServiceConfig, save_config
+from areal_service.serving_plan import ServingPlan
 from areal_service.types import DEFAULT_POLICY
 from launcher.preflight import check_port_free
 from launcher.processes import ChildProcess, cli_argv
@@ -15,8 +16,8 @@ from launcher.processes import ChildProcess, cli_argv
 def local_policy_engines(config: ServiceConfig) -> dict[str, int]:
     """Full-weight policy -> the port of the local engine started for it (those given
     `backends` run elsewhere and are not listed)."""
-    ports = {name: config.policy_engine_port(name) for name in config.full_weight_policies()}
-    return {name: port for name, port in ports.items() if port is not None}
+    plans = ServingPlan(config).full_weight()
+    return {p.name: p.engine_port for p in plans if p.engine_port is not None}
 
 
 def policy_engine_config(config: ServiceConfig, port: int) -> ServiceConfig:

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from areal_service.config import ServiceConfig
+from areal_service.serving_plan import ServingPlan
 from areal_service.store import TrajectoryStore
 from launcher.processes import ChildProcess, cli_argv
 
@@ -35,9 +36,9 @@ class PolicyTrainers:
         self._env = env
         self._children = children
         self.started: dict[str, ChildProcess] = {}
-        # Runtime policies exist only where policies can (trainer.lora, the local
-        # engine): elsewhere there is nothing to poll for.
-        self._polls = config.trainer.lora is not None and config.engine.backend == "local"
+        # Runtime policies exist only where the serving plan lets them be created:
+        # elsewhere there is nothing to poll for.
+        self._polls = ServingPlan(config).runtime_creatable()
         self._store: TrajectoryStore | None = None
 
     def start(self, names: list[str]) -> None:

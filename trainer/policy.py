@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from areal_service.config import ServiceConfig, TrainerConfig
+from areal_service.serving_plan import ServingPlan
 from trainer.lora import wrap_lora
 from trainer.model import DistInfo, apply_fsdp2, load_policy, load_reference, resolve_dtype
 from trainer.step import build_optimizer
@@ -39,9 +40,9 @@ def build_policy(config: ServiceConfig, info: DistInfo) -> Policy:
     cfg = config.trainer
     model_dir = prepare_model_dir(config)
     model = load_policy(model_dir)
-    # The trained policy's own adapter shape; None (every weight trains) without
-    # trainer.lora or for a policy with its own full weights (`weights: full`).
-    lora = config.policy_lora(cfg.policy)
+    # The trained policy's own adapter shape (the serving plan's); None (every weight
+    # trains) for a full-weight default policy or a policy with `weights: full`.
+    lora = ServingPlan(config).lora(cfg.policy)
     if lora is not None:  # frozen base + trainable adapter, same step code
         model = wrap_lora(model, lora, seed=cfg.seed)  # one init on every rank
     bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16

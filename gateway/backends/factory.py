@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from areal_service.config import ServiceConfig
 from areal_service.lora_adapter import ADAPTER_NAME
+from areal_service.serving_plan import ServingPlan
 from areal_service.types import DEFAULT_POLICY
 from gateway.adapters import AdapterNames
 from gateway.backends.base import Backend
@@ -21,18 +22,16 @@ newly listed workers)."""
 
 def adapter_names(config: ServiceConfig) -> AdapterNames | None:
     """One server's versioned adapter names (`gateway/adapters.py`), or None where the
-    backend does not load adapters by name: with `trainer.lora`, SGLang serves every
-    policy through them (the default one too), and vLLM the named policies; vLLM's
-    default policy keeps its one in-place adapter unless `policies:` are declared.
-    Retired names wait two syncer polls (other gateway processes' view) and at most one
-    request timeout."""
-    engine = config.engine.backend
-    if config.trainer.lora is None or engine == "local":
+    backend does not load adapters by name: the serving plan says which policies' adapters
+    are versioned (SGLang's every one, the default's too; vLLM's named ones, and its
+    default's once `policies:` are declared). Retired names wait two syncer polls (other
+    gateway processes' view) and at most one request timeout."""
+    plan = ServingPlan(config)
+    if not plan.engine.adapters_by_name:
         return None
     router = config.gateway.router
-    versioned_default = engine == "sglang" or bool(config.policies)
     return AdapterNames(
-        default_policy=DEFAULT_POLICY if versioned_default else None,
+        default_policy=DEFAULT_POLICY if plan.default.adapter == "versioned" else None,
         grace_s=2 * router.weight_poll_interval_s + 1.0,
         max_wait_s=router.request_timeout_s,
     )
@@ -44,9 +43,9 @@ def client_factory(config: ServiceConfig, *, full_weights: bool = False) -> Clie
     its own versioned adapter names (one per server). `full_weights`: a full-weight
     policy's own engines, which serve no adapter."""
     timeout_s = config.gateway.router.request_timeout_s
-    lora = config.trainer.lora is not None and not full_weights
+    lora = ServingPlan(config).default.lora is not None and not full_weights
     if config.engine.backend == "vllm":
-        # trainer.lora: a request of no policy runs under the one served adapter
+        # A LoRA default policy: a request of no policy runs under the one served adapter
         served = ADAPTER_NAME if lora else None
 
         def vllm(url: str) -> Backend:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.datastructures import FormData
 
+from areal_service.policy_registry import lora_over_default
 from gateway.console.auth import CheckedForm, ConsoleAdmin, ConsoleSession
 from gateway.console.routes import render
 from gateway.deps import StateDep
@@ -33,7 +34,7 @@ def _form_page(
     error: OpenAIError | None = None,
     created: str = "",
 ) -> Response:
-    lora = state.config.trainer.lora
+    lora = state.policy_registry.plan.default.lora
     return render(
         request,
         "policy_new.html",
@@ -87,8 +88,8 @@ async def create_policy_form(
                 lora[field] = number
         if values["target_modules"]:
             lora["target_modules"] = _words(values["target_modules"])
-        if lora and state.config.trainer.lora is not None:
-            lora = {**state.config.trainer.lora.model_dump(mode="json"), **lora}
+        if lora:
+            lora = lora_over_default(state.config, lora)
         record = await create_policy(
             state, values["name"], lora or None, _words(values["model_names"])
         )

@@ -20,6 +20,7 @@ from starlette.concurrency import iterate_in_threadpool
 from areal_service.config import LoRAConfig
 from areal_service.export import ExportFilters, export_sequences, iter_export_rows
 from areal_service.keys import new_api_key
+from areal_service.policy_registry import lora_over_default
 from areal_service.store.audit import EpisodeAudit
 from areal_service.types import DEFAULT_POLICY, ApiKeyRecord, KeyKind, WeightVersionRecord
 from gateway.admission import window
@@ -338,7 +339,7 @@ class PolicyCreate(BaseModel):
     name: str = Field(max_length=63)
     """Also the adapter's served name and `weights/<name>/`: `[a-z0-9][a-z0-9_-]*`."""
     lora: LoRAConfig | None = None
-    """rank, alpha, target_modules (and dropout); none: `trainer.lora`'s."""
+    """rank, alpha, target_modules (and dropout); none: `default_policy.lora`'s."""
     model_names: list[str] = Field(default_factory=list, max_length=64)
     """Request model names that pick this policy (unique across every policy)."""
 
@@ -378,21 +379,19 @@ def policy_views(state: GatewayState, latest: dict[str, WeightVersionRecord]) ->
     """Every policy (`default`, the config's, then the runtime ones) as the API and the
     console show it, with its latest published version from `latest`."""
     registry = state.policy_registry
-    aliases = {p.name: p.model_names for p in registry.declared}
     views = []
-    for name in registry.names():
-        lora, version = registry.lora(name), latest.get(name)
+    for plan in registry.plan.policies.values():
+        name, lora, version = plan.name, plan.lora, latest.get(plan.name)
         runtime = registry.runtime.get(name)
         pool = state.policy_pools.get(name)
-        full = pool is not None or (name == DEFAULT_POLICY and lora is None)
         views.append(
             PolicyView(
                 name=name,
-                source=registry.source(name),
-                weights="full" if full else "lora",
+                source=plan.source,
+                weights=plan.weights,
                 backends=[] if pool is None else [b.url for b in pool.backends],
                 live_version=live_version_of(state, name),
-                model_names=aliases.get(name, []),
+                model_names=list(plan.model_names),
                 lora_rank=None if lora is None else lora.rank,
                 lora_alpha=None if lora is None else lora.alpha,
                 target_modules=None if lora is None else lora.target_modules,
@@ -420,9 +419,8 @@ async def create_policy(state: StateDep, _: AdminDep, body: PolicyCreate) -> Pol
     at once; it serves the base model (its untrained version 0) until its trainer
     publishes."""
     lora = None
-    if body.lora is not None:  # the fields not given are trainer.lora's, as in the CLI
+    if body.lora is not None:  # the fields not given are the default policy's, as in the CLI
         given = body.lora.model_dump(mode="json", include=body.lora.model_fields_set)
-        default = state.config.trainer.lora
-        lora = {**(default.model_dump(mode="json") if default else {}), **given}
+        lora = lora_over_default(state.config, given)
     record = await create_runtime_policy(state, body.name, lora, body.model_names)
     return next(v for v in policy_views(state, {}) if v.name == record.name)

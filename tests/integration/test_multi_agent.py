@@ -28,7 +28,7 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 POLICIES = (
     "trainer.lora.rank=8",
     "trainer.lora.alpha=16",
-    "policies=[{name: solver, model_names: [solver-model]}, "
+    "policies=[{name: solver, model_names: [solver-model], roles: [reviewer]}, "
     "{name: reviewer, model_names: [reviewer-model]}]",
 )
 TRAINING = (
@@ -290,14 +290,15 @@ def test_roles_show_in_the_api_and_stay_their_keys(gw: Any) -> None:
 
 
 def test_a_tenant_key_cannot_train_another_policy(gw: Any) -> None:
-    """A user key (a tenant bound to one policy) served under another policy's model name
-    opens no role: its completion stays in its own session, trained by its own policy."""
+    """A user key (a tenant bound to one policy) naming another policy's model name is
+    served by its own policy and opens no role (issue 37, N2): its completion stays in its
+    own session, trained by its own policy."""
     created = httpx.post(f"{gw.url}/admin/keys", json={"policy": "reviewer"}, headers=ADMIN)
     key = created.json()["api_key"]
     completion = _ask(gw, key, "solver-model", "2+2=")
     record = gw.state.store.get_completion(completion)
     own = gw.state.store.get_session(record.session_id)
-    assert record.model == "solver"  # served under the alias...
+    assert record.model == "reviewer"  # served by its own policy, not the alias's...
     assert (own.policy, own.parent_session_id) == ("reviewer", None)  # ...kept in its session
     assert gw.state.store.list_sessions(parent_session_id=own.id) == []
 

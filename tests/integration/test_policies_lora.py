@@ -121,10 +121,11 @@ def test_two_policies_train_and_swap_apart(tmp_path: Path, tiny_model_dir: Path)
         assert _max_gap(tiny_model_dir, verifier_seqs, None) <= 1e-4  # still the base
         assert _max_gap(tiny_model_dir, solver_seqs, None) > 1e-3  # the adapter moved it
 
-        # A declared model name picks its policy whatever the key's.
+        # A bound key is served by its own policy whatever model name it sends, another
+        # policy's alias included (issue 37, N2).
         aliased = _served(gw, keys["verifier"], model="solver-model")
-        assert _versions(aliased) == {1}
-        assert {store.get_completion(s.completion_ids[0]).model for s in aliased} == {"solver"}
+        assert _versions(aliased) == {0}
+        assert {store.get_completion(s.completion_ids[0]).model for s in aliased} == {"verifier"}
 
         _train(gw, "verifier")
         verifier_v1 = tmp_path / "weights" / "verifier" / "v1"

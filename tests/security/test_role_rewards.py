@@ -16,7 +16,7 @@ ADMIN = {"authorization": "Bearer sk-test-admin"}
 ROLES = (
     "trainer.lora.rank=8",
     "trainer.lora.alpha=16",
-    "policies=[{name: solver, model_names: [solver-model]}, "
+    "policies=[{name: solver, model_names: [solver-model], roles: [reviewer]}, "
     "{name: reviewer, model_names: [reviewer-model]}]",
     "gateway.sessions.staleness_gate=false",
 )

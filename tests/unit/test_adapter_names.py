@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from areal_service.config import POLICY_NAME_PATTERN, ServiceConfig, load_config
+from areal_service.serving_plan import ServingPlan
 from areal_service.sglang_protocol import GenerateResponse
 from gateway.adapters import BASE, AdapterNames, Lease, served_name
 from gateway.backends import SGLangClient, TokenRequest
@@ -137,7 +138,10 @@ def test_launch_flags_make_room_for_every_policys_adapters(tmp_path: Path) -> No
     config = load_config(
         None, [f"data_dir={tmp_path}", "engine.backend=vllm", "trainer.lora.rank=8", POLICIES]
     )
-    assert config.lora_slots() == 6 and config.max_policy_rank() == 16
+    assert (
+        ServingPlan(config).engine.lora_slots == 6
+        and ServingPlan(config).engine.max_lora_rank == 16
+    )
     flags = " ".join(vllm_argv(config, 9000, on_gpu=False))
     assert "--enable-lora --max-loras 6 --max-lora-rank 16" in flags
     assert "--lora-modules" not in flags  # every policy starts on the base

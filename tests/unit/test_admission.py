@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from areal_service.config import (
+    DefaultPolicyConfig,
     GatewayConfig,
     LoRAConfig,
     PolicyConfig,
@@ -52,11 +53,14 @@ def gate(
         max_staleness=eta,
         batch_groups=batch_groups,
         group_size=group_size,
-        lora=LoRAConfig() if policies else None,
     )
     gateway = GatewayConfig(sessions=SessionsConfig(staleness_gate=True, admit_wait_s=0.0))
     declared = [PolicyConfig(name=p) for p in policies]
-    return GateState(ServiceConfig(trainer=trainer, gateway=gateway, policies=declared), store)
+    default = DefaultPolicyConfig(lora=LoRAConfig() if policies else None)
+    config = ServiceConfig(
+        trainer=trainer, gateway=gateway, default_policy=default, policies=declared
+    )
+    return GateState(config, store)
 
 
 def start(

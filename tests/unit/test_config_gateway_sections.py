@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from areal_service.config import GatewayConfig, load_config, save_config
+from areal_service.config import GatewayConfig, config_from_tree, load_config, save_config
 from areal_service.config_errors import ConfigError
 from areal_service.config_renames import GATEWAY_MOVED, ConfigDeprecationWarning
 from launcher.cli import app
@@ -73,17 +74,46 @@ def test_flat_yaml_keys_load_with_the_same_values_and_one_warning_each(tmp_path:
     )
 
 
-def test_a_flat_key_in_several_sources_warns_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("old", "new", "values", "warning"),
+    [
+        (
+            "gateway.max_request_bytes",
+            "gateway.limits.max_request_bytes",
+            (2048, 4096, 8192),
+            "gateway.max_request_bytes is deprecated: use gateway.limits.max_request_bytes",
+        ),
+        # `trainer.lora` is the default policy's adapter shape now.
+        (
+            "trainer.lora.rank",
+            "default_policy.lora.rank",
+            (4, 8, 16),
+            "trainer.lora is deprecated: use default_policy.lora",
+        ),
+    ],
+)
+def test_a_moved_key_in_several_sources_warns_once(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    old: str,
+    new: str,
+    values: tuple[int, int, int],
+    warning: str,
 ) -> None:
+    section, *rest = old.split(".")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("gateway:\n  max_request_bytes: 2048\n")
-    monkeypatch.setenv("AREAL_GATEWAY__MAX_REQUEST_BYTES", "4096")
-    tree, warned = _load(cfg, ["gateway.max_request_bytes=8192"])
-    assert tree["gateway"]["limits"]["max_request_bytes"] == 8192  # CLI > env > YAML
-    assert warned == [
-        "gateway.max_request_bytes is deprecated: use gateway.limits.max_request_bytes"
-    ]
+    cfg.write_text(json.dumps({section: _nested(rest, values[0])}))
+    monkeypatch.setenv("AREAL_" + old.upper().replace(".", "__"), str(values[1]))
+    tree, warned = _load(cfg, [f"{old}={values[2]}"])
+    node: Any = tree
+    for part in new.split("."):
+        node = node[part]
+    assert node == values[2]  # CLI > env > YAML
+    assert warned == [warning]
+
+
+def _nested(parts: list[str], value: object) -> object:
+    return value if not parts else {parts[0]: _nested(parts[1:], value)}
 
 
 def test_flat_and_nested_keys_keep_their_sources_priorities(
@@ -196,3 +226,8 @@ def test_a_gateway_built_from_flat_keywords_still_works() -> None:
     with pytest.warns(ConfigDeprecationWarning, match="use gateway.sessions.staleness_gate"):
         gw = GatewayConfig(staleness_gate=True)
     assert gw.sessions.staleness_gate is True
+
+
+def test_the_old_trainer_lora_key_and_its_new_path_in_one_source_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="both set; keep default_policy.lora"):
+        config_from_tree({"trainer": {"lora": {}}, "default_policy": {"lora": {}}})

@@ -14,7 +14,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_config_reference_is_current():
-    # docs/config.md is rendered from areal_service/config.py's field docstrings; a
+    # docs/config.md is rendered from areal_service/config/'s field docstrings; a
     # setting added, removed or re-documented without re-rendering fails here.
     render = runpy.run_path(str(ROOT / "scripts" / "config_reference.py"))["render"]
     assert (ROOT / "docs" / "config.md").read_text() == render(), (

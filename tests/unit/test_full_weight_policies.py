@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from support.loopback import free_port
 
 from areal_service.config import DEFAULT_POLICY, ServiceConfig, load_config, save_config
+from areal_service.serving_plan import ServingPlan
 from gateway.policy_pools import build_policy_pools, close_policy_pools
 from launcher.policy_engines import (
     local_policy_engines,
@@ -30,19 +31,21 @@ def _config(**tree: object) -> ServiceConfig:
 
 def test_full_weight_policies_need_no_trainer_lora_and_train_every_weight() -> None:
     config = _config(policies=[{"name": "critic", "weights": "full"}])
-    assert config.trainer.lora is None
-    assert config.full_weight_policies() == ["critic"]
-    assert config.policy_lora("critic") is None
-    # Beside LoRA policies: trainer.lora is theirs (and the default's), not the critic's.
+    plan = ServingPlan(config)
+    assert config.default_policy.lora is None
+    assert [p.name for p in plan.full_weight()] == ["critic"]
+    assert plan.lora("critic") is None and plan["critic"].own_pool
+    # Beside LoRA policies: the default's adapter shape is theirs, not the critic's.
     mixed = _config(
         trainer={"lora": LORA},
         policies=[{"name": "solver"}, {"name": "critic", "weights": "full"}],
     )
-    assert mixed.full_weight_policies() == ["critic"]
-    solver = mixed.policy_lora("solver")
+    mixed_plan = ServingPlan(mixed)
+    assert [p.name for p in mixed_plan.full_weight()] == ["critic"]
+    solver = mixed_plan.lora("solver")
     assert solver is not None and solver.rank == 4
-    assert mixed.policy_lora("critic") is None
-    assert mixed.policy_lora(DEFAULT_POLICY) is not None
+    assert mixed_plan.lora("critic") is None
+    assert mixed_plan.lora(DEFAULT_POLICY) is not None
 
 
 def test_each_full_weight_policy_gets_its_own_backends() -> None:
@@ -56,7 +59,7 @@ def test_each_full_weight_policy_gets_its_own_backends() -> None:
         ],
     )
     assert config.backend_urls() == ["http://127.0.0.1:31000"]
-    urls = {n: config.policy_backend_urls(n) for n in config.full_weight_policies()}
+    urls = {p.name: list(p.backend_urls) for p in ServingPlan(config).full_weight()}
     assert urls == {
         "a": ["http://127.0.0.1:31001"],
         "b": ["http://127.0.0.1:32000"],
@@ -65,7 +68,7 @@ def test_each_full_weight_policy_gets_its_own_backends() -> None:
     }
     assert local_policy_engines(config) == {"a": 31001, "b": 32000, "d": 31004}
     with pytest.raises(KeyError):
-        config.policy_backend_urls("nobody")
+        ServingPlan(config)["nobody"]
 
 
 @pytest.mark.parametrize(
@@ -87,7 +90,7 @@ def test_each_full_weight_policy_gets_its_own_backends() -> None:
         ({"policies": [{"name": "a", "weights": "fat"}]}, "'lora' or 'full'"),
         (
             {"policies": [{"name": "a", "weights": "full"}, {"name": "b"}]},
-            "set trainer.lora",
+            "set default_policy.lora",
         ),
         (
             {"gateway": {"port": 30001}, "policies": [{"name": "a", "weights": "full"}]},

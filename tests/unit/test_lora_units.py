@@ -1,4 +1,4 @@
-"""LoRA (`trainer.lora`): the config section and its refusals; PEFT under FSDP2 on CPU
+"""LoRA (`default_policy.lora`, formerly `trainer.lora`): the config section and its refusals; PEFT under FSDP2 on CPU
 trains the adapter alone (the base stays bit-identical), publishes PEFT's adapter files
 only and reloads them; the local engine's runner serves a published adapter with logits
 equal to the trainer's PEFT forward, swaps it in place and refuses one that does not fit
@@ -14,7 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from areal_service.config import LORA_TARGETS, LoRAConfig, TrainerConfig, load_config
+from areal_service.config import (
+    LORA_TARGETS,
+    LoRAConfig,
+    TrainerConfig,
+    load_config,
+)
 from areal_service.config_errors import ConfigError
 from areal_service.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir
 from areal_service.types import TrainSequence
@@ -24,7 +29,8 @@ from trainer.lora import adapter_state, is_lora, load_adapter_weights, save_adap
 from trainer.model import apply_fsdp2, destroy_distributed, init_distributed, load_policy
 from trainer.step import build_optimizer, compute_logprobs, train_step
 
-CFG = TrainerConfig(lr=1e-2, weight_decay=0.0, max_tokens_per_mb=10_000, lora=LoRAConfig())
+CFG = TrainerConfig(lr=1e-2, weight_decay=0.0, max_tokens_per_mb=10_000)
+LORA = LoRAConfig()
 
 
 def _sequences(n: int = 4) -> list[TrainSequence]:
@@ -56,23 +62,29 @@ def group():
 
 
 def test_lora_config_defaults_off_and_refuses_what_cannot_serve_it():
-    assert load_config(None, []).trainer.lora is None  # full fine-tuning by default
-    cfg = load_config(None, ["trainer.lora.rank=16"]).trainer.lora
+    assert load_config(None, []).default_policy.lora is None  # full fine-tuning by default
+    cfg = load_config(None, ["default_policy.lora.rank=16"]).default_policy.lora
     assert cfg is not None and cfg.rank == 16 and cfg.alpha == 16 and cfg.dropout == 0
     assert tuple(cfg.target_modules) == LORA_TARGETS
     with pytest.raises(ConfigError, match="weight_sync=disk"):
-        load_config(None, ["trainer.lora.rank=8", "trainer.weight_sync=distributed"])
+        load_config(None, ["default_policy.lora.rank=8", "trainer.weight_sync=distributed"])
     with pytest.raises(ConfigError, match="router"):
         load_config(
             None,
-            ["trainer.lora.rank=8", "engine.backend=sglang", "gateway.router.url=http://h:1"],
+            [
+                "default_policy.lora.rank=8",
+                "engine.backend=sglang",
+                "gateway.router.url=http://h:1",
+            ],
         )
     with pytest.raises(ConfigError, match="rank"):
-        load_config(None, ["trainer.lora.rank=0"])
+        load_config(None, ["default_policy.lora.rank=0"])
+    with pytest.raises(ConfigError, match="alpha"):  # a NaN from the first step
+        load_config(None, ["default_policy.lora.alpha=.inf"])
 
 
 def test_lora_trains_only_the_adapter_and_publishes_it_alone(group, tiny_model_dir, tmp_path):
-    model = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), CFG.lora))
+    model = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), LORA))
     assert is_lora(model) and not is_lora(load_policy(tiny_model_dir))
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     assert names and all(".lora_A." in n or ".lora_B." in n for n in names)
@@ -103,7 +115,7 @@ def test_lora_trains_only_the_adapter_and_publishes_it_alone(group, tiny_model_d
 
     # Resume from the published adapter: a fresh wrapped model computes the same logprobs.
     mb = build_micro_batches(_sequences(), [0.0] * 4, 10_000)[0]
-    fresh = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), CFG.lora))
+    fresh = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), LORA))
     [trained], [untrained] = compute_logprobs(model, [mb]), compute_logprobs(fresh, [mb])
     load_adapter_weights(fresh, out)
     [reloaded] = compute_logprobs(fresh, [mb])
@@ -111,7 +123,7 @@ def test_lora_trains_only_the_adapter_and_publishes_it_alone(group, tiny_model_d
     assert torch.equal(trained, reloaded)
 
 
-def _published_adapter(tiny_model_dir, out, seed: int, lora: LoRAConfig = CFG.lora):
+def _published_adapter(tiny_model_dir, out, seed: int, lora: LoRAConfig = LORA):
     """An adapter with random (nonzero) A and B, as the trainer writes it."""
     torch.manual_seed(seed)
     model = wrap_lora(load_policy(tiny_model_dir), lora)
@@ -173,7 +185,7 @@ def test_vllm_launch_flags_and_a_full_weights_backend_refuses_an_adapter(tmp_pat
 
     assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
     config = load_config(
-        None, [f"data_dir={tmp_path}", "engine.backend=vllm", "trainer.lora.rank=12"]
+        None, [f"data_dir={tmp_path}", "engine.backend=vllm", "default_policy.lora.rank=12"]
     )
     argv = vllm_argv(config, 9000, on_gpu=False)
     flags = " ".join(argv)
@@ -205,13 +217,13 @@ def _lora_rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(1 + rank)  # as the trainer seeds each rank (seed + rank)
     init_distributed("cpu")
-    model = apply_fsdp2(wrap_lora(load_policy(model_dir), CFG.lora))
+    model = apply_fsdp2(wrap_lora(load_policy(model_dir), LORA))
     seqs, advs = _sequences()[rank::2], [1, -1, 0.5, -0.5][rank::2]
     stats = train_step(
         model, build_optimizer(model, CFG), build_micro_batches(seqs, advs, 10_000), CFG
     )
     out = save_adapter(model, Path(out_dir) / "v1")
-    fresh = apply_fsdp2(wrap_lora(load_policy(model_dir), CFG.lora))
+    fresh = apply_fsdp2(wrap_lora(load_policy(model_dir), LORA))
     load_adapter_weights(fresh, out)  # resume at world size 2
     same = all(
         torch.equal(a.full_tensor(), b.full_tensor())
@@ -233,7 +245,7 @@ def test_lora_two_ranks_train_publish_and_resume_like_one(group, tiny_model_dir,
     mp.spawn(_lora_rank_main, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert r0["same"] and r1["same"]
-    model = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), CFG.lora))
+    model = apply_fsdp2(wrap_lora(load_policy(tiny_model_dir), LORA))
     single = train_step(
         model,
         build_optimizer(model, CFG),

@@ -29,7 +29,7 @@ def test_python_floor_is_311_everywhere():
 
 
 def test_no_unused_settings_dependency():
-    # config.py merges file, environment and overrides itself; nothing imports
+    # config/loading.py merges file, environment and overrides itself; nothing imports
     # pydantic_settings, so it is no dependency either.
     deps = " ".join(PYPROJECT["project"]["dependencies"])
     assert "pydantic-settings" not in deps

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from areal_service.config import DEFAULT_POLICY, ServiceConfig
+from areal_service.serving_plan import ServingPlan
 
 LORA = {"rank": 4, "alpha": 8.0}
 
@@ -18,7 +19,7 @@ def _config(**tree: object) -> ServiceConfig:
 def test_no_policies_is_the_single_default_policy(tmp_path) -> None:
     config = ServiceConfig(data_dir=tmp_path)
     assert config.policies == []
-    assert config.policy_names() == [DEFAULT_POLICY]
+    assert ServingPlan(config).names() == [DEFAULT_POLICY]
     assert config.trainer.policy == DEFAULT_POLICY
     assert config.weights_dir() == tmp_path / "weights"
     assert config.checkpoint_dir() == tmp_path / "checkpoints"
@@ -32,12 +33,13 @@ def test_declared_policies_take_trainer_lora_unless_given(tmp_path) -> None:
             {"name": "verifier", "lora": {"rank": 16, "alpha": 32.0}},
         ],
     )
-    assert config.policy_names() == ["default", "solver", "verifier"]
-    solver, verifier = config.policy_lora("solver"), config.policy_lora("verifier")
+    plan = ServingPlan(config)
+    assert plan.names() == ["default", "solver", "verifier"]
+    solver, verifier = plan.lora("solver"), plan.lora("verifier")
     assert solver is not None and solver.rank == 4
     assert verifier is not None and verifier.rank == 16
     with pytest.raises(KeyError):
-        config.policy_lora("nobody")
+        plan.lora("nobody")
     trainer = _config(
         data_dir=str(tmp_path),
         policies=[{"name": "solver"}],
@@ -52,7 +54,7 @@ def test_declared_policies_take_trainer_lora_unless_given(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"policies": [{"name": "a"}], "trainer": {}}, "set trainer.lora"),
+        ({"policies": [{"name": "a"}], "trainer": {}}, "set default_policy.lora"),
         ({"policies": [{"name": "Bad Name"}]}, "should match pattern"),
         ({"policies": [{"name": "default"}]}, "reserved"),
         ({"policies": [{"name": "areal-lora"}]}, "reserved"),
@@ -65,7 +67,7 @@ def test_declared_policies_take_trainer_lora_unless_given(tmp_path) -> None:
                     {"name": "b", "model_names": ["m"]},
                 ]
             },
-            "more than one policy",
+            "already picks policy 'a'",
         ),
         (
             {"policies": [{"name": "a"}], "trainer": {"lora": LORA, "policy": "b"}},
@@ -215,7 +217,7 @@ def test_policies_run_on_vllm_and_sglang_but_not_through_sglangs_router() -> Non
         config = ServiceConfig.model_validate(
             {"trainer": {"lora": LORA}, "engine": {"backend": backend}, "policies": [{"name": "a"}]}
         )
-        assert config.policy_names() == ["default", "a"]
+        assert ServingPlan(config).names() == ["default", "a"]
     with pytest.raises(ValidationError, match="router"):
         ServiceConfig.model_validate(
             {

@@ -14,6 +14,7 @@ from areal_service.policy_registry import (
     new_policy,
     with_runtime_policies,
 )
+from areal_service.serving_plan import ServingPlan
 from areal_service.store import PolicyConflict
 from areal_service.types import PolicyRecord
 
@@ -135,8 +136,8 @@ def test_a_runtime_policys_trainer_config(tmp_path) -> None:
     runtime = [PolicyRecord(name="critic", lora={"rank": 16, "alpha": 32.0})]
     trainer = with_runtime_policies(config, runtime, "critic")
     assert trainer.trainer.policy == "critic"
-    assert trainer.policy_names() == ["default", "solver", "critic"]
-    critic = trainer.policy_lora("critic")
+    assert ServingPlan(trainer).names() == ["default", "solver", "critic"]
+    critic = ServingPlan(trainer).lora("critic")
     assert critic is not None and critic.rank == 16
     assert trainer.weights_dir() == tmp_path / "weights" / "critic"
     assert (
@@ -202,7 +203,7 @@ def test_cli_creates_lists_binds_and_trains_a_runtime_policy(tmp_path) -> None:
     # `trainer --policy critic` resolves the stored policy as a declared one.
     trainer = _trainer_config(None, [s for s in sets if s != "--set"], "critic")
     assert trainer.trainer.policy == "critic" and trainer.weights_dir().name == "critic"
-    critic = trainer.policy_lora("critic")
+    critic = ServingPlan(trainer).lora("critic")
     assert critic is not None and critic.rank == 16
     unknown = runner.invoke(app, ["trainer", "--policy", "nobody", *sets])
     assert unknown.exit_code != 0 and "not a declared policy" in unknown.output
