@@ -131,8 +131,16 @@ def test_store_at_its_size_quota_503_not_ready_then_recovers(
         raw = sqlite3.connect(db, isolation_level=None)
         raw.execute("CREATE TABLE filler (blob BLOB)")
         page = raw.execute("PRAGMA page_size").fetchone()[0]
+        # The filler obeys the same quota: one 16 KB row spans several pages, so without
+        # it the last insert could carry the file past the quota (where it ended depends on
+        # the schema's size, which each migration moves), and "the quota held" below would
+        # measure the filler, not the gateway.
+        raw.execute(f"PRAGMA max_page_count={quota_mb * 2**20 // page}")
         while raw.execute("PRAGMA page_count").fetchone()[0] * page < quota_mb * 2**20 - 8192:
-            raw.execute("INSERT INTO filler VALUES (randomblob(16000))")
+            try:
+                raw.execute("INSERT INTO filler VALUES (randomblob(16000))")
+            except sqlite3.OperationalError:  # full: the quota's last pages are taken
+                break
         raw.close()
 
     def free() -> None:  # its pages go to the freelist; the gateway reuses them
