@@ -193,7 +193,9 @@ def tree_cpu_s(pid: int, *, kernel_only: bool = False) -> float:
 def nested_gateway_config(repo: Path) -> bool:
     """Whether the source tree `repo` has the nested gateway sections (`gateway.router`,
     `gateway.auth`, ...) rather than the flat keys of older commits."""
-    return "class RouterConfig" in (repo / "areal_service" / "config.py").read_text()
+    config = repo / "areal_service" / "config"  # a package since the config split
+    sources = config.glob("*.py") if config.is_dir() else [config.with_suffix(".py")]
+    return any("class RouterConfig" in source.read_text() for source in sources)
 
 
 @dataclass
