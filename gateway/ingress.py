@@ -339,10 +339,10 @@ def anonymous_busy() -> OpenAIError:
 
 def keyless_body_late(timeout_s: float) -> OpenAIError:
     """408 for a keyless body not complete within its deadline; the connection closes."""
-    return OpenAIError(
-        408,
-        f"the request body was not received within {timeout_s:g} s "
-        "(gateway.limits.anonymous_body_timeout_s: requests without an API key)",
-        code="request_timeout",
-        headers={"connection": "close"},
-    )
+    late = f"the request body was not received within {timeout_s:g} s"
+    why = "(gateway.limits.anonymous_body_timeout_s: requests without an API key)"
+    return OpenAIError(408, f"{late} {why}", code="request_timeout", headers=_CLOSE)
+
+
+_CLOSE = {"connection": "close"}
+"""uvicorn closes the connection after a reply carrying this header."""
