@@ -297,12 +297,14 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
     other policies keep theirs and their versions). On the local engine that is one
     paired pause/load/continue; on vLLM and SGLang a load under a versioned name with no
     pause (`Backend.swap_adapter`). Returns the (policy, version) pairs swapped.
-    One store read per policy per poll."""
+    One store read per poll for all policies (the audit: one read per policy took the
+    round from 0.1 to 0.8 s at 1,000 policies)."""
     swapped = []
+    newest = await asyncio.to_thread(state.store.latest_weight_versions)
     for policy in state.policy_registry.declared:
         if policy.weights == "full":  # its own pool: `sync_full_policies_once`
             continue
-        latest = await asyncio.to_thread(state.store.latest_weight_version, policy.name)
+        latest = newest.get(policy.name)
         if latest is None or latest.version <= state.policy_versions.get(policy.name, 0):
             continue
         t0 = time.perf_counter()
@@ -316,9 +318,14 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
 async def follow_policies(state: GatewayState) -> None:
     """A follower's round for the declared policies (config and runtime): adopt each
     live adapter version (for its admission window and for re-syncing a returning
-    backend)."""
+    backend). One store read per round while no policy published anything new; a policy
+    with a newer version is then read on its own (its live one may lag its newest)."""
+    newest = await asyncio.to_thread(state.store.latest_weight_versions)
     for policy in state.policy_registry.declared:
         if policy.weights == "full":  # `follow_full_policies`
+            continue
+        published = newest.get(policy.name)
+        if published is None or published.version <= state.policy_versions.get(policy.name, 0):
             continue
         live = await asyncio.to_thread(
             state.store.live_weight_version,
