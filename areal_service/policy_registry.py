@@ -56,6 +56,9 @@ class PolicyRegistry:
         self._config = config
         self.runtime: dict[str, PolicyRecord] = {}
         """The runtime policies by name (the config's are not stored)."""
+        self.runtime_configs: dict[str, PolicyConfig] = {}
+        """Their config entries, validated once each (a creation or a refresh validates
+        only the new ones: at 1,000 policies revalidating all took most of a creation)."""
         self.plan = ServingPlan(config)
         """How each policy is served, and which policy serves a request."""
         self.update(runtime)
@@ -69,8 +72,15 @@ class PolicyRegistry:
         added = [r.name for r in fresh if r.name not in self.runtime]
         if not added and len(fresh) == len(self.runtime):
             return []
-        self.plan = ServingPlan(self._config, [policy_config(r) for r in fresh])
+        configs = {
+            r.name: self.runtime_configs[r.name]
+            if self.runtime.get(r.name) == r  # the same record: its entry stands
+            else policy_config(r)
+            for r in fresh
+        }
+        self.plan = ServingPlan(self._config, list(configs.values()))
         self.runtime = {r.name: r for r in fresh}
+        self.runtime_configs = configs
         return added
 
     @property
@@ -173,9 +183,8 @@ def new_policy(
                 "lora.target_modules",
                 "invalid_lora",
             )
-    runtime = [policy_config(r) for r in registry.runtime.values()]
     try:
-        check_plan(config, [*runtime, entry])
+        check_plan(config, [*registry.runtime_configs.values(), entry])
     except PlanError as exc:
         raise PolicyError(exc.status, exc.message, exc.param, exc.code) from None
     return PolicyRecord(

@@ -119,6 +119,13 @@ class GatewayMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+        self.sync_round = Gauge(
+            "areal_weight_sync_round_seconds",
+            "Seconds the weight syncer's last round took (every policy's versions read, "
+            "and any swap it made)",
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
         self.policy_reward = Summary(
             "areal_policy_reward",
             "Rewards posted on the policy's sessions and completions (count and sum; a "

@@ -372,6 +372,7 @@ async def run_weight_syncer(state: GatewayState) -> None:
     """Poll forever (until cancelled): swap while this process leads, else follow."""
     group = SyncGroup()
     while True:
+        started = time.perf_counter()
         try:
             if state.leadership.is_leader:
                 await sync_weights_once(state, group)
@@ -384,4 +385,5 @@ async def run_weight_syncer(state: GatewayState) -> None:
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
         export_live_versions(state)
+        state.metrics.sync_round.set(time.perf_counter() - started)
         await asyncio.sleep(state.config.gateway.router.weight_poll_interval_s)
