@@ -59,6 +59,9 @@ class GatewayState:
     model_policies: dict[str, str] = field(init=False)
     """Request model name -> policy (every policy's `model_names`; the registry's,
     replaced when it changes)."""
+    policies_mark: tuple[int, str | None] | None = None
+    """The store's runtime policies (count, newest) when this process last read them
+    whole (`gateway/policies.py`); None before the first read."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One staleness-gate store transaction at a time from this process."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
