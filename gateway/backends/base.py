@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Unpack
 
 from areal_service.sglang_protocol import (
@@ -262,6 +262,25 @@ class Backend(ABC):
     @abstractmethod
     async def unload_lora_adapter(self, name: str) -> None:
         """Stop serving adapter `name` (404 for a name the server does not hold)."""
+
+    async def score_tokens(
+        self, ids: Sequence[int], start: int, *, lora_name: str | None = None
+    ) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]`, each given the tokens before it
+        (temperature 1), under the adapter `lora_name` (the engine's name for it; None:
+        the base weights): the swap canary's probe (`gateway/swap_verify.py`).
+        NotImplementedError for an engine that cannot score prompt tokens."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score prompt tokens")
+
+    def canary_adapter(self, lora_name: str | None, version: int) -> str | None:
+        """The adapter name to score version `version` under after
+        `swap_weights(..., version, lora_name)`: the versioned served name (with the
+        default policy's when `lora_name` is None), or on the local engine `lora_name`
+        itself (None: the served weights, the default adapter included)."""
+        policy = lora_name if self.adapters is None else lora_name or self.adapters.default_policy
+        if policy is None:
+            return None
+        return policy if self.adapters is None else served_name(policy, version)
 
     async def swap_weights(
         self, model_path: str, version: int, lora_name: str | None = None
