@@ -8,10 +8,20 @@ the trainer reads them: repeated refusals stop it), and the metrics and the cons
 it. Only that policy's pool or adapter is touched: another policy's swaps, versions and
 requests are not.
 
-Off the request path: it runs in the weight syncer's task, after the swap's continue.
-Its cost is one scoring request per canary prompt per engine (`areal_swap_verify_seconds`).
-Between continue and the verdict (the scoring time) the engine serves the new weights;
-tokens generated then carry the new version's label, which is what computed them.
+Where the check runs, so that no request sees a refused version where the engine allows:
+- the local engine scores while paused, so a full swap is checked between the load and
+  continue, and a refusal reloads the verified version before continue
+  (`Backend.swap_weights`): nothing is ever generated under it;
+- a versioned adapter (vLLM, SGLang with LoRA) is scored under its new name before the
+  policy's requests are switched to it (`Backend.swap_adapter`): a refused name is never
+  switched to;
+- otherwise (full weights on vLLM or SGLang, which queue requests while paused; the local
+  engine's in-place adapters) right after the swap, by `settle`: for the scoring time
+  the engine serves the new weights, and tokens generated then carry the new version's
+  label, which is what computed them.
+
+Off the request path: it runs in the weight syncer's task. Its cost is one scoring
+request per canary prompt per engine (`areal_swap_verify_seconds`).
 """
 
 from __future__ import annotations
@@ -26,11 +36,14 @@ from typing import Any
 
 from areal_service.canary import Fingerprint, max_abs_diff, tolerance
 from areal_service.types import DEFAULT_POLICY, WeightVersionRecord
-from gateway.backends import BackendError, SwapTimings
+from gateway.backends import Backend, BackendError, SwapTimings
 from gateway.routing import BackendPool, PoolMember
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
+_NO_SCORE = 1e9
+"""`areal_swap_verify_max_abs_diff` of an engine that could not be scored (or scored
+other tokens): a gauge cannot hold infinity in every exposition format."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +98,14 @@ def refused(record: WeightVersionRecord) -> bool:
 
 
 async def score_engine(
-    member: PoolMember, fingerprint: Fingerprint, adapter: str | None
+    backend: Backend, fingerprint: Fingerprint, adapter: str | None
 ) -> EngineCheck:
     """The canary on one engine: its largest difference from the fingerprint."""
     t0 = time.perf_counter()
     worst = 0.0
     try:
         for seq in fingerprint.sequences:
-            got = await member.client.score_tokens(seq.ids, seq.start, lora_name=adapter)
+            got = await backend.score_tokens(seq.ids, seq.start, lora_name=adapter)
             diff = max_abs_diff(seq.logprobs, got)
             worst = max(worst, diff if not math.isnan(diff) else math.inf)
     except (BackendError, NotImplementedError) as e:
@@ -100,40 +113,50 @@ async def score_engine(
     return EngineCheck(worst, time.perf_counter() - t0)
 
 
-async def verify(
-    state: GatewayState,
-    members: Iterable[PoolMember],
-    record: WeightVersionRecord,
-    lora_name: str | None,
-) -> Verdict | None:
-    """Score the canary on `members` (the engines that took `record`); None when there
-    is nothing to check (verification off, or the row carries no fingerprint).
-    `lora_name`: the swap's (`Backend.swap_weights`)."""
-    cfg = state.config.swap_verify
-    fingerprint = Fingerprint.from_metadata(record.metadata) if cfg.enabled else None
-    if fingerprint is None:
-        return None
-    members = list(members)
-    checks = await asyncio.gather(
-        *(
-            score_engine(m, fingerprint, m.client.canary_adapter(lora_name, record.version))
-            for m in members
+class CanaryCheck:
+    """One swap's check (a `SwapCheck`): each engine's verdict by its client's URL, run
+    by the engine's swap where it can refuse unseen (`Backend.swap_weights`), else by
+    `settle` after the swap."""
+
+    def __init__(
+        self,
+        fingerprint: Fingerprint,
+        tol: float,
+        fallback: tuple[str, int] | None,
+        lora_name: str | None,
+        version: int,
+    ) -> None:
+        self.fingerprint, self.tolerance, self.fallback = fingerprint, tol, fallback
+        self.lora_name, self.version = lora_name, version
+        self.checks: dict[str, EngineCheck] = {}
+        self.back: set[str] = set()
+        """Engines that refused and already serve the verified version again."""
+
+    async def __call__(self, backend: Backend, adapter: str | None) -> bool:
+        check = await score_engine(backend, self.fingerprint, adapter)
+        self.checks[backend.base_url] = check
+        return check.passed(self.tolerance)
+
+    def refused(self, backend: Backend) -> None:
+        self.back.add(backend.base_url)
+
+    async def after_swap(self, members: Iterable[PoolMember]) -> None:
+        """Score the engines the swap did not check itself."""
+        todo = [m for m in members if m.client.base_url not in self.checks]
+        await asyncio.gather(
+            *(self(m.client, m.client.canary_adapter(self.lora_name, self.version)) for m in todo)
         )
-    )
-    tol = tolerance(cfg, fingerprint.dtype, state.config.engine.dtype)
-    verdict = Verdict(
-        {m.url: c for m, c in zip(members, checks, strict=True)}, tol, fingerprint.contrast()
-    )
-    failed = set(verdict.failed)
-    for url, check in verdict.checks.items():
-        state.metrics.observe_swap_verify(
-            record.policy,
-            url,
-            check.seconds,
-            check.max_abs_diff if math.isfinite(check.max_abs_diff) else 1e9,
-            url in failed,
+
+    def verdict(self, members: Iterable[PoolMember]) -> Verdict:
+        return Verdict(
+            {
+                m.url: self.checks[m.client.base_url]
+                for m in members
+                if m.client.base_url in self.checks
+            },
+            self.tolerance,
+            self.fingerprint.contrast(),
         )
-    return verdict
 
 
 def swap_fallback(
@@ -146,17 +169,33 @@ def swap_fallback(
     return pool.adapter_targets.get(lora_name)
 
 
+def canary_check(
+    state: GatewayState,
+    record: WeightVersionRecord,
+    lora_name: str | None,
+    fallback: tuple[str, int] | None,
+) -> CanaryCheck | None:
+    """The check of a swap to `record`; None when there is nothing to check
+    (verification off, or the row carries no fingerprint)."""
+    cfg = state.config.swap_verify
+    fingerprint = Fingerprint.from_metadata(record.metadata) if cfg.enabled else None
+    if fingerprint is None:
+        return None
+    tol = tolerance(cfg, fingerprint.dtype, state.config.engine.dtype)
+    return CanaryCheck(fingerprint, tol, fallback, lora_name, record.version)
+
+
 async def swap_verified(
     state: GatewayState,
     pool: BackendPool,
     record: WeightVersionRecord,
     lora_name: str | None = None,
 ) -> dict[str, SwapTimings] | None:
-    """`pool.swap_weights` to `record`, then the canary check; the timings when the
+    """`pool.swap_weights` to `record` with the canary check; the timings when the
     version may go live, None when it was refused and rolled back (see the module)."""
-    fallback = swap_fallback(state, pool, lora_name)
-    timings = await pool.swap_weights(record.path, record.version, lora_name)
-    return await settle(state, pool, record, timings, lora_name, fallback)
+    check = canary_check(state, record, lora_name, swap_fallback(state, pool, lora_name))
+    timings = await pool.swap_weights(record.path, record.version, lora_name, check)
+    return await settle(state, pool, record, timings, check)
 
 
 async def settle(
@@ -164,21 +203,25 @@ async def settle(
     pool: BackendPool,
     record: WeightVersionRecord,
     timings: dict[str, SwapTimings],
-    lora_name: str | None,
-    fallback: tuple[str, int] | None,
+    check: CanaryCheck | None,
 ) -> dict[str, SwapTimings] | None:
-    """The check of a swap that already happened (`timings`: the engines that took it);
-    on a refusal the rollback to `fallback`. Returns `timings` or None (refused)."""
+    """The verdict of a swap that already happened (`timings`: the engines that took
+    it): the engines the swap did not check are scored now; on a refusal every engine
+    that took it goes back to the verified version. `timings`, or None (refused)."""
+    if check is None:
+        return timings
     took = [m for m in pool.backends if m.url in timings]
-    verdict = await verify(state, took, record, lora_name)
-    if verdict is None:
-        return timings
-    if not verdict.failed:
-        await _record(state, record, verdict, None)
-        return timings
-    await _roll_back(pool, took, record, verdict, lora_name, fallback)
-    await _record(state, record, verdict, fallback[1] if fallback else None)
-    return None
+    await check.after_swap(took)
+    verdict = check.verdict(took)
+    failed = set(verdict.failed)
+    for url, c in verdict.checks.items():
+        diff = c.max_abs_diff if math.isfinite(c.max_abs_diff) else _NO_SCORE
+        state.metrics.observe_swap_verify(record.policy, url, c.seconds, diff, url in failed)
+    if failed:
+        await _roll_back(pool, took, record, verdict, check)
+    fallback = check.fallback
+    await _record(state, record, verdict, fallback[1] if failed and fallback else None)
+    return None if failed else timings
 
 
 async def _roll_back(
@@ -186,11 +229,12 @@ async def _roll_back(
     took: list[PoolMember],
     record: WeightVersionRecord,
     verdict: Verdict,
-    lora_name: str | None,
-    fallback: tuple[str, int] | None,
+    check: CanaryCheck,
 ) -> None:
-    """Every engine that took the refused version goes back to `fallback` (the pool
-    keeps one version); one that cannot is taken out of rotation."""
+    """Every engine that took the refused version and is not back yet goes back to the
+    verified one (the pool keeps serving one version); one that cannot is taken out of
+    rotation."""
+    fallback, lora_name = check.fallback, check.lora_name
     diffs = ", ".join(
         f"{url}: {verdict.checks[url].error or f'{verdict.checks[url].max_abs_diff:.3g}'}"
         for url in verdict.failed
@@ -204,13 +248,14 @@ async def _roll_back(
         fallback[1] if fallback else "?",
     )
     for m in took:
-        reason = f"refused v{record.version} and cannot go back"
+        if m.client.base_url in check.back:
+            continue
         try:
             if fallback is None:
                 raise BackendError(0, "no verified version to go back to")
             await m.client.swap_weights(fallback[0], fallback[1], lora_name)
         except BackendError as e:
-            pool.mark_down(m, f"{reason}: {e.message}")
+            pool.mark_down(m, f"refused v{record.version} and cannot go back: {e.message}")
     if fallback is None:
         return
     if lora_name in (None, DEFAULT_POLICY):

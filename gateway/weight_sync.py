@@ -52,7 +52,7 @@ from gateway.policy_pools import follow_full_policies, sync_full_policies_once
 from gateway.routing import BackendPool, PoolMember
 from gateway.state import GatewayState
 from gateway.swap_record import record_swap
-from gateway.swap_verify import refused, settle, swap_fallback, swap_verified
+from gateway.swap_verify import canary_check, refused, settle, swap_fallback, swap_verified
 
 log = logging.getLogger(__name__)
 
@@ -260,13 +260,12 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
     t0 = time.perf_counter()
     mode = "disk"
     offer = distributed_offer(latest)
-    lora_name = _default_adapter(state)
-    fallback = swap_fallback(state, state.backends, lora_name)
     timings: dict[str, SwapTimings] | None = None
     if offer is not None:
+        check = canary_check(state, latest, None, swap_fallback(state, state.backends, None))
         try:
             timings = await swap_distributed(state, latest, offer, group)
-            timings = await settle(state, state.backends, latest, timings, None, fallback)
+            timings = await settle(state, state.backends, latest, timings, check)
             mode = "distributed"
         except Exception as e:  # noqa: BLE001 - any failure falls back to the disk copy
             log.warning(
@@ -279,7 +278,7 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
             )
             await _wait_for_copy(latest, state.config.trainer.weight_sync_timeout_s)
     if mode == "disk":
-        timings = await swap_verified(state, state.backends, latest, lora_name)
+        timings = await swap_verified(state, state.backends, latest, _default_adapter(state))
     if timings is None:  # refused by the canary: the verified version stays live
         return None
     state.live_version = latest.version
