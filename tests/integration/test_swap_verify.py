@@ -177,3 +177,61 @@ def test_swap_without_fingerprint_or_with_verification_off_goes_live(tmp_path, t
         asyncio.run(asyncio.wait_for(wait(), 60))
         assert "verify" not in gw.state.store.get_weight_version(1).metadata
 
+
+
+def _episodes(gw, n_groups: int) -> None:
+    """Rewarded two-session groups through the gateway (what the trainer claims)."""
+    http = httpx.Client(base_url=gw.url, timeout=60)
+    for g in range(n_groups):
+        started = http.post(
+            "/rl/sessions", json={"group_size": 2}, headers={"authorization": f"Bearer {ADMIN_KEY}"}
+        )
+        for j, s in enumerate(started.json()["sessions"]):
+            auth = {"authorization": f"Bearer {s['api_key']}"}
+            body = {**CHAT, "messages": [{"role": "user", "content": f"count to {g}"}]}
+            assert http.post("/v1/chat/completions", json=body, headers=auth).status_code == 200
+            reward = {"session_id": s["session_id"], "value": j + 0.25 * g, "end_session": True}
+            assert http.post("/v1/rewards", json=reward, headers=auth).status_code == 201
+
+
+def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
+    """The real trainer publishes a fingerprint with each version; the gateway verifies
+    every swap of the run and refuses none (fp32 CPU: the engine reproduces the
+    trainer's logprobs to well under the tolerance, far from the previous version's)."""
+    from support.trainer_run import train_in_thread
+
+    steps = 3
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(
+            tmp_path,
+            tiny_model_dir,
+            [engine],
+            "gateway.router.weight_poll_interval_s=0.02",
+            "gateway.sessions.staleness_gate=false",
+            "swap_verify.enabled=true",
+            "trainer.group_size=2",
+            "trainer.batch_groups=1",
+            "trainer.lr=1e-3",
+            f"trainer.total_steps={steps}",
+        ) as gw,
+    ):
+        _episodes(gw, n_groups=steps)
+        train_in_thread(gw.config, timeout_s=180)
+
+        async def judged() -> list[WeightVersionRecord]:
+            return [await _settled(gw, v) for v in range(1, steps + 1)]
+
+        rows = asyncio.run(judged())
+        for r in rows:  # the closing note's table (pytest -s)
+            v = r.metadata["verify"]
+            (e,) = v["engines"].values()
+            print(
+                f"v{r.version} diff {e['max_abs_diff']:.2e} contrast {v['contrast']:.3g} "
+                f"verify {e['seconds'] * 1e3:.1f} ms swap {r.metadata['swap_s'] * 1e3:.1f} ms"
+            )
+            assert not v["refused"] and e["max_abs_diff"] < 1e-4, v
+            assert v["contrast"] > v["tolerance"], v  # the check could tell v from v-1
+            assert len(r.metadata["canary"]["sequences"]) == 3
+        assert gw.state.live_version == steps
+        assert httpx.get(f"{engine}/model_info").json()["weight_version"] == str(steps)
