@@ -6,6 +6,7 @@ being served: zero failed requests and no token ever labelled with a refused ver
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import httpx
@@ -48,6 +49,18 @@ async def _traffic(gw, stop: asyncio.Event, failures: list[str], ids: list[str])
                     )
 
         await asyncio.gather(*(agent(k, i % 2 == 0) for i, k in enumerate(keys)))
+
+
+def _console(gw, path: str) -> str:
+    """`path` of the console, signed in with the admin key."""
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        login = http.get("/console/login").text
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)
+        assert csrf is not None
+        http.post("/console/login", data={"csrf_token": csrf[1], "admin_key": ADMIN_KEY})
+        page = http.get(path)
+        assert page.status_code == 200, page.text[:300]
+        return page.text
 
 
 async def _settled(gw, version: int, timeout_s: float = 60) -> WeightVersionRecord:
@@ -147,6 +160,9 @@ def test_bad_swaps_are_refused_and_rolled_back_under_load(tmp_path, tiny_model_d
         assert seen <= {0, 1, 3} and 3 in seen, seen
         totals = gw.state.metrics.totals("areal_swap_rollbacks")["areal_swap_rollbacks"]
         assert totals == {("default", engine): 2.0}, totals
+        page = _console(gw, "/console/policies/default")
+        assert "v2 refused by the swap canary" in page and "went back to v1" in page
+        assert "v4 refused by the swap canary" in page and "went back to v3" in page
         metrics = httpx.get(
             f"{gw.url}/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}
         ).text
