@@ -6,12 +6,14 @@ being served: zero failed requests and no token ever labelled with a refused ver
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 from support.canary import fingerprint_of, scale_one_tensor
-from support.harness import ADMIN_KEY, run_gateway
+from support.harness import ADMIN_KEY, Gateway, run_gateway
 
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
@@ -74,6 +76,22 @@ async def _settled(gw, version: int, timeout_s: float = 60) -> WeightVersionReco
         await asyncio.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _verified_gateway(tmp_path: Path, model_dir: Path) -> Iterator[tuple[str, Gateway]]:
+    """A local engine and a gateway verifying every swap, polling fast."""
+    with (
+        start_engine_in_thread(model_dir) as engine,
+        run_gateway(
+            tmp_path / "gw",
+            model_dir,
+            [engine],
+            "gateway.router.weight_poll_interval_s=0.02",
+            "swap_verify.enabled=true",
+        ) as gw,
+    ):
+        yield engine, gw
+
+
 def _publish(gw, version: int, path: Path, canary: dict) -> None:
     gw.state.store.add_weight_version(
         WeightVersionRecord(version=version, path=str(path), metadata={"canary": canary})
@@ -89,16 +107,7 @@ def test_bad_swaps_are_refused_and_rolled_back_under_load(tmp_path, tiny_model_d
     scale_one_tensor(v2)  # (1) the files are corrupted after the fingerprint
     fp3 = fingerprint_of(v3, tiny_model_dir, v1)
     fp4 = fingerprint_of(v4, tiny_model_dir, v3)
-    with (
-        start_engine_in_thread(tiny_model_dir) as engine,
-        run_gateway(
-            tmp_path / "gw",
-            tiny_model_dir,
-            [engine],
-            "gateway.router.weight_poll_interval_s=0.02",
-            "swap_verify.enabled=true",
-        ) as gw,
-    ):
+    with _verified_gateway(tmp_path, tiny_model_dir) as (engine, gw):
 
         async def drive() -> tuple[list[str], list[str], dict[int, WeightVersionRecord]]:
             failures: list[str] = []
@@ -170,20 +179,11 @@ def test_bad_swaps_are_refused_and_rolled_back_under_load(tmp_path, tiny_model_d
         assert "areal_swap_verify_max_abs_diff" in metrics
 
 
-def test_swap_without_fingerprint_or_with_verification_off_goes_live(tmp_path, tiny_model_dir):
+def test_swap_without_fingerprint_goes_live_unchecked(tmp_path, tiny_model_dir):
     """A row without a fingerprint (published before verification was on) is swapped as
     before; nothing is scored."""
     v1 = make_weight_variant(tiny_model_dir, tmp_path / "v1", seed=301)
-    with (
-        start_engine_in_thread(tiny_model_dir) as engine,
-        run_gateway(
-            tmp_path / "gw",
-            tiny_model_dir,
-            [engine],
-            "gateway.router.weight_poll_interval_s=0.02",
-            "swap_verify.enabled=true",
-        ) as gw,
-    ):
+    with _verified_gateway(tmp_path, tiny_model_dir) as (engine, gw):
         gw.state.store.add_weight_version(WeightVersionRecord(version=1, path=str(v1)))
 
         async def wait() -> None:
@@ -192,7 +192,6 @@ def test_swap_without_fingerprint_or_with_verification_off_goes_live(tmp_path, t
 
         asyncio.run(asyncio.wait_for(wait(), 60))
         assert "verify" not in gw.state.store.get_weight_version(1).metadata
-
 
 
 def _episodes(gw, n_groups: int) -> None:
