@@ -44,6 +44,7 @@ from areal_service.config.policies import (
     POLICY_NAME_PATTERN,
     DefaultPolicyConfig,
     LoRAConfig,
+    PolicyCapsConfig,
     PolicyConfig,
     PolicyWeights,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "ConfigError",
     "ContinuityConfig",
     "DefaultPolicyConfig",
+    "PolicyCapsConfig",
     "EngineConfig",
     "GatewayConfig",
     "LimitsConfig",
