@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import re
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from benchmarks.gateway_overhead import free_port
+from benchmarks.policy_swap import serve_no_train, served
 
 ADMIN_KEY = "sk-bench-many-policies"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -42,29 +40,14 @@ ROUND = re.compile(r"^areal_weight_sync_round_seconds(?:\{[^}]*\})? ([0-9.e+-]+)
 
 
 def start_serve(args: argparse.Namespace, work: Path, model: Path, port: int) -> object:
-    """`areal-service serve --no-train`; the child once the gateway is ready."""
-    from launcher.processes import ChildProcess, cli_argv
-
+    """`areal-service serve --no-train` with the cap raised; the child once ready."""
     sets = [
-        f"data_dir={work / 'serve'}",
-        f"engine.model={model}",
-        f"engine.port={free_port()}",
-        "gateway.host=127.0.0.1",
-        f"gateway.port={port}",
-        f"gateway.auth.admin_key={ADMIN_KEY}",
-        "gateway.sessions.staleness_gate=false",
         "default_policy.lora.rank=2",
         "default_policy.lora.alpha=4",
         f"policy_caps.max_policies={args.policies}",
         "gateway.scale.workers=1",  # one process: its CPU is the serve process's
-        "log_level=warning",
     ]
-    argv = cli_argv(
-        "serve", "--no-train", *itertools.chain.from_iterable(("--set", s) for s in sets)
-    )
-    child = ChildProcess("serve", argv, log_path=work / "serve.log")
-    child.wait_http_ok(f"http://127.0.0.1:{port}/health/readiness", timeout_s=600)
-    return child
+    return serve_no_train(work, model, port, ADMIN_KEY, sets, 600)
 
 
 def cpu_s(pid: int) -> float:
@@ -163,19 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--model", type=Path, default=None, help="default: the tiny model")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="many-policies-") as tmp:
-        work = Path(tmp)
-        model = args.model
-        if model is None:
-            from engine.tiny_model import make_tiny_model
-
-            model = make_tiny_model(work / "tiny")
-        port = free_port()
-        child = start_serve(args, work, model, port)
-        try:
-            lines = asyncio.run(drive(args, port, child.proc.pid))  # type: ignore[attr-defined]
-        finally:
-            child.stop()  # type: ignore[attr-defined]
+    with served("many-policies-", args, start_serve) as (_, model, port, child):
+        lines = asyncio.run(drive(args, port, child.proc.pid))
     print(f"model {model.name}, {args.clients} clients x {args.requests} chats of 8 tokens")
     print("\n".join(lines))
 

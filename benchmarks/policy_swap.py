@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -64,29 +67,63 @@ def pct(values: list[float], q: float) -> float:
 
 def start_serve(args: argparse.Namespace, work: Path, model: Path, port: int) -> object:
     """`areal-service serve` with the two policies; the child once the gateway is ready."""
+    sets = [
+        f"default_policy.lora.rank={args.rank}",
+        f"default_policy.lora.alpha={2 * args.rank}",
+        f"policies={POLICIES}",
+    ]
+    if args.backend == "vllm":
+        sets += ["engine.backend=vllm", f"engine.vllm.python={args.vllm_python}"]
+    return serve_no_train(work, model, port, ADMIN_KEY, sets, args.ready_timeout)
+
+
+@contextlib.contextmanager
+def served(
+    prefix: str,
+    args: argparse.Namespace,
+    start: Callable[[argparse.Namespace, Path, Path, int], object],
+) -> Iterator[tuple[Path, Path, int, Any]]:
+    """(work dir, model, gateway port, serve child) for a benchmark's run: a temporary
+    work dir, `args.model` or the tiny model made there, `start(args, work, model, port)`
+    started on a free port and stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        model = args.model
+        if model is None:
+            from engine.tiny_model import make_tiny_model
+
+            model = make_tiny_model(work / "tiny")
+        port = free_port()
+        child: Any = start(args, work, model, port)
+        try:
+            yield work, model, port, child
+        finally:
+            child.stop()
+
+
+def serve_no_train(
+    work: Path, model: Path, port: int, admin_key: str, sets: list[str], ready_s: float
+) -> object:
+    """`areal-service serve --no-train` (the benchmark publishes any versions itself) on
+    `model` at `port`, data in `work / "serve"`, no staleness gate, with `sets` on top;
+    the child process once the gateway is ready."""
     from launcher.processes import ChildProcess, cli_argv
 
-    sets = [
+    base = [
         f"data_dir={work / 'serve'}",
         f"engine.model={model}",
         f"engine.port={free_port()}",
         "gateway.host=127.0.0.1",
         f"gateway.port={port}",
-        f"gateway.auth.admin_key={ADMIN_KEY}",
+        f"gateway.auth.admin_key={admin_key}",
         "gateway.sessions.staleness_gate=false",
-        f"default_policy.lora.rank={args.rank}",
-        f"default_policy.lora.alpha={2 * args.rank}",
-        f"policies={POLICIES}",
         "log_level=warning",
     ]
-    if args.backend == "vllm":
-        sets += ["engine.backend=vllm", f"engine.vllm.python={args.vllm_python}"]
-    # --no-train: this benchmark publishes the versions it swaps itself.
     argv = cli_argv(
-        "serve", "--no-train", *itertools.chain.from_iterable(("--set", s) for s in sets)
+        "serve", "--no-train", *itertools.chain.from_iterable(("--set", s) for s in base + sets)
     )
     child = ChildProcess("serve", argv, log_path=work / "serve.log")
-    child.wait_http_ok(f"http://127.0.0.1:{port}/health/readiness", timeout_s=args.ready_timeout)
+    child.wait_http_ok(f"http://127.0.0.1:{port}/health/readiness", timeout_s=ready_s)
     return child
 
 
@@ -248,19 +285,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.backend == "vllm" and (args.model is None or args.vllm_python is None):
         parser.error("--backend vllm needs --model and --vllm-python")
-    with tempfile.TemporaryDirectory(prefix="policy-swap-") as tmp:
-        work = Path(tmp)
-        model = args.model
-        if model is None:
-            from engine.tiny_model import make_tiny_model
-
-            model = make_tiny_model(work / "tiny")
-        port = free_port()
-        child = start_serve(args, work, model, port)
-        try:
-            lines = asyncio.run(drive(args, work, model, port))
-        finally:
-            child.stop()  # type: ignore[attr-defined]
+    with served("policy-swap-", args, start_serve) as (work, model, port, _):
+        lines = asyncio.run(drive(args, work, model, port))
     print(
         f"backend {args.backend}, model {model.name}, {args.streams} streams of "
         f"{args.max_tokens} tokens, {args.rounds} x {args.phase_s:g} s per phase kind, "
