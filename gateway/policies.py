@@ -41,10 +41,10 @@ async def refresh_policies(state: GatewayState) -> list[str]:
     """Re-read the runtime policies from the store when they changed (one aggregate
     query says whether); the names new to this process."""
     mark = await asyncio.to_thread(state.store.policies.policies_mark)
-    if mark == state.policies_mark:
+    if mark == state.runtime_policies_seen:
         return []
     records = await asyncio.to_thread(state.store.policies.list_policies)
-    state.policies_mark = mark
+    state.runtime_policies_seen = mark
     added = state.policy_registry.update(records)
     if added:
         state.model_policies = state.policy_registry.model_policies
