@@ -473,29 +473,25 @@ async def update_weights_from_distributed(
 @router.post(BEGIN_WEIGHT_UPDATE.path)
 async def begin_weight_update(engine: EngineDep) -> Response:
     """Open the weight-update session (as SGLang 0.5.23: one at a time)."""
-    if engine.weight_session:
-        return _json(
-            UpdateWeightsResponse(
-                success=False,
-                message="a weight-update session is already open; call end_weight_update() first",
-            ),
-            400,
-        )
-    engine.weight_session = True
-    return _json(UpdateWeightsResponse(success=True, message="Success"))
+    return _weight_session(engine, True)
 
 
 @router.post(END_WEIGHT_UPDATE.path)
 async def end_weight_update(engine: EngineDep) -> Response:
-    if not engine.weight_session:
-        return _json(
-            UpdateWeightsResponse(
-                success=False,
-                message="no weight-update session is open; call begin_weight_update() first",
-            ),
-            400,
+    return _weight_session(engine, False)
+
+
+def _weight_session(engine: Engine, open_: bool) -> Response:
+    """Open (`open_`) or close the weight-update session, refused with SGLang's
+    messages when it already is."""
+    if engine.weight_session == open_:
+        message = (
+            "a weight-update session is already open; call end_weight_update() first"
+            if open_
+            else "no weight-update session is open; call begin_weight_update() first"
         )
-    engine.weight_session = False
+        return _json(UpdateWeightsResponse(success=False, message=message), 400)
+    engine.weight_session = open_
     return _json(UpdateWeightsResponse(success=True, message="Success"))
 
 
