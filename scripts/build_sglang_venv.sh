@@ -36,6 +36,9 @@ echo "torch==$TORCH_VERSION" > "$cons"
   "smg-grpc-servicer>=0.9.0" soundfile==0.13.1 tiktoken tokenizers==0.23.2 \
   transformers==5.19.0 "uvicorn>=0.51" uvloop watchfiles xgrammar==0.2.7 xxhash zstandard \
   tqdm torchvision==0.28.0
+# SGLang's router (the version the gateway's router client was run against), for the
+# two-server test behind it; its dependencies are among the above.
+"$venv/bin/pip" install -q -c "$cons" sglang-router==0.3.2
 
 # PyPI's torchvision is a CUDA build: beside CPU torch its _C.so does not load, and two
 # unguarded fake-op registrations make `import torchvision` fail (SGLang imports it at

