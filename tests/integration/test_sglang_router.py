@@ -20,10 +20,12 @@ from support.sglang_router import router_python_or_skip, run_router
 from support.weight_checks import PROMPT, variant_state
 
 from areal_service.config import load_config
+from areal_service.policy_registry import PolicyRegistry
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
 from gateway.backends import TokenRequest
+from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendPool
 from gateway.weight_sync import SyncGroup, sync_weights_once
 from launcher.sglang_servers import register_with_router
@@ -61,7 +63,14 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
         pool = BackendPool([], router_url=router)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         store = TrajectoryStore.open(cfg.database_url(), cfg.store)
-        state = SimpleNamespace(backends=pool, store=store, live_version=0, config=cfg)
+        state = SimpleNamespace(
+            backends=pool,
+            store=store,
+            live_version=0,
+            config=cfg,
+            policy_registry=PolicyRegistry(cfg),
+            metrics=GatewayMetrics(),
+        )
         try:
             await pool.check_health()
             assert sorted(w.url for w in pool.backends) == sorted([a, b])
@@ -74,7 +83,9 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
                     gen = await pool.generate_interruptible(greedy(), session_id=session)
                     assert gen.completion_tokens == 8 and gen.backend == router
                 grown = sorted(_generated(e) - before[e] for e in (a, b))
-                assert grown == [0, 24], (session, grown)
+                # one worker made the session's 24 tokens; the router's health checks
+                # (`/health_generate`, every second) add a token now and then to both
+                assert grown[0] < 8 and 24 <= grown[1] < 32, (session, grown)
 
             # disk: one pause/update/continue per worker, both on v1 after
             store.add_weight_version(WeightVersionRecord(version=1, path=str(variants[0])))
