@@ -44,6 +44,7 @@ from areal_service.config.policies import (
     POLICY_NAME_PATTERN,
     DefaultPolicyConfig,
     LoRAConfig,
+    PolicyCapsConfig,
     PolicyConfig,
     PolicyWeights,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "ConfigError",
     "ContinuityConfig",
     "DefaultPolicyConfig",
+    "PolicyCapsConfig",
     "EngineConfig",
     "GatewayConfig",
     "LimitsConfig",
