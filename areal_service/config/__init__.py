@@ -50,6 +50,7 @@ from areal_service.config.policies import (
 )
 from areal_service.config.service import ServiceConfig
 from areal_service.config.store import StoreConfig
+from areal_service.config.swap_verify import SwapVerifyConfig
 from areal_service.config.trainer import AdvantageKind, MismatchMask, TrainerConfig
 from areal_service.config_errors import ConfigError
 from areal_service.types import DEFAULT_POLICY
@@ -80,6 +81,7 @@ __all__ = [
     "ScaleConfig",
     "ServerFleetConfig",
     "ServiceConfig",
+    "SwapVerifyConfig",
     "SessionSource",
     "SessionsConfig",
     "SlurmConfig",

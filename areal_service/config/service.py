@@ -12,6 +12,7 @@ from areal_service.config.engine import EngineConfig
 from areal_service.config.gateway import GatewayConfig
 from areal_service.config.policies import DefaultPolicyConfig, PolicyCapsConfig, PolicyConfig
 from areal_service.config.store import StoreConfig
+from areal_service.config.swap_verify import SwapVerifyConfig
 from areal_service.config.trainer import TrainerConfig
 from areal_service.config_renames import move_in_tree
 from areal_service.types import DEFAULT_POLICY
@@ -36,6 +37,8 @@ class ServiceConfig(BaseModel):
     """The OpenAI-compatible gateway."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The RL trainer (FSDP2)."""
+    swap_verify: SwapVerifyConfig = Field(default_factory=SwapVerifyConfig)
+    """The canary that proves each weight swap before traffic trusts it."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where `areal-service launch` places engines, gateway and trainer (Ray, Slurm)."""
     default_policy: DefaultPolicyConfig = Field(default_factory=DefaultPolicyConfig)
