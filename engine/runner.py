@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,6 +73,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 class WeightLoadError(RuntimeError):
     """A checkpoint that cannot replace the served weights; the old weights stay."""
+
+
+def copy_checked(
+    live: Mapping[str, torch.Tensor],
+    new: Mapping[str, torch.Tensor],
+    error: type[Exception],
+) -> None:
+    """Copy each of `new` into the live tensor of its name (cast to its dtype and device),
+    every shape checked before the first copy, so a misfit raises `error` with the served
+    tensors untouched. Every name of `new` must be in `live`."""
+    for name, tensor in new.items():
+        if tensor.shape != live[name].shape:
+            raise error(f"{name}: shape {tuple(tensor.shape)} != served {tuple(live[name].shape)}")
+    for name, tensor in new.items():
+        live[name].copy_(tensor)
 
 
 @dataclass(frozen=True)
@@ -467,13 +483,7 @@ class ModelRunner:
         unknown = sorted(set(tensors) - set(current))
         if unknown:
             raise WeightLoadError(f"unknown parameter names {unknown[:5]}")
-        for name, tensor in tensors.items():
-            if tensor.shape != current[name].shape:
-                raise WeightLoadError(
-                    f"{name}: shape {tuple(tensor.shape)} != served {tuple(current[name].shape)}"
-                )
-        for name, tensor in tensors.items():
-            current[name].copy_(tensor)
+        copy_checked(current, tensors, WeightLoadError)
 
     def _check_state(self, state: dict[str, torch.Tensor]) -> None:
         current = self.model.state_dict()

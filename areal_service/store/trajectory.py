@@ -470,16 +470,7 @@ class TrajectoryStore(RowAccess):
     def latest_weight_versions(self) -> dict[str, WeightVersionRecord]:
         """Each policy's highest published version (policies without one are absent);
         one query, grouped by the primary key's leading column."""
-        newest = (
-            select(WeightVersionRow.policy, func.max(WeightVersionRow.version).label("version"))
-            .group_by(WeightVersionRow.policy)
-            .subquery()
-        )
-        statement = select(WeightVersionRow).join(
-            newest,
-            (WeightVersionRow.policy == newest.c.policy)
-            & (WeightVersionRow.version == newest.c.version),
-        )
+        statement = _highest_per_policy(WeightVersionRow, "version")
         return {r.policy: r for r in self._list(WeightVersionRecord, statement)}
 
     def list_weight_versions(
@@ -579,15 +570,7 @@ class TrajectoryStore(RowAccess):
     def latest_train_steps(self) -> dict[str, TrainStepRecord]:
         """Each policy's highest step (policies without one are absent); one query,
         grouped by the primary key's leading column."""
-        newest = (
-            select(TrainStepRow.policy, func.max(TrainStepRow.step).label("step"))
-            .group_by(TrainStepRow.policy)
-            .subquery()
-        )
-        statement = select(TrainStepRow).join(
-            newest,
-            (TrainStepRow.policy == newest.c.policy) & (TrainStepRow.step == newest.c.step),
-        )
+        statement = _highest_per_policy(TrainStepRow, "step")
         return {r.policy: r for r in self._list(TrainStepRecord, statement)}
 
     def list_train_steps(
@@ -652,3 +635,17 @@ class TrajectoryStore(RowAccess):
         """How the newest `recent` session completions merge into training sequences
         (`merge_stats.py`)."""
         return merge_stats.merge_stats(self._engine, recent)
+
+
+def _highest_per_policy(row: type[WeightVersionRow | TrainStepRow], column: str) -> Select[Any]:
+    """The rows of `row`'s table holding each policy's highest `column`: one query, the
+    per-policy maximum joined back on (policy, column), the primary key."""
+    highest = (
+        select(row.policy, func.max(getattr(row, column)).label(column))
+        .group_by(row.policy)
+        .subquery()
+    )
+    return select(row).join(
+        highest,
+        (row.policy == highest.c.policy) & (getattr(row, column) == highest.c[column]),
+    )
