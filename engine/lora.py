@@ -21,7 +21,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import load_file
 
 from areal_service.lora_adapter import ADAPTER_WEIGHTS
-from engine.runner import copy_checked
+from engine.live_weights import copy_checked
 
 _SAVED_PREFIX = "base_model.model."
 _ADAPTER_KEY = re.compile(r"\.(lora_[AB])\.weight$")

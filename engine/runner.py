@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from areal_service.lora_adapter import is_adapter_dir
+from engine.live_weights import copy_checked
 
 if TYPE_CHECKING:
     from engine.lora import AdapterSlot
@@ -73,21 +73,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 class WeightLoadError(RuntimeError):
     """A checkpoint that cannot replace the served weights; the old weights stay."""
-
-
-def copy_checked(
-    live: Mapping[str, torch.Tensor],
-    new: Mapping[str, torch.Tensor],
-    error: type[Exception],
-) -> None:
-    """Copy each of `new` into the live tensor of its name (cast to its dtype and device),
-    every shape checked before the first copy, so a misfit raises `error` with the served
-    tensors untouched. Every name of `new` must be in `live`."""
-    for name, tensor in new.items():
-        if tensor.shape != live[name].shape:
-            raise error(f"{name}: shape {tuple(tensor.shape)} != served {tuple(live[name].shape)}")
-    for name, tensor in new.items():
-        live[name].copy_(tensor)
 
 
 @dataclass(frozen=True)
