@@ -46,7 +46,13 @@ from areal_service.store.migrate import upgrade_engine
 from areal_service.store.policy_registry import PolicyStore
 from areal_service.store.readiness import SettlingCounts
 from areal_service.store.reward_admission import AcceptedReward, accept_reward, accept_rewards
-from areal_service.store.rows import completion_from_row, paged, row_values, to_record
+from areal_service.store.rows import (
+    completion_from_row,
+    paged,
+    row_values,
+    to_record,
+    where_equal,
+)
 from areal_service.store.schema import (
     CompletionRow,
     RewardRow,
@@ -78,15 +84,13 @@ def _filter_sessions(
     task_id: str | None,
     parent_session_id: str | None = None,
 ) -> Select[Any]:
-    if parent_session_id is not None:
-        statement = statement.where(SessionRow.parent_session_id == parent_session_id)
-    if status is not None:
-        statement = statement.where(SessionRow.status == status)
-    if group_id is not None:
-        statement = statement.where(SessionRow.group_id == group_id)
-    if task_id is not None:
-        statement = statement.where(SessionRow.task_id == task_id)
-    return statement
+    return where_equal(
+        statement,
+        (SessionRow.parent_session_id, parent_session_id),
+        (SessionRow.status, status),
+        (SessionRow.group_id, group_id),
+        (SessionRow.task_id, task_id),
+    )
 
 
 class TrajectoryStore(RowAccess):
@@ -441,12 +445,12 @@ class TrajectoryStore(RowAccess):
     ) -> list[RewardRecord]:
         """Rewards matching every given filter, oldest first."""
         statement = select(RewardRow).order_by(RewardRow.created_at, RewardRow.id)
-        if session_id is not None:
-            statement = statement.where(RewardRow.session_id == session_id)
-        if completion_id is not None:
-            statement = statement.where(RewardRow.completion_id == completion_id)
-        if group_id is not None:
-            statement = statement.where(RewardRow.group_id == group_id)
+        statement = where_equal(
+            statement,
+            (RewardRow.session_id, session_id),
+            (RewardRow.completion_id, completion_id),
+            (RewardRow.group_id, group_id),
+        )
         return self._list(RewardRecord, paged(statement, limit, offset))
 
     # Weight versions.
