@@ -424,7 +424,7 @@ class ModelRunner:
         policy's; None: the default adapter). Every key and shape is checked before the
         first copy, so a failure leaves the old weights intact."""
         path = Path(model_dir)
-        if is_adapter_dir(path):  # trainer.lora: a LoRA adapter over the served base
+        if is_adapter_dir(path):  # a LoRA policy: an adapter over the served base
             # imported here: peft costs ~1.3 s of start-up, paid only by LoRA runs
             from engine.lora import DEFAULT_ADAPTER, AdapterError, AdapterSlot
 
