@@ -1,6 +1,7 @@
-"""LoRA training of the policy (`default_policy.lora`, or a named policy's `lora`): PEFT wraps the loaded HF model before
-FSDP2 shards it, the base weights are frozen and only the adapter's `lora_A`/`lora_B`
-matrices train, under the same loss and step code as full fine-tuning.
+"""LoRA training of the policy (`default_policy.lora`, or a named policy's `lora`): PEFT
+wraps the loaded HF model before FSDP2 shards it, the base weights are frozen and only
+the adapter's `lora_A`/`lora_B` matrices train, under the same loss and step code as
+full fine-tuning.
 
 FSDP2 (`fully_shard`) shards frozen and trainable parameters of one group alike and
 keeps `requires_grad` per parameter, so the PEFT model is sharded exactly like the plain

@@ -90,9 +90,9 @@ class VLLMClient(Backend):
         self.weight_version = "default"
         """The server's weight label as last reported or set (vLLM starts at "default")."""
         self.lora_name = lora_name
-        """With a LoRA policy (`default_policy.lora`): the adapter a request that names none runs under (the
-        launcher starts the server with it, swaps replace it in place); None: the base
-        model."""
+        """With a LoRA policy (`default_policy.lora`): the adapter a request that names
+        none runs under (the launcher starts the server with it, swaps replace it in
+        place); None: the base model."""
 
     # -- wire hooks --------------------------------------------------------------------
     def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
