@@ -90,7 +90,7 @@ async def sync_full_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         # lora_name None: the engine's own (full) weights; sets pool.target for re-syncs.
         timings = await pool.swap_weights(latest.path, latest.version)
         state.policy_versions[name] = latest.version
-        await record_swap(state, latest, timings, t0)
+        await record_swap(state.metrics, state.store, latest, timings, t0)
         swapped.append((name, latest.version))
     return swapped
 

@@ -278,7 +278,7 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
             latest.path, latest.version, _default_adapter(state)
         )
     state.live_version = latest.version
-    await record_swap(state, latest, timings, t0, mode)
+    await record_swap(state.metrics, state.store, latest, timings, t0, mode)
     return latest.version
 
 
@@ -308,7 +308,7 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         t0 = time.perf_counter()
         timings = await state.backends.swap_weights(latest.path, latest.version, policy.name)
         state.policy_versions[policy.name] = latest.version
-        await record_swap(state, latest, timings, t0)
+        await record_swap(state.metrics, state.store, latest, timings, t0)
         swapped.append((policy.name, latest.version))
     return swapped
 
