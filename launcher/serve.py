@@ -36,14 +36,24 @@ def with_registry_model(config: ServiceConfig, model: str) -> ServiceConfig:
     """`config` serving registry model `model` (`engine/pretrained.py`), built on first use
     into `<data_dir>/models/<model>` from its package registry wheel; ValueError naming
     the known models for another name."""
-    from engine.pretrained import make_registry_model, registry_model
+    from engine.pretrained import make_registry_model
 
-    registry_model(model)  # ValueError naming the known models
-    path = config.data_dir / "models" / model
+    config = registry_model_config(config, model)
+    path = config.model_dir()
     if not (path / "config.json").exists():
         typer.echo(f"building {model} from its PyPI wheel into {path} (once) ...")
     make_registry_model(model, path)
-    engine = config.engine.model_copy(update={"model": str(path.resolve())})
+    return config
+
+
+def registry_model_config(config: ServiceConfig, model: str) -> ServiceConfig:
+    """`config` pointing at where registry model `model` is (or will be) built, without
+    building it: the checks that read the model's path run before the build's minute."""
+    from engine.pretrained import registry_model
+
+    registry_model(model)  # ValueError naming the known models
+    path = (config.data_dir / "models" / model).resolve()
+    engine = config.engine.model_copy(update={"model": str(path)})
     return config.model_copy(update={"engine": engine})
 
 
@@ -108,11 +118,15 @@ def serve(
         if not local:  # a torch-free install serves external backends: its tokenizer too?
             check_tokenizer_loadable(config.gateway.tokenizer or config.model_dir())
         if model is not None:
-            config = with_registry_model(config, model)
+            config = registry_model_config(config, model)
         trains = local and (config.trainer.enabled if train is None else train)
         if fresh:
             for path in fresh_start(config):
                 say(f"--fresh: deleted {path}")
+        if trains:
+            refuse_earlier_run(config)  # before building a model: a minute saved
+        if model is not None:
+            config = with_registry_model(config, model)
         if trains:
             config = prepare_training(config)
         else:
@@ -155,16 +169,21 @@ def say_training_off(config: ServiceConfig, train: bool | None, why: str) -> Non
     )
 
 
-def prepare_training(config: ServiceConfig) -> ServiceConfig:
-    """Before anything starts: refuse another run's leftovers (StartError naming
-    `--fresh`), record this run as serve's, split the cores between engine and trainer
-    and bring the store's schema to head (so the gateway and the trainer never migrate
-    it at once)."""
-    from areal_service.store import TrajectoryStore
-
+def refuse_earlier_run(config: ServiceConfig) -> None:
+    """StartError (one sentence naming `--fresh`) when the data dir holds another run
+    that serve's trainer would continue."""
     conflict = serve_run_conflict(config)
     if conflict is not None:
         raise StartError(conflict)
+
+
+def prepare_training(config: ServiceConfig) -> ServiceConfig:
+    """Before anything starts (another run's leftovers refused already, by
+    `refuse_earlier_run`): record this run as serve's, split the cores between engine and
+    trainer and bring the store's schema to head (so the gateway and the trainer never
+    migrate it at once)."""
+    from areal_service.store import TrajectoryStore
+
     ensure_model(config)
     record_serve_run(config)
     tree = config.model_dump(mode="python")

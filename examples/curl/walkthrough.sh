@@ -21,7 +21,8 @@ echo "session $SID"
 REPLY=$(curl -sf "$BASE/v1/chat/completions" -H "Authorization: Bearer $KEY" \
   -H 'content-type: application/json' \
   -d "{\"model\": \"$MODEL\", \"max_tokens\": 16, \"messages\": [{\"role\": \"user\", \"content\": \"What is 2 + 3?\"}]}")
-echo "reply: $(jq -r '.choices[0].message.content' <<<"$REPLY")"
+# -c: the reply as one JSON string (a model's text may hold newlines)
+echo "reply: $(jq -c '.choices[0].message.content' <<<"$REPLY")"
 
 # 3. the reward, with the same key (a judge could use the admin key instead)
 curl -sf -X POST "$BASE/v1/rewards" -H "Authorization: Bearer $KEY" \

@@ -31,7 +31,7 @@ def _post(gw: Any, path: str, headers: dict[str, str], **body: Any) -> httpx.Res
 
 
 def _group(gw: Any, size: int, task: str) -> list[dict[str, Any]]:
-    """A group of `size` sessions, one chat each (sampled at v0)."""
+    """A group of `size` sessions, one chat each (sampled at the engine's version)."""
     sessions: list[dict[str, Any]] = _post(
         gw, "/rl/sessions", ADMIN, group_size=size, task_id=task
     ).json()["sessions"]
@@ -56,6 +56,12 @@ def _reward_and_end(gw: Any, session: dict[str, Any], value: float = 1.0) -> Non
         value=value,
         end_session=True,
     )
+
+
+def _sampled_version(gw: Any, session_ids: list[str]) -> int:
+    """The oldest version stamped on any token of these sessions."""
+    completions = gw.state.store.load_completions(session_ids, with_json=False)
+    return min(min(c.output_versions) for cs in completions.values() for c in cs)
 
 
 def _claim(gw: Any, version: int) -> None:
@@ -94,12 +100,15 @@ def test_dropped_episodes_reach_their_sender(
         _post(gw, f"/rl/sessions/{failed['session_id']}/end", ADMIN, failed=True)
         _reward_and_end(gw, left)
         with caplog.at_level(logging.WARNING, logger="areal_service.store.claims"):
-            _claim(gw, version=0)
-            stale = _group(gw, 2, "t-stale")  # sampled at v0, claimed 9 versions later
+            _claim(gw, version=_sampled_version(gw, [left["session_id"]]))
+            stale = _group(gw, 2, "t-stale")  # claimed bound + 1 versions after sampling
             for s in stale:
                 _reward_and_end(gw, s)
             bound = gw.state.config.trainer.train_staleness_bound()
-            _claim(gw, version=bound + 1)
+            # The session-wide engine may have been swapped by earlier tests: read the
+            # version its tokens carry rather than assume v0.
+            sampled = _sampled_version(gw, [s["session_id"] for s in stale])
+            _claim(gw, version=sampled + bound + 1)
 
         expected = {
             "unrewarded": [s["session_id"] for s in unrewarded],

@@ -5,6 +5,7 @@ math agent, the online agent with its separate judge, and the curl walkthrough."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -108,6 +109,7 @@ def test_curl_walkthrough(gateway):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("session sess_") and lines[1].startswith("reply: ")
+    assert isinstance(json.loads(lines[1].removeprefix("reply: ")), str)  # one line, any text
     assert '"value":1' in lines[2]
     assert '"status":"ended"' in lines[3] and '"completions":1' in lines[3]
     assert lines[4] == '{"status":"ended","end_reason":"client","completions":1,"rewards":[1]}'

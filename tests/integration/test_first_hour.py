@@ -292,12 +292,15 @@ def test_sigterm_landing_in_a_finalizer_still_stops_the_command():
     assert info.value.code == 128 + signal.SIGTERM
 
 
-def test_serve_after_a_demo_names_the_demo_run_and_offers_fresh(tmp_path):
+@pytest.mark.parametrize(
+    "model", [[], ["--model", "smollm2-135m-instruct"]], ids=["tiny", "registry"]
+)
+def test_serve_after_a_demo_names_the_demo_run_and_offers_fresh(tmp_path, model):
     data = tmp_path / "data"
     (data / "weights" / "v40").mkdir(parents=True)
     (data / "demo").mkdir()
     started = time.monotonic()
-    result = _run("serve", *_ports(tmp_path))
+    result = _run("serve", *_ports(tmp_path), *model)
     assert result.returncode == 1
     line = _one_line(result)
     assert line.startswith(
@@ -308,3 +311,4 @@ def test_serve_after_a_demo_names_the_demo_run_and_offers_fresh(tmp_path):
     assert "--set data_dir=..." in line and "(--no-train)" in line
     assert time.monotonic() - started < 30  # before any model loads
     assert not (data / "logs" / "engine.log").exists()
+    assert not (data / "models").exists()  # refused before a registry model's build
