@@ -36,9 +36,7 @@ def _conversation(
     state: GatewayState, request: MessagesRequest | CountTokensRequest
 ) -> Conversation:
     messages, tools, tool_choice, dropped = anthropic_to_chat(
-        request,
-        hosted_tools=state.config.gateway.hosted_tools,
-        signer=reasoning_signer(state.config.gateway.auth),
+        request, hosted_tools=state.config.gateway.hosted_tools, signer=reasoning_signer(state)
     )
     return Conversation(
         messages, tools, tool_choice, {"dropped_tools": dropped} if dropped else None
@@ -67,7 +65,7 @@ class AnthropicAdapter(WireAdapter[MessagesRequest]):
             model=turn.model,
             choice=choice,
             usage=usage,
-            signer=reasoning_signer(turn.state.config.gateway.auth),
+            signer=reasoning_signer(turn.state),
         )
 
     def stream(self, turn: Turn[MessagesRequest]) -> StreamEncoder:
@@ -85,7 +83,7 @@ class MessagesStream(StreamEncoder):
             sampling=turn.spec,
             prompt_tokens=len(turn.prompt_ids),
             parse_tools=turn.parse_tools,
-            signer=reasoning_signer(turn.state.config.gateway.auth),
+            signer=reasoning_signer(turn.state),
             tools=turn.tools,
         )
 

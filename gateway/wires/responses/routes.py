@@ -38,7 +38,7 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
         conv = translate_request(
             await with_previous_responses(state.store, principal, request),
             hosted_tools=state.config.gateway.hosted_tools,
-            signer=reasoning_signer(state.config.gateway.auth),
+            signer=reasoning_signer(state),
         )
         return Conversation(
             conv.messages,
@@ -52,7 +52,7 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
     ) -> dict[str, Any]:
         (choice,) = choices
         head = ResponseHead(turn.request, turn.completion_id, turn.created, turn.model, turn.spec)
-        return head.finished(choice, usage, reasoning_signer(turn.state.config.gateway.auth))
+        return head.finished(choice, usage, reasoning_signer(turn.state))
 
     def stream(self, turn: Turn[ResponsesRequest]) -> StreamEncoder:
         return ResponsesStream(turn)
@@ -72,7 +72,7 @@ class ResponsesStream(StreamEncoder):
             prompt_tokens=len(turn.prompt_ids),
             parse_tools=turn.parse_tools,
             logprobs=turn.logprobs,
-            signer=reasoning_signer(turn.state.config.gateway.auth),
+            signer=reasoning_signer(turn.state),
             tools=turn.tools,
         )
         self._final: list[dict[str, Any]] = []
