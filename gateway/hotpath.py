@@ -145,21 +145,22 @@ class HotRoutes:
         if refused is not None:
             await send_json(send, error_reply(refused))
             return
-        counted = self.ingress.admit_anonymous(scope, limits)
-        if counted is None:
+        ticket = self.ingress.admit_anonymous(scope, limits)
+        if ticket is False:
             await send_json(send, error_reply(anonymous_busy()))
             return
+        deadline = None if ticket is True else limits.anonymous_body_timeout_s
         try:
             try:
-                replay = await self.ingress.read_other(scope, receive, limit)
+                replay = await self.ingress.read_other(scope, receive, limit, deadline)
             except OpenAIError as exc:
                 await send_json(send, error_reply(exc))
                 return
             if replay is not None:  # None: the client left
                 await self.app(scope, replay, send)
         finally:
-            if counted:
-                self.ingress.release()
+            if not isinstance(ticket, bool):
+                self.ingress.release(ticket)
 
     async def _serve(
         self,

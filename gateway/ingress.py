@@ -10,9 +10,23 @@ module before anything else sees it:
   `HotRequest` (path, headers, body bytes, principal), never a Starlette `Request`, and
   parses it with `parse_hot` (JSON object, list caps, `check_body`, the request model);
 - any other route (FastAPI's) is bounded by `gateway.limits.control_body_bytes`, or for
-  a request without a key by `gateway.limits.anonymous_body_bytes`, and at most
-  `gateway.limits.max_anonymous_requests` of those that send a body are served at once
-  (`Ingress.admit_other`); its body is read and checked here and replayed to FastAPI.
+  a request without a key by `gateway.limits.anonymous_body_bytes`; its body is read and
+  checked here and replayed to FastAPI.
+
+Requests without a key that send a body (what a client can make the gateway hold before
+any credential is checked) have budgets of their own (`Ingress.admit_anonymous`). They
+are counted in two pools: the console's (the sign-in form, and the signed-in console's
+form posts, which carry a cookie, not a key) and the rest (API traffic without a key,
+which no route serves past its 401). Each pool takes at most
+`gateway.limits.max_anonymous_requests` at once, and one client address at most
+`gateway.limits.max_anonymous_per_address` of them (the address the auth throttle
+counts: the TCP peer, or `x-forwarded-for` from a configured proxy). So one address's
+keyless connections cannot take the admin's sign-in away (the audit: 260 keyless
+connections each holding a 1-byte body kept the console at 503 for 60 s), and API
+traffic never uses the console's pool. Their bodies must arrive within
+`gateway.limits.anonymous_body_timeout_s` (a sign-in form is a few hundred bytes; the
+general 60 s is for large prompts), else 408 and the connection is closed. Cost: two
+dict updates per keyless request with a body; nothing for a request with a key.
 
 `check_body` is the single place a body's content is checked (NUL characters, lone
 surrogates): both kinds of route call it, exactly once per body.
@@ -20,6 +34,7 @@ surrogates): both kinds of route call it, exactly once per body.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -218,15 +233,23 @@ def parse_model(model: type[M], body: dict[str, Any]) -> M:
 # ------------------------------------------------------------------ the other routes
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CONSOLE_PREFIX = "/console"
+
+Ticket = tuple[str, str]
+"""(pool, client address) of an admitted keyless request: what `release` gives back."""
 
 
 class Ingress:
     """The other routes' admission: their body bound (by whether the request carries a
-    key) and the count of requests without a key that send a body (what holds memory
-    before any key is checked). One per app."""
+    key) and the budgets of requests without a key that send a body (module docstring).
+    One per app; its counts are this process's."""
 
     def __init__(self) -> None:
-        self.anonymous_in_flight = 0
+        self.in_flight: dict[str, int] = {}
+        """pool -> keyless requests being served."""
+        self.by_address: dict[Ticket, int] = {}
+        """(pool, address) -> keyless requests being served; absent at zero, so it holds
+        only the addresses with a request in progress."""
 
     def other_limit(self, scope: Scope, limits: LimitsConfig) -> int:
         """The body bound of a request to a route FastAPI serves."""
@@ -236,30 +259,50 @@ class Ingress:
             limits.max_request_bytes,
         )  # the latter bounds every route
 
-    def admit_anonymous(self, scope: Scope, limits: LimitsConfig) -> bool | None:
-        """Whether this request is counted (call `release` when it ends); None when it is
-        refused (503: too many without a key in progress). Health checks and page loads
-        (no body) are never counted nor refused."""
+    def admit_anonymous(self, scope: Scope, limits: LimitsConfig) -> Ticket | bool:
+        """This request's ticket when it is counted (give it back with `release` when the
+        request ends); True when it is not counted (it carries a key, or sends no body:
+        health checks and page loads); False when it is refused (503: its pool, or its
+        address's share of the pool, is full)."""
         if request_token(scope) is not None or scope["method"] not in BODY_METHODS:
+            return True
+        pool = "console" if scope["path"].startswith(CONSOLE_PREFIX) else "api"
+        ticket = (pool, (scope.get("client") or ("unknown", 0))[0])
+        if (
+            self.in_flight.get(pool, 0) >= limits.max_anonymous_requests
+            or self.by_address.get(ticket, 0) >= limits.max_anonymous_per_address
+        ):
             return False
-        if self.anonymous_in_flight >= limits.max_anonymous_requests:
-            return None
-        self.anonymous_in_flight += 1
-        return True
+        self.in_flight[pool] = self.in_flight.get(pool, 0) + 1
+        self.by_address[ticket] = self.by_address.get(ticket, 0) + 1
+        return ticket
 
-    def release(self) -> None:
-        self.anonymous_in_flight -= 1
+    def release(self, ticket: Ticket) -> None:
+        """An admitted keyless request ended."""
+        self.in_flight[ticket[0]] -= 1
+        left = self.by_address[ticket] - 1
+        if left:
+            self.by_address[ticket] = left
+        else:
+            del self.by_address[ticket]
 
     @staticmethod
-    async def read_other(scope: Scope, receive: Receive, limit: int) -> Receive | None:
+    async def read_other(
+        scope: Scope, receive: Receive, limit: int, deadline_s: float | None = None
+    ) -> Receive | None:
         """Refuse a NUL in the URL, then (for a method with a body) read the body whole
-        within `limit`, check it (`check_body`), and hand it on as a replay so no route
-        sees it unchecked; raises `OpenAIError`; None when the client left."""
+        within `limit` and `deadline_s` (a keyless body's: 408 and close past it), check it
+        (`check_body`), and hand it on as a replay so no route sees it unchecked; raises
+        `OpenAIError`; None when the client left."""
         if b"%00" in scope["query_string"] or b"%00" in scope.get("raw_path", b""):
             raise nul_refused("the URL")
         if scope["method"] not in BODY_METHODS:
             return receive
-        body = await read_body(receive, limit)  # small: `limit`
+        try:
+            async with asyncio.timeout(deadline_s):
+                body = await read_body(receive, limit)  # small: `limit`
+        except TimeoutError:
+            raise keyless_body_late(deadline_s or 0.0) from None
         if body is None:
             return None
         form = any(k == b"content-type" and b"form-urlencoded" in v for k, v in scope["headers"])
@@ -283,11 +326,23 @@ def _replay(body: bytes, then: Receive) -> Receive:
 
 
 def anonymous_busy() -> OpenAIError:
-    """503 when too many requests without a key are in progress."""
+    """503 when the keyless request's pool, or its address's share of it, is full."""
     return OpenAIError(
         503,
-        "too many requests without an API key in progress; retry later",
+        "too many requests without an API key in progress (from this address, or for "
+        "this part of the gateway); retry later",
         type="server_error",
         code="server_busy",
         headers={"retry-after": "1"},
     )
+
+
+def keyless_body_late(timeout_s: float) -> OpenAIError:
+    """408 for a keyless body not complete within its deadline; the connection closes."""
+    late = f"the request body was not received within {timeout_s:g} s"
+    why = "(gateway.limits.anonymous_body_timeout_s: requests without an API key)"
+    return OpenAIError(408, f"{late} {why}", code="request_timeout", headers=_CLOSE)
+
+
+_CLOSE = {"connection": "close"}
+"""uvicorn closes the connection after a reply carrying this header."""

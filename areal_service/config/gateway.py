@@ -104,9 +104,16 @@ class LimitsConfig(Section):
     """Open connections one gateway process accepts; beyond, a new connection gets 503 and
     is closed."""
     max_anonymous_requests: int = Field(256, ge=1)
-    """Requests without an API key that send a body (the console's sign-in form) being
-    served at once; beyond, 503 with retry-after. Health checks and page loads are not
-    counted."""
+    """Requests without an API key that send a body being served at once, in each of two
+    pools: the console's (sign-in and its form posts) and the rest; beyond, 503 with
+    retry-after. Health checks and page loads are not counted."""
+    max_anonymous_per_address: int = Field(8, ge=1)
+    """Of those, how many one client address may have in progress in each pool (the
+    address the auth throttle counts): one address cannot fill a pool."""
+    anonymous_body_timeout_s: float = Field(5.0, gt=0)
+    """A request without an API key must send its whole body within this of its headers
+    (its bodies are small: `anonymous_body_bytes`); after it, 408 and the connection is
+    closed."""
     max_n_tokens: int = Field(65_536, ge=1)
     """Largest `n` x `max_tokens` (completion tokens one request may ask the engine for,
     over all its choices): 400 `too_many_tokens_requested` beyond (without `max_tokens`,
