@@ -36,6 +36,7 @@ from areal_service.config.gateway import GatewayConfig
 from areal_service.config.policies import (
     DefaultPolicyConfig,
     LoRAConfig,
+    PolicyCapsConfig,
     PolicyConfig,
     PolicyWeights,
 )
@@ -75,6 +76,8 @@ class PlannedConfig(Protocol):
     def default_policy(self) -> DefaultPolicyConfig: ...
     @property
     def policies(self) -> Sequence[PolicyConfig]: ...
+    @property
+    def policy_caps(self) -> PolicyCapsConfig: ...
     def backend_urls(self) -> list[str]: ...
     def model_dir(self) -> Path: ...
 
@@ -347,9 +350,41 @@ def check_plan(config: PlannedConfig, runtime: Sequence[PolicyConfig] = ()) -> N
             "policy its own full weights (weights: full)",
             code="lora_not_enabled",
         )
+    _check_caps(config, declared, bool(runtime))
     _check_names(config, declared)
     _check_aliases(config, declared)
     _check_full_policies(config, declared)
+
+
+def _check_caps(config: PlannedConfig, declared: Sequence[PolicyConfig], creating: bool) -> None:
+    """`policy_caps`: the number of named policies, and each adapter's rank and alpha
+    (the default policy's too). Checked on creation against the registry plus the new
+    one, so a cap lowered below what exists refuses new policies, not the config."""
+    caps = config.policy_caps
+    if (len(declared) if creating else len(config.policies)) > caps.max_policies:
+        raise PlanError(
+            f"this deployment may have at most {caps.max_policies} named policies "
+            "(policy_caps.max_policies); delete one or raise the cap",
+            status=409,
+            param="name",
+            code="too_many_policies",
+        )
+    shapes = [(p.name, p.lora) for p in declared if p.weights == "lora"]
+    for name, lora in [(DEFAULT_POLICY, config.default_policy.lora), *shapes]:
+        lora = lora or config.default_policy.lora
+        if lora is None:
+            continue
+        for field, value, cap in (
+            ("rank", lora.rank, caps.max_lora_rank),
+            ("alpha", lora.alpha, caps.max_lora_alpha),
+        ):
+            if value > cap:
+                raise PlanError(
+                    f"policy {name!r}: lora.{field} {value:g} is over this deployment's "
+                    f"cap of {cap:g} (policy_caps.max_lora_{field})",
+                    param=f"lora.{field}",
+                    code="invalid_lora",
+                )
 
 
 def _check_lora_sync(config: PlannedConfig, kind: str) -> None:

@@ -470,7 +470,12 @@ class FinishReason:
         }
 
 
-_OPTIONAL_META = ("output_token_logprobs", "output_top_logprobs", "e2e_latency")
+_OPTIONAL_META = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "input_token_logprobs",
+    "e2e_latency",
+)
 
 
 class MetaInfo(BaseModel):
@@ -490,6 +495,8 @@ class MetaInfo(BaseModel):
     weight_version: str = "default"
     output_token_logprobs: list[LogprobTriple] | None = None
     output_top_logprobs: list[list[LogprobTriple] | None] | None = None
+    input_token_logprobs: list[LogprobTriple] | None = None
+    """Prompt logprobs from `logprob_start_len` (the swap canary's scoring request)."""
     e2e_latency: float | None = None
 
     @field_serializer("finish_reason")

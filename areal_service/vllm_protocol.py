@@ -80,6 +80,9 @@ MODELS = Endpoint("GET", "/v1/models")
 RESET_PREFIX_CACHE = Endpoint("POST", "/reset_prefix_cache")
 LOAD_LORA_ADAPTER = Endpoint("POST", "/v1/load_lora_adapter")
 UNLOAD_LORA_ADAPTER = Endpoint("POST", "/v1/unload_lora_adapter")
+COMPLETIONS = Endpoint("POST", "/v1/completions")
+"""Only to score prompt tokens (`prompt_logprobs`; the token-in route does not return
+them): the swap canary."""
 
 REQUEST_ID_PREFIX = "generate-tokens-"
 """What `/inference/v1/generate` puts before a request id (`/abort_requests` needs it)."""
@@ -289,6 +292,42 @@ class ModelCard(_Reply):
 
 class ModelList(_Reply):
     data: list[ModelCard] = Field(default_factory=list)
+
+
+class PromptScoreRequest(_Body):
+    """`/v1/completions` asking for the prompt's logprobs (`prompt_logprobs` 0: the
+    prompt token's own at each position) and one greedy token, which is ignored."""
+
+    prompt: list[int]
+    model: str | None = None
+    """An adapter's name, or None: the served model."""
+    max_tokens: int = 1
+    temperature: float = 0.0
+    prompt_logprobs: int = 0
+
+
+class PromptLogprob(_Reply):
+    logprob: float | None = None
+
+
+class PromptScoreChoice(_Reply):
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    """Per prompt position (None at the first): token id (as a string) -> its logprob."""
+
+
+class PromptScoreResponse(_Reply):
+    choices: list[PromptScoreChoice] = Field(default_factory=list)
+
+    def scored(self, ids: list[int], start: int) -> list[float]:
+        """The logprob of each `ids[start:]` token (NaN where the reply has none)."""
+        rows = self.choices[0].prompt_logprobs if self.choices else None
+        out = []
+        for i in range(start, len(ids)):
+            row = rows[i] if rows is not None and i < len(rows) else None
+            entry = row.get(str(ids[i])) if row else None
+            lp = entry.logprob if entry is not None else None
+            out.append(float("nan") if lp is None else lp)
+        return out
 
 
 def finish_reason_of(choice: Choice, completion_tokens: int) -> FinishReason | None:

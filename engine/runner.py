@@ -302,6 +302,18 @@ class ModelRunner:
         self._next_pos = self._next_pos + 1
         return out.logits[:, -1].float()
 
+    @torch.inference_mode()
+    def score(self, ids: list[int], start: int, adapter: str | None = None) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]`, each given everything before it
+        (temperature 1): prompt logprobs, for the swap canary. A forward of its own (no
+        batch KV is read or written), so it may run between any two steps, paused too."""
+        self._select([adapter])
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=x, use_cache=False).logits[0, start - 1 : -1].float()
+        self.forward_calls += 1
+        logp = logits.log_softmax(-1).gather(-1, x[0, start:, None]).squeeze(-1)
+        return [float(v) for v in logp.tolist()]
+
     def _select(self, adapters: list[str | None] | None) -> None:
         if self._adapter is not None:
             self._adapter.select(adapters)

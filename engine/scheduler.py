@@ -180,6 +180,13 @@ class _Stop(_Command):
     pass
 
 
+@dataclass(frozen=True)
+class _Score(_Command):
+    ids: tuple[int, ...] = ()
+    start: int = 1
+    lora: str | None = None
+
+
 class Scheduler:
     """Owns the engine thread. Construct, `start()`, then submit; `stop()` aborts what is
     left and joins the thread. The model loads inside the thread (`ready` is set after)."""
@@ -220,6 +227,7 @@ class Scheduler:
             _UpdateWeights: self._on_update,
             _FlushCache: self._on_flush,
             _Stop: self._on_stop,
+            _Score: self._on_score,
         }
         self._thread = threading.Thread(target=self._main, name="engine-scheduler", daemon=True)
 
@@ -290,6 +298,11 @@ class Scheduler:
                 receive=receive,
             )
         )
+
+    def score(self, ids: list[int], start: int, lora: str | None = None) -> Future:
+        """Resolves to the prompt logprobs of `ids[start:]` (`ModelRunner.score`) and the
+        version that scored them: run between two steps at once, also while paused."""
+        return self._send(_Score(ids=tuple(ids), start=start, lora=lora))
 
     def flush_cache(self) -> Future:
         """Resolves to True when idle (KV freed), False when requests are in flight."""
@@ -422,6 +435,12 @@ class Scheduler:
         if self.runner.device.type == "cuda":
             torch.cuda.empty_cache()
         return True
+
+    def _on_score(self, cmd: _Score) -> tuple[list[float], str]:
+        version = (
+            self.weight_version if cmd.lora is None else self.adapter_versions.get(cmd.lora, "0")
+        )
+        return self.runner.score(list(cmd.ids), cmd.start, cmd.lora), version
 
     def _on_stop(self, cmd: _Stop) -> None:
         self._stopping = True

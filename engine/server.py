@@ -45,6 +45,7 @@ from areal_service.sglang_protocol import (
     UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     AbortRequest,
     DestroyWeightsUpdateGroupRequest,
+    FinishReason,
     GenerateRequest,
     GenerateResponse,
     InitWeightsUpdateGroupRequest,
@@ -149,7 +150,7 @@ class Engine:
                 "n > 1 is not supported by the local engine; send n separate requests."
             )
         ids = body.prompt_ids if body.input_ids is not None else self.tokenizer.encode(body.text)
-        self._check_prompt(ids, body.sampling_params)
+        self.check_prompt(ids, body.sampling_params)
         rid = str(body.rid or uuid.uuid4().hex)
         if rid in self.inflight:
             raise EngineError(f"Duplicate request ID detected: {rid}")
@@ -157,7 +158,7 @@ class Engine:
         self.inflight[rid] = job
         return job
 
-    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+    def check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise EngineError("The input_ids is empty.")
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
@@ -340,6 +341,8 @@ def _weights_reply(success: bool, message: str) -> Response:
 
 @router.api_route(GENERATE.path, methods=["POST", "PUT"])
 async def generate(body: GenerateRequest, request: Request, engine: EngineDep) -> Response:
+    if body.return_logprob and body.logprob_start_len >= 0 and not body.stream:
+        return _json(await _score(body, engine))
     job = engine.new_job(body)
     try:
         await job.submit()
@@ -353,6 +356,35 @@ async def generate(body: GenerateRequest, request: Request, engine: EngineDep) -
     finally:
         job.release()
     return _json(job.render(view))
+
+
+async def _score(body: GenerateRequest, engine: Engine) -> GenerateResponse:
+    """A prompt-logprob request (`return_logprob` with `logprob_start_len` >= 1): the
+    local engine answers it with the prompt's logprobs from that position and generates
+    nothing (`output_ids` empty, finish `length`), at once, paused or not. The gateway
+    sends it only to score the swap canary (`gateway/swap_verify.py`)."""
+    ids = body.prompt_ids
+    start = body.logprob_start_len
+    if not 1 <= start < len(ids):
+        raise EngineError(f"logprob_start_len must be in [1, {len(ids)}), got {start}")
+    engine.check_prompt(ids, body.sampling_params.model_copy(update={"max_new_tokens": 0}))
+    future = engine.scheduler.score(ids, start, body.lora_path)
+    try:
+        logprobs, version = await asyncio.wrap_future(future)
+    except RuntimeError as exc:  # the scheduler thread is gone
+        raise EngineError(str(exc), 503) from exc
+    return GenerateResponse(
+        output_ids=[],
+        meta_info=MetaInfo(
+            id=str(body.rid or uuid.uuid4().hex),
+            finish_reason=FinishReason(type="length", length=0),
+            prompt_tokens=len(ids),
+            weight_version=version,
+            input_token_logprobs=[
+                (lp, t, None) for lp, t in zip(logprobs, ids[start:], strict=True)
+            ],
+        ),
+    )
 
 
 @router.post(PAUSE_GENERATION.path)

@@ -119,6 +119,7 @@ class GatewayMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+        self._swap_verify_metrics()
         self.policy_reward = Summary(
             "areal_policy_reward",
             "Rewards posted on the policy's sessions and completions (count and sum; a "
@@ -126,6 +127,41 @@ class GatewayMetrics:
             ["policy"],
             registry=self.registry,
         )
+
+    def _swap_verify_metrics(self) -> None:
+        """Verified swaps (`gateway/swap_verify.py`), per policy and engine (`engine` = the
+        engine's URL: as many values as the policy has engines)."""
+        self.swap_verify = Histogram(
+            "areal_swap_verify_seconds",
+            "Seconds to score the swap canary on one engine after a swap",
+            ["policy", "engine"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.swap_verify_diff = Gauge(
+            "areal_swap_verify_max_abs_diff",
+            "Largest |logprob difference| between the engine and the trainer's fingerprint "
+            "at the last verified swap",
+            ["policy", "engine"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+        self.swap_rollbacks = Counter(
+            "areal_swap_rollbacks",
+            "Swaps refused by the canary check and rolled back to the last verified version",
+            ["policy", "engine"],
+            registry=self.registry,
+        )
+
+    def observe_swap_verify(
+        self, policy: str, engine: str, seconds: float, diff: float, rolled_back: bool
+    ) -> None:
+        """One engine's canary check of a swap of `policy` (the syncer, off the request
+        path)."""
+        self.swap_verify.labels(policy, engine).observe(seconds)
+        self.swap_verify_diff.labels(policy, engine).set(diff)
+        if rolled_back:
+            self.swap_rollbacks.labels(policy, engine).inc()
 
     def count_request(self, route: str, status: int) -> None:
         """`requests{route, status}` + 1."""

@@ -24,6 +24,7 @@ from areal_service.serving_plan import ServingPlan
 from gateway.routing import BackendPool
 from gateway.state import GatewayState
 from gateway.swap_record import record_swap
+from gateway.swap_verify import refused, swap_verified
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,13 @@ async def sync_full_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         latest = await asyncio.to_thread(state.store.latest_weight_version, name)
         if latest is None or latest.version <= state.policy_versions.get(name, 0):
             continue
+        if refused(latest):
+            continue
         t0 = time.perf_counter()
         # lora_name None: the engine's own (full) weights; sets pool.target for re-syncs.
-        timings = await pool.swap_weights(latest.path, latest.version)
+        timings = await swap_verified(state, pool, latest)
+        if timings is None:  # refused: this pool stays on its verified version
+            continue
         state.policy_versions[name] = latest.version
         await record_swap(state.metrics, state.store, latest, timings, t0)
         swapped.append((name, latest.version))

@@ -50,6 +50,7 @@ from gateway.backends import (
     GenerationDelta,
     RouterClient,
     SGLangClient,
+    SwapCheck,
     SwapTimings,
 )
 from gateway.backends.factory import ClientFactory, client_factory
@@ -467,19 +468,25 @@ class BackendPool:
 
     # -- weights -----------------------------------------------------------------------
     async def swap_weights(
-        self, model_path: str, version: int, lora_name: str | None = None
+        self,
+        model_path: str,
+        version: int,
+        lora_name: str | None = None,
+        check: SwapCheck | None = None,
     ) -> dict[str, SwapTimings]:
         """`swap_weights` on every healthy backend concurrently. An unreachable backend
         is taken out (and re-synced when it comes back); one that rejects the load keeps
         serving its old weights (its tokens say so). Raises if every backend failed.
         `lora_name`: only that policy's adapter (`Backend.swap_adapter`: no pause, no
-        other policy's request is touched); a returning backend is re-synced to it."""
+        other policy's request is touched); a returning backend is re-synced to it.
+        `check`: the swap canary each backend runs where it can still refuse unseen
+        (`Backend.swap_weights`)."""
         healthy = [b for b in self._backends if b.healthy]
         for b in healthy:
             b.swapping = True
         try:
             results = await asyncio.gather(
-                *(b.client.swap_weights(model_path, version, lora_name) for b in healthy),
+                *(b.client.swap_weights(model_path, version, lora_name, check) for b in healthy),
                 return_exceptions=True,
             )
         finally:

@@ -52,6 +52,7 @@ from gateway.policy_pools import follow_full_policies, sync_full_policies_once
 from gateway.routing import BackendPool, PoolMember
 from gateway.state import GatewayState
 from gateway.swap_record import record_swap
+from gateway.swap_verify import canary_check, refused, settle, swap_fallback, swap_verified
 
 log = logging.getLogger(__name__)
 
@@ -254,14 +255,17 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
     version swapped to (None when nothing was new). `group`: the weight-update group
     kept between distributed swaps (None: none is kept)."""
     latest = await asyncio.to_thread(state.store.latest_weight_version)
-    if latest is None or latest.version <= state.live_version:
+    if latest is None or latest.version <= state.live_version or refused(latest):
         return None
     t0 = time.perf_counter()
     mode = "disk"
     offer = distributed_offer(latest)
+    timings: dict[str, SwapTimings] | None = None
     if offer is not None:
+        check = canary_check(state, latest, None, swap_fallback(state, state.backends, None))
         try:
             timings = await swap_distributed(state, latest, offer, group)
+            timings = await settle(state, state.backends, latest, timings, check)
             mode = "distributed"
         except Exception as e:  # noqa: BLE001 - any failure falls back to the disk copy
             log.warning(
@@ -274,9 +278,9 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
             )
             await _wait_for_copy(latest, state.config.trainer.weight_sync_timeout_s)
     if mode == "disk":
-        timings = await state.backends.swap_weights(
-            latest.path, latest.version, _default_adapter(state)
-        )
+        timings = await swap_verified(state, state.backends, latest, _default_adapter(state))
+    if timings is None:  # refused by the canary: the verified version stays live
+        return None
     state.live_version = latest.version
     await record_swap(state.metrics, state.store, latest, timings, t0, mode)
     return latest.version
@@ -305,8 +309,12 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         latest = await asyncio.to_thread(state.store.latest_weight_version, policy.name)
         if latest is None or latest.version <= state.policy_versions.get(policy.name, 0):
             continue
+        if refused(latest):
+            continue
         t0 = time.perf_counter()
-        timings = await state.backends.swap_weights(latest.path, latest.version, policy.name)
+        timings = await swap_verified(state, state.backends, latest, policy.name)
+        if timings is None:  # refused: this policy's verified adapter stays
+            continue
         state.policy_versions[policy.name] = latest.version
         await record_swap(state.metrics, state.store, latest, timings, t0)
         swapped.append((policy.name, latest.version))

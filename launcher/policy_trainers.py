@@ -40,12 +40,27 @@ class PolicyTrainers:
         # elsewhere there is nothing to poll for.
         self._polls = ServingPlan(config).runtime_creatable()
         self._store: TrajectoryStore | None = None
+        self._refused: set[str] = set()
+        """Policies whose trainer the cap kept from starting (logged once each)."""
 
     def start(self, names: list[str]) -> None:
-        """Start the trainer of each of `names` not started yet."""
-        for name in names:
-            if name in self.started:
-                continue
+        """Start the trainer of each of `names` not started yet, up to
+        `policy_caps.max_policies` trainers (each is a process of a few GB); the policies
+        beyond are named in one log line, once."""
+        fresh, refused = within_cap(
+            list(self.started), names, self._config.policy_caps.max_policies
+        )
+        refused = [n for n in refused if n not in self._refused]
+        if refused:
+            self._refused.update(refused)
+            log.error(
+                "not starting the trainers of %s: policy_caps.max_policies is %d and %d "
+                "trainers run (delete a policy or raise the cap)",
+                ", ".join(refused),
+                self._config.policy_caps.max_policies,
+                len(self.started) + len(fresh),
+            )
+        for name in fresh:
             child = ChildProcess(
                 f"trainer-{name}",
                 cli_argv("trainer", "--config", str(self._cfg_path), "--policy", name),
@@ -74,3 +89,11 @@ class PolicyTrainers:
         """Close the store connection (the trainers are stopped by the launcher)."""
         if self._store is not None:
             self._store.close()
+
+
+def within_cap(started: list[str], names: list[str], cap: int) -> tuple[list[str], list[str]]:
+    """(to start, refused): the names of `names` not in `started`, in order, the first
+    ones up to `cap` trainers in all, the rest refused."""
+    fresh = [n for n in dict.fromkeys(names) if n not in started]
+    room = max(0, cap - len(started))
+    return fresh[:room], fresh[room:]

@@ -21,6 +21,7 @@ import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,6 +62,7 @@ def publish_weights(
     broadcaster: WeightBroadcaster | None = None,
     tied_head_file: bool = False,
     policy: str = DEFAULT_POLICY,
+    canary: Mapping[str, Any] | None = None,
 ) -> WeightVersionRecord:
     """Save `model` as `weights_dir/v{version}` and record the version. Collective (every
     rank calls it); `store` is used on rank 0 only (None elsewhere).
@@ -70,8 +72,11 @@ def publish_weights(
     write it). Afterwards only the newest `keep` version directories remain.
     `distributed` (every rank, from the config): distributed sync first, by rank 0's
     `broadcaster` (None on the other ranks). `tied_head_file`: write a tied output head
-    as a tensor too (vLLM backends; see `model.write_tied_head`).
+    as a tensor too (vLLM backends; see `model.write_tied_head`). `canary`: the swap
+    canary's fingerprint of these weights (`trainer/canary.py`), stored on the row
+    (metadata `canary`) in the insert that publishes it.
     """
+    extra = {} if canary is None else {"canary": dict(canary)}
     path = version_dir(weights_dir, version)
     if distributed:
         return _publish_broadcast(
@@ -84,6 +89,7 @@ def publish_weights(
             episodes=episodes,
             keep=keep,
             broadcaster=broadcaster,
+            extra=extra,
         )
     # overwrite: a directory without a row is left over by a trainer that died between
     # the rename and the insert; nobody was told about it.
@@ -96,13 +102,17 @@ def publish_weights(
     record = WeightVersionRecord(
         version=version,
         path=str(path.resolve()),
-        metadata={"step": step, "episodes": {c: list(s) for c, s in episodes.items()}},
+        metadata={
+            "step": step,
+            "episodes": {c: list(s) for c, s in episodes.items()},
+            **extra,
+        },
         policy=policy,
     )
     if dist.get_rank() == 0:
         assert store is not None, "rank 0 publishes the version row"
         store.add_weight_version(record)
-        prune_versions(weights_dir, keep=keep)
+        prune_versions(weights_dir, keep=keep, protect=_live_dir(store, policy))
         log.info("published weights v%d (step %d) at %s", version, step, path)
     return record
 
@@ -118,6 +128,7 @@ def _publish_broadcast(
     episodes: Mapping[str, Sequence[str]],
     keep: int,
     broadcaster: WeightBroadcaster | None,
+    extra: Mapping[str, Any],
 ) -> WeightVersionRecord:
     """Distributed publish: gather once; rank 0 inserts the row with the offer and
     broadcasts while the gateway swaps, then the directory is written from the same
@@ -126,6 +137,7 @@ def _publish_broadcast(
     metadata: dict[str, object] = {
         "step": step,
         "episodes": {c: list(s) for c, s in episodes.items()},
+        **extra,
     }
     if dist.get_rank() == 0:
         assert store is not None and broadcaster is not None, "rank 0 broadcasts"
@@ -142,9 +154,18 @@ def _publish_broadcast(
     return WeightVersionRecord(version=version, path=str(path.resolve()), metadata=metadata)
 
 
-def prune_versions(weights_dir: Path, *, keep: int = KEEP_VERSIONS) -> list[Path]:
-    """Delete every `v{N}` directory but the newest `keep`, and temp directories of
-    interrupted saves; returns what was deleted. Call on one rank only."""
+def _live_dir(store: TrajectoryStore, policy: str) -> Path | None:
+    """The directory of `policy`'s live version: what a swap the canary refuses goes
+    back to (`gateway/swap_verify.py`), so it outlives `keep` newer versions."""
+    live = store.live_weight_version(policy=policy)
+    return Path(live.path) if live is not None else None
+
+
+def prune_versions(
+    weights_dir: Path, *, keep: int = KEEP_VERSIONS, protect: Path | None = None
+) -> list[Path]:
+    """Delete every `v{N}` directory but the newest `keep` (and `protect`), and temp
+    directories of interrupted saves; returns what was deleted. Call on one rank only."""
     if not weights_dir.is_dir():
         return []
     versions = sorted(
@@ -152,7 +173,8 @@ def prune_versions(weights_dir: Path, *, keep: int = KEEP_VERSIONS) -> list[Path
         for p in weights_dir.iterdir()
         if p.is_dir() and (m := _VERSION_DIR.match(p.name))
     )
-    doomed = [p for _, p in versions[: max(len(versions) - keep, 0)]]
+    kept = protect.resolve() if protect is not None else None
+    doomed = [p for _, p in versions[: max(len(versions) - keep, 0)] if p.resolve() != kept]
     doomed += [p for p in weights_dir.iterdir() if p.is_dir() and _TEMP_DIR.match(p.name)]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)

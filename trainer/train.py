@@ -37,8 +37,9 @@ from areal_service.config import ServiceConfig, TrainerConfig, load_config
 from areal_service.types import EpisodeGroup, TrainSequence
 from trainer.advantage import RunningBaseline, sequence_advantages
 from trainer.batch import MicroBatch, build_micro_batches
+from trainer.canary import CanaryTracker, refusal_streak
 from trainer.checkpoint import restore_checkpoint, save_checkpoint
-from trainer.model import DistInfo
+from trainer.model import DistInfo, resolve_dtype
 from trainer.policy import build_policy
 from trainer.process import broadcast_from_rank0, start_process
 from trainer.publish import publish_weights
@@ -74,8 +75,23 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             RunningBaseline(cfg.baseline_decay) if cfg.ungrouped_baseline == "task_mean" else None
         )
         log.info("trainer of policy %s starts after step %d at v%d", cfg.policy, step, version)
+        tokenizer_dir = Path(config.gateway.tokenizer or policy.model_dir)
+        canary = (
+            CanaryTracker(
+                config.swap_verify,
+                tokenizer_dir,
+                policy.model,
+                info.device,
+                resolve_dtype(cfg.dtype, info.device.type),
+            )
+            if config.swap_verify.enabled
+            else None
+        )
 
         while cfg.total_steps is None or step < cfg.total_steps:
+            if canary is not None and (why := refused_streak(rank0, config)) is not None:
+                log.error("policy %s stops advancing: %s", cfg.policy, why)
+                break
             groups, dropped, wait_s = next_batch(rank0, cfg, version, stop, info)
             if groups is None:
                 break  # stopped while waiting; rank 0's held claims release the partial batch
@@ -95,7 +111,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                 policy.model,
                 version=version,
                 weights_dir=config.weights_dir(),
-                tokenizer_dir=Path(config.gateway.tokenizer or policy.model_dir),
+                tokenizer_dir=tokenizer_dir,
                 store=rank0.store if rank0 else None,
                 step=step,
                 episodes={g.claim_id: g.session_ids for g in groups},
@@ -103,6 +119,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                 tied_head_file=config.engine.backend == "vllm",
                 broadcaster=rank0.broadcaster if rank0 else None,
                 policy=cfg.policy,
+                canary=canary.fingerprint(policy.model) if canary is not None else None,
             )
             publish_s = time.perf_counter() - t0
             if rank0 is not None:
@@ -137,6 +154,20 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
 
 
 # ---- per step -------------------------------------------------------------------------
+
+
+def refused_streak(rank0: RankZero | None, config: ServiceConfig) -> str | None:
+    """Every rank: rank 0's reason to stop (the gateway refused the policy's last
+    `swap_verify.max_failures` versions; `trainer/canary.py`), else None. One store
+    read per step."""
+    why = None
+    if rank0 is not None:
+        recent = rank0.store.list_weight_versions(
+            limit=4 * config.swap_verify.max_failures, policy=config.trainer.policy
+        )
+        why = refusal_streak(recent, config.swap_verify.max_failures)
+    out = broadcast_from_rank0(why)
+    return out if isinstance(out, str) else None
 
 
 def claim_group_size(cfg: TrainerConfig) -> int | None:

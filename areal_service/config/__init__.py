@@ -44,11 +44,13 @@ from areal_service.config.policies import (
     POLICY_NAME_PATTERN,
     DefaultPolicyConfig,
     LoRAConfig,
+    PolicyCapsConfig,
     PolicyConfig,
     PolicyWeights,
 )
 from areal_service.config.service import ServiceConfig
 from areal_service.config.store import StoreConfig
+from areal_service.config.swap_verify import SwapVerifyConfig
 from areal_service.config.trainer import AdvantageKind, MismatchMask, TrainerConfig
 from areal_service.config_errors import ConfigError
 from areal_service.types import DEFAULT_POLICY
@@ -63,6 +65,7 @@ __all__ = [
     "ConfigError",
     "ContinuityConfig",
     "DefaultPolicyConfig",
+    "PolicyCapsConfig",
     "EngineConfig",
     "GatewayConfig",
     "LimitsConfig",
@@ -78,6 +81,7 @@ __all__ = [
     "ScaleConfig",
     "ServerFleetConfig",
     "ServiceConfig",
+    "SwapVerifyConfig",
     "SessionSource",
     "SessionsConfig",
     "SlurmConfig",

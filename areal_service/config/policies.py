@@ -148,3 +148,23 @@ class DefaultPolicyConfig(BaseModel):
     @classmethod
     def _role_names(cls, value: list[str]) -> list[str]:
         return _checked_roles(value)
+
+
+class PolicyCapsConfig(BaseModel):
+    """`policy_caps:`: what one deployment may hold of policies and adapters, checked when
+    the config loads and when a policy is created at runtime (the admin API, console,
+    CLI). Each policy costs a trainer process (a few GB), an adapter on every backend and
+    a share of the gateway's and syncer's rounds; a LoRA update is scaled by alpha / rank,
+    so an unbounded alpha overflows the first step."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_policies: int = Field(64, ge=0)
+    """Named policies (the config's and the runtime ones; `default` not counted) the
+    deployment may have: creating one more is 409 `too_many_policies`, and `launch`
+    refuses to start more trainers than this."""
+    max_lora_rank: int = Field(64, ge=1, le=512)
+    """Largest LoRA rank a policy's adapter may have (an adapter's memory grows with it:
+    rank 512 on every projection is larger than the tiny base model)."""
+    max_lora_alpha: float = Field(1024.0, gt=0, allow_inf_nan=False)
+    """Largest LoRA alpha a policy's adapter may have."""

@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from areal_service.config.cluster import ClusterConfig
 from areal_service.config.engine import EngineConfig
 from areal_service.config.gateway import GatewayConfig
-from areal_service.config.policies import DefaultPolicyConfig, PolicyConfig
+from areal_service.config.policies import DefaultPolicyConfig, PolicyCapsConfig, PolicyConfig
 from areal_service.config.store import StoreConfig
+from areal_service.config.swap_verify import SwapVerifyConfig
 from areal_service.config.trainer import TrainerConfig
 from areal_service.config_renames import move_in_tree
 from areal_service.types import DEFAULT_POLICY
@@ -36,6 +37,8 @@ class ServiceConfig(BaseModel):
     """The OpenAI-compatible gateway."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The RL trainer (FSDP2)."""
+    swap_verify: SwapVerifyConfig = Field(default_factory=SwapVerifyConfig)
+    """The canary that proves each weight swap before traffic trusts it."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where `areal-service launch` places engines, gateway and trainer (Ray, Slurm)."""
     default_policy: DefaultPolicyConfig = Field(default_factory=DefaultPolicyConfig)
@@ -46,6 +49,8 @@ class ServiceConfig(BaseModel):
     backends (`weights: full`). Empty: the single `default` policy, as before. The
     `default` policy always exists besides the declared ones. How each is served:
     `areal_service/serving_plan.py`."""
+    policy_caps: PolicyCapsConfig = Field(default_factory=PolicyCapsConfig)
+    """How many policies, and how large an adapter, the deployment may have."""
 
     @model_validator(mode="before")
     @classmethod

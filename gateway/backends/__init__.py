@@ -4,7 +4,7 @@ router), the HTTP plumbing they hold (`transport.py`), interruptible generation,
 neutral records they return (`records.py`), their errors, and the factory that is the
 only gateway code reading the engine kind (`factory.py`)."""
 
-from gateway.backends.base import Backend
+from gateway.backends.base import Backend, SwapCheck
 from gateway.backends.errors import BackendError, BackendUnavailable
 from gateway.backends.records import Generation, GenerationDelta, SwapTimings, TokenRequest
 from gateway.backends.router import RouterClient
@@ -19,6 +19,7 @@ __all__ = [
     "GenerationDelta",
     "RouterClient",
     "SGLangClient",
+    "SwapCheck",
     "SwapTimings",
     "TokenRequest",
     "VLLMClient",

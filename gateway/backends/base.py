@@ -24,8 +24,8 @@ import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator
-from typing import Any, Unpack
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, Protocol, Unpack
 
 from areal_service.sglang_protocol import (
     InitWeightsUpdateGroupRequest,
@@ -50,6 +50,24 @@ _UNLOAD_POLL_S = 0.25
 """How often a retired adapter name's unload task checks whether it drained."""
 
 
+class SwapCheck(Protocol):
+    """The canary check of a swap (`gateway/swap_verify.py`), run by `swap_weights` at
+    the moment the engine can still refuse the version unseen: while paused (an engine
+    that scores paused), or before a versioned adapter's switch. It records the
+    engine's verdict itself; `refused` tells it the engine already went back."""
+
+    fallback: tuple[str, int] | None
+    """The last verified (path, version) a refused full swap reloads while paused."""
+
+    async def __call__(self, backend: Backend, adapter: str | None) -> bool:
+        """Score the canary on `backend` under `adapter`; True when it passed."""
+        ...
+
+    def refused(self, backend: Backend) -> None:
+        """`backend` refused the version and already serves the verified one again."""
+        ...
+
+
 class Backend(ABC):
     """Client of one engine server (or router) at `base_url`. Call `aclose()` (or use
     `async with`) when done. `adapters`: versioned adapter names on a server that loads
@@ -66,6 +84,9 @@ class Backend(ABC):
         self.http = EngineHttp(base_url, self.abort_request, HttpOptions(**options))
         self.base_url = self.http.base_url
         self.adapters = adapters
+        self.scores_while_paused = False
+        """Whether `score_tokens` answers while generation is paused (the local engine:
+        set by the factory); then a full swap is checked before continue."""
         self._unloads: set[asyncio.Task[None]] = set()
 
     async def aclose(self) -> None:
@@ -263,17 +284,42 @@ class Backend(ABC):
     async def unload_lora_adapter(self, name: str) -> None:
         """Stop serving adapter `name` (404 for a name the server does not hold)."""
 
+    async def score_tokens(
+        self, ids: Sequence[int], start: int, *, lora_name: str | None = None
+    ) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]`, each given the tokens before it
+        (temperature 1), under the adapter `lora_name` (the engine's name for it; None:
+        the base weights): the swap canary's probe (`gateway/swap_verify.py`).
+        NotImplementedError for an engine that cannot score prompt tokens."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score prompt tokens")
+
+    def canary_adapter(self, lora_name: str | None, version: int) -> str | None:
+        """The adapter name to score version `version` under after
+        `swap_weights(..., version, lora_name)`: the versioned served name (with the
+        default policy's when `lora_name` is None), or on the local engine `lora_name`
+        itself (None: the served weights, the default adapter included)."""
+        policy = lora_name if self.adapters is None else lora_name or self.adapters.default_policy
+        if policy is None:
+            return None
+        return policy if self.adapters is None else served_name(policy, version)
+
     async def swap_weights(
-        self, model_path: str, version: int, lora_name: str | None = None
+        self,
+        model_path: str,
+        version: int,
+        lora_name: str | None = None,
+        check: SwapCheck | None = None,
     ) -> SwapTimings:
         """pause(abort) → update_weights_from_disk → continue, continue ALWAYS sent (also
         when pause or the load fails; the load's error is re-raised after it).
         `lora_name`: swap only that policy's adapter instead, with no pause
         (`swap_adapter`); with versioned adapters (`self.adapters`) also the default
-        policy's."""
+        policy's. `check`: the swap canary, run before continue on an engine that scores
+        while paused; a refused version is replaced by `check.fallback` before continue,
+        so no request sees it."""
         policy = lora_name if self.adapters is None else lora_name or self.adapters.default_policy
         if policy is not None:
-            return await self.swap_adapter(policy, model_path, version)
+            return await self.swap_adapter(policy, model_path, version, check)
         t0 = time.perf_counter()
         t1 = t2 = t0
         try:
@@ -281,12 +327,24 @@ class Backend(ABC):
             t1 = time.perf_counter()
             await self.update_weights_from_disk(model_path, str(version))
             t2 = time.perf_counter()
+            if check is not None and self.scores_while_paused:
+                await self._check_paused(check)
         finally:
             await self.continue_generation()
         t3 = time.perf_counter()
         return SwapTimings(pause_s=t1 - t0, update_s=t2 - t1, continue_s=t3 - t2, total_s=t3 - t0)
 
-    async def swap_adapter(self, policy: str, model_path: str, version: int) -> SwapTimings:
+    async def _check_paused(self, check: SwapCheck) -> None:
+        """The canary while still paused; a refusal reloads the verified version before
+        the caller's continue (nothing was generated under the refused one)."""
+        if await check(self, None) or check.fallback is None:
+            return
+        await self.update_weights_from_disk(check.fallback[0], str(check.fallback[1]))
+        check.refused(self)
+
+    async def swap_adapter(
+        self, policy: str, model_path: str, version: int, check: SwapCheck | None = None
+    ) -> SwapTimings:
         """Load `policy`'s version `version` (the adapter directory `model_path`) under its
         own name beside the live one, switch the policy's new requests to it, and unload
         the retired name in the background once its requests ended
@@ -299,20 +357,37 @@ class Backend(ABC):
         aborts only that policy's in-flight rows, which interruptible generation
         resubmits under the new version (`engine/scheduler.py`,
         `Scheduler._swap_adapter`); `lora_name` "default" (`DEFAULT_POLICY`) is the
-        default policy's adapter, when other policies are declared."""
+        default policy's adapter, when other policies are declared.
+
+        `check`: with versioned names, the canary scored under the new name before the
+        switch; a refused version is never switched to (its name is unloaded) and the
+        policy's requests stay on the verified one. Without them the syncer checks
+        after the load (`gateway/swap_verify.py`)."""
         t0 = time.perf_counter()
         if self.adapters is None:
             await self.update_weights_from_disk(model_path, str(version), lora_name=policy)
             return SwapTimings.load_only(t0)
+        served = served_name(policy, version)
         try:
-            await self.load_lora_adapter(served_name(policy, version), model_path)
+            await self.load_lora_adapter(served, model_path)
         except BackendError as e:
             if e.status != 400 or "already" not in e.message:
                 raise
+        if check is not None and not await check(self, served):
+            check.refused(self)
+            self.http.spawn(self._unload_refused(served))
+            return SwapTimings.load_only(t0)
         retired = self.adapters.switch(policy, version)
         if retired is not None:
             self._unload_when_drained(retired)
         return SwapTimings.load_only(t0)
+
+    async def _unload_refused(self, served: str) -> None:
+        """Unload an adapter name the canary refused (no request ever ran under it)."""
+        try:
+            await self.unload_lora_adapter(served)
+        except BackendError as e:
+            log.warning("unload of refused adapter %s failed: %s", served, e)
 
     def adopt_adapter(self, policy: str | None, version: int) -> None:
         """Send `policy`'s (None: the default policy's) new requests under version

@@ -56,6 +56,9 @@ def client_factory(config: ServiceConfig, *, full_weights: bool = False) -> Clie
 
     def sglang(url: str) -> Backend:
         names = adapter_names(config) if lora else None
-        return SGLangClient(url, timeout_s=timeout_s, adapters=names)
+        client = SGLangClient(url, timeout_s=timeout_s, adapters=names)
+        # The local engine scores prompts between steps, paused too (SGLang queues them).
+        client.scores_while_paused = config.engine.backend == "local"
+        return client
 
     return sglang

@@ -8,6 +8,7 @@ The generate call's body, reply and stream parsers are module functions, which
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -26,6 +27,7 @@ from areal_service.sglang_protocol import (
     ModelInfo,
     PauseMode,
     PauseRequest,
+    SamplingParams,
     UnloadLoRAAdapterRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
@@ -177,6 +179,28 @@ class SGLangClient(Backend):
         await self.http.control(routes.FLUSH_CACHE)
 
     # -- information -------------------------------------------------------------------
+    async def score_tokens(
+        self, ids: Sequence[int], start: int, *, lora_name: str | None = None
+    ) -> list[float]:
+        """`/generate` with `return_logprob` and `logprob_start_len`: the prompt logprobs
+        from `start` (SGLang's `input_token_logprobs`; the local engine answers without
+        generating). One token is asked for because SGLang generates at least one."""
+        body = GenerateRequest(
+            input_ids=list(ids),
+            sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0),
+            return_logprob=True,
+            logprob_start_len=start,
+            **({} if lora_name is None else {"lora_path": lora_name}),
+        )
+        raw = await self.http.call(routes.GENERATE, body)
+        try:
+            reply = GenerateResponse.model_validate_json(raw)
+        except ValidationError as e:
+            raise self.http.malformed(routes.GENERATE.path, e) from e
+        scored = reply.meta_info.input_token_logprobs or []
+        want = len(ids) - start
+        return [float("nan") if t[0] is None else float(t[0]) for t in scored[-want:]]
+
     async def health(self, timeout_s: float = 10.0) -> bool:
         """True on 200 from `/health`; False on 503, errors and timeouts."""
         return await self.http.healthy(routes.HEALTH, timeout_s)

@@ -29,6 +29,7 @@ control calls in vLLM's own terms; the routes and fields are typed in
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -45,6 +46,7 @@ from areal_service.sglang_protocol import (
 from areal_service.vllm_protocol import (
     ABORT_REQUESTS,
     COLLECTIVE_RPC,
+    COMPLETIONS,
     GENERATE,
     HEALTH,
     LOAD_LORA_ADAPTER,
@@ -58,6 +60,8 @@ from areal_service.vllm_protocol import (
     Choice,
     LoadLoRAAdapterRequest,
     ModelList,
+    PromptScoreRequest,
+    PromptScoreResponse,
     UnloadLoRAAdapterRequest,
     VLLMGenerateResponse,
     WeightInfo,
@@ -211,6 +215,26 @@ class VLLMClient(Backend):
 
     async def flush_cache(self) -> None:
         await self.http.control(RESET_PREFIX_CACHE)
+
+    async def score_tokens(
+        self, ids: Sequence[int], start: int, *, lora_name: str | None = None
+    ) -> list[float]:
+        """`/v1/completions` with `prompt_logprobs` (vLLM's token-in route does not
+        return prompt logprobs); `lora_name` None scores the default adapter if any."""
+        model = lora_name or self.lora_name
+        body = PromptScoreRequest(  # every field set: the call sends only those
+            prompt=list(ids),
+            max_tokens=1,
+            temperature=0.0,
+            prompt_logprobs=0,
+            **({} if model is None else {"model": model}),
+        )
+        raw = await self.http.call(COMPLETIONS, body)
+        try:
+            reply = PromptScoreResponse.model_validate_json(raw)
+        except ValidationError as e:
+            raise self.http.malformed(COMPLETIONS.path, e) from e
+        return reply.scored(list(ids), start)
 
     async def health(self, timeout_s: float = 10.0) -> bool:
         """True on 200 from `/health`; False on errors and timeouts."""

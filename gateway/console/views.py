@@ -252,6 +252,9 @@ class WeightRow:
     swap_s: float | None
     publish_to_live_s: float | None
     live_at: float | None
+    verify: dict[str, Any] | None = None
+    """The swap canary's verdict (`gateway/swap_verify.py`): `refused`, `tolerance`,
+    `rolled_back_to`, per engine `max_abs_diff`; None when the version was not checked."""
 
 
 def weight_rows(
@@ -274,6 +277,7 @@ def weight_rows(
                 swap_s=meta.get("swap_s"),
                 publish_to_live_s=meta.get("publish_to_live_s"),
                 live_at=meta.get("live_at"),
+                verify=meta.get("verify") if isinstance(meta.get("verify"), dict) else None,
             )
         )
     return rows

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
+from areal_service.serving_plan import reserved_model_names
 from areal_service.store import TrajectoryStore
 from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import role_session_id
@@ -131,7 +132,11 @@ def test_n6_an_alias_may_not_take_the_name_every_agent_sends(
     serve: Callable[..., AbstractContextManager[Any]],
 ) -> None:
     with serve(*TENANTS, "gateway.model_names=[m]") as gw:
-        for name in ("m", gw.config.gateway.model_name):
+        # `m` (gateway.model_names), gateway.model_name and the engine's served name:
+        # the names every key sends by default.
+        reserved = reserved_model_names(gw.config)
+        assert {"m", gw.config.gateway.model_name} < reserved
+        for name in sorted(reserved):
             taken = _post(gw, "/admin/policies", ADMIN, {"name": "grab", "model_names": [name]})
             assert taken.status_code == 400, taken.text
             error = taken.json()["error"]

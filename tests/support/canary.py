@@ -1,0 +1,48 @@
+"""The swap canary's fingerprint of a checkpoint, computed as the trainer computes it
+(`trainer/canary.py`: the same rendering and the same forward pass), for tests that
+publish versions by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from areal_service.config import SwapVerifyConfig
+from trainer.canary import canary_ids, fingerprint, score
+
+CPU = torch.device("cpu")
+
+
+def logprobs_of(model_dir: Path, tokenizer_dir: Path, config: SwapVerifyConfig) -> Any:
+    """The canary and its logprobs under the checkpoint at `model_dir` (float32)."""
+    canary = canary_ids(config, tokenizer_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return canary, score(model, canary, CPU)
+
+
+def fingerprint_of(
+    model_dir: Path,
+    tokenizer_dir: Path,
+    previous_dir: Path | None = None,
+    config: SwapVerifyConfig | None = None,
+) -> dict[str, Any]:
+    """Metadata `canary` for publishing `model_dir` (contrast: `previous_dir`)."""
+    config = config or SwapVerifyConfig(enabled=True)
+    canary, now = logprobs_of(model_dir, tokenizer_dir, config)
+    before = logprobs_of(previous_dir, tokenizer_dir, config)[1] if previous_dir else None
+    return fingerprint(canary, now, before, torch.float32).model_dump()
+
+
+def scale_one_tensor(model_dir: Path, factor: float = 3.0) -> str:
+    """Corrupt a published checkpoint after its fingerprint: one weight matrix of one
+    decoder layer scaled by `factor`, in place. Returns its name."""
+    (file,) = sorted(model_dir.glob("*.safetensors"))
+    state = load_file(file)
+    name = next(n for n in sorted(state) if ".layers.0." in n and n.endswith("proj.weight"))
+    state[name] = state[name] * factor
+    save_file(state, file, metadata={"format": "pt"})
+    return name
