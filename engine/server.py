@@ -468,13 +468,10 @@ async def update_weights_from_distributed(
     batches (unpaused: after the requests in flight now, as a disk update); the version
     is set when `weight_version` is sent (the gateway sends it with the last bucket)."""
     if not engine.weight_session:
-        return _json(
-            UpdateWeightsResponse(
-                success=False,
-                message="update_weights_from_distributed must run between "
-                "begin_weight_update() and end_weight_update()",
-            ),
-            400,
+        return _weights_reply(
+            False,
+            "update_weights_from_distributed must run between "
+            "begin_weight_update() and end_weight_update()",
         )
     receive = functools.partial(
         engine.weight_groups.receive, body.group_name, body.names, body.dtypes, body.shapes
@@ -510,9 +507,9 @@ def _weight_session(engine: Engine, open_: bool) -> Response:
             if open_
             else "no weight-update session is open; call begin_weight_update() first"
         )
-        return _json(UpdateWeightsResponse(success=False, message=message), 400)
+        return _weights_reply(False, message)
     engine.weight_session = open_
-    return _json(UpdateWeightsResponse(success=True, message="Success"))
+    return _weights_reply(True, "Success")
 
 
 @router.post(DESTROY_WEIGHTS_UPDATE_GROUP.path)
