@@ -40,7 +40,7 @@ def fingerprint_of(
 def scale_one_tensor(model_dir: Path, factor: float = 3.0) -> str:
     """Corrupt a published checkpoint after its fingerprint: one weight matrix of one
     decoder layer scaled by `factor`, in place. Returns its name."""
-    (file,) = sorted(model_dir.glob("*.safetensors"))
+    (file,) = sorted(model_dir.glob("model*.safetensors"))  # not tied-head.safetensors
     state = load_file(file)
     name = next(n for n in sorted(state) if ".layers.0." in n and n.endswith("proj.weight"))
     state[name] = state[name] * factor
