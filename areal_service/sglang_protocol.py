@@ -27,11 +27,14 @@ What the gateway relies on, and nothing more (`ENDPOINTS` below is the same list
   `POST /abort_request {rid, abort_all}`, `POST /flush_cache` (400 while busy).
 - Distributed weight sync (`trainer.weight_sync: distributed`):
   `POST /init_weights_update_group {master_address, master_port, rank_offset,
-  world_size, group_name, backend}`, `POST /update_weights_from_distributed {names,
-  dtypes, shapes, group_name, weight_version, flush_cache}` (the trainer broadcasts the
-  tensors, one broadcast per name in order from group rank 0, WHILE the call is in
-  flight) and `POST /destroy_weights_update_group {group_name}`, each -> `{success,
-  message}`; `server_info.{tp_size, dp_size, pp_size, enable_dp_attention}` give a
+  world_size, group_name, backend}` (every member's rendezvous keys under
+  `weight_group_store_prefixes`), `POST /begin_weight_update {}`, `POST
+  /update_weights_from_distributed {names, dtypes, shapes, group_name, weight_version,
+  flush_cache}` (the trainer broadcasts the tensors, one broadcast per name in order
+  from group rank 0, WHILE the call is in flight), `POST /end_weight_update {}` and
+  `POST /destroy_weights_update_group {group_name}`, each -> `{success, message}`
+  (begin and end are 404 on SGLang before the weight-update session existed: then
+  nothing to open); `server_info.{tp_size, dp_size, pp_size, enable_dp_attention}` give a
   server's ranks in the group (`weight_group_ranks`).
 - `GET /health` (200, or 503 while starting/unhealthy), `GET /model_info {model_path,
   weight_version, is_generation}` and `GET /server_info` (read only for display), each
@@ -88,19 +91,23 @@ with the older names of about v0.5.3-0.5.6 as fallbacks. Run against a real SGLa
 pause / update from disk / continue, the gloo weight-update group, a server killed
 mid-stream), which differs from the reading above in:
 
-- the weight-update group's rendezvous: SGLang builds the group with torch's
+- the weight-update group's rendezvous (fixed): SGLang builds the group with torch's
   `_new_process_group_helper` on `PrefixStore(group_name, tcp_store)`, so its keys lie
-  under `<name>`, `<name>/` and a per-device prefix (gloo declares cpu and cuda), where
-  the trainer's rank 0 (`trainer/weight_broadcast.py`) and the local engine use one bare
-  `ProcessGroupGloo` on `PrefixStore(name)`: they never meet, the trainer's rendezvous
-  times out and the gateway swaps from disk instead;
+  under `<name>`, `<name>/` and the backend's first device (`cpu/` for gloo), where the
+  trainer's rank 0 and the local engine used one bare `ProcessGroupGloo` on
+  `PrefixStore(name)`: they never met, and the gateway swapped from disk after the
+  trainer's timeout. Every member now builds its group on
+  `weight_group_store_prefixes` (rank 0 joins in ~0.6 s);
 - `/update_weights_from_distributed` is refused (400, "must run between
   begin_weight_update() and end_weight_update()") unless `POST /begin_weight_update {}`
-  came first; `POST /end_weight_update {}` closes the session. Measured by hand: rank 0
-  built with the same torch helper on `PrefixStore(name, tcp_store)` joins in 0.6 s, and
-  begin -> update -> end loads the tensors and sets the version. Neither is fixed yet
-  (the test is an expected failure);
-
+  came first; `POST /end_weight_update {}` closes the session, and a second begin
+  before it is refused ("already open"). Fixed: the gateway opens the session before
+  the first bucket and closes it after the last (also after a failure); the local
+  engine enforces the same rule;
+- (read in torch's `_new_process_group_helper`, not met in a run) a group name a
+  server's process registered once cannot be joined again ("The specified group name
+  has already been created"), also after the trainer or the gateway restarted: the
+  trainer's group names carry a random suffix;
 - a `sampling_params` its request parser rejects is answered 400 with a bare string,
   `{"error": "unknown field ..."}` (`ErrorResponse` reads both shapes);
 - `sampling_seed` is accepted but honoured only by a server started with
@@ -170,6 +177,8 @@ SERVER_INFO = Endpoint("GET", "/server_info", legacy_path="/get_server_info")
 INIT_WEIGHTS_UPDATE_GROUP = Endpoint("POST", "/init_weights_update_group")
 UPDATE_WEIGHTS_FROM_DISTRIBUTED = Endpoint("POST", "/update_weights_from_distributed")
 DESTROY_WEIGHTS_UPDATE_GROUP = Endpoint("POST", "/destroy_weights_update_group")
+BEGIN_WEIGHT_UPDATE = Endpoint("POST", "/begin_weight_update")
+END_WEIGHT_UPDATE = Endpoint("POST", "/end_weight_update")
 LOAD_LORA_ADAPTER = Endpoint("POST", "/load_lora_adapter")
 UNLOAD_LORA_ADAPTER = Endpoint("POST", "/unload_lora_adapter")
 
@@ -186,6 +195,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     INIT_WEIGHTS_UPDATE_GROUP,
     UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     DESTROY_WEIGHTS_UPDATE_GROUP,
+    BEGIN_WEIGHT_UPDATE,
+    END_WEIGHT_UPDATE,
 )
 """Every SGLang endpoint the gateway relies on (see the module docstring for fields)."""
 
@@ -262,6 +273,18 @@ def weight_group_layout(server_infos: Sequence[Mapping[str, Any]]) -> tuple[int,
     ranks = [weight_group_ranks(info) for info in server_infos]
     offsets = [1 + sum(ranks[:i]) for i in range(len(ranks))]
     return 1 + sum(ranks), offsets
+
+
+def weight_group_store_prefixes(group_name: str, backend: str) -> tuple[str, ...]:
+    """The `PrefixStore` prefixes, outermost first, under which every member of a
+    weight-update group keeps its rendezvous keys on rank 0's TCPStore. SGLang builds its
+    side with `init_custom_process_group` (`sglang/srt/utils/common.py`):
+    `PrefixStore(group_name, tcp_store)`, then torch's `_new_process_group_helper`, which
+    adds `<group_name>/` and the first device of the backend (`cpu/` for gloo, which
+    declares cpu and cuda but builds one backend for both; `cuda/` for nccl). A member on
+    any other layout never meets it: the rendezvous waits out its timeout."""
+    device = "cuda" if backend == "nccl" else "cpu"
+    return (group_name, f"{group_name}/", f"{device}/")
 
 
 def parse_version(weight_version: str | None) -> int:
@@ -421,6 +444,11 @@ class UpdateWeightsFromDistributedRequest(_Body):
 
 class DestroyWeightsUpdateGroupRequest(_Body):
     group_name: str = "weight_update_group"
+
+
+class WeightUpdateSessionRequest(_Body):
+    """`{}`: the body of `/begin_weight_update` and `/end_weight_update` (SGLang's begin
+    also reads `selector`, default "all": the target model and any draft model)."""
 
 
 class LoadLoRAAdapterRequest(_Body):

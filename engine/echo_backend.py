@@ -35,8 +35,10 @@ from pydantic import BaseModel
 
 from areal_service.sglang_protocol import (
     ABORT_REQUEST,
+    BEGIN_WEIGHT_UPDATE,
     CONTINUE_GENERATION,
     DESTROY_WEIGHTS_UPDATE_GROUP,
+    END_WEIGHT_UPDATE,
     FLUSH_CACHE,
     GENERATE,
     HEALTH,
@@ -447,6 +449,8 @@ class _Server:
             INIT_WEIGHTS_UPDATE_GROUP.path,
             UPDATE_WEIGHTS_FROM_DISTRIBUTED.path,
             DESTROY_WEIGHTS_UPDATE_GROUP.path,
+            BEGIN_WEIGHT_UPDATE.path,
+            END_WEIGHT_UPDATE.path,
         ):
             # No torch here, so no group to join: refused, and the gateway's syncer
             # swaps such a backend from disk (the trainer's copy).

@@ -32,8 +32,10 @@ from areal_service import __version__
 from areal_service.config import EngineConfig, ServiceConfig
 from areal_service.sglang_protocol import (
     ABORT_REQUEST,
+    BEGIN_WEIGHT_UPDATE,
     CONTINUE_GENERATION,
     DESTROY_WEIGHTS_UPDATE_GROUP,
+    END_WEIGHT_UPDATE,
     FLUSH_CACHE,
     GENERATE,
     HEALTH,
@@ -123,6 +125,9 @@ class Engine:
             weight_version=config.weight_version,
         )
         self.weight_groups = WeightGroups()
+        self.weight_session = False
+        """Between `/begin_weight_update` and `/end_weight_update` (SGLang's rule: a
+        distributed update outside one is refused)."""
         self.inflight: dict[str, Job] = {}
         self.started_at = int(time.time())
 
@@ -474,6 +479,15 @@ async def update_weights_from_distributed(
     """Receive one bucket from the trainer's broadcast into the live model, between
     batches (unpaused: after the requests in flight now, as a disk update); the version
     is set when `weight_version` is sent (the gateway sends it with the last bucket)."""
+    if not engine.weight_session:
+        return _json(
+            UpdateWeightsResponse(
+                success=False,
+                message="update_weights_from_distributed must run between "
+                "begin_weight_update() and end_weight_update()",
+            ),
+            400,
+        )
     receive = functools.partial(
         engine.weight_groups.receive, body.group_name, body.names, body.dtypes, body.shapes
     )
@@ -486,6 +500,31 @@ async def update_weights_from_distributed(
         )
     )
     return _json(result, 200 if result.success else 400)
+
+
+@router.post(BEGIN_WEIGHT_UPDATE.path)
+async def begin_weight_update(engine: EngineDep) -> Response:
+    """Open the weight-update session (as SGLang 0.5.23: one at a time)."""
+    return _weight_session(engine, True)
+
+
+@router.post(END_WEIGHT_UPDATE.path)
+async def end_weight_update(engine: EngineDep) -> Response:
+    return _weight_session(engine, False)
+
+
+def _weight_session(engine: Engine, open_: bool) -> Response:
+    """Open (`open_`) or close the weight-update session, refused with SGLang's
+    messages when it already is."""
+    if engine.weight_session == open_:
+        message = (
+            "a weight-update session is already open; call end_weight_update() first"
+            if open_
+            else "no weight-update session is open; call begin_weight_update() first"
+        )
+        return _json(UpdateWeightsResponse(success=False, message=message), 400)
+    engine.weight_session = open_
+    return _json(UpdateWeightsResponse(success=True, message="Success"))
 
 
 @router.post(DESTROY_WEIGHTS_UPDATE_GROUP.path)

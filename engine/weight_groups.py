@@ -3,7 +3,8 @@ weight sync (`/init_weights_update_group`, `/update_weights_from_distributed`,
 `/destroy_weights_update_group`), SGLang's semantics over gloo (CPU) or nccl (CUDA).
 
 A group is a standalone `ProcessGroupGloo`/`ProcessGroupNCCL` on a `TCPStore` whose
-master is the trainer (rank 0), never the default process group, so an engine can sit
+master is the trainer (rank 0), under the key prefixes SGLang's own group uses
+(`sglang_protocol.weight_group_store_prefixes`), never the default process group, so an engine can sit
 in several groups and a trainer process keeps its own FSDP group untouched. SGLang joins
 `tp_size` ranks per server, `rank_offset + tp_rank`; this engine joins as many ranks as
 it reports (`engine.emulate_tp_size`, default 1): one group member per rank, all in this
@@ -30,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
+
+from areal_service.sglang_protocol import weight_group_store_prefixes
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +77,16 @@ class WeightGroups:
             store = dist.TCPStore(
                 master_address, master_port, world_size, is_master=False, timeout=self.timeout
             )
-            prefixed = dist.PrefixStore(group_name, store)
-            if backend == "gloo":
-                return dist.ProcessGroupGloo(prefixed, r, world_size, self.timeout), store
-            return dist.ProcessGroupNCCL(prefixed, r, world_size), store
+            prefixed: dist.Store = store
+            for prefix in weight_group_store_prefixes(group_name, backend):
+                prefixed = dist.PrefixStore(prefix, prefixed)
+            group: dist.ProcessGroup = (
+                dist.ProcessGroupGloo(prefixed, r, world_size, self.timeout)
+                if backend == "gloo"
+                else dist.ProcessGroupNCCL(prefixed, r, world_size)
+            )
+            group._set_sequence_number_for_group()  # as SGLang's (torch's helper) does
+            return group, store
 
         if ranks == 1:
             joined = [join(rank)]

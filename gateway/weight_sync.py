@@ -13,9 +13,10 @@ Two ways, chosen per version by the trainer (the row says which):
   (rank offsets from each server's `/server_info` by SGLang's rule,
   `sglang_protocol.weight_group_layout`: `tp_size` ranks per server, also with dp
   attention; a dp > 1 server without it, or a pp > 1 one, cannot join, and the version
-  is swapped from disk; the trainer joins as rank 0) → per bucket
-  `/update_weights_from_distributed` on every backend while the trainer broadcasts
-  (the version with the last bucket) → continue, always sent. The group is kept for
+  is swapped from disk; the trainer joins as rank 0) → `/begin_weight_update` → per
+  bucket `/update_weights_from_distributed` on every backend while the trainer
+  broadcasts (the version with the last bucket) → `/end_weight_update` → continue,
+  always sent. The group is kept for
   the next version while the trainer holds it and the healthy backends are the same
   (`SyncGroup`): then only the row write, pause, update and continue remain; otherwise
   the old group is destroyed after continue. The gateway stays the only process that talks to backends, and owns
@@ -186,19 +187,30 @@ async def _pause_and_join(
 async def _receive_buckets(
     healthy: Sequence[PoolMember], offer: Mapping[str, Any], group: str, version: int
 ) -> None:
-    """Every bucket the trainer broadcasts, on every backend (the version with the last)."""
-    buckets = list(offer["buckets"])
-    for i, bucket in enumerate(buckets):
-        last = i == len(buckets) - 1
-        body = UpdateWeightsFromDistributedRequest(
-            names=bucket["names"],
-            dtypes=bucket["dtypes"],
-            shapes=bucket["shapes"],
-            group_name=group,
-            flush_cache=last,
-            **({"weight_version": str(version)} if last else {}),
+    """Every bucket the trainer broadcasts, on every backend (the version with the last),
+    inside each backend's weight-update session (SGLang refuses the update outside one);
+    the sessions are closed also when a bucket failed, or the next swap's begin would
+    find one open."""
+    await _each(healthy, methodcaller("begin_weight_update"))
+    try:
+        buckets = list(offer["buckets"])
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1
+            body = UpdateWeightsFromDistributedRequest(
+                names=bucket["names"],
+                dtypes=bucket["dtypes"],
+                shapes=bucket["shapes"],
+                group_name=group,
+                flush_cache=last,
+                **({"weight_version": str(version)} if last else {}),
+            )
+            await _each(healthy, methodcaller("update_weights_from_distributed", body))
+    except BaseException:
+        await asyncio.gather(
+            *(b.client.end_weight_update() for b in healthy), return_exceptions=True
         )
-        await _each(healthy, methodcaller("update_weights_from_distributed", body))
+        raise
+    await _each(healthy, methodcaller("end_weight_update"))
 
 
 async def swap_distributed(

@@ -683,9 +683,10 @@ def demo_cmd(
     engine: Annotated[
         str | None,
         typer.Option(
-            metavar="local|vllm",
-            help="local (this package's engine, the default) or vllm (engine.vllm.python "
-            "names the interpreter with vLLM installed).",
+            metavar="local|vllm|sglang",
+            help="local (this package's engine, the default), vllm or sglang "
+            "(engine.vllm.python / engine.sglang.python names the interpreter with it "
+            "installed; SGLang runs on the CPU when no GPU is visible).",
         ),
     ] = None,
     minutes: Annotated[
@@ -719,8 +720,8 @@ def demo_cmd(
     gateway; ends with an evaluation table before and after training."""
     from launcher.demo import run_demo
 
-    if engine not in (None, "local", "vllm"):
-        raise typer.BadParameter("--engine must be local or vllm")
+    if engine not in (None, "local", "vllm", "sglang"):
+        raise typer.BadParameter("--engine must be local, vllm or sglang")
     with _one_line_errors(ValueError, RuntimeError):
         code = run_demo(
             _config(config, set_),

@@ -1,6 +1,7 @@
 """`areal-service demo`: the whole loop on one machine, on the embedded default.
 
-Starts the engine (the local one, or vLLM with `--engine vllm`), the gateway and the
+Starts the engine (the local one, vLLM with `--engine vllm`, SGLang with `--engine sglang`: on
+GPUs, or on the CPU where none is visible), the gateway and the
 trainer as child processes (each with the resolved config saved under
 `<data_dir>/demo/`), measures the untrained policy on the task (`demo_task.py`), then
 runs agents that talk to the gateway through the `openai` client, one session per
@@ -46,6 +47,7 @@ LORA_LR_SCALE = 10.0
 learning rate is about 10x full fine-tuning's (Thinking Machines, "LoRA Without
 Regret", 2025), since the B·A update starts at zero and is scaled by alpha / rank."""
 """Training stops early once the last 128 episodes' mean reward reaches this."""
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 REGISTRY_TASKS = {"smollm2-135m-instruct": addition_task}
 """The task each registry model's demo trains on."""
 
@@ -313,7 +315,7 @@ def run_workload(
     the final policy; stops every child it started. Returns the summary."""
     task = task or digits_task()
     run_dir = config.data_dir / "demo"
-    engine = "vLLM" if config.engine.backend == "vllm" else "the local engine"
+    engine = ENGINE_NAMES.get(config.engine.backend, "the local engine")
     say(
         f"starting {engine} ({config.model_dir()}) and the gateway at "
         f"http://{config.gateway.host}:{config.gateway.port}/v1 ..."
@@ -344,6 +346,11 @@ def model_config(config: ServiceConfig, model: str | None, engine: str | None) -
         from launcher.vllm_servers import check_vllm_python
 
         check_vllm_python(config)
+    if config.engine.backend == "sglang":
+        from launcher.sglang_servers import check_sglang_python, sglang_specs
+
+        check_sglang_python(config)
+        sglang_specs(config)  # ValueError: what SGLang cannot run here, in one line
     return config
 
 

@@ -53,14 +53,20 @@ class Stack:
         """`http://host:port` of the gateway."""
         return f"http://{self.config.gateway.host}:{self.config.gateway.port}"
 
-    def start(self, name: str, argv: list[str], health_url: str | None = None) -> ChildProcess:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        health_url: str | None = None,
+        timeout_s: float = READY_TIMEOUT_S,
+    ) -> ChildProcess:
         """Start a child (logs in `<data_dir>/logs/<name>.log`), wait for `health_url`."""
         logs = self.config.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         child = ChildProcess(name, argv, log_path=logs / f"{name}.log")
         self.children.append(child)
         if health_url is not None:
-            child.wait_http_ok(health_url, timeout_s=READY_TIMEOUT_S)
+            child.wait_http_ok(health_url, timeout_s=timeout_s)
         return child
 
     def start_trainer(self) -> ChildProcess:
@@ -87,6 +93,14 @@ class Stack:
         while self.children:
             child = self.children.pop()
             child.stop()
+
+
+def engine_ready_timeout_s(config: ServiceConfig) -> float:
+    """How long the engine child may take to answer: SGLang's own start bound
+    (`engine.sglang.ready_timeout_s`: on a loaded CPU its start took up to ~7 minutes)."""
+    if config.engine.backend == "sglang":
+        return max(READY_TIMEOUT_S, config.engine.sglang.ready_timeout_s)
+    return READY_TIMEOUT_S
 
 
 def check_stack_ports_free(config: ServiceConfig) -> None:
@@ -128,6 +142,7 @@ def local_stack(config: ServiceConfig, run_dir: Path, *, trainer: bool) -> Itera
                 "engine",
                 cli_argv("engine", "--config", str(cfg_path), "--model", str(config.model_dir())),
                 f"{backends[0]}/health",
+                engine_ready_timeout_s(config),
             )
         # Full-weight policies without given backends: an engine each (their own pools).
         for name, port in local_policy_engines(config).items():

@@ -8,8 +8,9 @@
 # Instead: CPU torch held with a constraint, sglang without its dependencies, then the
 # runtime dependencies it needs minus the CUDA, NVIDIA and kernel packages. pip reports
 # conflicts with sglang's CUDA pins afterwards: expected and harmless.
-# The CPU build of `sgl_kernel` is on no registry; the tests put the project's stand-in
-# (tests/integration/sgl_kernel_standin/) on the server's PYTHONPATH.
+# The CPU build of `sgl_kernel` is on no registry: the project's stand-in
+# (tests/integration/sgl_kernel_standin/) is copied into the venv, so `--engine sglang`
+# runs on a CPU; the tests also put the checkout's copy first on the servers' PYTHONPATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv-sglang}
@@ -35,6 +36,9 @@ echo "torch==$TORCH_VERSION" > "$cons"
   "smg-grpc-servicer>=0.9.0" soundfile==0.13.1 tiktoken tokenizers==0.23.2 \
   transformers==5.19.0 "uvicorn>=0.51" uvloop watchfiles xgrammar==0.2.7 xxhash zstandard \
   tqdm torchvision==0.28.0
+# SGLang's router (the version the gateway's router client was run against), for the
+# two-server test behind it; its dependencies are among the above.
+"$venv/bin/pip" install -q -c "$cons" sglang-router==0.3.2
 
 # PyPI's torchvision is a CUDA build: beside CPU torch its _C.so does not load, and two
 # unguarded fake-op registrations make `import torchvision` fail (SGLang imports it at
@@ -49,6 +53,8 @@ sed -i \
   -e 's/^@torch\.library\.register_fake("torchvision::nms")$/@register_meta("nms")/' \
   -e 's/^@torch\.library\.register_fake("torchvision::qnms")$/@register_meta("qnms")/' \
   "$meta"
+site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+rm -rf "$site/sgl_kernel"
+cp -r tests/integration/sgl_kernel_standin/sgl_kernel "$site/sgl_kernel"
 # Fail here, not in a test an hour later, if either fix no longer applies.
-PYTHONPATH=tests/integration/sgl_kernel_standin "$py" -c \
-  "import torchvision, sgl_kernel, sglang; print('sglang', sglang.__version__, 'ready')"
+"$py" -c "import torchvision, sgl_kernel, sglang; print('sglang', sglang.__version__, 'ready')"

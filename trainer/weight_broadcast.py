@@ -51,6 +51,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Mapping
@@ -60,6 +61,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from areal_service.sglang_protocol import weight_group_store_prefixes
 from areal_service.store import TrajectoryStore
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,29 @@ def advertised_address(configured: str | None) -> str:
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"]
     return socket.gethostbyname(socket.gethostname())
+
+
+def join_as_rank0(
+    tcp: dist.Store, name: str, world: int, backend: str, timeout: datetime.timedelta
+) -> tuple[dist.ProcessGroup, torch.device]:
+    """Rank 0's member of weight-update group `name` (and the device its tensors go
+    from), on the store layout SGLang's side uses (`weight_group_store_prefixes`: the
+    prefixes of its `init_custom_process_group`), so SGLang servers and the local engine
+    find it. A bare process group rather than torch's `_new_process_group_helper`: that
+    helper registers the group in torch's global state and, beside an FSDP default group
+    bound to a device, would split the new NCCL group from it, a group SGLang is not in.
+    Blocks until all `world` ranks joined."""
+    store = tcp
+    for prefix in weight_group_store_prefixes(name, backend):
+        store = dist.PrefixStore(prefix, store)
+    if backend == "nccl":
+        group: dist.ProcessGroup = dist.ProcessGroupNCCL(store, 0, world)
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        group = dist.ProcessGroupGloo(store, 0, world, timeout)
+        device = torch.device("cpu")
+    group._set_sequence_number_for_group()  # as torch's helper does on SGLang's side
+    return group, device
 
 
 @dataclass
@@ -180,7 +205,9 @@ class WeightBroadcaster:
             "mode": "distributed",
             "master_address": self.address,
             "master_port": int(self._tcp.port),
-            "group_name": f"areal-weights-v{version}",
+            # unique per offer: SGLang refuses a group name its process already
+            # registered with torch (a restarted gateway or trainer never destroyed)
+            "group_name": f"areal-weights-v{version}-{secrets.token_hex(3)}",
             "backend": self.backend,
             "buckets": [b.to_json() for b in buckets],
             "expires_at": time.time() + self.timeout_s,
@@ -199,14 +226,8 @@ class WeightBroadcaster:
             raise RuntimeError(
                 f"the gateway answered with group {name!r}, neither the offered nor the held one"
             )
-        store = dist.PrefixStore(name, self._tcp)
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        if self.backend == "nccl":
-            group: dist.ProcessGroup = dist.ProcessGroupNCCL(store, 0, world)
-            device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            group = dist.ProcessGroupGloo(store, 0, world, timeout)
-            device = torch.device("cpu")
+        group, device = join_as_rank0(self._tcp, name, world, self.backend, timeout)
         self._held = _HeldGroup(name, world, group, self._tcp, device)
         return self._held
 

@@ -276,6 +276,15 @@ class Backend(ABC):
         """Leave the weight-update group `group_name`."""
 
     @abstractmethod
+    async def begin_weight_update(self) -> None:
+        """Open the server's weight-update session, inside which SGLang (0.5.23) accepts
+        `update_weights_from_distributed`; a server without sessions takes it as a no-op."""
+
+    @abstractmethod
+    async def end_weight_update(self) -> None:
+        """Close the session `begin_weight_update` opened."""
+
+    @abstractmethod
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Serve the adapter directory `path` under `name` (400 "already" for a name
         the server holds)."""

@@ -115,6 +115,12 @@ class RouterClient(Backend):
     async def destroy_weights_update_group(self, group_name: str) -> str:
         self._workers_only("destroy_weights_update_group")
 
+    async def begin_weight_update(self) -> None:
+        self._workers_only("begin_weight_update")
+
+    async def end_weight_update(self) -> None:
+        self._workers_only("end_weight_update")
+
     async def load_lora_adapter(self, name: str, path: str) -> None:
         self._workers_only("load_lora_adapter")
 

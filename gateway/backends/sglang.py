@@ -32,6 +32,7 @@ from areal_service.sglang_protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
+    WeightUpdateSessionRequest,
 )
 from gateway.backends.base import Backend
 from gateway.backends.errors import BackendError
@@ -147,6 +148,28 @@ class SGLangClient(Backend):
             routes.DESTROY_WEIGHTS_UPDATE_GROUP,
             DestroyWeightsUpdateGroupRequest(group_name=group_name),
         )
+
+    async def begin_weight_update(self) -> None:
+        """`/begin_weight_update`: SGLang 0.5.23 refuses `update_weights_from_distributed`
+        outside such a session. An older SGLang (404) has none: nothing to open. A session
+        left open (a gateway that died mid-swap) is closed and opened again."""
+        try:
+            await self._weights_call(routes.BEGIN_WEIGHT_UPDATE, WeightUpdateSessionRequest())
+        except BackendError as e:
+            if e.status == 404:
+                return
+            if "already open" not in e.message:
+                raise
+            await self.end_weight_update()
+            await self._weights_call(routes.BEGIN_WEIGHT_UPDATE, WeightUpdateSessionRequest())
+
+    async def end_weight_update(self) -> None:
+        """`/end_weight_update` (404 on an older SGLang: no session to close)."""
+        try:
+            await self._weights_call(routes.END_WEIGHT_UPDATE, WeightUpdateSessionRequest())
+        except BackendError as e:
+            if e.status != 404:
+                raise
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """SGLang's `/load_lora_adapter`: serve the adapter directory `path` as `name`."""

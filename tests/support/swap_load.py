@@ -4,7 +4,7 @@ through the gateway (half streamed) while versions are published; what each requ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import openai
@@ -47,13 +47,29 @@ async def chat_loop(
         await client.close()
 
 
+Publish = Callable[[int, Path], None]
+"""Publishes checkpoint folder `path` as version `n` (blocking: run on a thread)."""
+
+
 def swaps_under_load(
-    gw, versions: Sequence[Path], *, per_version: int, after_last: int, max_tokens: int
+    gw,
+    versions: Sequence[Path],
+    *,
+    per_version: int,
+    after_last: int,
+    max_tokens: int,
+    publish: Publish | None = None,
 ) -> tuple[list[str], list[tuple[int, str]]]:
     """Six agents chat while `versions` are published as 1, 2, ... (each after
     `per_version` more completions, waiting until it is live); they stop once
-    `after_last` requests begun on the last version finished. (failures, done)."""
+    `after_last` requests begun on the last version finished. (failures, done).
+    `publish`: how a version is published (default: its row, a swap from disk)."""
     store = gw.state.store
+
+    def on_disk(version: int, path: Path) -> None:
+        store.add_weight_version(WeightVersionRecord(version=version, path=str(path)))
+
+    publish = publish or on_disk
 
     async def drive() -> tuple[list[str], list[tuple[int, str]]]:
         stop = asyncio.Event()
@@ -66,7 +82,7 @@ def swaps_under_load(
         for version, path in enumerate(versions, start=1):
             while len(done) < per_version * version:
                 await asyncio.sleep(0.05)
-            store.add_weight_version(WeightVersionRecord(version=version, path=str(path)))
+            await asyncio.to_thread(publish, version, path)
             while gw.state.live_version < version:
                 await asyncio.sleep(0.05)
         while sum(live == len(versions) for live, _ in done) < after_last:
