@@ -21,6 +21,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import load_file
 
 from areal_service.lora_adapter import ADAPTER_WEIGHTS
+from engine.live_weights import copy_checked
 
 _SAVED_PREFIX = "base_model.model."
 _ADAPTER_KEY = re.compile(r"\.(lora_[AB])\.weight$")
@@ -141,10 +142,4 @@ class AdapterSlot:
                 f"adapter {path} does not fit the model: missing "
                 f"{missing[:3]}, unexpected {unexpected[:3]}"
             )
-        for key, tensor in state.items():
-            if tensor.shape != live[key].shape:
-                raise AdapterError(
-                    f"{key}: shape {tuple(tensor.shape)} != served {tuple(live[key].shape)}"
-                )
-        for key, tensor in state.items():
-            live[key].copy_(tensor)
+        copy_checked(live, state, AdapterError)

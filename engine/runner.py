@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from areal_service.lora_adapter import is_adapter_dir
+from engine.live_weights import copy_checked
 
 if TYPE_CHECKING:
     from engine.lora import AdapterSlot
@@ -435,7 +436,7 @@ class ModelRunner:
         policy's; None: the default adapter). Every key and shape is checked before the
         first copy, so a failure leaves the old weights intact."""
         path = Path(model_dir)
-        if is_adapter_dir(path):  # trainer.lora: a LoRA adapter over the served base
+        if is_adapter_dir(path):  # a LoRA policy: an adapter over the served base
             # imported here: peft costs ~1.3 s of start-up, paid only by LoRA runs
             from engine.lora import DEFAULT_ADAPTER, AdapterError, AdapterSlot
 
@@ -479,13 +480,7 @@ class ModelRunner:
         unknown = sorted(set(tensors) - set(current))
         if unknown:
             raise WeightLoadError(f"unknown parameter names {unknown[:5]}")
-        for name, tensor in tensors.items():
-            if tensor.shape != current[name].shape:
-                raise WeightLoadError(
-                    f"{name}: shape {tuple(tensor.shape)} != served {tuple(current[name].shape)}"
-                )
-        for name, tensor in tensors.items():
-            current[name].copy_(tensor)
+        copy_checked(current, tensors, WeightLoadError)
 
     def _check_state(self, state: dict[str, torch.Tensor]) -> None:
         current = self.model.state_dict()

@@ -339,6 +339,11 @@ def _json(model: Any, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 
 
+def _weights_reply(success: bool, message: str) -> Response:
+    """SGLang's reply to a weight call: 200 when it succeeded, else 400."""
+    return _json(UpdateWeightsResponse(success=success, message=message), 200 if success else 400)
+
+
 @router.api_route(GENERATE.path, methods=["POST", "PUT"])
 async def generate(body: GenerateRequest, request: Request, engine: EngineDep) -> Response:
     if body.return_logprob and body.logprob_start_len >= 0 and not body.stream:
@@ -411,12 +416,8 @@ async def update_weights_from_disk(
     (one policy's adapter) it neither waits nor pauses: the adapter is loaded between two
     steps and only that policy's started rows are aborted (`Scheduler._swap_adapter`)."""
     if not Path(body.model_path).is_dir():
-        return _json(
-            UpdateWeightsResponse(
-                success=False,
-                message=f"Failed to update weights: {body.model_path} is not a directory",
-            ),
-            400,
+        return _weights_reply(
+            False, f"Failed to update weights: {body.model_path} is not a directory"
         )
     result: UpdateWeightsResponse = await asyncio.wrap_future(
         engine.scheduler.update_weights(
@@ -439,13 +440,9 @@ async def init_weights_update_group(
     same name is replaced. Refused like SGLang for dp > 1 without dp attention."""
     cfg = engine.config
     if cfg.emulate_dp_size > 1 and not cfg.emulate_dp_attention:
-        return _json(
-            UpdateWeightsResponse(
-                success=False,
-                message="dp_size must be 1 or dp attention must be enabled for "
-                "update weights from distributed",
-            ),
-            400,
+        return _weights_reply(
+            False,
+            "dp_size must be 1 or dp attention must be enabled for update weights from distributed",
         )
     try:
         await asyncio.to_thread(
@@ -459,17 +456,8 @@ async def init_weights_update_group(
             ranks=cfg.emulate_tp_size,
         )
     except (ValueError, RuntimeError) as exc:  # RuntimeError: rendezvous failed / timed out
-        return _json(
-            UpdateWeightsResponse(
-                success=False, message=f"Failed to init weight-update group: {exc}"
-            ),
-            400,
-        )
-    return _json(
-        UpdateWeightsResponse(
-            success=True, message=f"Joined weight-update group {body.group_name}."
-        )
-    )
+        return _weights_reply(False, f"Failed to init weight-update group: {exc}")
+    return _weights_reply(True, f"Joined weight-update group {body.group_name}.")
 
 
 @router.post(UPDATE_WEIGHTS_FROM_DISTRIBUTED.path)
@@ -480,13 +468,10 @@ async def update_weights_from_distributed(
     batches (unpaused: after the requests in flight now, as a disk update); the version
     is set when `weight_version` is sent (the gateway sends it with the last bucket)."""
     if not engine.weight_session:
-        return _json(
-            UpdateWeightsResponse(
-                success=False,
-                message="update_weights_from_distributed must run between "
-                "begin_weight_update() and end_weight_update()",
-            ),
-            400,
+        return _weights_reply(
+            False,
+            "update_weights_from_distributed must run between "
+            "begin_weight_update() and end_weight_update()",
         )
     receive = functools.partial(
         engine.weight_groups.receive, body.group_name, body.names, body.dtypes, body.shapes
@@ -522,9 +507,9 @@ def _weight_session(engine: Engine, open_: bool) -> Response:
             if open_
             else "no weight-update session is open; call begin_weight_update() first"
         )
-        return _json(UpdateWeightsResponse(success=False, message=message), 400)
+        return _weights_reply(False, message)
     engine.weight_session = open_
-    return _json(UpdateWeightsResponse(success=True, message="Success"))
+    return _weights_reply(True, "Success")
 
 
 @router.post(DESTROY_WEIGHTS_UPDATE_GROUP.path)
@@ -532,17 +517,8 @@ async def destroy_weights_update_group(
     body: DestroyWeightsUpdateGroupRequest, engine: EngineDep
 ) -> Response:
     if not await asyncio.to_thread(engine.weight_groups.destroy, body.group_name):
-        return _json(
-            UpdateWeightsResponse(
-                success=False, message=f"no weight-update group {body.group_name!r}"
-            ),
-            400,
-        )
-    return _json(
-        UpdateWeightsResponse(
-            success=True, message=f"Destroyed weight-update group {body.group_name}."
-        )
-    )
+        return _weights_reply(False, f"no weight-update group {body.group_name!r}")
+    return _weights_reply(True, f"Destroyed weight-update group {body.group_name}.")
 
 
 @router.post(ABORT_REQUEST.path)

@@ -113,13 +113,9 @@ def build_model(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
+        # The spec's shape fields are named as Qwen2Config names them.
+        **spec.model_dump(exclude={"seed", "vocab_size", "corpus_lines"}),
         vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos_id,

@@ -12,7 +12,6 @@ from pydantic import BaseModel
 
 from areal_service.config import GatewayConfig
 from gateway.errors import OpenAIError, bad_request
-from gateway.state import GatewayState
 
 
 class Model(BaseModel):
@@ -66,16 +65,14 @@ def served_names(gw: GatewayConfig) -> list[str]:
     return list(dict.fromkeys([gw.model_name, *(gw.model_names or ())]))
 
 
-def model_cards(state: GatewayState) -> list[Model]:
-    """One card per served name (all the same policy), as `/v1/models` lists them."""
-    return [model_card(state, name) for name in served_names(state.config.gateway)]
+def model_cards(gw: GatewayConfig, created: float, context_length: int) -> list[Model]:
+    """One card per served name (all the same policy), as `/v1/models` lists them;
+    `created`: when this gateway started."""
+    return [model_card(name, created, context_length) for name in served_names(gw)]
 
 
-def model_card(state: GatewayState, name: str) -> Model:
+def model_card(name: str, created: float, context_length: int) -> Model:
     """The card of the policy under `name`."""
     return Model(
-        id=name,
-        created=int(state.started_at),
-        owned_by="areal-service",
-        max_model_len=state.context_length,
+        id=name, created=int(created), owned_by="areal-service", max_model_len=context_length
     )

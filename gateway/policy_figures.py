@@ -31,7 +31,7 @@ class PolicyFigures:
     model_names: list[str]
     """Request model names that pick this policy whatever the key's."""
     lora_rank: int | None
-    """None: full fine-tuning (the default policy without `trainer.lora`)."""
+    """None: full fine-tuning (the default policy without `default_policy.lora`)."""
     live_version: int
     """The version this gateway serves (the default policy's is `live_version`)."""
     latest: WeightVersionRecord | None

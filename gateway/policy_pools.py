@@ -95,7 +95,7 @@ async def sync_full_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         if timings is None:  # refused: this pool stays on its verified version
             continue
         state.policy_versions[name] = latest.version
-        await record_swap(state, latest, timings, t0)
+        await record_swap(state.metrics, state.store, latest, timings, t0)
         swapped.append((name, latest.version))
     return swapped
 

@@ -106,6 +106,20 @@ def requested_session(
     return None
 
 
+def session_not_found(session_id: str) -> OpenAIError:
+    """404 `session_not_found`: no session of that id."""
+    return OpenAIError(
+        404, f"session {session_id!r} does not exist", param="session_id", code="session_not_found"
+    )
+
+
+def session_closed(session_id: str, why: str) -> OpenAIError:
+    """409 `session_closed`: the session has ended; `why` completes "session '...' ..."."""
+    return OpenAIError(
+        409, f"session {session_id!r} {why}", param="session_id", code="session_closed"
+    )
+
+
 async def session_for_request(
     state: GatewayState, principal: Principal, headers: Mapping[str, str], body: dict[str, Any]
 ) -> str | None:
@@ -120,12 +134,7 @@ async def session_for_request(
         return await open_key_session(state, principal.key)
     session = await cached_session(state, session_id)
     if session is None:
-        raise OpenAIError(
-            404,
-            f"session {session_id!r} does not exist",
-            param="session_id",
-            code="session_not_found",
-        )
+        raise session_not_found(session_id)
     # A session without a key is the admin's (its coding agent's conversations): no
     # user key may write into it, as into no other key's.
     if not principal.is_admin and session.api_key_id != principal.key_id:
@@ -145,12 +154,7 @@ async def session_for_request(
     ):
         return await open_key_session(state, principal.key)  # the bound one timed out
     if session.status != "open":
-        raise OpenAIError(
-            409,
-            f"session {session_id!r} is {session.status}; start a new one",
-            param="session_id",
-            code="session_closed",
-        )
+        raise session_closed(session_id, f"is {session.status}; start a new one")
     return session_id
 
 
@@ -242,10 +246,5 @@ async def load_session(state: GatewayState, session_id: str) -> SessionRecord:
     """The session (read from the store, not the cache), or 404 `session_not_found`."""
     session = await asyncio.to_thread(state.store.get_session, session_id)
     if session is None:
-        raise OpenAIError(
-            404,
-            f"session {session_id!r} does not exist",
-            param="session_id",
-            code="session_not_found",
-        )
+        raise session_not_found(session_id)
     return session

@@ -10,15 +10,17 @@ import logging
 import time
 from collections.abc import Mapping
 
+from areal_service.store import TrajectoryStore
 from areal_service.types import WeightVersionRecord
 from gateway.backends import SwapTimings
-from gateway.state import GatewayState
+from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
 
 async def record_swap(
-    state: GatewayState,
+    metrics: GatewayMetrics,
+    store: TrajectoryStore,
     record: WeightVersionRecord,
     timings: Mapping[str, SwapTimings],
     t0: float,
@@ -32,9 +34,9 @@ async def record_swap(
     swapped_at = time.time()
     swap = {url: dataclasses.asdict(t) for url, t in timings.items()}
     swap_s = time.perf_counter() - t0
-    state.metrics.observe_swap(record.policy, swap, swap_s)
+    metrics.observe_swap(record.policy, swap, swap_s)
     await asyncio.to_thread(
-        state.store.update_weight_version_metadata,
+        store.update_weight_version_metadata,
         record.version,
         {
             "swap": swap,

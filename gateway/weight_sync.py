@@ -294,7 +294,7 @@ async def sync_weights_once(state: GatewayState, group: SyncGroup | None = None)
     if timings is None:  # refused by the canary: the verified version stays live
         return None
     state.live_version = latest.version
-    await record_swap(state, latest, timings, t0, mode)
+    await record_swap(state.metrics, state.store, latest, timings, t0, mode)
     return latest.version
 
 
@@ -328,7 +328,7 @@ async def sync_policies_once(state: GatewayState) -> list[tuple[str, int]]:
         if timings is None:  # refused: this policy's verified adapter stays
             continue
         state.policy_versions[policy.name] = latest.version
-        await record_swap(state, latest, timings, t0)
+        await record_swap(state.metrics, state.store, latest, timings, t0)
         swapped.append((policy.name, latest.version))
     return swapped
 

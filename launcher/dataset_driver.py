@@ -285,35 +285,25 @@ class DatasetDriver:
             r = await self.http.post(f"/rl/sessions/{sid}/end", headers=auth, json={"failed": True})
             r.raise_for_status()
             return result
-        meta: dict[str, Any] = {}
         if result.completion_rewards:
             for cid, value in result.completion_rewards.items():
-                r = await self.http.post(
-                    "/v1/rewards",
-                    headers=auth,
-                    json={
-                        "id": f"rwd_{sid}_{cid}",
-                        "completion_id": cid,
-                        "value": value,
-                        "metadata": meta,
-                    },
-                )
+                r = await self._reward(auth, f"rwd_{sid}_{cid}", completion_id=cid, value=value)
                 r.raise_for_status()
             r = await self.http.post(f"/rl/sessions/{sid}/end", headers=auth)
         else:
-            r = await self.http.post(
-                "/v1/rewards",
-                headers=auth,
-                json={
-                    "id": f"rwd_{sid}",
-                    "session_id": sid,
-                    "value": result.reward,
-                    "end_session": True,
-                    "metadata": meta,
-                },
+            r = await self._reward(
+                auth, f"rwd_{sid}", session_id=sid, value=result.reward, end_session=True
             )
         r.raise_for_status()
         return result
+
+    async def _reward(
+        self, auth: dict[str, str], reward_id: str, **target: str | float | bool
+    ) -> httpx.Response:
+        """`POST /v1/rewards` of one reward (`target`: what it rewards, its value, and
+        whether it ends the session)."""
+        body = {"id": reward_id, **target, "metadata": {}}
+        return await self.http.post("/v1/rewards", headers=auth, json=body)
 
     async def run_group(self, index: int, epoch: int) -> None:
         """Open, run and score one sample's group; record it in the state."""

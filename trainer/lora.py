@@ -1,6 +1,7 @@
-"""LoRA training of the policy (`trainer.lora`): PEFT wraps the loaded HF model before
-FSDP2 shards it, the base weights are frozen and only the adapter's `lora_A`/`lora_B`
-matrices train, under the same loss and step code as full fine-tuning.
+"""LoRA training of the policy (`default_policy.lora`, or a named policy's `lora`): PEFT
+wraps the loaded HF model before FSDP2 shards it, the base weights are frozen and only
+the adapter's `lora_A`/`lora_B` matrices train, under the same loss and step code as
+full fine-tuning.
 
 FSDP2 (`fully_shard`) shards frozen and trainable parameters of one group alike and
 keeps `requires_grad` per parameter, so the PEFT model is sharded exactly like the plain
@@ -39,7 +40,7 @@ _ADAPTER_KEY = re.compile(r"\.(lora_[AB])\.weight$")
 
 
 def peft_config(cfg: LoRAConfig) -> LoraConfig:
-    """PEFT's LoraConfig for `trainer.lora`. B starts at zero (PEFT's default init), so
+    """PEFT's LoraConfig of a policy's `lora` shape. B starts at zero (PEFT's default init), so
     the untrained adapter leaves the base model's outputs unchanged: v0 is the base."""
     from peft import LoraConfig
 

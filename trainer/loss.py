@@ -162,6 +162,21 @@ def entropy_from_logits(scaled: torch.Tensor, lse: torch.Tensor | None = None) -
     return out
 
 
+LOSS_KNOBS = frozenset(
+    (
+        "eps_clip",
+        "eps_clip_higher",
+        "behav_imp_weight_cap",
+        "kl_coef",
+        "mismatch_mask",
+        "mismatch_low",
+        "mismatch_high",
+    )
+)
+"""The keyword settings of `ppo_loss` that `TrainerConfig` carries under the same names
+(the trainer passes them as `cfg.model_dump(include=LOSS_KNOBS)`)."""
+
+
 def ppo_loss(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,

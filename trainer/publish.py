@@ -1,5 +1,5 @@
 """Trainer -> weights hop: writes policy version N as HF safetensors to `weights/v{N}/`
-(temp dir + rename, via `model.save_hf_checkpoint`; with `trainer.lora`, the adapter
+(temp dir + rename, via `model.save_hf_checkpoint`; with `default_policy.lora`, the adapter
 alone, via `lora.save_adapter`), then records `WeightVersion(N)`.
 
 The row is the commit point of a training step: it carries the step number and the

@@ -15,14 +15,14 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from areal_service.config import TrainerConfig
 from trainer.batch import MicroBatch
-from trainer.loss import LossStats, ppo_loss, token_logprobs
+from trainer.loss import LOSS_KNOBS, LossStats, ppo_loss, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ def accumulate_gradients(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     stats: LossStats | None = None
     last = len(micro_batches) - 1
+    knobs = cfg.model_dump(include=LOSS_KNOBS)  # the loss's settings, under their own names
     for i, mb in enumerate(micro_batches):
         if not cfg.grad_sync_every_mb:  # every rank has as many micro-batches (FSDP)
             _set_gradient_sync(model, i == last)
@@ -132,17 +133,11 @@ def accumulate_gradients(
             logp.detach() if mb.prox_logprobs is None else mb.prox_logprobs,
             mb.behave_logprobs,
             mb.advantages,
-            eps_clip=cfg.eps_clip,
-            eps_clip_higher=cfg.eps_clip_higher,
-            behav_imp_weight_cap=cfg.behav_imp_weight_cap,
             ref_logp=mb.ref_logprobs,
-            kl_coef=cfg.kl_coef,
             entropy=entropy,
             normalizer=n_global,
-            mismatch_mask=cfg.mismatch_mask,
-            mismatch_low=cfg.mismatch_low,
-            mismatch_high=cfg.mismatch_high,
             seq_ids=token_sequence_ids(mb) if cfg.mismatch_mask == "sequence" else None,
+            **knobs,
         )
         (loss * scale).backward()
         loss_sum += loss.detach()
@@ -215,22 +210,13 @@ def train_step(
         skipped += not math.isfinite(norm)
         total = stats if total is None else total + stats
     assert total is not None
-    summary = total.summary()
     n_input_local = float(sum(mb.n_input_tokens for mb in mbs))
     n_input = int(_all_reduce_sum(torch.tensor(n_input_local, device=mbs[0].input_ids.device)))
     elapsed = time.perf_counter() - start
     return StepStats(
+        **asdict(total.summary()),  # the loss's per-token means, under the same names
         loss=sum(losses) / k,
         grad_norm=sum(norms) / k,
-        importance_weight=summary.importance_weight,
-        clip_ratio=summary.clip_ratio,
-        capped_ratio=summary.capped_ratio,
-        approx_kl=summary.approx_kl,
-        ref_kl=summary.ref_kl,
-        entropy=summary.entropy,
-        mismatch_kl=summary.mismatch_kl,
-        mismatch_masked_ratio=summary.mismatch_masked_ratio,
-        n_tokens=summary.n_tokens,
         n_input_tokens=n_input,
         tokens_per_s=n_input / elapsed if elapsed > 0 else 0.0,
         n_minibatches=k,

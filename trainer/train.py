@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -67,6 +68,9 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
         rank0 = RankZero.open(config, info, cleanup) if info.rank == 0 else None
         step, version = resume(policy.model, rank0.store if rank0 else None, ckpt, cfg.policy)
         saved_step = step  # nothing to checkpoint until this process trains
+        checkpoint = functools.partial(
+            save_checkpoint, policy.model, policy.optimizer, checkpoint_dir=config.checkpoint_dir()
+        )
         baseline = (
             RunningBaseline(cfg.baseline_decay) if cfg.ungrouped_baseline == "task_mean" else None
         )
@@ -136,22 +140,10 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                     },
                 )
             if step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
-                save_checkpoint(
-                    policy.model,
-                    policy.optimizer,
-                    checkpoint_dir=config.checkpoint_dir(),
-                    step=step,
-                    version=version,
-                )
+                checkpoint(step=step, version=version)
                 saved_step = step
         if step > saved_step:  # a stopped online run keeps every published update
-            save_checkpoint(
-                policy.model,
-                policy.optimizer,
-                checkpoint_dir=config.checkpoint_dir(),
-                step=step,
-                version=version,
-            )
+            checkpoint(step=step, version=version)
         if info.world_size > 1:
             # Every rank leaves the group together (only on this normal path: after a
             # failure the peers may never come). A rank that tore its group down while

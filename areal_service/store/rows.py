@@ -65,6 +65,12 @@ def completion_from_row(row: Any, **given: Any) -> CompletionRecord:
     return CompletionRecord(**values)
 
 
+def where_equal(statement: Select[Any], *given: tuple[Any, object]) -> Select[Any]:
+    """`statement` restricted to rows whose column equals each (column, value) pair's
+    value; a None value restricts nothing (a filter the caller left out)."""
+    return statement.where(*(column == value for column, value in given if value is not None))
+
+
 def paged(statement: Select[Any], limit: int, offset: int) -> Select[Any]:
     """`statement` limited to one page (ValueError on a negative limit or offset)."""
     if limit < 0 or offset < 0:

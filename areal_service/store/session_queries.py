@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.sql import Select
 
-from areal_service.store.rows import paged, record_from_row
+from areal_service.store.rows import paged, record_from_row, where_equal
 from areal_service.store.schema import CompletionRow, RewardRow, SessionRow
 from areal_service.types import SessionRecord, SessionStatus
 
@@ -34,13 +34,12 @@ class SessionQuery:
         """`statement` restricted to these sessions."""
         if self.statuses is not None:
             statement = statement.where(SessionRow.status.in_(self.statuses))
-        for column, value in (
+        statement = where_equal(
+            statement,
             (SessionRow.group_id, self.group_id),
             (SessionRow.task_id, self.task_id),
             (SessionRow.api_key_id, self.api_key_id),
-        ):
-            if value is not None:
-                statement = statement.where(column == value)
+        )
         if self.created_from is not None:
             statement = statement.where(SessionRow.created_at >= self.created_from)
         if self.created_before is not None:

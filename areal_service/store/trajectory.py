@@ -46,7 +46,13 @@ from areal_service.store.migrate import upgrade_engine
 from areal_service.store.policy_registry import PolicyStore
 from areal_service.store.readiness import SettlingCounts
 from areal_service.store.reward_admission import AcceptedReward, accept_reward, accept_rewards
-from areal_service.store.rows import completion_from_row, paged, row_values, to_record
+from areal_service.store.rows import (
+    completion_from_row,
+    paged,
+    row_values,
+    to_record,
+    where_equal,
+)
 from areal_service.store.schema import (
     CompletionRow,
     RewardRow,
@@ -78,15 +84,13 @@ def _filter_sessions(
     task_id: str | None,
     parent_session_id: str | None = None,
 ) -> Select[Any]:
-    if parent_session_id is not None:
-        statement = statement.where(SessionRow.parent_session_id == parent_session_id)
-    if status is not None:
-        statement = statement.where(SessionRow.status == status)
-    if group_id is not None:
-        statement = statement.where(SessionRow.group_id == group_id)
-    if task_id is not None:
-        statement = statement.where(SessionRow.task_id == task_id)
-    return statement
+    return where_equal(
+        statement,
+        (SessionRow.parent_session_id, parent_session_id),
+        (SessionRow.status, status),
+        (SessionRow.group_id, group_id),
+        (SessionRow.task_id, task_id),
+    )
 
 
 class TrajectoryStore(RowAccess):
@@ -441,12 +445,12 @@ class TrajectoryStore(RowAccess):
     ) -> list[RewardRecord]:
         """Rewards matching every given filter, oldest first."""
         statement = select(RewardRow).order_by(RewardRow.created_at, RewardRow.id)
-        if session_id is not None:
-            statement = statement.where(RewardRow.session_id == session_id)
-        if completion_id is not None:
-            statement = statement.where(RewardRow.completion_id == completion_id)
-        if group_id is not None:
-            statement = statement.where(RewardRow.group_id == group_id)
+        statement = where_equal(
+            statement,
+            (RewardRow.session_id, session_id),
+            (RewardRow.completion_id, completion_id),
+            (RewardRow.group_id, group_id),
+        )
         return self._list(RewardRecord, paged(statement, limit, offset))
 
     # Weight versions.
@@ -470,16 +474,7 @@ class TrajectoryStore(RowAccess):
     def latest_weight_versions(self) -> dict[str, WeightVersionRecord]:
         """Each policy's highest published version (policies without one are absent);
         one query, grouped by the primary key's leading column."""
-        newest = (
-            select(WeightVersionRow.policy, func.max(WeightVersionRow.version).label("version"))
-            .group_by(WeightVersionRow.policy)
-            .subquery()
-        )
-        statement = select(WeightVersionRow).join(
-            newest,
-            (WeightVersionRow.policy == newest.c.policy)
-            & (WeightVersionRow.version == newest.c.version),
-        )
+        statement = _highest_per_policy(WeightVersionRow, "version")
         return {r.policy: r for r in self._list(WeightVersionRecord, statement)}
 
     def list_weight_versions(
@@ -579,15 +574,7 @@ class TrajectoryStore(RowAccess):
     def latest_train_steps(self) -> dict[str, TrainStepRecord]:
         """Each policy's highest step (policies without one are absent); one query,
         grouped by the primary key's leading column."""
-        newest = (
-            select(TrainStepRow.policy, func.max(TrainStepRow.step).label("step"))
-            .group_by(TrainStepRow.policy)
-            .subquery()
-        )
-        statement = select(TrainStepRow).join(
-            newest,
-            (TrainStepRow.policy == newest.c.policy) & (TrainStepRow.step == newest.c.step),
-        )
+        statement = _highest_per_policy(TrainStepRow, "step")
         return {r.policy: r for r in self._list(TrainStepRecord, statement)}
 
     def list_train_steps(
@@ -652,3 +639,17 @@ class TrajectoryStore(RowAccess):
         """How the newest `recent` session completions merge into training sequences
         (`merge_stats.py`)."""
         return merge_stats.merge_stats(self._engine, recent)
+
+
+def _highest_per_policy(row: type[WeightVersionRow | TrainStepRow], column: str) -> Select[Any]:
+    """The rows of `row`'s table holding each policy's highest `column`: one query, the
+    per-policy maximum joined back on (policy, column), the primary key."""
+    highest = (
+        select(row.policy, func.max(getattr(row, column)).label(column))
+        .group_by(row.policy)
+        .subquery()
+    )
+    return select(row).join(
+        highest,
+        (row.policy == highest.c.policy) & (getattr(row, column) == highest.c[column]),
+    )

@@ -94,9 +94,9 @@ class VLLMClient(Backend):
         self.weight_version = "default"
         """The server's weight label as last reported or set (vLLM starts at "default")."""
         self.lora_name = lora_name
-        """With `trainer.lora`: the adapter a request that names none runs under (the
-        launcher starts the server with it, swaps replace it in place); None: the base
-        model."""
+        """With a LoRA policy (`default_policy.lora`): the adapter a request that names
+        none runs under (the launcher starts the server with it, swaps replace it in
+        place); None: the base model."""
 
     # -- wire hooks --------------------------------------------------------------------
     def _generate_body(self, payload: TokenRequest, *, stream: bool) -> tuple[str, bytes]:
@@ -157,7 +157,7 @@ class VLLMClient(Backend):
         label them `weight_version`. The pause before it cleared the prefix cache.
         A checkpoint whose output head is tied to its embeddings but not stored as a
         tensor is refused (400): vLLM's in-place reload would keep the old head.
-        A LoRA adapter directory (`trainer.lora`) is loaded in place under the default
+        A LoRA adapter directory (`default_policy.lora`) is loaded in place under the default
         adapter's name instead (`/v1/load_lora_adapter`, `load_inplace`; ~30 ms on CPU
         for SmolLM2). A named policy's adapter (`lora_name`) is swapped by
         `swap_adapter` (versioned names), never here."""
@@ -178,7 +178,7 @@ class VLLMClient(Backend):
             if self.lora_name is None:
                 raise self.http.failed(
                     f"{model_path} is a LoRA adapter but this vLLM "
-                    "backend serves full weights (set trainer.lora so the "
+                    "backend serves full weights (set default_policy.lora so the "
                     "launcher starts it with --enable-lora)"
                 )
             body = LoadLoRAAdapterRequest(

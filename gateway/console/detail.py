@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from areal_service.config import TrainerConfig
 from areal_service.episodes import build_sequences, compute_returns
 from areal_service.export import transcript
+from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord, RewardRecord, SessionRecord, TrainSequence
-from gateway.state import GatewayState
 from gateway.tokenizer import ChatTokenizer
 
 MAX_SEQUENCE_TOKENS = 4096
@@ -234,9 +235,10 @@ def _turn_rewards(
     return sums
 
 
-def session_detail(state: GatewayState, session_id: str) -> SessionDetail | None:
+def session_detail(
+    store: TrajectoryStore, trainer: TrainerConfig, tokenizer: ChatTokenizer, session_id: str
+) -> SessionDetail | None:
     """The detail of one session, or None when it does not exist."""
-    store, trainer = state.store, state.config.trainer
     session = store.get_session(session_id)
     if session is None:
         return None
@@ -269,7 +271,7 @@ def session_detail(state: GatewayState, session_id: str) -> SessionDetail | None
                 tuple(message_view(m) for m in items[earlier:]),
                 earlier,
                 token_views(
-                    state.tokenizer,
+                    tokenizer,
                     completion.output_ids,
                     completion.output_logprobs,
                     completion.output_versions,
@@ -291,7 +293,7 @@ def session_detail(state: GatewayState, session_id: str) -> SessionDetail | None
         tuple(turns),
         tuple(rewards),
         returns[first.id] if returns and first else None,
-        tuple(_sequence_view(state.tokenizer, s) for s in sequences),
+        tuple(_sequence_view(tokenizer, s) for s in sequences),
         trainer.turn_discount,
     )
 

@@ -251,7 +251,9 @@ async def session_page(
     request: Request, state: StateDep, session: ConsoleAdmin, session_id: str
 ) -> Response:
     """One episode: turn tree, messages, per-token outputs, rewards, training sequences."""
-    found = await asyncio.to_thread(session_detail, state, session_id)
+    found = await asyncio.to_thread(
+        session_detail, state.store, state.config.trainer, state.tokenizer, session_id
+    )
     if found is None:
         return render(
             request,

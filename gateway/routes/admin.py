@@ -30,6 +30,7 @@ from gateway.leader import LEADER_LEASE
 from gateway.policies import checked_policy, refresh_policies
 from gateway.policies import create_policy as create_runtime_policy
 from gateway.policy_figures import live_version_of
+from gateway.routes.views import record_view
 from gateway.state import GatewayState
 
 router = APIRouter(
@@ -108,22 +109,7 @@ class KeyView(BaseModel):
 
     @classmethod
     def of(cls, key: ApiKeyRecord) -> KeyView:
-        return cls(
-            id=key.id,
-            name=key.name,
-            display=key.display,
-            kind=key.kind,
-            session_id=key.session_id,
-            created_at=key.created_at,
-            last_used_at=key.last_used_at,
-            revoked_at=key.revoked_at,
-            rpm_limit=key.rpm_limit,
-            tpm_limit=key.tpm_limit,
-            max_concurrent=key.max_concurrent,
-            token_budget=key.token_budget,
-            tokens_used=key.tokens_used,
-            policy=key.policy,
-        )
+        return record_view(cls, key)
 
 
 class KeyCreated(KeyView):
@@ -184,7 +170,7 @@ async def create_key(
     record = dataclasses.replace(record, metadata=body.metadata, policy=policy, **limits)
     await asyncio.to_thread(state.store.keys.add_api_key, record)
     state.keys.remember(record)  # first use needs no lookup (and passes the auth throttle)
-    return KeyCreated(**KeyView.of(record).model_dump(), api_key=plaintext)
+    return record_view(KeyCreated, record, api_key=plaintext)
 
 
 @router.patch("/keys/{key_id}")
@@ -273,14 +259,7 @@ class EpisodeAuditView(BaseModel):
 
     @classmethod
     def of(cls, audit: EpisodeAudit) -> EpisodeAuditView:
-        return cls(
-            total=audit.total,
-            states=audit.states,
-            dropped_by_reason=audit.dropped_by_reason,
-            overdue=audit.overdue,
-            unaccounted=audit.unaccounted,
-            unaccounted_why=audit.unaccounted_why,
-        )
+        return record_view(cls, audit)
 
 
 @router.get("/episodes/audit")

@@ -15,7 +15,7 @@ router = APIRouter()
 @router.get("/models", include_in_schema=False)
 async def list_models(state: StateDep, _: PrincipalDep) -> ModelList:
     """The served model and its configured aliases (OpenClaw and others discover it here)."""
-    return ModelList(data=model_cards(state))
+    return ModelList(data=model_cards(state.config.gateway, state.started_at, state.context_length))
 
 
 @router.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorBody}})
@@ -23,4 +23,5 @@ async def list_models(state: StateDep, _: PrincipalDep) -> ModelList:
 async def get_model(model_id: str, state: StateDep, _: PrincipalDep) -> Model:
     """The card of any name the gateway serves (all are the policy), or 404
     `model_not_found` under strict `gateway.model_names`."""
-    return model_card(state, resolve_model(state.config.gateway, model_id))
+    name = resolve_model(state.config.gateway, model_id)
+    return model_card(name, state.started_at, state.context_length)

@@ -36,6 +36,7 @@ from gateway.auth import Principal
 from gateway.deps import PrincipalDep, StateDep
 from gateway.errors import ErrorBody, OpenAIError, bad_request
 from gateway.policies import checked_policy
+from gateway.routes.views import record_view
 from gateway.sessions import check_session_access, load_session
 from gateway.state import GatewayState
 
@@ -95,17 +96,7 @@ class Reward(BaseModel):
 
     @classmethod
     def of(cls, r: RewardRecord, target_total: float) -> Reward:
-        return cls(
-            id=r.id,
-            name=r.name,
-            value=r.value,
-            completion_id=r.completion_id,
-            session_id=r.session_id,
-            group_id=r.group_id,
-            metadata=r.metadata,
-            created_at=r.created_at,
-            target_total=target_total,
-        )
+        return record_view(cls, r, target_total=target_total)
 
 
 async def _target_session(

@@ -29,7 +29,13 @@ from gateway.admission import admit_sessions
 from gateway.deps import AdminDep, PageLimit, PageOffset, PrincipalDep, StateDep
 from gateway.errors import ErrorBody, OpenAIError, invalid_api_key
 from gateway.policies import checked_policy
-from gateway.sessions import check_session_access, load_session, remember_new_session
+from gateway.routes.views import record_view
+from gateway.sessions import (
+    check_session_access,
+    load_session,
+    remember_new_session,
+    session_closed,
+)
 from gateway.state import GatewayState
 
 router = APIRouter(
@@ -97,20 +103,7 @@ class SessionView(BaseModel):
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionView:
-        return cls(
-            session_id=session.id,
-            group_id=session.group_id,
-            task_id=session.task_id,
-            status=session.status,
-            metadata=session.metadata,
-            created_at=session.created_at,
-            last_activity_at=session.last_activity_at,
-            ended_at=session.ended_at,
-            end_reason=session.end_reason,
-            policy=session.policy,
-            parent_session_id=session.parent_session_id,
-            drop_reason=session.drop_reason,
-        )
+        return record_view(cls, session, session_id=session.id)
 
 
 class NewSession(SessionView):
@@ -352,12 +345,7 @@ async def end_session(
             code="role_session",
         )
     if session.status != "open":
-        raise OpenAIError(
-            409,
-            f"session {session_id!r} already {session.status} ({session.end_reason})",
-            param="session_id",
-            code="session_closed",
-        )
+        raise session_closed(session_id, f"already {session.status} ({session.end_reason})")
     reason = "client"
     if body is not None and body.no_reward:
         reason = END_NO_REWARD
@@ -384,28 +372,8 @@ async def get_session(session_id: str, state: StateDep, principal: PrincipalDep)
         )
     return SessionDetail(
         **SessionView.of(session).model_dump(),
-        completions=[
-            CompletionSummary(
-                id=c.id,
-                parent_id=c.parent_id,
-                prompt_tokens=c.prompt_tokens,
-                completion_tokens=c.completion_tokens,
-                finish_reason=c.finish_reason,
-                created_at=c.created_at,
-            )
-            for c in completions
-        ],
-        rewards=[
-            RewardSummary(
-                id=r.id,
-                name=r.name,
-                value=r.value,
-                completion_id=r.completion_id,
-                session_id=r.session_id,
-                group_id=r.group_id,
-            )
-            for r in rewards
-        ],
+        completions=[record_view(CompletionSummary, c) for c in completions],
+        rewards=[record_view(RewardSummary, r) for r in rewards],
         roles=[SessionView.of(r) for r in reversed(roles)],
     )
 

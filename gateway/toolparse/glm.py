@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from gateway.toolparse.base import OpenCall, arguments_prefix, tool_properties
-from gateway.toolparse.hermes import TOOL_CLOSE, TOOL_OPEN, TaggedToolFormat
+from gateway.toolparse.hermes import TOOL_CLOSE, TaggedToolFormat, open_block_body
 from gateway.toolparse.qwen3_coder import coerce, schema_types
 
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
@@ -35,11 +35,11 @@ class GlmToolFormat(TaggedToolFormat):
         self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
     ) -> OpenCall | None:
         # Streamed a key/value pair at a time: a value's type is known once it is complete.
-        start = text.rfind(TOOL_OPEN)
-        if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
+        body = open_block_body(text)
+        if body is None:
             return None
-        tag = text.find("<arg_key>", start)
-        name = "" if tag < 0 else text[start + len(TOOL_OPEN) : tag].strip()
+        tag = text.find("<arg_key>", body)
+        name = "" if tag < 0 else text[body:tag].strip()
         if not name or any(c.isspace() for c in name) or "<" in name:
             return None  # the name is known once its first key starts
         props = tool_properties(tools, name) or {}

@@ -32,6 +32,15 @@ _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\
 it): from there the arguments stream as they are generated."""
 
 
+def open_block_body(text: str) -> int | None:
+    """Where the last `<tool_call>` block's body starts while that block is still open
+    (no `</tool_call>` after it yet); None when no block is open."""
+    start = text.rfind(TOOL_OPEN)
+    if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
+        return None
+    return start + len(TOOL_OPEN)
+
+
 class TaggedToolFormat(ToolFormat):
     """Calls in `<tool_call>...</tool_call>` blocks; subclasses say how a block's body
     reads (`parse_block`)."""
@@ -64,10 +73,8 @@ class HermesToolFormat(TaggedToolFormat):
     def open_call(
         self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
     ) -> OpenCall | None:
-        start = text.rfind(TOOL_OPEN)
-        if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
-            return None
-        head = _HEAD.match(text, start + len(TOOL_OPEN))
+        body = open_block_body(text)
+        head = None if body is None else _HEAD.match(text, body)
         if head is None:
             return None  # not yet, or arguments first / as a string: the call comes whole
         try:

@@ -31,7 +31,7 @@ from gateway.toolparse.base import (
     json_object_or_none,
     tool_properties,
 )
-from gateway.toolparse.hermes import TOOL_CLOSE, TOOL_OPEN, TaggedToolFormat
+from gateway.toolparse.hermes import TOOL_CLOSE, TaggedToolFormat, open_block_body
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>\s*", re.DOTALL)
@@ -69,10 +69,8 @@ class Qwen3CoderToolFormat(TaggedToolFormat):
         self, text: str, done: int, tools: Sequence[Mapping[str, Any]] | None
     ) -> OpenCall | None:
         # Streamed a parameter at a time: a value's type is known once it is complete.
-        start = text.rfind(TOOL_OPEN)
-        if start < 0 or text.find(TOOL_CLOSE, start) >= 0:
-            return None
-        head = _FUNCTION_HEAD.match(text, start + len(TOOL_OPEN))
+        body = open_block_body(text)
+        head = None if body is None else _FUNCTION_HEAD.match(text, body)
         if head is None:
             return None
         name = head.group(1).strip()

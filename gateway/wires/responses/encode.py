@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from areal_service.sglang_protocol import FinishReason
@@ -132,46 +133,69 @@ def responses_usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-def _response_body(
-    request: ResponsesRequest,
-    *,
-    response_id: str,
-    created_at: float,
-    model: str,
-    sampling: SamplingSpec,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: Usage | None,
-    incomplete: bool = False,
-) -> dict[str, Any]:
-    """The `response` object; request fields echoed, sampling as actually used."""
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "model": model,
-        "output": output,
-        "usage": None if usage is None else responses_usage(usage),
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": request.instructions,
-        "tools": list(request.tools or ()),
-        "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
-        "parallel_tool_calls": request.parallel_tool_calls is not False,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "max_output_tokens": request.max_output_tokens,
-        "top_logprobs": request.top_logprobs,
-        "previous_response_id": request.previous_response_id,
-        "reasoning": request.reasoning,
-        "text": request.text or {"format": {"type": "text"}},
-        "truncation": request.truncation or "disabled",
-        "metadata": request.metadata or {},
-        "store": bool(request.store),
-        "user": request.user,
-        "background": False,
-    }
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """What every `response` object of one request repeats: the request (its fields are
+    echoed), the id, the creation time, the model and the sampling as actually used."""
+
+    request: ResponsesRequest
+    response_id: str
+    created_at: float
+    model: str
+    sampling: SamplingSpec
+
+    def body(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: Usage | None,
+        incomplete: bool = False,
+    ) -> dict[str, Any]:
+        """The `response` object in `status` with `output`."""
+        request, sampling = self.request, self.sampling
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            "usage": None if usage is None else responses_usage(usage),
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": request.instructions,
+            "tools": list(request.tools or ()),
+            "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_output_tokens": request.max_output_tokens,
+            "top_logprobs": request.top_logprobs,
+            "previous_response_id": request.previous_response_id,
+            "reasoning": request.reasoning,
+            "text": request.text or {"format": {"type": "text"}},
+            "truncation": request.truncation or "disabled",
+            "metadata": request.metadata or {},
+            "store": bool(request.store),
+            "user": request.user,
+            "background": False,
+        }
+
+    def finished(
+        self, choice: ParsedChoice, usage: Usage, signer: Signer | None = None
+    ) -> dict[str, Any]:
+        """A finished `response` body: `completed`, or `incomplete` (reason
+        `max_output_tokens`) when the output was cut off by length. `signer` seals the
+        reasoning when the request includes `reasoning.encrypted_content`."""
+        request = self.request
+        incomplete = choice.finish_reason == "length"
+        sealing = signer if ENCRYPTED_REASONING in (request.include or ()) else None
+        return self.body(
+            "incomplete" if incomplete else "completed",
+            output_items(self.response_id, choice, tool_names(request.tools), sealing),
+            usage,
+            incomplete,
+        )
 
 
 def build_response(
@@ -185,22 +209,9 @@ def build_response(
     sampling: SamplingSpec,
     signer: Signer | None = None,
 ) -> dict[str, Any]:
-    """A finished `response` body: `completed`, or `incomplete` (reason
-    `max_output_tokens`) when the output was cut off by length. `signer` seals the
-    reasoning when the request includes `reasoning.encrypted_content`."""
-    incomplete = choice.finish_reason == "length"
-    sealing = signer if ENCRYPTED_REASONING in (request.include or ()) else None
-    return _response_body(
-        request,
-        response_id=response_id,
-        created_at=created_at,
-        model=model,
-        sampling=sampling,
-        status="incomplete" if incomplete else "completed",
-        output=output_items(response_id, choice, tool_names(request.tools), sealing),
-        usage=usage,
-        incomplete=incomplete,
-    )
+    """`ResponseHead.finished` of one request's reply."""
+    head = ResponseHead(request, response_id, created_at, model, sampling)
+    return head.finished(choice, usage, signer)
 
 
 class ResponsesStreamAssembler(BlockStream):
@@ -243,14 +254,11 @@ class ResponsesStreamAssembler(BlockStream):
             tools=tools,
             logprobs=logprobs,
         )
-        self._request = request
         self._signer = signer
         self._names = tool_names(request.tools)
         self._sealing = signer if ENCRYPTED_REASONING in (request.include or ()) else None
         self._rid = response_id
-        self._created_at = created_at
-        self._model = model
-        self._sampling = sampling
+        self._head = ResponseHead(request, response_id, created_at, model, sampling)
         self._prompt_tokens = prompt_tokens
         self._seq = 0
         self._events: list[dict[str, Any]] = []
@@ -270,7 +278,7 @@ class ResponsesStreamAssembler(BlockStream):
         """The final response body (also in `response.completed`)."""
 
     def start(self) -> list[dict[str, Any]]:
-        body = self._body("in_progress", [], None)
+        body = self._head.body("in_progress", [], None)
         return [
             self._event("response.created", response=body),
             self._event("response.in_progress", response=body),
@@ -306,7 +314,7 @@ class ResponsesStreamAssembler(BlockStream):
 
     def fail(self, code: str, message: str) -> list[dict[str, Any]]:
         """`response.failed` for an error after the stream started."""
-        body = self._body("failed", list(self._output), None)
+        body = self._head.body("failed", list(self._output), None)
         body["error"] = {"code": code, "message": message}
         return [self._event("response.failed", response=body)]
 
@@ -412,35 +420,12 @@ class ResponsesStreamAssembler(BlockStream):
 
     def on_finish(self, choice: ParsedChoice) -> None:
         usage = Usage.of(self._prompt_tokens, [choice], self._cached_tokens)
-        self.response = build_response(
-            self._request,
-            response_id=self._rid,
-            created_at=self._created_at,
-            model=self._model,
-            choice=choice,
-            usage=usage,
-            sampling=self._sampling,
-            signer=self._signer,
-        )
+        self.response = self._head.finished(choice, usage, self._signer)
         self._emit("response.completed", response=self.response)
 
     def _where(self) -> dict[str, Any]:
         assert self._item is not None
         return {"item_id": self._item["id"], "output_index": len(self._output), "content_index": 0}
-
-    def _body(
-        self, status: str, output: list[dict[str, Any]], usage: Usage | None
-    ) -> dict[str, Any]:
-        return _response_body(
-            self._request,
-            response_id=self._rid,
-            created_at=self._created_at,
-            model=self._model,
-            sampling=self._sampling,
-            status=status,
-            output=output,
-            usage=usage,
-        )
 
     def _emit(self, kind: str, **fields: Any) -> None:
         self._events.append(self._event(kind, **fields))

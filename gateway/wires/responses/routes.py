@@ -19,7 +19,7 @@ from gateway.pipeline import Conversation, StreamEncoder, StreamEnd, Turn, WireA
 from gateway.state import GatewayState
 from gateway.translate import ParsedChoice, Usage
 from gateway.wires.common import hot_responses, named_event, reasoning_signer
-from gateway.wires.responses.encode import ResponsesStreamAssembler, build_response
+from gateway.wires.responses.encode import ResponseHead, ResponsesStreamAssembler
 from gateway.wires.responses.protocol import Response, ResponsesRequest
 from gateway.wires.responses.translate import translate_request, with_previous_responses
 
@@ -36,7 +36,7 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
         self, state: GatewayState, principal: Principal, request: ResponsesRequest
     ) -> Conversation:
         conv = translate_request(
-            await with_previous_responses(state, principal, request),
+            await with_previous_responses(state.store, principal, request),
             hosted_tools=state.config.gateway.hosted_tools,
             signer=reasoning_signer(state),
         )
@@ -51,16 +51,8 @@ class ResponsesAdapter(WireAdapter[ResponsesRequest]):
         self, turn: Turn[ResponsesRequest], choices: Sequence[ParsedChoice], usage: Usage
     ) -> dict[str, Any]:
         (choice,) = choices
-        return build_response(
-            turn.request,
-            response_id=turn.completion_id,
-            created_at=turn.created,
-            model=turn.model,
-            choice=choice,
-            usage=usage,
-            sampling=turn.spec,
-            signer=reasoning_signer(turn.state),
-        )
+        head = ResponseHead(turn.request, turn.completion_id, turn.created, turn.model, turn.spec)
+        return head.finished(choice, usage, reasoning_signer(turn.state))
 
     def stream(self, turn: Turn[ResponsesRequest]) -> StreamEncoder:
         return ResponsesStream(turn)

@@ -39,7 +39,6 @@ from gateway.auth import Principal
 from gateway.errors import OpenAIError
 from gateway.protocol import TEXT_PART_TYPES, InvalidRequestError, ToolChoice, hosted_tool
 from gateway.signing import Signer
-from gateway.state import GatewayState
 from gateway.wires.responses.protocol import ResponsesRequest
 
 # ---------------------------------------------------------------- request -> chat
@@ -250,7 +249,7 @@ MAX_CHAIN = 1000
 
 
 async def with_previous_responses(
-    state: GatewayState, principal: Principal, request: ResponsesRequest
+    store: TrajectoryStore, principal: Principal, request: ResponsesRequest
 ) -> ResponsesRequest:
     """`request` with the stored conversation before it prepended to `input` (and
     `previous_response_id` resolved away); `request` itself when it names none."""
@@ -258,7 +257,7 @@ async def with_previous_responses(
         return request
     owner = None if principal.is_admin else principal.key_id
     earlier = await asyncio.to_thread(
-        conversation_items, state.store, request.previous_response_id, owner
+        conversation_items, store, request.previous_response_id, owner
     )
     return request.model_copy(
         update={"input": earlier + input_items(request.input), "previous_response_id": None}
