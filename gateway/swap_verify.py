@@ -102,14 +102,20 @@ async def score_engine(
 ) -> EngineCheck:
     """The canary on one engine: its largest difference from the fingerprint."""
     t0 = time.perf_counter()
-    worst = 0.0
     try:
-        for seq in fingerprint.sequences:
-            got = await backend.score_tokens(seq.ids, seq.start, lora_name=adapter)
-            diff = max_abs_diff(seq.logprobs, got)
-            worst = max(worst, diff if not math.isnan(diff) else math.inf)
+        # concurrently: an engine that batches (vLLM, SGLang) scores them in one step
+        scored = await asyncio.gather(
+            *(
+                backend.score_tokens(seq.ids, seq.start, lora_name=adapter)
+                for seq in fingerprint.sequences
+            )
+        )
     except (BackendError, NotImplementedError) as e:
         return EngineCheck(math.inf, time.perf_counter() - t0, f"{type(e).__name__}: {e}")
+    diffs = [
+        max_abs_diff(s.logprobs, got) for s, got in zip(fingerprint.sequences, scored, strict=True)
+    ]
+    worst = max(math.inf if math.isnan(d) else d for d in diffs)
     return EngineCheck(worst, time.perf_counter() - t0)
 
 

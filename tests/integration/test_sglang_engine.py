@@ -81,7 +81,23 @@ def sglang_url(sglang: Supervisor) -> str:
 
 
 @pytest.fixture()
-def gw(tmp_path: Path, smollm2_dir: Path, sglang_url: str):
+def fresh_servers(sglang: Supervisor, smollm2_dir: Path) -> None:
+    """Every server on the original weights labelled version 0, as a new gateway's store
+    expects (a swap test before may have left another label: tokens are stamped with the
+    label the server reports)."""
+    for url in sglang.urls:
+        label = httpx.get(f"{url}/model_info", timeout=60).json()["weight_version"]
+        if label not in ("0", "default"):
+            reply = httpx.post(
+                f"{url}/update_weights_from_disk",
+                json={"model_path": str(smollm2_dir), "weight_version": "0"},
+                timeout=300,
+            )
+            assert reply.status_code == 200, reply.text
+
+
+@pytest.fixture()
+def gw(tmp_path: Path, smollm2_dir: Path, sglang_url: str, fresh_servers: None):
     with run_gateway(
         tmp_path,
         smollm2_dir,
@@ -349,7 +365,7 @@ def test_distributed_swaps_under_load_fail_nothing_and_equal_a_disk_load(
 
 
 def test_two_servers_behind_the_gateway_keep_sessions_and_swap_together(
-    sglang, tmp_path, smollm2_dir
+    sglang, tmp_path, smollm2_dir, fresh_servers
 ):
     """A second engine behind the router: the gateway routes between the module's two
     real SGLang servers. Each session's turns stay on one server and the sessions are
@@ -414,7 +430,9 @@ def test_two_servers_behind_the_gateway_keep_sessions_and_swap_together(
     assert by_broadcast[0][:2] == by_broadcast[1][:2] == from_disk[0][:2] == from_disk[1][:2]
 
 
-def test_two_servers_behind_sglangs_router_each_swap_once(sglang, tmp_path, smollm2_dir):
+def test_two_servers_behind_sglangs_router_each_swap_once(
+    sglang, tmp_path, smollm2_dir, fresh_servers
+):
     """The same two servers behind SGLang's own router (`sglang-router`, `--policy
     manual`, from SGLang's venv): the gateway generates through it, and a version
     published from disk is swapped on each worker the router lists (`GET /workers`),

@@ -66,11 +66,13 @@ def _console(gw, path: str) -> str:
 
 
 async def _settled(gw, version: int, timeout_s: float = 60) -> WeightVersionRecord:
-    """The row of `version` once the gateway judged it."""
+    """The row of `version` once the gateway judged it (and, when it passed, recorded
+    its swap: the verdict is written first)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         row = gw.state.store.get_weight_version(version)
-        if row is not None and "verify" in row.metadata:
+        verdict = row.metadata.get("verify") if row is not None else None
+        if verdict is not None and (verdict["refused"] or "live_at" in row.metadata):
             return row
         assert asyncio.get_running_loop().time() < deadline, f"v{version} never judged"
         await asyncio.sleep(0.05)
@@ -250,3 +252,86 @@ def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
             assert len(r.metadata["canary"]["sequences"]) == 3
         assert gw.state.live_version == steps
         assert httpx.get(f"{engine}/model_info").json()["weight_version"] == str(steps)
+
+
+def test_adapter_at_the_wrong_scale_is_refused_for_its_policy_alone(tmp_path, tiny_model_dir):
+    """(3) A policy's adapter applied at another scale than it was trained (and
+    fingerprinted) at loads without an error; the canary refuses it, that policy's
+    adapter goes back to its verified version, and the other policy's adapter and
+    version are not touched."""
+    from safetensors.torch import load_file, save_file
+    from support.canary import fingerprint_of_model, lora_adapter
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    s1 = lora_adapter(tiny_model_dir, tmp_path / "solver-v1", seed=1)
+    s2 = lora_adapter(tiny_model_dir, tmp_path / "solver-v2", seed=2)
+    w1 = lora_adapter(tiny_model_dir, tmp_path / "verifier-v1", seed=3)
+    fps = {
+        ("solver", 1): fingerprint_of_model(s1, tiny_model_dir, base),
+        ("solver", 2): fingerprint_of_model(s2, tiny_model_dir, s1),
+        ("verifier", 1): fingerprint_of_model(w1, tiny_model_dir, base),
+    }
+    # applied at 4x the trained scale (a changed lora_alpha the engine refuses itself,
+    # as another shape; the same update scaled in the tensors loads without a word)
+    file = tmp_path / "solver-v2" / "adapter_model.safetensors"
+    state = load_file(file)
+    save_file({k: v * 4 if "lora_B" in k else v for k, v in state.items()}, file)
+    with (
+        start_engine_in_thread(tiny_model_dir) as engine,
+        run_gateway(
+            tmp_path / "gw",
+            tiny_model_dir,
+            [engine],
+            "gateway.router.weight_poll_interval_s=0.02",
+            "swap_verify.enabled=true",
+            "trainer.lora.rank=8",
+            "trainer.lora.alpha=16",
+            "policies=[{name: solver}, {name: verifier}]",
+        ) as gw,
+    ):
+        store = gw.state.store
+
+        def publish(policy: str, version: int) -> WeightVersionRecord:
+            path = tmp_path / f"{policy}-v{version}"
+            meta = {"canary": fps[policy, version]}
+            store.add_weight_version(
+                WeightVersionRecord(version=version, path=str(path), metadata=meta, policy=policy)
+            )
+
+            async def judged() -> WeightVersionRecord:
+                deadline = asyncio.get_running_loop().time() + 60
+                while True:
+                    row = store.get_weight_version(version, policy)
+                    verdict = row.metadata.get("verify")
+                    if verdict and (verdict["refused"] or "live_at" in row.metadata):
+                        return row
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.05)
+
+            return asyncio.run(judged())
+
+        assert not publish("solver", 1).metadata["verify"]["refused"]
+        assert not publish("verifier", 1).metadata["verify"]["refused"]
+        refused = publish("solver", 2).metadata["verify"]
+        assert refused["refused"] and refused["rolled_back_to"] == 1, refused
+        (diff,) = (e["max_abs_diff"] for e in refused["engines"].values())
+        assert diff > refused["tolerance"]
+        assert gw.state.policy_versions == {"solver": 1, "verifier": 1}
+        info = httpx.get(f"{engine}/model_info").json()
+        assert info["adapter_versions"] == {"solver": "1", "verifier": "1"}, info
+        assert "live_at" not in store.get_weight_version(2, "solver").metadata
+        # the rolled-back adapter is v1's again: it reproduces v1's fingerprint
+        seq = fps["solver", 1]["sequences"][0]
+        scored = httpx.post(
+            f"{engine}/generate",
+            json={
+                "input_ids": seq["ids"],
+                "return_logprob": True,
+                "logprob_start_len": seq["start"],
+                "lora_path": "solver",
+                "sampling_params": {"max_new_tokens": 1},
+            },
+        ).json()["meta_info"]["input_token_logprobs"]
+        got = [t[0] for t in scored]
+        assert max(abs(a - b) for a, b in zip(got, seq["logprobs"], strict=True)) < 1e-4

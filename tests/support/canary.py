@@ -40,9 +40,40 @@ def fingerprint_of(
 def scale_one_tensor(model_dir: Path, factor: float = 3.0) -> str:
     """Corrupt a published checkpoint after its fingerprint: one weight matrix of one
     decoder layer scaled by `factor`, in place. Returns its name."""
-    (file,) = sorted(model_dir.glob("*.safetensors"))
+    (file,) = sorted(model_dir.glob("model*.safetensors"))  # not tied-head.safetensors
     state = load_file(file)
     name = next(n for n in sorted(state) if ".layers.0." in n and n.endswith("proj.weight"))
     state[name] = state[name] * factor
     save_file(state, file, metadata={"format": "pt"})
     return name
+
+
+def fingerprint_of_model(
+    model: torch.nn.Module, tokenizer_dir: Path, previous: torch.nn.Module
+) -> dict[str, Any]:
+    """Metadata `canary` for publishing `model`'s weights (an adapter's PEFT model: the
+    trainer's own forward), with `previous`'s logprobs as the contrast."""
+    config = SwapVerifyConfig(enabled=True)
+    canary = canary_ids(config, tokenizer_dir)
+    now, before = score(model, canary, CPU), score(previous, canary, CPU)
+    return fingerprint(canary, now, before, torch.float32).model_dump()
+
+
+def lora_adapter(base: Path, out: Path, seed: int) -> torch.nn.Module:
+    """A trained-looking LoRA adapter (rank 8, alpha 16, B drawn from `seed`) saved in
+    PEFT's format at `out` (what `trainer.lora.save_adapter` writes); its PEFT model."""
+    from areal_service.config import LoRAConfig
+    from trainer.lora import wrap_lora
+
+    model = wrap_lora(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+        LoRAConfig(rank=8, alpha=16),
+        seed=seed,
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(out, safe_serialization=True)
+    return model
