@@ -462,6 +462,12 @@ def test_two_servers_behind_sglangs_router_each_swap_once(
             return record.output_versions
 
         assert set(chat()) == {0}
+        # A worker the router newly lists starts down and is admitted after its probe; a
+        # swap before that re-syncs it when admitted instead of swapping it, so wait.
+        deadline = time.monotonic() + 120
+        while sorted(m.url for m in gw.state.backends.backends if m.healthy) != sorted([a, b]):
+            assert time.monotonic() < deadline, "the gateway never admitted both workers"
+            time.sleep(0.2)
         store = gw.state.store
         try:
             store.add_weight_version(WeightVersionRecord(version=1, path=str(variant)))
