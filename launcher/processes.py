@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 
@@ -144,6 +144,12 @@ class ChildProcess:
                 )
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        # The group's other members (an SGLang server's scheduler and detokenizer) can
+        # outlive a leader that died first or left on SIGTERM before them: end them too.
+        # The leader's pid names the group while any member lives, so this reaches no one
+        # else; an empty group is ProcessLookupError.
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         code = self.proc.returncode
         # Ending on the SIGTERM it was sent (uvicorn re-raises it; the trainer exits 143)
         # is the orderly stop asked for: said without a code that reads as a failure.
