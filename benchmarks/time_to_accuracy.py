@@ -14,7 +14,9 @@ own start, start-up included) at which they existed:
 Then one scorer (HF `generate`, greedy, batch of 40, the served chat template) scores
 every checkpoint of both legs on the held-out questions, and the report gives each
 curve at the same wall-clock marks, the time each reached 0.875 / 0.925 / 0.95 / 0.975,
-and the ratios.
+and per seed TRL's time over ours (above 1: we are faster). Not yet: the mean and spread
+over seeds, the PNG, and a run of `run` itself (only the TRL leg and the scorer were
+smoke-run, one step).
 
 Placements: `--placement shared` runs both legs at once, one core each (`taskset`);
 `--placement sequential` runs them one after the other on all cores.
@@ -243,14 +245,39 @@ def first_time(scored: list[dict[str, Any]], threshold: float) -> float | None:
     )
 
 
-def report(results: dict[str, list[dict[str, Any]]]) -> None:
-    """Per leg: the time to each threshold; per seed pair: ours / TRL ratios."""
-    print("\n" + "leg".rjust(24) + "".join(f"{t:>10}" for t in THRESHOLDS))
+def accuracy_at(scored: list[dict[str, Any]], t: float) -> float | None:
+    """The leg's held-out accuracy at wall-clock second `t`: its newest checkpoint by then."""
+    before = [s for s in scored if s["t"] <= t]
+    return max(before, key=lambda s: s["t"])["accuracy"] if before else None
+
+
+def report(results: dict[str, list[dict[str, Any]]], mark_s: float = 60.0) -> None:
+    """Per leg: the curve at the same wall-clock marks and the time to each threshold;
+    per seed (legs named `<placement>-ours-seed<N>` / `-trl-`): TRL's time / ours."""
+    end = max((s["t"] for scored in results.values() for s in scored), default=0.0)
+    marks = [mark_s * (i + 1) for i in range(int(end // mark_s) + 1)]
+    print("\ncurve (held-out greedy at each wall-clock mark, seconds)")
+    print("leg".rjust(24) + "".join(f"{m:>7.0f}" for m in marks))
     for name, scored in sorted(results.items()):
-        cells = [first_time(scored, t) for t in THRESHOLDS]
+        cells = [accuracy_at(scored, m) for m in marks]
         print(
-            f"{name:>24}" + "".join(f"{c:>9.0f}s" if c is not None else f"{'-':>10}" for c in cells)
+            f"{name:>24}" + "".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells)
         )
+    print("\ntime to threshold" + "".join(f"{t:>10}" for t in THRESHOLDS))
+    for name, scored in sorted(results.items()):
+        times = [first_time(scored, t) for t in THRESHOLDS]
+        print(
+            f"{name:>24}" + "".join(f"{c:>9.0f}s" if c is not None else f"{'-':>10}" for c in times)
+        )
+    for name in sorted(n for n in results if "-ours-" in n):
+        trl = results.get(name.replace("-ours-", "-trl-"))
+        if trl is None:
+            continue
+        ratios = []
+        for t in THRESHOLDS:
+            ours_t, trl_t = first_time(results[name], t), first_time(trl, t)
+            ratios.append(f"{trl_t / ours_t:>9.2f}x" if ours_t and trl_t else f"{'-':>10}")
+        print(f"{'TRL / ours ' + name.split('-ours-')[1]:>24}" + "".join(ratios))
 
 
 # ---------------------------------------------------------------- the whole run
