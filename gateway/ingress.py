@@ -49,7 +49,7 @@ from gateway.auth import Principal
 from gateway.errors import OpenAIError, bad_request, validation_param
 from gateway.protocol import InvalidRequestError
 from gateway.strings import check_json_body, json_needs_check, nul_refused
-from gateway.throttle import request_token
+from gateway.throttle import client_address, request_token
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -267,7 +267,7 @@ class Ingress:
         if request_token(scope) is not None or scope["method"] not in BODY_METHODS:
             return True
         pool = "console" if scope["path"].startswith(CONSOLE_PREFIX) else "api"
-        ticket = (pool, (scope.get("client") or ("unknown", 0))[0])
+        ticket = (pool, client_address(scope))
         if (
             self.in_flight.get(pool, 0) >= limits.max_anonymous_requests
             or self.by_address.get(ticket, 0) >= limits.max_anonymous_per_address

@@ -220,6 +220,12 @@ AUTH_FAILED = "areal.auth_failed"
 own (`AuthThrottleMiddleware` `self_reporting`)."""
 
 
+def client_address(scope: Scope) -> str:
+    """The address a request is counted under: the TCP peer, which uvicorn's proxy
+    middleware has already replaced by `x-forwarded-for` for a trusted proxy."""
+    return str((scope.get("client") or ("unknown", 0))[0])
+
+
 def request_token(scope: Scope) -> str | None:
     """The credential a request carries (as `gateway.auth.bearer_token` reads it): one
     pass over the headers (the first of each name counts), remembered in the scope."""
@@ -283,7 +289,7 @@ class AuthThrottleMiddleware:
         if throttle is None:
             await self.app(scope, receive, send)
             return
-        address = (scope.get("client") or ("unknown", 0))[0]
+        address = client_address(scope)
         token = request_token(scope)
         is_login = scope["path"] == LOGIN_PATH and scope["method"] == "POST"
         if not (token or is_login):  # nothing guessed: never refused, never counted
