@@ -133,9 +133,11 @@ async def score(
 
 
 def max_diff(want: list[list[float]], got: list[list[float]]) -> float:
-    return max(
-        abs(a - b) for w, g in zip(want, got, strict=True) for a, b in zip(w, g, strict=True)
-    )
+    """Largest difference over the sequences scored (`got` may be the first only);
+    infinite when a sequence came back with another length."""
+    from areal_service.canary import max_abs_diff
+
+    return max(max_abs_diff(w, g) for w, g in zip(want, got, strict=False))
 
 
 async def agent(
