@@ -560,6 +560,9 @@ def export_cmd(
     ] = "jsonl",
     group_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this group.")] = None,
     task_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this task.")] = None,
+    dropped: Annotated[
+        bool, typer.Option("--dropped", help="Also dropped sessions (a deleted policy's).")
+    ] = False,
 ) -> None:
     """Export training sequences (token ids, loss mask, logprobs, versions, rewards,
     messages), one row per sequence; streams, never loads a whole table."""
@@ -574,7 +577,7 @@ def export_cmd(
             store,
             fmt=fmt,
             out=out,  # type: ignore[arg-type]
-            filters=ExportFilters(group_id=group_id, task_id=task_id),
+            filters=ExportFilters.of(group_id, task_id, dropped=dropped),
             turn_discount=cfg.trainer.turn_discount,
             default_reward=cfg.trainer.unrewarded_return(),
         )

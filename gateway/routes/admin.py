@@ -277,10 +277,12 @@ async def export(
     format: str = "jsonl",  # noqa: A002
     group_id: str | None = None,
     task_id: str | None = None,
+    dropped: bool = False,
 ) -> Response:
     """Training sequences as JSONL (streamed page by page) or Parquet (written to a
-    temporary file in a thread, then sent)."""
-    filters = ExportFilters(group_id=group_id, task_id=task_id)
+    temporary file in a thread, then sent); `dropped`: the dropped sessions' too (a
+    deleted policy's, say)."""
+    filters = ExportFilters.of(group_id, task_id, dropped=dropped)
     trainer = state.config.trainer
     options: _ExportOptions = {
         "turn_discount": trainer.turn_discount,
