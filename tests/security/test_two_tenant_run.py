@@ -8,7 +8,8 @@ token of B's recorded in A's session would train at negative staleness.
 
 Then, from the store: no completion's policy differs from its session's, each
 version of each policy was trained on that policy's sessions only, and no trainer step
-(store or log line) saw a negative staleness."""
+(store or log line) saw a negative staleness. About 45 s (three trainers, two rounds),
+so it is in the default run."""
 
 from __future__ import annotations
 
@@ -30,8 +31,6 @@ from areal_service.store import TrajectoryStore
 from areal_service.store.schema import CompletionRow, SessionRow
 from areal_service.types import role_session_id
 from engine.testing import start_engine_in_thread
-
-pytestmark = pytest.mark.slow
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 CONFIG = (
@@ -68,17 +67,18 @@ def _reward(gw: Any, key: str, body: dict[str, Any]) -> httpx.Response:
 
 def _group(gw: Any, policy: str, value: float) -> list[str]:
     """A group of 2 episodes of `policy` played and rewarded; their session ids. Each
-    episode names every alias; the solver's also rewards its reviewer role, tenant B's
-    tries to (400: B declares no role)."""
+    episode names every alias and tries a role reward for a policy its own does not
+    declare (400); the solver's then rewards its reviewer role."""
     sessions = _admin(gw, "/rl/sessions", {"group_size": 2, "policy": policy})["sessions"]
     for j, s in enumerate(sessions):
         for model in ALIASES:
             _ask(gw, s["api_key"], model)
         body: dict[str, Any] = {"session_id": s["session_id"], "value": value + j}
-        if policy == "tenantb":
-            refused = _reward(gw, s["api_key"], {**body, "role_rewards": {"reviewer": 1e6}})
-            assert refused.status_code == 400, refused.text
-        else:
+        # The audit's N1: a role reward into a policy the episode's does not declare.
+        other = "reviewer" if policy == "tenantb" else "tenantb"
+        refused = _reward(gw, s["api_key"], {**body, "role_rewards": {other: 1e6}})
+        assert refused.status_code == 400, refused.text
+        if policy == "solver":
             body["role_rewards"] = {"reviewer": 0.5 - j}
         posted = _reward(gw, s["api_key"], {**body, "end_session": True})
         assert posted.status_code == 201, posted.text
@@ -91,6 +91,24 @@ def _trainer_config(gw: Any, policy: str, steps: int) -> ServiceConfig:
     return config.model_copy(
         update={"trainer": config.trainer.model_copy(update={"total_steps": steps})}
     )
+
+
+def _round(
+    gw: Any, keys: dict[str, str], episodes: dict[str, list[str]], groups: dict[str, int]
+) -> None:
+    """`groups[p]` groups of each tenant's episodes, a turn of each bound key naming every
+    alias, then one trainer step per group for each policy (the reviewer's roles come
+    with the solver's groups), each trainer resuming where it stopped."""
+    for policy, count in groups.items():
+        for _ in range(count):
+            episodes[policy] += _group(gw, policy, float(len(episodes[policy])))
+    for key in keys.values():
+        for model in ALIASES:
+            _ask(gw, key, model)
+    steps = {"tenantb": len(episodes["tenantb"]) // 2, "solver": len(episodes["solver"]) // 2}
+    steps["reviewer"] = steps["solver"]
+    for policy, total in steps.items():
+        train_in_thread(_trainer_config(gw, policy, total), timeout_s=300)
 
 
 def _wait_live(gw: Any, versions: dict[str, int]) -> None:
@@ -137,25 +155,11 @@ def test_two_tenants_with_roles_train_only_their_own_sessions(
         }
 
         # Round 1: B trains 2 versions, A (solver and its reviewer role) 1.
-        episodes = {"solver": _group(gw, "solver", 0.0)}
-        episodes["tenantb"] = _group(gw, "tenantb", 1.0) + _group(gw, "tenantb", 2.0)
-        for policy, key in keys.items():
-            for model in ALIASES:
-                _ask(gw, key, model)
-        train_in_thread(_trainer_config(gw, "tenantb", 2), timeout_s=300)
-        train_in_thread(_trainer_config(gw, "solver", 1), timeout_s=300)
-        train_in_thread(_trainer_config(gw, "reviewer", 1), timeout_s=300)
+        episodes: dict[str, list[str]] = {"solver": [], "tenantb": []}
+        _round(gw, keys, episodes, {"solver": 1, "tenantb": 2})
         _wait_live(gw, {"tenantb": 2, "solver": 1, "reviewer": 1})
-
         # Round 2: served by those versions (B at v2, A at v1), one more step each.
-        episodes["solver"] += _group(gw, "solver", 3.0)
-        episodes["tenantb"] += _group(gw, "tenantb", 4.0)
-        for policy, key in keys.items():
-            for model in ALIASES:
-                _ask(gw, key, model)
-        train_in_thread(_trainer_config(gw, "tenantb", 3), timeout_s=300)
-        train_in_thread(_trainer_config(gw, "solver", 2), timeout_s=300)
-        train_in_thread(_trainer_config(gw, "reviewer", 2), timeout_s=300)
+        _round(gw, keys, episodes, {"solver": 1, "tenantb": 1})
 
         # No completion recorded in another policy's session; the versions its tokens
         # carry are its own policy's (A never sampled past v1, B reached v2).
