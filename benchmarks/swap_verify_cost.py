@@ -215,25 +215,26 @@ async def measure(args: argparse.Namespace, url: str, work: Path) -> list[str]:
         # warm up: the first reload and the first prompt-logprob request are slow
         await swap_and_score(client, http, url, ckpts[0], next(version), canary, "batched")
         scored = ("one-by-one", "concurrent", "batched", "batched+prio", "1 prompt")
-        idle: dict[str, list[float]] = {v: [] for v in scored}
-        for _ in range(args.rounds):
-            for v in idle:
-                t = time.perf_counter()
-                await score(http, url, canary, v, client)
-                idle[v].append(time.perf_counter() - t)
+
+        async def timed(gap_s: float) -> dict[str, list[float]]:
+            """Each variant `args.rounds` times, in turn, without a swap."""
+            out: dict[str, list[float]] = {v: [] for v in scored}
+            for _ in range(args.rounds):
+                for v in scored:
+                    t = time.perf_counter()
+                    await score(http, url, canary, v, client)
+                    out[v].append(time.perf_counter() - t)
+                    await asyncio.sleep(gap_s)
+            return out
+
+        idle = await timed(0.0)
         stop = asyncio.Event()
         agents = [
             asyncio.create_task(agent(http, url, tok_prompt, args.agent_tokens, stop))
             for _ in range(args.agents)
         ]
         await asyncio.sleep(3.0)
-        loaded: dict[str, list[float]] = {v: [] for v in scored}
-        for _ in range(args.rounds):
-            for v in loaded:
-                t = time.perf_counter()
-                await score(http, url, canary, v, client)
-                loaded[v].append(time.perf_counter() - t)
-                await asyncio.sleep(0.3)
+        loaded = await timed(0.3)
         swaps: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
         for r in range(args.rounds):
             order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]

@@ -211,18 +211,17 @@ def _episodes(gw, n_groups: int) -> None:
             assert http.post("/v1/rewards", json=reward, headers=auth).status_code == 201
 
 
-def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
-    """The real trainer publishes a fingerprint with each version; the gateway verifies
-    every swap of the run and refuses none (fp32 CPU: the engine reproduces the
-    trainer's logprobs to well under the tolerance, far from the previous version's)."""
-    from support.trainer_run import train_in_thread
-
-    steps = 3
+@contextlib.contextmanager
+def _training_gateway(
+    tmp_path: Path, model_dir: Path, steps: int, *extra: str
+) -> Iterator[tuple[str, Gateway]]:
+    """A local engine and a verifying gateway set up for the real trainer: one group of
+    two sessions per step, `steps` steps, no staleness gate."""
     with (
-        start_engine_in_thread(tiny_model_dir) as engine,
+        start_engine_in_thread(model_dir) as engine,
         run_gateway(
             tmp_path,
-            tiny_model_dir,
+            model_dir,
             [engine],
             "gateway.router.weight_poll_interval_s=0.02",
             "gateway.sessions.staleness_gate=false",
@@ -231,8 +230,20 @@ def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
             "trainer.batch_groups=1",
             "trainer.lr=1e-3",
             f"trainer.total_steps={steps}",
+            *extra,
         ) as gw,
     ):
+        yield engine, gw
+
+
+def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
+    """The real trainer publishes a fingerprint with each version; the gateway verifies
+    every swap of the run and refuses none (fp32 CPU: the engine reproduces the
+    trainer's logprobs to well under the tolerance, far from the previous version's)."""
+    from support.trainer_run import train_in_thread
+
+    steps = 3
+    with _training_gateway(tmp_path, tiny_model_dir, steps) as (engine, gw):
         _episodes(gw, n_groups=steps)
         train_in_thread(gw.config, timeout_s=180)
 
@@ -346,22 +357,8 @@ def test_trainer_stops_advancing_after_repeated_refusals(tmp_path, tiny_model_di
     from support.trainer_run import train_in_thread
 
     steps, max_failures = 12, 2
-    with (
-        start_engine_in_thread(tiny_model_dir) as engine,
-        run_gateway(
-            tmp_path,
-            tiny_model_dir,
-            [engine],
-            "gateway.router.weight_poll_interval_s=0.02",
-            "gateway.sessions.staleness_gate=false",
-            "swap_verify.enabled=true",
-            f"swap_verify.max_failures={max_failures}",
-            "trainer.group_size=2",
-            "trainer.batch_groups=1",
-            "trainer.lr=1e-3",
-            f"trainer.total_steps={steps}",
-        ) as gw,
-    ):
+    limit = f"swap_verify.max_failures={max_failures}"
+    with _training_gateway(tmp_path, tiny_model_dir, steps, limit) as (engine, gw):
         (member,) = gw.state.backends.backends
         real = member.client.update_weights_from_disk
         start = str(tiny_model_dir.resolve())
