@@ -68,7 +68,6 @@ def _forget_policy(state: GatewayState, name: str) -> None:
     unloaded from the engines that unload adapters (vLLM, SGLang: once the requests
     under it ended); the local engine keeps it in memory until it restarts."""
     state.policy_versions.pop(name, None)
-    state.backends.adapter_targets.pop(name, None)
     unloading = state.backends.retire_policy(name)
     log.warning(
         "policy %s was deleted: %s",

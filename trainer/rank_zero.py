@@ -22,10 +22,10 @@ from trainer.weight_broadcast import WeightBroadcaster
 log = logging.getLogger(__name__)
 
 RUN_NAME = "train"
-POLICY_CHECK_S = 5.0
-"""How often a waiting trainer of a runtime policy checks that its policy still exists."""
 """`data_dir/runs/<RUN_NAME>`: TensorBoard events and the resolved config. Fixed, so a
 resumed run appends to the same curves."""
+POLICY_CHECK_S = 5.0
+"""How often a waiting trainer of a runtime policy checks that its policy still exists."""
 
 
 class HeldClaims:
