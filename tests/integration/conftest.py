@@ -11,17 +11,14 @@ from pathlib import Path
 
 import pytest
 from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions  # noqa: F401
-from support.loopback import free_port
 from support.postgres_db import fresh_postgres_database
 from support.tool_model import record_agent_requests, round_trip_examples, train_tool_model
 from support.venv_ready import wait_for_build
+from support.vllm_cpu import supervised_vllm, vllm_cpu_config
 
-from areal_service.config import load_config
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord
 from engine.testing import start_engine_in_thread
-from launcher.sglang_servers import Supervisor
-from launcher.vllm_servers import vllm_specs
 
 
 @pytest.fixture(scope="session")
@@ -165,29 +162,6 @@ def vllm_server(
     module-scoped `vllm_url` that first puts the base weights back (test_vllm_engine.py):
     one start-up (~30 s on 2 cores) instead of one per module. Modules that need other
     flags (LoRA, policies) start their own."""
-    data_dir = tmp_path_factory.mktemp("vllm")
-    config = load_config(
-        overrides=[
-            f"data_dir={data_dir}",
-            f"engine.model={smollm2_checkpoint}",
-            "engine.backend=vllm",
-            f"engine.vllm.python={vllm_python}",
-            f"engine.port={free_port()}",
-            f"gateway.port={free_port()}",
-            "engine.context_length=2048",
-            "engine.vllm.kv_cache_space_gib=1",
-            "engine.vllm.ready_timeout_s=300",
-            "engine.vllm.max_restarts=0",
-        ]
-    )
-    supervisor = Supervisor.for_config(config, vllm_specs(config), fleet=config.engine.vllm)
-    try:
-        supervisor.start()
-    except Exception as exc:  # the server's own log says why
-        log = data_dir / "logs" / "vllm-0.log"
-        tail = log.read_text()[-4000:] if log.exists() else "(no log)"
-        raise RuntimeError(f"vLLM did not start: {exc}\n{tail}") from exc
-    try:
-        yield supervisor.urls[0]
-    finally:
-        supervisor.stop()
+    config = vllm_cpu_config(tmp_path_factory.mktemp("vllm"), smollm2_checkpoint, vllm_python)
+    with supervised_vllm(config) as url:
+        yield url
