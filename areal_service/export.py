@@ -56,17 +56,30 @@ def parquet_schema() -> pa.Schema:
     return pa.schema(columns)
 
 
+EXPORTED: tuple[SessionStatus, ...] = ("ended", "claimed", "trained")
+"""The sessions an export holds by default: those that may train."""
+
+
 @dataclass(frozen=True, slots=True)
 class ExportFilters:
     """Which sessions to export (every given condition must hold)."""
 
-    statuses: tuple[SessionStatus, ...] = ("ended", "claimed", "trained")
+    statuses: tuple[SessionStatus, ...] = EXPORTED
     group_id: str | None = None
     task_id: str | None = None
     created_after: float | None = None
     """Only sessions created at or after this time (epoch seconds)."""
     created_before: float | None = None
     """Only sessions created before this time."""
+
+    @classmethod
+    def of(
+        cls, group_id: str | None = None, task_id: str | None = None, *, dropped: bool = False
+    ) -> ExportFilters:
+        """The export's filters by group and task; `dropped`: the dropped sessions too
+        (e.g. those of a deleted policy: what they recorded before the deletion)."""
+        statuses: tuple[SessionStatus, ...] = (*EXPORTED, "dropped") if dropped else EXPORTED
+        return cls(statuses=statuses, group_id=group_id, task_id=task_id)
 
     def query(self) -> SessionQuery:
         """These filters as the store's session query."""

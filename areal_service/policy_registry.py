@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from pydantic import ValidationError
 
 from areal_service.config import LoRAConfig, PolicyConfig, ServiceConfig
 from areal_service.serving_plan import PlanError, PolicyPlan, ServingPlan, check_plan
-from areal_service.types import PolicyRecord
+from areal_service.types import DEFAULT_POLICY, PolicyRecord
 
 
 class PolicyError(ValueError):
@@ -43,6 +44,7 @@ def policy_config(record: PolicyRecord) -> PolicyConfig:
         name=record.name,
         lora=None if record.lora is None else LoRAConfig.model_validate(record.lora),
         model_names=list(record.model_names),
+        roles=list(record.roles),
     )
 
 
@@ -64,13 +66,13 @@ class PolicyRegistry:
         self.update(runtime)
 
     def update(self, runtime: Sequence[PolicyRecord]) -> list[str]:
-        """Adopt the store's runtime policies; the names not known before (a runtime
-        policy whose name the config declares is ignored: the config stays
-        authoritative for its names)."""
+        """Adopt the store's runtime policies (new, deleted or with other roles); the
+        names not known before (a runtime policy whose name the config declares is
+        ignored: the config stays authoritative for its names)."""
         configured = {p.name for p in self._config.policies}
         fresh = [r for r in runtime if r.name not in configured]
         added = [r.name for r in fresh if r.name not in self.runtime]
-        if not added and len(fresh) == len(self.runtime):
+        if len(fresh) == len(self.runtime) and all(self.runtime.get(r.name) == r for r in fresh):
             return []
         configs = {
             r.name: self.runtime_configs[r.name]
@@ -154,25 +156,17 @@ def new_policy(
     lora: dict[str, Any] | None = None,
     model_names: Sequence[str] = (),
     modules: Collection[str] | None = None,
+    roles: Sequence[str] = (),
 ) -> PolicyRecord:
     """The record of a policy to create, checked against the deployment; `PolicyError`
     (400 or 409, with the field and a code) when it cannot be. `modules`: the base
     model's `matrix_modules`, against which the target modules are checked (None: not
     checked). The rules across policies are the serving plan's (`check_plan`, as when
-    the config loads). The registry should be fresh (a name created elsewhere since the
+    the config loads). `roles`: as `policies[].roles`, each a named policy that exists
+    (`checked_roles`). The registry should be fresh (a name created elsewhere since the
     last refresh is caught by the store's keys instead)."""
-    try:
-        entry = PolicyConfig(name=name, lora=lora, model_names=list(model_names))
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = [str(p) for p in error["loc"]]
-        field = where[0] if where else "name"
-        param = ".".join(where) or None
-        code = "invalid_policy_name" if field == "name" else "invalid_lora"
-        if field == "model_names":
-            code = "invalid_model_names"
-        message = str(error["msg"]).removeprefix("Value error, ")
-        raise PolicyError(400, f"{param or 'policy'}: {message}", param, code) from None
+    entry = _entry(name=name, lora=lora, model_names=list(model_names), roles=list(roles))
+    _check_roles_exist(registry, entry)
     if entry.lora is not None and modules is not None:
         unmatched = _unmatched_targets(entry.lora.target_modules, modules)
         if unmatched:
@@ -191,7 +185,117 @@ def new_policy(
         name=entry.name,
         lora=None if entry.lora is None else entry.lora.model_dump(mode="json"),
         model_names=tuple(entry.model_names),
+        roles=tuple(entry.roles),
     )
+
+
+_CODES = {
+    "name": "invalid_policy_name",
+    "model_names": "invalid_model_names",
+    "roles": "invalid_roles",
+}
+"""The error code of a bad field of a new policy (others: its `lora`'s)."""
+
+
+def _entry(**fields: Any) -> PolicyConfig:
+    """The config entry of `fields`, or `PolicyError` 400 naming the first bad field as
+    the config's validation words it."""
+    try:
+        return PolicyConfig(**fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = [str(p) for p in error["loc"]]
+        field = where[0] if where else "name"
+        param = ".".join(where) or None
+        code = _CODES.get(field, "invalid_lora")
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise PolicyError(400, f"{param or 'policy'}: {message}", param, code) from None
+
+
+def _check_roles_exist(registry: PolicyRegistry, entry: PolicyConfig) -> None:
+    """Each of `entry`'s roles is a named policy of the deployment other than itself (a
+    role is served by its policy's adapter: `default` has no alias to open it by)."""
+    for role in entry.roles:
+        if role == entry.name:
+            raise PolicyError(
+                400,
+                f"roles: {role!r} is the policy itself (its own turns need no role)",
+                "roles",
+                "invalid_roles",
+            )
+        if role == DEFAULT_POLICY or role not in registry:
+            known = [n for n in registry.names() if n not in (DEFAULT_POLICY, entry.name)]
+            raise PolicyError(
+                400,
+                f"roles: {role!r} is not a named policy of this deployment (known: "
+                f"{', '.join(known) or 'none'})",
+                "roles",
+                "invalid_roles",
+            )
+
+
+def checked_roles(
+    config: ServiceConfig, registry: PolicyRegistry, name: str, roles: Sequence[str]
+) -> PolicyRecord:
+    """The record of runtime policy `name` with its roles set to `roles` (the admin's
+    `PATCH /admin/policies/{name}`, the console's form, `policies roles`), checked as a
+    creation's are; `PolicyError` 404 for a policy not stored at runtime, 409 for a
+    config-declared one (its roles are the config's), 400 for bad roles."""
+    record = registry.runtime.get(name)
+    if record is None:
+        raise _not_runtime(config, registry, name, "its roles are set in the config")
+    entry = _entry(name=name, roles=list(roles))
+    _check_roles_exist(registry, entry)
+    return replace(record, roles=tuple(entry.roles))
+
+
+def deletable(config: ServiceConfig, registry: PolicyRegistry, name: str) -> PolicyRecord:
+    """The runtime policy `name` when it may be deleted; `PolicyError` otherwise: 404
+    unknown, 409 `default` or a config-declared policy (the config is its source: remove
+    it there), 409 a policy another one declares among its roles."""
+    record = registry.runtime.get(name)
+    if record is None:
+        raise _not_runtime(config, registry, name, "remove it from the config and restart")
+    users = [p.name for p in registry.plan.policies.values() if name in p.roles]
+    if users:
+        raise PolicyError(
+            409,
+            f"policy {name!r} is a role of {', '.join(map(repr, users))}: remove it from "
+            "their roles first",
+            "name",
+            "policy_in_use",
+        )
+    return record
+
+
+DELETED = "policy_deleted"
+"""The drop reason's kind of a deleted policy's sessions (`/metrics`, the audit)."""
+
+
+def deletion_reason(name: str) -> str:
+    """The drop reason stored on the sessions of deleted policy `name`."""
+    return f"{DELETED}: policy {name!r} was deleted by the admin"
+
+
+def _not_runtime(
+    config: ServiceConfig, registry: PolicyRegistry, name: str, fix: str
+) -> PolicyError:
+    """Why `name` cannot be changed or deleted: unknown (404), or not a runtime policy."""
+    if name == DEFAULT_POLICY:
+        return PolicyError(
+            409,
+            f"policy {name!r} is the default policy: it cannot be changed or deleted here",
+            "name",
+            "config_policy",
+        )
+    if name in registry:
+        return PolicyError(
+            409,
+            f"policy {name!r} is declared in the config (policies:): {fix}",
+            "name",
+            "config_policy",
+        )
+    return PolicyError(404, f"no policy {name!r}", "name", "policy_not_found")
 
 
 def lora_over_default(config: ServiceConfig, given: Mapping[str, Any]) -> dict[str, Any]:

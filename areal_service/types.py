@@ -234,6 +234,8 @@ class PolicyRecord:
     model_names: tuple[str, ...] = ()
     """Request model names that pick this policy (unique across all policies)."""
     created_at: float = field(default_factory=now)
+    roles: tuple[str, ...] = ()
+    """The policies its episodes may open as roles (`PolicyConfig.roles`)."""
 
 
 @dataclass(frozen=True, slots=True)

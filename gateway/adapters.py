@@ -114,6 +114,16 @@ class AdapterNames:
         self._retired[old.served] = time.monotonic()
         return old.served
 
+    def retire(self, policy: str) -> str | None:
+        """`policy` was deleted: its live name is retired like a replaced version's (it
+        is unloaded once its requests ended) and the policy is forgotten; the name
+        retired (None: it had no adapter loaded)."""
+        lease = self._current.pop(policy, None)
+        if lease is None or lease.served is None:
+            return None
+        self._retired[lease.served] = time.monotonic()
+        return lease.served
+
     def unloadable(self, served: str, now: float | None = None) -> bool:
         """Whether the retired `served` may be unloaded now: drained and past the grace,
         or past `max_wait_s`. False for a name that is not retired (live again)."""

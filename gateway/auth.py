@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
 
 from areal_service.keys import admin_key_matches, hash_key
 from areal_service.store import TrajectoryStore
-from areal_service.types import ApiKeyRecord
+from areal_service.types import DEFAULT_POLICY, ApiKeyRecord
 from gateway.cache import RefreshingCache
 from gateway.errors import OpenAIError, invalid_api_key
 from gateway.limits import KeyLimits
@@ -128,6 +129,9 @@ class KeyResolver:
         self._keys: RefreshingCache[str, ApiKeyRecord] = RefreshingCache(
             store.keys.find_api_keys_by_hashes, ttl_s=ttl_s, stale_s=stale_s
         )
+        self.check_policy: Callable[[str], Awaitable[None]] | None = None
+        """Refuses a key whose policy was deleted (`gateway.policies.check_key_policy`,
+        set once the policies are loaded); called for keys bound to a named policy."""
 
     async def resolve(self, token: str | None) -> Principal:
         """The caller behind `token`; raises 401 `invalid_api_key` when unknown or revoked."""
@@ -144,6 +148,8 @@ class KeyResolver:
                 self._good.clear()  # bounded; refilled by the next successful requests
             self._good.add(key_hash)
         self.usage.note(record.id)
+        if self.check_policy is not None and record.policy != DEFAULT_POLICY:
+            await self.check_policy(record.policy)
         return Principal(is_admin=False, key=record)
 
     def known_good(self, token: str) -> bool:

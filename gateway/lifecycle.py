@@ -9,6 +9,7 @@ writer drains before the store closes; the background tasks stop first).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import logging
@@ -27,7 +28,7 @@ from gateway.auth import KeyResolver, flush_key_usage, write_key_usage
 from gateway.cache import RefreshingCache
 from gateway.leader import Leadership
 from gateway.limits import sync_key_limits
-from gateway.policies import refresh_policies, run_policy_refresher
+from gateway.policies import check_key_policy, refresh_policies, run_policy_refresher
 from gateway.policy_pools import Pools, build_pools
 from gateway.state import GatewayState
 from gateway.stopping import watch_exit_signals
@@ -225,8 +226,10 @@ class GatewayLife:
         stack.push_async_callback(write_key_usage, self.state.keys.usage, self.store)
 
     async def load_runtime_policies(self, _: AsyncExitStack) -> None:
-        """The policies created at runtime, before the first request."""
+        """The policies created at runtime, before the first request; from then on a key
+        whose policy is deleted is refused."""
         await refresh_policies(self.state)
+        self.state.keys.check_policy = functools.partial(check_key_policy, self.state)
 
     async def watch_exit_signals(self, stack: AsyncExitStack) -> None:
         """SIGINT/SIGTERM set `state.stopping` first (`gateway/stopping.py`)."""

@@ -18,7 +18,14 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from areal_service.policy_registry import PolicyError, matrix_modules, new_policy
+from areal_service.policy_registry import (
+    PolicyError,
+    checked_roles,
+    deletable,
+    deletion_reason,
+    matrix_modules,
+    new_policy,
+)
 from areal_service.serving_plan import CallerKind
 from areal_service.store import PolicyConflict
 from areal_service.types import DEFAULT_POLICY, PolicyRecord
@@ -45,11 +52,30 @@ async def refresh_policies(state: GatewayState) -> list[str]:
         return []
     records = await asyncio.to_thread(state.store.policies.list_policies)
     state.runtime_policies_seen = mark
+    before = set(state.policy_registry.runtime)
     added = state.policy_registry.update(records)
+    state.model_policies = state.policy_registry.model_policies
     if added:
-        state.model_policies = state.policy_registry.model_policies
         log.info("runtime policies now known: %s", ", ".join(added))
+    for name in sorted(before - set(state.policy_registry.runtime)):
+        _forget_policy(state, name)
     return added
+
+
+def _forget_policy(state: GatewayState, name: str) -> None:
+    """A runtime policy was deleted (here or by another process): its live version is
+    forgotten (a backend that comes back is not re-synced to it) and its adapter is
+    unloaded from the engines that unload adapters (vLLM, SGLang: once the requests
+    under it ended); the local engine keeps it in memory until it restarts."""
+    state.policy_versions.pop(name, None)
+    unloading = state.backends.retire_policy(name)
+    log.warning(
+        "policy %s was deleted: %s",
+        name,
+        f"its adapter is unloaded from {unloading} backend(s)"
+        if unloading
+        else "its adapter stays loaded on the local engine until it restarts",
+    )
 
 
 async def run_policy_refresher(state: GatewayState) -> None:
@@ -85,6 +111,7 @@ async def create_policy(
     name: str,
     lora: dict[str, Any] | None = None,
     model_names: Sequence[str] = (),
+    roles: Sequence[str] = (),
 ) -> PolicyRecord:
     """Create a runtime policy (admin API, console): checked against the config and the
     freshly read registry (400/409 in the OpenAI error shape), then stored, where the
@@ -95,15 +122,76 @@ async def create_policy(
     if lora is not None:  # headers only: a few KB read per creation, off the hot path
         modules = await asyncio.to_thread(matrix_modules, state.config.model_dir())
     try:
-        record = new_policy(state.config, state.policy_registry, name, lora, model_names, modules)
+        record = new_policy(
+            state.config, state.policy_registry, name, lora, model_names, modules, roles
+        )
         await asyncio.to_thread(state.store.policies.add_policy, record)
     except PolicyError as exc:
-        raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+        raise _wire(exc) from None
     except PolicyConflict as exc:
         code = "policy_exists" if exc.field == "name" else "model_name_taken"
         raise OpenAIError(409, f"{exc.field}: {exc}", param=exc.field, code=code) from None
     await refresh_policies(state)
     return record
+
+
+def _wire(exc: PolicyError) -> OpenAIError:
+    return OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code)
+
+
+async def set_policy_roles(state: GatewayState, name: str, roles: Sequence[str]) -> PolicyRecord:
+    """Set runtime policy `name`'s roles (admin API, console): checked as a creation's
+    (400 bad roles, 404 unknown, 409 a config-declared policy or `default`); episodes
+    open the new roles from the next refresh on (here at once)."""
+    await refresh_policies(state)
+    try:
+        record = checked_roles(state.config, state.policy_registry, name, roles)
+    except PolicyError as exc:
+        raise _wire(exc) from None
+    if not await asyncio.to_thread(state.store.policies.set_roles, name, record.roles):
+        raise OpenAIError(404, f"no policy {name!r}", param="name", code="policy_not_found")
+    await refresh_policies(state)
+    return record
+
+
+async def delete_policy(state: GatewayState, name: str) -> int:
+    """Delete runtime policy `name` (admin API, console): refused for `default`, a
+    config-declared policy and one another policy declares as a role (409, saying why),
+    404 for an unknown one. Its sessions not yet trained are dropped with the reason
+    `policy_deleted: ...` in the same transaction; what they recorded stays for export.
+    Returns how many were dropped. Its adapter is unloaded at the refresh that follows
+    (`_forget_policy`, here at once, on other processes within `POLICY_REFRESH_S`); its
+    trainer stops (the launcher stops those it started, any other notices by itself)."""
+    await refresh_policies(state)
+    try:
+        deletable(state.config, state.policy_registry, name)
+    except PolicyError as exc:
+        raise _wire(exc) from None
+    reason = deletion_reason(name)
+    dropped = await asyncio.to_thread(state.store.policies.delete_policy, name, reason)
+    if dropped is None:
+        raise OpenAIError(404, f"no policy {name!r}", param="name", code="policy_not_found")
+    await refresh_policies(state)
+    log.warning("policy %s deleted: %d session(s) not trained were dropped", name, dropped)
+    return dropped
+
+
+async def check_key_policy(state: GatewayState, policy: str) -> None:
+    """A key bound to `policy` may be used only while `policy` exists: 403
+    `policy_deleted` once the admin deleted it (a name unknown here is looked up in the
+    store once first: it may have been created on another process since the last
+    refresh). A dict lookup on the request path otherwise."""
+    if policy in state.policy_registry:
+        return
+    await refresh_policies(state)
+    if policy not in state.policy_registry:
+        raise OpenAIError(
+            403,
+            f"this key is bound to policy {policy!r}, which was deleted by the admin: it "
+            "serves and records nothing; ask the admin for a key of another policy",
+            param="policy",
+            code="policy_deleted",
+        )
 
 
 async def serving_policy(

@@ -513,6 +513,12 @@ class BackendPool:
             self.adapter_targets[lora_name] = (model_path, version)
         return timings
 
+    def retire_policy(self, policy: str) -> int:
+        """`policy` was deleted: each backend's client unloads its adapter where the engine
+        can (`Backend.retire_policy`); how many backends do."""
+        self.adapter_targets.pop(policy, None)
+        return sum(b.client.retire_policy(policy) for b in self._backends)
+
     def adopt_adapter(self, policy: str | None, version: int) -> None:
         """A follower's side of a leader's versioned adapter swap: every backend's client
         sends `policy`'s (None: the default policy's) new requests under `version`

@@ -59,7 +59,7 @@ class GatewayState:
     model_policies: dict[str, str] = field(init=False)
     """Request model name -> policy (every policy's `model_names`; the registry's,
     replaced when it changes)."""
-    runtime_policies_seen: tuple[int, str | None] | None = None
+    runtime_policies_seen: tuple[int, str | None, str | None] | None = None
     """The store's runtime policies (count, newest) when this process last read them
     whole (`gateway/policies.py`); None before the first read."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

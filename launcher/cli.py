@@ -75,6 +75,14 @@ SetOpt = Annotated[
         help="Override one setting (repeatable), e.g. --set gateway.port=8300.",
     ),
 ]
+RoleOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--role",
+        metavar="POLICY",
+        help="A named policy the policy's episodes may open as a role (repeat for several).",
+    ),
+]
 
 
 def _show_version(value: bool) -> None:
@@ -398,6 +406,7 @@ def policies_create(
             help="A request model name that picks this policy (repeat for several).",
         ),
     ] = None,
+    role: RoleOpt = None,
 ) -> None:
     """Create a named LoRA policy at runtime, beside the config's `policies:`. It is kept
     in the store: running gateways serve it within a second and `launch` starts its
@@ -416,7 +425,7 @@ def policies_create(
     try:
         registry = PolicyRegistry(cfg, store.policies.list_policies())
         modules = None if lora is None else matrix_modules(cfg.model_dir())
-        record = new_policy(cfg, registry, name, lora, model_name or [], modules)
+        record = new_policy(cfg, registry, name, lora, model_name or [], modules, role or [])
         store.policies.add_policy(record)
     except (PolicyError, PolicyConflict) as exc:
         fail(f"cannot create policy {name!r}: {exc}")
@@ -427,10 +436,69 @@ def policies_create(
             "name": record.name,
             "lora": record.lora,
             "model_names": list(record.model_names),
+            "roles": list(record.roles),
             "created_at": _utc(record.created_at),
             "train_with": f"areal-service trainer --policy {record.name}",
         }
     )
+
+
+@policies_app.command("roles", short_help="Set the roles of a runtime policy.")
+def policies_roles(
+    name: Annotated[str, typer.Argument(help="The runtime policy's name.")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    role: RoleOpt = None,
+) -> None:
+    """Set the roles a runtime policy's episodes may open (the named policies given with
+    --role, replacing its list; none given: no role). Running gateways use them within a
+    second. A config-declared policy's roles are set in the config."""
+    from areal_service.policy_registry import PolicyError, PolicyRegistry, checked_roles
+
+    cfg = _config(config, set_)
+    store = _open_store(cfg)
+    try:
+        registry = PolicyRegistry(cfg, store.policies.list_policies())
+        record = checked_roles(cfg, registry, name, role or [])
+        if not store.policies.set_roles(name, record.roles):
+            fail(f"cannot set the roles of {name!r}: no such policy (deleted meanwhile?)")
+    except PolicyError as exc:
+        fail(f"cannot set the roles of {name!r}: {exc}")
+    finally:
+        store.close()
+    _echo({"name": name, "roles": list(record.roles)})
+
+
+@policies_app.command("delete", short_help="Delete a runtime policy.")
+def policies_delete(
+    name: Annotated[str, typer.Argument(help="The runtime policy's name.")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Delete a policy created at runtime: its sessions not yet trained are dropped with
+    the reason `policy_deleted` (what they recorded stays for export), keys bound to it
+    are refused, running gateways unload its adapter and its trainer stops. `default`
+    and the config's policies cannot be deleted (remove them from the config)."""
+    from areal_service.policy_registry import (
+        PolicyError,
+        PolicyRegistry,
+        deletable,
+        deletion_reason,
+    )
+
+    cfg = _config(config, set_)
+    store = _open_store(cfg)
+    try:
+        registry = PolicyRegistry(cfg, store.policies.list_policies())
+        deletable(cfg, registry, name)
+        dropped = store.policies.delete_policy(name, deletion_reason(name))
+        if dropped is None:
+            fail(f"cannot delete {name!r}: no such policy (deleted meanwhile?)")
+    except PolicyError as exc:
+        fail(f"cannot delete policy {name!r}: {exc}")
+    finally:
+        store.close()
+    _echo({"name": name, "deleted": True, "sessions_dropped": dropped})
 
 
 def _lora_of(
@@ -472,6 +540,7 @@ def policies_list(config: ConfigOpt = None, set_: SetOpt = None) -> None:
                 "name": name,
                 "source": registry.source(name),
                 "model_names": list(registry.model_names(name)),
+                "roles": list(registry.plan[name].roles),
                 "lora_rank": None if lora is None else lora.rank,
                 "lora_alpha": None if lora is None else lora.alpha,
                 "latest_version": None if version is None else version.version,
@@ -491,6 +560,9 @@ def export_cmd(
     ] = "jsonl",
     group_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this group.")] = None,
     task_id: Annotated[str | None, typer.Option(metavar="ID", help="Only this task.")] = None,
+    dropped: Annotated[
+        bool, typer.Option("--dropped", help="Also dropped sessions (a deleted policy's).")
+    ] = False,
 ) -> None:
     """Export training sequences (token ids, loss mask, logprobs, versions, rewards,
     messages), one row per sequence; streams, never loads a whole table."""
@@ -505,7 +577,7 @@ def export_cmd(
             store,
             fmt=fmt,
             out=out,  # type: ignore[arg-type]
-            filters=ExportFilters(group_id=group_id, task_id=task_id),
+            filters=ExportFilters.of(group_id, task_id, dropped=dropped),
             turn_discount=cfg.trainer.turn_discount,
             default_reward=cfg.trainer.unrewarded_return(),
         )

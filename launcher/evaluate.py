@@ -183,7 +183,13 @@ class Evaluator:
         except asyncio.CancelledError:
             # Ctrl-C: stop the episodes in flight before the clients close under them, and
             # collect their outcome, so no "exception was never retrieved" is printed.
-            work.cancel()
+            # Cancelled again each second until they end: under load one Ctrl-C once
+            # left eval waiting here 60 s, as if a cancellation was swallowed below us
+            # (suspected: an HTTP client turning it into a connection error that it
+            # retries, and a retry to a silent gateway waits its whole timeout).
+            while not work.done():
+                work.cancel()
+                await asyncio.wait([work], timeout=1.0)
             await asyncio.gather(work, return_exceptions=True)
             raise
         results = work.result()

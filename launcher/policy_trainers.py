@@ -71,8 +71,9 @@ class PolicyTrainers:
             self.started[name] = child
 
     def poll(self) -> None:
-        """Start the trainers of runtime policies created since the last poll (one small
-        store read); a store that fails is tried again at the next poll."""
+        """Start the trainers of runtime policies created since the last poll, and stop
+        those of runtime policies deleted since (one small store read); a store that
+        fails is tried again at the next poll."""
         if not self._polls:
             return
         try:
@@ -83,7 +84,21 @@ class PolicyTrainers:
             log.exception("reading the runtime policies failed; retrying")
             return
         declared = {p.name for p in self._config.policies}
-        self.start([r.name for r in runtime if r.name not in declared])
+        names = [r.name for r in runtime if r.name not in declared]
+        self.stop_deleted(declared | set(names))
+        self.start(names)
+
+    def stop_deleted(self, existing: set[str]) -> None:
+        """Stop the trainer of each started policy not in `existing` (deleted at runtime:
+        `DELETE /admin/policies/{name}`, `policies delete`, the console), one log line
+        each; it may be started again if a policy of that name is created later."""
+        for name in [n for n in self.started if n not in existing]:
+            child = self.started.pop(name)
+            log.warning("policy %s was deleted: stopping its trainer", name)
+            child.stop()
+            if child in self._children:
+                self._children.remove(child)
+            self._refused.discard(name)
 
     def close(self) -> None:
         """Close the store connection (the trainers are stopped by the launcher)."""

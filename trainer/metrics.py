@@ -46,6 +46,7 @@ METRIC_NAMES = (
     "mismatch_masked_ratio",
     "staleness_mean",
     "staleness_max",
+    "staleness_min",
     "tokens_per_s",
     "dropped_episodes",
     "episodes",
@@ -89,6 +90,9 @@ def batch_metrics(
         "no_eos_ratio": _mean(no_eos),
         "staleness_mean": _mean(stale),
         "staleness_max": float(max(stale, default=0)),
+        # Negative: a token stamped with a version newer than the one trained, i.e. of
+        # another policy's versions (the audit's N2); never, once tenants are isolated.
+        "staleness_min": float(min(stale, default=0)),
         "episodes": float(sum(len(g.session_ids) for g in groups)),
     }
 
@@ -172,7 +176,8 @@ class MetricsWriter:
             f"ent {m['entropy']:.3f} gnorm {m['grad_norm']:.3f} | "
             f"{m['episodes']:.0f} ep ({m['dropped_episodes']:.0f} dropped) "
             f"len {m['avg_seq_len']:.0f} no_eos {m['no_eos_ratio']:.2f} ({self._no_eos}) "
-            f"stale {m['staleness_mean']:.1f}/{m['staleness_max']:.0f} | "
+            f"stale {m['staleness_mean']:.1f}/{m['staleness_max']:.0f} "
+            f"min {m.get('staleness_min', 0.0):.0f} | "
             f"{m['tokens_per_s']:.0f} tok/s | wait {m['time_wait_s']:.2f}s "
             f"train {m['time_train_s']:.2f}s publish {m['time_publish_s']:.2f}s{swap}{eta}"
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 
 from areal_service.config import ServiceConfig
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 RUN_NAME = "train"
 """`data_dir/runs/<RUN_NAME>`: TensorBoard events and the resolved config. Fixed, so a
 resumed run appends to the same curves."""
+POLICY_CHECK_S = 5.0
+"""How often a waiting trainer of a runtime policy checks that its policy still exists."""
 
 
 class HeldClaims:
@@ -67,6 +70,9 @@ class RankZero:
         self.held = held
         self.writer = writer
         self.broadcaster = broadcaster
+        self.runtime = policy != DEFAULT_POLICY and store.policies.has_policy(policy)
+        """Whether its policy was created at runtime (stored), so it may be deleted."""
+        self._checked_at = time.monotonic()
 
     @classmethod
     def open(cls, config: ServiceConfig, info: DistInfo, cleanup: contextlib.ExitStack) -> RankZero:
@@ -103,6 +109,20 @@ class RankZero:
             )
             cleanup.callback(broadcaster.close)
         return cls(store, claimer, held, writer, broadcaster, cfg.policy)
+
+    def policy_deleted(self) -> bool:
+        """Whether this trainer's runtime policy was deleted (`DELETE /admin/policies`):
+        one primary-key read at most every `POLICY_CHECK_S`, only while it waits for
+        episodes (a trainer the launcher started is stopped by it anyway; this is for
+        those started by hand). Never for a config-declared policy."""
+        if not self.runtime or time.monotonic() - self._checked_at < POLICY_CHECK_S:
+            return False
+        self._checked_at = time.monotonic()
+        try:
+            return not self.store.policies.has_policy(self.policy)
+        except Exception:  # noqa: BLE001 - the store failed this once: ask again later
+            log.warning("checking whether policy %s still exists failed", self.policy)
+            return False
 
     def record_step(
         self,

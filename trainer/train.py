@@ -207,6 +207,13 @@ def wait_for_groups(
         if len(pending) >= cfg.batch_groups or time.monotonic() >= deadline:
             break
         if not result.groups:
+            if rank0.policy_deleted():
+                log.warning(
+                    "policy %s was deleted (its sessions were dropped): the trainer stops",
+                    cfg.policy,
+                )
+                stop.set()  # every rank hears it with the next broadcast
+                break
             stop.wait(POLL_INTERVAL_S)
     return dropped
 

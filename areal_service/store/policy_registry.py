@@ -7,12 +7,17 @@ aliases unique across processes: both are primary keys, inserted in one transact
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from collections.abc import Sequence
+
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from areal_service.store.access import RowAccess
-from areal_service.store.schema import PolicyModelNameRow, PolicyRow
-from areal_service.types import PolicyRecord
+from areal_service.store.schema import PolicyModelNameRow, PolicyRow, SessionRow
+from areal_service.types import PolicyRecord, now
+
+UNTRAINED = ("open", "ended", "claimed")
+"""The states of a session that a policy's trainer would still move (train or drop)."""
 
 
 class PolicyConflict(Exception):
@@ -35,7 +40,12 @@ class PolicyStore(RowAccess):
         try:
             with self._sessions.begin() as session:
                 session.add(
-                    PolicyRow(name=record.name, lora=record.lora, created_at=record.created_at)
+                    PolicyRow(
+                        name=record.name,
+                        lora=record.lora,
+                        created_at=record.created_at,
+                        roles=list(record.roles),
+                    )
                 )
                 session.flush()  # the name's conflict before the aliases'
                 session.add_all(
@@ -57,16 +67,64 @@ class PolicyStore(RowAccess):
             ).first()
         return PolicyConflict("model_names", taken or ",".join(record.model_names))
 
-    def policies_mark(self) -> tuple[int, str | None]:
-        """(count, newest creation time) of the runtime policies: one aggregate row, what
-        a refresher compares before reading the tables whole (at 1,000 policies the
-        whole read every second was most of an idle gateway's CPU). Policies are only
-        added, so a change moves the count."""
+    def set_roles(self, name: str, roles: Sequence[str]) -> bool:
+        """Replace runtime policy `name`'s roles (and stamp `updated_at`, which moves the
+        refreshers' mark); False when no such policy is stored."""
+        return bool(
+            self._update(
+                update(PolicyRow)
+                .where(PolicyRow.name == name)
+                .values(roles=list(roles), updated_at=now())
+            )
+        )
+
+    def delete_policy(self, name: str, reason: str) -> int | None:
+        """Delete runtime policy `name` and its model names, and drop its sessions no
+        trainer has moved yet (open, ended or claimed) with `reason`, in one transaction;
+        their completions and rewards stay (export reads them). The number of sessions
+        dropped; None when no such policy is stored. Keys bound to it are kept (the
+        gateway refuses them, naming the deletion)."""
+        at = now()
+        with self._engine.begin() as connection:
+            gone = connection.execute(delete(PolicyRow).where(PolicyRow.name == name))
+            if not gone.rowcount:
+                return None
+            connection.execute(delete(PolicyModelNameRow).where(PolicyModelNameRow.policy == name))
+            dropped = connection.execute(
+                update(SessionRow)
+                .where(SessionRow.policy == name, SessionRow.status.in_(UNTRAINED))
+                .values(
+                    status="dropped",
+                    drop_reason=reason,
+                    ended_at=func.coalesce(SessionRow.ended_at, at),
+                    end_reason=func.coalesce(SessionRow.end_reason, "policy_deleted"),
+                )
+            )
+        return int(dropped.rowcount)
+
+    def has_policy(self, name: str) -> bool:
+        """Whether runtime policy `name` is stored (one primary-key read)."""
         with self._sessions() as session:
-            count, newest = session.execute(
-                select(func.count(), func.max(PolicyRow.created_at)).select_from(PolicyRow)
+            return session.get(PolicyRow, name) is not None
+
+    def policies_mark(self) -> tuple[int, str | None, str | None]:
+        """(count, newest creation, newest change of roles) of the runtime policies: one
+        aggregate row, what a refresher compares before reading the tables whole (at
+        1,000 policies the whole read every second was most of an idle gateway's CPU).
+        A creation moves the count and the newest creation, a deletion the count (a
+        deletion and a creation between two reads: the newest creation), a change of
+        roles the newest change."""
+        with self._sessions() as session:
+            count, newest, changed = session.execute(
+                select(
+                    func.count(), func.max(PolicyRow.created_at), func.max(PolicyRow.updated_at)
+                ).select_from(PolicyRow)
             ).one()
-        return int(count), None if newest is None else str(newest)
+        return (
+            int(count),
+            None if newest is None else str(newest),
+            None if changed is None else str(changed),
+        )
 
     def list_policies(self) -> list[PolicyRecord]:
         """Every runtime policy, oldest first (two queries, whole tables)."""
@@ -84,6 +142,7 @@ class PolicyStore(RowAccess):
                 lora=p.lora,
                 model_names=tuple(aliases.get(p.name, ())),
                 created_at=p.created_at,
+                roles=tuple(p.roles or ()),
             )
             for p in policies
         ]

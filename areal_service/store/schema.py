@@ -282,6 +282,10 @@ class PolicyRow(Base):
     name: Mapped[str] = mapped_column(String, primary_key=True)
     lora: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float)
+    roles: Mapped[list[str] | None] = mapped_column(JSON)
+    """The policies its episodes may open as roles (None: none)."""
+    updated_at: Mapped[float | None] = mapped_column(Float)
+    """When its roles last changed (None: never): part of the refreshers' mark."""
 
 
 class PolicyModelNameRow(Base):

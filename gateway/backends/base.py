@@ -414,6 +414,18 @@ class Backend(ABC):
         if retired is not None:
             self.adapters.unloaded(retired)  # the leader's to unload
 
+    def retire_policy(self, policy: str) -> bool:
+        """`policy` was deleted: with versioned adapter names (vLLM, SGLang) its live
+        adapter is unloaded once its requests ended (`_unload_when_drained`) and True;
+        False on an engine that loads adapters in place under the policy's own name (the
+        local engine, which has no unload: the adapter stays until it restarts)."""
+        if self.adapters is None:
+            return False
+        served = self.adapters.retire(policy)
+        if served is not None:
+            self._unload_when_drained(served)
+        return True
+
     def _unload_when_drained(self, served: str) -> None:
         """Unload the retired `served` in the background once `adapters.unloadable`
         says so (bounded by its `max_wait_s`); a failure is logged, never raised."""

@@ -29,6 +29,13 @@ class PolicyPage:
     versions: list[WeightRow]
     staleness_gate: bool
     max_staleness: int
+    source: str = "config"
+    """`config` (and `default`): changed only in the config; `runtime`: its roles may be
+    set and it may be deleted here."""
+    roles: tuple[str, ...] = ()
+    """The policies its episodes may open as roles."""
+    others: tuple[str, ...] = ()
+    """The other named policies (what its roles may name)."""
 
 
 def policy_list(state: GatewayState) -> list[PolicyFigures]:
@@ -42,7 +49,11 @@ def policy_page(state: GatewayState, name: str) -> PolicyPage | None:
     if not found:
         return None
     steps = state.store.list_train_steps(limit=100_000, policy=name)
+    plan = state.policy_registry.plan
     return PolicyPage(
+        source=plan[name].source,
+        roles=plan[name].roles,
+        others=tuple(p.name for p in plan.named() if p.name != name),
         figures=found[0],
         steps=steps[-STEPS_SHOWN:][::-1],
         step_count=len(steps),

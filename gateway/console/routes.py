@@ -406,6 +406,8 @@ async def policies_page(request: Request, state: StateDep, session: ConsoleAdmin
         nav="policies",
         rows=rows,
         staleness_gate=state.config.gateway.sessions.staleness_gate,
+        deleted=request.query_params.get("deleted", "")[:63],
+        dropped=request.query_params.get("dropped", "")[:12],
     )
 
 
@@ -423,7 +425,8 @@ async def policy_detail_page(
     page = await asyncio.to_thread(policy_page, state, name)
     if page is None:
         return _policy_missing(request, session, name)
-    return render(request, "policy.html", session, nav="policies", p=page)
+    saved = request.query_params.get("saved", "")[:16]
+    return render(request, "policy.html", session, nav="policies", p=page, saved=saved)
 
 
 @router.get("/policies/{name}/data.json")

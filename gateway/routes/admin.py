@@ -27,8 +27,9 @@ from gateway.admission import window
 from gateway.deps import AdminDep, PageLimit, PageOffset, StateDep
 from gateway.errors import ErrorBody, OpenAIError
 from gateway.leader import LEADER_LEASE
-from gateway.policies import checked_policy, refresh_policies
+from gateway.policies import checked_policy, refresh_policies, set_policy_roles
 from gateway.policies import create_policy as create_runtime_policy
+from gateway.policies import delete_policy as delete_runtime_policy
 from gateway.policy_figures import live_version_of
 from gateway.routes.views import record_view
 from gateway.state import GatewayState
@@ -276,10 +277,12 @@ async def export(
     format: str = "jsonl",  # noqa: A002
     group_id: str | None = None,
     task_id: str | None = None,
+    dropped: bool = False,
 ) -> Response:
     """Training sequences as JSONL (streamed page by page) or Parquet (written to a
-    temporary file in a thread, then sent)."""
-    filters = ExportFilters(group_id=group_id, task_id=task_id)
+    temporary file in a thread, then sent); `dropped`: the dropped sessions' too (a
+    deleted policy's, say)."""
+    filters = ExportFilters.of(group_id, task_id, dropped=dropped)
     trainer = state.config.trainer
     options: _ExportOptions = {
         "turn_discount": trainer.turn_discount,
@@ -321,6 +324,27 @@ class PolicyCreate(BaseModel):
     """rank, alpha, target_modules (and dropout); none: `default_policy.lora`'s."""
     model_names: list[str] = Field(default_factory=list, max_length=64)
     """Request model names that pick this policy (unique across every policy)."""
+    roles: list[str] = Field(default_factory=list, max_length=64)
+    """The named policies its episodes may open as roles (each must exist)."""
+
+
+class PolicyUpdate(BaseModel):
+    """Body of `PATCH /admin/policies/{name}`: a runtime policy's roles (checked as on
+    creation; a config-declared policy's are the config's: 409)."""
+
+    model_config = ConfigDict(extra="forbid")
+    roles: list[str] = Field(max_length=64)
+    """The named policies its episodes may open as roles, replacing the old list."""
+
+
+class PolicyDeleted(BaseModel):
+    """Reply of `DELETE /admin/policies/{name}`."""
+
+    name: str
+    deleted: Literal[True] = True
+    sessions_dropped: int
+    """Its sessions not trained yet, now `dropped` with reason `policy_deleted: ...`
+    (what they recorded stays for export)."""
 
 
 class PolicyView(BaseModel):
@@ -338,6 +362,8 @@ class PolicyView(BaseModel):
     """The version this gateway serves (0: the base model, the untrained version)."""
     model_names: list[str]
     """Request model names that pick this policy whatever the key's."""
+    roles: list[str] = Field(default_factory=list)
+    """The policies its episodes may open as roles."""
     lora_rank: int | None
     """The adapter's rank (None: full fine-tuning, the default policy without LoRA)."""
     lora_alpha: float | None = None
@@ -371,6 +397,7 @@ def policy_views(state: GatewayState, latest: dict[str, WeightVersionRecord]) ->
                 backends=[] if pool is None else [b.url for b in pool.backends],
                 live_version=live_version_of(state, name),
                 model_names=list(plan.model_names),
+                roles=list(plan.roles),
                 lora_rank=None if lora is None else lora.rank,
                 lora_alpha=None if lora is None else lora.alpha,
                 target_modules=None if lora is None else lora.target_modules,
@@ -401,5 +428,24 @@ async def create_policy(state: StateDep, _: AdminDep, body: PolicyCreate) -> Pol
     if body.lora is not None:  # the fields not given are the default policy's, as in the CLI
         given = body.lora.model_dump(mode="json", include=body.lora.model_fields_set)
         lora = lora_over_default(state.config, given)
-    record = await create_runtime_policy(state, body.name, lora, body.model_names)
+    record = await create_runtime_policy(state, body.name, lora, body.model_names, body.roles)
     return next(v for v in policy_views(state, {}) if v.name == record.name)
+
+
+@router.patch("/policies/{name}", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def update_policy(state: StateDep, _: AdminDep, name: str, body: PolicyUpdate) -> PolicyView:
+    """Set a runtime policy's roles (the policies its episodes may open): 400 for a
+    role that is not a named policy or is listed twice, 409 for a config-declared one."""
+    await set_policy_roles(state, name, body.roles)
+    latest = await asyncio.to_thread(state.store.latest_weight_versions)
+    return next(v for v in policy_views(state, latest) if v.name == name)
+
+
+@router.delete("/policies/{name}", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def remove_policy(state: StateDep, _: AdminDep, name: str) -> PolicyDeleted:
+    """Delete a runtime policy: its untrained sessions are dropped with a reason (their
+    records kept for export), keys bound to it get 403 `policy_deleted`, its adapter is
+    unloaded where the engine can, its trainer stops. 409 for `default`, a
+    config-declared policy, or a role of another policy; 404 for an unknown one."""
+    dropped = await delete_runtime_policy(state, name)
+    return PolicyDeleted(name=name, sessions_dropped=dropped)

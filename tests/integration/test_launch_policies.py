@@ -1,7 +1,8 @@
 """`areal-service launch --scheduler local` with named policies: besides the default
 policy's trainer it starts one `trainer --policy NAME` per policy of the config, and one
-for a policy created at runtime through the admin API while it runs; SIGTERM to the
-launcher stops exactly the processes it started, each trainer in order."""
+for a policy created at runtime through the admin API while it runs, which it stops when
+that policy is deleted; SIGTERM to the launcher stops exactly the processes it started,
+each trainer in order."""
 
 from __future__ import annotations
 
@@ -110,6 +111,16 @@ def test_launch_starts_one_trainer_per_policy_and_stops_them(tmp_path, tiny_mode
         trainers = _trainers(proc.pid)
         assert set(trainers) == {"default", "solver", "critic"}, log.read_text()[-3000:]
         descendants = list(_descendants(proc.pid))
+        # Deleted, the runtime policy's trainer is stopped by the launcher; the others run on.
+        gone = httpx.delete(f"{url}/admin/policies/critic", headers=ADMIN, timeout=30)
+        assert gone.status_code == 200, gone.text
+        _wait(
+            "the deleted policy's trainer was not stopped",
+            lambda: set(_trainers(proc.pid)) == {"default", "solver"},
+            log,
+            timeout_s=60,
+        )
+        assert "policy critic was deleted: stopping its trainer" in log.read_text()
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait(120)

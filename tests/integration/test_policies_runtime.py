@@ -203,10 +203,11 @@ TRAIN = (
 
 
 def test_a_runtime_policy_trains_and_swaps_on_the_local_engine(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No `policies:` in the config at all: the policy exists only because the API made
-    it; its trainer runs with the registry's config and its own (rank 2) shape."""
+    it; its trainer runs with the registry's config and its own (rank 2) shape. Deleted,
+    a trainer of it started by hand (no launcher to stop it) stops by itself."""
     from trainer.train import main
 
     with (
@@ -258,3 +259,25 @@ def test_a_runtime_policy_trains_and_swaps_on_the_local_engine(
         served = gw.state.store.get_completion(reply.id)
         assert served.model == "critic" and set(served.output_versions) == {1}
         assert _listed(gw)["critic"]["latest_version"] == 1
+
+        # An endless trainer of it, waiting for episodes; the policy is then deleted.
+        endless = config.model_copy(
+            update={"trainer": config.trainer.model_copy(update={"total_steps": None})}
+        )
+        waiting = threading.Thread(target=main, args=(endless,), name="trainer-critic-2")
+        waiting.start()
+        time.sleep(2)
+        assert waiting.is_alive()
+        gone = httpx.delete(gw.url + "/admin/policies/critic", headers=ADMIN, timeout=30)
+        assert gone.status_code == 200, gone.text
+        waiting.join(timeout=60)
+        assert not waiting.is_alive(), "the deleted policy's trainer did not stop"
+        said = [r.getMessage() for r in caplog.records if "was deleted" in r.getMessage()]
+        assert "policy critic was deleted (its sessions were dropped): the trainer stops" in said
+        again = httpx.post(
+            gw.v1 + "/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
+            timeout=30,
+        )
+        assert again.status_code == 403 and again.json()["error"]["code"] == "policy_deleted"

@@ -274,3 +274,37 @@ def test_two_policies_on_vllm_swap_apart_without_a_pause(
         assert _versions(v2_seqs) == {2}
         assert _gap(smollm2_dir, v2_seqs, path) <= VLLM_FP32_TOLERANCE
         assert not resubmitted("areal_resubmissions_total")  # no pause, no abort anywhere
+
+
+def test_a_deleted_runtime_policys_adapter_is_unloaded(
+    tmp_path: Path, smollm2_dir: Path, policies_vllm: str
+) -> None:
+    """`DELETE /admin/policies/{name}` on vLLM: the policy's live versioned adapter is
+    unloaded from the server (the others stay), and its keys are refused."""
+    url = policies_vllm
+    with run_gateway(tmp_path, smollm2_dir, [url], "engine.backend=vllm", *POLICIES, *TRAIN) as gw:
+        made = httpx.post(f"{gw.url}/admin/policies", json={"name": "critic"}, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        key = httpx.post(f"{gw.url}/admin/keys", json={"policy": "critic"}, headers=ADMIN)
+        path = _adapter(smollm2_dir, tmp_path / "weights" / "critic" / "v1", seed=5)
+        gw.state.store.add_weight_version(
+            WeightVersionRecord(version=1, path=str(path), policy="critic")
+        )
+        _wait_swapped(gw, "critic", 1)
+        assert "critic@v1" in _adapters_on(url)
+        assert len(_served(gw, key.json()["api_key"])) == 2  # served under it
+        others = _adapters_on(url) - {"critic@v1"}
+
+        gone = httpx.delete(f"{gw.url}/admin/policies/critic", headers=ADMIN, timeout=30)
+        assert gone.status_code == 200, gone.text
+        deadline = time.monotonic() + 30  # after the retired name's grace (5 s)
+        while "critic@v1" in _adapters_on(url):
+            assert time.monotonic() < deadline, "the deleted policy's adapter stayed loaded"
+            time.sleep(0.2)
+        assert _adapters_on(url) == others
+        refused = httpx.post(
+            f"{gw.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key.json()['api_key']}"},
+            json={"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
+        )
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "policy_deleted"

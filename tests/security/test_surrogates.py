@@ -82,6 +82,7 @@ CASES = [
     ("/v1/responses", {"model": "areal-policy", "input": HIGH}),
     ("/admin/policies", {"name": "surr", "model_names": [HIGH]}),
     ("/admin/policies", {"name": "surr", "model_names": ["ok"], "lora": {"target_modules": [LOW]}}),
+    ("/admin/policies", {"name": "surr", "roles": [HIGH]}),
     ("/admin/keys", {"name": HIGH}),
     ("/rl/sessions", {"metadata": {HIGH: 1}}),
     ("/rl/sessions", {"task_id": LOW}),

@@ -61,6 +61,22 @@ def test_a_swap_moves_new_requests_and_retires_the_old_name_once_drained() -> No
     names.release(fresh)
 
 
+def test_a_deleted_policys_live_name_is_retired_and_forgotten() -> None:
+    names = AdapterNames(grace_s=1.0, max_wait_s=10.0)
+    assert names.retire("never-swapped") is None  # on the base: nothing to unload
+    names.switch("tenant", 3)
+    names.switch("other", 1)
+    running = names.acquire("tenant")
+    assert names.retire("tenant") == "tenant@v3"
+    assert names.current("tenant") == BASE and names.retired() == ["tenant@v3"]
+    t0 = time.monotonic()
+    assert not names.unloadable("tenant@v3", t0 + 5)  # its last request still runs
+    names.release(running)
+    assert names.unloadable("tenant@v3", t0 + 1.5)
+    assert names.current("other") == Lease("other@v1", 1)  # untouched
+    assert names.retire("tenant") is None  # deleted twice: nothing more
+
+
 def test_a_request_that_never_ends_pins_a_name_only_until_max_wait() -> None:
     names = AdapterNames(grace_s=1.0, max_wait_s=10.0)
     names.switch("p", 1)

@@ -36,7 +36,7 @@ TABLES = {
 }
 
 
-HEAD = "0015_key_admissions"
+HEAD = "0016_policy_roles"
 """The newest revision: what an upgraded database stands at."""
 
 
