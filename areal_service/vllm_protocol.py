@@ -296,9 +296,10 @@ class ModelList(_Reply):
 
 class PromptScoreRequest(_Body):
     """`/v1/completions` asking for the prompt's logprobs (`prompt_logprobs` 0: the
-    prompt token's own at each position) and one greedy token, which is ignored."""
+    prompt token's own at each position) and one greedy token, which is ignored. A list
+    of prompts is one request: one choice per prompt (its `index`), scheduled together."""
 
-    prompt: list[int]
+    prompt: list[int] | list[list[int]]
     model: str | None = None
     """An adapter's name, or None: the served model."""
     max_tokens: int = 1
@@ -311,6 +312,8 @@ class PromptLogprob(_Reply):
 
 
 class PromptScoreChoice(_Reply):
+    index: int = 0
+    """Which prompt of the request this choice scored."""
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
     """Per prompt position (None at the first): token id (as a string) -> its logprob."""
 
@@ -318,9 +321,11 @@ class PromptScoreChoice(_Reply):
 class PromptScoreResponse(_Reply):
     choices: list[PromptScoreChoice] = Field(default_factory=list)
 
-    def scored(self, ids: list[int], start: int) -> list[float]:
-        """The logprob of each `ids[start:]` token (NaN where the reply has none)."""
-        rows = self.choices[0].prompt_logprobs if self.choices else None
+    def scored(self, ids: list[int], start: int, index: int = 0) -> list[float]:
+        """The logprob of each `ids[start:]` token (NaN where the reply has none), from
+        the choice of prompt `index`."""
+        choice = next((c for c in self.choices if c.index == index), None)
+        rows = choice.prompt_logprobs if choice is not None else None
         out = []
         for i in range(start, len(ids)):
             row = rows[i] if rows is not None and i < len(rows) else None

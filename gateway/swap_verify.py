@@ -20,8 +20,9 @@ Where the check runs, so that no request sees a refused version where the engine
   the engine serves the new weights, and tokens generated then carry the new version's
   label, which is what computed them.
 
-Off the request path: it runs in the weight syncer's task. Its cost is one scoring
-request per canary prompt per engine (`areal_swap_verify_seconds`).
+Off the request path: it runs in the weight syncer's task. Its cost is the canary's
+prefill on each engine (one request on vLLM, one per prompt elsewhere, sent together;
+`areal_swap_verify_seconds`).
 """
 
 from __future__ import annotations
@@ -103,12 +104,9 @@ async def score_engine(
     """The canary on one engine: its largest difference from the fingerprint."""
     t0 = time.perf_counter()
     try:
-        # concurrently: an engine that batches (vLLM, SGLang) scores them in one step
-        scored = await asyncio.gather(
-            *(
-                backend.score_tokens(seq.ids, seq.start, lora_name=adapter)
-                for seq in fingerprint.sequences
-            )
+        # together: one request on vLLM, concurrent ones elsewhere (one batch step)
+        scored = await backend.score_canary(
+            [(seq.ids, seq.start) for seq in fingerprint.sequences], lora_name=adapter
         )
     except (BackendError, NotImplementedError) as e:
         return EngineCheck(math.inf, time.perf_counter() - t0, f"{type(e).__name__}: {e}")

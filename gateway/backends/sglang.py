@@ -206,13 +206,16 @@ class SGLangClient(Backend):
         self, ids: Sequence[int], start: int, *, lora_name: str | None = None
     ) -> list[float]:
         """`/generate` with `return_logprob` and `logprob_start_len`: the prompt logprobs
-        from `start` (SGLang's `input_token_logprobs`; the local engine answers without
-        generating). One token is asked for because SGLang generates at least one."""
+        (SGLang's `input_token_logprobs`; the local engine answers without generating),
+        the last `len(ids) - start`. Asked from `start - 1`: SGLang (0.5.23) gives the
+        token AT `logprob_start_len` no logprob (None: its logits come from the position
+        before, outside the range). One token is asked for because SGLang generates at
+        least one."""
         body = GenerateRequest(
             input_ids=list(ids),
             sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0),
             return_logprob=True,
-            logprob_start_len=start,
+            logprob_start_len=start - 1,
             **({} if lora_name is None else {"lora_path": lora_name}),
         )
         raw = await self.http.call(routes.GENERATE, body)

@@ -221,9 +221,20 @@ class VLLMClient(Backend):
     ) -> list[float]:
         """`/v1/completions` with `prompt_logprobs` (vLLM's token-in route does not
         return prompt logprobs); `lora_name` None scores the default adapter if any."""
+        return (await self.score_canary([(ids, start)], lora_name=lora_name))[0]
+
+    async def score_canary(
+        self, sequences: Sequence[tuple[Sequence[int], int]], *, lora_name: str | None = None
+    ) -> list[list[float]]:
+        """Every sequence in ONE `/v1/completions` request (a list of prompts): one
+        round trip, and vLLM schedules them together. The cost is their prefill with
+        the output head at every position (`prompt_logprobs`), ~25% more than a plain
+        prefill on the CPU; a single request per prompt measured slower and less steady
+        (benchmarks/swap_verify_cost.py)."""
         model = lora_name or self.lora_name
+        prompts = [list(ids) for ids, _ in sequences]
         body = PromptScoreRequest(  # every field set: the call sends only those
-            prompt=list(ids),
+            prompt=prompts[0] if len(prompts) == 1 else prompts,
             max_tokens=1,
             temperature=0.0,
             prompt_logprobs=0,
@@ -234,7 +245,10 @@ class VLLMClient(Backend):
             reply = PromptScoreResponse.model_validate_json(raw)
         except ValidationError as e:
             raise self.http.malformed(COMPLETIONS.path, e) from e
-        return reply.scored(list(ids), start)
+        return [
+            reply.scored(ids, start, i)
+            for i, (ids, (_, start)) in enumerate(zip(prompts, sequences, strict=True))
+        ]
 
     async def health(self, timeout_s: float = 10.0) -> bool:
         """True on 200 from `/health`; False on errors and timeouts."""

@@ -9,7 +9,8 @@ exactly the ids and logprobs SGLang returned (checked by replaying the recorded 
 on SGLang's own `/generate`); SGLang's fp32 behaviour logprobs match the trainer's forward
 pass; hot swaps from disk and by the trainer's broadcast over a gloo weight-update group,
 under load, fail nothing and stamp each token with the version that made it; a
-generation interrupted by a swap finishes on the new weights; two servers behind the
+generation interrupted by a swap finishes on the new weights; the swap canary passes a
+correct swap and refuses and rolls back a corrupted one; two servers behind the
 gateway's own router and behind SGLang's router keep sessions and swap together;
 `/release_memory_occupation` frees nothing on a CPU (measured); the engine killed
 mid-stream ends the stream with an error event, new requests get a fast 503, and the
@@ -489,6 +490,50 @@ def _tree_rss_bytes(pid: int) -> int:
 
     root = psutil.Process(pid)
     return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+
+
+def test_swap_canary_verifies_a_correct_swap_and_rolls_back_a_corrupted_one(
+    tmp_path, smollm2_dir, sglang_url, fresh_servers
+):
+    """Verified swaps (docs/verified-swaps.md) on SGLang: the canary scored with SGLang's
+    own prompt logprobs passes a correct swap far below the tolerance; a publish whose
+    files were corrupted after its fingerprint (one tensor scaled) is refused at its
+    first swap and rolled back, while agents are served with no failed request."""
+    from support.canary import fingerprint_of, scale_one_tensor
+    from test_swap_verify_vllm import _run
+
+    good = make_weight_variant(smollm2_dir, tmp_path / "v1", seed=21)
+    corrupted = make_weight_variant(smollm2_dir, tmp_path / "v2", seed=22)
+    steps = [
+        (1, good, fingerprint_of(good, smollm2_dir, smollm2_dir)),
+        (2, corrupted, fingerprint_of(corrupted, smollm2_dir, good)),
+    ]
+    scale_one_tensor(corrupted)  # after its fingerprint
+    with run_gateway(
+        tmp_path / "gw",
+        smollm2_dir,
+        [sglang_url],
+        "engine.backend=sglang",
+        "gateway.router.weight_poll_interval_s=0.05",
+        "swap_verify.enabled=true",
+    ) as gw:
+        failures, rows = _run(gw, steps)
+        assert gw.state.live_version == 1
+        assert httpx.get(f"{sglang_url}/model_info").json()["weight_version"] == "1"
+    assert not failures, failures
+    for v, meta in rows.items():  # the closing note's table (pytest -s)
+        verdict = meta["verify"]
+        (engine,) = verdict["engines"].values()
+        print(
+            f"SGLang v{v}: diff {engine['max_abs_diff']} contrast {verdict['contrast']:.3g} "
+            f"verify {engine['seconds'] * 1e3:.0f} ms refused {verdict['refused']}"
+        )
+    ok, bad = rows[1]["verify"], rows[2]["verify"]
+    (d1,) = (e["max_abs_diff"] for e in ok["engines"].values())
+    assert not ok["refused"] and d1 < ok["tolerance"] < ok["contrast"], ok
+    assert "live_at" in rows[1]
+    assert bad["refused"] and bad["rolled_back_to"] == 1, bad
+    assert "live_at" not in rows[2]
 
 
 def test_release_and_resume_memory_occupation_free_nothing_on_a_cpu(sglang, sglang_url):

@@ -211,18 +211,17 @@ def _episodes(gw, n_groups: int) -> None:
             assert http.post("/v1/rewards", json=reward, headers=auth).status_code == 201
 
 
-def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
-    """The real trainer publishes a fingerprint with each version; the gateway verifies
-    every swap of the run and refuses none (fp32 CPU: the engine reproduces the
-    trainer's logprobs to well under the tolerance, far from the previous version's)."""
-    from support.trainer_run import train_in_thread
-
-    steps = 3
+@contextlib.contextmanager
+def _training_gateway(
+    tmp_path: Path, model_dir: Path, steps: int, *extra: str
+) -> Iterator[tuple[str, Gateway]]:
+    """A local engine and a verifying gateway set up for the real trainer: one group of
+    two sessions per step, `steps` steps, no staleness gate."""
     with (
-        start_engine_in_thread(tiny_model_dir) as engine,
+        start_engine_in_thread(model_dir) as engine,
         run_gateway(
             tmp_path,
-            tiny_model_dir,
+            model_dir,
             [engine],
             "gateway.router.weight_poll_interval_s=0.02",
             "gateway.sessions.staleness_gate=false",
@@ -231,8 +230,20 @@ def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
             "trainer.batch_groups=1",
             "trainer.lr=1e-3",
             f"trainer.total_steps={steps}",
+            *extra,
         ) as gw,
     ):
+        yield engine, gw
+
+
+def test_training_run_verifies_every_swap(tmp_path, tiny_model_dir):
+    """The real trainer publishes a fingerprint with each version; the gateway verifies
+    every swap of the run and refuses none (fp32 CPU: the engine reproduces the
+    trainer's logprobs to well under the tolerance, far from the previous version's)."""
+    from support.trainer_run import train_in_thread
+
+    steps = 3
+    with _training_gateway(tmp_path, tiny_model_dir, steps) as (engine, gw):
         _episodes(gw, n_groups=steps)
         train_in_thread(gw.config, timeout_s=180)
 
@@ -335,3 +346,41 @@ def test_adapter_at_the_wrong_scale_is_refused_for_its_policy_alone(tmp_path, ti
         ).json()["meta_info"]["input_token_logprobs"]
         got = [t[0] for t in scored]
         assert max(abs(a - b) for a, b in zip(got, seq["logprobs"], strict=True)) < 1e-4
+
+
+def test_trainer_stops_advancing_after_repeated_refusals(tmp_path, tiny_model_dir, caplog):
+    """(4) end to end: an engine that acknowledges every reload but keeps its weights
+    makes the gateway refuse each version the real trainer publishes; after
+    `swap_verify.max_failures` refusals in a row the trainer stops advancing (well
+    before `total_steps`), saying which versions, engines and differences refused it,
+    and the engine still serves the weights it started from."""
+    from support.trainer_run import train_in_thread
+
+    steps, max_failures = 12, 2
+    limit = f"swap_verify.max_failures={max_failures}"
+    with _training_gateway(tmp_path, tiny_model_dir, steps, limit) as (engine, gw):
+        (member,) = gw.state.backends.backends
+        real = member.client.update_weights_from_disk
+        start = str(tiny_model_dir.resolve())
+
+        async def keeps_old_weights(
+            model_path: str, weight_version: str | None = None, **kw: object
+        ) -> str:
+            if model_path != start:  # only the rollback to the starting weights loads
+                return "Succeeded to update model weights."
+            return await real(model_path, weight_version, **kw)  # type: ignore[arg-type]
+
+        member.client.update_weights_from_disk = keeps_old_weights  # type: ignore[method-assign]
+        _episodes(gw, n_groups=steps)
+        with caplog.at_level("ERROR", logger="trainer.train"):
+            train_in_thread(gw.config, timeout_s=300)
+        published = gw.state.store.list_weight_versions(limit=100)
+        judged = [r for r in published if "verify" in r.metadata]
+        assert len(judged) >= max_failures and all(r.metadata["verify"]["refused"] for r in judged)
+        assert 0 < len(published) < steps, [r.version for r in published]  # stopped early
+        why = [r.getMessage() for r in caplog.records if "stops advancing" in r.getMessage()]
+        assert len(why) == 1, caplog.text
+        assert f"refused the last {max_failures} published versions of policy default" in why[0]
+        assert engine in why[0]
+        assert gw.state.live_version == 0
+        assert httpx.get(f"{engine}/model_info").json()["weight_version"] == "0"
