@@ -13,6 +13,8 @@ import pytest
 from support.harness import ADMIN_KEY, Gateway, run_gateway, stored_completions  # noqa: F401
 from support.postgres_db import fresh_postgres_database
 from support.tool_model import record_agent_requests, round_trip_examples, train_tool_model
+from support.venv_ready import wait_for_build
+from support.vllm_cpu import supervised_vllm, vllm_cpu_config
 
 from areal_service.store import TrajectoryStore
 from areal_service.types import CompletionRecord
@@ -123,12 +125,13 @@ def smollm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm_python() -> str:
     """vLLM's interpreter (`AREAL_TEST_VLLM_PYTHON`; vLLM lives in a venv of its own); the
     skip, or with `AREAL_TEST_REQUIRE_VLLM=1` (CI) the failure, when there is none, decided
     before anything is built or downloaded."""
     python = os.environ.get("AREAL_TEST_VLLM_PYTHON")
+    wait_for_build("AREAL_TEST_VLLM_READY")  # CI: built while the first tests ran
     if not python:
         reason = (
             "no vLLM configured: set AREAL_TEST_VLLM_PYTHON to an interpreter with "
@@ -147,3 +150,18 @@ def sglang_python() -> str:
     from support.sglang_cpu import sglang_python_or_skip
 
     return sglang_python_or_skip()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    tmp_path_factory: pytest.TempPathFactory, vllm_python: str, smollm2_checkpoint: Path
+) -> Iterator[str]:
+    """One vLLM server on the CPU (SmolLM2, full weights, no LoRA) for the session,
+    launched and stopped by the project's supervisor with the flags the launcher always
+    sets; its URL. The modules that swap full weights share it, each through a
+    module-scoped `vllm_url` that first puts the base weights back (test_vllm_engine.py):
+    one start-up (~30 s on 2 cores) instead of one per module. Modules that need other
+    flags (LoRA, policies) start their own."""
+    config = vllm_cpu_config(tmp_path_factory.mktemp("vllm"), smollm2_checkpoint, vllm_python)
+    with supervised_vllm(config) as url:
+        yield url

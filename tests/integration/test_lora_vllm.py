@@ -18,13 +18,12 @@ import openai
 import pytest
 import torch
 from support.harness import ADMIN_KEY, run_gateway
-from support.loopback import free_port
+from support.vllm_cpu import supervised_vllm, vllm_cpu_config
 from support.weight_checks import served_sequence, trainer_logprobs, wait_live
 
-from areal_service.config import ServiceConfig, load_config
+from areal_service.config import ServiceConfig
 from areal_service.lora_adapter import ADAPTER_NAME
 from areal_service.types import WeightVersionRecord
-from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import initial_adapter_dir, prepare_lora, vllm_specs
 from trainer.lora import peft_config
 
@@ -46,22 +45,7 @@ def smollm2_dir(vllm_python: str, smollm2_checkpoint: Path) -> Path:
 def lora_vllm(
     tmp_path_factory: pytest.TempPathFactory, vllm_python: str, smollm2_dir: Path
 ) -> Iterator[tuple[str, ServiceConfig]]:
-    data_dir = tmp_path_factory.mktemp("vllm-lora")
-    config = load_config(
-        overrides=[
-            f"data_dir={data_dir}",
-            f"engine.model={smollm2_dir}",
-            "engine.backend=vllm",
-            f"engine.vllm.python={vllm_python}",
-            f"engine.port={free_port()}",
-            f"gateway.port={free_port()}",
-            "engine.context_length=2048",
-            "engine.vllm.kv_cache_space_gib=1",
-            "engine.vllm.ready_timeout_s=300",
-            "engine.vllm.max_restarts=0",
-            *LORA,
-        ]
-    )
+    config = vllm_cpu_config(tmp_path_factory.mktemp("vllm-lora"), smollm2_dir, vllm_python, *LORA)
     prepare_lora(config)
     spec = vllm_specs(config)[0]
     assert (
@@ -69,17 +53,8 @@ def lora_vllm(
         and f"{ADAPTER_NAME}={initial_adapter_dir(config)}" in spec.argv
         and spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     )
-    supervisor = Supervisor.for_config(config, [spec], fleet=config.engine.vllm)
-    try:
-        supervisor.start()
-    except Exception as exc:  # the server's own log says why
-        log = data_dir / "logs" / "vllm-0.log"
-        tail = log.read_text()[-4000:] if log.exists() else "(no log)"
-        raise RuntimeError(f"vLLM did not start: {exc}\n{tail}") from exc
-    try:
-        yield supervisor.urls[0], config
-    finally:
-        supervisor.stop()
+    with supervised_vllm(config, [spec]) as url:
+        yield url, config
 
 
 def _adapter(base: Path, out: Path, seed: int) -> Path:

@@ -25,14 +25,12 @@ import openai
 import pytest
 import torch
 from support.harness import ADMIN_KEY, run_gateway
-from support.loopback import free_port
 from support.policy_run import policy_episodes
 from support.trainer_run import train_in_thread
+from support.vllm_cpu import supervised_vllm, vllm_cpu_config
 from support.weight_checks import served_sequence, trainer_logprobs
 
-from areal_service.config import load_config
 from areal_service.types import TrainSequence, WeightVersionRecord
-from launcher.sglang_servers import Supervisor
 from launcher.vllm_servers import vllm_specs
 from trainer.lora import peft_config
 
@@ -64,38 +62,16 @@ def smollm2_dir(vllm_python: str, smollm2_checkpoint: Path) -> Path:
 def policies_vllm(
     tmp_path_factory: pytest.TempPathFactory, vllm_python: str, smollm2_dir: Path
 ) -> Iterator[str]:
-    data_dir = tmp_path_factory.mktemp("vllm-policies")
-    config = load_config(
-        overrides=[
-            f"data_dir={data_dir}",
-            f"engine.model={smollm2_dir}",
-            "engine.backend=vllm",
-            f"engine.vllm.python={vllm_python}",
-            f"engine.port={free_port()}",
-            f"gateway.port={free_port()}",
-            "engine.context_length=2048",
-            "engine.vllm.kv_cache_space_gib=1",
-            "engine.vllm.ready_timeout_s=300",
-            "engine.vllm.max_restarts=0",
-            *POLICIES,
-        ]
+    config = vllm_cpu_config(
+        tmp_path_factory.mktemp("vllm-policies"), smollm2_dir, vllm_python, *POLICIES
     )
     spec = vllm_specs(config)[0]
     flags = " ".join(spec.argv)
     # default + 2 policies, each with a live and a retiring version; no adapter at start
     assert "--enable-lora --max-loras 6 --max-lora-rank 8" in flags, flags
     assert "--lora-modules" not in flags and "--dtype float32" in flags
-    supervisor = Supervisor.for_config(config, [spec], fleet=config.engine.vllm)
-    try:
-        supervisor.start()
-    except Exception as exc:  # the server's own log says why
-        log = data_dir / "logs" / "vllm-0.log"
-        tail = log.read_text()[-4000:] if log.exists() else "(no log)"
-        raise RuntimeError(f"vLLM did not start: {exc}\n{tail}") from exc
-    try:
-        yield supervisor.urls[0]
-    finally:
-        supervisor.stop()
+    with supervised_vllm(config, [spec]) as url:
+        yield url
 
 
 def _train(gw: Any, policy: str) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -27,17 +26,13 @@ import httpx
 import openai
 import pytest
 from support.harness import ADMIN_KEY, run_gateway, stored_completions
-from support.loopback import free_port
 from support.swap_load import QUESTION, swaps_under_load
 from support.weight_checks import served_sequence, trainer_logprobs
 
-from areal_service.config import load_config
 from areal_service.export import export_sequences
 from engine.testing import make_weight_variant
 from gateway.backends import TokenRequest
 from gateway.backends.vllm import VLLMClient
-from launcher.sglang_servers import Supervisor
-from launcher.vllm_servers import vllm_specs
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -48,37 +43,24 @@ def smollm2_dir(vllm_python: str, smollm2_checkpoint: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_url(
-    tmp_path_factory: pytest.TempPathFactory, vllm_python: str, smollm2_dir: Path
-) -> Iterator[str]:
-    """One vLLM server on the CPU for the module, launched and stopped by the project's
-    supervisor with the flags the launcher always sets."""
-    data_dir = tmp_path_factory.mktemp("vllm")
-    config = load_config(
-        overrides=[
-            f"data_dir={data_dir}",
-            f"engine.model={smollm2_dir}",
-            "engine.backend=vllm",
-            f"engine.vllm.python={vllm_python}",
-            f"engine.port={free_port()}",
-            f"gateway.port={free_port()}",
-            "engine.context_length=2048",
-            "engine.vllm.kv_cache_space_gib=1",
-            "engine.vllm.ready_timeout_s=300",
-            "engine.vllm.max_restarts=0",
-        ]
-    )
-    supervisor = Supervisor.for_config(config, vllm_specs(config), fleet=config.engine.vllm)
-    try:
-        supervisor.start()
-    except Exception as exc:  # the server's own log says why
-        log = data_dir / "logs" / "vllm-0.log"
-        tail = log.read_text()[-4000:] if log.exists() else "(no log)"
-        raise RuntimeError(f"vLLM did not start: {exc}\n{tail}") from exc
-    try:
-        yield supervisor.urls[0]
-    finally:
-        supervisor.stop()
+def vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_server: str, smollm2_dir: Path) -> str:
+    """The session's vLLM server (`vllm_server`, tests/integration/conftest.py; this
+    module's and test_swap_verify_vllm.py's), on the base weights labelled 0, as a new
+    gateway's store expects: a module before may have swapped others in (every swap
+    labels them, so a server still labelled 0 or unlabelled has the base weights)."""
+
+    async def reset() -> None:
+        client = VLLMClient(vllm_server)
+        try:
+            if (await client.model_info()).weight_version in ("0", "default"):
+                return
+            base = _publishable(smollm2_dir, tmp_path_factory.mktemp("vllm-base") / "base")
+            await client.swap_weights(str(base), 0)
+        finally:
+            await client.aclose()
+
+    asyncio.run(reset())
+    return vllm_server
 
 
 @pytest.fixture()

@@ -18,6 +18,7 @@ import pytest
 
 from areal_service.config import ServiceConfig, load_config
 from launcher.sglang_servers import ServerSpec, Supervisor, sglang_specs
+from support.venv_ready import wait_for_build
 
 STANDIN_KERNEL = Path(__file__).resolve().parents[1] / "integration" / "sgl_kernel_standin"
 """The directory holding the stand-in `sgl_kernel` package (a test fixture)."""
@@ -26,6 +27,7 @@ STANDIN_KERNEL = Path(__file__).resolve().parents[1] / "integration" / "sgl_kern
 def sglang_python_or_skip() -> str:
     """SGLang's interpreter, or the skip (CI: the failure) saying how to get one."""
     python = os.environ.get("AREAL_TEST_SGLANG_PYTHON")
+    wait_for_build("AREAL_TEST_SGLANG_READY")  # CI: built while the first tests ran
     if not python:
         reason = (
             "no SGLang configured: set AREAL_TEST_SGLANG_PYTHON to the interpreter of a venv "
