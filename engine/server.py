@@ -72,6 +72,8 @@ logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 """SGLang's SGLANG_HEALTH_CHECK_TIMEOUT default."""
+HEALTH_PROGRESS_POLL_S = 0.2
+"""How often a health check waiting for its token looks for other requests' tokens."""
 DISCONNECT_POLL_S = 4.0
 """How often a non-streaming request checks whether its client went away."""
 
@@ -541,21 +543,34 @@ async def flush_cache(engine: EngineDep) -> Response:
 @router.get(HEALTH.path)
 @router.get("/health_generate")
 async def health(engine: EngineDep) -> Response:
-    """200 when a 1-token generation completes; 503 while loading, after a crash, or on
-    timeout. While paused or behind a pending weight update it answers 200 WITHOUT
-    generating (SGLang would time out and mark itself unhealthy during a swap)."""
+    """200 when a 1-token generation completes, or as soon as the engine generated any
+    token for another request since the check began (SGLang's rule: a busy engine is
+    healthy, though the check's own request may queue behind a full batch for longer
+    than a health timeout); 503 while loading, after a crash, or when neither happens
+    within HEALTH_CHECK_TIMEOUT_S. While paused or behind a pending weight update it
+    answers 200 WITHOUT generating (SGLang would time out and mark itself unhealthy
+    during a swap)."""
     sched = engine.scheduler
     if sched.error is not None or not sched.alive or not sched.ready.is_set():
         return Response(status_code=503)
     if sched.paused is not None or sched.counts()[2]:
         return Response(status_code=200)
+    produced = sched.generated_tokens
     job = engine.health_job()
     await job.submit()
+    done = asyncio.ensure_future(job.final())
+    deadline = time.monotonic() + HEALTH_CHECK_TIMEOUT_S
     try:
-        await asyncio.wait_for(job.final(), HEALTH_CHECK_TIMEOUT_S)
-    except TimeoutError:
-        return Response(status_code=503)
+        while sched.generated_tokens == produced:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Response(status_code=503)
+            await asyncio.wait({done}, timeout=min(HEALTH_PROGRESS_POLL_S, left))
+            if done.done():
+                done.result()  # its error, if any, as a plain wait would raise it
+                break
     finally:
+        done.cancel()
         job.release()
     return Response(status_code=200)
 

@@ -486,3 +486,21 @@ async def test_info_endpoints(engine_url: str) -> None:
     assert models["data"][0]["id"] == server["served_model_name"]
     assert flushed.status_code == 200 and flushed.text == "Cache flushed."
     assert health.status_code == 200 and health.content == b""
+
+
+async def test_busy_engine_is_healthy_while_the_check_queues(tiny_model_dir: Path) -> None:
+    """The health check's own 1-token request waits behind a full batch (one slot, taken
+    by a 3,000-token generation); the engine generating for it is healthy at once
+    (SGLang's rule), instead of 503 after the timeout: a gateway once marked a local
+    engine down for 104 s during an evaluation batch on a loaded host."""
+    with start_engine_in_thread(tiny_model_dir, device="cpu", max_running_requests=1) as url:
+        async with _client(url) as client:
+            first = asyncio.Event()
+            long = asyncio.create_task(_stream(client, _body(PROMPT, 3000, seed=1), first))
+            await asyncio.wait_for(first.wait(), 20)
+            health = await client.get("/health")
+            assert health.status_code == 200
+            assert not long.done(), "the check answered only once the batch's slot was free"
+            assert (await _server_state(client))["running"] == 1
+            await client.post("/abort_request", json={"rid": "", "abort_all": True})
+            await long
