@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -312,6 +313,16 @@ def _cli(argv: Sequence[str] | None = None) -> None:
     if rank == "0":
         log.info("resolved config: %s", json.dumps(config.model_dump(mode="json")))
     main(config)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Done, the group destroyed, the store and logs closed. A torchrun rank leaves
+        # without the interpreter's teardown: gloo objects still referenced then (the
+        # FSDP2 mesh's) are freed during finalization, which now and then aborted a
+        # rank after a clean run ("terminate called without an active exception",
+        # exit -6; torch's #179291 describes the same), and torchrun fails the job.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.processes
 
 SGLANG_MEMBER = textwrap.dedent(
     """
-    import datetime, sys
+    import datetime, os, sys
     import torch, torch.distributed as dist
     from torch.distributed.distributed_c10d import (
         Backend, PrefixStore, _new_process_group_helper, _world, rendezvous,
@@ -42,6 +42,10 @@ SGLANG_MEMBER = textwrap.dedent(
     t = torch.zeros(3)
     dist.broadcast(t, src=0, group=pg)
     print(t.tolist(), flush=True)
+    # A server keeps its group for life; this stand-in leaves without tearing it down:
+    # gloo's threads meeting the interpreter's teardown once aborted a member
+    # ("terminate called without an active exception", exit -6) after a good broadcast.
+    os._exit(0)
     """
 )
 
