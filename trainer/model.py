@@ -2,9 +2,10 @@
 each decoder layer and the root with `fully_shard`, gathering a full state dict and
 publishing it as an HF safetensors checkpoint (written to a temp dir, then renamed).
 
-World size 1 on CPU (gloo) runs exactly the same code as torchrun on GPUs (nccl).
-Recipe: `load_policy(dir, device="cpu", dtype=torch.float32)` then
-`apply_fsdp2(model, mixed_precision=resolve_dtype(cfg.dtype) == torch.bfloat16)`:
+World size 1 on CPU (gloo) runs the same step, publish and checkpoint code as torchrun
+on GPUs (nccl); only the wrapper differs (`shard_or_keep`: a single float32 process
+keeps the plain module). Recipe: `load_policy(dir, device="cpu", dtype=torch.float32)`
+then `shard_or_keep(model, mixed_precision=resolve_dtype(cfg.dtype) == torch.bfloat16)`:
 fully_shard moves each rank's shard to the mesh device; master weights and optimizer
 state stay float32, compute runs in bf16 under mixed precision. Touches no store.
 """
@@ -26,6 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from areal_service.atomic import atomic_dir
+from trainer.packed_attention import register_packed_sdpa
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +87,14 @@ def load_policy(
     *,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "sdpa",
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
-    """An HF causal LM from `model_dir` in train mode. sdpa and eager handle packed rows
-    through position_ids; `flash_attention_2` (when installed) avoids the L x L mask."""
+    """An HF causal LM from `model_dir` in train mode. Attention: `PACKED_SDPA` by
+    default (sdpa that attends within each packed sequence, `trainer/packed_attention.py`);
+    `flash_attention_2` (when installed) does the same on CUDA; plain `sdpa` and `eager`
+    handle packed rows through position_ids with an L x L mask."""
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, attn_implementation=attn_implementation
+        model_dir, dtype=dtype, attn_implementation=attn_implementation or register_packed_sdpa()
     )
     model.config.use_cache = False
     return model.to(device).train()
@@ -98,14 +102,14 @@ def load_policy(
 
 def load_reference(model_dir: str | Path, *, mixed_precision: bool = False) -> PreTrainedModel:
     """The frozen reference policy pi_ref of the KL penalty: loaded like the policy and
-    sharded the same way (FSDP2 over the default group, the same mixed precision, so
+    sharded the same way (`shard_or_keep`: FSDP2 over the default group, the same mixed precision, so
     its logprobs are computed exactly as the policy's), in eval mode, with no
     parameter requiring grad; it is given no optimizer. Memory per rank: one shard of
     the weights (the policy additionally holds grads and two AdamW moments)."""
     model = load_policy(model_dir)
     model.requires_grad_(False)
     model.eval()
-    return apply_fsdp2(model, mixed_precision=mixed_precision)
+    return shard_or_keep(model, mixed_precision=mixed_precision)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -115,6 +119,18 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     if not layers:
         raise ValueError(f"{type(model).__name__}: no decoder layers found to shard")
     return layers
+
+
+def shard_or_keep(model: PreTrainedModel, *, mixed_precision: bool) -> PreTrainedModel:
+    """FSDP2 (`apply_fsdp2`) where it does something: over several processes, or for
+    bfloat16 mixed precision. A single float32 process keeps the plain module: there
+    FSDP2 only copies (it gathers every layer's parameters before its forward and again
+    before its backward, and copies the gradients back into shards), 13% of the demo's
+    step on a CPU (`benchmarks/trainer_step.py`). The step, publish and checkpoint code
+    takes both."""
+    if dist.get_world_size() == 1 and not mixed_precision:
+        return model
+    return apply_fsdp2(model, mixed_precision=mixed_precision)
 
 
 def apply_fsdp2(

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from areal_service.config import ServiceConfig, TrainerConfig
 from areal_service.serving_plan import ServingPlan
 from trainer.lora import wrap_lora
-from trainer.model import DistInfo, apply_fsdp2, load_policy, load_reference, resolve_dtype
+from trainer.model import DistInfo, load_policy, load_reference, resolve_dtype, shard_or_keep
 from trainer.step import build_optimizer
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def build_policy(config: ServiceConfig, info: DistInfo) -> Policy:
     if lora is not None:  # frozen base + trainable adapter, same step code
         model = wrap_lora(model, lora, seed=cfg.seed)  # one init on every rank
     bf16 = resolve_dtype(cfg.dtype, info.device.type) == torch.bfloat16
-    model = apply_fsdp2(model, mixed_precision=bf16)
+    model = shard_or_keep(model, mixed_precision=bf16)
     reference = reference_model(cfg, model_dir, mixed_precision=bf16)
     optimizer = build_optimizer(model, cfg)
     return Policy(model, optimizer, reference, model_dir)

@@ -11,6 +11,7 @@ forward/backward). Touches no store and no weights directory.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -67,11 +68,20 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.A
 
 def forward_logprobs(model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) of the micro-batch's targets, both (K,) float32."""
+    device = mb.input_ids.device
+    cu = torch.tensor((0, *itertools.accumulate(mb.seq_lens)), dtype=torch.int32, device=device)
+    longest = max(mb.seq_lens)
     out = model(
         input_ids=mb.input_ids,
         position_ids=mb.position_ids,
         use_cache=False,  # a cache disables the packed-sequence mask (see batch.py)
         logits_to_keep=mb.logit_index,
+        # The sequences' boundaries, for attention within each (flash attention's
+        # varlen keywords; trainer/packed_attention.py reads the same)
+        cu_seq_lens_q=cu,
+        cu_seq_lens_k=cu,
+        max_length_q=longest,
+        max_length_k=longest,
     )
     return token_logprobs(out.logits[0], mb.targets, mb.temperature)
 

@@ -1,5 +1,7 @@
 """Packing: a packed row gives the same logprobs as each sequence alone (real tiny Qwen2,
-sdpa and eager), no trained token is lost or duplicated, the budget holds."""
+the trainer's packed sdpa, sdpa and eager), and the same gradients; the packed sdpa
+attends per sequence (not over the row); no trained token is lost or duplicated, the
+budget holds."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from areal_service.types import TrainSequence
 from trainer.batch import build_micro_batches, pack_bins
+from trainer.packed_attention import PACKED_SDPA, register_packed_sdpa
 from trainer.step import forward_logprobs
 
 
@@ -104,8 +107,9 @@ def test_first_fit_decreasing():
     assert pack_bins([], 10) == []
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("impl", [PACKED_SDPA, "sdpa", "eager"])
 def test_packed_logprobs_equal_unpacked(tiny_model_dir, sequences, impl):
+    register_packed_sdpa()
     model = AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, dtype=torch.float32, attn_implementation=impl
     ).eval()
@@ -127,6 +131,41 @@ def test_packed_logprobs_equal_unpacked(tiny_model_dir, sequences, impl):
         leaky_lp = torch.log_softmax(leaky[mb.logit_index] / mb.temperature[:, None], -1)
         leaky_lp = leaky_lp.gather(1, mb.targets[:, None]).squeeze(1)
         assert (leaky_lp - packed).abs().max() > 1e-3
+
+
+def test_packed_sdpa_attends_per_sequence_with_the_same_gradients(
+    tiny_model_dir, sequences, monkeypatch
+):
+    """The trainer's default attention runs one causal SDPA over the sequences padded to
+    the longest (5 x 21 here), not over the 57-token row, and its loss gradient equals
+    sdpa's with the row's block-diagonal mask (tiny Qwen2: grouped-query heads)."""
+    register_packed_sdpa()
+    (mb,) = build_micro_batches(sequences, [1.0, -0.5, 2.0, 0.3, -1.0], max_tokens_per_mb=1000)
+    shapes = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, *args, **kwargs):
+        shapes.append(tuple(q.shape))
+        return sdpa(q, *args, **kwargs)
+
+    grads = {}
+    for impl in (PACKED_SDPA, "sdpa"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, dtype=torch.float32, attn_implementation=impl
+        ).train()
+        with monkeypatch.context() as m:
+            m.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+            logp, _ = forward_logprobs(model, mb)
+        (logp * mb.advantages).sum().backward()
+        grads[impl] = {n: p.grad.clone() for n, p in model.named_parameters()}
+        if impl == PACKED_SDPA:
+            longest, row = max(mb.seq_lens), mb.n_input_tokens
+            assert shapes and all(s[0] == 5 and s[2] == longest < row for s in shapes), shapes
+            shapes.clear()
+    assert shapes and all(s[0] == 1 and s[2] == mb.n_input_tokens for s in shapes)
+    for name, g in grads["sdpa"].items():
+        assert torch.allclose(grads[PACKED_SDPA][name], g, atol=1e-5, rtol=1e-4), name
 
 
 def test_token_sequence_ids_follow_the_packing(sequences):

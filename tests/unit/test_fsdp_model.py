@@ -32,6 +32,7 @@ from trainer.model import (
     load_reference,
     resolve_dtype,
     save_hf_checkpoint,
+    shard_or_keep,
 )
 from trainer.policy import reference_model
 from trainer.step import (
@@ -185,9 +186,12 @@ def test_reference_model_is_loaded_only_for_a_kl_penalty(group, tiny_model_dir, 
             mixed_precision=False,
         )
     ref = reference_model(TrainerConfig(kl_coef=0.1), tiny_model_dir, mixed_precision=False)
-    assert isinstance(ref, FSDPModule) and not ref.training
+    # one float32 process: the plain module, as the policy's (`shard_or_keep`)
+    assert not isinstance(ref, FSDPModule) and not ref.training
     assert all(not p.requires_grad for p in ref.parameters())
-    assert all(type(p).__name__ == "DTensor" for p in ref.parameters())  # sharded
+    sharded = shard_or_keep(load_policy(tiny_model_dir), mixed_precision=True)
+    assert isinstance(sharded, FSDPModule)  # bf16 mixed precision: FSDP2's policy
+    assert all(type(p).__name__ == "DTensor" for p in sharded.parameters())
 
 
 def _sequence_logprobs(model, seq: TrainSequence) -> list[float]:
