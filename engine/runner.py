@@ -240,7 +240,32 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, seqs: list[list[int]], adapters: list[str | None] | None = None) -> Prefill:
         """One forward over `seqs` (left-padded to the longest); logits at each last token.
-        `adapters`: each row's LoRA adapter by name (None: the default one)."""
+        `adapters`: each row's LoRA adapter by name (None: the default one).
+
+        Rows that repeat an earlier row (same tokens, same adapter) are computed once and
+        copied: a GRPO group's samples arrive together with one prompt, so a group of 4
+        costs one prompt's prefill instead of 4. Each copy samples on its own."""
+        rows = [(tuple(s), None if adapters is None else adapters[i]) for i, s in enumerate(seqs)]
+        first = {row: i for i, row in reversed(list(enumerate(rows)))}
+        if len(first) == len(rows):
+            return self._prefill_forward(seqs, adapters)
+        unique = sorted(first.values())
+        pre = self._prefill_forward(
+            [seqs[i] for i in unique], None if adapters is None else [adapters[i] for i in unique]
+        )
+        slot = {i: k for k, i in enumerate(unique)}
+        index = torch.tensor([slot[first[row]] for row in rows], device=self.device)
+        return Prefill(
+            keys=[k.index_select(0, index) for k in pre.keys],
+            values=[v.index_select(0, index) for v in pre.values],
+            valid=pre.valid.index_select(0, index),
+            next_pos=pre.next_pos.index_select(0, index),
+            logits=pre.logits.index_select(0, index),
+        )
+
+    def _prefill_forward(
+        self, seqs: list[list[int]], adapters: list[str | None] | None = None
+    ) -> Prefill:
         self._select(adapters)
         lens = [len(s) for s in seqs]
         width = max(lens)

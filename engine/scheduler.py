@@ -25,10 +25,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
+from areal_service.cpu_share import CpuShare
 from areal_service.sglang_protocol import (
     FinishReason,
     PauseMode,
@@ -192,9 +194,18 @@ class Scheduler:
     left and joins the thread. The model loads inside the thread (`ready` is set after)."""
 
     def __init__(
-        self, model_dir: str, *, device: str, dtype: str, max_running: int, weight_version: str
+        self,
+        model_dir: str,
+        *,
+        device: str,
+        dtype: str,
+        max_running: int,
+        weight_version: str,
+        cpu_share_file: Path | None = None,
     ) -> None:
         self.model_path = model_dir
+        self._cpu_share_file = cpu_share_file
+        """Where this engine and the trainer share the cores (`ServiceConfig.cpu_share`)."""
         self.weight_version = weight_version
         self.adapter_versions: dict[str, str] = {}
         """The version of each named adapter (policy) loaded with `lora_name`."""
@@ -325,19 +336,34 @@ class Scheduler:
     def _main(self) -> None:
         # Crash barrier of the thread: record and log the error, then fail every waiter;
         # /health reports 503 from then on.
+        cpu: CpuShare | None = None
         try:
             self.runner = ModelRunner(self.model_path, device=self._device, dtype=self._dtype)
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            # Threads are set per thread under OpenMP: the share is followed here, in the
+            # thread that computes, with the thread count the server set as its floor.
+            cpu = (
+                CpuShare(self._cpu_share_file, "engine", share=torch.get_num_threads())
+                if self._cpu_share_file is not None
+                else None
+            )
             self.ready.set()
             while not self._stopping:
-                self._drain_commands(block=not self._has_work())
+                busy = self._has_work()
+                if cpu is not None and not busy:
+                    cpu.follow(False)  # before blocking: the trainer may take every core
+                self._drain_commands(block=not busy)
                 if not self._stopping:
+                    if cpu is not None:
+                        cpu.follow(self._has_work())
                     self._apply_ready_updates()
                     self._step()
         except BaseException as exc:
             self.error = exc
             logger.exception("engine scheduler crashed")
         finally:
+            if cpu is not None:
+                cpu.close()
             with self._send_lock:
                 self._accepting = False
             self._abort_everything(FinishReason("abort", message="Engine stopped", status_code=503))

@@ -107,7 +107,9 @@ class EngineError(Exception):
 class Engine:
     """Per-app state: tokenizer, limits, the scheduler and the rids in flight."""
 
-    def __init__(self, config: EngineConfig, model_dir: Path | str) -> None:
+    def __init__(
+        self, config: EngineConfig, model_dir: Path | str, cpu_share_file: Path | None = None
+    ) -> None:
         self.config = config
         self.model_dir = str(Path(model_dir))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -125,6 +127,7 @@ class Engine:
             dtype=self.dtype,
             max_running=config.max_running_requests,
             weight_version=config.weight_version,
+            cpu_share_file=cpu_share_file,
         )
         self.weight_groups = WeightGroups()
         self.weight_session = False
@@ -677,10 +680,13 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_engine_app(config: EngineConfig, model_dir: Path | str) -> FastAPI:
+def create_engine_app(
+    config: EngineConfig, model_dir: Path | str, cpu_share_file: Path | None = None
+) -> FastAPI:
     """The engine app. The model loads in the scheduler thread when the app starts
-    (lifespan); until then /health answers 503 and /generate requests queue."""
-    engine = Engine(config, model_dir)
+    (lifespan); until then /health answers 503 and /generate requests queue.
+    `cpu_share_file`: share the cores with a trainer on this host (`areal_service/cpu_share.py`)."""
+    engine = Engine(config, model_dir, cpu_share_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -739,7 +745,9 @@ def run_engine(config: ServiceConfig) -> None:
         threads = max(1, (os.cpu_count() or 2) // 2)
     if threads:
         torch.set_num_threads(threads)
-    app = create_engine_app(config.engine, model_dir)
+    app = create_engine_app(
+        config.engine, model_dir, config.cpu_share_file() if config.cpu_share else None
+    )
     sock = bind_socket(config.engine.host, config.engine.port)
     logger.info("local engine serving %s at %s", model_dir, socket_url(sock))
     server = uvicorn.Server(

@@ -32,12 +32,20 @@ READY_TIMEOUT_S = 180.0
 def share_cpus(tree: dict[str, Any], trainer_procs: int = 1) -> None:
     """Split this machine's cores between the engine and the trainer(s) in a config tree
     (`ServiceConfig.model_dump()`), where neither was given `torch_threads`: both run at
-    once here, and each would otherwise start one thread per core and oversubscribe."""
+    once here, and each would otherwise start one thread per core and oversubscribe.
+    With the local engine and one trainer process, the split is each side's floor: the
+    side with work takes the other's cores while it has none (`cpu_share`)."""
     half = max(1, (os.cpu_count() or 2) // 2)
+    unset = tree["engine"]["torch_threads"] is None and tree["trainer"]["torch_threads"] is None
     if tree["engine"]["torch_threads"] is None:
         tree["engine"]["torch_threads"] = half
     if tree["trainer"]["torch_threads"] is None:
         tree["trainer"]["torch_threads"] = max(1, half // trainer_procs)
+    local_engine = (
+        tree["engine"]["backend"] == "local" and not tree["gateway"]["router"]["backends"]
+    )
+    if unset and local_engine and trainer_procs == 1:
+        tree["cpu_share"] = True
 
 
 @dataclass

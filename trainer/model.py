@@ -112,7 +112,7 @@ def load_reference(model_dir: str | Path, *, mixed_precision: bool = False) -> P
     return shard_or_keep(model, mixed_precision=mixed_precision)
 
 
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks HF names in `_no_split_modules` (e.g. Qwen2DecoderLayer)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
@@ -150,7 +150,7 @@ def apply_fsdp2(
         if mixed_precision
         else MixedPrecisionPolicy()
     )
-    for layer in _decoder_layers(model):
+    for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model

@@ -40,6 +40,7 @@ from trainer.advantage import RunningBaseline, sequence_advantages
 from trainer.batch import MicroBatch, build_micro_batches
 from trainer.canary import CanaryTracker, refusal_streak
 from trainer.checkpoint import restore_checkpoint, save_checkpoint
+from trainer.cores import share_cores
 from trainer.model import DistInfo, resolve_dtype
 from trainer.policy import build_policy
 from trainer.process import broadcast_from_rank0, start_process
@@ -65,6 +66,7 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
     with contextlib.ExitStack() as cleanup:  # unwinds in reverse: claims before the store
         info = start_process(cfg, stop, cleanup)
         policy = build_policy(config, info)
+        cores = share_cores(config, policy.model, info, cleanup)
         ckpt = restore_checkpoint(policy.model, policy.optimizer, config.checkpoint_dir())
         rank0 = RankZero.open(config, info, cleanup) if info.rank == 0 else None
         step, version = resume(policy.model, rank0.store if rank0 else None, ckpt, cfg.policy)
@@ -93,6 +95,8 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
             if canary is not None and (why := refused_streak(rank0, config)) is not None:
                 log.error("policy %s stops advancing: %s", cfg.policy, why)
                 break
+            if cores is not None:
+                cores.follow(False)  # waiting for episodes: the engine may take every core
             groups, dropped, wait_s = next_batch(rank0, cfg, version, stop, info)
             if groups is None:
                 break  # stopped while waiting; rank 0's held claims release the partial batch
@@ -104,6 +108,8 @@ def main(config: ServiceConfig, *, stop: threading.Event | None = None) -> None:
                 policy.model, policy.optimizer, micro_batches, cfg, ref_model=policy.reference
             )
             train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+            if cores is not None:
+                cores.follow(False)  # publishing is mostly one thread writing a file
             # A stop signal during training lets the step finish: publishing keeps its
             # work, and the next batch wait sees `stop` and ends the loop.
             step, version = step + 1, version + 1

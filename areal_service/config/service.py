@@ -51,6 +51,11 @@ class ServiceConfig(BaseModel):
     `areal_service/serving_plan.py`."""
     policy_caps: PolicyCapsConfig = Field(default_factory=PolicyCapsConfig)
     """How many policies, and how large an adapter, the deployment may have."""
+    cpu_share: bool = False
+    """The local engine and a one-process trainer on one CPU host pass the idle side's
+    cores to the busy one (`areal_service/cpu_share.py`): each uses all the cores while
+    the other has no work, its `torch_threads` otherwise. `demo`, `serve` and the
+    dataset driver turn it on for the local engine when neither thread count is set."""
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +114,10 @@ class ServiceConfig(BaseModel):
         if self.trainer.policy == DEFAULT_POLICY:
             return self.data_dir / "checkpoints"
         return self.data_dir / "checkpoints" / self.trainer.policy
+
+    def cpu_share_file(self) -> Path:
+        """The small file the engine and the trainer share their cores through."""
+        return self.data_dir / "cpu-share"
 
     def backend_urls(self) -> list[str]:
         """Backends the gateway routes to (the local engine when none is configured)."""

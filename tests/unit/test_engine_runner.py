@@ -61,6 +61,32 @@ def test_batched_prefill_and_decode_match_unbatched_forward(runner: ModelRunner,
     assert runner.batch_size == 0
 
 
+def test_repeated_prompts_are_prefilled_once(runner: ModelRunner, reference) -> None:
+    """A GRPO group's samples share one prompt: the forward sees each distinct row once,
+    and every copy decodes like its own prefill."""
+    runner.reset_batch()
+    a, b = _seqs([7, 12], seed=3)
+    seqs = [a, b, list(a), list(a), list(b)]
+    widths = []
+    hook = runner.model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    try:
+        pre = runner.prefill(seqs)
+    finally:
+        hook.remove()
+    assert widths == [(2, 12)]  # a and b once, left-padded to b's length
+    for i, seq in enumerate(seqs):
+        assert torch.allclose(pre.logits[i], _last_logits(reference, seq), atol=1e-4)
+    runner.join(pre, [0, 1, 2, 3, 4])
+    tokens = [3, 4, 5, 6, 7]  # the copies diverge at once, as sampled copies do
+    logits = runner.decode(tokens)
+    for i, (seq, tok) in enumerate(zip(seqs, tokens, strict=True)):
+        assert torch.allclose(logits[i], _last_logits(reference, [*seq, tok]), atol=1e-4), i
+    runner.reset_batch()
+
+
 def test_join_only_selected_rows_trims_padding(runner: ModelRunner) -> None:
     runner.reset_batch()
     pre = runner.prefill(_seqs([40, 4, 6]))
