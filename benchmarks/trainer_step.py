@@ -7,10 +7,14 @@ chat prompt of a single-digit sum plus `--new` generated tokens (the shapes of
 `areal-service demo --model smollm2-135m-instruct`). Legs, each warmed up once, then
 timed `--reps` times in turn (rep by rep):
 
-- `ours`: `trainer.step.train_step` on FSDP2 (one process, a group of one), the packed
-  micro-batches `trainer.train.shard_micro_batches` makes (`--mb-tokens` per row);
-- `ours-plain`: the same step code on the unwrapped module (what FSDP2 costs on one
-  process);
+- `ours`: `trainer.step.train_step` on the module the trainer trains (`shard_or_keep`:
+  the plain module for one float32 process), the packed micro-batches
+  `trainer.train.shard_micro_batches` makes (`--mb-tokens` per row), the trainer's
+  attention (`trainer/packed_attention.py`);
+- `ours-fsdp2`: the same on FSDP2 (a group of one): what the wrapper costs on one
+  process;
+- `ours-row-mask`: `ours` with transformers' sdpa, which masks the whole packed row
+  (L x L) instead of attending within each sequence;
 - `hf-padded`: the batch right-padded to its longest sequence, one forward with an
   attention mask and `logits_to_keep` covering the completions, log-softmax of the
   completion tokens, loss `-(A * logp).sum() / n`, backward, clip, AdamW: TRL's shape
@@ -130,7 +134,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from engine.pretrained import make_registry_model
-    from trainer.model import apply_fsdp2, init_distributed, load_policy
+    from trainer.model import apply_fsdp2, init_distributed, load_policy, shard_or_keep
     from trainer.step import build_optimizer, train_step
     from trainer.train import shard_micro_batches
 
@@ -155,23 +159,22 @@ def main() -> None:
         f"{sum(s.loss_mask.count(1) for s in seqs)} trained; {args.threads} thread(s)"
     )
 
-    fsdp = apply_fsdp2(load_policy(model_dir))
-    plain = load_policy(model_dir)
-    hf = load_policy(model_dir)
-    opts = {
-        name: build_optimizer(m, cfg)
-        for name, m in (("ours", fsdp), ("ours-plain", plain), ("hf-padded", hf))
+    models = {
+        "ours": shard_or_keep(load_policy(model_dir), mixed_precision=False),
+        "ours-fsdp2": apply_fsdp2(load_policy(model_dir)),
+        "ours-row-mask": load_policy(model_dir, attn_implementation="sdpa"),
+        "hf-padded": load_policy(model_dir, attn_implementation="sdpa"),
     }
+    opts = {name: build_optimizer(m, cfg) for name, m in models.items()}
+    trained = sum(mb.n_tokens for mb in mbs)
+
+    def ours(name: str) -> Callable[[], int]:
+        return lambda: (train_step(models[name], opts[name], mbs, cfg), trained)[1]
+
     legs: dict[str, Callable[[], int]] = {
-        "ours": lambda: (train_step(fsdp, opts["ours"], mbs, cfg), sum(mb.n_tokens for mb in mbs))[
-            1
-        ],
-        "ours-plain": lambda: (
-            train_step(plain, opts["ours-plain"], mbs, cfg),
-            sum(mb.n_tokens for mb in mbs),
-        )[1],
-        "hf-padded": lambda: hf_padded_step(hf, opts["hf-padded"], seqs, advs),
+        name: ours(name) for name in models if name != "hf-padded"
     }
+    legs["hf-padded"] = lambda: hf_padded_step(models["hf-padded"], opts["hf-padded"], seqs, advs)
     results = timed_in_turn(legs, args.reps)
     base = statistics.median(results["hf-padded"][0])
     print(f"{'leg':<12}{'s/step':>9}{'tok/s':>9}{'tok/CPU-s':>11}{'vs hf-padded':>14}")

@@ -200,10 +200,12 @@ async def _drive(
     train_prompts = task.train
     workers: list[asyncio.Task[None]] = []
     try:
+        # The trainer loads its model while the untrained policy is measured: it has
+        # nothing to train on before the agents start, so the baseline stays version 0.
+        trainer = stack.start("trainer", trainer_argv(stack.run_dir / "config.yaml", trainer_procs))
         say("measuring the untrained policy (version 0) ...")
         baseline = await agents.evaluate(task.evals)
         say(_headline("baseline", baseline, task))
-        trainer = stack.start("trainer", trainer_argv(stack.run_dir / "config.yaml", trainer_procs))
         train_started = time.monotonic()
         stop = asyncio.Event()
         group_size = config.trainer.group_size
