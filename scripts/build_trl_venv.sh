@@ -11,5 +11,5 @@ venv=${1:-.venv-trl}
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 transformers=$(grep -E '^transformers==' constraints.txt)
-"$venv/bin/pip" install -q "trl==1.16.*" "$transformers" gguf
+"$venv/bin/pip" install -q "trl==1.16.*" "$transformers" gguf matplotlib  # matplotlib: the PNG
 "$venv/bin/python" -c "import trl, transformers; print('trl', trl.__version__, 'transformers', transformers.__version__)"
