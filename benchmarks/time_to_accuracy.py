@@ -417,7 +417,7 @@ def plot(root: Path, out: Path) -> None:
         )
         ax.set_xlabel("minutes since the leg started (start-up included)")
         ax.set_ylabel("held-out greedy accuracy (40 questions)")
-        ax.set_ylim(0.4, 1.0)
+        ax.set_ylim(0.0, 1.0)
         ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -486,12 +486,16 @@ def run(args: argparse.Namespace) -> None:
 
 
 def prune(legs: list[Path]) -> None:
-    """Delete the scored legs' checkpoints and our leg's data dir (its scores, logs and
-    the list of checkpoints stay)."""
+    """Delete the scored legs' checkpoints, and our leg's published weights, resumable
+    checkpoints and model copy (its scores, logs, store and the list of checkpoints
+    stay)."""
     for leg in legs:
         for entry in json.loads((leg / TIMES_FILE).read_text()):
             shutil.rmtree(entry["path"], ignore_errors=True)
-        shutil.rmtree(leg / "data", ignore_errors=True)
+        for run in (leg / "data").glob("demo-*"):
+            for heavy in ("weights", "checkpoints"):
+                shutil.rmtree(run / heavy, ignore_errors=True)
+        shutil.rmtree(leg / "data" / "models", ignore_errors=True)
         shutil.rmtree(leg / "trl-output", ignore_errors=True)
 
 
