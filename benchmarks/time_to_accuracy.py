@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,14 @@ def _watch_versions(weights: Path, out: Path, started: float, stop: threading.Ev
 
 
 def ours_leg(
-    out: Path, model: Path, *, seed: int, minutes: float, cpus: str | None, engine: str
+    out: Path,
+    model: Path,
+    *,
+    seed: int,
+    minutes: float,
+    cpus: str | None,
+    engine: str,
+    overrides: Sequence[str] = (),
 ) -> None:
     """`areal-service demo --model smollm2-135m-instruct` with its own data dir, the
     model already built there (linked from `model`, the one TRL's leg loads): its
@@ -187,6 +195,7 @@ def ours_leg(
         sys.executable, "-m", "launcher", "demo", "--model", MODEL_NAME, "--fresh",
         "--engine", engine, "--minutes", str(minutes),
         "--set", f"data_dir={data}", "--set", f"trainer.seed={seed}",
+        *(arg for o in overrides for arg in ("--set", o)),
     ]  # fmt: skip
     if cpus is not None:
         argv = ["taskset", "-c", cpus, *argv]
@@ -436,6 +445,8 @@ def run(args: argparse.Namespace) -> None:
     if "trl" in args.legs and not trl_python.exists():
         raise SystemExit(f"no TRL venv at {trl_python}: build it with scripts/build_trl_venv.sh")
     system = "ours" if args.engine == "local" else f"ours_{args.engine}"
+    if args.variant:  # a setting tried against the same TRL legs: its own curve
+        system = f"{system}_{args.variant}"
     shared = args.placement == "shared"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     legs: list[Path] = []
@@ -465,6 +476,7 @@ def run(args: argparse.Namespace) -> None:
                 minutes=args.minutes,
                 cpus="0" if shared else None,
                 engine=args.engine,
+                overrides=args.set,
             )
             legs.append(ours)
         if trl_proc is not None:
@@ -525,6 +537,8 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=12.0)
     p.add_argument("--engine", choices=["local", "vllm"], default="local")
     p.add_argument("--legs", nargs="+", choices=["ours", "trl"], default=["ours", "trl"])
+    p.add_argument("--set", action="append", default=[], help="a setting for our leg's demo")
+    p.add_argument("--variant", default="", help="names our leg's curve when --set is used")
     p.add_argument("--out", default="data/time-to-accuracy")
     p.add_argument("--trl-python", default=trl_python)
     p = sub.add_parser("trl-leg")

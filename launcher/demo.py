@@ -62,7 +62,7 @@ def demo_config(
 ) -> ServiceConfig:
     """The demo's settings on top of the user's: the task's learning rate and GRPO group
     size (with a LoRA default policy, the rate times LORA_LR_SCALE), the staleness gate on
-    (η = 2), training sampling (temperature 1).
+    (η = `trainer.max_staleness`: 2 unless set), training sampling (temperature 1).
     `trainer_procs` > 1 splits the trainer's share of the cores between its processes.
     The demo serves a gateway: the data dir's admin key is created here when needed."""
     task = task or digits_task()
@@ -74,9 +74,7 @@ def demo_config(
     settings = dict(task.trainer)
     if ServingPlan(config).default.lora is not None and "lr" in settings:
         settings["lr"] = settings["lr"] * LORA_LR_SCALE
-    tree["trainer"].update(
-        max_staleness=2, total_steps=steps, checkpoint_every=10, advantage="grpo", **settings
-    )
+    tree["trainer"].update(total_steps=steps, checkpoint_every=10, advantage="grpo", **settings)
     share_cpus(tree, trainer_procs)
     return ServiceConfig.model_validate(tree)
 
