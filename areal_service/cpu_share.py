@@ -27,8 +27,6 @@ import struct
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 Side = Literal["engine", "trainer"]
 _SLOT = struct.Struct("<qq")  # pid, busy
 _OFFSET = {"engine": 0, "trainer": _SLOT.size}
@@ -67,6 +65,9 @@ class CpuShare:
         self.other: Side = "trainer" if side == "engine" else "engine"
         self.share = max(1, share)
         self.cores = max(self.share, cores or host_cores())
+        import torch  # here, not at import: the core package loads no torch
+
+        self._torch = torch
         self.threads = torch.get_num_threads()
         self._busy: bool | None = None
         self.follow(False)  # this side's slot is ours now, whatever an earlier run left
@@ -83,7 +84,7 @@ class CpuShare:
             self._busy = busy
         want = self.share if self.other_busy() else self.cores
         if want != self.threads:
-            torch.set_num_threads(want)
+            self._torch.set_num_threads(want)
             self.threads = want
         return want
 
