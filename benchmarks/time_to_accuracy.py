@@ -398,6 +398,7 @@ def plot(root: Path, out: Path) -> None:
     }
     groups = group_legs(results)
     placements = sorted({p for p, _ in groups})
+    colours = {name: f"C{i}" for i, name in enumerate(sorted({s for _, s in groups}))}
     fig, axes = plt.subplots(1, len(placements), figsize=(6 * len(placements), 4), squeeze=False)
     end = max(s["t"] for scored in results.values() for s in scored)
     marks = [i * 5.0 for i in range(int(end // 5) + 2)]
@@ -408,8 +409,9 @@ def plot(root: Path, out: Path) -> None:
             points = [(m / 60, c) for m, c in zip(marks, curve(seeds, marks), strict=True) if c]
             xs = [x for x, _ in points]
             line = ax.step(
-                xs, [c[0] for _, c in points], where="post", label=f"{system} ({len(seeds)} seeds)"
-            )
+                xs, [c[0] for _, c in points], where="post", color=colours[system],
+                label=f"{system} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})",
+            )  # fmt: skip
             ax.fill_between(
                 xs, [c[1] for _, c in points], [c[2] for _, c in points], step="post",
                 alpha=0.2, color=line[0].get_color(),
