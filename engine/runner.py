@@ -245,16 +245,19 @@ class ModelRunner:
         Rows that repeat an earlier row (same tokens, same adapter) are computed once and
         copied: a GRPO group's samples arrive together with one prompt, so a group of 4
         costs one prompt's prefill instead of 4. Each copy samples on its own."""
-        rows = [(tuple(s), None if adapters is None else adapters[i]) for i, s in enumerate(seqs)]
-        first = {row: i for i, row in reversed(list(enumerate(rows)))}
-        if len(first) == len(rows):
+        names = adapters or [None] * len(seqs)
+        distinct: dict[tuple[tuple[int, ...], str | None], int] = {}
+        slots = [
+            distinct.setdefault((tuple(s), a), len(distinct))
+            for s, a in zip(seqs, names, strict=True)
+        ]
+        if len(distinct) == len(seqs):
             return self._prefill_forward(seqs, adapters)
-        unique = sorted(first.values())
         pre = self._prefill_forward(
-            [seqs[i] for i in unique], None if adapters is None else [adapters[i] for i in unique]
+            [list(ids) for ids, _ in distinct],
+            None if adapters is None else [a for _, a in distinct],
         )
-        slot = {i: k for k, i in enumerate(unique)}
-        index = torch.tensor([slot[first[row]] for row in rows], device=self.device)
+        index = torch.tensor(slots, device=self.device)
         return Prefill(
             keys=[k.index_select(0, index) for k in pre.keys],
             values=[v.index_select(0, index) for v in pre.values],

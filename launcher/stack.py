@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from areal_service.config import ServiceConfig, with_gateway_section
+from areal_service.config import GatewayConfig, ServiceConfig, with_gateway_section
 from engine.tiny_model import ensure_tiny_model
 from launcher.policy_engines import (
     check_policy_ports_free,
@@ -41,9 +41,8 @@ def share_cpus(tree: dict[str, Any], trainer_procs: int = 1) -> None:
         tree["engine"]["torch_threads"] = half
     if tree["trainer"]["torch_threads"] is None:
         tree["trainer"]["torch_threads"] = max(1, half // trainer_procs)
-    local_engine = (
-        tree["engine"]["backend"] == "local" and not tree["gateway"]["router"]["backends"]
-    )
+    external = GatewayConfig.model_validate(tree["gateway"]).external_backends()
+    local_engine = tree["engine"]["backend"] == "local" and not external
     if unset and local_engine and trainer_procs == 1:
         tree["cpu_share"] = True
 

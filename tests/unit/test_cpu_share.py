@@ -64,4 +64,5 @@ def test_launcher_shares_only_a_local_engine_with_one_trainer(tmp_path):
     assert not decided([], trainer_procs=2)
     assert not decided(["engine.backend=vllm"])
     assert not decided(["gateway.router.backends=[http://127.0.0.1:9]"])
+    assert not decided(["gateway.router.url=http://127.0.0.1:9"])  # a router: no local engine
     assert not decided(["trainer.torch_threads=1"])  # the user chose the split
