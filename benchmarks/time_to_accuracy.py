@@ -5,7 +5,8 @@ The task is the SmolLM2 demo's (`launcher/demo_task.py:addition_task`): 60 singl
 additions trained, 40 held out, groups of 4, 16 samples a step, lr 1e-5, 16 new tokens,
 temperature 1. Each leg leaves checkpoints with the wall-clock second (from the leg's
 own start, start-up included) at which they existed:
-- ours: `areal-service demo --model smollm2-135m-instruct` in a data dir of its own; a
+- ours: `areal-service demo --model smollm2-135m-instruct --no-baseline` (its own
+  evaluation of the untrained policy is eval time) in a data dir of its own; a
   watcher hard-links every published version (`weights/vN`) as it appears, so the
   trainer's pruning of old versions does not lose them;
 - TRL: `GRPOTrainer` in a venv of its own (`.venv-trl`: `scripts/build_trl_venv.sh`),
@@ -188,12 +189,14 @@ def ours_leg(
 ) -> None:
     """`areal-service demo --model smollm2-135m-instruct` with its own data dir, the
     model already built there (linked from `model`, the one TRL's leg loads): its
-    one-time build from the wheel is not part of either leg's time."""
+    one-time build from the wheel is not part of either leg's time. `--no-baseline`: the
+    demo's own evaluation of the untrained policy is eval time, off the clock as TRL's
+    is (the scorer measures v0 for both: TRL's step 0 is the same model)."""
     data = out / "data"
     shutil.copytree(model, data / "models" / MODEL_NAME, copy_function=os.link)
     argv = [
         sys.executable, "-m", "launcher", "demo", "--model", MODEL_NAME, "--fresh",
-        "--engine", engine, "--minutes", str(minutes),
+        "--no-baseline", "--engine", engine, "--minutes", str(minutes),
         "--set", f"data_dir={data}", "--set", f"trainer.seed={seed}",
         *(arg for o in overrides for arg in ("--set", o)),
     ]  # fmt: skip

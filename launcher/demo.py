@@ -58,13 +58,20 @@ def say(message: str) -> None:
 
 
 def demo_config(
-    config: ServiceConfig, steps: int, trainer_procs: int = 1, task: DemoTask | None = None
+    config: ServiceConfig,
+    steps: int,
+    trainer_procs: int = 1,
+    task: DemoTask | None = None,
+    *,
+    eta_given: bool = True,
 ) -> ServiceConfig:
     """The demo's settings on top of the user's: the task's learning rate and GRPO group
-    size (with a LoRA default policy, the rate times LORA_LR_SCALE), the staleness gate on
-    (η = `trainer.max_staleness`: 2 unless set), training sampling (temperature 1).
-    `trainer_procs` > 1 splits the trainer's share of the cores between its processes.
-    The demo serves a gateway: the data dir's admin key is created here when needed."""
+    size (with a LoRA default policy, the rate times LORA_LR_SCALE), the staleness gate on,
+    training sampling (temperature 1). `trainer_procs` > 1 splits the trainer's share of
+    the cores between its processes. η (`trainer.max_staleness`) is the user's when
+    `eta_given`; otherwise 0 where engine and trainer share the cores (`cpu_share`) and
+    the config's default elsewhere. The demo serves a gateway: the data dir's admin key
+    is created here when needed."""
     task = task or digits_task()
     config = with_admin_key(config)
     tree = config.model_dump(mode="python")
@@ -76,6 +83,12 @@ def demo_config(
         settings["lr"] = settings["lr"] * LORA_LR_SCALE
     tree["trainer"].update(total_steps=steps, checkpoint_every=10, advantage="grpo", **settings)
     share_cpus(tree, trainer_procs)
+    if tree["cpu_share"] and not eta_given:
+        # One set of cores runs both sides in turn, so generating while training buys no
+        # compute; staleness only costs learning per step. Measured on 2 cores
+        # (docs/benchmarks/time-to-accuracy.md): 10.4 s a version at η = 0 and 10.6 s
+        # at η = 2, and fewer versions to each accuracy at η = 0.
+        tree["trainer"]["max_staleness"] = 0
     return ServiceConfig.model_validate(tree)
 
 
@@ -192,7 +205,12 @@ class DemoAgents:
 
 
 async def _drive(
-    config: ServiceConfig, stack: Stack, minutes: float, task: DemoTask, trainer_procs: int = 1
+    config: ServiceConfig,
+    stack: Stack,
+    minutes: float,
+    task: DemoTask,
+    trainer_procs: int = 1,
+    baseline: bool = True,
 ) -> dict[str, Any]:
     agents = DemoAgents(config, task)
     train_prompts = task.train
@@ -201,9 +219,13 @@ async def _drive(
         # The trainer loads its model while the untrained policy is measured: it has
         # nothing to train on before the agents start, so the baseline stays version 0.
         trainer = stack.start("trainer", trainer_argv(stack.run_dir / "config.yaml", trainer_procs))
-        say("measuring the untrained policy (version 0) ...")
-        baseline = await agents.evaluate(task.evals)
-        say(_headline("baseline", baseline, task))
+        before = None
+        if baseline:
+            say("measuring the untrained policy (version 0) ...")
+            before = await agents.evaluate(task.evals)
+            say(_headline("baseline", before, task))
+        else:
+            say("training starts at once (--no-baseline: the untrained policy is not measured)")
         train_started = time.monotonic()
         stop = asyncio.Event()
         group_size = config.trainer.group_size
@@ -246,7 +268,7 @@ async def _drive(
         final = await agents.evaluate(task.evals)
         return {
             "task": task.name,
-            "baseline": baseline,
+            "baseline": before,
             "final": final,
             "trained_steps": final_version,
             "finished": finished,
@@ -309,10 +331,16 @@ async def _wait_live(agents: DemoAgents, config: ServiceConfig, version: int | N
 
 
 def run_workload(
-    config: ServiceConfig, *, minutes: float, trainer_procs: int = 1, task: DemoTask | None = None
+    config: ServiceConfig,
+    *,
+    minutes: float,
+    trainer_procs: int = 1,
+    task: DemoTask | None = None,
+    baseline: bool = True,
 ) -> dict[str, Any]:
-    """Start engine and gateway, measure the baseline, train with agents running, measure
-    the final policy; stops every child it started. Returns the summary."""
+    """Start engine and gateway, measure the baseline (unless `baseline` is False: the
+    summary's is None), train with agents running, measure the final policy; stops every
+    child it started. Returns the summary."""
     task = task or digits_task()
     run_dir = config.data_dir / "demo"
     engine = ENGINE_NAMES.get(config.engine.backend, "the local engine")
@@ -321,7 +349,7 @@ def run_workload(
         f"http://{config.gateway.host}:{config.gateway.port}/v1 ..."
     )
     with local_stack(config, run_dir, trainer=False) as stack:  # stops them all on the way out
-        summary = asyncio.run(_drive(config, stack, minutes, task, trainer_procs))
+        summary = asyncio.run(_drive(config, stack, minutes, task, trainer_procs, baseline))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -357,20 +385,20 @@ def model_config(config: ServiceConfig, model: str | None, engine: str | None) -
 def print_table(summary: dict[str, Any], task: DemoTask) -> None:
     """The before/after evaluation table and the headline line."""
     version = summary["trained_steps"]
+    baseline = summary["baseline"]  # None: not measured (--no-baseline)
     say(f"\n{'evaluation':<44} {'before (v0)':>12} {f'after (v{version})':>12}")
     for es in task.evals:
-        before, after = summary["baseline"][es.name], summary["final"][es.name]
+        after = summary["final"][es.name]
         rows = [(f"{es.name}, {es.metric}", es.metric)]
-        if "pass@1" in before:
+        if "pass@1" in after:
             rows.append((f"{es.name}, pass@1 (T=1, {es.sampled}/q)", "pass@1"))
         for label, key in rows:
-            say(f"{label:<44} {before[key]:>12.3f} {after[key]:>12.3f}")
+            before = "not measured" if baseline is None else f"{baseline[es.name][key]:.3f}"
+            say(f"{label:<44} {before:>12} {after[key]:>12.3f}")
     first = task.evals[0]
     kind = "accuracy (greedy)" if first.temperature == 0 else first.metric
-    say(
-        f"\nheld-out {kind}: before {headline(summary['baseline'], task):.3f} "
-        f"after {headline(summary['final'], task):.3f}"
-    )
+    before = "not measured" if baseline is None else f"{headline(baseline, task):.3f}"
+    say(f"\nheld-out {kind}: before {before} after {headline(summary['final'], task):.3f}")
 
 
 def run_demo(
@@ -382,14 +410,17 @@ def run_demo(
     model: str | None = None,
     engine: str | None = None,
     fresh: bool = False,
+    baseline: bool = True,
 ) -> int:
     """Run the demo; returns the exit code (0 when the headline target was reached).
     Defaults: 10 minutes / 40 steps on the tiny model, 30 minutes / 80 steps on a
-    registry model."""
+    registry model. `baseline` False: training starts without the untrained policy's
+    evaluation (the table's "before" column says not measured)."""
     task = REGISTRY_TASKS[model]() if model in REGISTRY_TASKS else digits_task()
     if model is not None and model not in REGISTRY_TASKS:
         raise ValueError(f"no demo task for {model!r}; known: {', '.join(REGISTRY_TASKS)}")
     real = model is not None
+    eta_given = "max_staleness" in config.trainer.model_fields_set  # before model_config
     minutes = minutes if minutes is not None else (30.0 if real else 10.0)
     steps = steps if steps is not None else (80 if real else 40)
     config = model_config(config, model, engine)
@@ -408,10 +439,11 @@ def run_demo(
     try:
         with exit_on_sigterm():
             summary = run_workload(
-                demo_config(config, steps, trainer_procs, task),
+                demo_config(config, steps, trainer_procs, task, eta_given=eta_given),
                 minutes=minutes,
                 trainer_procs=trainer_procs,
                 task=task,
+                baseline=baseline,
             )
     except KeyboardInterrupt:
         say("interrupted: every process this demo started was stopped")

@@ -66,3 +66,25 @@ def test_launcher_shares_only_a_local_engine_with_one_trainer(tmp_path):
     assert not decided(["gateway.router.backends=[http://127.0.0.1:9]"])
     assert not decided(["gateway.router.url=http://127.0.0.1:9"])  # a router: no local engine
     assert not decided(["trainer.torch_threads=1"])  # the user chose the split
+
+
+def test_the_demo_trains_on_policy_where_the_cores_are_shared(tmp_path):
+    """η is the user's when given; otherwise 0 under the cores share (one set of cores runs
+    both sides in turn, so staleness buys nothing) and the default elsewhere."""
+    from launcher.demo import demo_config
+
+    def eta(overrides: list[str], given: bool) -> int:
+        config = load_config(overrides=[f"data_dir={tmp_path}", *overrides])
+        return demo_config(config, steps=1, eta_given=given).trainer.max_staleness
+
+    assert eta([], given=False) == 0
+    assert eta(["trainer.max_staleness=3"], given=True) == 3
+    assert eta(["engine.backend=vllm", "engine.vllm.python=/bin/true"], given=False) == 2
+    assert eta(["trainer.torch_threads=1"], given=False) == 2  # the user split the cores
+    # what `run_demo` reads as "given" (before `model_config` re-validates the config): the
+    # fields the user's config or --set named
+    assert (
+        "max_staleness"
+        in load_config(overrides=["trainer.max_staleness=2"]).trainer.model_fields_set
+    )
+    assert "max_staleness" not in load_config(overrides=[]).trainer.model_fields_set
