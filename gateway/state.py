@@ -64,6 +64,10 @@ class GatewayState:
     whole (`gateway/policies.py`); None before the first read."""
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One staleness-gate store transaction at a time from this process."""
+    versions_moved: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set, and replaced by a fresh one, when this process sees a live version change
+    (`notice_versions_moved`): what session starts waiting at the staleness gate wait on
+    instead of asking the store again and again (`gateway/admission.py`)."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server begins to stop (`gateway/stopping.py`): what only waits (the
     staleness gate) answers 503 at once rather than being cancelled."""
@@ -71,6 +75,12 @@ class GatewayState:
     """Token continuity across turns (`gateway/continuity.py`), built from the config."""
     large_prompts: LargePrompts = field(init=False)
     """The worker thread that renders large prompts off the event loop."""
+
+    def notice_versions_moved(self) -> None:
+        """Wake everything waiting on `versions_moved` (the weight syncer, after a round in
+        which a live version changed)."""
+        self.versions_moved.set()
+        self.versions_moved = asyncio.Event()
 
     def __post_init__(self) -> None:
         gw = self.config.gateway

@@ -393,6 +393,7 @@ async def run_weight_syncer(state: GatewayState) -> None:
     group = SyncGroup()
     while True:
         started = time.perf_counter()
+        before = (state.live_version, dict(state.policy_versions))
         try:
             if state.leadership.is_leader:
                 await sync_weights_once(state, group)
@@ -405,5 +406,7 @@ async def run_weight_syncer(state: GatewayState) -> None:
         except Exception:  # a backend or the store failed this round; retry next poll
             log.exception("weight swap failed; retrying")
         export_live_versions(state)
+        if (state.live_version, state.policy_versions) != before:
+            state.notice_versions_moved()  # the staleness windows moved: wake their waiters
         state.metrics.sync_round.set(time.perf_counter() - started)
         await asyncio.sleep(state.config.gateway.router.weight_poll_interval_s)

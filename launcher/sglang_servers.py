@@ -53,6 +53,7 @@ from pathlib import Path
 import httpx
 
 from areal_service.config import ServerFleetConfig, ServiceConfig, with_gateway_section
+from areal_service.cpu_share import host_cores
 from areal_service.serving_plan import ServingPlan
 from areal_service.sglang_protocol import ROUTER_ADD_WORKER, ROUTER_WORKERS, router_worker_urls
 from launcher.processes import ChildProcess
@@ -280,7 +281,7 @@ def sglang_cpu_env(config: ServiceConfig, servers: int) -> dict[str, str]:
     """The environment of a CPU server: SGLang's CPU engine, no GPU, and its intra-op
     threads (`engine.torch_threads`, else the cores split between the servers and what
     shares them: on 2 shared cores one thread decoded 8-12 tok/s, two 0.7-1.4)."""
-    threads = config.engine.torch_threads or max(1, (os.cpu_count() or 2) // (2 * servers))
+    threads = config.engine.torch_threads or max(1, host_cores() // (2 * servers))
     env = {
         "SGLANG_USE_CPU_ENGINE": "1",
         "CUDA_VISIBLE_DEVICES": "",

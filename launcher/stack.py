@@ -5,7 +5,6 @@ process started with a saved copy of the resolved config, and stopped in reverse
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 import typer
 
 from areal_service.config import GatewayConfig, ServiceConfig, with_gateway_section
+from areal_service.cpu_share import host_cores
 from engine.tiny_model import ensure_tiny_model
 from launcher.policy_engines import (
     check_policy_ports_free,
@@ -35,7 +35,7 @@ def share_cpus(tree: dict[str, Any], trainer_procs: int = 1) -> None:
     once here, and each would otherwise start one thread per core and oversubscribe.
     With the local engine and one trainer process, the split is each side's floor: the
     side with work takes the other's cores while it has none (`cpu_share`)."""
-    half = max(1, (os.cpu_count() or 2) // 2)
+    half = max(1, host_cores() // 2)
     unset = tree["engine"]["torch_threads"] is None and tree["trainer"]["torch_threads"] is None
     if tree["engine"]["torch_threads"] is None:
         tree["engine"]["torch_threads"] = half

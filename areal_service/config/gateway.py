@@ -4,7 +4,6 @@ their sections (`config_renames.py`)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
@@ -12,6 +11,7 @@ from pydantic import Field, SecretStr, model_validator
 from areal_service.admin_key import DEFAULT_ADMIN_KEY
 from areal_service.config.section import Section
 from areal_service.config_renames import move_flat_gateway_keys
+from areal_service.cpu_share import host_cores
 
 ToolParserName = Literal[
     "hermes",
@@ -343,7 +343,7 @@ class GatewayConfig(Section):
             return self.scale.workers
         if not self.external_backends():
             return 1
-        return max(1, min((os.cpu_count() or 1) // 4, 8))
+        return max(1, min(host_cores() // 4, 8))
 
     def external_backends(self) -> bool:
         """Whether generation is served by backends given by URL (or a router) rather

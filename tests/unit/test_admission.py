@@ -21,8 +21,10 @@ from areal_service.policy_registry import PolicyRegistry
 from areal_service.store import TrajectoryStore
 from areal_service.store.claims import EpisodeClaimer
 from areal_service.types import DEFAULT_POLICY, CompletionRecord, RewardRecord, SessionRecord
+from gateway import admission as gate_module
 from gateway.admission import admit_sessions
 from gateway.errors import OpenAIError
+from gateway.state import GatewayState
 
 
 @dataclass
@@ -35,10 +37,13 @@ class GateState:
     policy_versions: dict[str, int] = field(default_factory=dict)
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    versions_moved: asyncio.Event = field(default_factory=asyncio.Event)
     policy_registry: PolicyRegistry = field(init=False)
 
     def __post_init__(self) -> None:
         self.policy_registry = PolicyRegistry(self.config)
+
+    notice_versions_moved = GatewayState.notice_versions_moved
 
 
 def gate(
@@ -48,13 +53,14 @@ def gate(
     batch_groups: int = 1,
     group_size: int = 2,
     policies: tuple[str, ...] = (),
+    wait_s: float = 0.0,
 ) -> GateState:
     trainer = TrainerConfig(
         max_staleness=eta,
         batch_groups=batch_groups,
         group_size=group_size,
     )
-    gateway = GatewayConfig(sessions=SessionsConfig(staleness_gate=True, admit_wait_s=0.0))
+    gateway = GatewayConfig(sessions=SessionsConfig(staleness_gate=True, admit_wait_s=wait_s))
     declared = [PolicyConfig(name=p) for p in policies]
     default = DefaultPolicyConfig(lora=LoRAConfig() if policies else None)
     config = ServiceConfig(
@@ -180,3 +186,39 @@ def test_each_policy_has_its_own_window_at_its_own_version(store):
     state.live_version = 1
     start(state, 2)
     assert refused(state, policy="verifier")
+
+
+def test_a_waiting_start_wakes_when_a_version_goes_live_not_by_polling(store, monkeypatch):
+    """A start waiting at a full window asks the store again when the weight syncer
+    notices a version change, not on a short timer: with the recheck an hour away, only
+    the notice can admit it; and the server's stop answers it at once too."""
+    monkeypatch.setattr(gate_module, "RECHECK_S", 3600.0)
+    state = gate(store, eta=0, wait_s=3600.0)
+    start(state, 2)  # the whole window at v0
+
+    async def run() -> None:
+        async def begin(*ids: str) -> None:
+            async with admit_sessions(state, len(ids)) as admission:  # type: ignore[arg-type]
+                for sid in ids:
+                    state.store.add_session(SessionRecord(id=sid), admission)
+
+        waiting = asyncio.create_task(begin("late"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # the window is full
+        state.live_version = 1
+        state.notice_versions_moved()
+        await asyncio.wait_for(waiting, 10)
+
+        stopped = asyncio.create_task(begin("a", "b"))  # v1's window has 1 place left
+        await asyncio.sleep(0.3)
+        assert not stopped.done()
+        state.stopping.set()
+        try:
+            await asyncio.wait_for(stopped, 10)
+        except OpenAIError as error:
+            assert error.status == 503
+        else:
+            raise AssertionError("a waiting start was admitted after the stop")
+
+    asyncio.run(run())
+    assert store.get_session("late") is not None
