@@ -91,16 +91,16 @@ def test_workers_default_follows_where_generation_runs(monkeypatch: pytest.Monke
     """0 (the default): one gateway process in front of the local CPU engine, which needs
     the cores; a quarter of the cores, 1 to 8, in front of external backends or a router
     (a process per core costs more CPU per request where others share the cores)."""
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("areal_service.config.gateway.host_cores", lambda: 16)
     assert load_config(None, []).gateway.worker_count() == 1
     external = load_config(None, ["gateway.router.backends=[http://10.0.0.1:30000]"]).gateway
     assert external.worker_count() == 4 and not external.shares_store()  # not yet resolved
     assert (
         load_config(None, ["gateway.router.url=http://10.0.0.1:30000"]).gateway.worker_count() == 4
     )
-    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    monkeypatch.setattr("areal_service.config.gateway.host_cores", lambda: 64)
     assert external.worker_count() == 8
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("areal_service.config.gateway.host_cores", lambda: 2)
     assert external.worker_count() == 1
     assert (
         load_config(

@@ -137,7 +137,7 @@ def test_too_few_gpus_is_a_clear_error():
 
 
 def test_without_a_gpu_one_server_runs_on_the_cpu_with_the_flags_that_work(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr("launcher.sglang_servers.host_cores", lambda: 2)
     [spec] = sglang_specs(_cfg("engine.sglang.gpus=[]", "engine.sglang.enable_metrics=false"))
     assert list(spec.argv) == [
         *_common(30000),
