@@ -39,6 +39,10 @@ from launcher.driver_config import DriverConfig
 from launcher.serve import ensure_model
 from launcher.stack import local_stack
 
+CANCEL_GRACE_S = 5.0
+"""After Ctrl-C, how long the episodes in flight are cancelled again and again before
+their clients are closed under them (and as long again before eval stops waiting)."""
+
 
 def say(message: str) -> None:
     """One line for the person watching."""
@@ -187,10 +191,23 @@ class Evaluator:
             # left eval waiting here 60 s, as if a cancellation was swallowed below us
             # (suspected: an HTTP client turning it into a connection error that it
             # retries, and a retry to a silent gateway waits its whole timeout).
-            while not work.done():
+            deadline = time.monotonic() + CANCEL_GRACE_S
+            while not work.done() and time.monotonic() < deadline:
                 work.cancel()
                 await asyncio.wait([work], timeout=1.0)
-            await asyncio.gather(work, return_exceptions=True)
+            if not work.done():
+                # Still not ended: close the clients under the episodes (their requests
+                # then fail) and stop waiting for them soon after, rather than for ever.
+                say(
+                    f"episodes still running {CANCEL_GRACE_S:.0f} s after Ctrl-C: closing their clients"
+                )
+                await self.aclose()
+                work.cancel()
+                await asyncio.wait([work], timeout=CANCEL_GRACE_S)
+            if work.done():
+                await asyncio.gather(work, return_exceptions=True)
+            else:  # its outcome is not ours to print ("exception was never retrieved")
+                work.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
         results = work.result()
         greedy = [g for g, _ in results if g is not None]
