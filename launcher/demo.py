@@ -87,7 +87,7 @@ def demo_config(
         # One set of cores runs both sides in turn, so generating while training buys no
         # compute; staleness only costs learning per step. Measured on 2 cores
         # (docs/benchmarks/time-to-accuracy.md): 10.4 s a version at η = 0 and 10.6 s
-        # at η = 2, and fewer versions to each accuracy at η = 0.
+        # at η = 2, and fewer versions to each accuracy at η = 0 (one seed each).
         tree["trainer"]["max_staleness"] = 0
     return ServiceConfig.model_validate(tree)
 

@@ -78,7 +78,7 @@ def test_a_body_parsed_off_the_loop_is_the_same_and_lets_other_threads_run() -> 
 
     sample = b'{"a": [1, -2, 3.5e3, 1e400, "x\\u00e9", null, true, {"b": {}}], "c": 12345678901234567890}'
     assert json_object(sample, yielding=True) == json.loads(sample)
-    big = json.dumps({"messages": [{"role": "user", "content": ""}] * 300_000}).encode()
+    big = json.dumps({"messages": [{"role": "user", "content": ""}] * 600_000}).encode()
     worst = 0.0
     parser = threading.Thread(target=json_object, args=(big,), kwargs={"yielding": True})
     started = time.monotonic()
@@ -89,5 +89,6 @@ def test_a_body_parsed_off_the_loop_is_the_same_and_lets_other_threads_run() -> 
         worst = max(worst, time.monotonic() - before)
     parse = time.monotonic() - started
     # Held for the whole parse, the sleeper would wait about `parse`; given the GIL at
-    # every switch interval (5 ms), a small fraction of it.
-    assert worst < parse / 3, (worst, parse)
+    # every switch interval (5 ms), a small fraction of it (half leaves room for a
+    # loaded machine's scheduling).
+    assert worst < parse / 2, (worst, parse)
